@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what tidal's build, tests and demo need, only where missing, so that on a fresh
+# Debian machine `make check` and `make demo` do all the set-up themselves.
+#   Debian packages: compilers' libraries (HDF5, GSL, libpng, OpenBLAS, jansson, PCRE2, cmocka,
+#                    FreeType) and the Python the test helpers run on (numpy, h5py, torch).
+#   PyPI (test-only, into .venv which sees the Debian Python packages): ml_dtypes, safetensors,
+#                    tokenizers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBS=(build-essential pkg-config libhdf5-dev hdf5-tools libgsl-dev libopenblas-dev libjansson-dev
+      libpcre2-dev libcmocka-dev libpng-dev libfreetype-dev
+      python3 python3-venv python3-numpy python3-h5py python3-torch)
+# module:pip-spec. numpy<2 keeps pip from shadowing Debian's numpy 1.x, which h5py and torch
+# from Debian are built against; ml_dtypes 0.4 is the last series that runs on numpy 1.x.
+PYPI=("ml_dtypes:ml_dtypes<0.5" "safetensors:safetensors" "tokenizers:tokenizers")
+
+missing=()
+for p in "${DEBS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "deps: installing Debian packages: ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Test helpers run on Debian's python3 (where numpy, h5py and torch come from) inside a venv.
+if [ ! -x .venv/bin/python ]; then
+  echo "deps: creating .venv (Debian python3 + system site packages)" >&2
+  /usr/bin/python3 -m venv --system-site-packages .venv
+fi
+need=()
+for m in "${PYPI[@]}"; do .venv/bin/python -c "import ${m%%:*}" 2>/dev/null || need+=("${m#*:}"); done
+if ((${#need[@]})); then
+  echo "deps: installing PyPI test helpers: ${need[*]}" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check "numpy<2" "${need[@]}" \
+    || echo "deps: warning: could not install ${need[*]}; tests that need them will be skipped" >&2
+fi
+exit 0

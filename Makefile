@@ -1,0 +1,101 @@
+# tidal — Training–Inference Divergence Analysis Lab
+#
+#   make            build libtidal and every tool (CPU; CUDA sources too when nvcc is found)
+#   make check      install missing deps, build, run the whole test suite (verdict = exit status)
+#   make check-asan the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer
+#   make demo       install missing deps, build, run the toolkit's main job on shipped defaults
+#   make bench      benchmarks that print ratios against a peer
+#
+# Sources are discovered, not listed: every src/**/*.c goes into libtidal, every tools/*.c is
+# one CLI, every tests/test_*.c is one cmocka test program, every tests/nv/*.cu is a test built
+# by nvcc against NVIDIA's own host conversion functions.
+
+CC      ?= gcc
+NVCC    ?= nvcc
+BUILD   ?= build
+SAN     ?=
+OPT     ?= -O2 -march=x86-64-v2
+
+PKGS    := hdf5 libpng openblas jansson libpcre2-8 freetype2
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+CFLAGS  ?= $(OPT) -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-unused-parameter \
+           -fopenmp -Iinclude $(PKG_CFLAGS) $(SAN)
+LDLIBS  := $(PKG_LIBS) -lgsl -lm -fopenmp $(SAN)
+
+LIB_SRC   := $(shell find src -name '*.c' | sort)
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB       := $(BUILD)/libtidal.a
+TOOL_SRC  := $(wildcard tools/*.c)
+TOOLS     := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)
+TEST_SRC  := $(wildcard tests/test_*.c)
+TESTS     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+NVTEST_SRC := $(wildcard tests/nv/*.cu)
+
+HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
+ifeq ($(HAVE_NVCC),1)
+  NVTESTS := $(NVTEST_SRC:tests/nv/%.cu=$(BUILD)/tests/nv/%)
+  CUDA_SRC := $(shell find src -name '*.cu' | sort)
+  $(info ✓ nvcc found: NVIDIA host-conversion tests build ($(words $(NVTESTS))), CUDA sources build ($(words $(CUDA_SRC))))
+else
+  NVTESTS :=
+  $(info ✗ nvcc not found: NVIDIA reference tests and CUDA sources are skipped)
+endif
+
+DEPDIR_FLAGS = -MMD -MP
+
+.PHONY: all deps check check-asan demo bench clean tests
+all: $(LIB) $(TOOLS)
+
+deps:
+	@bash .ci/deps.sh
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/bin/%: tools/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) $< -o $@ $(LIB) $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) $< -o $@ $(LIB) $(LDLIBS) -lcmocka
+
+# NVIDIA reference tests: host code only, compiled by nvcc (which drives g++), linked with the
+# C library. No GPU is needed: cuda_bf16.h / cuda_fp16.h / cuda_fp8.h conversions are __host__.
+$(BUILD)/tests/nv/%: tests/nv/%.cu $(LIB)
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -Iinclude -Xcompiler "-fopenmp $(SAN)" $< -o $@ $(LIB) -lcmocka -lm -Xcompiler -fopenmp $(if $(SAN),-Xcompiler "$(SAN)")
+
+tests: $(TESTS) $(NVTESTS) $(TOOLS)
+
+check: deps
+	@$(MAKE) --no-print-directory tests
+	@BUILD=$(BUILD) bash tests/run.sh $(TESTS) $(NVTESTS)
+
+# Sanitizer build lives in its own tree so it never mixes objects with the normal build.
+check-asan: deps
+	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer" \
+	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" tests
+	@BUILD=build-asan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    bash tests/run.sh $(TESTS:$(BUILD)/%=build-asan/%) $(NVTESTS:$(BUILD)/%=build-asan/%)
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@bash datasets/demo.sh $(BUILD)
+
+bench: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) bash tests/bench.sh
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

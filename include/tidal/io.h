@@ -1,0 +1,31 @@
+/* tidal — file helpers shared by every reader: whole-file reads with a size limit, read-only
+ * memory maps, JSON files (jansson) with errors that name the file, line and column. */
+#ifndef TIDAL_IO_H
+#define TIDAL_IO_H
+
+#include "tidal/common.h"
+
+#include <jansson.h>
+
+TD_BEGIN_DECLS
+
+/* Reads a whole file into a NUL-terminated buffer (caller frees). Refuses files larger than
+ * max_bytes, so a bad path cannot make tidal read gigabytes. NULL + err on failure. */
+char *td_read_file(const char *path, size_t max_bytes, size_t *len_out, td_error *err);
+
+/* Read-only memory map of a whole file. */
+typedef struct {
+    const uint8_t *data;
+    size_t size;
+} td_mmap;
+int  td_mmap_open(td_mmap *m, const char *path, td_error *err);
+void td_mmap_close(td_mmap *m);
+
+/* Parses a JSON file (rejecting duplicate keys); NULL + "PATH:LINE:COL: what" on failure. */
+json_t *td_json_load_file(const char *path, td_error *err);
+/* Parses JSON text that came from `what` (a file name, or "header of X") the same way. */
+json_t *td_json_load_text(const char *text, size_t len, const char *what, td_error *err);
+
+TD_END_DECLS
+
+#endif

@@ -1,0 +1,234 @@
+/* Fast forms of the number formats: bit manipulation on the fp32 pattern, scalar and row.
+ * Semantics: see include/tidal/formats.h. Each function here is tested bit for bit against
+ * the reference forms (formats_ref.c) and against NVIDIA's host conversions.
+ */
+#include "tidal/formats.h"
+
+#include <string.h>
+#include <strings.h>
+
+static inline uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static inline float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+
+static const td_format_traits TRAITS[TD_FORMAT_COUNT] = {
+    /* name    alias        bits E  M  bias  sign   inf    nan     max   max_finite  min_normal  min_sub */
+    [TD_F32]  = {"fp32", "float32",  32, 8, 23, 127, true,  true,  0x7FC00000u, 0x7F7FFFFFu,
+                 3.40282347e38f, 1.17549435e-38f, 1.40129846e-45f},
+    [TD_BF16] = {"bf16", "bfloat16", 16, 8, 7,  127, true,  true,  0x7FFF, 0x7F7F,
+                 3.38953139e38f, 1.17549435e-38f, 9.18354962e-41f},
+    [TD_F16]  = {"fp16", "float16",  16, 5, 10, 15,  true,  true,  0x7FFF, 0x7BFF,
+                 65504.0f, 6.103515625e-05f, 5.9604644775390625e-08f},
+    [TD_E4M3] = {"e4m3", "fp8-e4m3", 8,  4, 3,  7,   true,  false, 0x7F, 0x7E,
+                 448.0f, 0.015625f, 0.001953125f},
+    [TD_E5M2] = {"e5m2", "fp8-e5m2", 8,  5, 2,  15,  true,  true,  0x7F, 0x7B,
+                 57344.0f, 6.103515625e-05f, 1.52587890625e-05f},
+    [TD_E8M0] = {"e8m0", "ue8m0",    8,  8, 0,  127, false, false, 0xFF, 0xFE,
+                 1.70141183e38f, 5.87747175e-39f, 5.87747175e-39f},
+};
+
+const td_format_traits *td_format_info(td_format f)
+{
+    if ((unsigned)f >= TD_FORMAT_COUNT) return NULL;
+    return &TRAITS[f];
+}
+
+int td_format_from_name(const char *name)
+{
+    if (!name) return -1;
+    for (int f = 0; f < TD_FORMAT_COUNT; f++)
+        if (!strcasecmp(name, TRAITS[f].name) || !strcasecmp(name, TRAITS[f].alias)) return f;
+    if (!strcasecmp(name, "f32") || !strcasecmp(name, "float")) return TD_F32;
+    if (!strcasecmp(name, "f16") || !strcasecmp(name, "half")) return TD_F16;
+    if (!strcasecmp(name, "fp8") || !strcasecmp(name, "f8_e4m3") || !strcasecmp(name, "float8_e4m3fn"))
+        return TD_E4M3;
+    if (!strcasecmp(name, "f8_e5m2") || !strcasecmp(name, "float8_e5m2")) return TD_E5M2;
+    return -1;
+}
+
+/* ---------------------------------------------------------------- bf16 */
+
+static inline uint16_t bf16_encode(uint32_t u)
+{
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFF;        /* NaN -> canonical */
+    u += 0x7FFFu + ((u >> 16) & 1u);                            /* round to nearest even */
+    return (uint16_t)(u >> 16);                                  /* overflow carries to Inf */
+}
+
+td_bf16 td_f32_to_bf16(float x) { return (td_bf16){bf16_encode(f32_bits(x))}; }
+float td_bf16_to_f32(td_bf16 h) { return bits_f32((uint32_t)h.bits << 16); }
+
+/* ------------------------------------------------- narrow IEEE-like formats (fp16, fp8)
+ * One generic encoder with the format's constants; `static inline` with constant arguments
+ * lets the compiler fold each instantiation into straight-line code.
+ *   M      mantissa bits          BIAS  exponent bias
+ *   SIGN   sign bit of the code   MAXC  largest finite magnitude code
+ *   OVF    code for overflow without saturation (Inf, or NaN for e4m3), signed
+ */
+static inline uint32_t narrow_encode(uint32_t u, int M, int BIAS, uint32_t SIGN,
+                                     uint32_t MAXC, uint32_t NANC, uint32_t OVF, int saturate)
+{
+    uint32_t sign = (u >> 31) ? SIGN : 0;
+    uint32_t a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return NANC;
+    if (a == 0x7F800000u) return sign | (saturate ? MAXC : OVF);
+    const int shift = 23 - M;
+    const uint32_t min_normal = (uint32_t)(128 - BIAS) << 23;  /* fp32 bits of 2^(1-BIAS) */
+    uint32_t code;
+    if (a >= min_normal) {
+        a += ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u);  /* round to nearest even */
+        code = (a - ((uint32_t)(127 - BIAS) << 23)) >> shift;   /* rebias exponent */
+    } else {
+        /* subnormal range: adding 2^(1-BIAS-M+23) makes the fp32 unit in the last place equal
+         * the format's subnormal quantum 2^(1-BIAS-M), so the FPU rounds (nearest even) for us */
+        const float magic = bits_f32((uint32_t)(1 - BIAS - M + 23 + 127) << 23);
+        code = f32_bits(bits_f32(a) + magic) - f32_bits(magic);
+    }
+    if (code > MAXC) return sign | (saturate ? MAXC : OVF);
+    return sign | code;
+}
+
+#define F16_ENC(u)        narrow_encode((u), 10, 15, 0x8000u, 0x7BFFu, 0x7FFFu, 0x7C00u, 0)
+#define E4M3_ENC(u, sat)  narrow_encode((u), 3, 7, 0x80u, 0x7Eu, 0x7Fu, 0x7Fu, (sat) == TD_SATFINITE)
+#define E5M2_ENC(u, sat)  narrow_encode((u), 2, 15, 0x80u, 0x7Bu, 0x7Fu, 0x7Cu, (sat) == TD_SATFINITE)
+
+/* Decoding: fp16 / e5m2 / e4m3 share one shape. Normal and subnormal codes are converted by
+ * placing the fields into an fp32 and multiplying by 2^(127-BIAS) (exact). */
+static inline float narrow_decode(uint32_t code, int BITS, int M, int BIAS, int HAS_INF)
+{
+    uint32_t sign = (code >> (BITS - 1)) & 1u;
+    uint32_t mag = code & ((1u << (BITS - 1)) - 1u);
+    uint32_t exp_all = ((1u << (BITS - 1 - M)) - 1u) << M;
+    if (HAS_INF) {
+        if ((mag & exp_all) == exp_all)
+            return mag == exp_all ? bits_f32((sign << 31) | 0x7F800000u) : bits_f32(0x7FFFFFFFu);
+    } else if (mag == ((1u << (BITS - 1)) - 1u)) {
+        return bits_f32(0x7FFFFFFFu);
+    }
+    /* mag << (23 - M) puts the fields where fp32 keeps them; as an fp32 that value is
+     * 2^(BIAS-127) times the true one, for normals and subnormals alike. */
+    float v = bits_f32(mag << (23 - M)) * bits_f32((uint32_t)(254 - BIAS) << 23);
+    return sign ? -v : v;
+}
+
+td_f16 td_f32_to_f16(float x) { return (td_f16){(uint16_t)F16_ENC(f32_bits(x))}; }
+float td_f16_to_f32(td_f16 h) { return narrow_decode(h.bits, 16, 10, 15, 1); }
+uint8_t td_f32_to_e4m3(float x, td_saturation sat) { return (uint8_t)E4M3_ENC(f32_bits(x), sat); }
+float td_e4m3_to_f32(uint8_t c) { return narrow_decode(c, 8, 3, 7, 0); }
+uint8_t td_f32_to_e5m2(float x, td_saturation sat) { return (uint8_t)E5M2_ENC(f32_bits(x), sat); }
+float td_e5m2_to_f32(uint8_t c) { return narrow_decode(c, 8, 2, 15, 1); }
+
+/* ---------------------------------------------------------------- e8m0 */
+
+uint8_t td_f32_to_e8m0(float x, td_saturation sat, td_scale_rounding rnd)
+{
+    uint32_t a = f32_bits(x) & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return 0xFF;
+    if (a == 0x7F800000u) return sat == TD_SATFINITE ? 0xFE : 0xFF;
+    int e = (int)(a >> 23);             /* biased exponent; 0 for zero and fp32 subnormals */
+    uint32_t mant = a & 0x7FFFFFu;
+    int p;                              /* result exponent, biased by 127 like fp32 */
+    if (e == 0) {
+        /* |x| < 2^-126: a subnormal a = mant * 2^-149 */
+        if (mant == 0) return 0;
+        p = (rnd == TD_ROUND_UP) ? (mant > 0x400000u ? 1 : 0) : 0;  /* 2^-127 = mant 0x400000 */
+        return (uint8_t)p;
+    }
+    p = e;
+    if (rnd == TD_ROUND_UP && mant != 0) p += 1;
+    if (p > 254) return sat == TD_SATFINITE ? 0xFE : 0xFF;
+    return (uint8_t)p;
+}
+
+float td_e8m0_to_f32(uint8_t c)
+{
+    if (c == 0xFF) return bits_f32(0x7FFF0000u);
+    if (c == 0) return bits_f32(0x00400000u);   /* 2^-127, an fp32 subnormal */
+    return bits_f32((uint32_t)c << 23);
+}
+
+/* ---------------------------------------------------------------- generic */
+
+uint32_t td_encode(td_format f, float x, td_saturation sat)
+{
+    switch (f) {
+    case TD_F32:  return f32_bits(x);
+    case TD_BF16: return td_f32_to_bf16(x).bits;
+    case TD_F16:  return td_f32_to_f16(x).bits;
+    case TD_E4M3: return td_f32_to_e4m3(x, sat);
+    case TD_E5M2: return td_f32_to_e5m2(x, sat);
+    case TD_E8M0: return td_f32_to_e8m0(x, sat, TD_ROUND_UP);
+    default:      return 0;
+    }
+}
+
+float td_decode(td_format f, uint32_t code)
+{
+    switch (f) {
+    case TD_F32:  return bits_f32(code);
+    case TD_BF16: return td_bf16_to_f32((td_bf16){(uint16_t)code});
+    case TD_F16:  return td_f16_to_f32((td_f16){(uint16_t)code});
+    case TD_E4M3: return td_e4m3_to_f32((uint8_t)code);
+    case TD_E5M2: return td_e5m2_to_f32((uint8_t)code);
+    case TD_E8M0: return td_e8m0_to_f32((uint8_t)code);
+    default:      return 0.0f;
+    }
+}
+
+/* ---------------------------------------------------------------- rows
+ * Loops over the inline encoders; the switch is hoisted out of the loop so each loop body is
+ * one specialised, vectorisable kernel. */
+
+void td_encode_row(td_format f, const float *x, void *codes, size_t n, td_saturation sat)
+{
+    const uint32_t *u = (const uint32_t *)x;
+    switch (f) {
+    case TD_F32:  memcpy(codes, x, n * 4); break;
+    case TD_BF16: { uint16_t *o = codes; for (size_t i = 0; i < n; i++) o[i] = bf16_encode(u[i]); } break;
+    case TD_F16:  { uint16_t *o = codes; for (size_t i = 0; i < n; i++) o[i] = (uint16_t)F16_ENC(u[i]); } break;
+    case TD_E4M3: { uint8_t *o = codes;
+        if (sat == TD_SATFINITE) for (size_t i = 0; i < n; i++) o[i] = (uint8_t)E4M3_ENC(u[i], TD_SATFINITE);
+        else                     for (size_t i = 0; i < n; i++) o[i] = (uint8_t)E4M3_ENC(u[i], TD_NOSAT);
+    } break;
+    case TD_E5M2: { uint8_t *o = codes;
+        if (sat == TD_SATFINITE) for (size_t i = 0; i < n; i++) o[i] = (uint8_t)E5M2_ENC(u[i], TD_SATFINITE);
+        else                     for (size_t i = 0; i < n; i++) o[i] = (uint8_t)E5M2_ENC(u[i], TD_NOSAT);
+    } break;
+    case TD_E8M0: { uint8_t *o = codes; for (size_t i = 0; i < n; i++) o[i] = td_f32_to_e8m0(x[i], sat, TD_ROUND_UP); } break;
+    default: break;
+    }
+}
+
+void td_decode_row(td_format f, const void *codes, float *y, size_t n)
+{
+    switch (f) {
+    case TD_F32:  memcpy(y, codes, n * 4); break;
+    case TD_BF16: { const uint16_t *c = codes; uint32_t *o = (uint32_t *)y;
+                    for (size_t i = 0; i < n; i++) o[i] = (uint32_t)c[i] << 16; } break;
+    case TD_F16:  { const uint16_t *c = codes; for (size_t i = 0; i < n; i++) y[i] = narrow_decode(c[i], 16, 10, 15, 1); } break;
+    case TD_E4M3: { const uint8_t *c = codes; for (size_t i = 0; i < n; i++) y[i] = narrow_decode(c[i], 8, 3, 7, 0); } break;
+    case TD_E5M2: { const uint8_t *c = codes; for (size_t i = 0; i < n; i++) y[i] = narrow_decode(c[i], 8, 2, 15, 1); } break;
+    case TD_E8M0: { const uint8_t *c = codes; for (size_t i = 0; i < n; i++) y[i] = td_e8m0_to_f32(c[i]); } break;
+    default: break;
+    }
+}
+
+void td_round_row(td_format f, const float *x, float *y, size_t n, td_saturation sat)
+{
+    const uint32_t *u = (const uint32_t *)x;
+    uint32_t *o = (uint32_t *)y;
+    switch (f) {
+    case TD_F32:  if (x != y) memmove(y, x, n * 4); break;
+    case TD_BF16: for (size_t i = 0; i < n; i++) o[i] = (uint32_t)bf16_encode(u[i]) << 16; break;
+    case TD_F16:  for (size_t i = 0; i < n; i++) y[i] = narrow_decode(F16_ENC(u[i]), 16, 10, 15, 1); break;
+    case TD_E4M3:
+        if (sat == TD_SATFINITE) for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E4M3_ENC(u[i], TD_SATFINITE), 8, 3, 7, 0);
+        else                     for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E4M3_ENC(u[i], TD_NOSAT), 8, 3, 7, 0);
+        break;
+    case TD_E5M2:
+        if (sat == TD_SATFINITE) for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E5M2_ENC(u[i], TD_SATFINITE), 8, 2, 15, 1);
+        else                     for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E5M2_ENC(u[i], TD_NOSAT), 8, 2, 15, 1);
+        break;
+    case TD_E8M0: for (size_t i = 0; i < n; i++) y[i] = td_e8m0_to_f32(td_f32_to_e8m0(x[i], sat, TD_ROUND_UP)); break;
+    default: break;
+    }
+}

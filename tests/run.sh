@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every test program given on the command line and the Python cross-checks in tests/py,
+# then prints one closing line "N passed, N failed". Exit status: 0 only if nothing failed.
+# A Python check that exits 77 is counted as skipped (its helper package is missing).
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+pass=0; fail=0; skip=0; failed=()
+for t in "$@"; do
+  echo "=== $t"
+  out=$("$t" 2>&1); rc=$?
+  echo "$out"
+  n_ok=$(echo "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -n1)
+  n_bad=$(echo "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -n1)
+  pass=$((pass + ${n_ok:-0})); fail=$((fail + ${n_bad:-0}))
+  if [ $rc -ne 0 ]; then failed+=("$t"); [ -z "$n_bad" ] && fail=$((fail + 1)); fi
+done
+PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
+for t in tests/py/test_*.py; do
+  [ -e "$t" ] || continue
+  echo "=== $t"
+  BUILD=$BUILD "$PY" "$t"; rc=$?
+  if [ $rc -eq 0 ]; then pass=$((pass + 1));
+  elif [ $rc -eq 77 ]; then skip=$((skip + 1));
+  else fail=$((fail + 1)); failed+=("$t"); fi
+done
+echo
+[ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
+echo "$pass passed, $fail failed, $skip skipped"
+[ $fail -eq 0 ]
