@@ -169,20 +169,26 @@ int td_gen_config_write(const char *path, const td_gen_config *g, td_error *err)
 void td_gen_config_print(FILE *f, const td_gen_config *g);
 
 /* ---- writing model.safetensors (streaming) ----
- * Declare every tensor first (name, dtype, shape), then td_st_writer_begin writes the header
- * ("__metadata__": {"format": "pt", ...}, offsets 8-byte aligned), then feed each tensor's data
- * in declaration order, in as many pieces as wanted, as fp32 (converted to the dtype with
- * round-to-nearest-even, e4m3 saturating) or raw bytes. td_st_writer_finish checks every
- * tensor was fully written, then renames PATH.tmp to PATH: nothing half-written is left under
- * the final name. td_st_writer_free on an unfinished writer removes the temporary file. */
+ * Declare every tensor first (name, dtype, shape); td_st_writer_begin lays the data out and
+ * writes the header ("__metadata__": {"format": "pt", ...}). The layout is the one the Rust
+ * safetensors library writes: header padded with spaces to a multiple of 8 bytes, tensors
+ * contiguous (no gaps, which its loader rejects), ordered by element size, widest first, then
+ * by declaration, so every tensor starts aligned to its element size (F32 data can be mapped
+ * as float*). Then feed each tensor's data by name, in any tensor order, each tensor's pieces
+ * in order, as fp32 (converted to the dtype: round to nearest even, e4m3 saturating to ±448)
+ * or raw bytes in the dtype's little-endian encoding. td_st_writer_finish checks every tensor
+ * was fully written, then renames PATH.tmp to PATH: nothing half-written is left under the
+ * final name. td_st_writer_free on an unfinished writer removes the temporary file. */
 typedef struct td_st_writer td_st_writer;
 td_st_writer *td_st_writer_new(const char *path);
 int td_st_writer_meta(td_st_writer *w, const char *key, const char *value, td_error *err);
 int td_st_writer_declare(td_st_writer *w, const char *name, td_dtype dt, int ndim,
                          const int64_t *shape, td_error *err);
 int td_st_writer_begin(td_st_writer *w, td_error *err);
-int td_st_writer_write_f32(td_st_writer *w, const float *x, size_t n, td_error *err);
-int td_st_writer_write_raw(td_st_writer *w, const void *bytes, size_t nbytes, td_error *err);
+int td_st_writer_write_f32(td_st_writer *w, const char *name, const float *x, size_t n,
+                           td_error *err);
+int td_st_writer_write_raw(td_st_writer *w, const char *name, const void *bytes, size_t nbytes,
+                           td_error *err);
 int td_st_writer_finish(td_st_writer *w, td_error *err);
 void td_st_writer_free(td_st_writer *w);
 
