@@ -168,6 +168,21 @@ int td_gen_config_write(const char *path, const td_gen_config *g, td_error *err)
  * or a rollout engine that silently inherits it, scores a different distribution). */
 void td_gen_config_print(FILE *f, const td_gen_config *g);
 
+/* ---- random initialisation (tidal-init) ---- */
+
+/* Named shapes: "tiny" (C=64 L=2 NH=4 NKV=2 HD=16 F=176 V=512, arch kept), "qwen2.5-0.5b",
+ * "qwen3-0.6b", "llama-3.2-1b" (these set the architecture too). -1 if unknown. */
+int td_config_preset(const char *name, td_config *cfg);
+/* Writes DIR/model.safetensors, config.json and generation_config.json of a seeded random
+ * model (normals from td_rng, polar method): matrices and embeddings N(0, 0.02^2), norm weights 1 + 0.1 N(0,1) (not exactly 1, so
+ * a forward that forgets a norm weight is caught), biases N(0, 0.02^2). Tensors are generated
+ * in fixed 2^20-element chunks, chunk k of tensor i from td_rng_stream(seed, i << 32 | k), so
+ * the values do not depend on the thread count; written as generated (memory ~ a few chunks).
+ * `command` goes into the safetensors metadata as "tidal_command"; progress (may be NULL)
+ * gets a line per layer. */
+int td_checkpoint_init_random(const char *dir, const td_config *cfg, td_dtype dt, uint64_t seed,
+                              const char *command, FILE *progress, td_error *err);
+
 /* ---- writing model.safetensors (streaming) ----
  * Declare every tensor first (name, dtype, shape); td_st_writer_begin lays the data out and
  * writes the header ("__metadata__": {"format": "pt", ...}). The layout is the one the Rust
