@@ -64,9 +64,10 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
 
         /* attention sub-block */
         rmsnorm_forward(ops, a->xn, a->x, w->attn_norm, N, C, eps);
-        matmul_forward(ops, a->q, a->xn, w->wq, w->bq, N, C, QD);
-        matmul_forward(ops, a->k, a->xn, w->wk, w->bk, N, C, KVD);
-        matmul_forward(ops, a->v, a->xn, w->wv, w->bv, N, C, KVD);
+        float *qkv_out[] = {a->q, a->k, a->v};
+        const float *qkv_w[] = {w->wq, w->wk, w->wv}, *qkv_b[] = {w->bq, w->bk, w->bv};
+        int qkv_dim[] = {QD, KVD, KVD};
+        matmul_forward_multi(ops, 3, qkv_out, a->xn, qkv_w, qkv_b, N, C, qkv_dim);
         if (w->q_norm) {  /* Qwen3: RMSNorm over each head's HD values, before RoPE */
             rmsnorm_forward(ops, a->q, a->q, w->q_norm, N * NH, HD, eps);
             rmsnorm_forward(ops, a->k, a->k, w->k_norm, N * NKV, HD, eps);
@@ -82,8 +83,10 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
 
         /* MLP sub-block */
         rmsnorm_forward(ops, a->xn, a->x, w->mlp_norm, N, C, eps);
-        matmul_forward(ops, a->gate, a->xn, w->w_gate, NULL, N, C, F);
-        matmul_forward(ops, a->up, a->xn, w->w_up, NULL, N, C, F);
+        float *gu_out[] = {a->gate, a->up};
+        const float *gu_w[] = {w->w_gate, w->w_up};
+        int gu_dim[] = {F, F};
+        matmul_forward_multi(ops, 2, gu_out, a->xn, gu_w, NULL, N, C, gu_dim);
         swiglu_forward(ops, a->gate, a->gate, a->up, N, F);
         matmul_forward(ops, a->proj, a->gate, w->w_down, NULL, N, F, C);
         residual_forward(ops, a->x, a->proj, (size_t)N * C);
