@@ -50,6 +50,10 @@ static inline float td_expf(float x)
  * width. FMA contraction makes the AVX2 results differ from the baseline's in the last bit. */
 #define TD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 
+/* tidal never inspects floating-point exception flags; without this, GCC will not if-convert
+ * the clamp in td_expf (a comparison may raise "invalid") and leaves the exp loops scalar. */
+#pragma GCC optimize("no-trapping-math")
+
 TD_CLONES static float span_max(const float *x, size_t n)
 {
     float mx = -INFINITY;
