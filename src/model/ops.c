@@ -26,8 +26,7 @@ void td_ops_init(td_ops *ctx)
 
 /* e^x for x in any float range: 2^n * e^r with n = round(x/ln2), |r| <= ln2/2, and the Cephes
  * expf minimax polynomial for e^r. Clamped to the normal range (e^-87.3 .. e^88.3). */
-#pragma omp declare simd notinbranch
-static inline float td_expf(float x)
+static inline __attribute__((always_inline)) float td_expf(float x)
 {
     x = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
     float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
@@ -62,12 +61,18 @@ TD_CLONES static float span_max(const float *x, size_t n)
     return mx;
 }
 
-/* sum of e^(x - mx), accumulated in double */
+/* sum of e^(x - mx): fp32 partial sums over blocks of 1024 (each term <= 1), the blocks added
+ * in double */
 TD_CLONES static double span_sumexp(const float *x, size_t n, float mx)
 {
     double sum = 0.0;
-    #pragma omp simd reduction(+ : sum)
-    for (size_t j = 0; j < n; j++) sum += td_expf(x[j] - mx);
+    for (size_t j0 = 0; j0 < n; j0 += 1024) {
+        size_t j1 = j0 + 1024 < n ? j0 + 1024 : n;
+        float part = 0.0f;
+        #pragma omp simd reduction(+ : part)
+        for (size_t j = j0; j < j1; j++) part += td_expf(x[j] - mx);
+        sum += part;
+    }
     return sum;
 }
 
