@@ -45,6 +45,10 @@ else
 endif
 
 DEPDIR_FLAGS = -MMD -MP
+comma := ,
+space := $(subst ,, )
+# nvcc splits -Xcompiler arguments at commas, so sanitizer flags travel comma-joined
+SAN_NV := $(if $(SAN),$(comma)$(subst $(space),$(comma),$(strip $(SAN))))
 
 .PHONY: all deps check check-asan demo bench clean tests
 all: $(LIB) $(TOOLS)
@@ -72,7 +76,7 @@ $(BUILD)/tests/%: tests/%.c $(LIB)
 # C library. No GPU is needed: cuda_bf16.h / cuda_fp16.h / cuda_fp8.h conversions are __host__.
 $(BUILD)/tests/nv/%: tests/nv/%.cu $(LIB)
 	@mkdir -p $(dir $@)
-	$(NVCC) -O2 -std=c++17 -Iinclude -Xcompiler "-fopenmp $(SAN)" $< -o $@ $(LIB) -lcmocka -lm -Xcompiler -fopenmp $(if $(SAN),-Xcompiler "$(SAN)")
+	$(NVCC) -O2 -std=c++17 -Iinclude -Xcompiler -fopenmp$(SAN_NV) $< -o $@ $(LIB) -lcmocka -lm -Xlinker -lgomp$(if $(SAN), -Xcompiler $(subst $(space),$(comma),$(strip $(SAN))))
 
 tests: $(TESTS) $(NVTESTS) $(TOOLS)
 
@@ -83,7 +87,7 @@ check: deps
 # Sanitizer build lives in its own tree so it never mixes objects with the normal build.
 check-asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer" \
-	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" tests
+	    SAN="-fsanitize=address -fsanitize=undefined -fno-sanitize-recover=undefined" tests
 	@BUILD=build-asan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    bash tests/run.sh $(TESTS:$(BUILD)/%=build-asan/%) $(NVTESTS:$(BUILD)/%=build-asan/%)
 
