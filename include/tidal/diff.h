@@ -1,0 +1,50 @@
+/* tidal — the diff job: replay prompts through the inference path (recipe B: prefill, KV-cache
+ * decode, sampling) and score the same tokens with the training path (recipe A: teacher-forced
+ * whole sequences), recording per-token divergence into an HDF5 run file.
+ *
+ * Work is cut into batches of `batch` prompts, fixed by the prompt order of the shard, so a
+ * batch holds the same sequences in every run: results do not depend on where a run was
+ * interrupted. A batch's rows are appended and the file flushed when the batch completes;
+ * /progress records completed batches, and --resume cuts away anything written after the last
+ * of them, then carries on. Sampling draws from a per-prompt stream of the seed.
+ */
+#ifndef TIDAL_DIFF_H
+#define TIDAL_DIFF_H
+
+#include "tidal/recipe.h"
+#include "tidal/sampling.h"
+
+TD_BEGIN_DECLS
+
+typedef struct {
+    const char *model_dir;
+    const char *prompts_path;
+    const char *out_path;
+    const char *recipe_a_arg, *recipe_b_arg;   /* as given: preset names or file paths */
+    td_recipe recipe_a, recipe_b;
+    td_sampling sampling;
+    int max_new_tokens;
+    uint64_t seed;
+    int batch;                 /* prompts per batch (decode slots)                       */
+    int score_prompt;          /* also score prompt tokens (positions 1..P-1)            */
+    int shard_k, shard_n;      /* this run does prompts i with i % shard_n == shard_k    */
+    int resume, force, skip_bad_lines;
+    int stop_at_eos;           /* stop a sequence at the checkpoint's EOS token          */
+    const char *command_line;  /* recorded in the file                                   */
+} td_diff_opts;
+
+typedef struct {
+    int64_t tokens, seqs;
+    double mean_abs_dlogp, p99_abs_dlogp, max_abs_dlogp;
+    double mean_kl_ba, mean_k3, top1_agree;
+} td_diff_summary;
+
+/* Runs the job; progress on stderr. 0, or -1 + err naming the file and the problem. */
+int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err);
+
+/* Summary statistics over the /tokens of a run file. */
+int td_diff_summarize(const char *run_path, td_diff_summary *sum, td_error *err);
+
+TD_END_DECLS
+
+#endif
