@@ -25,6 +25,17 @@ static int cmp_tensor_name(const void *a, const void *b)
     return strcmp(((const td_tensor *)a)->name, ((const td_tensor *)b)->name);
 }
 
+/* Sorts the tensor table by name (for bsearch) and rejects a name held by two shards. */
+static int sort_tensors(td_checkpoint *ck, td_error *err)
+{
+    qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, cmp_tensor_name);
+    for (size_t i = 1; i < ck->n_tensors; i++)
+        if (strcmp(ck->tensors[i].name, ck->tensors[i - 1].name) == 0)
+            return td_fail(err, "%s: tensor '%s' appears in both %s and %s", ck->path, ck->tensors[i].name,
+                           ck->shards[ck->tensors[i - 1].shard].path, ck->shards[ck->tensors[i].shard].path);
+    return 0;
+}
+
 /* model.safetensors.index.json: {"metadata": {...}, "weight_map": {name: "shard file"}}.
  * Each distinct shard is loaded once; then every weight_map entry must be found in the shard it
  * names (an index that points at the wrong shard is a broken checkpoint). */
@@ -67,7 +78,7 @@ static int load_index(td_checkpoint *ck, const char *dir, const char *index_path
         td_fail(err, "%s: weight_map is empty", index_path);
         goto done;
     }
-    qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, cmp_tensor_name);
+    if (sort_tensors(ck, err) != 0) goto done;
     json_object_foreach(wm, name, v) {
         const td_tensor *t = td_checkpoint_find(ck, name);
         char path[4096];
@@ -122,13 +133,7 @@ td_checkpoint *td_checkpoint_open(const char *path, td_error *err)
             goto fail;
         }
     }
-    qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, cmp_tensor_name);
-    for (size_t i = 1; i < ck->n_tensors; i++)
-        if (strcmp(ck->tensors[i].name, ck->tensors[i - 1].name) == 0) {
-            td_fail(err, "%s: tensor '%s' appears in both %s and %s", path, ck->tensors[i].name,
-                    ck->shards[ck->tensors[i - 1].shard].path, ck->shards[ck->tensors[i].shard].path);
-            goto fail;
-        }
+    if (sort_tensors(ck, err) != 0) goto fail;
     return ck;
 fail:
     td_checkpoint_close(ck);
