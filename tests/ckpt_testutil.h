@@ -14,14 +14,14 @@
 #include <cmocka.h>
 
 /* A fresh directory under /tmp; removed (with its files) by rm_tree. */
-static char *make_tmpdir(void)
+static inline char *make_tmpdir(void)
 {
     char *d = strdup("/tmp/tidal-ckpt-test-XXXXXX");
     assert_non_null(mkdtemp(d));
     return d;
 }
 
-static void rm_tree(char *dir)
+static inline void rm_tree(char *dir)
 {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
@@ -29,7 +29,7 @@ static void rm_tree(char *dir)
     free(dir);
 }
 
-static void write_bytes(const char *path, const void *data, size_t n)
+static inline void write_bytes(const char *path, const void *data, size_t n)
 {
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
@@ -37,15 +37,15 @@ static void write_bytes(const char *path, const void *data, size_t n)
     assert_int_equal(fclose(f), 0);
 }
 
-static void write_text(const char *path, const char *text) { write_bytes(path, text, strlen(text)); }
+static inline void write_text(const char *path, const char *text) { write_bytes(path, text, strlen(text)); }
 
-static void path_join(char *out, size_t n, const char *dir, const char *name)
+static inline void path_join(char *out, size_t n, const char *dir, const char *name)
 {
     snprintf(out, n, "%s/%s", dir, name);
 }
 
 /* A safetensors file from a header string and a data area: u64 LE length | header | data. */
-static void write_safetensors(const char *path, const char *header, const void *data, size_t ndata)
+static inline void write_safetensors(const char *path, const char *header, const void *data, size_t ndata)
 {
     size_t hl = strlen(header);
     uint8_t *buf = malloc(8 + hl + ndata + 1);
@@ -58,7 +58,7 @@ static void write_safetensors(const char *path, const char *header, const void *
 }
 
 /* True if haystack contains every one of the NULL-terminated needles. */
-static int contains_all(const char *hay, ...)
+static inline int contains_all(const char *hay, ...)
 {
     va_list ap;
     va_start(ap, hay);
@@ -74,7 +74,7 @@ static int contains_all(const char *hay, ...)
 }
 
 /* A minimal config.json of a tiny Llama: V=16 C=8 F=12 L=1 NH=2 NKV=1 HD=4, untied. */
-static const char *tiny_llama_config =
+__attribute__((unused)) static const char *tiny_llama_config =
     "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 16, \"hidden_size\": 8,"
     " \"intermediate_size\": 12, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
     " \"num_key_value_heads\": 1, \"rms_norm_eps\": 1e-5, \"torch_dtype\": \"float32\"}";
