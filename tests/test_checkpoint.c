@@ -249,6 +249,18 @@ static void test_shards(void **state)
     /* no tokenizer files in this directory, and that is fine; validate says what is missing */
     assert_int_not_equal(td_checkpoint_validate(ck, &err), 0);
     assert_true(contains_all(err.msg, "missing tensor 'model.embed_tokens.weight'", NULL));
+    /* no generation_config.json: defaults, stop ids from config.json (a list: all of them) */
+    const td_gen_config *g = td_checkpoint_generation(ck);
+    assert_true(!g->from_file && g->n_eos == 1 && g->eos_token_ids[0] == 2 && g->bos_token_id == 1);
+    td_checkpoint_close(ck);
+    path_join(p, sizeof p, dir, "config.json");
+    write_text(p, "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":16,\"hidden_size\":8,\"intermediate_size\":12,"
+                  "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"eos_token_id\":[3,5,7]}");
+    ck = td_checkpoint_open(dir, &err);
+    assert_non_null(ck);
+    assert_int_equal(td_checkpoint_config(ck)->eos_token_id, 3);
+    g = td_checkpoint_generation(ck);
+    assert_true(g->n_eos == 3 && g->eos_token_ids[0] == 3 && g->eos_token_ids[2] == 7 && !(g->present & TD_GEN_EOS));
     td_checkpoint_close(ck);
 
     path_join(p, sizeof p, dir, "model.safetensors.index.json");

@@ -97,7 +97,9 @@ td_checkpoint *td_checkpoint_open(const char *path, td_error *err);
 void td_checkpoint_close(td_checkpoint *ck);
 
 const td_config *td_checkpoint_config(const td_checkpoint *ck);        /* NULL for a bare file */
-const td_gen_config *td_checkpoint_generation(const td_checkpoint *ck); /* defaults if no file */
+/* generation_config.json, or transformers' defaults; bos/eos the file lacks come from config.json
+ * (its whole eos list when it has one). */
+const td_gen_config *td_checkpoint_generation(const td_checkpoint *ck);
 const char *td_checkpoint_path(const td_checkpoint *ck);
 
 size_t td_checkpoint_num_tensors(const td_checkpoint *ck);
