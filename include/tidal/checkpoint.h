@@ -1,0 +1,214 @@
+/* tidal — checkpoint I/O for Hugging Face Llama-family checkpoints.
+ *
+ * A checkpoint is a directory as transformers writes it:
+ *   config.json                     architecture and shapes (td_config, config.h)
+ *   generation_config.json          optional: sampling defaults (td_gen_config)
+ *   model.safetensors               one file, or
+ *   model.safetensors.index.json    {"weight_map": {tensor name: shard file}} + the shards
+ * Tokenizer files are not read here (tokenizer.h does that) and are never required.
+ *
+ * safetensors layout: u64 little-endian N, then N bytes of JSON header
+ *   {"__metadata__": {str: str}, NAME: {"dtype": "BF16", "shape": [..], "data_offsets": [b, e]}}
+ * then the data area; offsets are relative to the data area, [b, e) per tensor, row-major.
+ * Every shard is memory-mapped read-only; tensors point into the maps (nothing is copied until
+ * a caller asks for fp32). Every header field is validated against the file before use.
+ *
+ * HF tensor names and shapes (dimension letters as in config.h):
+ *   model.embed_tokens.weight                         (V, C)
+ *   model.layers.{i}.input_layernorm.weight           (C)
+ *   model.layers.{i}.self_attn.q_proj.weight          (NH*HD, C)     .bias (NH*HD)   Qwen2
+ *   model.layers.{i}.self_attn.k_proj.weight          (NKV*HD, C)    .bias (NKV*HD)  Qwen2
+ *   model.layers.{i}.self_attn.v_proj.weight          (NKV*HD, C)    .bias (NKV*HD)  Qwen2
+ *   model.layers.{i}.self_attn.o_proj.weight          (C, NH*HD)
+ *   model.layers.{i}.self_attn.q_norm.weight          (HD)                           Qwen3
+ *   model.layers.{i}.self_attn.k_norm.weight          (HD)                           Qwen3
+ *   model.layers.{i}.post_attention_layernorm.weight  (C)
+ *   model.layers.{i}.mlp.gate_proj.weight             (F, C)
+ *   model.layers.{i}.mlp.up_proj.weight               (F, C)
+ *   model.layers.{i}.mlp.down_proj.weight             (C, F)
+ *   model.norm.weight                                 (C)
+ *   lm_head.weight                                    (V, C)   absent when tie_word_embeddings
+ */
+#ifndef TIDAL_CHECKPOINT_H
+#define TIDAL_CHECKPOINT_H
+
+#include "tidal/common.h"
+#include "tidal/config.h"
+#include "tidal/formats.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+
+TD_BEGIN_DECLS
+
+/* ---- tensor dtypes (safetensors names "F32", "F16", "BF16", "F8_E4M3") ---- */
+typedef enum { TD_DT_F32 = 0, TD_DT_F16, TD_DT_BF16, TD_DT_F8_E4M3, TD_DT_COUNT } td_dtype;
+
+const char *td_dtype_name(td_dtype dt);         /* "F32", ...                          */
+int         td_dtype_from_name(const char *s);  /* safetensors name -> td_dtype, or -1 */
+/* Also accepts the tool spellings "f32", "fp32", "bf16", "f16", "fp16", "e4m3", "fp8"; -1 if unknown. */
+int         td_dtype_parse(const char *s);
+size_t      td_dtype_size(td_dtype dt);         /* bytes per element: 4, 2, 2, 1       */
+td_format   td_dtype_format(td_dtype dt);       /* the td_format that decodes it       */
+
+#define TD_MAX_DIMS 8
+
+typedef struct {
+    char *name;
+    td_dtype dtype;
+    int ndim;
+    int64_t shape[TD_MAX_DIMS];
+    size_t numel;             /* product of shape (1 for a 0-d tensor)           */
+    const uint8_t *data;      /* into the shard's read-only map; numel * size    */
+    size_t nbytes;
+    int shard;                /* index into the checkpoint's shard list          */
+} td_tensor;
+
+typedef struct td_checkpoint td_checkpoint;   /* opaque: mapped shards, tensor table, configs */
+
+/* ---- generation_config.json ---- */
+enum {
+    TD_GEN_TEMPERATURE = 1 << 0, TD_GEN_TOP_P = 1 << 1, TD_GEN_TOP_K = 1 << 2,
+    TD_GEN_REPETITION_PENALTY = 1 << 3, TD_GEN_DO_SAMPLE = 1 << 4,
+    TD_GEN_BOS = 1 << 5, TD_GEN_EOS = 1 << 6,
+};
+#define TD_GEN_MAX_EOS 8
+typedef struct {
+    double temperature;        /* HF GenerationConfig defaults: 1.0               */
+    double top_p;              /* 1.0                                             */
+    int top_k;                 /* 50                                              */
+    double repetition_penalty; /* 1.0                                             */
+    bool do_sample;            /* false                                           */
+    int bos_token_id;          /* -1 when unknown                                 */
+    int eos_token_ids[TD_GEN_MAX_EOS];
+    int n_eos;
+    unsigned present;          /* TD_GEN_* bits: keys present in the file         */
+    bool from_file;            /* generation_config.json existed                  */
+} td_gen_config;
+
+/* ---- reading ---- */
+
+/* Opens a checkpoint directory (config.json required, generation_config.json optional,
+ * model.safetensors or model.safetensors.index.json). Also accepts the path of one
+ * .safetensors file: then only tensors are available and td_checkpoint_config is NULL.
+ * Validates every header; does not check that the tensors fit the config (see
+ * td_checkpoint_validate). NULL + err naming the file and the problem on failure. */
+td_checkpoint *td_checkpoint_open(const char *path, td_error *err);
+void td_checkpoint_close(td_checkpoint *ck);
+
+const td_config *td_checkpoint_config(const td_checkpoint *ck);        /* NULL for a bare file */
+/* generation_config.json, or transformers' defaults; bos/eos the file lacks come from config.json
+ * (its whole eos list when it has one). */
+const td_gen_config *td_checkpoint_generation(const td_checkpoint *ck);
+const char *td_checkpoint_path(const td_checkpoint *ck);
+
+size_t td_checkpoint_num_tensors(const td_checkpoint *ck);
+const td_tensor *td_checkpoint_tensor(const td_checkpoint *ck, size_t i);   /* sorted by name */
+const td_tensor *td_checkpoint_find(const td_checkpoint *ck, const char *name); /* NULL if missing */
+const char *td_checkpoint_shard_path(const td_checkpoint *ck, int shard);
+/* Value of a "__metadata__" key in the first shard that has it, or NULL. */
+const char *td_checkpoint_metadata(const td_checkpoint *ck, const char *key);
+
+/* Fetches a tensor by name, checks its shape exactly (ndim and every extent), converts it to
+ * fp32 into dst (numel elements; conversion is exact for every dtype). Error names the file,
+ * the tensor, and expected vs actual shape. Counts NaN/Inf values into *nonfinite (may be NULL;
+ * non-finite values are copied, not an error). */
+int td_checkpoint_read_f32(const td_checkpoint *ck, const char *name, int ndim,
+                           const int64_t *shape, float *dst, size_t *nonfinite, td_error *err);
+/* The same for a td_tensor already found, without the shape check. */
+void td_tensor_to_f32(const td_tensor *t, float *dst, size_t *nonfinite);
+
+/* If the stored dtype is F32 and the data is 4-byte aligned in the map, returns a pointer into
+ * the map (no copy); otherwise NULL + err saying why (caller then uses read_f32). Shape checked
+ * as in read_f32. Valid until td_checkpoint_close. */
+const float *td_checkpoint_map_f32(const td_checkpoint *ck, const char *name, int ndim,
+                                   const int64_t *shape, td_error *err);
+
+/* ---- the parameter list of a config ---- */
+typedef enum { TD_PARAM_EMBED, TD_PARAM_MATRIX, TD_PARAM_NORM, TD_PARAM_BIAS } td_param_kind;
+typedef struct {
+    char name[96];
+    td_param_kind kind;
+    int layer;                /* -1 for embed_tokens, model.norm, lm_head */
+    int ndim;                 /* 1 or 2 */
+    int64_t shape[2];
+} td_param_spec;
+
+/* Fills out[0..cap) with the tensors a checkpoint of this config holds, in HF order
+ * (embed, layers 0..L-1, norm, lm_head unless tied); returns the total count (may be > cap). */
+size_t td_config_params(const td_config *cfg, td_param_spec *out, size_t cap);
+/* Every tensor of td_config_params present with its exact shape and a supported dtype;
+ * tensors not in the list (rotary inv_freq, ...) are ignored. Error names the first problem. */
+int td_checkpoint_validate(const td_checkpoint *ck, td_error *err);
+/* Counts NaN/Inf over every tensor; returns the total and sets *n_tensors_bad. */
+size_t td_checkpoint_count_nonfinite(const td_checkpoint *ck, size_t *n_tensors_bad);
+
+/* ---- config.json / generation_config.json ---- */
+
+/* Parses config.json for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+ * Qwen3ForCausalLM; missing optional keys take transformers' defaults for that architecture.
+ * Rejects unknown architectures, missing/mistyped keys, NH % NKV != 0, unsupported options
+ * (rope_scaling other than llama3, attention/mlp biases Llama does not model, hidden_act
+ * other than silu). eos lists: the first id goes to cfg->eos_token_id. */
+int td_config_parse(const char *config_json_path, td_config *cfg, td_error *err);
+/* The same checks on an already filled struct (what = name used in messages). */
+int td_config_validate(const td_config *cfg, const char *what, td_error *err);
+/* HF defaults for an architecture (shapes zero): the starting point of a writer. */
+void td_config_defaults(td_config *cfg, td_arch arch);
+/* Parses "llama", "mistral", "qwen2", "qwen3" or the HF class name; -1 if unknown. */
+int td_arch_from_name(const char *s);
+/* Writes a config.json transformers accepts for that architecture. */
+int td_config_write(const char *path, const td_config *cfg, td_error *err);
+
+void td_gen_config_defaults(td_gen_config *g);
+/* Parses generation_config.json; keys absent keep defaults; cfg (may be NULL) supplies
+ * bos/eos when the file lacks them, as transformers does. */
+int td_gen_config_parse(const char *path, const td_config *cfg, td_gen_config *g, td_error *err);
+int td_gen_config_write(const char *path, const td_gen_config *g, td_error *err);
+/* One line: "generation: temperature=0.7 top_p=0.8 top_k=20 repetition_penalty=1.05 (...)"
+ * plus a warning when repetition_penalty != 1 comes from the file (a sampler that ignores it,
+ * or a rollout engine that silently inherits it, scores a different distribution). */
+void td_gen_config_print(FILE *f, const td_gen_config *g);
+
+/* ---- random initialisation (tidal-init) ---- */
+
+/* Named shapes: "tiny" (C=64 L=2 NH=4 NKV=2 HD=16 F=176 V=512, arch kept), "qwen2.5-0.5b",
+ * "qwen3-0.6b", "llama-3.2-1b" (these set the architecture too). -1 if unknown. */
+int td_config_preset(const char *name, td_config *cfg);
+/* Writes DIR/model.safetensors, config.json and generation_config.json of a seeded random
+ * model (normals from td_rng, polar method): matrices and embeddings N(0, 0.02^2), norm weights 1 + 0.1 N(0,1) (not exactly 1, so
+ * a forward that forgets a norm weight is caught), biases N(0, 0.02^2). Tensors are generated
+ * in fixed 2^20-element chunks, chunk k of tensor i from td_rng_stream(seed, i << 32 | k), so
+ * the values do not depend on the thread count; written as generated (memory ~ a few chunks).
+ * `command` goes into the safetensors metadata as "tidal_command"; progress (may be NULL)
+ * gets a line per layer. */
+int td_checkpoint_init_random(const char *dir, const td_config *cfg, td_dtype dt, uint64_t seed,
+                              const char *command, FILE *progress, td_error *err);
+
+/* ---- writing model.safetensors (streaming) ----
+ * Declare every tensor first (name, dtype, shape); td_st_writer_begin lays the data out and
+ * writes the header ("__metadata__": {"format": "pt", ...}). The layout is the one the Rust
+ * safetensors library writes: header padded with spaces to a multiple of 8 bytes, tensors
+ * contiguous (no gaps, which its loader rejects), ordered by element size, widest first, then
+ * by declaration, so every tensor starts aligned to its element size (F32 data can be mapped
+ * as float*). Then feed each tensor's data by name, in any tensor order, each tensor's pieces
+ * in order, as fp32 (converted to the dtype: round to nearest even, e4m3 saturating to ±448)
+ * or raw bytes in the dtype's little-endian encoding. td_st_writer_finish checks every tensor
+ * was fully written, then renames PATH.tmp to PATH: nothing half-written is left under the
+ * final name. td_st_writer_free on an unfinished writer removes the temporary file. */
+typedef struct td_st_writer td_st_writer;
+td_st_writer *td_st_writer_new(const char *path);
+int td_st_writer_meta(td_st_writer *w, const char *key, const char *value, td_error *err);
+int td_st_writer_declare(td_st_writer *w, const char *name, td_dtype dt, int ndim,
+                         const int64_t *shape, td_error *err);
+int td_st_writer_begin(td_st_writer *w, td_error *err);
+int td_st_writer_write_f32(td_st_writer *w, const char *name, const float *x, size_t n,
+                           td_error *err);
+int td_st_writer_write_raw(td_st_writer *w, const char *name, const void *bytes, size_t nbytes,
+                           td_error *err);
+int td_st_writer_finish(td_st_writer *w, td_error *err);
+void td_st_writer_free(td_st_writer *w);
+
+TD_END_DECLS
+
+#endif

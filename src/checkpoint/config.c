@@ -1,0 +1,307 @@
+/* config.json for Llama-family decoders: parse (with transformers' per-architecture defaults),
+ * validate, write.
+ *
+ * Defaults when a key is absent, from the transformers config classes' signatures:
+ *                      Llama      Mistral    Qwen2      Qwen3
+ *   num_key_value_heads = heads   8          32         32
+ *   head_dim            C/NH      C/NH       C/NH       128
+ *   max_position        2048      131072     32768      32768
+ *   rms_norm_eps        1e-6      1e-6       1e-6       1e-6
+ *   rope_theta          10000     10000      10000      10000
+ *   tie_word_embeddings false     false      false      false
+ *   bos / eos           1 / 2     1 / 2      none       none
+ * Qwen2 always has q/k/v biases (its attention hard-codes bias=True); Qwen3 always has q/k norm.
+ * Options tidal's forward does not model are refused rather than silently ignored:
+ * attention_bias / mlp_bias = true, hidden_act != silu, rope_scaling other than llama3.
+ */
+#include "tidal/checkpoint.h"
+#include "tidal/io.h"
+
+#include <math.h>
+#include <string.h>
+#include <strings.h>
+
+static const struct {
+    const char *hf, *model_type;
+    int kv_default;            /* 0 = num_attention_heads */
+    int head_dim_default;      /* 0 = hidden / heads      */
+    int max_position, bos, eos;
+} archs[TD_ARCH_COUNT] = {
+    [TD_ARCH_LLAMA] = {"LlamaForCausalLM", "llama", 0, 0, 2048, 1, 2},
+    [TD_ARCH_MISTRAL] = {"MistralForCausalLM", "mistral", 8, 0, 131072, 1, 2},
+    [TD_ARCH_QWEN2] = {"Qwen2ForCausalLM", "qwen2", 32, 0, 32768, -1, -1},
+    [TD_ARCH_QWEN3] = {"Qwen3ForCausalLM", "qwen3", 32, 128, 32768, -1, -1},
+};
+
+const char *td_arch_name(td_arch a) { return (unsigned)a < TD_ARCH_COUNT ? archs[a].hf : "?"; }
+
+int td_arch_from_name(const char *s)
+{
+    for (int i = 0; i < TD_ARCH_COUNT; i++)
+        if (strcmp(s, archs[i].hf) == 0 || strcasecmp(s, archs[i].model_type) == 0) return i;
+    return -1;
+}
+
+void td_config_defaults(td_config *c, td_arch arch)
+{
+    memset(c, 0, sizeof *c);
+    c->arch = arch;
+    c->max_position = archs[arch].max_position;
+    c->rms_norm_eps = 1e-6;
+    c->rope_theta = 10000.0;
+    c->qkv_bias = arch == TD_ARCH_QWEN2;
+    c->qk_norm = arch == TD_ARCH_QWEN3;
+    c->bos_token_id = archs[arch].bos;
+    c->eos_token_id = archs[arch].eos;
+    snprintf(c->torch_dtype, sizeof c->torch_dtype, "float32");
+}
+
+/* ---- typed getters: absent (or null) -> default or "missing", wrong type -> error ---- */
+
+static const char *type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+static int get_int(const char *path, json_t *o, const char *key, bool required, int def, int lo,
+                   int hi, int *out, td_error *err)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        if (required) return td_fail(err, "%s: missing required key \"%s\"", path, key);
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v))
+        return td_fail(err, "%s: \"%s\" must be an integer, got %s", path, key, type_name(v));
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return td_fail(err, "%s: \"%s\" = %lld is out of range [%d, %d]", path, key, (long long)x, lo, hi);
+    *out = (int)x;
+    return 0;
+}
+
+static int get_num(const char *path, json_t *o, const char *key, double def, double *out, td_error *err)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) { *out = def; return 0; }
+    if (!json_is_number(v))
+        return td_fail(err, "%s: \"%s\" must be a number, got %s", path, key, type_name(v));
+    *out = json_number_value(v);
+    if (!isfinite(*out)) return td_fail(err, "%s: \"%s\" is not finite", path, key);
+    return 0;
+}
+
+static int get_bool(const char *path, json_t *o, const char *key, bool def, bool *out, td_error *err)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) { *out = def; return 0; }
+    if (!json_is_boolean(v))
+        return td_fail(err, "%s: \"%s\" must be true or false, got %s", path, key, type_name(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* Token id: an integer, or a list of integers (its first entry), or null / absent (def). */
+static int get_token(const char *path, json_t *o, const char *key, int def, int *out, td_error *err)
+{
+    json_t *v = json_object_get(o, key);
+    if (json_is_array(v)) {
+        if (json_array_size(v) == 0) { *out = def; return 0; }
+        v = json_array_get(v, 0);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            return td_fail(err, "%s: \"%s\" list must hold non-negative integers", path, key);
+        *out = (int)json_integer_value(v);
+        return 0;
+    }
+    return get_int(path, o, key, false, def, 0, INT32_MAX, out, err);
+}
+
+/* Upper bound of any one dimension: keeps products such as V*C far from size_t overflow and
+ * rejects typos before anything is allocated from them. */
+#define DIM_MAX (1 << 24)
+
+static int parse_rope_scaling(const char *path, json_t *rs, td_config *c, td_error *err)
+{
+    if (!rs || json_is_null(rs)) return 0;
+    if (!json_is_object(rs)) return td_fail(err, "%s: \"rope_scaling\" must be an object or null", path);
+    json_t *t = json_object_get(rs, "rope_type");
+    if (!t) t = json_object_get(rs, "type");
+    if (!json_is_string(t))
+        return td_fail(err, "%s: rope_scaling needs a \"rope_type\" (or \"type\") string", path);
+    const char *type = json_string_value(t);
+    if (strcmp(type, "default") == 0) return 0;
+    if (strcmp(type, "llama3") != 0)
+        return td_fail(err, "%s: rope_scaling type \"%s\" is not supported (tidal models \"llama3\")", path, type);
+    json_t *f = json_object_get(rs, "factor");
+    if (!json_is_number(f)) return td_fail(err, "%s: rope_scaling.factor missing or not a number", path);
+    c->rope_factor = json_number_value(f);
+    if (get_num(path, rs, "low_freq_factor", 1.0, &c->rope_low_freq_factor, err) ||
+        get_num(path, rs, "high_freq_factor", 4.0, &c->rope_high_freq_factor, err) ||
+        get_int(path, rs, "original_max_position_embeddings", false, 8192, 1, INT32_MAX,
+                &c->rope_original_max_position, err))
+        return -1;
+    if (!(c->rope_factor > 0) || !(c->rope_high_freq_factor > c->rope_low_freq_factor) ||
+        !(c->rope_low_freq_factor > 0))
+        return td_fail(err, "%s: rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor > 0", path);
+    return 0;
+}
+
+int td_config_parse(const char *path, td_config *c, td_error *err)
+{
+    json_t *j = td_json_load_file(path, err);
+    if (!j) return -1;
+    int rc = -1;
+    if (!json_is_object(j)) { td_fail(err, "%s: not a JSON object", path); goto done; }
+
+    json_t *ar = json_object_get(j, "architectures"), *mt = json_object_get(j, "model_type");
+    const char *archname = NULL;
+    int arch = -1;
+    if (ar && !json_is_null(ar)) {
+        if (!json_is_array(ar) || json_array_size(ar) < 1 || !json_is_string(json_array_get(ar, 0))) {
+            td_fail(err, "%s: \"architectures\" must be a list of class names", path);
+            goto done;
+        }
+        archname = json_string_value(json_array_get(ar, 0));
+        for (int i = 0; i < TD_ARCH_COUNT; i++)
+            if (strcmp(archname, archs[i].hf) == 0) arch = i;
+    } else if (json_is_string(mt)) {
+        archname = json_string_value(mt);
+        for (int i = 0; i < TD_ARCH_COUNT; i++)
+            if (strcmp(archname, archs[i].model_type) == 0) arch = i;
+    } else {
+        td_fail(err, "%s: missing \"architectures\" (and no \"model_type\")", path);
+        goto done;
+    }
+    if (arch < 0) {
+        td_fail(err, "%s: unknown architecture \"%s\" (tidal reads LlamaForCausalLM, MistralForCausalLM, "
+                "Qwen2ForCausalLM, Qwen3ForCausalLM)", path, archname);
+        goto done;
+    }
+    td_config_defaults(c, (td_arch)arch);
+    if (get_int(path, j, "vocab_size", true, 0, 1, DIM_MAX, &c->vocab_size, err) ||
+        get_int(path, j, "hidden_size", true, 0, 1, DIM_MAX, &c->hidden_size, err) ||
+        get_int(path, j, "intermediate_size", true, 0, 1, DIM_MAX, &c->intermediate_size, err) ||
+        get_int(path, j, "num_hidden_layers", true, 0, 1, 4096, &c->num_layers, err) ||
+        get_int(path, j, "num_attention_heads", true, 0, 1, 65536, &c->num_heads, err))
+        goto done;
+    int kv_def = archs[arch].kv_default ? archs[arch].kv_default : c->num_heads;
+    int hd_def = archs[arch].head_dim_default ? archs[arch].head_dim_default : c->hidden_size / c->num_heads;
+    if (get_int(path, j, "num_key_value_heads", false, kv_def, 1, 65536, &c->num_kv_heads, err) ||
+        get_int(path, j, "head_dim", false, hd_def, 1, 65536, &c->head_dim, err) ||
+        get_int(path, j, "max_position_embeddings", false, c->max_position, 1, INT32_MAX, &c->max_position, err) ||
+        get_num(path, j, "rms_norm_eps", c->rms_norm_eps, &c->rms_norm_eps, err) ||
+        get_num(path, j, "rope_theta", c->rope_theta, &c->rope_theta, err) ||
+        get_bool(path, j, "tie_word_embeddings", false, &c->tie_word_embeddings, err) ||
+        get_token(path, j, "bos_token_id", c->bos_token_id, &c->bos_token_id, err) ||
+        get_token(path, j, "eos_token_id", c->eos_token_id, &c->eos_token_id, err) ||
+        parse_rope_scaling(path, json_object_get(j, "rope_scaling"), c, err))
+        goto done;
+
+    bool attention_bias, mlp_bias;
+    if (get_bool(path, j, "attention_bias", false, &attention_bias, err) ||
+        get_bool(path, j, "mlp_bias", false, &mlp_bias, err))
+        goto done;
+    if (attention_bias && arch != TD_ARCH_QWEN2) {
+        td_fail(err, "%s: \"attention_bias\": true (biases on q/k/v/o) is not supported for %s", path, archname);
+        goto done;
+    }
+    if (mlp_bias) { td_fail(err, "%s: \"mlp_bias\": true is not supported", path); goto done; }
+    json_t *act = json_object_get(j, "hidden_act");
+    if (act && !json_is_null(act) && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
+        td_fail(err, "%s: \"hidden_act\" must be \"silu\" (SwiGLU MLP)", path);
+        goto done;
+    }
+    json_t *dt = json_object_get(j, "torch_dtype");
+    if (!dt || json_is_null(dt)) dt = json_object_get(j, "dtype");
+    if (dt && !json_is_null(dt)) {
+        if (!json_is_string(dt)) { td_fail(err, "%s: \"torch_dtype\" must be a string", path); goto done; }
+        snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", json_string_value(dt));
+    } else {
+        c->torch_dtype[0] = 0;
+    }
+    rc = td_config_validate(c, path, err);
+done:
+    json_decref(j);
+    return rc;
+}
+
+int td_config_validate(const td_config *c, const char *what, td_error *err)
+{
+    if ((unsigned)c->arch >= TD_ARCH_COUNT) return td_fail(err, "%s: unknown architecture %d", what, (int)c->arch);
+    if (c->vocab_size < 1 || c->hidden_size < 1 || c->intermediate_size < 1 || c->num_layers < 1 ||
+        c->num_heads < 1 || c->num_kv_heads < 1 || c->head_dim < 1)
+        return td_fail(err, "%s: every dimension must be positive (V=%d C=%d F=%d L=%d NH=%d NKV=%d HD=%d)", what,
+                       c->vocab_size, c->hidden_size, c->intermediate_size, c->num_layers, c->num_heads,
+                       c->num_kv_heads, c->head_dim);
+    if (c->vocab_size > DIM_MAX || c->hidden_size > DIM_MAX || c->intermediate_size > DIM_MAX ||
+        (int64_t)c->num_heads * c->head_dim > DIM_MAX)
+        return td_fail(err, "%s: a dimension exceeds %d", what, DIM_MAX);
+    if (c->num_heads % c->num_kv_heads != 0)
+        return td_fail(err, "%s: num_attention_heads %d is not divisible by num_key_value_heads %d", what,
+                       c->num_heads, c->num_kv_heads);
+    if (c->head_dim % 2 != 0) return td_fail(err, "%s: head_dim %d must be even (RoPE rotates pairs)", what, c->head_dim);
+    if (!(c->rms_norm_eps > 0)) return td_fail(err, "%s: rms_norm_eps must be > 0", what);
+    if (!(c->rope_theta > 0)) return td_fail(err, "%s: rope_theta must be > 0", what);
+    if (c->bos_token_id >= c->vocab_size || c->eos_token_id >= c->vocab_size)
+        return td_fail(err, "%s: bos/eos token id (%d/%d) outside the vocabulary of %d", what, c->bos_token_id,
+                       c->eos_token_id, c->vocab_size);
+    return 0;
+}
+
+int td_config_write(const char *path, const td_config *c, td_error *err)
+{
+    if (td_config_validate(c, path, err) != 0) return -1;
+    const char *mt = archs[c->arch].model_type;
+    json_t *j = json_object();
+    json_object_set_new(j, "architectures", json_pack("[s]", archs[c->arch].hf));
+    json_object_set_new(j, "model_type", json_string(mt));
+    json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(j, "hidden_size", json_integer(c->hidden_size));
+    json_object_set_new(j, "intermediate_size", json_integer(c->intermediate_size));
+    json_object_set_new(j, "num_hidden_layers", json_integer(c->num_layers));
+    json_object_set_new(j, "num_attention_heads", json_integer(c->num_heads));
+    json_object_set_new(j, "num_key_value_heads", json_integer(c->num_kv_heads));
+    json_object_set_new(j, "head_dim", json_integer(c->head_dim));
+    json_object_set_new(j, "hidden_act", json_string("silu"));
+    json_object_set_new(j, "max_position_embeddings", json_integer(c->max_position));
+    json_object_set_new(j, "initializer_range", json_real(0.02));
+    json_object_set_new(j, "rms_norm_eps", json_real(c->rms_norm_eps));
+    json_object_set_new(j, "rope_theta", json_real(c->rope_theta));
+    if (c->rope_factor > 0)
+        json_object_set_new(j, "rope_scaling",
+                            json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor", c->rope_factor,
+                                      "low_freq_factor", c->rope_low_freq_factor, "high_freq_factor",
+                                      c->rope_high_freq_factor, "original_max_position_embeddings",
+                                      c->rope_original_max_position));
+    else
+        json_object_set_new(j, "rope_scaling", json_null());
+    json_object_set_new(j, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
+    json_object_set_new(j, "attention_dropout", json_real(0.0));
+    if (c->arch == TD_ARCH_LLAMA || c->arch == TD_ARCH_QWEN3)
+        json_object_set_new(j, "attention_bias", json_false());
+    if (c->arch == TD_ARCH_LLAMA) json_object_set_new(j, "mlp_bias", json_false());
+    if (c->arch == TD_ARCH_MISTRAL) json_object_set_new(j, "sliding_window", json_null());
+    if (c->arch == TD_ARCH_QWEN2 || c->arch == TD_ARCH_QWEN3) {
+        json_object_set_new(j, "use_sliding_window", json_false());
+        json_object_set_new(j, "sliding_window", json_null());
+        json_object_set_new(j, "max_window_layers", json_integer(c->num_layers));
+    }
+    json_object_set_new(j, "bos_token_id", c->bos_token_id >= 0 ? json_integer(c->bos_token_id) : json_null());
+    json_object_set_new(j, "eos_token_id", c->eos_token_id >= 0 ? json_integer(c->eos_token_id) : json_null());
+    json_object_set_new(j, "torch_dtype", json_string(c->torch_dtype[0] ? c->torch_dtype : "float32"));
+    json_object_set_new(j, "use_cache", json_true());
+    int rc = 0;
+    if (json_dump_file(j, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0)
+        rc = td_fail(err, "%s: cannot write config.json", path);
+    json_decref(j);
+    return rc;
+}

@@ -1,0 +1,166 @@
+/* Seeded random checkpoints and named shapes (the library side of tools/tidal-init). */
+#include "tidal/checkpoint.h"
+#include "tidal/rng.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+int td_config_preset(const char *name, td_config *c)
+{
+    if (strcmp(name, "tiny") == 0) {
+        td_arch arch = c->arch;   /* tiny keeps the architecture the caller chose */
+        td_config_defaults(c, arch);
+        c->hidden_size = 64; c->num_layers = 2; c->num_heads = 4; c->num_kv_heads = 2;
+        c->head_dim = 16; c->intermediate_size = 176; c->vocab_size = 512;
+        c->bos_token_id = 1; c->eos_token_id = 2;
+        return 0;
+    }
+    if (strcmp(name, "qwen2.5-0.5b") == 0) {   /* Qwen/Qwen2.5-0.5B config.json */
+        td_config_defaults(c, TD_ARCH_QWEN2);
+        c->hidden_size = 896; c->num_layers = 24; c->num_heads = 14; c->num_kv_heads = 2;
+        c->head_dim = 64; c->intermediate_size = 4864; c->vocab_size = 151936;
+        c->tie_word_embeddings = true; c->rope_theta = 1e6; c->max_position = 32768;
+        c->bos_token_id = 151643; c->eos_token_id = 151643;
+        return 0;
+    }
+    if (strcmp(name, "qwen3-0.6b") == 0) {     /* Qwen/Qwen3-0.6B config.json */
+        td_config_defaults(c, TD_ARCH_QWEN3);
+        c->hidden_size = 1024; c->num_layers = 28; c->num_heads = 16; c->num_kv_heads = 8;
+        c->head_dim = 128; c->intermediate_size = 3072; c->vocab_size = 151936;
+        c->tie_word_embeddings = true; c->rope_theta = 1e6; c->max_position = 40960;
+        c->bos_token_id = 151643; c->eos_token_id = 151645;
+        return 0;
+    }
+    if (strcmp(name, "llama-3.2-1b") == 0) {   /* meta-llama/Llama-3.2-1B config.json */
+        td_config_defaults(c, TD_ARCH_LLAMA);
+        c->hidden_size = 2048; c->num_layers = 16; c->num_heads = 32; c->num_kv_heads = 8;
+        c->head_dim = 64; c->intermediate_size = 8192; c->vocab_size = 128256;
+        c->tie_word_embeddings = true; c->rope_theta = 500000.0; c->max_position = 131072;
+        c->rms_norm_eps = 1e-5;
+        c->rope_factor = 32.0; c->rope_low_freq_factor = 1.0; c->rope_high_freq_factor = 4.0;
+        c->rope_original_max_position = 8192;
+        c->bos_token_id = 128000; c->eos_token_id = 128001;
+        return 0;
+    }
+    return -1;
+}
+
+enum { CHUNK = 1 << 20, BATCH = 8 };
+
+/* Fills chunk k of parameter i: values depend only on (seed, i, k).
+ * Normals by Marsaglia's polar method on td_rng bits: (u, v) uniform in the unit disc (32-bit
+ * coordinates, float arithmetic: plenty for an initialisation),
+ * s = u^2 + v^2, then u*sqrt(-2 ln s / s) and v*sqrt(-2 ln s / s) are two independent N(0,1).
+ * One log and one sqrt per pair and no trig: about 4x cheaper than td_rng_normal's one-output
+ * Box-Muller, which matters at 0.5B parameters. */
+static void fill_chunk(float *x, size_t n, const td_param_spec *s, uint64_t seed, size_t i, size_t k)
+{
+    td_rng r;
+    td_rng_stream(&r, seed, ((uint64_t)i << 32) | k);
+    double mean = 0.0, std = 0.02;
+    if (s->kind == TD_PARAM_NORM) { mean = 1.0; std = 0.1; }
+    for (size_t j = 0; j < n;) {
+        /* one 64-bit draw gives both 32-bit coordinates */
+        uint64_t b = td_rng_next(&r);
+        float u = (float)(int32_t)(uint32_t)b * 0x1p-31f, v = (float)(int32_t)(uint32_t)(b >> 32) * 0x1p-31f;
+        float q = u * u + v * v;
+        if (q >= 1.0f || q == 0.0f) continue;
+        float f = (float)std * sqrtf(-2.0f * logf(q) / q);
+        x[j++] = (float)mean + u * f;
+        if (j < n) x[j++] = (float)mean + v * f;
+    }
+}
+
+static const char *torch_dtype_of(td_dtype dt)
+{
+    switch (dt) {
+    case TD_DT_BF16: return "bfloat16";
+    case TD_DT_F16: return "float16";
+    default: return "float32";
+    }
+}
+
+int td_checkpoint_init_random(const char *dir, const td_config *cfg_in, td_dtype dt, uint64_t seed,
+                              const char *command, FILE *progress, td_error *err)
+{
+    td_config cfg = *cfg_in;
+    snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s", torch_dtype_of(dt));
+    if (td_config_validate(&cfg, dir, err) != 0) return -1;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return td_fail(err, "%s: cannot create directory: %s", dir, strerror(errno));
+
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    size_t n = td_config_params(&cfg, NULL, 0);
+    td_param_spec *specs = td_xmalloc(n * sizeof *specs);
+    td_config_params(&cfg, specs, n);
+    td_st_writer *w = td_st_writer_new(path);
+    float *buf = td_xmalloc((size_t)BATCH * CHUNK * sizeof(float));   /* values of a batch of chunks */
+    uint8_t *codes = td_xmalloc((size_t)BATCH * CHUNK * td_dtype_size(dt));   /* ... encoded */
+    int rc = -1;
+    char seedstr[32];
+    snprintf(seedstr, sizeof seedstr, "%llu", (unsigned long long)seed);
+    if (td_st_writer_meta(w, "tidal_command", command ? command : "", err) ||
+        td_st_writer_meta(w, "tidal_seed", seedstr, err) || td_st_writer_meta(w, "tidal_version", TD_VERSION, err))
+        goto done;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (td_st_writer_declare(w, specs[i].name, dt, specs[i].ndim, specs[i].shape, err) != 0) goto done;
+        total += (size_t)specs[i].shape[0] * (size_t)(specs[i].ndim == 2 ? specs[i].shape[1] : 1);
+    }
+    if (td_st_writer_begin(w, err) != 0) goto done;
+    const size_t es = td_dtype_size(dt);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int last_layer = -2;
+    for (size_t i = 0; i < n; i++) {
+        const td_param_spec *s = &specs[i];
+        if (progress && s->layer != last_layer) {
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            fprintf(progress, "\rtidal-init: %s %s (%.1f s)   ", s->layer >= 0 ? "layer" : "", s->name,
+                    (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+            fflush(progress);
+            last_layer = s->layer;
+        }
+        size_t numel = (size_t)s->shape[0] * (size_t)(s->ndim == 2 ? s->shape[1] : 1);
+        size_t nchunks = (numel + CHUNK - 1) / CHUNK;
+        for (size_t k0 = 0; k0 < nchunks; k0 += BATCH) {
+            size_t kn = nchunks - k0 < BATCH ? nchunks - k0 : BATCH;
+            #pragma omp parallel for schedule(dynamic, 1) if (kn > 1)
+            for (size_t k = 0; k < kn; k++) {
+                size_t off = (k0 + k) * CHUNK, m = numel - off < CHUNK ? numel - off : CHUNK;
+                fill_chunk(buf + k * CHUNK, m, s, seed, i, k0 + k);
+                td_encode_row(td_dtype_format(dt), buf + k * CHUNK, codes + k * CHUNK * es, m, TD_SATFINITE);
+            }
+            size_t done_elems = k0 * CHUNK, m = numel - done_elems < kn * CHUNK ? numel - done_elems : kn * CHUNK;
+            for (size_t k = 0; k < kn; k++) {
+                size_t mk = m - k * CHUNK < CHUNK ? m - k * CHUNK : CHUNK;
+                if (td_st_writer_write_raw(w, s->name, codes + k * CHUNK * es, mk * es, err) != 0) goto done;
+            }
+        }
+    }
+    if (td_st_writer_finish(w, err) != 0) goto done;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (progress)
+        fprintf(progress, "\rtidal-init: %zu tensors, %zu parameters, %s, %.1f s\n", n, total, td_dtype_name(dt),
+                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (td_config_write(path, &cfg, err) != 0) goto done;
+    td_gen_config g;
+    td_gen_config_defaults(&g);
+    g.bos_token_id = cfg.bos_token_id;
+    if (cfg.eos_token_id >= 0) { g.eos_token_ids[0] = cfg.eos_token_id; g.n_eos = 1; }
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    if (td_gen_config_write(path, &g, err) != 0) goto done;
+    rc = 0;
+done:
+    td_st_writer_free(w);
+    free(buf);
+    free(codes);
+    free(specs);
+    return rc;
+}
