@@ -233,11 +233,11 @@ static void test_k3(void **state)
      * exp(r) - 1 - r would be off by ~eps/(r²/2) = 2e-4 at r = 1e-6 and fail. */
     const double rs[] = {1e-4, -1e-4, 3e-5, -3e-5, 1e-6, -1e-6};
     for (size_t i = 0; i < sizeof rs / sizeof *rs; i++) {
-        double r = rs[i], series = r * r / 2 + r * r * r / 6;
-        double k = td_k3(-1.0 + r, -1.0 + 0.0) ;
-        /* the argument difference itself rounds: use the r the function actually sees */
-        double r_seen = (-1.0 + r) - (-1.0);
-        series = r_seen * r_seen / 2 + r_seen * r_seen * r_seen / 6;
+        /* k3(-1 + r, -1): the difference the function forms rounds, so the series uses the
+         * r it actually sees */
+        double r = (-1.0 + rs[i]) - (-1.0);
+        double k = td_k3(-1.0 + rs[i], -1.0);
+        double series = r * r / 2 + r * r * r / 6;
         if (!(fabs(k / series - 1) <= 1e-6)) {
             print_error("k3(r=%g) = %.17g, series %.17g\n", r, k, series);
             fail();
