@@ -90,7 +90,11 @@ int td_sample(td_sampler *smp, const td_sampling *s, const float *logits, const 
         for (int v = 0; v < V; v++) o[v] = (ranked){w[v], v};
         qsort(o, (size_t)V, sizeof *o, by_value_desc);
         int keep = V;
-        if (s->top_k > 0 && s->top_k < keep) keep = s->top_k;
+        if (s->top_k > 0 && s->top_k < keep) {
+            /* HF and vLLM remove tokens strictly below the k-th value: ties with it stay */
+            keep = s->top_k;
+            while (keep < V && o[keep].value == o[keep - 1].value) keep++;
+        }
         if (s->top_p < 1.0) {
             double mx = o[0].value, z = 0, cum = 0;
             for (int i = 0; i < keep; i++) z += exp((double)o[i].value - mx);
