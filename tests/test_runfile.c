@@ -329,6 +329,43 @@ static void test_open_errors(void **state)
     }
 }
 
+/* Root string attributes written by other programs: fixed-length ASCII and UTF-8 (h5py's
+ * np.bytes_, older files) and variable-length ASCII all read back through td_runfile_get_str. */
+static void test_foreign_string_attributes(void **state)
+{
+    (void)state;
+    char path[128];
+    path_in_dir(path, sizeof path, "attrs.h5");
+    td_error err = {{0}};
+    td_runfile *rf = td_runfile_create(path, 0, &err);
+    ok(td_runfile_close(rf, &err), &err);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    assert_true(f >= 0);
+    const char *names[3] = {"fixed_ascii", "fixed_utf8", "vlen_ascii"};
+    const char *value = "abc";
+    for (int k = 0; k < 3; k++) {
+        hid_t t = H5Tcopy(H5T_C_S1);
+        H5Tset_size(t, k == 2 ? H5T_VARIABLE : 4);
+        H5Tset_cset(t, k == 1 ? H5T_CSET_UTF8 : H5T_CSET_ASCII);
+        hid_t sp = H5Screate(H5S_SCALAR);
+        hid_t a = H5Acreate2(f, names[k], t, sp, H5P_DEFAULT, H5P_DEFAULT);
+        assert_true(H5Awrite(a, t, k == 2 ? (const void *)&value : (const void *)value) >= 0);
+        H5Aclose(a);
+        H5Sclose(sp);
+        H5Tclose(t);
+    }
+    H5Fclose(f);
+    rf = td_runfile_open(path, 0, &err);
+    assert_non_null(rf);
+    for (int k = 0; k < 3; k++) {
+        char *s = td_runfile_get_str(rf, names[k], &err);
+        if (!s) { print_error("%s: %s\n", names[k], err.msg); fail(); }
+        assert_string_equal(s, "abc");
+        free(s);
+    }
+    ok(td_runfile_close(rf, &err), &err);
+}
+
 static void test_append_mismatch(void **state)
 {
     (void)state;
@@ -372,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_truncate_and_resume),
         cmocka_unit_test(test_overwrite_refused),
         cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_foreign_string_attributes),
         cmocka_unit_test(test_append_mismatch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -127,12 +127,14 @@ static int set_attr(td_runfile *rf, const char *name, hid_t type, const void *v,
     return rc;
 }
 
+/* Variable-length UTF-8, as h5py writes strings: h5py reads those back as str, while a
+ * fixed-length string attribute comes back as numpy bytes (b'...') in user scripts. */
 int td_runfile_set_str(td_runfile *rf, const char *name, const char *value, td_error *err)
 {
     hid_t t = H5Tcopy(H5T_C_S1);
-    H5Tset_size(t, strlen(value) + 1);
+    H5Tset_size(t, H5T_VARIABLE);
     H5Tset_cset(t, H5T_CSET_UTF8);
-    int rc = set_attr(rf, name, t, value, err);
+    int rc = set_attr(rf, name, t, &value, err);
     H5Tclose(t);
     return rc;
 }
