@@ -42,7 +42,8 @@ typedef int (*td_tokenize_fn)(void *user, const char *text, size_t len, int32_t 
 
 /* Loads a JSONL file. vocab_size bounds token ids; max_len bounds prompt + response length
  * (the context); tokenize may be NULL (then "text" lines are errors naming the missing
- * tokenizer). Mixing prompts and rollouts in one file is an error. */
+ * tokenizer). Mixing prompts and rollouts in one file is an error at the first line of the
+ * other kind (with skip_bad too: it is the file that is wrong, not one line). */
 int td_prompts_load(const char *path, td_tokenize_fn tokenize, void *tok_user, int vocab_size,
                     int max_len, bool skip_bad, td_prompt_set *out, td_error *err);
 void td_prompts_free(td_prompt_set *ps);

@@ -3,7 +3,7 @@
  *
  * Order (HF generate and vLLM agree): repetition penalty on the raw logits (HF: a logit l of
  * a token already in prompt or response becomes l/p if l > 0, l·p otherwise), temperature
- * (logits / T), top-k (keep the k largest), top-p (keep the smallest set of largest tokens
+ * (logits / T), top-k (keep the k largest, and any tied with the k-th), top-p (keep the smallest set of largest tokens
  * whose probability sums to >= p), min-p (drop tokens with probability < min_p · p_max).
  * Filtered tokens get -inf. temperature 0 means greedy.
  *   raw log-probs        log-softmax of the model's logits (what a trainer computes)

@@ -6,6 +6,8 @@
 double td_k3(double logp_a, double logp_b)
 {
     double r = logp_a - logp_b;
+    /* p_b(y) = 0 < p_a(y): e^r outgrows r, k3 = +inf (expm1(inf) - inf would be NaN) */
+    if (r == INFINITY) return INFINITY;
     /* expm1 keeps k3 accurate for tiny r, where e^r - 1 - r cancels catastrophically */
     return expm1(r) - r;
 }

@@ -2,6 +2,7 @@
 #include "tidal/prompts.h"
 #include "tidal/io.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +43,7 @@ static int parse_line(const char *line, size_t len, const char *where, td_tokeni
 {
     memset(p, 0, sizeof *p);
     json_error_t je;
-    json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
     if (!o) return td_fail(err, "%s: invalid JSON at column %d: %s", where, je.column, je.text);
     int rc = -1;
     if (!json_is_object(o)) { td_fail(err, "%s: expected a JSON object", where); goto done; }
@@ -60,7 +61,7 @@ static int parse_line(const char *line, size_t len, const char *where, td_tokeni
         if (!tokenize) { td_fail(err, "%s: a \"text\" prompt needs a tokenizer, and the checkpoint has none (give \"tokens\" instead)", where); goto done; }
         int32_t *ids = NULL;
         size_t n = 0;
-        td_error terr;
+        td_error terr = {{0}};   /* a tokenizer that fails without a message still prints cleanly */
         if (tokenize(tok_user, json_string_value(text), json_string_length(text), &ids, &n, &terr)) {
             td_fail(err, "%s: %s", where, terr.msg);
             goto done;
@@ -109,16 +110,16 @@ int td_prompts_load(const char *path, td_tokenize_fn tokenize, void *tok_user, i
 {
     memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "r");
-    if (!f) return td_fail(err, "%s: cannot open", path);
+    if (!f) return td_fail(err, "%s: cannot open: %s", path, strerror(errno));
     char *line = NULL;
-    size_t cap = 0, n_alloc = 0, n_rollouts = 0;
+    size_t cap = 0, n_alloc = 0;
     ssize_t len;
-    long lineno = 0;
+    long lineno = 0, first_line = 0;   /* first_line: the first good line, whose kind the file has */
     int rc = 0;
     while ((len = getline(&line, &cap, f)) >= 0) {
         lineno++;
         size_t l = (size_t)len;
-        while (l && (line[l - 1] == '\n' || line[l - 1] == '\r' || line[l - 1] == ' ')) l--;
+        while (l && (line[l - 1] == '\n' || line[l - 1] == '\r' || line[l - 1] == ' ' || line[l - 1] == '\t')) l--;
         if (l == 0) continue;
         char where[1100];
         snprintf(where, sizeof where, "%s:%ld", path, lineno);
@@ -135,25 +136,39 @@ int td_prompts_load(const char *path, td_tokenize_fn tokenize, void *tok_user, i
             break;
         }
         p.line = lineno;
+        bool rollout = p.response != NULL;
+        if (!first_line) {
+            first_line = lineno;
+            out->has_rollouts = rollout;
+        } else if (rollout != out->has_rollouts) {
+            /* a property of the file, not a damaged line: stops the load even with skip_bad */
+            td_fail(err, "%s: a %s, but line %ld is a %s: the file mixes prompts and rollouts; give one kind per file",
+                    where, rollout ? "rollout" : "prompt", first_line, rollout ? "prompt" : "rollout");
+            free(p.prompt); free(p.response); free(p.rollout_logp);
+            rc = -1;
+            break;
+        }
         if (out->n == n_alloc) {
             n_alloc = n_alloc ? 2 * n_alloc : 64;
-            out->items = realloc(out->items, n_alloc * sizeof *out->items);
+            td_prompt *grown = realloc(out->items, n_alloc * sizeof *out->items);
+            if (!grown) {
+                free(p.prompt); free(p.response); free(p.rollout_logp);
+                td_fail(err, "%s: out of memory at line %ld", path, lineno);
+                rc = -1;
+                break;
+            }
+            out->items = grown;
         }
         out->items[out->n++] = p;
-        n_rollouts += p.response != NULL;
     }
     free(line);
     fclose(f);
-    if (rc == 0 && n_rollouts && n_rollouts != out->n) {
-        td_fail(err, "%s: mixes prompts and rollouts; give one kind per file", path);
-        rc = -1;
-    }
     if (rc == 0 && out->n == 0) {
-        td_fail(err, "%s: no prompts in the file", path);
+        if (out->n_skipped) td_fail(err, "%s: no prompts in the file (all %zu non-empty lines were bad)", path, out->n_skipped);
+        else td_fail(err, "%s: no prompts in the file", path);
         rc = -1;
     }
     if (rc) { td_prompts_free(out); return -1; }
-    out->has_rollouts = n_rollouts > 0;
     return 0;
 }
 

@@ -5,10 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A logit and its token id: sorted together so the comparison needs no shared state. */
+typedef struct { float value; int token; } ranked;
+
 struct td_sampler {
     int V;
     float *work;     /* (V) processed logits        */
-    int *order;      /* (V) indices sorted by value */
+    ranked *order;   /* (V) tokens sorted by value  */
     unsigned char *seen_mask; /* (V) */
 };
 
@@ -28,7 +31,7 @@ td_sampler *td_sampler_create(int V)
     td_sampler *s = td_xcalloc(1, sizeof *s);
     s->V = V;
     s->work = td_xmalloc((size_t)V * sizeof(float));
-    s->order = td_xmalloc((size_t)V * sizeof(int));
+    s->order = td_xmalloc((size_t)V * sizeof(ranked));
     s->seen_mask = td_xcalloc((size_t)V, 1);
     return s;
 }
@@ -53,12 +56,11 @@ void td_log_softmax(float *row, int V)
     for (int v = 0; v < V; v++) row[v] -= lse;
 }
 
-static const float *sort_keys;
 static int by_value_desc(const void *a, const void *b)
 {
-    float x = sort_keys[*(const int *)a], y = sort_keys[*(const int *)b];
-    if (x != y) return x > y ? -1 : 1;
-    return *(const int *)a - *(const int *)b;   /* ties: lower token id first */
+    const ranked *x = a, *y = b;
+    if (x->value != y->value) return x->value > y->value ? -1 : 1;
+    return x->token - y->token;   /* ties: lower token id first */
 }
 
 int td_sample(td_sampler *smp, const td_sampling *s, const float *logits, const int *seen,
@@ -84,22 +86,26 @@ int td_sample(td_sampler *smp, const td_sampling *s, const float *logits, const 
     }
     int need_sort = !greedy && ((s->top_k > 0 && s->top_k < V) || s->top_p < 1.0);
     if (need_sort) {
-        for (int v = 0; v < V; v++) smp->order[v] = v;
-        sort_keys = w;
-        qsort(smp->order, (size_t)V, sizeof(int), by_value_desc);
+        ranked *o = smp->order;
+        for (int v = 0; v < V; v++) o[v] = (ranked){w[v], v};
+        qsort(o, (size_t)V, sizeof *o, by_value_desc);
         int keep = V;
-        if (s->top_k > 0 && s->top_k < keep) keep = s->top_k;
+        if (s->top_k > 0 && s->top_k < keep) {
+            /* HF and vLLM remove tokens strictly below the k-th value: ties with it stay */
+            keep = s->top_k;
+            while (keep < V && o[keep].value == o[keep - 1].value) keep++;
+        }
         if (s->top_p < 1.0) {
-            double mx = w[smp->order[0]], z = 0, cum = 0;
-            for (int i = 0; i < keep; i++) z += exp((double)w[smp->order[i]] - mx);
+            double mx = o[0].value, z = 0, cum = 0;
+            for (int i = 0; i < keep; i++) z += exp((double)o[i].value - mx);
             int i = 0;
             for (; i < keep; i++) {
-                cum += exp((double)w[smp->order[i]] - mx) / z;
+                cum += exp((double)o[i].value - mx) / z;
                 if (cum >= s->top_p) { i++; break; }
             }
             keep = i < 1 ? 1 : i;
         }
-        for (int i = keep; i < V; i++) w[smp->order[i]] = -INFINITY;
+        for (int i = keep; i < V; i++) w[o[i].token] = -INFINITY;
     }
     if (!greedy && s->min_p > 0.0) {
         float mx = -INFINITY;

@@ -127,12 +127,14 @@ static int set_attr(td_runfile *rf, const char *name, hid_t type, const void *v,
     return rc;
 }
 
+/* Variable-length UTF-8, as h5py writes strings: h5py reads those back as str, while a
+ * fixed-length string attribute comes back as numpy bytes (b'...') in user scripts. */
 int td_runfile_set_str(td_runfile *rf, const char *name, const char *value, td_error *err)
 {
     hid_t t = H5Tcopy(H5T_C_S1);
-    H5Tset_size(t, strlen(value) + 1);
+    H5Tset_size(t, H5T_VARIABLE);
     H5Tset_cset(t, H5T_CSET_UTF8);
-    int rc = set_attr(rf, name, t, value, err);
+    int rc = set_attr(rf, name, t, &value, err);
     H5Tclose(t);
     return rc;
 }
@@ -153,11 +155,15 @@ char *td_runfile_get_str(td_runfile *rf, const char *name, td_error *err)
     hid_t a = H5Aopen(rf->file, name, H5P_DEFAULT);
     hid_t ft = H5Aget_type(a);
     char *out = NULL;
+    /* HDF5 converts strings only between equal character sets: read in the file's (ASCII or
+     * UTF-8; tidal writes UTF-8, h5py writes either) */
+    H5T_cset_t cset = H5Tget_class(ft) == H5T_STRING ? H5Tget_cset(ft) : H5T_CSET_ASCII;
     if (H5Tget_class(ft) == H5T_STRING && !H5Tis_variable_str(ft)) {
         size_t n = H5Tget_size(ft);
         if (n < ((size_t)1 << 26)) {
             hid_t mt = H5Tcopy(H5T_C_S1);
             H5Tset_size(mt, n + 1);
+            H5Tset_cset(mt, cset);
             out = calloc(1, n + 2);
             if (H5Aread(a, mt, out) < 0) { free(out); out = NULL; }
             H5Tclose(mt);
@@ -165,6 +171,7 @@ char *td_runfile_get_str(td_runfile *rf, const char *name, td_error *err)
     } else if (H5Tget_class(ft) == H5T_STRING) {       /* variable-length (h5py's default) */
         hid_t mt = H5Tcopy(H5T_C_S1);
         H5Tset_size(mt, H5T_VARIABLE);
+        H5Tset_cset(mt, cset);
         char *p = NULL;
         if (H5Aread(a, mt, &p) >= 0 && p) { out = strdup(p); H5free_memory(p); }
         H5Tclose(mt);
