@@ -1,10 +1,12 @@
 /* tidal — sampling for the inference path, as engines do it, and the two kinds of log-probs
  * they report.
  *
- * Order (HF generate and vLLM agree): repetition penalty on the raw logits (HF: a logit l of
- * a token already in prompt or response becomes l/p if l > 0, l·p otherwise), temperature
- * (logits / T), top-k (keep the k largest, and any tied with the k-th), top-p (keep the smallest set of largest tokens
- * whose probability sums to >= p), min-p (drop tokens with probability < min_p · p_max).
+ * Order, as vLLM's sampler applies it: repetition penalty on the raw logits (HF's rule: a
+ * logit l of a token already in prompt or response becomes l/p if l > 0, l·p otherwise),
+ * temperature (logits divided by T), min-p (drop tokens with probability < min_p · p_max),
+ * top-k (keep the k largest, and any tied with the k-th), top-p (keep the smallest set of
+ * largest tokens whose probability sums to >= p). HF generate applies min-p last; the two
+ * orders differ only when min-p is combined with top-k/top-p.
  * Filtered tokens get -inf. temperature 0 means greedy.
  *   raw log-probs        log-softmax of the model's logits (what a trainer computes)
  *   processed log-probs  log-softmax after the processing above (what vLLM returns with

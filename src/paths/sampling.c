@@ -81,8 +81,14 @@ int td_sample(td_sampler *smp, const td_sampling *s, const float *logits, const 
     }
     int greedy = s->temperature == 0.0;
     if (!greedy && s->temperature != 1.0) {
-        float inv = (float)(1.0 / s->temperature);
-        for (int v = 0; v < V; v++) w[v] *= inv;
+        float t = (float)s->temperature;          /* vLLM divides the logits by T */
+        for (int v = 0; v < V; v++) w[v] /= t;
+    }
+    if (!greedy && s->min_p > 0.0) {                /* vLLM: min-p before top-k / top-p */
+        float mx = -INFINITY;
+        for (int v = 0; v < V; v++) mx = w[v] > mx ? w[v] : mx;
+        float cut = mx + (float)log(s->min_p);    /* p_v < min_p * p_max  <=>  l_v < l_max + log min_p */
+        for (int v = 0; v < V; v++) if (w[v] < cut) w[v] = -INFINITY;
     }
     int need_sort = !greedy && ((s->top_k > 0 && s->top_k < V) || s->top_p < 1.0);
     if (need_sort) {
@@ -106,12 +112,6 @@ int td_sample(td_sampler *smp, const td_sampling *s, const float *logits, const 
             keep = i < 1 ? 1 : i;
         }
         for (int i = keep; i < V; i++) w[o[i].token] = -INFINITY;
-    }
-    if (!greedy && s->min_p > 0.0) {
-        float mx = -INFINITY;
-        for (int v = 0; v < V; v++) mx = w[v] > mx ? w[v] : mx;
-        float cut = mx + (float)log(s->min_p);    /* p_v < min_p * p_max  <=>  l_v < l_max + log min_p */
-        for (int v = 0; v < V; v++) if (w[v] < cut) w[v] = -INFINITY;
     }
     td_log_softmax(w, V);
     if (logp_proc) memcpy(logp_proc, w, (size_t)V * sizeof(float));
