@@ -75,12 +75,12 @@ static int onig_rewrite(const char *p, size_t n, tk_buf *out)
 pcre2_code *tk_regex_compile(const char *pattern, size_t len, bool literal, const char *path, td_error *err)
 {
     tk_buf pat = {0};
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP;
+    uint32_t opts = PCRE2_UTF;
     if (literal) {
-        opts |= PCRE2_LITERAL;
+        opts |= PCRE2_LITERAL;            // (PCRE2 refuses UCP together with LITERAL)
         tk_buf_put(&pat, pattern, len);
     } else {
-        opts |= PCRE2_MULTILINE;          // Ruby syntax (Oniguruma's default): ^ and $ are line anchors
+        opts |= PCRE2_UCP | PCRE2_MULTILINE;  // Ruby syntax (Oniguruma's default): ^ and $ are line anchors
         if (onig_rewrite(pattern, len, &pat)) {
             td_fail(err, "%s: regex \"%.*s\": \\S or \\H inside a character class is not supported", path, (int)len, pattern);
             free(pat.p);
