@@ -13,6 +13,7 @@
 #include "tidal/tokenizer.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdbool.h>
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -131,6 +132,24 @@ typedef struct { size_t off, len; int32_t id; } tk_piece;
 void tk_added_split(const tk_matcher *m, const char *text, size_t len, bool allow_special,
                     tk_piece **pieces, size_t *n, size_t *cap);
 
+/* ---- encode workspace: scratch buffers and a word → ids cache, reused across calls ----
+ * Workspaces sit in a pool inside the tokenizer (taken and returned under a mutex), so a
+ * const tokenizer can encode from many threads while each call reuses warm buffers and its
+ * compiled-regex match data. The cache only skips recomputing tk_bpe_word: same ids. */
+typedef struct { uint64_t h; uint32_t key_off, key_len, ids_off, n_ids; } tk_cache_slot;
+typedef struct tk_work {
+    tk_pretok_state st;
+    tk_piece *p1, *p2; size_t c1, c2;
+    tk_buf norm;
+    tk_cache_slot *slots;     // (TK_CACHE_SLOTS) open addressing, key_len 0 = empty
+    size_t n_cached;
+    tk_buf keys;              // cached words, back to back
+    tk_ids ids;               // their ids, back to back
+    struct tk_work *next;     // pool link
+} tk_work;
+#define TK_CACHE_SLOTS 32768u
+#define TK_CACHE_MAX_WORD 64u
+
 /* ---- the tokenizer ---- */
 enum { DEC_NONE, DEC_BYTELEVEL, DEC_FUSE };
 struct td_tokenizer {
@@ -146,6 +165,8 @@ struct td_tokenizer {
     int decoders[8]; size_t n_decoders;      // DEC_* in order; none = join with " "
     size_t n_ids;                            // one past the largest id
     int32_t bos_id, eos_id;
+    tk_work *pool;                           // idle encode workspaces
+    pthread_mutex_t pool_lock;
 };
 
 #endif

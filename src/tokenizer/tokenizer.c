@@ -192,6 +192,7 @@ td_tokenizer *td_tokenizer_load(const char *path, td_error *err)
     td_tokenizer *t = td_xcalloc(1, sizeof *t);
     t->path = strdup(path);
     t->bos_id = t->eos_id = -1;
+    pthread_mutex_init(&t->pool_lock, NULL);
     int rc = -1;
     if (!json_is_object(root)) { td_fail(err, "%s: expected a JSON object (a tokenizer.json)", path); goto out; }
     json_t *model = json_object_get(root, "model");
@@ -223,6 +224,8 @@ out:
     return t;
 }
 
+static void work_free(tk_work *w);
+
 void td_tokenizer_free(td_tokenizer *t)
 {
     if (!t) return;
@@ -236,11 +239,82 @@ void td_tokenizer_free(td_tokenizer *t)
     tk_pretok_free(t->pretok, t->n_pretok);
     free(t->post_before.p);
     free(t->post_after.p);
+    while (t->pool) {
+        tk_work *w = t->pool;
+        t->pool = w->next;
+        work_free(w);
+    }
+    pthread_mutex_destroy(&t->pool_lock);
     free(t->path);
     free(t);
 }
 
 /* ---- encode ---- */
+static tk_work *work_take(const td_tokenizer *tc)
+{
+    td_tokenizer *t = (td_tokenizer *)tc;        // the pool is the one mutable part, under its lock
+    pthread_mutex_lock(&t->pool_lock);
+    tk_work *w = t->pool;
+    if (w) t->pool = w->next;
+    pthread_mutex_unlock(&t->pool_lock);
+    if (!w) {
+        w = td_xcalloc(1, sizeof *w);
+        tk_pretok_state_init(&w->st);
+        w->slots = td_xcalloc(TK_CACHE_SLOTS, sizeof *w->slots);
+    }
+    return w;
+}
+
+static void work_give(const td_tokenizer *tc, tk_work *w)
+{
+    td_tokenizer *t = (td_tokenizer *)tc;
+    pthread_mutex_lock(&t->pool_lock);
+    w->next = t->pool;
+    t->pool = w;
+    pthread_mutex_unlock(&t->pool_lock);
+}
+
+static void work_free(tk_work *w)
+{
+    tk_pretok_state_free(&w->st);
+    free(w->p1);
+    free(w->p2);
+    free(w->norm.p);
+    free(w->slots);
+    free(w->keys.p);
+    free(w->ids.p);
+    free(w);
+}
+
+/* BPE of one word through the workspace's cache (words up to TK_CACHE_MAX_WORD bytes; the
+ * cache is emptied when half full, which keeps probing short and memory bounded). */
+static void bpe_cached(const td_tokenizer *t, tk_work *w, const char *s, size_t n, tk_ids *out)
+{
+    if (n > TK_CACHE_MAX_WORD) { tk_bpe_word(&t->bpe, s, n, out); return; }
+    uint64_t h = tk_hash(s, n);
+    size_t j = h & (TK_CACHE_SLOTS - 1);
+    for (; w->slots[j].key_len; j = (j + 1) & (TK_CACHE_SLOTS - 1)) {
+        tk_cache_slot *c = &w->slots[j];
+        if (c->h == h && c->key_len == n && memcmp(w->keys.p + c->key_off, s, n) == 0) {
+            for (uint32_t k = 0; k < c->n_ids; k++) tk_ids_put(out, w->ids.p[c->ids_off + k]);
+            return;
+        }
+    }
+    size_t before = out->n;
+    tk_bpe_word(&t->bpe, s, n, out);
+    if (w->n_cached >= TK_CACHE_SLOTS / 2) {
+        memset(w->slots, 0, TK_CACHE_SLOTS * sizeof *w->slots);
+        w->n_cached = 0;
+        w->keys.n = 0;
+        w->ids.n = 0;
+        j = h & (TK_CACHE_SLOTS - 1);
+    }
+    w->slots[j] = (tk_cache_slot){h, (uint32_t)w->keys.n, (uint32_t)n, (uint32_t)w->ids.n, (uint32_t)(out->n - before)};
+    tk_buf_put(&w->keys, s, n);
+    for (size_t k = before; k < out->n; k++) tk_ids_put(&w->ids, out->p[k]);
+    w->n_cached++;
+}
+
 int td_tokenizer_encode(const td_tokenizer *t, const char *text, size_t len, bool allow_special, bool add_special,
                         int32_t **ids, size_t *n, td_error *err)
 {
@@ -250,41 +324,37 @@ int td_tokenizer_encode(const td_tokenizer *t, const char *text, size_t len, boo
     if (bad != len) return td_fail(err, "input text is not valid UTF-8 (byte %zu of %zu)", bad, len);
     tk_ids out = {0};
     if (add_special) for (size_t i = 0; i < t->post_before.n; i++) tk_ids_put(&out, t->post_before.p[i]);
-    tk_piece *p1 = NULL, *p2 = NULL;
-    size_t n1 = 0, c1 = 0, n2 = 0, c2 = 0;
-    tk_buf norm = {0};
-    tk_pretok_state st;
-    tk_pretok_state_init(&st);
+    tk_work *w = work_take(t);
+    size_t n1 = 0, n2 = 0;
     int rc = 0;
-    tk_added_split(&t->raw_match, text, len, allow_special, &p1, &n1, &c1);
+    tk_added_split(&t->raw_match, text, len, allow_special, &w->p1, &n1, &w->c1);
     for (size_t i = 0; i < n1 && !rc; i++) {
-        if (p1[i].id >= 0) { tk_ids_put(&out, p1[i].id); continue; }
-        if (!p1[i].len) continue;
-        const char *seg = text + p1[i].off;
-        size_t seg_len = p1[i].len;
+        tk_piece a = w->p1[i];
+        if (a.id >= 0) { tk_ids_put(&out, a.id); continue; }
+        if (!a.len) continue;
+        const char *seg = text + a.off;
+        size_t seg_len = a.len;
         if (t->nfc) {
-            norm.n = 0;
-            tk_nfc(&norm, seg, seg_len);
-            seg = norm.p;
-            seg_len = norm.n;
+            w->norm.n = 0;
+            tk_nfc(&w->norm, seg, seg_len);
+            seg = w->norm.p;
+            seg_len = w->norm.n;
         }
         n2 = 0;
-        tk_added_split(&t->norm_match, seg, seg_len, allow_special, &p2, &n2, &c2);
+        tk_added_split(&t->norm_match, seg, seg_len, allow_special, &w->p2, &n2, &w->c2);
         for (size_t k = 0; k < n2 && !rc; k++) {
-            if (p2[k].id >= 0) { tk_ids_put(&out, p2[k].id); continue; }
-            if (!p2[k].len) continue;
-            rc = tk_pretok_run(t->pretok, t->n_pretok, seg + p2[k].off, p2[k].len, &st, err);
-            for (size_t w = 0; !rc && w < st.nsp[st.cur]; w++) {
-                tk_span s = st.sp[st.cur][w];
-                tk_bpe_word(&t->bpe, st.buf[st.cur].p + s.off, s.len, &out);
+            tk_piece b = w->p2[k];
+            if (b.id >= 0) { tk_ids_put(&out, b.id); continue; }
+            if (!b.len) continue;
+            rc = tk_pretok_run(t->pretok, t->n_pretok, seg + b.off, b.len, &w->st, err);
+            for (size_t q = 0; !rc && q < w->st.nsp[w->st.cur]; q++) {
+                tk_span s = w->st.sp[w->st.cur][q];
+                bpe_cached(t, w, w->st.buf[w->st.cur].p + s.off, s.len, &out);
             }
         }
     }
     if (add_special) for (size_t i = 0; i < t->post_after.n; i++) tk_ids_put(&out, t->post_after.p[i]);
-    tk_pretok_state_free(&st);
-    free(norm.p);
-    free(p1);
-    free(p2);
+    work_give(t, w);
     if (rc) { free(out.p); return -1; }
     *ids = out.p ? out.p : td_xmalloc(sizeof(int32_t));
     *n = out.n;
