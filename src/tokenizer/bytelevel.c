@@ -7,13 +7,12 @@
  */
 #include "tok_internal.h"
 
-static bool bl_ready;
+static pthread_once_t bl_once = PTHREAD_ONCE_INIT;
 static uint16_t bl_cp[256];         // byte → code point
 static int16_t  bl_byte[324];       // code point (< 324) → byte or -1
 
-static void bl_init(void)
+static void bl_fill(void)
 {
-    if (bl_ready) return;           // idempotent and deterministic: a benign race at worst
     for (int c = 0; c < 324; c++) bl_byte[c] = -1;
     int extra = 0;
     for (int b = 0; b < 256; b++) {
@@ -21,17 +20,23 @@ static void bl_init(void)
         bl_cp[b] = (uint16_t)(self ? b : 256 + extra++);
         bl_byte[bl_cp[b]] = (int16_t)b;
     }
-    __atomic_store_n(&bl_ready, true, __ATOMIC_RELEASE);
 }
 
-int tk_byte_to_utf8(uint8_t b, char out[2])
+static void bl_init(void) { pthread_once(&bl_once, bl_fill); }
+
+static inline int byte_utf8(uint8_t b, char out[2])      // after bl_init
 {
-    bl_init();
     uint32_t cp = bl_cp[b];
     if (cp < 0x80) { out[0] = (char)cp; return 1; }
     out[0] = (char)(0xC0 | (cp >> 6));
     out[1] = (char)(0x80 | (cp & 0x3F));
     return 2;
+}
+
+int tk_byte_to_utf8(uint8_t b, char out[2])
+{
+    bl_init();
+    return byte_utf8(b, out);
 }
 
 int tk_char_to_byte(uint32_t cp)
@@ -44,8 +49,9 @@ void tk_bytelevel_map(tk_buf *out, const char *s, size_t n)
 {
     char tmp[512];
     size_t k = 0;
+    bl_init();
     for (size_t i = 0; i < n; i++) {
-        k += (size_t)tk_byte_to_utf8((uint8_t)s[i], tmp + k);
+        k += (size_t)byte_utf8((uint8_t)s[i], tmp + k);
         if (k > sizeof tmp - 2) { tk_buf_put(out, tmp, k); k = 0; }
     }
     tk_buf_put(out, tmp, k);
@@ -54,10 +60,11 @@ void tk_bytelevel_map(tk_buf *out, const char *s, size_t n)
 bool tk_bytelevel_unmap(tk_buf *out, const char *t, size_t n)
 {
     size_t start = out->n;
+    bl_init();
     for (size_t i = 0; i < n;) {
         size_t adv;
         uint32_t cp = tk_utf8_next((const uint8_t *)t + i, &adv);
-        int b = tk_char_to_byte(cp);
+        int b = cp < 324 ? bl_byte[cp] : -1;
         if (b < 0) { out->n = start; return false; }
         uint8_t c = (uint8_t)b;
         tk_buf_put(out, &c, 1);
