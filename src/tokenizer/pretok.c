@@ -20,9 +20,16 @@ static const char WS_CLASS[] =
 static const char GPT2_REGEX[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-/* Rewrites Oniguruma escapes whose PCRE2 meaning differs: \s \S (White_Space, above) and \h \H
- * (hexadecimal digit in Oniguruma, horizontal space in PCRE2). Returns -1 for \S or \H inside
- * a character class, which a positive class cannot express. */
+/* Oniguruma's \w on Unicode text: letters, marks, numbers, connector punctuation (PCRE2's UCP
+ * \w is letters, numbers and '_' only). */
+static const char WORD_CLASS[] = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
+
+/* Rewrites Oniguruma escapes whose PCRE2 meaning differs: \s \S (White_Space, above), \w \W
+ * (above), \h \H (hexadecimal digit in Oniguruma, horizontal space in PCRE2), \v (vertical
+ * tab only in Oniguruma, any vertical space in PCRE2) and \uHHHH (a code point; PCRE2: \x{HHHH}). Returns -1 for a negated one (\S \W \H)
+ * inside a character class, which a positive class cannot express. Known remaining
+ * differences, none used by the tokenizers tidal targets: \b and POSIX classes follow PCRE2's
+ * UCP definitions, and Oniguruma's \w inside brackets leaves out No (e.g. '²'). */
 static int onig_rewrite(const char *p, size_t n, tk_buf *out)
 {
     bool in_class = false;
@@ -39,9 +46,18 @@ static int onig_rewrite(const char *p, size_t n, tk_buf *out)
                 i = stop - 1;
                 continue;
             }
-            const char *cls = e == 's' || e == 'S' ? WS_CLASS : e == 'h' || e == 'H' ? "0-9a-fA-F" : NULL;
+            if (e == 'v') { tk_buf_put(out, "\\x0B", 4); continue; }
+            if (e == 'u' && i + 4 < n && strspn(p + i + 1, "0123456789abcdefABCDEF") >= 4) {   // \uHHHH
+                tk_buf_put(out, "\\x{", 3);
+                tk_buf_put(out, p + i + 1, 4);
+                tk_buf_put(out, "}", 1);
+                i += 4;
+                continue;
+            }
+            const char *cls = e == 's' || e == 'S' ? WS_CLASS : e == 'w' || e == 'W' ? WORD_CLASS
+                            : e == 'h' || e == 'H' ? "0-9a-fA-F" : NULL;
             if (!cls) { tk_buf_put(out, p + i - 1, 2); continue; }
-            bool neg = e == 'S' || e == 'H';
+            bool neg = e == 'S' || e == 'H' || e == 'W';
             if (in_class) {
                 if (neg) return -1;
                 tk_buf_put(out, cls, strlen(cls));
@@ -82,7 +98,8 @@ pcre2_code *tk_regex_compile(const char *pattern, size_t len, bool literal, cons
     } else {
         opts |= PCRE2_UCP | PCRE2_MULTILINE;  // Ruby syntax (Oniguruma's default): ^ and $ are line anchors
         if (onig_rewrite(pattern, len, &pat)) {
-            td_fail(err, "%s: regex \"%.*s\": \\S or \\H inside a character class is not supported", path, (int)len, pattern);
+            td_fail(err, "%s: regex \"%.*s\": \\S, \\W or \\H inside a character class is not supported", path,
+                    (int)len, pattern);
             free(pat.p);
             return NULL;
         }
@@ -353,8 +370,7 @@ int tk_pretok_run(const tk_pretok *steps, size_t n, const char *text, size_t len
     }
     free(e.p);
     st->cur = bc;
-    /* The caller reads st->sp[st->cur ^ ...]: keep spans and buffer under one index. */
-    if (sc != bc) {
+    if (sc != bc) {                                /* the caller reads spans and buffer under one index */
         tk_span *t = st->sp[0]; st->sp[0] = st->sp[1]; st->sp[1] = t;
         size_t tn = st->nsp[0]; st->nsp[0] = st->nsp[1]; st->nsp[1] = tn;
         size_t tc = st->capsp[0]; st->capsp[0] = st->capsp[1]; st->capsp[1] = tc;

@@ -254,6 +254,41 @@ def compare(name, hf, path, strings, rng):
     return ok, specials
 
 
+# Split regexes beyond the three families (Oniguruma semantics that PCRE2 spells differently:
+# \s, \w, \h, \v; anchors; case folding; DeepSeek-V3's patterns).
+REGEXES = [r"\w+", r"\W+", r"\v|\h+", r"\d+", r"\s+", r"\S+", r"[^\s\p{L}]+", r"(?i:ab|st|k)", r"\p{Lu}\p{Ll}+",
+           r"^\s*\w+", r"\w+$", r".+", r"[\r\n]+|[^\r\n]+", r"\p{N}{1,3}", r"[一-龥\u3040-ゟ゠-ヿ]+",
+           r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+", r"x*", r"\b"]
+
+
+def regex_battery(hf_gpt2, tmp, strings):
+    """Each regex as a Split (Isolated) before ByteLevel(use_regex=false) on the trained GPT-2
+    vocabulary: piece boundaries show in the ids, since merges never cross pieces."""
+    ok, total, same = True, 0, 0
+    base = json.loads(hf_gpt2.to_str())
+    for k, rx in enumerate(REGEXES):
+        j = dict(base)
+        j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": rx}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+        hf = Tokenizer.from_str(json.dumps(j))
+        d = os.path.join(tmp, "regex%d" % k)
+        os.makedirs(d)
+        path = os.path.join(d, "tokenizer.json")
+        hf.save(path)
+        got = run_tool(["--tokenizer", path, "--json"], [json.dumps(x) for x in strings])
+        n = sum(ids_of(g) == hf.encode(x).ids for g, x in zip(got, strings))
+        if n != len(strings):
+            bad = [x for g, x in zip(got, strings) if ids_of(g) != hf.encode(x).ids][:2]
+            print(f"  regex {rx!r}: {n}/{len(strings)} identical, e.g. {bad}")
+            ok = False
+        total += len(strings)
+        same += n
+    print(f"split-regex battery ({len(REGEXES)} patterns) encode: {same}/{total} identical to HF tokenizers")
+    return ok
+
+
 def main():
     if not os.access(TOOL, os.X_OK):
         print(f"{TOOL} is not built")
@@ -277,6 +312,8 @@ def main():
                 strings += nfc_strings(rng)
             good, _ = compare(name, hf, path, strings, rng)
             ok &= good
+            if name == "gpt2-style":
+                ok &= regex_battery(hf, tmp, strings[:600] + strings[2000:2400])
         # the character vocabulary: written by tidal, loaded by HF
         d = os.path.join(tmp, "charvocab")
         os.makedirs(d)
