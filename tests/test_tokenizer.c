@@ -315,6 +315,36 @@ static void test_split_behaviors(void **state)
     }
 }
 
+/* Encoding from several threads at once (the workspace pool) gives the serial ids. */
+static void test_threads(void **state)
+{
+    td_tokenizer *t = byte_level(true, false);
+    enum { NS = 64 };
+    char text[NS][96];
+    int32_t *want[NS];
+    size_t nwant[NS];
+    td_error err;
+    for (int i = 0; i < NS; i++) {
+        snprintf(text[i], sizeof text[i], "a a%*s<|endoftext|>e\xcc\x81 %d\xc3\xa9 a", i % 7, "", i * 7919);
+        assert_int_equal(td_tokenizer_encode(t, text[i], strlen(text[i]), true, true, &want[i], &nwant[i], &err), 0);
+    }
+    int bad = 0;
+#pragma omp parallel for reduction(+ : bad) num_threads(4)
+    for (int k = 0; k < 4000; k++) {
+        int i = k % NS;
+        int32_t *ids;
+        size_t n;
+        td_error e;
+        if (td_tokenizer_encode(t, text[i], strlen(text[i]), true, true, &ids, &n, &e) != 0 || n != nwant[i] ||
+            memcmp(ids, want[i], n * sizeof *ids) != 0)
+            bad++;
+        free(ids);
+    }
+    assert_int_equal(bad, 0);
+    for (int i = 0; i < NS; i++) free(want[i]);
+    td_tokenizer_free(t);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/tidal-tok-XXXXXX");
@@ -323,7 +353,7 @@ int main(void)
         cmocka_unit_test(test_bpe_rank_order),   cmocka_unit_test(test_byte_level_encode),
         cmocka_unit_test(test_decode_lossy),     cmocka_unit_test(test_template_and_config),
         cmocka_unit_test(test_charvocab),        cmocka_unit_test(test_bad_files),
-        cmocka_unit_test(test_split_behaviors),
+        cmocka_unit_test(test_split_behaviors),  cmocka_unit_test(test_threads),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];

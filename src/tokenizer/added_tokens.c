@@ -79,9 +79,7 @@ static void piece_put(tk_piece **p, size_t *n, size_t *cap, size_t off, size_t l
 {
     if (*n == *cap) {
         *cap = *cap ? 2 * *cap : 64;
-        tk_piece *q = realloc(*p, *cap * sizeof *q);
-        if (!q) td_xmalloc(*cap * sizeof *q);
-        *p = q;
+        *p = tk_xrealloc(*p, *cap * sizeof **p);
     }
     (*p)[(*n)++] = (tk_piece){off, len, id};
 }

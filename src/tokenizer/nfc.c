@@ -34,9 +34,7 @@ static void cp_put(cps *v, uint32_t c)
 {
     if (v->n == v->cap) {
         v->cap = v->cap ? 2 * v->cap : 64;
-        uint32_t *q = realloc(v->p, v->cap * sizeof *q);
-        if (!q) td_xmalloc(v->cap * sizeof *q);
-        v->p = q;
+        v->p = tk_xrealloc(v->p, v->cap * sizeof *v->p);
     }
     v->p[v->n++] = c;
 }

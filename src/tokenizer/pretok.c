@@ -128,10 +128,8 @@ static int behavior_of(const char *s)
 
 static int push_step(tk_pretok **steps, size_t *n, tk_pretok st)
 {
-    tk_pretok *p = realloc(*steps, (*n + 1) * sizeof *p);
-    if (!p) { pcre2_code_free(st.re); return -1; }
-    *steps = p;
-    p[(*n)++] = st;
+    *steps = tk_xrealloc(*steps, (*n + 1) * sizeof **steps);
+    (*steps)[(*n)++] = st;
     return 0;
 }
 
@@ -209,9 +207,7 @@ static void span_put(tk_pretok_state *st, int k, size_t off, size_t len)
 {
     if (st->nsp[k] == st->capsp[k]) {
         st->capsp[k] = st->capsp[k] ? 2 * st->capsp[k] : 256;
-        tk_span *p = realloc(st->sp[k], st->capsp[k] * sizeof *p);
-        if (!p) td_xmalloc(st->capsp[k] * sizeof *p);
-        st->sp[k] = p;
+        st->sp[k] = tk_xrealloc(st->sp[k], st->capsp[k] * sizeof *st->sp[k]);
     }
     st->sp[k][st->nsp[k]++] = (tk_span){off, len};
 }
@@ -224,9 +220,7 @@ static void ev_put(evs *v, size_t a, size_t b, bool m)
 {
     if (v->n == v->cap) {
         v->cap = v->cap ? 2 * v->cap : 64;
-        ev *p = realloc(v->p, v->cap * sizeof *p);
-        if (!p) td_xmalloc(v->cap * sizeof *p);
-        v->p = p;
+        v->p = tk_xrealloc(v->p, v->cap * sizeof *v->p);
     }
     v->p[v->n++] = (ev){a, b, m};
 }

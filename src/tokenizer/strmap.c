@@ -1,17 +1,26 @@
 /* Growable buffers and the string → id hash map behind vocabularies and added tokens. */
 #include "tok_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+void *tk_xrealloc_at(void *p, size_t size, const char *file, int line)
+{
+    void *q = realloc(p, size ? size : 1);
+    if (!q) {
+        fprintf(stderr, "tidal: out of memory growing a buffer to %zu bytes at %s:%d\n", size, file, line);
+        exit(2);
+    }
+    return q;
+}
 
 void tk_buf_put(tk_buf *b, const void *s, size_t n)
 {
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) { td_xmalloc(cap); }                 // reports and exits: a size we chose
-        b->p = p;
+        b->p = tk_xrealloc(b->p, cap);
         b->cap = cap;
     }
     if (n) memcpy(b->p + b->n, s, n);
@@ -23,9 +32,7 @@ void tk_ids_put(tk_ids *v, int32_t id)
 {
     if (v->n == v->cap) {
         size_t cap = v->cap ? 2 * v->cap : 64;
-        int32_t *p = realloc(v->p, cap * sizeof *p);
-        if (!p) { td_xmalloc(cap * sizeof *p); }
-        v->p = p;
+        v->p = tk_xrealloc(v->p, cap * sizeof *v->p);
         v->cap = cap;
     }
     v->p[v->n++] = id;

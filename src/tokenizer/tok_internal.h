@@ -18,6 +18,11 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+/* realloc that reports file and line and exits on failure, as td_xmalloc does: for buffers
+ * that grow with text already in memory, never for sizes read from a file. */
+void *tk_xrealloc_at(void *p, size_t size, const char *file, int line);
+#define tk_xrealloc(p, sz) tk_xrealloc_at((p), (sz), __FILE__, __LINE__)
+
 /* ---- growable byte and id buffers ---- */
 typedef struct { char *p; size_t n, cap; } tk_buf;
 typedef struct { int32_t *p; size_t n, cap; } tk_ids;
