@@ -1,0 +1,120 @@
+/* tidal — the Llama-family decoder (Llama 2/3, Mistral, Qwen2 with qkv bias, Qwen3 with q/k
+ * norm) in fp32 on the CPU, and the two structures that run it:
+ *
+ *   teacher-forced  td_forward_*  whole sequences packed into micro-batches, no KV cache; gives
+ *                   log p(token[t+1] | token[0..t]) for every position (the training path).
+ *   incremental     td_session_*  per-slot KV cache; prefill a prompt (chunked), then decode one
+ *                   token per slot per step, batched over slots (the inference path).
+ *
+ * Both call the same ops (src/model/ops.c) through a td_ops context, the place where a
+ * precision recipe will later insert rounding points. Dimension letters as in config.h.
+ * All scratch memory and the KV cache are allocated at creation: nothing is allocated per token.
+ */
+#ifndef TIDAL_MODEL_H
+#define TIDAL_MODEL_H
+
+#include "tidal/common.h"
+#include "tidal/config.h"
+
+TD_BEGIN_DECLS
+
+/* One decoder layer's parameters. Pointers either map the checkpoint (F32 tensors) or point
+ * into the model's one owned allocation. Matrices are row-major (out, in), as HF stores them. */
+typedef struct {
+    const float *attn_norm;  // (C)            input_layernorm.weight
+    const float *wq;         // (NH*HD, C)     self_attn.q_proj.weight
+    const float *wk;         // (NKV*HD, C)
+    const float *wv;         // (NKV*HD, C)
+    const float *bq;         // (NH*HD)        Qwen2 only, else NULL
+    const float *bk;         // (NKV*HD)
+    const float *bv;         // (NKV*HD)
+    const float *q_norm;     // (HD)           Qwen3 only, else NULL
+    const float *k_norm;     // (HD)
+    const float *wo;         // (C, NH*HD)     self_attn.o_proj.weight
+    const float *mlp_norm;   // (C)            post_attention_layernorm.weight
+    const float *w_gate;     // (F, C)
+    const float *w_up;       // (F, C)
+    const float *w_down;     // (C, F)
+} td_layer_weights;
+
+typedef struct {
+    const float *embed;      // (V, C)         model.embed_tokens.weight
+    td_layer_weights *layers;// (L)
+    const float *final_norm; // (C)            model.norm.weight
+    const float *lm_head;    // (V, C)         == embed when tie_word_embeddings
+} td_model_weights;
+
+struct td_checkpoint;
+
+typedef struct {
+    td_config cfg;
+    td_model_weights w;
+    float *inv_freq;         // (HD/2)  RoPE inverse frequencies, llama3 scaling applied
+    float *owned;            // the one allocation holding every non-mapped parameter
+    size_t owned_floats;
+    struct td_checkpoint *ck;// kept open while mapped tensors are in use (NULL if none)
+} td_model;
+
+/* Checks a configuration for what the forward needs (positive sizes, NH % NKV == 0,
+ * even HD, ...). 0 or -1 + err naming `what`. */
+int td_model_check_config(const td_config *cfg, const char *what, td_error *err);
+
+/* A model whose every parameter lives in one zeroed owned allocation (norm weights too), for
+ * callers that fill weights themselves (tests, synthetic models). NULL + err on bad config. */
+td_model *td_model_alloc(const td_config *cfg, td_error *err);
+
+/* Loads a HF checkpoint directory (config.json + safetensors): F32 tensors are mapped without
+ * copying, others are converted into the owned allocation. Shapes are checked against config. */
+td_model *td_model_load(const char *dir, td_error *err);
+
+void td_model_free(td_model *m);
+
+/* Called with the full log-softmax row (V) of the next-token distribution after position
+ * `pos` of sequence/slot `seq`; the row is only valid during the call. */
+typedef void (*td_row_fn)(void *user, int seq, int pos, const float *logp_row);
+
+/* ---- teacher-forced structure (training path) ---------------------------------------------- */
+
+typedef struct td_forward td_forward;
+
+/* Scratch for micro-batches of at most max_tokens tokens (sum of sequence lengths), each
+ * sequence at most max_seq_len long. logits_rows bounds how many rows of (rows, V) logits exist
+ * at once (0 picks a default of 64): the lm_head + log-softmax runs in chunks of that many. */
+td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len,
+                              int logits_rows, td_error *err);
+void td_forward_free(td_forward *f);
+
+/* Runs nseq sequences (tokens[s], lens[s] >= 1), splitting them into micro-batches of whole
+ * sequences that fit max_tokens. For every s and t < lens[s]-1 writes
+ *   logp[s][t] = log p(tokens[s][t+1] | tokens[s][0..t]);
+ * logp may be NULL. If row_fn is set it also receives every position's full log-softmax row,
+ * t = 0 .. lens[s]-1 (the last one predicts past the end). 0, or -1 + err. */
+int td_forward_logprobs(td_forward *f, int nseq, const int *const *tokens, const int *lens,
+                        float *const *logp, td_row_fn row_fn, void *user, td_error *err);
+
+/* ---- incremental structure (inference path) ------------------------------------------------ */
+
+typedef struct td_session td_session;
+
+/* nslots KV-cache slots of max_len positions each; prefill runs in chunks of at most
+ * prefill_chunk tokens (0 picks 128), decode handles up to nslots slots per step. */
+td_session *td_session_create(const td_model *m, int nslots, int max_len, int prefill_chunk,
+                              td_error *err);
+void td_session_free(td_session *s);
+
+void td_session_reset(td_session *s, int slot);     /* forget the slot's tokens */
+int  td_session_len(const td_session *s, int slot); /* tokens held in the slot */
+
+/* Appends n >= 1 tokens to a slot. last_row (V), if not NULL, receives the log-softmax after
+ * the last token; row_fn, if set, receives every appended position's row. */
+int td_session_prefill(td_session *s, int slot, const int *tokens, int n, float *last_row,
+                       td_row_fn row_fn, void *user, td_error *err);
+
+/* Appends one token to each of n distinct slots in one batched step and writes each slot's
+ * next-token log-softmax row: rows (n, V). */
+int td_session_decode(td_session *s, int n, const int *slots, const int *tokens, float *rows,
+                      td_error *err);
+
+TD_END_DECLS
+
+#endif

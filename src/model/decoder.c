@@ -1,0 +1,99 @@
+/* tidal — the decoder body shared by both structures: embedding, L pre-norm layers
+ *   x += o_proj(attention(rope(q), rope(k), v))      q,k,v = proj(rmsnorm(x)) (+ bias, q/k norm)
+ *   x += down(silu(gate(rmsnorm(x))) * up(rmsnorm(x)))
+ * and the final norm; then the lm_head with log-softmax. Token rows carry their own position
+ * and the place of their sequence's keys/values, so the same code runs whole packed sequences
+ * (teacher forcing) and one new token per KV-cache slot (decode). */
+#include "model_internal.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int max_keys)
+{
+    size_t n = (size_t)cap, C = c->hidden_size, F = c->intermediate_size;
+    size_t QD = (size_t)c->num_heads * c->head_dim, KVD = (size_t)c->num_kv_heads * c->head_dim;
+    a->cap = cap;
+    a->max_keys = max_keys;
+    a->x = td_xmalloc(n * C * sizeof(float));
+    a->xn = td_xmalloc(n * C * sizeof(float));
+    a->q = td_xmalloc(n * QD * sizeof(float));
+    a->k = td_xmalloc(n * KVD * sizeof(float));
+    a->v = td_xmalloc(n * KVD * sizeof(float));
+    a->att = td_xmalloc(n * QD * sizeof(float));
+    a->proj = td_xmalloc(n * C * sizeof(float));
+    a->gate = td_xmalloc(n * F * sizeof(float));
+    a->up = td_xmalloc(n * F * sizeof(float));
+    a->scores = td_xmalloc((size_t)ops->nthreads * max_keys * sizeof(float));
+    a->kv_off = td_xmalloc(n * sizeof(size_t));
+}
+
+void acts_free(td_acts *a)
+{
+    free(a->x); free(a->xn); free(a->q); free(a->k); free(a->v); free(a->att);
+    free(a->proj); free(a->gate); free(a->up); free(a->scores); free(a->kv_off);
+    memset(a, 0, sizeof *a);
+}
+
+/* Copies the rows' new keys/values to their place in the store (a no-op when the store is
+ * the projection buffer itself). */
+static void kv_store_rows(float *dst, const float *src, const size_t *kv_off, const int *pos,
+                          int N, int KVD)
+{
+    for (int i = 0; i < N; i++) {
+        float *d = dst + kv_off[i] + (size_t)pos[i] * KVD;
+        const float *s = src + (size_t)i * KVD;
+        if (d != s) memcpy(d, s, (size_t)KVD * sizeof(float));
+    }
+}
+
+void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int *tokens,
+                     const int *pos, int N, const td_kv_store *kv)
+{
+    const td_config *c = &m->cfg;
+    int C = c->hidden_size, F = c->intermediate_size, NH = c->num_heads, NKV = c->num_kv_heads;
+    int HD = c->head_dim, QD = NH * HD, KVD = NKV * HD;
+    float eps = (float)c->rms_norm_eps;
+
+    embedding_forward(ops, a->x, tokens, m->w.embed, N, C);
+    for (int l = 0; l < c->num_layers; l++) {
+        const td_layer_weights *w = &m->w.layers[l];
+        float *kl = kv->k + (size_t)l * kv->layer_stride;
+        float *vl = kv->v + (size_t)l * kv->layer_stride;
+
+        /* attention sub-block */
+        rmsnorm_forward(ops, a->xn, a->x, w->attn_norm, N, C, eps);
+        matmul_forward(ops, a->q, a->xn, w->wq, w->bq, N, C, QD);
+        matmul_forward(ops, a->k, a->xn, w->wk, w->bk, N, C, KVD);
+        matmul_forward(ops, a->v, a->xn, w->wv, w->bv, N, C, KVD);
+        if (w->q_norm) {  /* Qwen3: RMSNorm over each head's HD values, before RoPE */
+            rmsnorm_forward(ops, a->q, a->q, w->q_norm, N * NH, HD, eps);
+            rmsnorm_forward(ops, a->k, a->k, w->k_norm, N * NKV, HD, eps);
+        }
+        rope_forward(ops, a->q, pos, m->inv_freq, N, NH, HD);
+        rope_forward(ops, a->k, pos, m->inv_freq, N, NKV, HD);
+        kv_store_rows(kl, a->k, a->kv_off, pos, N, KVD);
+        kv_store_rows(vl, a->v, a->kv_off, pos, N, KVD);
+        attention_forward(ops, a->att, a->q, kl, vl, a->kv_off, pos, N, NH, NKV, HD, a->scores,
+                          a->max_keys);
+        matmul_forward(ops, a->proj, a->att, w->wo, NULL, N, QD, C);
+        residual_forward(ops, a->x, a->proj, (size_t)N * C);
+
+        /* MLP sub-block */
+        rmsnorm_forward(ops, a->xn, a->x, w->mlp_norm, N, C, eps);
+        matmul_forward(ops, a->gate, a->xn, w->w_gate, NULL, N, C, F);
+        matmul_forward(ops, a->up, a->xn, w->w_up, NULL, N, C, F);
+        swiglu_forward(ops, a->gate, a->gate, a->up, N, F);
+        matmul_forward(ops, a->proj, a->gate, w->w_down, NULL, N, F, C);
+        residual_forward(ops, a->x, a->proj, (size_t)N * C);
+    }
+    rmsnorm_forward(ops, a->xn, a->x, m->w.final_norm, N, C, eps);
+}
+
+void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N)
+{
+    matmul_forward(ops, logits, h, m->w.lm_head, NULL, N, m->cfg.hidden_size,
+                   m->cfg.vocab_size);
+    logsoftmax_forward(ops, logits, N, m->cfg.vocab_size);
+}

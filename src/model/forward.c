@@ -1,0 +1,104 @@
+/* tidal — the teacher-forced structure (training path): whole sequences packed row after row
+ * into micro-batches, no KV cache (each layer's keys/values are the rows' own projections),
+ * then the lm_head and log-softmax in chunks of logits_rows rows, so the (tokens, V) logits
+ * of a micro-batch never exist at once. */
+#include "model_internal.h"
+
+#include <stdlib.h>
+
+struct td_forward {
+    const td_model *m;
+    td_ops ops;
+    td_acts acts;            // cap = max_tokens, max_keys = max_seq_len
+    int max_tokens, max_seq_len, logits_rows;
+    float *logits;           // (logits_rows, V)
+    int *tok;                // (max_tokens) packed tokens of the micro-batch
+    int *pos;                // (max_tokens) position of each row in its sequence
+    int *row_seq;            // (max_tokens) sequence index of each row
+};
+
+td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len,
+                              int logits_rows, td_error *err)
+{
+    if (max_tokens < 1 || max_seq_len < 1 || max_seq_len > max_tokens)
+        return td_fail(err, "td_forward_create: max_tokens %d, max_seq_len %d (expected "
+                       "1 <= max_seq_len <= max_tokens)", max_tokens, max_seq_len), NULL;
+    if (logits_rows <= 0) logits_rows = 64;
+    if (logits_rows > max_tokens) logits_rows = max_tokens;
+    td_forward *f = td_xcalloc(1, sizeof *f);
+    f->m = m;
+    td_ops_init(&f->ops);
+    f->max_tokens = max_tokens;
+    f->max_seq_len = max_seq_len;
+    f->logits_rows = logits_rows;
+    acts_alloc(&f->acts, &m->cfg, &f->ops, max_tokens, max_seq_len);
+    f->logits = td_xmalloc((size_t)logits_rows * m->cfg.vocab_size * sizeof(float));
+    f->tok = td_xmalloc((size_t)max_tokens * sizeof(int));
+    f->pos = td_xmalloc((size_t)max_tokens * sizeof(int));
+    f->row_seq = td_xmalloc((size_t)max_tokens * sizeof(int));
+    return f;
+}
+
+void td_forward_free(td_forward *f)
+{
+    if (!f) return;
+    acts_free(&f->acts);
+    free(f->logits); free(f->tok); free(f->pos); free(f->row_seq);
+    free(f);
+}
+
+/* Sequences s0 .. s1-1 (already validated, total length <= max_tokens) in one micro-batch. */
+static void run_micro_batch(td_forward *f, int s0, int s1, const int *const *tokens,
+                            const int *lens, float *const *logp, td_row_fn row_fn, void *user)
+{
+    const td_model *m = f->m;
+    int V = m->cfg.vocab_size;
+    size_t KVD = (size_t)m->cfg.num_kv_heads * m->cfg.head_dim;
+    int N = 0;
+    for (int s = s0; s < s1; s++) {
+        for (int t = 0; t < lens[s]; t++) {
+            f->tok[N + t] = tokens[s][t];
+            f->pos[N + t] = t;
+            f->row_seq[N + t] = s;
+            f->acts.kv_off[N + t] = (size_t)N * KVD;   /* the sequence's first row */
+        }
+        N += lens[s];
+    }
+    td_kv_store kv = {f->acts.k, f->acts.v, 0};
+    decoder_forward(&f->ops, m, &f->acts, f->tok, f->pos, N, &kv);
+
+    for (int r0 = 0; r0 < N; r0 += f->logits_rows) {
+        int R = N - r0 < f->logits_rows ? N - r0 : f->logits_rows;
+        head_forward(&f->ops, m, f->logits,
+                     f->acts.xn + (size_t)r0 * m->cfg.hidden_size, R);
+        for (int r = 0; r < R; r++) {
+            int s = f->row_seq[r0 + r], t = f->pos[r0 + r];
+            const float *row = f->logits + (size_t)r * V;
+            if (logp && logp[s] && t + 1 < lens[s]) logp[s][t] = row[tokens[s][t + 1]];
+            if (row_fn) row_fn(user, s, t, row);
+        }
+    }
+}
+
+int td_forward_logprobs(td_forward *f, int nseq, const int *const *tokens, const int *lens,
+                        float *const *logp, td_row_fn row_fn, void *user, td_error *err)
+{
+    int V = f->m->cfg.vocab_size;
+    for (int s = 0; s < nseq; s++) {
+        if (lens[s] < 1 || lens[s] > f->max_seq_len)
+            return td_fail(err, "td_forward_logprobs: sequence %d has length %d (expected "
+                           "1..%d)", s, lens[s], f->max_seq_len);
+        for (int t = 0; t < lens[s]; t++)
+            if (tokens[s][t] < 0 || tokens[s][t] >= V)
+                return td_fail(err, "td_forward_logprobs: sequence %d position %d: token %d "
+                               "outside the vocabulary 0..%d", s, t, tokens[s][t], V - 1);
+    }
+    /* Greedy packing of consecutive whole sequences into micro-batches of <= max_tokens. */
+    for (int s0 = 0; s0 < nseq;) {
+        int s1 = s0, total = 0;
+        while (s1 < nseq && total + lens[s1] <= f->max_tokens) total += lens[s1++];
+        run_micro_batch(f, s0, s1, tokens, lens, logp, row_fn, user);
+        s0 = s1;
+    }
+    return 0;
+}

@@ -1,0 +1,132 @@
+/* tidal — the model object: configuration checks, the owned parameter allocation, RoPE
+ * inverse frequencies (with Llama-3 rope_scaling), and freeing. Loading from a checkpoint
+ * lives in load.c. */
+#include "model_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int td_model_check_config(const td_config *cfg, const char *what, td_error *err)
+{
+    if (cfg->arch < 0 || cfg->arch >= TD_ARCH_COUNT)
+        return td_fail(err, "%s: unknown architecture %d", what, (int)cfg->arch);
+    struct { const char *name; int v, max; } dims[] = {
+        {"vocab_size", cfg->vocab_size, 1 << 24},
+        {"hidden_size", cfg->hidden_size, 1 << 16},
+        {"intermediate_size", cfg->intermediate_size, 1 << 18},
+        {"num_hidden_layers", cfg->num_layers, 1024},
+        {"num_attention_heads", cfg->num_heads, 1024},
+        {"num_key_value_heads", cfg->num_kv_heads, 1024},
+        {"head_dim", cfg->head_dim, 1024},
+    };
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].v < 1 || dims[i].v > dims[i].max)
+            return td_fail(err, "%s: %s = %d (expected 1..%d)", what, dims[i].name, dims[i].v,
+                           dims[i].max);
+    if (cfg->num_heads % cfg->num_kv_heads != 0)
+        return td_fail(err, "%s: num_attention_heads %d is not a multiple of "
+                       "num_key_value_heads %d", what, cfg->num_heads, cfg->num_kv_heads);
+    if (cfg->head_dim % 2 != 0)
+        return td_fail(err, "%s: head_dim %d is odd (RoPE rotates pairs)", what, cfg->head_dim);
+    if (!(cfg->rms_norm_eps > 0.0) || !(cfg->rope_theta > 1.0))
+        return td_fail(err, "%s: rms_norm_eps %g / rope_theta %g (expected > 0 / > 1)", what,
+                       cfg->rms_norm_eps, cfg->rope_theta);
+    if (cfg->rope_factor != 0.0 &&
+        (!(cfg->rope_factor > 0.0) || !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
+         !(cfg->rope_low_freq_factor > 0.0) || cfg->rope_original_max_position < 1))
+        return td_fail(err, "%s: rope_scaling llama3 factor %g, low_freq_factor %g, "
+                       "high_freq_factor %g, original_max_position_embeddings %d (expected "
+                       "positive, high > low)", what, cfg->rope_factor, cfg->rope_low_freq_factor,
+                       cfg->rope_high_freq_factor, cfg->rope_original_max_position);
+    return 0;
+}
+
+/* inv_freq[k] = theta^(-2k/HD), then HF's _compute_llama3_parameters when rope_factor != 0:
+ * long wavelengths (> original_max / low_freq_factor) divided by factor, short ones
+ * (< original_max / high_freq_factor) kept, the band between interpolated smoothly. */
+static void compute_inv_freq(const td_config *cfg, float *inv_freq)
+{
+    int HD = cfg->head_dim;
+    for (int k = 0; k < HD / 2; k++) {
+        double f = 1.0 / pow(cfg->rope_theta, (double)(2 * k) / HD);
+        if (cfg->rope_factor != 0.0) {
+            double old = cfg->rope_original_max_position;
+            double low_wl = old / cfg->rope_low_freq_factor;
+            double high_wl = old / cfg->rope_high_freq_factor;
+            double wl = 2.0 * M_PI / f;
+            if (wl > low_wl) {
+                f = f / cfg->rope_factor;
+            } else if (wl >= high_wl) {
+                double smooth = (old / wl - cfg->rope_low_freq_factor) /
+                                (cfg->rope_high_freq_factor - cfg->rope_low_freq_factor);
+                f = (1.0 - smooth) * f / cfg->rope_factor + smooth * f;
+            }
+        }
+        inv_freq[k] = (float)f;
+    }
+}
+
+/* Floats of every parameter tensor, in the order model_carve() lays them out. */
+static size_t param_floats(const td_config *c, bool with_lm_head)
+{
+    size_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size, HD = c->head_dim;
+    size_t QD = (size_t)c->num_heads * HD, KVD = (size_t)c->num_kv_heads * HD;
+    size_t layer = 2 * C + QD * C + 2 * KVD * C + QD * C + 3 * F * C;
+    if (c->qkv_bias) layer += QD + 2 * KVD;
+    if (c->qk_norm) layer += 2 * HD;
+    return V * C + (size_t)c->num_layers * layer + C + (with_lm_head ? V * C : 0);
+}
+
+td_model *model_new(const td_config *cfg, const char *what, td_error *err)
+{
+    if (td_model_check_config(cfg, what, err)) return NULL;
+    td_model *m = td_xcalloc(1, sizeof *m);
+    m->cfg = *cfg;
+    m->w.layers = td_xcalloc((size_t)cfg->num_layers, sizeof *m->w.layers);
+    m->inv_freq = td_xmalloc((size_t)cfg->head_dim / 2 * sizeof(float));
+    compute_inv_freq(cfg, m->inv_freq);
+    return m;
+}
+
+td_model *td_model_alloc(const td_config *cfg, td_error *err)
+{
+    td_model *m = model_new(cfg, "td_model_alloc", err);
+    if (!m) return NULL;
+    const td_config *c = cfg;
+    size_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size, HD = c->head_dim;
+    size_t QD = (size_t)c->num_heads * HD, KVD = (size_t)c->num_kv_heads * HD;
+    m->owned_floats = param_floats(c, !c->tie_word_embeddings);
+    m->owned = td_xcalloc(m->owned_floats, sizeof(float));
+    float *p = m->owned;
+#define CARVE(n) (p += (n), p - (n))
+    m->w.embed = CARVE(V * C);
+    for (int l = 0; l < c->num_layers; l++) {
+        td_layer_weights *lw = &m->w.layers[l];
+        lw->attn_norm = CARVE(C);
+        lw->wq = CARVE(QD * C);
+        lw->wk = CARVE(KVD * C);
+        lw->wv = CARVE(KVD * C);
+        if (c->qkv_bias) { lw->bq = CARVE(QD); lw->bk = CARVE(KVD); lw->bv = CARVE(KVD); }
+        if (c->qk_norm) { lw->q_norm = CARVE(HD); lw->k_norm = CARVE(HD); }
+        lw->wo = CARVE(C * QD);
+        lw->mlp_norm = CARVE(C);
+        lw->w_gate = CARVE(F * C);
+        lw->w_up = CARVE(F * C);
+        lw->w_down = CARVE(C * F);
+    }
+    m->w.final_norm = CARVE(C);
+    m->w.lm_head = c->tie_word_embeddings ? m->w.embed : CARVE(V * C);
+#undef CARVE
+    return m;
+}
+
+void td_model_free(td_model *m)
+{
+    if (!m) return;
+    free(m->w.layers);
+    free(m->inv_freq);
+    free(m->owned);
+    model_close_checkpoint(m);
+    free(m);
+}

@@ -1,0 +1,48 @@
+/* tidal — pieces shared by the two forward structures (internal header). */
+#ifndef TIDAL_MODEL_INTERNAL_H
+#define TIDAL_MODEL_INTERNAL_H
+
+#include "tidal/model.h"
+#include "ops.h"
+
+/* A model with config, inv_freq and an empty layer table, nothing else. */
+td_model *model_new(const td_config *cfg, const char *what, td_error *err);
+void model_close_checkpoint(td_model *m);   /* load.c */
+
+/* Activation scratch for up to cap token rows (and attention over up to max_keys keys). */
+typedef struct {
+    int cap, max_keys;
+    float *x;        // (cap, C)      residual stream
+    float *xn;       // (cap, C)      normalised input of a sub-block / final norm output
+    float *q;        // (cap, NH*HD)
+    float *k;        // (cap, NKV*HD)
+    float *v;        // (cap, NKV*HD)
+    float *att;      // (cap, NH*HD)  attention output before o_proj
+    float *proj;     // (cap, C)      o_proj / down_proj output
+    float *gate;     // (cap, F)      gate_proj output, then silu(gate) * up
+    float *up;       // (cap, F)
+    float *scores;   // (nthreads, max_keys)
+    size_t *kv_off;  // (cap)
+} td_acts;
+
+void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int max_keys);
+void acts_free(td_acts *a);
+
+/* Where the keys and values of the rows live: layer l of K is kv_k + l*layer_stride (same for
+ * V); row i's sequence starts at offset kv_off[i] in it and the row itself is written at
+ * kv_off[i] + pos[i]*NKV*HD. With layer_stride 0 and kv_k == acts->k the rows' own projections
+ * serve as the store (teacher forcing); a KV cache uses one region per layer and slot. */
+typedef struct {
+    float *k, *v;
+    size_t layer_stride;
+} td_kv_store;
+
+/* Embedding, all L decoder layers and the final norm for N token rows (tokens, pos, and
+ * a->kv_off filled by the caller). Leaves the final-normed hidden states in a->xn (N, C). */
+void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int *tokens,
+                     const int *pos, int N, const td_kv_store *kv);
+
+/* logits (N, V) = lm_head(h (N, C)), then log-softmax in place. */
+void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N);
+
+#endif

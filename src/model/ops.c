@@ -1,0 +1,204 @@
+/* tidal — the named ops of the Llama-family forward: the fp32 CPU reference.
+ *
+ * Threading: one pool only, OpenMP. OpenBLAS is told to use one thread and every GEMM is cut
+ * into per-thread slices of output columns, each a single-threaded sgemm; so OpenBLAS's own
+ * pthreads never compete with OpenMP's workers for the cores (on 2 cores that
+ * oversubscription costs more than it gives).
+ *
+ * Exponentials go through a vectorisable expf (Cephes polynomial, ~1 ulp on the range used);
+ * libm's expf is not vectorised without -ffast-math and dominates log-softmax over 150k logits.
+ */
+#include "ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+void td_ops_init(td_ops *ctx)
+{
+    /* OpenBLAS threading is process-global; single-threaded BLAS called from OpenMP slices. */
+    openblas_set_num_threads(1);
+    ctx->nthreads = omp_get_max_threads();
+    if (ctx->nthreads < 1) ctx->nthreads = 1;
+}
+
+/* e^x for x in any float range: 2^n * e^r with n = round(x/ln2), |r| <= ln2/2, and the Cephes
+ * expf minimax polynomial for e^r. Clamped to the normal range (e^-87.3 .. e^88.3). */
+#pragma omp declare simd notinbranch
+static inline float td_expf(float x)
+{
+    x = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } scale;
+    scale.i = ((int32_t)n + 127) << 23;
+    return p * scale.f;
+}
+
+void embedding_forward(const td_ops *ctx, float *out, const int *tokens, const float *embed,
+                       int N, int C)
+{
+    (void)ctx;
+    for (int i = 0; i < N; i++)
+        memcpy(out + (size_t)i * C, embed + (size_t)tokens[i] * C, (size_t)C * sizeof(float));
+}
+
+void rmsnorm_forward(const td_ops *ctx, float *out, const float *inp, const float *weight,
+                     int N, int C, float eps)
+{
+    /* The mean of squares is accumulated in double (one rounding to fp32 at the end), the
+     * scaling in fp32 as HF does: (x * rsqrt(ms + eps)) * w. */
+    #pragma omp parallel for num_threads(ctx->nthreads) if (N >= 64)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        float *y = out + (size_t)i * C;
+        double ss = 0.0;
+        #pragma omp simd reduction(+ : ss)
+        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        float ms = (float)(ss / C);
+        float rs = 1.0f / sqrtf(ms + eps);
+        for (int c = 0; c < C; c++) y[c] = (x[c] * rs) * weight[c];
+    }
+}
+
+void matmul_forward(const td_ops *ctx, float *out, const float *inp, const float *weight,
+                    const float *bias, int N, int IN, int OUT)
+{
+    /* Output columns cut into nt slices (multiples of 16 rows of weight), one sgemm each. */
+    int nt = ctx->nthreads;
+    if ((long)N * IN * OUT < 1L << 16) nt = 1;
+    if (nt > OUT / 16) nt = OUT / 16 > 0 ? OUT / 16 : 1;
+    #pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num(), n = omp_get_num_threads();
+        int per = ((OUT + n - 1) / n + 15) / 16 * 16;
+        int o0 = t * per, o1 = o0 + per < OUT ? o0 + per : OUT;
+        if (o0 < o1) {
+            const float *w = weight + (size_t)o0 * IN;
+            if (N == 1)
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, o1 - o0, IN, 1.0f, w, IN, inp, 1,
+                            0.0f, out + o0, 1);
+            else
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, o1 - o0, IN, 1.0f, inp,
+                            IN, w, IN, 0.0f, out + o0, OUT);
+            if (bias)
+                for (int i = 0; i < N; i++) {
+                    float *y = out + (size_t)i * OUT;
+                    for (int o = o0; o < o1; o++) y[o] += bias[o];
+                }
+        }
+    }
+}
+
+void rope_forward(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
+                  int nheads, int HD)
+{
+    int half = HD / 2;
+    #pragma omp parallel for num_threads(ctx->nthreads) if (N >= 64)
+    for (int i = 0; i < N; i++) {
+        float cs[512], sn[512];  /* HD <= 1024 is checked at model creation */
+        for (int k = 0; k < half; k++) {
+            /* the angle pos * inv_freq formed in fp32 as HF does, cos/sin rounded to fp32 */
+            float a = (float)pos[i] * inv_freq[k];
+            cs[k] = (float)cos((double)a);
+            sn[k] = (float)sin((double)a);
+        }
+        for (int h = 0; h < nheads; h++) {
+            float *xh = x + ((size_t)i * nheads + h) * HD;
+            for (int k = 0; k < half; k++) {
+                float x0 = xh[k], x1 = xh[k + half];
+                xh[k] = x0 * cs[k] - x1 * sn[k];
+                xh[k + half] = x1 * cs[k] + x0 * sn[k];
+            }
+        }
+    }
+}
+
+void attention_forward(const td_ops *ctx, float *out, const float *q, const float *k,
+                       const float *v, const size_t *kv_off, const int *pos, int N, int NH,
+                       int NKV, int HD, float *scratch, int max_keys)
+{
+    int KVD = NKV * HD, group = NH / NKV;
+    float scale = 1.0f / sqrtf((float)HD);
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
+    for (int task = 0; task < N * NH; task++) {
+        int i = task / NH, h = task % NH, kvh = h / group;
+        int nk = pos[i] + 1;
+        float *s = scratch + (size_t)omp_get_thread_num() * max_keys;
+        const float *qh = q + (size_t)i * NH * HD + (size_t)h * HD;
+        const float *kb = k + kv_off[i] + (size_t)kvh * HD;
+        const float *vb = v + kv_off[i] + (size_t)kvh * HD;
+        float mx = -INFINITY;
+        for (int j = 0; j < nk; j++) {
+            const float *kj = kb + (size_t)j * KVD;
+            float d = 0.0f;
+            #pragma omp simd reduction(+ : d)
+            for (int c = 0; c < HD; c++) d += qh[c] * kj[c];
+            s[j] = d * scale;
+            mx = s[j] > mx ? s[j] : mx;
+        }
+        float sum = 0.0f;
+        #pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < nk; j++) { s[j] = td_expf(s[j] - mx); sum += s[j]; }
+        float *oh = out + (size_t)i * NH * HD + (size_t)h * HD;
+        for (int c = 0; c < HD; c++) oh[c] = 0.0f;
+        for (int j = 0; j < nk; j++) {
+            const float *vj = vb + (size_t)j * KVD;
+            float p = s[j];
+            #pragma omp simd
+            for (int c = 0; c < HD; c++) oh[c] += p * vj[c];
+        }
+        float inv = 1.0f / sum;
+        for (int c = 0; c < HD; c++) oh[c] *= inv;
+    }
+}
+
+void swiglu_forward(const td_ops *ctx, float *out, const float *gate, const float *up, int N,
+                    int F)
+{
+    size_t n = (size_t)N * F;
+    #pragma omp parallel for simd num_threads(ctx->nthreads) if (n >= 16384)
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + td_expf(-g)) * up[i];
+    }
+}
+
+void residual_forward(const td_ops *ctx, float *x, const float *y, size_t n)
+{
+    #pragma omp parallel for simd num_threads(ctx->nthreads) if (n >= 65536)
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* One row: max, then log of the sum of e^(x - max) accumulated in double. */
+static void logsoftmax_row(float *x, int V, int nt)
+{
+    float mx = -INFINITY;
+    #pragma omp parallel for simd reduction(max : mx) num_threads(nt) if (nt > 1)
+    for (int j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+    double sum = 0.0;
+    #pragma omp parallel for simd reduction(+ : sum) num_threads(nt) if (nt > 1)
+    for (int j = 0; j < V; j++) sum += td_expf(x[j] - mx);
+    float lz = mx + (float)log(sum);
+    #pragma omp parallel for simd num_threads(nt) if (nt > 1)
+    for (int j = 0; j < V; j++) x[j] -= lz;
+}
+
+void logsoftmax_forward(const td_ops *ctx, float *x, int N, int V)
+{
+    if (N < ctx->nthreads) {  /* few rows (decode): threads split each row */
+        for (int i = 0; i < N; i++) logsoftmax_row(x + (size_t)i * V, V, ctx->nthreads);
+        return;
+    }
+    #pragma omp parallel for num_threads(ctx->nthreads)
+    for (int i = 0; i < N; i++) logsoftmax_row(x + (size_t)i * V, V, 1);
+}

@@ -1,0 +1,56 @@
+/* tidal — the named ops of the Llama-family forward, fp32 CPU reference (internal header).
+ *
+ * Every op takes a td_ops context first. Today it only carries threading; the precision
+ * recipes of the next issue hang their rounding points here (GEMM operands, op boundaries,
+ * attention algorithm), so the forward code that calls these ops does not change.
+ * Shapes use the letters of config.h; N is a number of token rows.
+ */
+#ifndef TIDAL_MODEL_OPS_H
+#define TIDAL_MODEL_OPS_H
+
+#include <stddef.h>
+
+typedef struct {
+    int nthreads;      /* OpenMP threads the ops may use (>= 1) */
+} td_ops;
+
+void td_ops_init(td_ops *ctx);
+
+/* out (N, C) = embed[tokens[i]] */
+void embedding_forward(const td_ops *ctx, float *out, const int *tokens, const float *embed,
+                       int N, int C);
+
+/* HF RMSNorm: out = x * rsqrt(mean(x^2) + eps) * weight, per row of C. In place allowed. */
+void rmsnorm_forward(const td_ops *ctx, float *out, const float *inp, const float *weight,
+                     int N, int C, float eps);
+
+/* out (N, OUT) = inp (N, IN) @ weight (OUT, IN)^T + bias (OUT, may be NULL).
+ * The one GEMM of tidal: every projection and the lm_head go through here. */
+void matmul_forward(const td_ops *ctx, float *out, const float *inp, const float *weight,
+                    const float *bias, int N, int IN, int OUT);
+
+/* HF rotate-half RoPE in place on x (N, nheads, HD), row i at position pos[i]:
+ * for k < HD/2, a = pos*inv_freq[k]:  x[k] <- x[k] cos a - x[k+HD/2] sin a,
+ *                                     x[k+HD/2] <- x[k+HD/2] cos a + x[k] sin a. */
+void rope_forward(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
+                  int nheads, int HD);
+
+/* Causal GQA attention for N query rows. Row i attends to keys/values 0..pos[i] of its own
+ * sequence, stored at kv + kv_off[i] + j*KVD (KVD = NKV*HD) in k and v:
+ *   out[i, h] = softmax_j(q[i,h] . k[j, h/(NH/NKV)] / sqrt(HD)) @ v[j, h/(NH/NKV)].
+ * q, out: (N, NH*HD). scratch: (nthreads, max_keys) floats. */
+void attention_forward(const td_ops *ctx, float *out, const float *q, const float *k,
+                       const float *v, const size_t *kv_off, const int *pos, int N, int NH,
+                       int NKV, int HD, float *scratch, int max_keys);
+
+/* SwiGLU: out (N, F) = silu(gate) * up, silu(x) = x / (1 + e^-x). In place on gate allowed. */
+void swiglu_forward(const td_ops *ctx, float *out, const float *gate, const float *up, int N,
+                    int F);
+
+/* Residual add: x (n) += y (n). */
+void residual_forward(const td_ops *ctx, float *x, const float *y, size_t n);
+
+/* Log-softmax over each row of V, in place on x (N, V): x - max - log(sum(exp(x - max))). */
+void logsoftmax_forward(const td_ops *ctx, float *x, int N, int V);
+
+#endif

@@ -1,0 +1,154 @@
+/* tidal — the incremental structure (inference path): a KV cache of nslots slots, prefill in
+ * chunks, then one token per slot per batched decode step. Every buffer is allocated here, at
+ * creation; prefill and decode allocate nothing. */
+#include "model_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct td_session {
+    const td_model *m;
+    td_ops ops;
+    td_acts acts;            // cap = max(prefill_chunk, nslots), max_keys = max_len
+    int nslots, max_len, chunk, logits_rows;
+    float *kcache;           // (L, nslots, max_len, NKV*HD)
+    float *vcache;           // (L, nslots, max_len, NKV*HD)
+    int *len;                // (nslots) tokens held per slot
+    float *logits;           // (logits_rows, V) for prefill row callbacks
+    int *pos;                // (cap)
+    int *tok;                // (cap)
+};
+
+td_session *td_session_create(const td_model *m, int nslots, int max_len, int prefill_chunk,
+                              td_error *err)
+{
+    if (nslots < 1 || max_len < 1 || prefill_chunk < 0)
+        return td_fail(err, "td_session_create: nslots %d, max_len %d, prefill_chunk %d "
+                       "(expected >= 1, >= 1, >= 0)", nslots, max_len, prefill_chunk), NULL;
+    const td_config *c = &m->cfg;
+    td_session *s = td_xcalloc(1, sizeof *s);
+    s->m = m;
+    td_ops_init(&s->ops);
+    s->nslots = nslots;
+    s->max_len = max_len;
+    s->chunk = prefill_chunk ? prefill_chunk : 128;
+    if (s->chunk > max_len) s->chunk = max_len;
+    int cap = s->chunk > nslots ? s->chunk : nslots;
+    acts_alloc(&s->acts, c, &s->ops, cap, max_len);
+    size_t KVD = (size_t)c->num_kv_heads * c->head_dim;
+    size_t cache = (size_t)c->num_layers * nslots * max_len * KVD;
+    s->kcache = td_xmalloc(cache * sizeof(float));
+    s->vcache = td_xmalloc(cache * sizeof(float));
+    s->len = td_xcalloc((size_t)nslots, sizeof(int));
+    s->logits_rows = s->chunk < 64 ? s->chunk : 64;
+    s->logits = td_xmalloc((size_t)s->logits_rows * c->vocab_size * sizeof(float));
+    s->pos = td_xmalloc((size_t)cap * sizeof(int));
+    s->tok = td_xmalloc((size_t)cap * sizeof(int));
+    return s;
+}
+
+void td_session_free(td_session *s)
+{
+    if (!s) return;
+    acts_free(&s->acts);
+    free(s->kcache); free(s->vcache); free(s->len); free(s->logits); free(s->pos);
+    free(s->tok);
+    free(s);
+}
+
+void td_session_reset(td_session *s, int slot)
+{
+    if (slot >= 0 && slot < s->nslots) s->len[slot] = 0;
+}
+
+int td_session_len(const td_session *s, int slot)
+{
+    return slot >= 0 && slot < s->nslots ? s->len[slot] : -1;
+}
+
+static td_kv_store cache_store(const td_session *s)
+{
+    size_t KVD = (size_t)s->m->cfg.num_kv_heads * s->m->cfg.head_dim;
+    td_kv_store kv = {s->kcache, s->vcache, (size_t)s->nslots * s->max_len * KVD};
+    return kv;
+}
+
+static size_t slot_offset(const td_session *s, int slot)
+{
+    size_t KVD = (size_t)s->m->cfg.num_kv_heads * s->m->cfg.head_dim;
+    return (size_t)slot * s->max_len * KVD;
+}
+
+int td_session_prefill(td_session *s, int slot, const int *tokens, int n, float *last_row,
+                       td_row_fn row_fn, void *user, td_error *err)
+{
+    const td_model *m = s->m;
+    int V = m->cfg.vocab_size, C = m->cfg.hidden_size;
+    if (slot < 0 || slot >= s->nslots)
+        return td_fail(err, "td_session_prefill: slot %d (expected 0..%d)", slot, s->nslots - 1);
+    if (n < 1 || n > s->max_len - s->len[slot])
+        return td_fail(err, "td_session_prefill: %d tokens into slot %d holding %d of %d",
+                       n, slot, s->len[slot], s->max_len);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return td_fail(err, "td_session_prefill: token %d at %d outside the vocabulary "
+                           "0..%d", tokens[i], i, V - 1);
+    td_kv_store kv = cache_store(s);
+    for (int i0 = 0; i0 < n; i0 += s->chunk) {
+        int N = n - i0 < s->chunk ? n - i0 : s->chunk;
+        for (int i = 0; i < N; i++) {
+            s->pos[i] = s->len[slot] + i;
+            s->acts.kv_off[i] = slot_offset(s, slot);
+        }
+        decoder_forward(&s->ops, m, &s->acts, tokens + i0, s->pos, N, &kv);
+        if (row_fn)
+            for (int r0 = 0; r0 < N; r0 += s->logits_rows) {
+                int R = N - r0 < s->logits_rows ? N - r0 : s->logits_rows;
+                head_forward(&s->ops, m, s->logits, s->acts.xn + (size_t)r0 * C, R);
+                for (int r = 0; r < R; r++)
+                    row_fn(user, slot, s->pos[r0 + r], s->logits + (size_t)r * V);
+            }
+        s->len[slot] += N;
+        if (i0 + N == n && last_row) {
+            if (row_fn)  /* the last row is still in the logits buffer */
+                memcpy(last_row, s->logits + (size_t)((N - 1) % s->logits_rows) * V,
+                       (size_t)V * sizeof(float));
+            else
+                head_forward(&s->ops, m, last_row, s->acts.xn + (size_t)(N - 1) * C, 1);
+        }
+    }
+    return 0;
+}
+
+int td_session_decode(td_session *s, int n, const int *slots, const int *tokens, float *rows,
+                      td_error *err)
+{
+    const td_model *m = s->m;
+    int V = m->cfg.vocab_size;
+    if (n < 1 || n > s->nslots)
+        return td_fail(err, "td_session_decode: %d slots (expected 1..%d)", n, s->nslots);
+    for (int i = 0; i < n; i++) {
+        int sl = slots[i];
+        if (sl < 0 || sl >= s->nslots)
+            return td_fail(err, "td_session_decode: slot %d (expected 0..%d)", sl,
+                           s->nslots - 1);
+        for (int j = 0; j < i; j++)
+            if (slots[j] == sl)
+                return td_fail(err, "td_session_decode: slot %d given twice", sl);
+        if (s->len[sl] >= s->max_len)
+            return td_fail(err, "td_session_decode: slot %d is full (%d positions)", sl,
+                           s->max_len);
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return td_fail(err, "td_session_decode: token %d for slot %d outside the "
+                           "vocabulary 0..%d", tokens[i], sl, V - 1);
+    }
+    for (int i = 0; i < n; i++) {
+        s->pos[i] = s->len[slots[i]];
+        s->acts.kv_off[i] = slot_offset(s, slots[i]);
+    }
+    td_kv_store kv = cache_store(s);
+    decoder_forward(&s->ops, m, &s->acts, tokens, s->pos, n, &kv);
+    for (int i = 0; i < n; i++) s->len[slots[i]]++;
+    head_forward(&s->ops, m, rows, s->acts.xn, n);
+    return 0;
+}
