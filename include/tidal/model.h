@@ -15,6 +15,7 @@
 
 #include "tidal/common.h"
 #include "tidal/config.h"
+#include "tidal/recipe.h"
 
 TD_BEGIN_DECLS
 
@@ -83,6 +84,9 @@ typedef struct td_forward td_forward;
 td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len,
                               int logits_rows, td_error *err);
 void td_forward_free(td_forward *f);
+/* Runs this structure under a precision recipe (recipe.h); the default is "fp32". The recipe
+ * is copied. 0, or -1 + err if the model cannot run it. */
+int td_forward_set_recipe(td_forward *f, const td_recipe *r, td_error *err);
 
 /* Runs nseq sequences (tokens[s], lens[s] >= 1), splitting them into micro-batches of whole
  * sequences that fit max_tokens. For every s and t < lens[s]-1 writes
@@ -101,6 +105,12 @@ typedef struct td_session td_session;
 td_session *td_session_create(const td_model *m, int nslots, int max_len, int prefill_chunk,
                               td_error *err);
 void td_session_free(td_session *s);
+
+/* Rows given by prefill and decode are the raw logits (raw != 0) instead of log-softmax rows:
+ * for samplers that process logits (repetition penalty, temperature) as engines do. */
+void td_session_set_raw_logits(td_session *s, int raw);
+/* As td_forward_set_recipe, for the inference path. */
+int td_session_set_recipe(td_session *s, const td_recipe *r, td_error *err);
 
 void td_session_reset(td_session *s, int slot);     /* forget the slot's tokens */
 int  td_session_len(const td_session *s, int slot); /* tokens held in the slot */

@@ -507,11 +507,11 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     done = td_xcalloc(J.prompts.n, 1);
     if (mark_done(&J, done, err)) goto out;
 
-    J.fa = td_forward_create(J.model, &o->recipe_a, J.max_len * (o->batch < 4 ? o->batch : 4), J.max_len, 0, err);
-    if (!J.fa) goto out;
+    J.fa = td_forward_create(J.model, J.max_len * (o->batch < 4 ? o->batch : 4), J.max_len, 0, err);
+    if (!J.fa || td_forward_set_recipe(J.fa, &o->recipe_a, err)) goto out;
     if (!J.prompts.has_rollouts) {
-        J.sb = td_session_create(J.model, &o->recipe_b, o->batch, J.max_len, 0, err);
-        if (!J.sb) goto out;
+        J.sb = td_session_create(J.model, o->batch, J.max_len, 0, err);
+        if (!J.sb || td_session_set_recipe(J.sb, &o->recipe_b, err)) goto out;
         td_session_set_raw_logits(J.sb, 1);
         J.sampler = td_sampler_create(cfg->vocab_size);
     }

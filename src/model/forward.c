@@ -15,6 +15,7 @@ struct td_forward {
     int *tok;                // (max_tokens) packed tokens of the micro-batch
     int *pos;                // (max_tokens) position of each row in its sequence
     int *row_seq;            // (max_tokens) sequence index of each row
+    td_recipe_state rs;      // the recipe (default: none = fp32 reference)
 };
 
 td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len,
@@ -43,6 +44,7 @@ void td_forward_free(td_forward *f)
 {
     if (!f) return;
     acts_free(&f->acts);
+    recipe_state_free(&f->rs);
     free(f->logits); free(f->tok); free(f->pos); free(f->row_seq);
     free(f);
 }
@@ -70,7 +72,7 @@ static void run_micro_batch(td_forward *f, int s0, int s1, const int *const *tok
     for (int r0 = 0; r0 < N; r0 += f->logits_rows) {
         int R = N - r0 < f->logits_rows ? N - r0 : f->logits_rows;
         head_forward(&f->ops, m, f->logits,
-                     f->acts.xn + (size_t)r0 * m->cfg.hidden_size, R);
+                     f->acts.xn + (size_t)r0 * m->cfg.hidden_size, R, 0);
         for (int r = 0; r < R; r++) {
             int s = f->row_seq[r0 + r], t = f->pos[r0 + r];
             const float *row = f->logits + (size_t)r * V;
@@ -101,4 +103,9 @@ int td_forward_logprobs(td_forward *f, int nseq, const int *const *tokens, const
         s0 = s1;
     }
     return 0;
+}
+
+int td_forward_set_recipe(td_forward *f, const td_recipe *r, td_error *err)
+{
+    return recipe_state_set(&f->rs, &f->ops, f->m, r, f->max_tokens, err);
 }

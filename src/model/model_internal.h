@@ -42,7 +42,25 @@ typedef struct {
 void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int *tokens,
                      const int *pos, int N, const td_kv_store *kv);
 
-/* logits (N, V) = lm_head(h (N, C)), then log-softmax in place. */
-void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N);
+/* logits (N, V) = lm_head(h (N, C)), then log-softmax in place unless raw. */
+void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N,
+                  int raw);
+
+/* ---- recipes (weights_recipe.c) ---- */
+bool recipe_is_plain_fp32(const td_recipe *r);
+td_recipe recipe_for_head(const td_recipe *r);
+
+/* What a structure keeps for its recipe: the recipe, its rounded weights and GEMM scratch. */
+typedef struct {
+    td_recipe recipe, head;
+    td_model_weights w;
+    float *owned;          /* the rounded weights' storage (NULL for fp32)   */
+    float *qin, *gscratch;
+} td_recipe_state;
+
+/* Sets ops up for recipe r (copied into st) for batches of up to cap rows. */
+int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const td_recipe *r,
+                     int cap, td_error *err);
+void recipe_state_free(td_recipe_state *st);
 
 #endif
