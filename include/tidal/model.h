@@ -80,7 +80,7 @@ typedef struct td_forward td_forward;
 
 /* Scratch for micro-batches of at most max_tokens tokens (sum of sequence lengths), each
  * sequence at most max_seq_len long. logits_rows bounds how many rows of (rows, V) logits exist
- * at once (0 picks a default of 64): the lm_head + log-softmax runs in chunks of that many. */
+ * at once (0 picks a default of 256): the lm_head + log-softmax runs in chunks of that many. */
 td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len,
                               int logits_rows, td_error *err);
 void td_forward_free(td_forward *f);

@@ -25,7 +25,7 @@ void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int 
     a->proj = td_xmalloc(n * C * sizeof(float));
     a->gate = td_xmalloc(n * F * sizeof(float));
     a->up = td_xmalloc(n * F * sizeof(float));
-    a->scores = td_xmalloc((size_t)ops->nthreads * max_keys * sizeof(float));
+    a->scores = td_xmalloc((size_t)ops->nthreads * ATT_BLOCK * max_keys * sizeof(float));
     a->kv_off = td_xmalloc(n * sizeof(size_t));
 }
 

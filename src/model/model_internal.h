@@ -21,7 +21,7 @@ typedef struct {
     float *proj;     // (cap, C)      o_proj / down_proj output
     float *gate;     // (cap, F)      gate_proj output, then silu(gate) * up
     float *up;       // (cap, F)
-    float *scores;   // (nthreads, max_keys)
+    float *scores;   // (nthreads, ATT_BLOCK, max_keys)
     size_t *kv_off;  // (cap)
 } td_acts;
 

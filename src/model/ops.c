@@ -70,10 +70,27 @@ void rmsnorm_forward(const td_ops *ctx, float *out, const float *inp, const floa
     }
 }
 
+/* The one GEMM under every matrix product of the forward (projections, lm_head, attention's
+ * Q.K^T and P.V), single-threaded (callers own the threading):
+ *   C (M, N; ldc) = alpha * A (M, K; lda) . op(B) + beta * C,
+ *   op(B) = B^T with B (N, K; ldb) when b_trans, else B (K, N; ldb).   Row-major throughout.
+ * Precision recipes will round A and B to the GEMM operand format here. */
+static void gemm_f32(const td_ops *ctx, int b_trans, int M, int N, int K, float alpha,
+                     const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                     int ldc)
+{
+    (void)ctx;
+    if (M == 1 && b_trans)   /* one row: y = B x, a GEMV (OpenBLAS's sgemm does not switch) */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, alpha, B, ldb, A, 1, beta, C, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, b_trans ? CblasTrans : CblasNoTrans, M, N, K,
+                    alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 void matmul_forward(const td_ops *ctx, float *out, const float *inp, const float *weight,
                     const float *bias, int N, int IN, int OUT)
 {
-    /* Output columns cut into nt slices (multiples of 16 rows of weight), one sgemm each. */
+    /* Output columns cut into nt slices (multiples of 16 rows of weight), one GEMM each. */
     int nt = ctx->nthreads;
     if ((long)N * IN * OUT < 1L << 16) nt = 1;
     if (nt > OUT / 16) nt = OUT / 16 > 0 ? OUT / 16 : 1;
@@ -83,13 +100,8 @@ void matmul_forward(const td_ops *ctx, float *out, const float *inp, const float
         int per = ((OUT + n - 1) / n + 15) / 16 * 16;
         int o0 = t * per, o1 = o0 + per < OUT ? o0 + per : OUT;
         if (o0 < o1) {
-            const float *w = weight + (size_t)o0 * IN;
-            if (N == 1)
-                cblas_sgemv(CblasRowMajor, CblasNoTrans, o1 - o0, IN, 1.0f, w, IN, inp, 1,
-                            0.0f, out + o0, 1);
-            else
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, o1 - o0, IN, 1.0f, inp,
-                            IN, w, IN, 0.0f, out + o0, OUT);
+            gemm_f32(ctx, 1, N, o1 - o0, IN, 1.0f, inp, IN, weight + (size_t)o0 * IN, IN, 0.0f,
+                     out + o0, OUT);
             if (bias)
                 for (int i = 0; i < N; i++) {
                     float *y = out + (size_t)i * OUT;
@@ -123,42 +135,81 @@ void rope_forward(const td_ops *ctx, float *x, const int *pos, const float *inv_
     }
 }
 
+/* Softmax of the first nv of the n scores in s (the rest, masked, set to 0). */
+static void masked_softmax(float *s, int nv, int n)
+{
+    float mx = -INFINITY;
+    for (int j = 0; j < nv; j++) mx = s[j] > mx ? s[j] : mx;
+    float sum = 0.0f;
+    #pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < nv; j++) { s[j] = td_expf(s[j] - mx); sum += s[j]; }
+    float inv = 1.0f / sum;
+    for (int j = 0; j < nv; j++) s[j] *= inv;
+    for (int j = nv; j < n; j++) s[j] = 0.0f;
+}
+
+/* One query row, one head: scores, softmax, weighted sum of values (decode, short runs). */
+static void attend_row(float *oh, const float *qh, const float *kb, const float *vb, int nk,
+                       int KVD, int HD, float scale, float *s)
+{
+    for (int j = 0; j < nk; j++) {
+        const float *kj = kb + (size_t)j * KVD;
+        float d = 0.0f;
+        #pragma omp simd reduction(+ : d)
+        for (int c = 0; c < HD; c++) d += qh[c] * kj[c];
+        s[j] = d * scale;
+    }
+    masked_softmax(s, nk, nk);
+    for (int c = 0; c < HD; c++) oh[c] = 0.0f;
+    for (int j = 0; j < nk; j++) {
+        const float *vj = vb + (size_t)j * KVD;
+        float p = s[j];
+        #pragma omp simd
+        for (int c = 0; c < HD; c++) oh[c] += p * vj[c];
+    }
+}
+
 void attention_forward(const td_ops *ctx, float *out, const float *q, const float *k,
                        const float *v, const size_t *kv_off, const int *pos, int N, int NH,
                        int NKV, int HD, float *scratch, int max_keys)
 {
-    int KVD = NKV * HD, group = NH / NKV;
+    int KVD = NKV * HD, QD = NH * HD, group = NH / NKV;
     float scale = 1.0f / sqrtf((float)HD);
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
-    for (int task = 0; task < N * NH; task++) {
-        int i = task / NH, h = task % NH, kvh = h / group;
-        int nk = pos[i] + 1;
-        float *s = scratch + (size_t)omp_get_thread_num() * max_keys;
-        const float *qh = q + (size_t)i * NH * HD + (size_t)h * HD;
-        const float *kb = k + kv_off[i] + (size_t)kvh * HD;
-        const float *vb = v + kv_off[i] + (size_t)kvh * HD;
-        float mx = -INFINITY;
-        for (int j = 0; j < nk; j++) {
-            const float *kj = kb + (size_t)j * KVD;
-            float d = 0.0f;
-            #pragma omp simd reduction(+ : d)
-            for (int c = 0; c < HD; c++) d += qh[c] * kj[c];
-            s[j] = d * scale;
-            mx = s[j] > mx ? s[j] : mx;
+    /* Rows come in runs: consecutive rows of one sequence at consecutive positions (a
+     * teacher-forced sequence, a prefill chunk) or single rows (decode). A long run is done
+     * by blocks of ATT_BLOCK query rows as two GEMMs per head, over the keys the block's last
+     * row sees (later keys masked to probability 0); short runs row by row. */
+    for (int r = 0; r < N;) {
+        int n = 1;
+        while (r + n < N && kv_off[r + n] == kv_off[r] && pos[r + n] == pos[r] + n) n++;
+        const float *kb = k + kv_off[r], *vb = v + kv_off[r];
+        int p0 = pos[r];
+        if (n >= ATT_MIN_RUN) {
+            int nblk = (n + ATT_BLOCK - 1) / ATT_BLOCK;
+            #pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
+            for (int task = 0; task < nblk * NH; task++) {
+                int b = nblk - 1 - task / NH, h = task % NH, kvh = h / group; /* big first */
+                int b0 = b * ATT_BLOCK, bn = n - b0 < ATT_BLOCK ? n - b0 : ATT_BLOCK;
+                int S = p0 + b0 + bn;   /* keys seen by the block's last row */
+                float *s = scratch + (size_t)omp_get_thread_num() * ATT_BLOCK * max_keys;
+                const float *qh = q + (size_t)(r + b0) * QD + (size_t)h * HD;
+                gemm_f32(ctx, 1, bn, S, HD, scale, qh, QD, kb + (size_t)kvh * HD, KVD, 0.0f,
+                         s, S);
+                for (int i = 0; i < bn; i++) masked_softmax(s + (size_t)i * S, p0 + b0 + i + 1, S);
+                gemm_f32(ctx, 0, bn, HD, S, 1.0f, s, S, vb + (size_t)kvh * HD, KVD, 0.0f,
+                         out + (size_t)(r + b0) * QD + (size_t)h * HD, QD);
+            }
+        } else {
+            #pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
+            for (int task = 0; task < n * NH; task++) {
+                int i = r + task / NH, h = task % NH, kvh = h / group;
+                float *s = scratch + (size_t)omp_get_thread_num() * ATT_BLOCK * max_keys;
+                attend_row(out + (size_t)i * QD + (size_t)h * HD, q + (size_t)i * QD + (size_t)h * HD,
+                           kb + (size_t)kvh * HD, vb + (size_t)kvh * HD, pos[i] + 1, KVD, HD,
+                           scale, s);
+            }
         }
-        float sum = 0.0f;
-        #pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < nk; j++) { s[j] = td_expf(s[j] - mx); sum += s[j]; }
-        float *oh = out + (size_t)i * NH * HD + (size_t)h * HD;
-        for (int c = 0; c < HD; c++) oh[c] = 0.0f;
-        for (int j = 0; j < nk; j++) {
-            const float *vj = vb + (size_t)j * KVD;
-            float p = s[j];
-            #pragma omp simd
-            for (int c = 0; c < HD; c++) oh[c] += p * vj[c];
-        }
-        float inv = 1.0f / sum;
-        for (int c = 0; c < HD; c++) oh[c] *= inv;
+        r += n;
     }
 }
 

@@ -46,10 +46,15 @@ void matmul_forward(const td_ops *ctx, float *out, const float *inp, const float
 void rope_forward(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
                   int nheads, int HD);
 
+/* Attention processes long runs of query rows by blocks of ATT_BLOCK rows; runs shorter than
+ * ATT_MIN_RUN row by row. scratch must hold nthreads * ATT_BLOCK * max_keys floats. */
+#define ATT_BLOCK 64
+#define ATT_MIN_RUN 8
+
 /* Causal GQA attention for N query rows. Row i attends to keys/values 0..pos[i] of its own
  * sequence, stored at kv + kv_off[i] + j*KVD (KVD = NKV*HD) in k and v:
  *   out[i, h] = softmax_j(q[i,h] . k[j, h/(NH/NKV)] / sqrt(HD)) @ v[j, h/(NH/NKV)].
- * q, out: (N, NH*HD). scratch: (nthreads, max_keys) floats. */
+ * q, out: (N, NH*HD). scratch: (nthreads, ATT_BLOCK, max_keys) floats. */
 void attention_forward(const td_ops *ctx, float *out, const float *q, const float *k,
                        const float *v, const size_t *kv_off, const int *pos, int N, int NH,
                        int NKV, int HD, float *scratch, int max_keys);

@@ -1,0 +1,127 @@
+/* tidal-bench-model — throughput of the fp32 CPU forward on a checkpoint (tests/bench/model.sh).
+ *
+ *   tidal-bench-model --model DIR [--tf-batch 2] [--tf-len 512] [--prompt 32] [--steps 32]
+ *                     [--decode-batch 16] [--seed 1]
+ *
+ * Cases (random tokens from --seed; one untimed warm-up pass each, which also faults the
+ * mapped weights in):
+ *   tf         teacher-forced log-probs of tf-batch sequences of tf-len tokens
+ *   decode1    1 slot: prefill `prompt` tokens, then `steps` decode steps (full log-softmax rows)
+ *   decodeB    decode-batch slots the same way, one batched step per token of every slot
+ * Prints "case NAME tokens_per_s X seconds S" per case and "peak_rss_mb X" (getrusage).
+ */
+#include "tidal/model.h"
+#include "tidal/rng.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+static double now(void) { return omp_get_wtime(); }
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: tidal-bench-model --model DIR [--tf-batch N] [--tf-len T] "
+                    "[--prompt P] [--steps S] [--decode-batch B] [--seed N] [--only CASE]\n");
+    return 2;
+}
+
+/* Prefill every slot with `prompt` random tokens, then `steps` batched decode steps feeding
+ * random tokens; returns the seconds of the decode steps. */
+static double run_decode(const td_model *m, int B, int prompt, int steps, td_rng *r,
+                         td_error *err, int *ok)
+{
+    int V = m->cfg.vocab_size;
+    td_session *s = td_session_create(m, B, prompt + steps, 64, err);
+    float *rows = malloc((size_t)B * V * sizeof(float));
+    int *toks = malloc((size_t)(prompt > B ? prompt : B) * sizeof(int));
+    int *slots = malloc((size_t)B * sizeof(int));
+    *ok = s != NULL;
+    double t0 = 0, t1 = 0;
+    if (s) {
+        for (int b = 0; b < B && *ok; b++) {
+            for (int i = 0; i < prompt; i++) toks[i] = (int)td_rng_below(r, V);
+            *ok = !td_session_prefill(s, b, toks, prompt, rows + (size_t)b * V, NULL, NULL, err);
+            slots[b] = b;
+        }
+        t0 = now();
+        for (int k = 0; k < steps && *ok; k++) {
+            for (int b = 0; b < B; b++) toks[b] = (int)td_rng_below(r, V);
+            *ok = !td_session_decode(s, B, slots, toks, rows, err);
+        }
+        t1 = now();
+    }
+    td_session_free(s);
+    free(rows); free(toks); free(slots);
+    return t1 - t0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL, *only = NULL;
+    int tfB = 2, tfT = 512, prompt = 32, steps = 32, decB = 16;
+    uint64_t seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) return usage();
+        if (!strcmp(a, "--model")) dir = v;
+        else if (!strcmp(a, "--only")) only = v;
+        else if (!strcmp(a, "--tf-batch")) tfB = atoi(v);
+        else if (!strcmp(a, "--tf-len")) tfT = atoi(v);
+        else if (!strcmp(a, "--prompt")) prompt = atoi(v);
+        else if (!strcmp(a, "--steps")) steps = atoi(v);
+        else if (!strcmp(a, "--decode-batch")) decB = atoi(v);
+        else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
+        else return usage();
+        i++;
+    }
+    if (!dir || tfB < 1 || tfT < 2 || prompt < 1 || steps < 1 || decB < 1) return usage();
+    td_error err;
+    td_model *m = td_model_load(dir, &err);
+    if (!m) { fprintf(stderr, "tidal-bench-model: %s\n", err.msg); return 1; }
+    int V = m->cfg.vocab_size;
+    td_rng r;
+    td_rng_seed(&r, seed);
+    int ok = 1;
+
+    if (!only || !strcmp(only, "tf")) {
+        td_forward *f = td_forward_create(m, tfB * tfT, tfT, 0, &err);
+        int **tok = calloc(tfB, sizeof *tok), *lens = calloc(tfB, sizeof(int));
+        float **lp = calloc(tfB, sizeof *lp);
+        for (int b = 0; b < tfB; b++) {
+            lens[b] = tfT;
+            tok[b] = malloc((size_t)tfT * sizeof(int));
+            lp[b] = malloc((size_t)tfT * sizeof(float));
+            for (int t = 0; t < tfT; t++) tok[b][t] = (int)td_rng_below(&r, V);
+        }
+        int warm_len = 16;
+        ok = f && !td_forward_logprobs(f, 1, (const int *const *)tok, &warm_len, lp, NULL, NULL,
+                                       &err);
+        double t0 = now();
+        ok = ok && !td_forward_logprobs(f, tfB, (const int *const *)tok, lens, lp, NULL, NULL,
+                                        &err);
+        double dt = now() - t0;
+        if (ok) printf("case tf tokens_per_s %.3f seconds %.3f\n", tfB * tfT / dt, dt);
+        for (int b = 0; b < tfB; b++) { free(tok[b]); free(lp[b]); }
+        free(tok); free(lens); free(lp);
+        td_forward_free(f);
+    }
+    if (ok && (!only || !strcmp(only, "decode1"))) {
+        run_decode(m, 1, 4, 2, &r, &err, &ok);  /* warm-up */
+        double dt = ok ? run_decode(m, 1, prompt, steps, &r, &err, &ok) : 0;
+        if (ok) printf("case decode1 tokens_per_s %.3f seconds %.3f\n", steps / dt, dt);
+    }
+    if (ok && (!only || !strcmp(only, "decodeB"))) {
+        double dt = run_decode(m, decB, prompt, steps, &r, &err, &ok);
+        if (ok) printf("case decode%d tokens_per_s %.3f seconds %.3f\n", decB,
+                       (double)decB * steps / dt, dt);
+    }
+    if (!ok) { fprintf(stderr, "tidal-bench-model: %s\n", err.msg); td_model_free(m); return 1; }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("peak_rss_mb %.1f\n", ru.ru_maxrss / 1024.0);
+    td_model_free(m);
+    return 0;
+}
