@@ -39,6 +39,12 @@ void *td_xrealloc_at(void *p, size_t size, const char *file, int line);
 #define td_xrealloc(p, sz) td_xrealloc_at((p), (sz), __FILE__, __LINE__)
 #define td_xcalloc(n, sz) td_xcalloc_at((n), (sz), __FILE__, __LINE__)
 
+/* argv as one shell-quoted string (caller frees): recorded in every output file. */
+char *td_command_line(int argc, char **argv);
+
+/* argv as one shell-quoted string (caller frees): recorded in every output file. */
+char *td_command_line(int argc, char **argv);
+
 TD_END_DECLS
 
 #endif

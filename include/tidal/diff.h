@@ -42,6 +42,12 @@ typedef struct {
 /* Runs the job; progress on stderr. 0, or -1 + err naming the file and the problem. */
 int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err);
 
+/* Joins the run files of --shard jobs (same model, recipes, sampling, seed) into out_path,
+ * shard after shard, shifting the row references (/tokens/seq, /seqs/token_offset,
+ * /seqs/tokens_offset). Refuses to replace out_path unless force. */
+int td_runfile_merge(const char *out_path, const char *const *inputs, int n, const char *command_line,
+                     int force, td_error *err);
+
 /* Summary statistics over the /tokens of a run file. */
 int td_diff_summarize(const char *run_path, td_diff_summary *sum, td_error *err);
 
