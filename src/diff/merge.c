@@ -73,6 +73,21 @@ int td_runfile_merge(const char *out_path, const char *const *inputs, int n, con
             if (!same) { td_fail(err, "%s: its %s differs from %s's: not shards of one run", inputs[i], SAME_ATTRS[a], inputs[0]); goto done; }
         }
     }
+    /* parts of one split: the same N, each K once */
+    int shard_n = -1;
+    unsigned char *seen = NULL;
+    for (int i = 0; i < n; i++) {
+        td_error e2;
+        char *sh = td_runfile_get_str(in[i], "shard", &e2);
+        int k = -1, nn = -1;
+        int ok = sh && sscanf(sh, "%d/%d", &k, &nn) == 2 && nn >= 1 && k >= 0 && k < nn;
+        free(sh);
+        if (!ok) { free(seen); td_fail(err, "%s: no shard K/N attribute (not a tidal-diff --shard part)", inputs[i]); goto done; }
+        if (shard_n < 0) { shard_n = nn; seen = td_xcalloc((size_t)nn, 1); }
+        if (nn != shard_n) { free(seen); td_fail(err, "%s: shard %d/%d, but %s is a part of %d", inputs[i], k, nn, inputs[0], shard_n); goto done; }
+        if (seen[k]++) { free(seen); td_fail(err, "%s: shard %d/%d given twice", inputs[i], k, nn); goto done; }
+    }
+    free(seen);
     out = td_runfile_create(out_path, force, err);
     if (!out) goto done;
     for (size_t a = 0; a < sizeof COPY_ATTRS / sizeof COPY_ATTRS[0]; a++) {
