@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- run-file columns */
 
@@ -518,17 +519,18 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     size_t nbatches = (J.n_mine + (size_t)o->batch - 1) / (size_t)o->batch, skipped = 0;
     double t0 = (double)clock();
     time_t w0 = time(NULL);
+    int tty = isatty(fileno(stderr));
     for (size_t bi = 0; bi < nbatches; bi++) {
         size_t i0 = bi * (size_t)o->batch, n = J.n_mine - i0 < (size_t)o->batch ? J.n_mine - i0 : (size_t)o->batch;
         if (done[J.mine[i0]]) { skipped++; continue; }   /* batches are all-or-nothing */
         if (run_batch(&J, (int64_t)bi, J.mine + i0, (int)n, err)) goto out;
         if (commit_batch(&J, (int64_t)bi, err)) goto out;
         double el = difftime(time(NULL), w0);
-        fprintf(stderr, "\rtidal-diff: batch %zu/%zu  sequences %lld  tokens %lld  %.0f s", bi + 1, nbatches,
-                (long long)J.seq_rows, (long long)J.token_rows, el);
+        fprintf(stderr, "%stidal-diff: batch %zu/%zu  sequences %lld  tokens %lld  %.0f s%s", tty ? "\r" : "", bi + 1,
+                nbatches, (long long)J.seq_rows, (long long)J.token_rows, el, tty ? "" : "\n");
     }
     (void)t0;
-    fprintf(stderr, "%s", nbatches ? "\n" : "");
+    if (tty && nbatches) fprintf(stderr, "\n");
     if (skipped) fprintf(stderr, "tidal-diff: resumed: %zu batches were already complete\n", skipped);
     if (td_runfile_close(J.rf, err)) { J.rf = NULL; goto out; }
     J.rf = NULL;
