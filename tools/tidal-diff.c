@@ -33,6 +33,7 @@ static void usage(FILE *f)
         "                           what the file sets; --use-generation-config adopts it\n"
         "  --batch B                prompts decoded together (default 8)\n"
         "  --score-prompt           also score prompt tokens\n"
+        "  --layers                 record per-layer residual error ||h_a - h_b|| / ||h_a||\n"
         "  --no-stop-at-eos         always generate --max-new-tokens tokens\n"
         "  --shard K/N              do prompts i with i %% N == K (merge with tidal-merge)\n"
         "  --resume                 continue OUT.h5 after an interruption\n"
@@ -118,7 +119,7 @@ int main(int argc, char **argv)
         {"no-stop-at-eos", no_argument, 0, O_NOEOS}, {"shard", required_argument, 0, O_SHARD},
         {"resume", no_argument, 0, O_RESUME}, {"force", no_argument, 0, O_FORCE},
         {"skip-bad-lines", no_argument, 0, O_SKIP}, {"device", required_argument, 0, O_DEVICE},
-        {"use-generation-config", no_argument, 0, O_GEN}, {"output", required_argument, 0, 'o'},
+        {"use-generation-config", no_argument, 0, O_GEN}, {"layers", no_argument, 0, O_LAYERS}, {"output", required_argument, 0, 'o'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     long iv;
@@ -157,6 +158,7 @@ int main(int argc, char **argv)
             }
             break;
         case O_GEN: use_gen = 1; break;
+        case O_LAYERS: o.layers = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -27,6 +27,7 @@ typedef struct {
     uint64_t seed;
     int batch;                 /* prompts per batch (decode slots)                       */
     int score_prompt;          /* also score prompt tokens (positions 1..P-1)            */
+    int layers;                /* record /layers/rel_err: per-layer residual error       */
     int shard_k, shard_n;      /* this run does prompts i with i % shard_n == shard_k    */
     int resume, force, skip_bad_lines;
     int stop_at_eos;           /* stop a sequence at the checkpoint's EOS token          */

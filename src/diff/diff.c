@@ -67,6 +67,9 @@ typedef struct {
     int score_prompt;
     td_token_metrics **m;     /* (n) metrics by predicted position (len)                  */
     unsigned char **have;     /* (n) which positions were scored                          */
+    int L, C;                 /* --layers: layers and hidden size, else L = 0             */
+    float **res_b;            /* (n) B's residual stream: (len, L, C) by position         */
+    float **rel;              /* (n) relative error at each scored position: (len, L)     */
 } batch_state;
 
 /* Scored positions of a sequence: the response tokens, and prompt tokens 1..P-1 if asked. */
@@ -119,6 +122,34 @@ static void on_row_b_prefill(void *user, int slot, int t, const float *logits)
     b->logp_b_proc[slot][pos] = dst[b->seq[slot][pos]];
 }
 
+/* --layers: the inference path's residual stream after each layer, kept by position. */
+static void on_layer_b(void *user, int l, int N, const int *slot, const int *pos, const float *x)
+{
+    batch_state *b = user;
+    for (int i = 0; i < N; i++)
+        memcpy(b->res_b[slot[i]] + ((size_t)pos[i] * b->L + l) * b->C, x + (size_t)i * b->C,
+               (size_t)b->C * sizeof(float));
+}
+
+/* --layers: the training path's residual at position t against B's: ||h_a - h_b|| / ||h_a||,
+ * recorded for the token at t + 1 that this position predicts. */
+static void on_layer_a(void *user, int l, int N, const int *seq, const int *pos, const float *x)
+{
+    batch_state *b = user;
+    for (int i = 0; i < N; i++) {
+        int s = seq[i], t = pos[i];
+        if (!scored(b, s, t + 1)) continue;
+        const float *ha = x + (size_t)i * b->C, *hb = b->res_b[s] + ((size_t)t * b->L + l) * b->C;
+        double num = 0, den = 0;
+        for (int c = 0; c < b->C; c++) {
+            double d = (double)ha[c] - hb[c];
+            num += d * d;
+            den += (double)ha[c] * ha[c];
+        }
+        b->rel[s][(size_t)(t + 1) * b->L + l] = (float)(den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0.0));
+    }
+}
+
 /* ---------------------------------------------------------------- the job */
 
 typedef struct {
@@ -135,6 +166,8 @@ typedef struct {
     int max_len;             /* longest prompt + max_new_tokens (context-bounded) */
     int eos;
     td_column tcols[T_COUNT], scols[S_COUNT], pcols[P_COUNT];
+    float *layer_rows;       /* --layers: (rows, L) of the batch being collected */
+    size_t n_layer_rows, cap_layer_rows;
     int64_t token_rows, seq_rows, prompt_rows;
 } job;
 
@@ -224,6 +257,14 @@ static void collect(job *J, batch_state *b, const size_t *idx, int64_t batch_no)
             td_column_push_i32(&c[T_RANK_A], m->rank_a);
             td_column_push_i32(&c[T_RANK_B], m->rank_b);
             td_column_push_i8(&c[T_IS_PROMPT], pos < b->plen[s]);
+            if (b->L) {
+                if (J->n_layer_rows == J->cap_layer_rows) {
+                    J->cap_layer_rows = J->cap_layer_rows ? 2 * J->cap_layer_rows : 1024;
+                    J->layer_rows = td_xrealloc(J->layer_rows, J->cap_layer_rows * b->L * sizeof(float));
+                }
+                memcpy(J->layer_rows + J->n_layer_rows * b->L, b->rel[s] + (size_t)pos * b->L, b->L * sizeof(float));
+                J->n_layer_rows++;
+            }
             sum += d;
             sum_abs += fabs(d);
             if (fabs(d) > mx) mx = fabs(d);
@@ -264,6 +305,12 @@ static int run_batch(job *J, int64_t batch_no, const size_t *idx, int n, td_erro
     b.have = td_xcalloc((size_t)n, sizeof(unsigned char *));
     int replay = J->prompts.has_rollouts;
     if (replay) b.replay_b = td_xcalloc((size_t)n, sizeof(float *));
+    if (o->layers) {
+        b.L = J->model->cfg.num_layers;
+        b.C = J->model->cfg.hidden_size;
+        b.res_b = td_xcalloc((size_t)n, sizeof(float *));
+        b.rel = td_xcalloc((size_t)n, sizeof(float *));
+    }
     for (int s = 0; s < n; s++) {
         const td_prompt *p = &J->prompts.items[idx[s]];
         b.seq[s] = td_xmalloc((size_t)maxl * sizeof(int));
@@ -280,9 +327,17 @@ static int run_batch(job *J, int64_t batch_no, const size_t *idx, int n, td_erro
             b.logp_b_proc[s] = td_xmalloc((size_t)maxl * sizeof(float));
         }
         b.m[s] = td_xcalloc((size_t)maxl, sizeof(td_token_metrics));
+        if (b.L) {
+            b.res_b[s] = td_xmalloc((size_t)maxl * b.L * b.C * sizeof(float));
+            b.rel[s] = td_xcalloc((size_t)maxl * b.L, sizeof(float));
+        }
         b.have[s] = td_xcalloc((size_t)maxl, 1);
     }
     int rc = -1;
+    if (b.L) {
+        td_session_set_layer_fn(J->sb, on_layer_b, &b);
+        td_forward_set_layer_fn(J->fa, on_layer_a, &b);
+    }
     if (!replay && generate(J, &b, idx, err)) goto done;
     if (td_forward_logprobs(J->fa, n, (const int *const *)b.seq, b.len, NULL, on_row_a, &b, err)) goto done;
     collect(J, &b, idx, batch_no);
@@ -290,7 +345,10 @@ static int run_batch(job *J, int64_t batch_no, const size_t *idx, int n, td_erro
 done:
     for (int s = 0; s < n; s++) {
         free(b.seq[s]); free(b.rows_b[s]); free(b.logp_b_proc[s]); free(b.m[s]); free(b.have[s]);
+        if (b.L) { free(b.res_b[s]); free(b.rel[s]); }
     }
+    free(b.res_b); free(b.rel);
+    if (b.L) { td_session_set_layer_fn(J->sb, NULL, NULL); td_forward_set_layer_fn(J->fa, NULL, NULL); }
     free(b.seq); free(b.len); free(b.plen); free(b.finish); free(b.rows_b); free(b.logp_b_proc);
     free(b.m); free(b.have); free(b.replay_b);
     return rc;
@@ -301,6 +359,9 @@ static int commit_batch(job *J, int64_t batch_no, td_error *err)
 {
     if (td_columns_write(J->rf, J->tcols, T_COUNT, err) || td_columns_write(J->rf, J->scols, S_COUNT, err) ||
         td_columns_write(J->rf, J->pcols, P_COUNT, err)) return -1;
+    if (J->o->layers && td_runfile_append(J->rf, "/layers/rel_err", TD_COL_F32, (size_t)J->model->cfg.num_layers,
+                                          J->layer_rows, J->n_layer_rows, err)) return -1;
+    J->n_layer_rows = 0;
     J->token_rows += (int64_t)J->tcols[0].n;
     J->seq_rows += (int64_t)J->scols[0].n;
     J->prompt_rows += (int64_t)J->pcols[P_TOKENS].n;
@@ -373,11 +434,12 @@ static int open_output(job *J, td_error *err)
     snprintf(shard, sizeof shard, "%d/%d", o->shard_k, o->shard_n);
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
     char *ra = td_recipe_to_json(&o->recipe_a), *rb = td_recipe_to_json(&o->recipe_b), *sj = sampling_json(o);
-    char batch[32], score[8];
+    char batch[32], score[8], layers[8];
     snprintf(batch, sizeof batch, "%d", o->batch);
     snprintf(score, sizeof score, "%d", o->score_prompt);
-    const char *keys[] = {"model_fingerprint", "recipe_a", "recipe_b", "sampling", "seed_str", "shard", "batch", "score_prompt", "prompts_file"};
-    const char *vals[] = {fp, ra, rb, sj, seed, shard, batch, score, o->prompts_path};
+    snprintf(layers, sizeof layers, "%d", o->layers);
+    const char *keys[] = {"model_fingerprint", "recipe_a", "recipe_b", "sampling", "seed_str", "shard", "batch", "score_prompt", "prompts_file", "layers"};
+    const char *vals[] = {fp, ra, rb, sj, seed, shard, batch, score, o->prompts_path, layers};
     int rc = -1;
     if (o->resume) {
         J->rf = td_runfile_open(o->out_path, 1, err);
@@ -396,6 +458,7 @@ static int open_output(job *J, td_error *err)
         J->token_rows = p[1];
         J->prompt_rows = p[2];
         if (td_runfile_truncate_group(J->rf, "/seqs", p[0], err) || td_runfile_truncate_group(J->rf, "/tokens", p[1], err) ||
+            td_runfile_truncate_group(J->rf, "/layers", p[1], err) ||
             td_runfile_truncate_group(J->rf, "/prompts", p[2], err) || td_runfile_truncate_group(J->rf, "/progress", nb, err))
             goto done;
         rc = 0;
@@ -447,6 +510,7 @@ static void job_free(job *J)
     td_columns_free(J->pcols, P_COUNT);
     td_prompts_free(&J->prompts);
     free(J->mine);
+    free(J->layer_rows);
     if (J->tok) td_tokenizer_free(J->tok);
     if (J->model) td_model_free(J->model);
 }
@@ -491,6 +555,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     if (td_prompts_load(o->prompts_path, J.tok ? tokenize_cb : NULL, J.tok, cfg->vocab_size, ctx,
                         o->skip_bad_lines, &J.prompts, err)) goto out;
     if (J.prompts.has_rollouts && o->score_prompt) { td_fail(err, "--score-prompt applies to generated runs, not to replayed rollouts"); goto out; }
+    if (J.prompts.has_rollouts && o->layers) { td_fail(err, "--layers needs the inference path's hidden states: it applies to generated runs, not to replayed rollouts"); goto out; }
     /* this shard's prompts, in file order */
     J.mine = td_xmalloc(J.prompts.n * sizeof(size_t));
     int max_prompt = 0;

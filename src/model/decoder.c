@@ -91,6 +91,7 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
         swiglu_forward_r(ops, a->gate, a->gate, a->up, N, F);
         matmul_forward_r(ops, R, a->proj, a->gate, w->w_down, NULL, N, F, C);
         residual_forward_r(ops, a->x, a->proj, (size_t)N * C);
+        if (ops->layer_fn) ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, a->x);
     }
     rmsnorm_forward_r(ops, a->xn, a->x, W->final_norm, N, C, eps);
 }

@@ -69,6 +69,7 @@ static void run_micro_batch(td_forward *f, int s0, int s1, const int *const *tok
         N += lens[s];
     }
     td_kv_store kv = {f->acts.k, f->acts.v, 0};
+    f->ops.row_seq = f->row_seq;
     decoder_forward(&f->ops, m, &f->acts, f->tok, f->pos, N, &kv);
 
     for (int r0 = 0; r0 < N; r0 += f->logits_rows) {
@@ -110,4 +111,10 @@ int td_forward_logprobs(td_forward *f, int nseq, const int *const *tokens, const
 int td_forward_set_recipe(td_forward *f, const td_recipe *r, td_error *err)
 {
     return recipe_state_set(&f->rs, &f->ops, f->m, r, f->max_tokens, err);
+}
+
+void td_forward_set_layer_fn(td_forward *f, td_layer_fn fn, void *user)
+{
+    f->ops.layer_fn = fn;
+    f->ops.layer_user = user;
 }

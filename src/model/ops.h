@@ -23,6 +23,10 @@ typedef struct {
     float *qin;                   /* quantised GEMM input, rows * max(C, F, NH*HD) floats     */
     float *gscratch;              /* fp8-fast accumulators, nthreads * gscratch_per_thread    */
     size_t gscratch_per_thread;
+    /* per-layer observation (--layers): called after each layer with the residual stream */
+    td_layer_fn layer_fn;
+    void *layer_user;
+    const int *row_seq;           /* (rows) sequence / slot of each row, for layer_fn        */
 } td_ops;
 
 void td_ops_init(td_ops *ctx);

@@ -76,12 +76,15 @@ try:
         out = os.path.join(tmp, f"fp32_{arch}.h5")
         run("tidal-diff", "--model", d, "--prompts", os.path.join(tmp, "p.jsonl"), "--recipe-a", "fp32",
             "--recipe-b", "fp32", "-o", out, "--max-new-tokens", "24", "--batch", "4", "--score-prompt",
-            "--seed", "5")
+            "--seed", "5", "--layers")
         with h5py.File(out) as f:
             d_ = np.abs(f["tokens/dlogp"][:])
             n = len(d_)
             check(n > 100 and d_.max() <= 1e-4,
                   f"{arch}: fp32 train vs fp32 infer: max |dlogp| {d_.max():.2e} <= 1e-4 on all {n} tokens")
+            rel = f["layers/rel_err"][:]
+            check(rel.shape == (n, 2) and rel.dtype == np.float32 and rel.max() <= 1e-5,
+                  f"{arch}: --layers: /layers/rel_err {rel.shape}, fp32 paths max {rel.max():.1e} <= 1e-5")
 
     model = os.path.join(tmp, "qwen2")
     prompts = os.path.join(tmp, "p40.jsonl")
@@ -90,6 +93,13 @@ try:
     args = ["--model", model, "--prompts", prompts, "--recipe-a", "bf16-train", "--recipe-b", "bf16-infer",
             "--max-new-tokens", "16", "--batch", "3", "--seed", "11", "--temperature", "0.9", "--top-p", "0.95"]
     run("tidal-diff", *args, "-o", ref)
+
+    lay = os.path.join(tmp, "layers_bf16.h5")
+    run("tidal-diff", "--model", model, "--prompts", os.path.join(tmp, "p.jsonl"), "-o", lay, "--layers",
+        "--max-new-tokens", "8")
+    with h5py.File(lay) as f:
+        rel = f["layers/rel_err"][:]
+        check(rel.min() > 0 and rel.max() < 0.1, f"--layers bf16-train vs bf16-infer: rel_err in (0, 0.1): {rel.mean(0)}")
 
     # ---- 2. layout
     have = layout(ref)
