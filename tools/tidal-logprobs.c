@@ -1,0 +1,104 @@
+/* tidal-logprobs — per-position next-token log-probs of one token sequence under a checkpoint,
+ * fp32 CPU forward.
+ *
+ *   tidal-logprobs --model DIR --tokens 1,2,3[,...] [--decode] [--top K]
+ *
+ * Default: the teacher-forced structure (training path). --decode: prefill the first token,
+ * then decode the rest one token at a time through the KV cache (inference path).
+ * Prints one line per position t >= 1: "t token logp" with logp = log p(token_t | tokens_<t),
+ * and with --top K the K most likely tokens after the last position.
+ */
+#include "tidal/model.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: tidal-logprobs --model DIR --tokens 1,2,3 [--decode] [--top K]\n");
+    return 2;
+}
+
+/* "1,2,3" -> ids (caller frees); NULL + message on a bad list. */
+static int *parse_tokens(const char *s, int *n)
+{
+    int cap = 16, *ids = malloc(cap * sizeof(int));
+    *n = 0;
+    for (const char *p = s; *p;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > 0x7fffffff || (*end && *end != ',')) {
+            fprintf(stderr, "tidal-logprobs: --tokens: bad token list at \"%s\" (expected "
+                            "comma-separated non-negative integers)\n", p);
+            free(ids);
+            return NULL;
+        }
+        if (*n == cap) ids = realloc(ids, (cap *= 2) * sizeof(int));
+        ids[(*n)++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (*n == 0) { fprintf(stderr, "tidal-logprobs: --tokens is empty\n"); free(ids); return NULL; }
+    return ids;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL, *toks = NULL;
+    int decode = 0, top = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--decode")) decode = 1;
+        else if (i + 1 < argc && !strcmp(argv[i], "--model")) dir = argv[++i];
+        else if (i + 1 < argc && !strcmp(argv[i], "--tokens")) toks = argv[++i];
+        else if (i + 1 < argc && !strcmp(argv[i], "--top")) top = atoi(argv[++i]);
+        else return usage();
+    }
+    if (!dir || !toks || top < 0) return usage();
+    int n;
+    int *ids = parse_tokens(toks, &n);
+    if (!ids) return 2;
+    td_error err;
+    td_model *m = td_model_load(dir, &err);
+    if (!m) { fprintf(stderr, "tidal-logprobs: %s\n", err.msg); free(ids); return 1; }
+    int V = m->cfg.vocab_size, rc = 0;
+    float *logp = malloc((size_t)n * sizeof(float));
+    float *row = malloc((size_t)V * sizeof(float));
+    if (!decode) {
+        td_forward *f = td_forward_create(m, n, n, 0, &err);
+        const int *seqs[] = {ids};
+        rc = !f || td_forward_logprobs(f, 1, seqs, &n, &logp, NULL, NULL, &err);
+        td_forward_free(f);
+    }
+    td_session *s = NULL;
+    if (!rc && (decode || top)) {
+        /* the inference path: prefill token 0, then decode; it also gives the last row */
+        s = td_session_create(m, 1, n, 0, &err);
+        rc = !s;
+    }
+    if (s) {
+        rc = td_session_prefill(s, 0, ids, 1, row, NULL, NULL, &err);
+        for (int t = 1; t < n && !rc; t++) {
+            if (decode) logp[t - 1] = row[ids[t]];
+            int slot = 0;
+            rc = td_session_decode(s, 1, &slot, &ids[t], row, &err);
+        }
+    }
+    if (rc) {
+        fprintf(stderr, "tidal-logprobs: %s\n", err.msg);
+    } else {
+        printf("# %s path, %d tokens\n# pos token logp\n", decode ? "decode" : "teacher-forced", n);
+        for (int t = 1; t < n; t++) printf("%d %d %.6f\n", t, ids[t], logp[t - 1]);
+        for (int k = 0; k < top && k < V; k++) {   /* K passes of argmax: K is small */
+            int best = 0;
+            for (int v = 1; v < V; v++) if (row[v] > row[best]) best = v;
+            printf("# top %d: token %d logp %.6f\n", k + 1, best, row[best]);
+            row[best] = -1e30f;
+        }
+    }
+    td_session_free(s);
+    free(logp); free(row); free(ids);
+    td_model_free(m);
+    return rc ? 1 : 0;
+}
