@@ -212,6 +212,9 @@ int main(int argc, char **argv)
     printf("  |dlogp|   mean %.4g   p99 %.4g   max %.4g\n", s.mean_abs_dlogp, s.p99_abs_dlogp, s.max_abs_dlogp);
     printf("  KL(B||A)  mean %.4g   k3 mean %.4g\n", s.mean_kl_ba, s.mean_k3);
     printf("  top-1 agreement %.4f\n", s.top1_agree);
+    if (s.run_batches > 0)
+        printf("  throughput %.1f scored tokens/s (%lld tokens in %.2f s, both paths, model loading excluded)\n",
+               s.run_tokens / s.run_seconds, (long long)s.run_tokens, s.run_seconds);
     free((char *)o.command_line);
     return 0;
 }

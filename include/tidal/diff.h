@@ -38,6 +38,10 @@ typedef struct {
     int64_t tokens, seqs;
     double mean_abs_dlogp, p99_abs_dlogp, max_abs_dlogp;
     double mean_kl_ba, mean_k3, top1_agree;
+    /* this invocation only: batches run, tokens they scored, wall seconds they took (model
+     * loading and weight preparation excluded) */
+    int64_t run_batches, run_tokens;
+    double run_seconds;
 } td_diff_summary;
 
 /* Runs the job; progress on stderr. 0, or -1 + err naming the file and the problem. */

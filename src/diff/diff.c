@@ -582,7 +582,9 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
         J.sampler = td_sampler_create(cfg->vocab_size);
     }
     size_t nbatches = (J.n_mine + (size_t)o->batch - 1) / (size_t)o->batch, skipped = 0;
-    double t0 = (double)clock();
+    struct timespec ts0, ts1;
+    clock_gettime(CLOCK_MONOTONIC, &ts0);
+    int64_t tokens0 = J.token_rows, ran = 0;
     time_t w0 = time(NULL);
     int tty = isatty(fileno(stderr));
     for (size_t bi = 0; bi < nbatches; bi++) {
@@ -590,16 +592,22 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
         if (done[J.mine[i0]]) { skipped++; continue; }   /* batches are all-or-nothing */
         if (run_batch(&J, (int64_t)bi, J.mine + i0, (int)n, err)) goto out;
         if (commit_batch(&J, (int64_t)bi, err)) goto out;
+        ran++;
         double el = difftime(time(NULL), w0);
         fprintf(stderr, "%stidal-diff: batch %zu/%zu  sequences %lld  tokens %lld  %.0f s%s", tty ? "\r" : "", bi + 1,
                 nbatches, (long long)J.seq_rows, (long long)J.token_rows, el, tty ? "" : "\n");
     }
-    (void)t0;
+    clock_gettime(CLOCK_MONOTONIC, &ts1);
     if (tty && nbatches) fprintf(stderr, "\n");
     if (skipped) fprintf(stderr, "tidal-diff: resumed: %zu batches were already complete\n", skipped);
     if (td_runfile_close(J.rf, err)) { J.rf = NULL; goto out; }
     J.rf = NULL;
     rc = sum ? td_diff_summarize(o->out_path, sum, err) : 0;
+    if (sum) {
+        sum->run_batches = ran;
+        sum->run_tokens = J.token_rows - tokens0;
+        sum->run_seconds = (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec);
+    }
 out:
     if (J.rf) td_runfile_close(J.rf, NULL);
     free(done);
