@@ -30,7 +30,9 @@
  *   norm_fused    RMSNorm rounds once (fused kernel, fp32 inside) instead of HF's two roundings
  *                 (normalised x rounded to dtype, then times the weight rounded again).
  *   rope_fused    RoPE in fp32 with one rounding, instead of HF's dtype cos/sin products.
- *   batch_invariant  reduction order independent of batch composition (fixed split sizes).
+ *   batch_invariant  a row's result independent of the batch it is in: GEMMs of one row use
+ *                 the GEMM kernel (not GEMV), whose summation order does not depend on the
+ *                 number of rows; attention is computed per row anyway.
  */
 #ifndef TIDAL_RECIPE_H
 #define TIDAL_RECIPE_H

@@ -17,7 +17,7 @@ bool recipe_is_plain_fp32(const td_recipe *r)
 {
     return !r || (r->weights == TD_F32 && r->activations == TD_F32 && r->gemm_inputs == TD_F32 &&
                   r->accumulate == TD_ACC_FP32 && r->split_k == 1 && r->attention == TD_ATTN_FULL &&
-                  r->decode_splits == 1 && r->kv_cache == TD_F32);
+                  r->decode_splits == 1 && r->kv_cache == TD_F32 && !r->batch_invariant);
 }
 
 /* The recipe the lm_head GEMM runs with. */

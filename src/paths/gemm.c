@@ -43,11 +43,14 @@ size_t td_gemm_scratch_floats(const td_recipe *r, int M, int N)
 }
 
 /* C (M, N) = A[:, k0:k0+kn] · W[:, k0:k0+kn]^T (+ C if beta). M == 1 takes sgemv, as a
- * decode step's GEMV kernel does: a different summation order than the GEMM of a sequence. */
+ * decode step's GEMV kernel does: a different summation order than the GEMM of a sequence.
+ * Batch-invariant recipes always take the GEMM kernel, whose per-element summation order does
+ * not depend on M (tests/test_gemm.c checks that), so a row's result is the same whatever
+ * batch it is in. */
 static void mm(const float *a, int M, int K, const float *w, int ldw, int N, float *c, int ldc,
-               int k0, int kn, float beta)
+               int k0, int kn, float beta, int invariant)
 {
-    if (M == 1)
+    if (M == 1 && !invariant)
         cblas_sgemv(CblasRowMajor, CblasNoTrans, N, kn, 1.0f, w + k0, ldw, a + k0, 1, beta, c, 1);
     else
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, kn, 1.0f, a + k0, K, w + k0,
@@ -62,7 +65,7 @@ void td_gemm_accumulate(const td_recipe *r, const float *in, int M, int K, const
         int per = (K + parts - 1) / parts;
         for (int p = 0, k0 = 0; p < parts && k0 < K; p++, k0 += per) {
             int kn = k0 + per <= K ? per : K - k0;
-            mm(in, M, K, w, ldw, N, out, ldo, k0, kn, p ? 1.0f : 0.0f);
+            mm(in, M, K, w, ldw, N, out, ldo, k0, kn, p ? 1.0f : 0.0f, r->batch_invariant);
         }
         return;
     }
@@ -76,7 +79,7 @@ void td_gemm_accumulate(const td_recipe *r, const float *in, int M, int K, const
         memset(part, 0, (size_t)M * N * sizeof(float));
         for (int s0 = k0; s0 < k1; s0 += STEP) {
             int sn = s0 + STEP <= k1 ? STEP : k1 - s0;
-            mm(in, M, K, w, ldw, N, step, N, s0, sn, 0.0f);
+            mm(in, M, K, w, ldw, N, step, N, s0, sn, 0.0f, r->batch_invariant);
             for (size_t j = 0; j < (size_t)M * N; j++)
                 part[j] = td_trunc_fraction(part[j] + step[j], r->acc_fraction_bits);
         }
