@@ -2,6 +2,7 @@
  * and the training path (A), metrics per token, rows appended to the run file per batch. */
 #include "tidal/diff.h"
 #include "tidal/checkpoint.h"
+#include "tidal/lora.h"
 #include "tidal/metrics.h"
 #include "tidal/model.h"
 #include "tidal/prompts.h"
@@ -130,6 +131,7 @@ typedef struct {
     size_t n_mine;
     td_forward *fa;
     td_session *sb;
+    td_lora *lora;           /* --lora adapter, or NULL */
     td_sampler *sampler;
     td_runfile *rf;
     int max_len;             /* longest prompt + max_new_tokens (context-bounded) */
@@ -376,8 +378,11 @@ static int open_output(job *J, td_error *err)
     char batch[32], score[8];
     snprintf(batch, sizeof batch, "%d", o->batch);
     snprintf(score, sizeof score, "%d", o->score_prompt);
-    const char *keys[] = {"model_fingerprint", "recipe_a", "recipe_b", "sampling", "seed_str", "shard", "batch", "score_prompt", "prompts_file"};
-    const char *vals[] = {fp, ra, rb, sj, seed, shard, batch, score, o->prompts_path};
+    const char *mode_a = !o->lora_dir ? "none" : o->lora_merge_a ? "merged" : "unmerged";
+    const char *mode_b = !o->lora_dir || J->prompts.has_rollouts ? "none" : o->lora_merge_b ? "merged" : "unmerged";
+    const char *keys[] = {"model_fingerprint", "recipe_a", "recipe_b", "sampling", "seed_str", "shard", "batch", "score_prompt", "prompts_file",
+                          "lora_path", "lora_mode_a", "lora_mode_b"};
+    const char *vals[] = {fp, ra, rb, sj, seed, shard, batch, score, o->prompts_path, o->lora_dir ? o->lora_dir : "", mode_a, mode_b};
     int rc = -1;
     if (o->resume) {
         J->rf = td_runfile_open(o->out_path, 1, err);
@@ -437,6 +442,21 @@ static int mark_done(job *J, unsigned char *done, td_error *err)
     return rc;
 }
 
+/* A merged adapter's survival: on stderr and as root attributes lora_survival_X,
+ * lora_changed_frac_X (X = a or b). */
+static int lora_report(job *J, char path, td_lora_merge_stats st, const td_recipe *r, td_error *err)
+{
+    if (!st.merged) return 0;
+    const td_format_traits *ft = td_format_info(r->weights);
+    fprintf(stderr, "lora: merged into %s weights of path %c: %.1f%% of the update survives (%.1f%% of elements changed)\n",
+            ft ? ft->name : "?", path == 'a' ? 'A' : 'B', 100 * st.survival, 100 * st.changed_frac);
+    char k1[32], k2[32];
+    snprintf(k1, sizeof k1, "lora_survival_%c", path);
+    snprintf(k2, sizeof k2, "lora_changed_frac_%c", path);
+    if (td_runfile_set_f64(J->rf, k1, st.survival, err) || td_runfile_set_f64(J->rf, k2, st.changed_frac, err)) return -1;
+    return 0;
+}
+
 static void job_free(job *J)
 {
     td_forward_free(J->fa);
@@ -448,6 +468,7 @@ static void job_free(job *J)
     td_prompts_free(&J->prompts);
     free(J->mine);
     if (J->tok) td_tokenizer_free(J->tok);
+    td_lora_free(J->lora);
     if (J->model) td_model_free(J->model);
 }
 
@@ -478,6 +499,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     J.model = td_model_load(o->model_dir, err);
     if (!J.model) goto out;
     const td_config *cfg = &J.model->cfg;
+    if (o->lora_dir && !(J.lora = td_lora_load(o->lora_dir, cfg, err))) goto out;
     char tok_path[4096];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", o->model_dir);
     struct stat st;
@@ -509,12 +531,16 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     if (mark_done(&J, done, err)) goto out;
 
     J.fa = td_forward_create(J.model, J.max_len * (o->batch < 4 ? o->batch : 4), J.max_len, 0, err);
-    if (!J.fa || td_forward_set_recipe(J.fa, &o->recipe_a, err)) goto out;
+    if (!J.fa || td_forward_set_recipe_lora(J.fa, &o->recipe_a, J.lora, o->lora_merge_a, err)) goto out;
+    if (lora_report(&J, 'a', td_forward_lora_stats(J.fa), &o->recipe_a, err)) goto out;
     if (!J.prompts.has_rollouts) {
         J.sb = td_session_create(J.model, o->batch, J.max_len, 0, err);
-        if (!J.sb || td_session_set_recipe(J.sb, &o->recipe_b, err)) goto out;
+        if (!J.sb || td_session_set_recipe_lora(J.sb, &o->recipe_b, J.lora, o->lora_merge_b, err)) goto out;
+        if (lora_report(&J, 'b', td_session_lora_stats(J.sb), &o->recipe_b, err)) goto out;
         td_session_set_raw_logits(J.sb, 1);
         J.sampler = td_sampler_create(cfg->vocab_size);
+    } else if (o->lora_merge_b) {
+        fprintf(stderr, "tidal-diff: note: --lora-merge-b has no effect when replaying rollouts (path B is the recorded log-probs)\n");
     }
     size_t nbatches = (J.n_mine + (size_t)o->batch - 1) / (size_t)o->batch, skipped = 0;
     double t0 = (double)clock();

@@ -23,6 +23,7 @@ typedef struct {
     float *qin;                   /* quantised GEMM input, rows * max(C, F, NH*HD) floats     */
     float *gscratch;              /* fp8-fast accumulators, nthreads * gscratch_per_thread    */
     size_t gscratch_per_thread;
+    const struct lora_rt *lora;   /* unmerged LoRA adapter (lora_run.c), NULL = none          */
 } td_ops;
 
 void td_ops_init(td_ops *ctx);

@@ -162,8 +162,16 @@ void td_session_set_raw_logits(td_session *s, int raw) { s->raw_logits = raw; }
 
 int td_session_set_recipe(td_session *s, const td_recipe *r, td_error *err)
 {
+    return td_session_set_recipe_lora(s, r, NULL, 0, err);
+}
+
+int td_session_set_recipe_lora(td_session *s, const td_recipe *r, const td_lora *lora, int merged,
+                               td_error *err)
+{
     int cap = s->chunk > s->nslots ? s->chunk : s->nslots;
-    if (recipe_state_set(&s->rs, &s->ops, s->m, r, cap, err)) return -1;
+    if (recipe_state_set(&s->rs, &s->ops, s->m, r, lora, merged, cap, err)) return -1;
     s->ops.cache = 1;
     return 0;
 }
+
+td_lora_merge_stats td_session_lora_stats(const td_session *s) { return s->rs.merge; }
