@@ -18,6 +18,12 @@
  *                survival     = |prepared(W + dW) - prepared(W)|_F / |dW|_F over all adapted
  *                               matrices (1 in fp32; ~0 when the update is far below half an ulp)
  *                changed_frac = share of adapted elements whose prepared value changed
+ *                aligned      = <prepared(W + dW) - prepared(W), dW> / |dW|_F^2
+ *              When W is already on the format's grid (a bf16 checkpoint merged in bf16), an
+ *              element changes only if its update reaches half an ulp: tiny updates vanish
+ *              (survival ~ 0). When W is off the grid (fp32 master weights rounded at load), a few
+ *              elements near a rounding midpoint flip by a whole ulp: survival can exceed 1
+ *              while aligned stays near 1 on average, the update delivered as rounding noise.
  * Supported: LoRA on q/k/v/o/gate/up/down projections, target_modules as a list (PEFT's
  * suffix match) or a string (PEFT's full-match regex on "model.layers.{i}.self_attn.q_proj",
  * or "all-linear"), layers_to_transform, use_rslora. Rejected with a message naming the file and
@@ -84,6 +90,7 @@ typedef struct {
     int merged;
     double survival;       /* |prepared(W+dW) - prepared(W)|_F / |dW|_F                 */
     double changed_frac;   /* changed elements / adapted elements                       */
+    double aligned;        /* <prepared change, dW> / |dW|^2: the update's own component */
     int64_t elements, changed;
 } td_lora_merge_stats;
 

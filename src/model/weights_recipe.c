@@ -12,7 +12,8 @@
  * Merged LoRA: an adapted GEMM weight becomes prepare(W + scale B A), the product and the sum
  * in fp32, then the recipe's rounding, as a rollout engine merges an update into its weights.
  * What survives the rounding is measured against the same rounding without the update:
- *   survival = |prepare(W + dW) - prepare(W)|_F / |dW|_F, changed = #{prepare(W + dW) != prepare(W)}.
+ *   survival = |prepare(W + dW) - prepare(W)|_F / |dW|_F, changed = #{prepare(W + dW) != prepare(W)},
+ *   aligned  = <prepare(W + dW) - prepare(W), dW> / |dW|^2 (the update's own component). 
  * Unmerged adapters are set up in lora_run.c. */
 #include "model_internal.h"
 #include "tidal/gemm.h"
@@ -26,7 +27,7 @@
 typedef struct {
     const td_lora *lora;       /* NULL: no merge                                  */
     float *scratch;            /* 2 * the largest adapted matrix                  */
-    double kept2, delta2;
+    double kept2, delta2, dot;
     int64_t elements, changed;
 } merge_ctx;
 
@@ -43,16 +44,18 @@ static void prepare_merged(merge_ctx *mc, const td_recipe *r, const float *W, in
     for (size_t i = 0; i < n; i++) dst[i] = W[i] + dw[i];
     td_gemm_prepare_weight(r, dst, N, K, dst);
     td_gemm_prepare_weight(r, W, N, K, base);
-    double kept2 = 0, delta2 = 0;
+    double kept2 = 0, delta2 = 0, dot = 0;
     int64_t changed = 0;
     for (size_t i = 0; i < n; i++) {
         double d = (double)dst[i] - base[i];
         kept2 += d * d;
         delta2 += (double)dw[i] * dw[i];
+        dot += d * dw[i];
         changed += dst[i] != base[i];
     }
     mc->kept2 += kept2;
     mc->delta2 += delta2;
+    mc->dot += dot;
     mc->elements += (int64_t)n;
     mc->changed += changed;
 }
@@ -236,6 +239,7 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
     if (mc.lora) {
         st->merge.merged = 1;
         st->merge.survival = mc.delta2 > 0 ? sqrt(mc.kept2 / mc.delta2) : 1.0;
+        st->merge.aligned = mc.delta2 > 0 ? mc.dot / mc.delta2 : 1.0;
         st->merge.elements = mc.elements;
         st->merge.changed = mc.changed;
         st->merge.changed_frac = mc.elements ? (double)mc.changed / mc.elements : 0.0;
