@@ -9,7 +9,8 @@
    fp32 arithmetic, other summation order; the adapter itself moves log-probs by > 1e-2, checked).
 2. Generated runs, fp32 both paths, path A unmerged and path B merged (the KV-cache session with
    merged weights vs the teacher-forced path with the LoRA branch): |dlogp| <= 1e-4 everywhere;
-   run-file attributes lora_path, lora_mode_a/b, lora_survival_b (1 within 1e-3 in fp32).
+   run-file attributes lora_path, lora_mode_a/b, lora_survival_b (1 within 1e-3 in fp32);
+   tidal-merge of two --shard parts keeps them; --resume without the adapter is refused.
 3. Survival of a merge into bf16 weights of a bf16 checkpoint (weights on the bf16 grid, as a
    rollout engine holds them), r=8, alpha=16:
      std 1e-4: dW elements ~ 2*sqrt(8)*1e-8 ~ 6e-8, three orders below half an ulp of weights
@@ -148,6 +149,21 @@ try:
     check(a["lora_mode_a"] == "unmerged" and a["lora_mode_b"] == "merged", "generate: lora modes recorded")
     check(abs(float(a["lora_survival_b"]) - 1) < 1e-3 and float(a["lora_changed_frac_b"]) > 0.99,
           f"generate: fp32 survival {float(a['lora_survival_b']):.6f}")
+
+    # shards of a LoRA run merge with their lora attributes; --resume refuses another adapter
+    parts = []
+    for k in range(2):
+        parts.append(os.path.join(tmp, f"sh{k}.h5"))
+        run("tidal-diff", "--model", base, "--prompts", prompts, "--recipe-a", "fp32", "--recipe-b", "fp32",
+            "--lora", ad, "--lora-merge-b", "--max-new-tokens", "4", "--batch", "2", "--shard", f"{k}/2", "-o", parts[-1])
+    joined = os.path.join(tmp, "joined.h5")
+    run("tidal-merge", "-o", joined, *parts)
+    with h5py.File(joined) as f:
+        check(f.attrs["lora_mode_b"] == "merged" and abs(float(f.attrs["lora_survival_b"]) - 1) < 1e-3,
+              "tidal-merge keeps lora_mode_b and lora_survival_b")
+    p = run("tidal-diff", "--model", base, "--prompts", prompts, "--recipe-a", "fp32", "--recipe-b", "fp32",
+            "--max-new-tokens", "4", "--batch", "2", "--shard", "0/2", "--resume", "-o", parts[0], ok=False)
+    check(p.returncode != 0 and "lora_path" in p.stderr, "--resume without the file's adapter refused")
 
     # ---- 3. survival when merging into bf16 / fp16 weights of a bf16 checkpoint
     bbase = os.path.join(tmp, "base_bf16")
