@@ -7,8 +7,9 @@
    base model with `--lora` unmerged, and with `--lora --lora-merge-a`, must match it on the
    merged checkpoint within 1e-4 in log-prob on every token (the project's fp32 tolerance:
    fp32 arithmetic, other summation order; the adapter itself moves log-probs by > 1e-2, checked).
-2. Generated runs, fp32 both paths, path A unmerged and path B merged (the KV-cache session with
-   merged weights vs the teacher-forced path with the LoRA branch): |dlogp| <= 1e-4 everywhere;
+2. Generated runs, fp32 both paths, one path merged and the other unmerged, both ways round (the
+   KV-cache session with the LoRA branch or merged weights vs the teacher-forced path with the
+   other): |dlogp| <= 1e-4 everywhere;
    run-file attributes lora_path, lora_mode_a/b, lora_survival_b (1 within 1e-3 in fp32);
    tidal-merge of two --shard parts keeps them; --resume without the adapter is refused.
 3. Survival of a merge into bf16 weights of a bf16 checkpoint (weights on the bf16 grid, as a
@@ -139,6 +140,12 @@ try:
         for _ in range(4):
             f.write(json.dumps({"tokens": rng.integers(0, 512, rng.integers(3, 10)).tolist()}) + "\n")
     ad = os.path.join(tmp, "ad_all7")
+    out = os.path.join(tmp, "gen_am.h5")   # A merged, B unmerged: the session's LoRA branch
+    run("tidal-diff", "--model", base, "--prompts", prompts, "--recipe-a", "fp32", "--recipe-b", "fp32",
+        "--lora", ad, "--lora-merge-a", "--max-new-tokens", "12", "--batch", "2", "--score-prompt", "-o", out)
+    with h5py.File(out) as f:
+        d = np.abs(f["tokens/dlogp"][:])
+    check(len(d) > 40 and d.max() <= TOL, f"generate: A merged vs B unmerged, fp32: max |dlogp| {d.max():.2e} on {len(d)} tokens")
     out = os.path.join(tmp, "gen.h5")
     run("tidal-diff", "--model", base, "--prompts", prompts, "--recipe-a", "fp32", "--recipe-b", "fp32",
         "--lora", ad, "--lora-merge-b", "--max-new-tokens", "12", "--batch", "2", "--score-prompt", "-o", out)
