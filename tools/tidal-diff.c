@@ -39,7 +39,12 @@ static void usage(FILE *f)
         "  --resume                 continue OUT.h5 after an interruption\n"
         "  --force                  replace an existing OUT.h5\n"
         "  --skip-bad-lines         skip malformed prompt lines (warning each) instead of stopping\n"
-        "  --device cpu             backend (only cpu in this build)\n");
+        "  --device cpu             backend (only cpu in this build)\n"
+        "  --lora DIR               PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors)\n"
+        "                           applied by both paths, unmerged (the LoRA branch beside each\n"
+        "                           projection, in the path's dtype) unless merged:\n"
+        "  --lora-merge-a, --lora-merge-b  merge it into that path's weights in the path's weight\n"
+        "                           format (a rollout engine's setup); prints how much survives\n");
 }
 
 static void list_recipes(void)
@@ -107,7 +112,8 @@ int main(int argc, char **argv)
                       .batch = 8, .shard_n = 1, .stop_at_eos = 1, .sampling = td_sampling_default()};
     int use_gen = 0, set_temp = 0, set_topp = 0, set_topk = 0, set_rep = 0;
     enum { O_MODEL = 256, O_PROMPTS, O_RA, O_RB, O_LIST, O_MAXNEW, O_SEED, O_TEMP, O_TOPP, O_TOPK, O_MINP,
-           O_REP, O_BATCH, O_SCORE, O_NOEOS, O_SHARD, O_RESUME, O_FORCE, O_SKIP, O_DEVICE, O_GEN, O_LAYERS };
+           O_REP, O_BATCH, O_SCORE, O_NOEOS, O_SHARD, O_RESUME, O_FORCE, O_SKIP, O_DEVICE, O_GEN, O_LAYERS,
+           O_LORA, O_LORA_MA, O_LORA_MB };
     static const struct option longs[] = {
         {"model", required_argument, 0, O_MODEL}, {"prompts", required_argument, 0, O_PROMPTS},
         {"recipe-a", required_argument, 0, O_RA}, {"recipe-b", required_argument, 0, O_RB},
@@ -119,7 +125,9 @@ int main(int argc, char **argv)
         {"no-stop-at-eos", no_argument, 0, O_NOEOS}, {"shard", required_argument, 0, O_SHARD},
         {"resume", no_argument, 0, O_RESUME}, {"force", no_argument, 0, O_FORCE},
         {"skip-bad-lines", no_argument, 0, O_SKIP}, {"device", required_argument, 0, O_DEVICE},
-        {"use-generation-config", no_argument, 0, O_GEN}, {"layers", no_argument, 0, O_LAYERS}, {"output", required_argument, 0, 'o'},
+        {"use-generation-config", no_argument, 0, O_GEN}, {"layers", no_argument, 0, O_LAYERS},
+        {"lora", required_argument, 0, O_LORA}, {"lora-merge-a", no_argument, 0, O_LORA_MA},
+        {"lora-merge-b", no_argument, 0, O_LORA_MB}, {"output", required_argument, 0, 'o'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     long iv;
@@ -159,6 +167,9 @@ int main(int argc, char **argv)
             break;
         case O_GEN: use_gen = 1; break;
         case O_LAYERS: o.layers = 1; break;
+        case O_LORA: o.lora_dir = optarg; break;
+        case O_LORA_MA: o.lora_merge_a = 1; break;
+        case O_LORA_MB: o.lora_merge_b = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -169,6 +180,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if ((o.lora_merge_a || o.lora_merge_b) && !o.lora_dir) { fprintf(stderr, "tidal-diff: --lora-merge-a/-b need --lora DIR\n"); return 2; }
     if (o.resume && o.force) { fprintf(stderr, "tidal-diff: --resume and --force contradict each other\n"); return 2; }
     td_error err;
     if (td_recipe_resolve(o.recipe_a_arg, &o.recipe_a, &err) || td_recipe_resolve(o.recipe_b_arg, &o.recipe_b, &err)) {

@@ -32,6 +32,8 @@ typedef struct {
     int resume, force, skip_bad_lines;
     int stop_at_eos;           /* stop a sequence at the checkpoint's EOS token          */
     const char *command_line;  /* recorded in the file                                   */
+    const char *lora_dir;      /* PEFT adapter applied by both paths (NULL: none)        */
+    int lora_merge_a, lora_merge_b;  /* merge it into that path's weights, else unmerged */
 } td_diff_opts;
 
 typedef struct {

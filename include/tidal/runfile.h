@@ -40,6 +40,7 @@ int td_runfile_set_f64(td_runfile *rf, const char *name, double value, td_error 
 /* Caller frees; NULL if absent (err says so). */
 char *td_runfile_get_str(td_runfile *rf, const char *name, td_error *err);
 int   td_runfile_get_i64(td_runfile *rf, const char *name, int64_t *value, td_error *err);
+int   td_runfile_get_f64(td_runfile *rf, const char *name, double *value, td_error *err);
 
 /* Appends nrows rows to dataset `path` (e.g. "/tokens/logp_a"), creating it (and its group)
  * on first use with the given type and width (1 = a 1-D dataset, > 1 = rows x width).

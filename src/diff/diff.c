@@ -2,6 +2,7 @@
  * and the training path (A), metrics per token, rows appended to the run file per batch. */
 #include "tidal/diff.h"
 #include "tidal/checkpoint.h"
+#include "tidal/lora.h"
 #include "tidal/metrics.h"
 #include "tidal/model.h"
 #include "tidal/prompts.h"
@@ -161,6 +162,7 @@ typedef struct {
     size_t n_mine;
     td_forward *fa;
     td_session *sb;
+    td_lora *lora;           /* --lora adapter, or NULL */
     td_sampler *sampler;
     td_runfile *rf;
     int max_len;             /* longest prompt + max_new_tokens (context-bounded) */
@@ -438,8 +440,11 @@ static int open_output(job *J, td_error *err)
     snprintf(batch, sizeof batch, "%d", o->batch);
     snprintf(score, sizeof score, "%d", o->score_prompt);
     snprintf(layers, sizeof layers, "%d", o->layers);
-    const char *keys[] = {"model_fingerprint", "recipe_a", "recipe_b", "sampling", "seed_str", "shard", "batch", "score_prompt", "prompts_file", "layers"};
-    const char *vals[] = {fp, ra, rb, sj, seed, shard, batch, score, o->prompts_path, layers};
+    const char *mode_a = !o->lora_dir ? "none" : o->lora_merge_a ? "merged" : "unmerged";
+    const char *mode_b = !o->lora_dir || J->prompts.has_rollouts ? "none" : o->lora_merge_b ? "merged" : "unmerged";
+    const char *keys[] = {"model_fingerprint", "recipe_a", "recipe_b", "sampling", "seed_str", "shard", "batch", "score_prompt", "prompts_file",
+                          "layers", "lora_path", "lora_mode_a", "lora_mode_b"};
+    const char *vals[] = {fp, ra, rb, sj, seed, shard, batch, score, o->prompts_path, layers, o->lora_dir ? o->lora_dir : "", mode_a, mode_b};
     int rc = -1;
     if (o->resume) {
         J->rf = td_runfile_open(o->out_path, 1, err);
@@ -500,6 +505,24 @@ static int mark_done(job *J, unsigned char *done, td_error *err)
     return rc;
 }
 
+/* A merged adapter's survival (lora.h): on stderr and as root attributes lora_survival_X,
+ * lora_changed_frac_X, lora_aligned_X (X = a or b). */
+static int lora_report(job *J, char path, td_lora_merge_stats st, const td_recipe *r, td_error *err)
+{
+    if (!st.merged) return 0;
+    const td_format_traits *ft = td_format_info(r->weights);
+    fprintf(stderr, "lora: merged into %s weights of path %c: %.1f%% of the update survives (%.1f%% of elements changed, "
+            "%.1f%% along the update)\n", ft ? ft->name : "?", path == 'a' ? 'A' : 'B', 100 * st.survival,
+            100 * st.changed_frac, 100 * st.aligned);
+    char k1[32], k2[32], k3[32];
+    snprintf(k1, sizeof k1, "lora_survival_%c", path);
+    snprintf(k2, sizeof k2, "lora_changed_frac_%c", path);
+    snprintf(k3, sizeof k3, "lora_aligned_%c", path);
+    if (td_runfile_set_f64(J->rf, k1, st.survival, err) || td_runfile_set_f64(J->rf, k2, st.changed_frac, err) ||
+        td_runfile_set_f64(J->rf, k3, st.aligned, err)) return -1;
+    return 0;
+}
+
 static void job_free(job *J)
 {
     td_forward_free(J->fa);
@@ -512,6 +535,7 @@ static void job_free(job *J)
     free(J->mine);
     free(J->layer_rows);
     if (J->tok) td_tokenizer_free(J->tok);
+    td_lora_free(J->lora);
     if (J->model) td_model_free(J->model);
 }
 
@@ -542,6 +566,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     J.model = td_model_load(o->model_dir, err);
     if (!J.model) goto out;
     const td_config *cfg = &J.model->cfg;
+    if (o->lora_dir && !(J.lora = td_lora_load(o->lora_dir, cfg, err))) goto out;
     char tok_path[4096];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", o->model_dir);
     struct stat st;
@@ -574,12 +599,16 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     if (mark_done(&J, done, err)) goto out;
 
     J.fa = td_forward_create(J.model, J.max_len * (o->batch < 4 ? o->batch : 4), J.max_len, 0, err);
-    if (!J.fa || td_forward_set_recipe(J.fa, &o->recipe_a, err)) goto out;
+    if (!J.fa || td_forward_set_recipe_lora(J.fa, &o->recipe_a, J.lora, o->lora_merge_a, err)) goto out;
+    if (lora_report(&J, 'a', td_forward_lora_stats(J.fa), &o->recipe_a, err)) goto out;
     if (!J.prompts.has_rollouts) {
         J.sb = td_session_create(J.model, o->batch, J.max_len, 0, err);
-        if (!J.sb || td_session_set_recipe(J.sb, &o->recipe_b, err)) goto out;
+        if (!J.sb || td_session_set_recipe_lora(J.sb, &o->recipe_b, J.lora, o->lora_merge_b, err)) goto out;
+        if (lora_report(&J, 'b', td_session_lora_stats(J.sb), &o->recipe_b, err)) goto out;
         td_session_set_raw_logits(J.sb, 1);
         J.sampler = td_sampler_create(cfg->vocab_size);
+    } else if (o->lora_merge_b) {
+        fprintf(stderr, "tidal-diff: note: --lora-merge-b has no effect when replaying rollouts (path B is the recorded log-probs)\n");
     }
     size_t nbatches = (J.n_mine + (size_t)o->batch - 1) / (size_t)o->batch, skipped = 0;
     struct timespec ts0, ts1;

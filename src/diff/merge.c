@@ -8,11 +8,16 @@
 
 /* Attributes every shard must share (anything else about the run is in them too). */
 static const char *SAME_ATTRS[] = {"tool", "model_fingerprint", "recipe_a", "recipe_b", "sampling",
-                                   "seed_str", "batch", "score_prompt", "mode", "prompts_file"};
+                                   "seed_str", "batch", "score_prompt", "mode", "prompts_file",
+                                   "lora_path", "lora_mode_a", "lora_mode_b"};
 /* Attributes copied from the first shard. */
 static const char *COPY_ATTRS[] = {"tool", "model_path", "model_fingerprint", "recipe_a", "recipe_b",
                                    "recipe_a_name", "recipe_b_name", "sampling", "seed_str", "batch",
-                                   "score_prompt", "mode", "prompts_file"};
+                                   "score_prompt", "mode", "prompts_file", "lora_path", "lora_mode_a", "lora_mode_b"};
+/* Numeric attributes copied from the first shard when present (the same adapter and recipes
+ * give every shard the same merge). */
+static const char *COPY_F64_ATTRS[] = {"lora_survival_a", "lora_changed_frac_a", "lora_aligned_a",
+                                       "lora_survival_b", "lora_changed_frac_b", "lora_aligned_b"};
 
 /* Columns whose values are row indices into another group, shifted when files are joined. */
 typedef struct { const char *path; const char *counts; } shifted;
@@ -98,6 +103,10 @@ int td_runfile_merge(const char *out_path, const char *const *inputs, int n, con
     }
     int64_t seed = 0;
     if (td_runfile_get_i64(in[0], "seed", &seed, NULL) == 0 && td_runfile_set_i64(out, "seed", seed, err)) goto done;
+    for (size_t a = 0; a < sizeof COPY_F64_ATTRS / sizeof COPY_F64_ATTRS[0]; a++) {
+        double v;
+        if (td_runfile_get_f64(in[0], COPY_F64_ATTRS[a], &v, NULL) == 0 && td_runfile_set_f64(out, COPY_F64_ATTRS[a], v, err)) goto done;
+    }
     size_t len = 64;
     for (int i = 0; i < n; i++) len += strlen(inputs[i]) + 2;
     char *joined = td_xmalloc(len), *cmds = NULL;

@@ -3,7 +3,8 @@
  *   x += down(silu(gate(rmsnorm(x))) * up(rmsnorm(x)))
  * and the final norm; then the lm_head with log-softmax. Token rows carry their own position
  * and the place of their sequence's keys/values, so the same code runs whole packed sequences
- * (teacher forcing) and one new token per KV-cache slot (decode). */
+ * (teacher forcing) and one new token per KV-cache slot (decode). An unmerged LoRA adapter adds
+ * its branch right after each projection it adapts (lora_run.c). */
 #include "model_internal.h"
 
 #include <omp.h>
@@ -69,6 +70,9 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
         matmul_forward_r(ops, R, a->q, a->xn, w->wq, w->bq, N, C, QD);
         matmul_forward_r(ops, R, a->k, a->xn, w->wk, w->bk, N, C, KVD);
         matmul_forward_r(ops, R, a->v, a->xn, w->wv, w->bv, N, C, KVD);
+        lora_forward(ops, l, TD_LORA_Q, a->q, a->xn, N);   /* unmerged adapters, if any */
+        lora_forward(ops, l, TD_LORA_K, a->k, a->xn, N);
+        lora_forward(ops, l, TD_LORA_V, a->v, a->xn, N);
         if (w->q_norm) {  /* Qwen3: RMSNorm over each head's HD values, before RoPE */
             rmsnorm_forward_r(ops, a->q, a->q, w->q_norm, N * NH, HD, eps);
             rmsnorm_forward_r(ops, a->k, a->k, w->k_norm, N * NKV, HD, eps);
@@ -82,14 +86,18 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
         attention_forward_r(ops, a->att, a->q, kl, vl, a->kv_off, pos, N, NH, NKV, HD, a->scores,
                             a->max_keys);
         matmul_forward_r(ops, R, a->proj, a->att, w->wo, NULL, N, QD, C);
+        lora_forward(ops, l, TD_LORA_O, a->proj, a->att, N);
         residual_forward_r(ops, a->x, a->proj, (size_t)N * C);
 
         /* MLP sub-block */
         rmsnorm_forward_r(ops, a->xn, a->x, w->mlp_norm, N, C, eps);
         matmul_forward_r(ops, R, a->gate, a->xn, w->w_gate, NULL, N, C, F);
         matmul_forward_r(ops, R, a->up, a->xn, w->w_up, NULL, N, C, F);
+        lora_forward(ops, l, TD_LORA_GATE, a->gate, a->xn, N);
+        lora_forward(ops, l, TD_LORA_UP, a->up, a->xn, N);
         swiglu_forward_r(ops, a->gate, a->gate, a->up, N, F);
         matmul_forward_r(ops, R, a->proj, a->gate, w->w_down, NULL, N, F, C);
+        lora_forward(ops, l, TD_LORA_DOWN, a->proj, a->gate, N);
         residual_forward_r(ops, a->x, a->proj, (size_t)N * C);
         if (ops->layer_fn) ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, a->x);
     }

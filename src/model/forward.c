@@ -110,7 +110,7 @@ int td_forward_logprobs(td_forward *f, int nseq, const int *const *tokens, const
 
 int td_forward_set_recipe(td_forward *f, const td_recipe *r, td_error *err)
 {
-    return recipe_state_set(&f->rs, &f->ops, f->m, r, f->max_tokens, err);
+    return td_forward_set_recipe_lora(f, r, NULL, 0, err);
 }
 
 void td_forward_set_layer_fn(td_forward *f, td_layer_fn fn, void *user)
@@ -118,3 +118,11 @@ void td_forward_set_layer_fn(td_forward *f, td_layer_fn fn, void *user)
     f->ops.layer_fn = fn;
     f->ops.layer_user = user;
 }
+
+int td_forward_set_recipe_lora(td_forward *f, const td_recipe *r, const td_lora *lora, int merged,
+                               td_error *err)
+{
+    return recipe_state_set(&f->rs, &f->ops, f->m, r, lora, merged, f->max_tokens, err);
+}
+
+td_lora_merge_stats td_forward_lora_stats(const td_forward *f) { return f->rs.merge; }

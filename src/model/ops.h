@@ -27,6 +27,7 @@ typedef struct {
     td_layer_fn layer_fn;
     void *layer_user;
     const int *row_seq;           /* (rows) sequence / slot of each row, for layer_fn        */
+    const struct lora_rt *lora;   /* unmerged LoRA adapter (lora_run.c), NULL = none          */
 } td_ops;
 
 void td_ops_init(td_ops *ctx);

@@ -169,8 +169,14 @@ void td_session_set_raw_logits(td_session *s, int raw) { s->raw_logits = raw; }
 
 int td_session_set_recipe(td_session *s, const td_recipe *r, td_error *err)
 {
+    return td_session_set_recipe_lora(s, r, NULL, 0, err);
+}
+
+int td_session_set_recipe_lora(td_session *s, const td_recipe *r, const td_lora *lora, int merged,
+                               td_error *err)
+{
     int cap = s->chunk > s->nslots ? s->chunk : s->nslots;
-    if (recipe_state_set(&s->rs, &s->ops, s->m, r, cap, err)) return -1;
+    if (recipe_state_set(&s->rs, &s->ops, s->m, r, lora, merged, cap, err)) return -1;
     s->ops.cache = 1;
     return 0;
 }
@@ -180,3 +186,4 @@ void td_session_set_layer_fn(td_session *s, td_layer_fn fn, void *user)
     s->ops.layer_fn = fn;
     s->ops.layer_user = user;
 }
+td_lora_merge_stats td_session_lora_stats(const td_session *s) { return s->rs.merge; }

@@ -193,6 +193,17 @@ int td_runfile_get_i64(td_runfile *rf, const char *name, int64_t *value, td_erro
     return ok ? 0 : td_fail(err, "%s: attribute %s is not an integer", rf->path, name);
 }
 
+int td_runfile_get_f64(td_runfile *rf, const char *name, double *value, td_error *err)
+{
+    if (H5Aexists(rf->file, name) <= 0) return td_fail(err, "%s: no attribute %s", rf->path, name);
+    hid_t a = H5Aopen(rf->file, name, H5P_DEFAULT);
+    hid_t ft = H5Aget_type(a);
+    int ok = H5Tget_class(ft) == H5T_FLOAT && H5Aread(a, H5T_NATIVE_DOUBLE, value) >= 0;
+    H5Tclose(ft);
+    H5Aclose(a);
+    return ok ? 0 : td_fail(err, "%s: attribute %s is not a floating-point number", rf->path, name);
+}
+
 /* ---------------------------------------------------------------- datasets */
 
 /* H5Lexists on "/a/b/c" fails if "/a/b" is missing, so walk the path. */
