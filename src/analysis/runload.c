@@ -21,7 +21,8 @@ static void *alloc_rows(td_runfile *rf, const char *name, size_t n, size_t elem,
                 name, n, file_bytes);
         return NULL;
     }
-    void *p = malloc((n * elem) ? n * elem : 1);
+    size_t bytes = n * elem;
+    void *p = malloc(bytes ? bytes : 1);
     if (!p) td_fail(err, "%s: out of memory for %s (%zu rows)", td_runfile_path(rf), name, n);
     return p;
 }
