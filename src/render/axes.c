@@ -40,9 +40,9 @@ int td_log_ticks(double lo, double hi, double *ticks, int max)
         }
     if (n < 3) {  // a narrow range (less than a factor 5): plain ticks, evenly spaced in value
         double t[64];
-        int m = td_nice_ticks(lo, hi, 4, t, 64);
+        int nt = td_nice_ticks(lo, hi, 4, t, 64);
         n = 0;
-        for (int i = 0; i < m && n < max; i++) if (t[i] > 0) ticks[n++] = t[i];
+        for (int i = 0; i < nt && n < max; i++) if (t[i] > 0) ticks[n++] = t[i];
     }
     return n;
 }
