@@ -6,8 +6,9 @@
  *   IS weight (trainer over rollout, REFERENCES.md):  ρ_t = exp(logp_a − logp_b) = exp(−dlogp)
  *   sequence weight  W = Π_t ρ_t over the response tokens of a sequence (is_prompt == 0)
  *   geometric weight G = W^(1/T), T = number of response tokens
- * Quantiles are gsl_stats_quantile_from_sorted_data: linear interpolation between order
- * statistics at index f·(n−1), which is numpy's default ('linear') percentile definition.
+ * Quantiles interpolate linearly between the order statistics around index f·(n−1), with
+ * gsl_stats_quantile_from_sorted_data's formula (order statistics from gsl_stats_select),
+ * which is numpy's default ('linear') percentile definition.
  * Non-finite values (NaN columns of replay runs) are left out of every statistic; `count`
  * says how many values entered.
  */
@@ -57,6 +58,8 @@ void td_run_free(td_run *run);
 /* count, mean, p50, p90, p99, max over the finite values of x (n); x is not modified. */
 typedef struct { size_t count; double mean, p50, p90, p99, max; } td_summary;
 void td_summary_compute(const double *x, size_t n, td_summary *s);
+/* Quantile f (linear interpolation, as above) of v (m >= 1 values, reordered in place). */
+double td_quantile_select(double *v, size_t m, double f);
 
 /* Importance-sampling simulator. A correction is a level, a mode and a band [lo, hi]:
  * truncate clamps w into [lo, hi] (TIS: lo = 0, hi = C); mask zeroes w outside [lo, hi]

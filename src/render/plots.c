@@ -9,8 +9,6 @@
 
 #include <gsl/gsl_histogram.h>
 #include <gsl/gsl_histogram2d.h>
-#include <gsl/gsl_sort.h>
-#include <gsl/gsl_statistics_double.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -255,8 +253,7 @@ static td_canvas *plot_hist(const td_run *runs, size_t n, td_font *font, const t
             size_t m = 0;
             for (size_t i = 0; i < runs[k].n; i++) if (isfinite(runs[k].dlogp[i])) a[m++] = fabs(runs[k].dlogp[i]);
             if (m) {
-                gsl_sort(a, 1, m);
-                double q = gsl_stats_quantile_from_sorted_data(a, 1, m, 0.999);
+                double q = td_quantile_select(a, m, 0.999);
                 if (q > R) R = q;
             }
             free(a);
