@@ -108,7 +108,7 @@ int main(int argc, char **argv)
     int rc = 0;
     size_t loaded = 0;
     for (; loaded < n; loaded++)
-        if (td_run_load(&rs[loaded], runs[loaded], o.kind == TD_PLOT_LAYERS, &err)) { rc = 1; break; }
+        if (td_run_load(&rs[loaded], runs[loaded], TD_RUN_PLOT | (o.kind == TD_PLOT_LAYERS ? TD_RUN_LAYERS : 0), &err)) { rc = 1; break; }
     td_canvas *c = rc ? NULL : td_plot(rs, n, font, &o, &err);
     if (!rc && !c) rc = 1;
     if (c) {

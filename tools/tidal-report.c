@@ -73,7 +73,7 @@ int main(int argc, char **argv)
     size_t done = 0;
     for (; done < n_runs; done++) {
         td_run run;
-        if (td_run_load(&run, runs[done], 1, &err)) { fprintf(stderr, "tidal-report: %s\n", err.msg); rc = 1; break; }
+        if (td_run_load(&run, runs[done], TD_RUN_LAYERS, &err)) { fprintf(stderr, "tidal-report: %s\n", err.msg); rc = 1; break; }
         td_tokenizer *tok = NULL;
         if (decode && run.model_path[0]) {
             char tp[4096];

@@ -51,8 +51,11 @@ typedef struct {
 /* Loads a run file. Fails with a message naming the file for: not HDF5, not a tidal run, an
  * unknown schema version, a missing required dataset (/tokens/{seq,pos,token,logp_a,logp_b}),
  * columns of unequal length, sequence indices out of range, and an empty run (0 tokens).
- * with_layers = 0 skips reading /layers/rel_err. */
-int  td_run_load(td_run *run, const char *path, int with_layers, td_error *err);
+ * flags: TD_RUN_LAYERS also reads /layers/rel_err; TD_RUN_PLOT reads only what the plots
+ * use (seq, pos, logp_a, logp_b, dlogp, kl_ba): token, k3, tv, entropy_a, is_prompt and the
+ * ids stay NULL (decompressing them was half of a heatmap's time at 1M tokens). */
+enum { TD_RUN_LAYERS = 1, TD_RUN_PLOT = 2 };
+int  td_run_load(td_run *run, const char *path, int flags, td_error *err);
 void td_run_free(td_run *run);
 
 /* count, mean, p50, p90, p99, max over the finite values of x (n); x is not modified. */

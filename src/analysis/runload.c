@@ -99,7 +99,7 @@ static void load_ids(td_run *run, td_runfile *rf, double file_bytes)
     run->prompt_len = pl;
 }
 
-int td_run_load(td_run *run, const char *path, int with_layers, td_error *err)
+int td_run_load(td_run *run, const char *path, int flags, td_error *err)
 {
     memset(run, 0, sizeof *run);
     td_runfile *rf = td_runfile_open(path, 0, err);
@@ -132,21 +132,25 @@ int td_run_load(td_run *run, const char *path, int with_layers, td_error *err)
     int failed = 0;
     run->seq = read_col(rf, "/tokens/seq", TD_COL_I64, 8, n, file_bytes, 1, &failed, err);
     run->pos = read_col(rf, "/tokens/pos", TD_COL_I32, 4, n, file_bytes, 1, &failed, err);
-    run->token = read_col(rf, "/tokens/token", TD_COL_I32, 4, n, file_bytes, 1, &failed, err);
+    int full = !(flags & TD_RUN_PLOT);
+    if (full) run->token = read_col(rf, "/tokens/token", TD_COL_I32, 4, n, file_bytes, 1, &failed, err);
     run->logp_a = read_col(rf, "/tokens/logp_a", TD_COL_F64, 8, n, file_bytes, 1, &failed, err);
     run->logp_b = read_col(rf, "/tokens/logp_b", TD_COL_F64, 8, n, file_bytes, 1, &failed, err);
     run->kl_ba = read_col(rf, "/tokens/kl_ba", TD_COL_F64, 8, n, file_bytes, 1, &failed, err);
     run->dlogp = read_col(rf, "/tokens/dlogp", TD_COL_F64, 8, n, file_bytes, 0, &failed, err);
-    run->k3 = read_col(rf, "/tokens/k3", TD_COL_F64, 8, n, file_bytes, 0, &failed, err);
-    run->tv = read_col(rf, "/tokens/tv", TD_COL_F64, 8, n, file_bytes, 0, &failed, err);
-    run->entropy_a = read_col(rf, "/tokens/entropy_a", TD_COL_F64, 8, n, file_bytes, 0, &failed, err);
-    run->is_prompt = read_col(rf, "/tokens/is_prompt", TD_COL_I8, 1, n, file_bytes, 0, &failed, err);
+    if (full) {
+        run->k3 = read_col(rf, "/tokens/k3", TD_COL_F64, 8, n, file_bytes, 0, &failed, err);
+        run->tv = read_col(rf, "/tokens/tv", TD_COL_F64, 8, n, file_bytes, 0, &failed, err);
+        run->entropy_a = read_col(rf, "/tokens/entropy_a", TD_COL_F64, 8, n, file_bytes, 0, &failed, err);
+        run->is_prompt = read_col(rf, "/tokens/is_prompt", TD_COL_I8, 1, n, file_bytes, 0, &failed, err);
+    }
     if (failed) goto fail;
     /* Columns a writer may leave out are derived (dlogp, k3) or filled with "unknown". */
     if (!run->dlogp) {
         run->dlogp = td_xmalloc(n * sizeof(double));
         for (size_t i = 0; i < n; i++) run->dlogp[i] = run->logp_b[i] - run->logp_a[i];
     }
+    if (!full) goto columns_done;
     if (!run->k3) {
         run->k3 = td_xmalloc(n * sizeof(double));
         for (size_t i = 0; i < n; i++) {
@@ -160,6 +164,7 @@ int td_run_load(td_run *run, const char *path, int with_layers, td_error *err)
         for (size_t i = 0; i < n; i++) run->entropy_a[i] = NAN;
     }
     if (!run->is_prompt) run->is_prompt = td_xcalloc(n, 1);
+columns_done:;
 
     int64_t nseq_file = td_runfile_rows(rf, "/seqs/prompt_len");
     int64_t max_seq = -1;
@@ -184,7 +189,7 @@ int td_run_load(td_run *run, const char *path, int with_layers, td_error *err)
         goto fail;
     }
 
-    if (with_layers && td_runfile_exists(rf, "/layers/rel_err")) {
+    if ((flags & TD_RUN_LAYERS) && td_runfile_exists(rf, "/layers/rel_err")) {
         size_t L = td_runfile_width(rf, "/layers/rel_err");
         int64_t lr = td_runfile_rows(rf, "/layers/rel_err");
         if (lr != rows || L < 1) {
@@ -198,7 +203,7 @@ int td_run_load(td_run *run, const char *path, int with_layers, td_error *err)
             goto fail;
         run->n_layers = L;
     }
-    load_ids(run, rf, file_bytes);
+    if (full) load_ids(run, rf, file_bytes);
     td_runfile_close(rf, NULL);
     return 0;
 fail:
