@@ -2,7 +2,8 @@
 # Installs what tidal's build, tests and demo need, only where missing, so that on a fresh
 # Debian machine `make check` and `make demo` do all the set-up themselves.
 #   Debian packages: compilers' libraries (HDF5, GSL, libpng, OpenBLAS, jansson, PCRE2, cmocka,
-#                    FreeType), the DejaVu font tidal-heatmap writes with, and the Python the test helpers run on (numpy, h5py, torch).
+#                    FreeType), the DejaVu font tidal-heatmap writes with, and the Python the
+#                    test helpers run on (numpy, h5py, torch).
 #   PyPI (test-only, into .venv which sees the Debian Python packages): ml_dtypes, safetensors,
 #                    tokenizers.
 set -euo pipefail

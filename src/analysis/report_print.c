@@ -50,7 +50,14 @@ static void t_print(FILE *f, table *t)
         for (size_t c = 0; c < t->ncols; c++) {
             const char *s = t->cells[r][c];
             size_t pad = w[c] - u8width(s);
-            if (t->md) fprintf(f, "| %s%*s ", s, (int)pad, "");
+            if (t->md) {  // a '|' inside a cell (|Δlogp|) would end it: escape it
+                fputs("| ", f);
+                for (const char *q = s; *q; q++) {
+                    if (*q == '|') fputc('\\', f);
+                    fputc(*q, f);
+                }
+                fprintf(f, "%*s ", (int)pad, "");
+            }
             else if (c == 0) fprintf(f, "%s%*s", s, (int)pad, "");
             else fprintf(f, "  %*s%s", (int)pad, "", s);
         }
@@ -214,7 +221,6 @@ static void text_cell(char *out, size_t n, json_t *v)
     for (const char *s = raw; *s && o + 4 < n; s++) {
         if ((*s & 0xC0) != 0x80 && ++w > 60) { memcpy(out + o, "…", 3); o += 3; break; }
         if (*s == '\n') { out[o++] = '\\'; out[o++] = 'n'; }
-        else if (*s == '|') { out[o++] = '\\'; out[o++] = '|'; }
         else if ((unsigned char)*s < 32) out[o++] = ' ';
         else out[o++] = *s;
     }
@@ -235,8 +241,9 @@ static void worst(FILE *f, json_t *rep, int md)
         fmt(c[1], 256, json_object_get(w, "pos"));
         fmt(c[2], 256, json_object_get(w, "token"));
         text_cell(c[3], 256, json_object_get(w, "text"));
-        fmt(c[4], 256, json_object_get(w, "logp_a"));
-        fmt(c[5], 256, json_object_get(w, "logp_b"));
+        /* log-probs with 7 digits: they differ in the 4th to 6th */
+        snprintf(c[4], 256, "%.7g", json_real_value(json_object_get(w, "logp_a")));
+        snprintf(c[5], 256, "%.7g", json_real_value(json_object_get(w, "logp_b")));
         fmt(c[6], 256, json_object_get(w, "dlogp"));
         text_cell(c[7], 256, json_object_get(w, "context"));
         for (int k = 0; k < 8; k++) cells[k] = c[k];

@@ -97,6 +97,7 @@ void td_axis_ticks(td_canvas *c, td_font *font, int x, int y, int w, int h, int 
         nt = td_nice_ticks(d0 < d1 ? d0 : d1, d0 < d1 ? d1 : d0, horizontal ? 8 : 5, t, 64);
     }
     char lab[64];
+    int last_right = -1000000;  // right edge of the last horizontal label drawn
     for (int i = 0; i < nt; i++) {
         double f = (t[i] - d0) / (d1 - d0);
         if (decades && fabs(t[i] - round(t[i])) < 1e-9) td_fmt_decade(lab, sizeof lab, (int)round(t[i]));
@@ -104,7 +105,10 @@ void td_axis_ticks(td_canvas *c, td_font *font, int x, int y, int w, int h, int 
         if (horizontal) {
             int px = x + (int)lround(f * (w - 1));
             td_canvas_line(c, px, y + h, px, y + h + 4, TD_BLACK, 0);
+            int lw = td_font_width(font, TD_FONT_TICK, lab);
+            if (px - lw / 2 < last_right + 8) continue;  // labels must not run into each other
             td_font_draw(font, c, px, y + h + 6, TD_FONT_TICK, 1, 0, 0, TD_BLACK, lab);
+            last_right = px + lw / 2;
         } else {
             int py = flip ? y + h - 1 - (int)lround(f * (h - 1)) : y + (int)lround(f * (h - 1));
             td_canvas_line(c, x - 5, py, x - 1, py, TD_BLACK, 0);
@@ -121,7 +125,9 @@ void td_heat_draw(td_canvas *c, td_font *font, const td_heat *hm, int x, int y, 
         for (int px = 0; px < w; px++) {
             int q = (int)((long)px * hm->cols / w);
             double v = hm->v[(size_t)r * (size_t)hm->cols + (size_t)q];
-            td_rgb col = isnan(v) ? hm->nan_col : td_viridis(td_scale_pos(v, vmin, vmax, log_scale));
+            /* a log scale cannot show v <= 0 (e.g. a KL sum that rounded below zero): white */
+            td_rgb col = isnan(v) ? hm->nan_col : (log_scale && v <= 0) ? TD_WHITE
+                                                 : td_viridis(td_scale_pos(v, vmin, vmax, log_scale));
             uint8_t *p = c->rgb + 3 * ((size_t)(y + py) * (size_t)c->w + (size_t)(x + px));
             p[0] = col.r; p[1] = col.g; p[2] = col.b;
         }

@@ -105,12 +105,17 @@ static td_canvas *plot_seqpos(const td_run *runs, size_t n, td_font *font, const
         if (fc > fc_all) fc_all = fc;
         if (panel_height(rows) > ph) ph = panel_height(rows);
     }
-    char title[512], sub[256];
+    size_t nonpos = 0;  // cells a log scale cannot place (drawn white, said in the subtitle)
+    for (size_t k = 0; k < n && o->log_scale; k++)
+        for (size_t i = 0; i < (size_t)h[k].rows * (size_t)h[k].cols; i++) nonpos += h[k].v[i] <= 0;
+    char title[512], sub[320], cell[96];
     const char *what = o->metric_kl ? "KL(B‖A) per token" : "|Δlogp| = |logp_B − logp_A| per token";
     snprintf(title, sizeof title, "%s", o->title ? o->title : what);
-    snprintf(sub, sizeof sub, "A = training path, B = inference path · each cell: %s of up to %d sequence%s × %d "
-             "position%s · grey: no scored token (prompt or past the end)", o->pool_mean ? "mean" : "max", fr_all,
-             fr_all > 1 ? "s" : "", fc_all, fc_all > 1 ? "s" : "");
+    if (fr_all == 1 && fc_all == 1) snprintf(cell, sizeof cell, "each cell one token");
+    else snprintf(cell, sizeof cell, "each cell the %s over %d sequence%s × %d position%s", o->pool_mean ? "mean" : "max",
+                  fr_all, fr_all > 1 ? "s" : "", fc_all, fc_all > 1 ? "s" : "");
+    snprintf(sub, sizeof sub, "A = training path, B = inference path · %s · grey: no scored token (prompt or past "
+             "the end)%s", cell, nonpos ? " · white: ≤ 0" : "");
     td_canvas *c = stack_figure(font, h, n, ph, o->log_scale, title, sub, "position in sequence (prompt + response)",
                                 "sequence", o->metric_kl ? "KL(B‖A)" : "|Δlogp|");
     for (size_t k = 0; k < n; k++) free(h[k].v);
@@ -284,7 +289,7 @@ static td_canvas *plot_hist(const td_run *runs, size_t n, td_font *font, const t
     double l0 = floor(log10(smin)), l1 = smax > 0 ? ceil(log10(smax) + 1e-9) : 0;
     if (l1 > 0) l1 = 0;
     if (l1 <= l0) l0 = l1 - 1;
-    td_canvas *c = td_canvas_new(FIG_W, TOP + 22 + PH + 70, TD_WHITE);
+    td_canvas *c = td_canvas_new(FIG_W, TOP + 22 + PH + 64 + 20 * (int)n, TD_WHITE);
     char sub[256];
     snprintf(sub, sizeof sub, "share of scored tokens per bin (%d bins over ±%.3g; tokens beyond are counted in the "
              "end bins)", NB, R);
@@ -309,8 +314,10 @@ static td_canvas *plot_hist(const td_run *runs, size_t n, td_font *font, const t
         }
         char lab[320];
         snprintf(lab, sizeof lab, "%s (%zu tokens%s)", runs[k].label, runs[k].n, outside[k] ? ", some beyond the axis" : "");
-        td_canvas_rect(c, x + 12, y + 14 + (int)k * 20, 22, 4, col);
-        td_font_draw(font, c, x + 40, y + 16 + (int)k * 20, TD_FONT_TICK, 0, 1, 0, TD_BLACK, lab);
+        /* legend under the axis label, where it hides no data */
+        int ly = y + PH + 58 + (int)k * 20;
+        td_canvas_rect(c, x + 12, ly - 2, 22, 4, col);
+        td_font_draw(font, c, x + 40, ly, TD_FONT_TICK, 0, 1, 0, TD_BLACK, lab);
     }
     td_font_draw(font, c, x + W / 2, y + PH + 24, TD_FONT_LABEL, 1, 0, 0, TD_BLACK, "Δlogp = logp_B − logp_A (B = inference path)");
     td_font_draw(font, c, 14, y + PH / 2, TD_FONT_LABEL, 1, 1, 1, TD_BLACK, "share of tokens");
