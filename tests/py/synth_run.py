@@ -14,7 +14,7 @@ import numpy as np
 
 
 def make_run(path, n_tokens, seed=0, scale=0.02, layers=4, score_prompt=True, vocab=1000,
-             max_resp=256, recipe_b="synthetic-b"):
+             max_resp=256, recipe_b="synthetic-b", model_path="/nonexistent-synthetic-model"):
     import h5py
     rng = np.random.default_rng(seed)
     seq_rows = []  # (prompt_len, response_len)
@@ -73,7 +73,7 @@ def make_run(path, n_tokens, seed=0, scale=0.02, layers=4, score_prompt=True, vo
         f.attrs["tool_version"] = "synthetic"
         f.attrs["tool"] = "synth_run.py"
         f.attrs["command_line"] = "tests/py/synth_run.py " + path
-        f.attrs["model_path"] = "/nonexistent-synthetic-model"
+        f.attrs["model_path"] = model_path
         f.attrs["recipe_a_name"] = "synthetic-a"
         f.attrs["recipe_b_name"] = recipe_b
 

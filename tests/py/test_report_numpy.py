@@ -198,6 +198,45 @@ def check_run(path, rep, n_worst):
             close(f"layers.p99[{j}]", rep["layers"]["p99_rel_err"][j], float(np.percentile(col, 99)))
 
 
+def decode_check(d):
+    """Worst tokens are decoded through the checkpoint's tokenizer.json (model_path attribute):
+    tidal's decode of the token and of its context must equal HF tokenizers' decode."""
+    global n_checked
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError:
+        print("decode check skipped: HF tokenizers missing")
+        return
+    text = [f"line {i}: the quick brown fox jumps over {i * 7} lazy dogs; ünïcödé ok" for i in range(200)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=400, show_progress=False,
+                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    os.makedirs(os.path.join(d, "model"))
+    tok.save(os.path.join(d, "model", "tokenizer.json"))
+    path = os.path.join(d, "tok.h5")
+    make_run(path, 3000, seed=5, layers=0, vocab=tok.get_vocab_size(), model_path=os.path.join(d, "model"))
+    out = subprocess.run([REPORT, path, "--json", "--worst", "6"], capture_output=True, text=True)
+    if out.returncode != 0:
+        failures.append("tidal-report with a tokenizer failed: " + out.stderr)
+        return
+    rep = json.loads(out.stdout)
+    with h5py.File(path, "r") as f:
+        ids = f["prompts/tokens"][:]
+        off = f["seqs/tokens_offset"][:]
+    for w in rep["worst_tokens"]:
+        n_checked += 2
+        want = tok.decode([w["token"]], skip_special_tokens=False)
+        if w["text"] != want:
+            failures.append(f"decoded token {w['token']}: tidal {w['text']!r} HF {want!r}")
+        p0 = max(0, w["pos"] - 8)
+        ctx = ids[off[w["seq"]] + p0: off[w["seq"]] + w["pos"]].tolist()
+        want = tok.decode(ctx, skip_special_tokens=False)
+        if w.get("context") != want:
+            failures.append(f"decoded context {ctx}: tidal {w.get('context')!r} HF {want!r}")
+
+
 def main():
     if not os.path.exists(REPORT):
         print(f"missing {REPORT}: build first")
@@ -221,12 +260,13 @@ def main():
         # a single run prints one object, not a list
         one = json.loads(subprocess.run([REPORT, paths[1], "--json"], capture_output=True, text=True, check=True).stdout)
         assert isinstance(one, dict) and "abs_dlogp" in one and "kl_ba" in one
+        decode_check(d)
     if failures:
-        print(f"{len(failures)} of {n_checked} numbers disagree:")
+        print(f"{len(failures)} of {n_checked} values disagree:")
         for f in failures[:40]:
             print("  " + f)
         return 1
-    print(f"tidal-report vs numpy: {n_checked} numbers agree (rtol {RTOL}, atol {ATOL})")
+    print(f"tidal-report vs numpy: {n_checked} values agree (numbers: rtol {RTOL}, atol {ATOL}; decoded text: equal)")
     return 0
 
 
