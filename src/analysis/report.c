@@ -112,6 +112,7 @@ static json_t *worst_tokens_json(const td_run *r, const double *absd, const td_r
     json_t *arr = json_array();
     for (size_t j = 0; j < k; j++) {
         size_t i = idx[j];
+        if (absd[i] < 0) break;  // only non-finite Δlogp left
         json_t *t = json_object();
         json_object_set_new(t, "row", json_integer((json_int_t)i));
         json_object_set_new(t, "seq", json_integer(r->seq[i]));

@@ -192,6 +192,10 @@ columns_done:;
     if ((flags & TD_RUN_LAYERS) && td_runfile_exists(rf, "/layers/rel_err")) {
         size_t L = td_runfile_width(rf, "/layers/rel_err");
         int64_t lr = td_runfile_rows(rf, "/layers/rel_err");
+        if (L > 4096) {  // pictures and tables hold one row per layer: a corrupt width would not fit
+            td_fail(err, "%s: /layers/rel_err has %zu columns; expected one per layer (at most 4096)", path, L);
+            goto fail;
+        }
         if (lr != rows || L < 1) {
             td_fail(err, "%s: /layers/rel_err has %lld rows, expected %zu (one per /tokens row)", path,
                     (long long)lr, n);
