@@ -115,7 +115,7 @@ static td_canvas *plot_seqpos(const td_run *runs, size_t n, td_font *font, const
     else snprintf(cell, sizeof cell, "each cell the %s over %d sequence%s × %d position%s", o->pool_mean ? "mean" : "max",
                   fr_all, fr_all > 1 ? "s" : "", fc_all, fc_all > 1 ? "s" : "");
     snprintf(sub, sizeof sub, "A = training path, B = inference path · %s · grey: no scored token (prompt or past "
-             "the end)%s", cell, nonpos ? " · white: ≤ 0" : "");
+             "the end)%s", cell, nonpos ? " · white: ≤ 0 (off a log scale)" : "");
     td_canvas *c = stack_figure(font, h, n, ph, o->log_scale, title, sub, "position in sequence (prompt + response)",
                                 "sequence", o->metric_kl ? "KL(B‖A)" : "|Δlogp|");
     for (size_t k = 0; k < n; k++) free(h[k].v);
