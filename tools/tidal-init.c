@@ -23,7 +23,9 @@ static void usage(FILE *f)
             "usage: tidal-init [--arch llama|mistral|qwen2|qwen3] [--preset tiny|qwen2.5-0.5b|qwen3-0.6b|llama-3.2-1b]\n"
             "                  [--hidden C] [--layers L] [--heads NH] [--kv-heads NKV] [--head-dim HD]\n"
             "                  [--intermediate F] [--vocab V] [--rope-theta X] [--rms-eps X] [--tie|--no-tie]\n"
-            "                  [--dtype f32|bf16|f16] [--seed S] -o DIR\n"
+            "                  [--dtype f32|bf16|f16] [--init-std S] [--embed-std S] [--seed S] -o DIR\n"
+            "  --init-std: std of GEMM weights and biases (0.02); --embed-std: of the embedding\n"
+            "  (default: --init-std); a larger one (e.g. 0.5) gives peaked distributions\n"
             "       tidal-init --lora-for MODEL_DIR [--rank R] [--alpha A] [--targets q_proj,k_proj,...]\n"
             "                  [--lora-std S] [--seed S] -o ADAPTER_DIR\n"
             "  --lora-for writes a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors in F32)\n"
@@ -100,7 +102,7 @@ static int write_adapter(const char *model_dir, const char *targets, int rank, d
 int main(int argc, char **argv)
 {
     enum { O_ARCH = 256, O_PRESET, O_HIDDEN, O_LAYERS, O_HEADS, O_KV, O_HD, O_F, O_V, O_THETA, O_EPS, O_TIE,
-           O_NOTIE, O_DTYPE, O_SEED, O_LORA_FOR, O_RANK, O_ALPHA, O_TARGETS, O_LORA_STD };
+           O_NOTIE, O_DTYPE, O_SEED, O_LORA_FOR, O_RANK, O_ALPHA, O_TARGETS, O_LORA_STD, O_STD, O_ESTD };
     static const struct option opts[] = {
         {"arch", 1, 0, O_ARCH}, {"preset", 1, 0, O_PRESET}, {"hidden", 1, 0, O_HIDDEN},
         {"layers", 1, 0, O_LAYERS}, {"heads", 1, 0, O_HEADS}, {"kv-heads", 1, 0, O_KV},
@@ -109,6 +111,7 @@ int main(int argc, char **argv)
         {"no-tie", 0, 0, O_NOTIE}, {"dtype", 1, 0, O_DTYPE}, {"seed", 1, 0, O_SEED},
         {"lora-for", 1, 0, O_LORA_FOR}, {"rank", 1, 0, O_RANK}, {"alpha", 1, 0, O_ALPHA},
         {"targets", 1, 0, O_TARGETS}, {"lora-std", 1, 0, O_LORA_STD},
+        {"init-std", 1, 0, O_STD}, {"embed-std", 1, 0, O_ESTD},
         {"output", 1, 0, 'o'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     const char *arch = NULL, *preset = NULL, *out = NULL, *dtype = "f32";
     int hidden = 0, layers = 0, heads = 0, kv = 0, hd = 0, inter = 0, vocab = 0, tie = -1;
@@ -117,6 +120,7 @@ int main(int argc, char **argv)
     int rank = 8;
     double alpha = 16, lora_std = 0.01;
     unsigned long long seed = 0;
+    td_init_opts init = {0.02, -1};
     int c;
     while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
         int bad = 0;
@@ -145,6 +149,8 @@ int main(int argc, char **argv)
         case O_ALPHA: bad = parse_double("--alpha", optarg, &alpha); break;
         case O_TARGETS: targets = optarg; break;
         case O_LORA_STD: bad = parse_double("--lora-std", optarg, &lora_std); break;
+        case O_STD: bad = parse_double("--init-std", optarg, &init.std); break;
+        case O_ESTD: bad = parse_double("--embed-std", optarg, &init.embed_std); break;
         case 'o': out = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -195,7 +201,8 @@ int main(int argc, char **argv)
     if (!cmd) return 2;
 
     td_error err;
-    int rc = td_checkpoint_init_random(out, &cfg, (td_dtype)dt, seed, cmd, stderr, &err);
+    if (init.embed_std < 0) init.embed_std = init.std;
+    int rc = td_checkpoint_init_random_opts(out, &cfg, (td_dtype)dt, seed, &init, cmd, stderr, &err);
     free(cmd);
     if (rc != 0) { fprintf(stderr, "tidal-init: %s\n", err.msg); return 1; }
     fprintf(stderr, "tidal-init: wrote %s (%s, C=%d L=%d NH=%d NKV=%d HD=%d F=%d V=%d%s)\n", out, td_arch_name(cfg.arch),

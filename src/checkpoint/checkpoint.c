@@ -357,7 +357,7 @@ size_t td_config_params(const td_config *c, td_param_spec *out, size_t cap)
         ADD(TD_PARAM_MATRIX, l, 2, C, F, "model.layers.%d.mlp.down_proj.weight", l);
     }
     ADD(TD_PARAM_NORM, -1, 1, C, 0, "model.norm.weight");
-    if (!c->tie_word_embeddings) ADD(TD_PARAM_MATRIX, -1, 2, V, C, "lm_head.weight");
+    if (!c->tie_word_embeddings) ADD(TD_PARAM_EMBED, -1, 2, V, C, "lm_head.weight");
 #undef ADD
     return n;
 }
