@@ -65,12 +65,12 @@ $(LIB): $(LIB_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/bin/%: tools/%.c $(LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) $< -o $@ $(LIB) $(LDLIBS)
+	@mkdir -p $(dir $@) $(BUILD)/dep
+	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) -MF $(BUILD)/dep/$*.d $< -o $@ $(LIB) $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) $< -o $@ $(LIB) $(LDLIBS) -lcmocka
+	@mkdir -p $(dir $@) $(BUILD)/dep
+	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) -MF $(BUILD)/dep/$*.d $< -o $@ $(LIB) $(LDLIBS) -lcmocka
 
 # NVIDIA reference tests: host code only, compiled by nvcc (which drives g++), linked with the
 # C library. No GPU is needed: cuda_bf16.h / cuda_fp16.h / cuda_fp8.h conversions are __host__.
