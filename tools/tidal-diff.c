@@ -83,29 +83,6 @@ static int parse_int(const char *flag, const char *s, long lo, long hi, long *ou
     return 0;
 }
 
-/* The command line as one shell-quoted string, recorded in the output. */
-static char *join_argv(int argc, char **argv)
-{
-    size_t n = 1;
-    for (int i = 0; i < argc; i++) n += 4 * strlen(argv[i]) + 3;
-    char *s = malloc(n), *p = s;
-    for (int i = 0; i < argc; i++) {
-        if (i) *p++ = ' ';
-        int plain = argv[i][0] != 0;
-        for (const char *c = argv[i]; *c; c++)
-            if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%", *c)) plain = 0;
-        if (plain) { p += sprintf(p, "%s", argv[i]); continue; }
-        *p++ = '\'';
-        for (const char *c = argv[i]; *c; c++) {
-            if (*c == '\'') { memcpy(p, "'\\''", 4); p += 4; }
-            else *p++ = *c;
-        }
-        *p++ = '\'';
-    }
-    *p = 0;
-    return s;
-}
-
 int main(int argc, char **argv)
 {
     td_diff_opts o = {.recipe_a_arg = "bf16-train", .recipe_b_arg = "bf16-infer", .max_new_tokens = 64,
@@ -212,7 +189,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    o.command_line = join_argv(argc, argv);
+    o.command_line = td_command_line(argc, argv);
     td_diff_summary s;
     if (td_diff_run(&o, &s, &err)) {
         fprintf(stderr, "tidal-diff: %s\n", err.msg);
