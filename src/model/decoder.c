@@ -67,9 +67,16 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
 
         /* attention sub-block */
         rmsnorm_forward_r(ops, a->xn, a->x, w->attn_norm, N, C, eps);
-        matmul_forward_r(ops, R, a->q, a->xn, w->wq, w->bq, N, C, QD);
-        matmul_forward_r(ops, R, a->k, a->xn, w->wk, w->bk, N, C, KVD);
-        matmul_forward_r(ops, R, a->v, a->xn, w->wv, w->bv, N, C, KVD);
+        if (recipe_is_plain_fp32(R)) {   /* fp32 reference: the three GEMMs in one parallel region */
+            float *qkv_out[] = {a->q, a->k, a->v};
+            const float *qkv_w[] = {w->wq, w->wk, w->wv}, *qkv_b[] = {w->bq, w->bk, w->bv};
+            int qkv_dim[] = {QD, KVD, KVD};
+            matmul_forward_multi(ops, 3, qkv_out, a->xn, qkv_w, qkv_b, N, C, qkv_dim);
+        } else {
+            matmul_forward_r(ops, R, a->q, a->xn, w->wq, w->bq, N, C, QD);
+            matmul_forward_r(ops, R, a->k, a->xn, w->wk, w->bk, N, C, KVD);
+            matmul_forward_r(ops, R, a->v, a->xn, w->wv, w->bv, N, C, KVD);
+        }
         lora_forward(ops, l, TD_LORA_Q, a->q, a->xn, N);   /* unmerged adapters, if any */
         lora_forward(ops, l, TD_LORA_K, a->k, a->xn, N);
         lora_forward(ops, l, TD_LORA_V, a->v, a->xn, N);
@@ -91,8 +98,15 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
 
         /* MLP sub-block */
         rmsnorm_forward_r(ops, a->xn, a->x, w->mlp_norm, N, C, eps);
-        matmul_forward_r(ops, R, a->gate, a->xn, w->w_gate, NULL, N, C, F);
-        matmul_forward_r(ops, R, a->up, a->xn, w->w_up, NULL, N, C, F);
+        if (recipe_is_plain_fp32(R)) {
+            float *gu_out[] = {a->gate, a->up};
+            const float *gu_w[] = {w->w_gate, w->w_up};
+            int gu_dim[] = {F, F};
+            matmul_forward_multi(ops, 2, gu_out, a->xn, gu_w, NULL, N, C, gu_dim);
+        } else {
+            matmul_forward_r(ops, R, a->gate, a->xn, w->w_gate, NULL, N, C, F);
+            matmul_forward_r(ops, R, a->up, a->xn, w->w_up, NULL, N, C, F);
+        }
         lora_forward(ops, l, TD_LORA_GATE, a->gate, a->xn, N);
         lora_forward(ops, l, TD_LORA_UP, a->up, a->xn, N);
         swiglu_forward_r(ops, a->gate, a->gate, a->up, N, F);

@@ -45,6 +45,12 @@ void rmsnorm_forward(const td_ops *ctx, float *out, const float *inp, const floa
 void matmul_forward(const td_ops *ctx, float *out, const float *inp, const float *weight,
                     const float *bias, int N, int IN, int OUT);
 
+/* n products of the same input in one go: out[j] (N, OUT[j]) = inp (N, IN) @ weight[j]^T
+ * + bias[j] (bias or bias[j] may be NULL). q/k/v and gate/up projections use it. */
+void matmul_forward_multi(const td_ops *ctx, int n, float *const *out, const float *inp,
+                          const float *const *weight, const float *const *bias, int N, int IN,
+                          const int *OUT);
+
 /* HF rotate-half RoPE in place on x (N, nheads, HD), row i at position pos[i]:
  * for k < HD/2, a = pos*inv_freq[k]:  x[k] <- x[k] cos a - x[k+HD/2] sin a,
  *                                     x[k+HD/2] <- x[k+HD/2] cos a + x[k] sin a. */
