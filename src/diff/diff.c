@@ -521,6 +521,12 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     for (size_t bi = 0; bi < nbatches; bi++) {
         size_t i0 = bi * (size_t)o->batch, n = J.n_mine - i0 < (size_t)o->batch ? J.n_mine - i0 : (size_t)o->batch;
         if (done[J.mine[i0]]) { skipped++; continue; }   /* batches are all-or-nothing */
+        if (o->stop && *o->stop) {
+            fprintf(stderr, "\n");
+            td_fail(err, TD_DIFF_INTERRUPTED ": stopped before batch %zu of %zu; %s holds every batch completed "
+                    "so far; run the same command with --resume to finish it", bi + 1, nbatches, o->out_path);
+            goto out;
+        }
         if (run_batch(&J, (int64_t)bi, J.mine + i0, (int)n, err)) goto out;
         if (commit_batch(&J, (int64_t)bi, err)) goto out;
         double el = difftime(time(NULL), w0);

@@ -15,9 +15,9 @@ run_one() {
   local n=$1 d=$out/$1
   mkdir -p "$d/corpus" "$d/artifacts"
   # -fork with -ignore_crashes keeps going after a finding, so one finding does not end the run
-  nice -n 10 "$B/fuzz_$n" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
-    -print_final_stats=1 -artifact_prefix="$d/artifacts/" "$d/corpus" "tests/fuzz/corpus/$n" >"$d/log" 2>&1
-  echo "$n: $(grep -E '^#[0-9]+.*(DONE|pulse)' "$d/log" | tail -n1)"
+  nice -n 10 "$B/fuzz_$n" -fork=1 -ignore_crashes=1 -ignore_ooms=1 -ignore_timeouts=1 \
+    -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 -artifact_prefix="$d/artifacts/" "$d/corpus" "tests/fuzz/corpus/$n" >"$d/log" 2>&1
+  echo "$n: $(grep -E '^#[0-9]+' "$d/log" | tail -n1)"
 }
 i=0
 for n in "${names[@]}"; do
