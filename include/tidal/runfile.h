@@ -46,7 +46,8 @@ int   td_runfile_get_i64(td_runfile *rf, const char *name, int64_t *value, td_er
  * Appending to an existing dataset of another type or width is an error. */
 int td_runfile_append(td_runfile *rf, const char *path, td_coltype type, size_t width,
                       const void *data, size_t nrows, td_error *err);
-/* Rows in a dataset; 0 if it does not exist. */
+/* Rows in a dataset; 0 if it does not exist; -1 if the file claims more rows than the dataset's
+ * storage can hold (corrupt or hostile file: never size a buffer by such a claim). */
 int64_t td_runfile_rows(td_runfile *rf, const char *path);
 int td_runfile_exists(td_runfile *rf, const char *path);
 /* Cuts every dataset of a group to nrows rows (resume: drops a half-written unit). */

@@ -246,6 +246,22 @@ static hid_t create_dataset(td_runfile *rf, const char *path, td_coltype type, s
     return d;
 }
 
+/* Whether the rows a dataset claims are held by its storage. HDF5 happily reports any extent
+ * for a chunked dataset (unwritten chunks read as the fill value), so a corrupt or hostile file
+ * can claim 2^60 rows in a few KB, and a reader that sizes a buffer by the claim would allocate
+ * that. tidal writes every row it extends by; deflate inflates at most 1032:1 and shuffle not
+ * at all, so the logical bytes can never exceed 1032 x the stored bytes (+ a chunk's slack). */
+static int rows_backed(hid_t d, hsize_t rows, size_t width)
+{
+    if (rows == 0) return 1;
+    hid_t ft = H5Dget_type(d);
+    size_t el = ft >= 0 ? H5Tget_size(ft) : 0;
+    if (ft >= 0) H5Tclose(ft);
+    hsize_t stored = H5Dget_storage_size(d);
+    if (el == 0 || el > 16 || width == 0 || rows > ((hsize_t)1 << 62) / width / el) return 0;
+    return rows * width * el <= stored * 1032 + 65536;
+}
+
 /* Opens a dataset and reports its rows and width. */
 static hid_t open_dataset(td_runfile *rf, const char *path, hsize_t *rows, size_t *width)
 {
@@ -306,8 +322,9 @@ int64_t td_runfile_rows(td_runfile *rf, const char *path)
     size_t w;
     hid_t d = open_dataset(rf, path, &rows, &w);
     if (d < 0) return 0;
+    int ok = rows_backed(d, rows, w);
     H5Dclose(d);
-    return (int64_t)rows;
+    return ok ? (int64_t)rows : -1;
 }
 
 size_t td_runfile_width(td_runfile *rf, const char *path)
@@ -360,9 +377,12 @@ int td_runfile_read(td_runfile *rf, const char *path, td_coltype type, int64_t r
     hid_t d = open_dataset(rf, path, &rows, &width);
     if (d < 0) return td_fail(err, "%s: missing dataset %s", rf->path, path);
     int rc = 0;
-    if (row0 < 0 || nrows < 0 || (hsize_t)(row0 + nrows) > rows) {
+    if (row0 < 0 || nrows < 0 || row0 > INT64_MAX - nrows || (hsize_t)(row0 + nrows) > rows) {
         rc = td_fail(err, "%s: rows %lld..%lld outside %s (%llu rows)", rf->path, (long long)row0,
-                     (long long)(row0 + nrows), path, (unsigned long long)rows);
+                     (long long)row0 + (long long)(nrows > 0 ? nrows : 0), path, (unsigned long long)rows);
+    } else if (!rows_backed(d, rows, width)) {
+        rc = td_fail(err, "%s: %s claims %llu rows that its storage cannot hold (corrupt file?)", rf->path, path,
+                     (unsigned long long)rows);
     } else if (nrows > 0) {
         int rank = width > 1 ? 2 : 1;
         hid_t fs = H5Dget_space(d);
