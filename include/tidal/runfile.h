@@ -58,8 +58,15 @@ int td_runfile_read(td_runfile *rf, const char *path, td_coltype type, int64_t r
 /* The width of a dataset (1 for 1-D); 0 if absent. */
 size_t td_runfile_width(td_runfile *rf, const char *path);
 
-/* Writes everything buffered to disk (H5Fflush): call after each completed unit of work. */
+/* Writes everything buffered to disk (H5Fflush): call after each completed unit of work.
+ * Crash consistency: run files never reuse freed space (HDF5 file space strategy NONE), so a
+ * SIGKILL at any moment leaves the state of the last flush readable and intact. */
 int td_runfile_flush(td_runfile *rf, td_error *err);
+
+/* Rewrites a closed run file without the dead space that appends leave behind (old copies of
+ * rewritten chunks), through PATH.compact.tmp and a rename: interrupted, it leaves PATH as it
+ * was. Data are copied chunk for chunk (identical bytes). Call when a run is complete. */
+int td_runfile_compact(const char *path, td_error *err);
 
 TD_END_DECLS
 

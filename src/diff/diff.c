@@ -561,6 +561,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     if (skipped) fprintf(stderr, "tidal-diff: resumed: %zu batches were already complete\n", skipped);
     if (td_runfile_close(J.rf, err)) { J.rf = NULL; goto out; }
     J.rf = NULL;
+    if (td_runfile_compact(o->out_path, err)) goto out;   /* complete: drop the appends' dead space */
     rc = sum ? td_diff_summarize(o->out_path, sum, err) : 0;
 out:
     if (J.rf) td_runfile_close(J.rf, NULL);

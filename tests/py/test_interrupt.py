@@ -1,9 +1,11 @@
 """Interrupted runs: tidal-diff and tidal-init killed at random (seeded) moments.
 
-tidal-diff: a tiny Qwen2 model, 40 prompts, batch 4, 32 new tokens (10 batches). One
-uninterrupted reference run; then runs killed with SIGKILL or SIGINT after a random number of
-completed batches plus a random fraction of a batch's time (TIDAL_INTERRUPT_KILLS=N for N kills,
-default 4: two of each; more for a stress run). After each kill:
+tidal-diff: a tiny Qwen2 model. (1) 40 prompts, batch 4, 32 new tokens (10 batches): runs killed
+with SIGKILL or SIGINT after a random number of completed batches plus a random fraction of a
+batch's time. (2) 24 prompts, batch 1, 2 new tokens, so that writing dominates: runs killed with
+SIGKILL at a random fraction of the reference run's duration, landing in commits and flushes.
+TIDAL_INTERRUPT_KILLS=N kills per part (default 4; more for a stress run). Each part has its own
+uninterrupted reference run. After each kill:
   - the run file opens with h5py;
   - the rows of every completed batch (rows below the last /progress row) equal the reference's
     rows bit for bit (nothing completed is lost or damaged);
@@ -58,10 +60,12 @@ def same_bits(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
+SHAPE = ["--batch", "4", "--max-new-tokens", "32"]
+
+
 def diff_cmd(d, out, *extra):
     return [os.path.join(BIN, "tidal-diff"), "--model", os.path.join(d, "m"), "--prompts",
-            os.path.join(d, "p.jsonl"), "-o", out, "--batch", "4", "--max-new-tokens", "32",
-            "--seed", "7", *extra]
+            os.path.join(d, "p.jsonl"), "-o", out, *SHAPE, "--seed", "7", *extra]
 
 
 def run_killed(cmd, sig, delay, after_batches=0):
@@ -80,31 +84,33 @@ def run_killed(cmd, sig, delay, after_batches=0):
     return p.returncode, (err + rest).decode(errors="replace")
 
 
-def test_diff(d):
+def test_diff(d, part, n_prompts, plan, by_batches):
     rng = random.Random(20261121)
     with open(os.path.join(d, "p.jsonl"), "w") as f:
-        for _ in range(40):
+        for _ in range(n_prompts):
             ids = [rng.randrange(3, 512) for _ in range(rng.randrange(4, 13))]
             f.write('{"tokens": [%s]}\n' % ", ".join(map(str, ids)))
-    ref_path = os.path.join(d, "ref.h5")
+    ref_path = os.path.join(d, part + "-ref.h5")
     t0 = time.monotonic()
     r = subprocess.run(diff_cmd(d, ref_path), capture_output=True)
     t_ref = time.monotonic() - t0
     if not check(r.returncode == 0, "reference run: %s" % r.stderr.decode()[-500:]):
         return
     ref = datasets(ref_path)
-    print("reference: %.2f s, %d token rows, %d batches" % (t_ref, len(ref["/tokens/seq"]), len(ref["/progress/batch"])))
+    print("[%s] reference: %.2f s, %d token rows, %d batches" % (part, t_ref, len(ref["/tokens/seq"]), len(ref["/progress/batch"])))
 
-    # two of each signal: after a random number of completed batches plus a random fraction of a
-    # batch's time (batches 1..8 of 10), so kills land inside compute and around commits
-    t_batch = t_ref / len(ref["/progress/batch"])
-    n_kills = int(os.environ.get("TIDAL_INTERRUPT_KILLS", "4"))
-    plan = [signal.SIGKILL if i % 4 < 2 else signal.SIGINT for i in range(n_kills)]
+    nb_ref = len(ref["/progress/batch"])
+    t_batch = t_ref / nb_ref
     for i, sig in enumerate(plan):
-        k, frac = rng.randrange(1, 9), rng.random()
-        path = os.path.join(d, "run%d.h5" % i)
-        rc, err = run_killed(diff_cmd(d, path), sig, frac * t_batch, k)
-        name = "%s after batch %d + %.2f of a batch" % (sig.name, k, frac)
+        path = os.path.join(d, "%s-run%d.h5" % (part, i))
+        if by_batches:   # after a random number of completed batches + a random fraction of one
+            k, frac = rng.randrange(1, nb_ref - 1), rng.random()
+            rc, err = run_killed(diff_cmd(d, path), sig, frac * t_batch, k)
+            name = "%s after batch %d + %.2f of a batch" % (sig.name, k, frac)
+        else:            # at a random fraction of the reference's duration
+            frac = rng.uniform(0.15, 0.85)
+            rc, err = run_killed(diff_cmd(d, path), sig, frac * t_ref)
+            name = "%s at %.2f of the reference run" % (sig.name, frac)
         if not check(rc != 0, "%s: the run finished before the signal (rc 0): the test aimed badly" % name):
             continue
         if sig == signal.SIGKILL:
@@ -169,7 +175,14 @@ with tempfile.TemporaryDirectory() as d:
     r = subprocess.run([os.path.join(BIN, "tidal-init"), "--arch", "qwen2", "--preset", "tiny", "--seed", "1",
                         "-o", os.path.join(d, "m")], capture_output=True)
     if check(r.returncode == 0, "tidal-init tiny: %s" % r.stderr.decode()[-300:]):
-        test_diff(d)
+        # 1. batches of 4 prompts x 32 tokens: kills land mostly inside compute
+        n_kills = int(os.environ.get("TIDAL_INTERRUPT_KILLS", "4"))
+        test_diff(d, "compute", 40, [signal.SIGKILL if i % 4 < 2 else signal.SIGINT for i in range(n_kills)], True)
+        # 2. batches of 1 prompt x 2 tokens: writing dominates, so SIGKILLs land inside commits and
+        #    flushes (before run files stopped reusing freed space, 4 of 12 such kills left
+        #    completed rows undecodable: "inflate() failed")
+        SHAPE[:] = ["--batch", "1", "--max-new-tokens", "2"]
+        test_diff(d, "commit", 24, [signal.SIGKILL] * n_kills, False)
     test_init(d)
 
 print("test_interrupt: %s" % ("FAILED: %d problems" % len(failures) if failures else "ok"))
