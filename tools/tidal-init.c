@@ -8,9 +8,11 @@
 #include "tidal/checkpoint.h"
 
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(FILE *f)
 {
@@ -42,6 +44,17 @@ static int parse_double(const char *opt, const char *s, double *out)
         return -1;
     }
     return 0;
+}
+
+/* Ctrl-C / SIGTERM while writing: remove DIR/model.safetensors.tmp (the real name only ever
+ * appears, by rename, once the file is complete), then die of the signal as before. */
+static char tmp_path[4200];
+
+static void on_stop_signal(int sig)
+{
+    unlink(tmp_path);
+    signal(sig, SIG_DFL);
+    raise(sig);
 }
 
 int main(int argc, char **argv)
@@ -135,6 +148,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < argc; i++) { if (i) strcat(cmd, " "); strcat(cmd, argv[i]); }
 
     td_error err;
+    snprintf(tmp_path, sizeof tmp_path, "%s/model.safetensors.tmp", out);
+    signal(SIGINT, on_stop_signal);
+    signal(SIGTERM, on_stop_signal);
     int rc = td_checkpoint_init_random(out, &cfg, (td_dtype)dt, seed, cmd, stderr, &err);
     free(cmd);
     if (rc != 0) { fprintf(stderr, "tidal-init: %s\n", err.msg); return 1; }

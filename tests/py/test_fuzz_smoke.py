@@ -35,7 +35,7 @@ def run(name, tmp):
     cmd = [os.path.join(ROOT, BUILD, "fuzz", "fuzz_" + name), "-seed=1", "-max_total_time=%d" % SECS, "-timeout=10",
            "-rss_limit_mb=2048", "-malloc_limit_mb=1024", "-artifact_prefix=" + work + "/",
            work, os.path.join(ROOT, "tests", "fuzz", "corpus", name)]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env)
+    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", cwd=tmp, env=env)
     done = [l for l in p.stderr.splitlines() if l.startswith("#") and "DONE" in l]
     return name, p.returncode, (done[-1] if done else ""), p.stderr
 

@@ -14,7 +14,8 @@ uninterrupted reference run. After each kill:
   - `--resume` finishes the file, and every dataset of /tokens, /seqs, /prompts, /progress then
     equals the reference bit for bit (NaNs included, compared as bytes).
 tidal-init: killed with SIGKILL / SIGINT while writing a ~100 MB model: model.safetensors is
-never left half-written under its real name (it is written as .tmp and renamed when complete).
+never left half-written under its real name (it is written as .tmp and renamed when complete);
+after SIGINT the .tmp is removed too (after SIGKILL it stays: nothing can run then).
 
 Exit 0 pass, 1 fail, 77 skip (h5py missing).
 """
@@ -100,6 +101,7 @@ def test_diff(d, part, n_prompts, plan, by_batches):
     print("[%s] reference: %.2f s, %d token rows, %d batches" % (part, t_ref, len(ref["/tokens/seq"]), len(ref["/progress/batch"])))
 
     nb_ref = len(ref["/progress/batch"])
+    late = 0
     t_batch = t_ref / nb_ref
     for i, sig in enumerate(plan):
         path = os.path.join(d, "%s-run%d.h5" % (part, i))
@@ -108,11 +110,14 @@ def test_diff(d, part, n_prompts, plan, by_batches):
             rc, err = run_killed(diff_cmd(d, path), sig, frac * t_batch, k)
             name = "%s after batch %d + %.2f of a batch" % (sig.name, k, frac)
         else:            # at a random fraction of the reference's duration
-            frac = rng.uniform(0.15, 0.85)
+            frac = rng.uniform(0.1, 0.7)
             rc, err = run_killed(diff_cmd(d, path), sig, frac * t_ref)
             name = "%s at %.2f of the reference run" % (sig.name, frac)
-        if not check(rc != 0, "%s: the run finished before the signal (rc 0): the test aimed badly" % name):
+        if rc == 0 and not by_batches:   # timing on a loaded machine: this kill came too late
+            late += 1
+            print("%s: the run finished first (rc 0)" % name)
             continue
+        check(rc != 0, "%s: the run finished before the signal (rc 0): the test aimed badly" % name)
         if sig == signal.SIGKILL:
             check(rc == -signal.SIGKILL, "%s: expected death by SIGKILL, got rc %d" % (name, rc))
         else:
@@ -145,6 +150,7 @@ def test_diff(d, part, n_prompts, plan, by_batches):
         check(set(fin) == set(ref), "%s: resumed file has datasets %s, reference %s" % (name, sorted(set(fin) ^ set(ref)), ""))
         bad = [k for k in ref if k in fin and not same_bits(fin[k], ref[k])]
         check(not bad, "%s: after --resume these differ from the reference: %s" % (name, bad))
+    check(late * 2 <= len(plan), "[%s] %d of %d kills came after the run had finished" % (part, late, len(plan)))
 
 
 def test_init(d):
@@ -157,15 +163,17 @@ def test_init(d):
     t_ref = time.monotonic() - t0
     if not check(r.returncode == 0, "tidal-init reference: %s" % r.stderr.decode()[-300:]):
         return
-    size = os.path.getsize(os.path.join(out, "model.safetensors"))
     for i, sig in enumerate([signal.SIGKILL, signal.SIGINT, signal.SIGKILL]):
         o = os.path.join(d, "init%d" % i)
         frac = rng.uniform(0.2, 0.8)
         rc, _ = run_killed([os.path.join(BIN, "tidal-init"), *cmd_tail, "-o", o], sig, frac * t_ref)
         final = os.path.join(o, "model.safetensors")
         if os.path.exists(final):   # it finished before the signal: then it must be whole
-            check(rc == 0 and os.path.getsize(final) == size,
-                  "tidal-init %s at %.2f: model.safetensors exists but rc %d, %d of %d bytes" % (sig.name, frac, rc, os.path.getsize(final), size))
+            v = subprocess.run([os.path.join(BIN, "tidal-inspect"), o, "--no-tensors"], capture_output=True, text=True)
+            check(rc == 0 and v.returncode == 0, "tidal-init %s at %.2f: model.safetensors exists but rc %d, "
+                  "tidal-inspect: %s" % (sig.name, frac, rc, v.stderr[-300:]))
+        if sig == signal.SIGINT:
+            check(not os.path.exists(final + ".tmp"), "tidal-init SIGINT left model.safetensors.tmp behind")
         print("tidal-init %s at %.2f of %.2f s: rc %d, model.safetensors %s, .tmp %s" % (
             sig.name, frac, t_ref, rc, "complete" if os.path.exists(final) else "absent",
             "left" if os.path.exists(final + ".tmp") else "absent"))
