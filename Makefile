@@ -5,6 +5,7 @@
 #   make check-asan the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer
 #   make demo       install missing deps, build, run the toolkit's main job on shipped defaults
 #   make bench      benchmarks that print ratios against a peer
+#   make fuzz       libFuzzer targets (tests/fuzz/fuzz_*.c) into build/fuzz/, built by clang
 #
 # Sources are discovered, not listed: every src/**/*.c goes into libtidal, every tools/*.c is
 # one CLI, every tests/test_*.c is one cmocka test program, every tests/nv/*.cu is a test built
@@ -101,5 +102,33 @@ bench: deps
 
 clean:
 	rm -rf build build-asan
+
+
+# Fuzz targets: libFuzzer needs clang, so libtidal is compiled a second time, instrumented, under
+# $(BUILD)/fuzz/obj (the main build stays on $(CC)). Each tests/fuzz/fuzz_NAME.c becomes
+# $(BUILD)/fuzz/fuzz_NAME; corpora in tests/fuzz/corpus/NAME; smoke run: tests/py/test_fuzz_smoke.py.
+FUZZ_CC    ?= clang
+FUZZ_SAN   := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+# No -fopenmp when compiling: clang 14 rejects a local union inside `omp declare simd` (ops.c), and
+# the parsers fuzzed here are serial; libomp is linked for the omp_* calls of the model code.
+FUZZ_FLAGS := -O1 -g -fno-omit-frame-pointer -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter \
+              -Wno-unknown-pragmas -Iinclude $(PKG_CFLAGS) $(FUZZ_SAN)
+FUZZ_SRC   := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZERS    := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
+FUZZ_OBJ   := $(LIB_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
+
+.PHONY: fuzz
+fuzz: $(FUZZERS)
+
+$(BUILD)/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(DEPDIR_FLAGS) -c $< -o $@
+
+$(BUILD)/fuzz/libtidal.a: $(FUZZ_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_util.h $(BUILD)/fuzz/libtidal.a
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer $(DEPDIR_FLAGS) $< -o $@ $(BUILD)/fuzz/libtidal.a $(PKG_LIBS) -lgsl -lm -fopenmp
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

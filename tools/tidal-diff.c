@@ -14,9 +14,11 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(FILE *f)
 {
@@ -81,6 +83,18 @@ static int parse_int(const char *flag, const char *s, long lo, long hi, long *ou
     }
     *out = v;
     return 0;
+}
+
+/* SIGINT / SIGTERM: finish the batch in flight, close the file, say how to resume. The handler
+ * resets itself (SA_RESETHAND), so a second Ctrl-C stops at once; what is on disk is the same. */
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+    static const char msg[] = "\ntidal-diff: stopping after the batch in flight (Ctrl-C again to stop now)\n";
+    if (write(2, msg, sizeof msg - 1) < 0) { /* nothing to do */ }
 }
 
 int main(int argc, char **argv)
@@ -190,11 +204,19 @@ int main(int argc, char **argv)
         }
     }
     o.command_line = td_command_line(argc, argv);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    o.stop = &stop_requested;
     td_diff_summary s;
     if (td_diff_run(&o, &s, &err)) {
         fprintf(stderr, "tidal-diff: %s\n", err.msg);
         free((char *)o.command_line);
-        return 1;
+        return stop_requested ? 130 : 1;   /* 128 + SIGINT, as a shell reports an interrupted job */
     }
     printf("tidal-diff: %s vs %s on %s -> %s\n", o.recipe_a.name, o.recipe_b.name, o.model_dir, o.out_path);
     printf("  sequences %lld, scored tokens %lld\n", (long long)s.seqs, (long long)s.tokens);

@@ -13,9 +13,11 @@
 #include "tidal/lora.h"
 
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(FILE *f)
 {
@@ -59,17 +61,6 @@ static int parse_double(const char *opt, const char *s, double *out)
     return 0;
 }
 
-static char *command_line(int argc, char **argv)
-{
-    size_t len = 1;
-    for (int i = 0; i < argc; i++) len += strlen(argv[i]) + 1;
-    char *cmd = malloc(len);
-    if (!cmd) return NULL;
-    cmd[0] = 0;
-    for (int i = 0; i < argc; i++) { if (i) strcat(cmd, " "); strcat(cmd, argv[i]); }
-    return cmd;
-}
-
 /* --lora-for: a random PEFT adapter for the model in model_dir. */
 static int write_adapter(const char *model_dir, const char *targets, int rank, double alpha, double std,
                          unsigned long long seed, const char *out, int argc, char **argv)
@@ -90,13 +81,24 @@ static int write_adapter(const char *model_dir, const char *targets, int rank, d
         modules |= 1u << m;
     }
     if (!modules) { fprintf(stderr, "tidal-init: --targets names no projection\n"); return 2; }
-    char *cmd = command_line(argc, argv);
+    char *cmd = td_command_line(argc, argv);
     int rc = td_lora_init_random(out, &cfg, rank, alpha, modules, std, seed, model_dir, cmd, &err);
     free(cmd);
     if (rc) { fprintf(stderr, "tidal-init: %s\n", err.msg); return 1; }
     fprintf(stderr, "tidal-init: wrote LoRA adapter %s (r=%d, alpha=%g, std=%g, targets %s, %d layers)\n", out, rank,
             alpha, std, targets, cfg.num_layers);
     return 0;
+}
+
+/* Ctrl-C / SIGTERM while writing: remove DIR/model.safetensors.tmp (the real name only ever
+ * appears, by rename, once the file is complete), then die of the signal as before. */
+static char tmp_path[4200];
+
+static void on_stop_signal(int sig)
+{
+    unlink(tmp_path);
+    signal(sig, SIG_DFL);
+    raise(sig);
 }
 
 int main(int argc, char **argv)
@@ -197,11 +199,14 @@ int main(int argc, char **argv)
     }
 
     /* the command line, recorded in the checkpoint */
-    char *cmd = command_line(argc, argv);
+    char *cmd = td_command_line(argc, argv);
     if (!cmd) return 2;
 
     td_error err;
     if (init.embed_std < 0) init.embed_std = init.std;
+    snprintf(tmp_path, sizeof tmp_path, "%s/model.safetensors.tmp", out);
+    signal(SIGINT, on_stop_signal);
+    signal(SIGTERM, on_stop_signal);
     int rc = td_checkpoint_init_random_opts(out, &cfg, (td_dtype)dt, seed, &init, cmd, stderr, &err);
     free(cmd);
     if (rc != 0) { fprintf(stderr, "tidal-init: %s\n", err.msg); return 1; }

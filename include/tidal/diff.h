@@ -14,6 +14,8 @@
 #include "tidal/recipe.h"
 #include "tidal/sampling.h"
 
+#include <signal.h>
+
 TD_BEGIN_DECLS
 
 typedef struct {
@@ -34,7 +36,14 @@ typedef struct {
     const char *command_line;  /* recorded in the file                                   */
     const char *lora_dir;      /* PEFT adapter applied by both paths (NULL: none)        */
     int lora_merge_a, lora_merge_b;  /* merge it into that path's weights, else unmerged */
+    /* Checked between batches (may be NULL): once non-zero (a SIGINT/SIGTERM handler sets it),
+     * the run stops after the batch in flight, closes the file cleanly and returns -1 with
+     * TD_DIFF_INTERRUPTED in err.msg and how to --resume. */
+    const volatile sig_atomic_t *stop;
 } td_diff_opts;
+
+/* err.msg of a run stopped through opts.stop starts with this. */
+#define TD_DIFF_INTERRUPTED "interrupted"
 
 typedef struct {
     int64_t tokens, seqs;

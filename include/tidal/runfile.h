@@ -47,7 +47,8 @@ int   td_runfile_get_f64(td_runfile *rf, const char *name, double *value, td_err
  * Appending to an existing dataset of another type or width is an error. */
 int td_runfile_append(td_runfile *rf, const char *path, td_coltype type, size_t width,
                       const void *data, size_t nrows, td_error *err);
-/* Rows in a dataset; 0 if it does not exist. */
+/* Rows in a dataset; 0 if it does not exist; -1 if the file claims more rows than the dataset's
+ * storage can hold (corrupt or hostile file: never size a buffer by such a claim). */
 int64_t td_runfile_rows(td_runfile *rf, const char *path);
 int td_runfile_exists(td_runfile *rf, const char *path);
 /* Cuts every dataset of a group to nrows rows (resume: drops a half-written unit). */
@@ -58,8 +59,15 @@ int td_runfile_read(td_runfile *rf, const char *path, td_coltype type, int64_t r
 /* The width of a dataset (1 for 1-D); 0 if absent. */
 size_t td_runfile_width(td_runfile *rf, const char *path);
 
-/* Writes everything buffered to disk (H5Fflush): call after each completed unit of work. */
+/* Writes everything buffered to disk (H5Fflush): call after each completed unit of work.
+ * Crash consistency: run files never reuse freed space (HDF5 file space strategy NONE), so a
+ * SIGKILL at any moment leaves the state of the last flush readable and intact. */
 int td_runfile_flush(td_runfile *rf, td_error *err);
+
+/* Rewrites a closed run file without the dead space that appends leave behind (old copies of
+ * rewritten chunks), through PATH.compact.tmp and a rename: interrupted, it leaves PATH as it
+ * was. Data are copied chunk for chunk (identical bytes). Call when a run is complete. */
+int td_runfile_compact(const char *path, td_error *err);
 
 TD_END_DECLS
 

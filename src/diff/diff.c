@@ -199,6 +199,7 @@ static int generate(job *J, batch_state *b, const size_t *idx, td_error *err)
         int n = 0;
         for (int s = 0; s < b->n; s++) {
             if (b->finish[s] >= 0) continue;
+            if (b->len[s] >= J->max_len) { b->finish[s] = FINISH_LENGTH; active--; continue; }  /* buffers hold max_len */
             const float *lg = logits + (size_t)s * V;
             int pos = b->len[s];                          /* position of the token drawn */
             int y = td_sample(J->sampler, &o->sampling, lg, b->seq[s], b->len[s], &rng[s], proc);
@@ -459,6 +460,21 @@ static int open_output(job *J, td_error *err)
                 td_runfile_read(J->rf, "/progress/token_rows", TD_COL_I64, nb - 1, 1, &p[1], err) ||
                 td_runfile_read(J->rf, "/progress/prompt_rows", TD_COL_I64, nb - 1, 1, &p[2], err)) goto done;
         }
+        /* the counts come from the file: they must name rows the file holds (they size buffers) */
+        const char *held[3] = {"/seqs/prompt_index", "/tokens/seq", "/prompts/tokens"};
+        for (int k = 0; k < 3; k++) {
+            int64_t have = td_runfile_rows(J->rf, held[k]);
+            if (nb < 0 || have < 0) {
+                td_fail(err, "%s: %s claims more rows than its storage holds (corrupt file?)", o->out_path,
+                        nb < 0 ? "/progress/batch" : held[k]);
+                goto done;
+            }
+            if (p[k] < 0 || p[k] > have) {
+                td_fail(err, "%s: /progress says %lld rows of %s are complete but the file holds %lld (corrupt file?)",
+                        o->out_path, (long long)p[k], held[k], (long long)have);
+                goto done;
+            }
+        }
         J->seq_rows = p[0];
         J->token_rows = p[1];
         J->prompt_rows = p[2];
@@ -588,6 +604,13 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
         if ((int)(i % (size_t)o->shard_n) != o->shard_k) continue;
         J.mine[J.n_mine++] = i;
         int l = J.prompts.items[i].n_prompt + J.prompts.items[i].n_response;
+        /* a generated sequence must fit the context whole: refuse it here, not cut it short */
+        if (!J.prompts.has_rollouts && (int64_t)l + o->max_new_tokens > ctx) {
+            td_fail(err, "%s:%ld: prompt of %d tokens + --max-new-tokens %d is past the model's context of %d "
+                    "positions (max_position_embeddings); shorten the prompt or lower --max-new-tokens",
+                    o->prompts_path, J.prompts.items[i].line, l, o->max_new_tokens, ctx);
+            goto out;
+        }
         if (l > max_prompt) max_prompt = l;
     }
     J.max_len = max_prompt + (J.prompts.has_rollouts ? 0 : o->max_new_tokens);
@@ -619,6 +642,12 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     for (size_t bi = 0; bi < nbatches; bi++) {
         size_t i0 = bi * (size_t)o->batch, n = J.n_mine - i0 < (size_t)o->batch ? J.n_mine - i0 : (size_t)o->batch;
         if (done[J.mine[i0]]) { skipped++; continue; }   /* batches are all-or-nothing */
+        if (o->stop && *o->stop) {
+            fprintf(stderr, "\n");
+            td_fail(err, TD_DIFF_INTERRUPTED ": stopped before batch %zu of %zu; %s holds every batch completed "
+                    "so far; run the same command with --resume to finish it", bi + 1, nbatches, o->out_path);
+            goto out;
+        }
         if (run_batch(&J, (int64_t)bi, J.mine + i0, (int)n, err)) goto out;
         if (commit_batch(&J, (int64_t)bi, err)) goto out;
         ran++;
@@ -631,6 +660,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     if (skipped) fprintf(stderr, "tidal-diff: resumed: %zu batches were already complete\n", skipped);
     if (td_runfile_close(J.rf, err)) { J.rf = NULL; goto out; }
     J.rf = NULL;
+    if (td_runfile_compact(o->out_path, err)) goto out;   /* complete: drop the appends' dead space */
     rc = sum ? td_diff_summarize(o->out_path, sum, err) : 0;
     if (sum) {
         sum->run_batches = ran;
@@ -659,6 +689,10 @@ int td_diff_summarize(const char *run_path, td_diff_summary *s, td_error *err)
     s->seqs = td_runfile_rows(rf, "/seqs/prompt_index");
     s->tokens = n;
     int rc = 0;
+    if (n < 0 || s->seqs < 0) {
+        td_runfile_close(rf, NULL);
+        return td_fail(err, "%s: /tokens or /seqs claims more rows than the file holds (corrupt file?)", run_path);
+    }
     if (n > 0) {
         double *d = td_xmalloc((size_t)n * sizeof(double)), *kl = td_xmalloc((size_t)n * sizeof(double));
         double *k3 = td_xmalloc((size_t)n * sizeof(double));

@@ -129,7 +129,8 @@ void matmul_forward_r(const td_ops *ctx, const td_recipe *r, float *out, const f
         int per = ((OUT + n - 1) / n + 15) / 16 * 16;
         int o0 = t * per, o1 = o0 + per < OUT ? o0 + per : OUT;
         if (o0 < o1) {
-            float *scratch = ctx->gscratch + (size_t)t * ctx->gscratch_per_thread;
+            /* gscratch is NULL when no recipe needs it (NULL + 0 is undefined behaviour in C) */
+            float *scratch = ctx->gscratch ? ctx->gscratch + (size_t)t * ctx->gscratch_per_thread : NULL;
             /* fp8-fast scratch holds (N, cols) twice: walk the slice in column chunks that fit */
             int cols = o1 - o0;
             if (r->accumulate == TD_ACC_FP8_FAST) {

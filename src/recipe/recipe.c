@@ -232,7 +232,7 @@ int td_recipe_from_json(const char *text, size_t len, const char *what, td_recip
     json_t *v;
     json_object_foreach(o, key, v) {
         int e = 0;
-        bool b;
+        bool b = false;   /* read below even when get_choice fails */
         if (!strcmp(key, "base")) continue;
         else if (!strcmp(key, "name")) {
             if (!json_is_string(v)) { td_fail(err, "%s: field \"name\": expected a string", what); goto done; }

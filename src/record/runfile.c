@@ -51,7 +51,17 @@ td_runfile *td_runfile_create(const char *path, int overwrite, td_error *err)
         td_fail(err, "%s: already exists; not replacing it (use --resume to continue it, or --force to replace it)", path);
         return NULL;
     }
-    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    /* Crash consistency: a compressed chunk that grows moves to new space and its old space is
+     * freed; with HDF5's default strategy another chunk written before the next flush can reuse
+     * that space, while the index on disk (last flush) still points there, so a SIGKILL in that
+     * window left completed rows undecodable ("inflate() failed"; test_interrupt's stress).
+     * With no free-space reuse, bytes that the flushed index points to are never overwritten.
+     * The price: every commit leaves the old copies of the datasets' last chunks behind as dead
+     * space; td_runfile_compact reclaims it when a run is complete. */
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    H5Pset_file_space_strategy(fcpl, H5F_FSPACE_STRATEGY_NONE, 0, 0);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
+    H5Pclose(fcpl);
     if (f < 0) {
         td_fail(err, "%s: cannot create the HDF5 file (is the directory there and writable?)", path);
         return NULL;
@@ -257,6 +267,22 @@ static hid_t create_dataset(td_runfile *rf, const char *path, td_coltype type, s
     return d;
 }
 
+/* Whether the rows a dataset claims are held by its storage. HDF5 happily reports any extent
+ * for a chunked dataset (unwritten chunks read as the fill value), so a corrupt or hostile file
+ * can claim 2^60 rows in a few KB, and a reader that sizes a buffer by the claim would allocate
+ * that. tidal writes every row it extends by; deflate inflates at most 1032:1 and shuffle not
+ * at all, so the logical bytes can never exceed 1032 x the stored bytes (+ a chunk's slack). */
+static int rows_backed(hid_t d, hsize_t rows, size_t width)
+{
+    if (rows == 0) return 1;
+    hid_t ft = H5Dget_type(d);
+    size_t el = ft >= 0 ? H5Tget_size(ft) : 0;
+    if (ft >= 0) H5Tclose(ft);
+    hsize_t stored = H5Dget_storage_size(d);
+    if (el == 0 || el > 16 || width == 0 || rows > ((hsize_t)1 << 62) / width / el) return 0;
+    return rows * width * el <= stored * 1032 + 65536;
+}
+
 /* Opens a dataset and reports its rows and width. */
 static hid_t open_dataset(td_runfile *rf, const char *path, hsize_t *rows, size_t *width)
 {
@@ -317,8 +343,9 @@ int64_t td_runfile_rows(td_runfile *rf, const char *path)
     size_t w;
     hid_t d = open_dataset(rf, path, &rows, &w);
     if (d < 0) return 0;
+    int ok = rows_backed(d, rows, w);
     H5Dclose(d);
-    return (int64_t)rows;
+    return ok ? (int64_t)rows : -1;
 }
 
 size_t td_runfile_width(td_runfile *rf, const char *path)
@@ -371,9 +398,12 @@ int td_runfile_read(td_runfile *rf, const char *path, td_coltype type, int64_t r
     hid_t d = open_dataset(rf, path, &rows, &width);
     if (d < 0) return td_fail(err, "%s: missing dataset %s", rf->path, path);
     int rc = 0;
-    if (row0 < 0 || nrows < 0 || (hsize_t)(row0 + nrows) > rows) {
+    if (row0 < 0 || nrows < 0 || row0 > INT64_MAX - nrows || (hsize_t)(row0 + nrows) > rows) {
         rc = td_fail(err, "%s: rows %lld..%lld outside %s (%llu rows)", rf->path, (long long)row0,
-                     (long long)(row0 + nrows), path, (unsigned long long)rows);
+                     (long long)row0 + (long long)(nrows > 0 ? nrows : 0), path, (unsigned long long)rows);
+    } else if (!rows_backed(d, rows, width)) {
+        rc = td_fail(err, "%s: %s claims %llu rows that its storage cannot hold (corrupt file?)", rf->path, path,
+                     (unsigned long long)rows);
     } else if (nrows > 0) {
         int rank = width > 1 ? 2 : 1;
         hid_t fs = H5Dget_space(d);
@@ -387,4 +417,59 @@ int td_runfile_read(td_runfile *rf, const char *path, td_coltype type, int64_t r
     }
     H5Dclose(d);
     return rc;
+}
+
+/* ---------------------------------------------------------------- compaction */
+
+/* Root attribute copy (H5Aiterate2 callback): read and write in the file's own type, so vlen
+ * strings travel as char pointers and integers as stored. */
+static herr_t copy_attr(hid_t loc, const char *name, const H5A_info_t *info, void *user)
+{
+    (void)info;
+    hid_t dst = *(hid_t *)user;
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+    hid_t t = H5Aget_type(a), sp = H5Aget_space(a);
+    hssize_t n = H5Sget_simple_extent_npoints(sp);
+    size_t sz = H5Tget_size(t);
+    herr_t rc = -1;
+    void *buf = n >= 0 && n < (1 << 20) && sz && sz < (1 << 20) ? calloc((size_t)(n ? n : 1), sz) : NULL;
+    if (buf && H5Aread(a, t, buf) >= 0) {
+        hid_t b = H5Acreate2(dst, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
+        if (b >= 0 && H5Awrite(b, t, buf) >= 0) rc = 0;
+        if (b >= 0) H5Aclose(b);
+        if (H5Tis_variable_str(t) > 0 || H5Tdetect_class(t, H5T_VLEN) > 0) H5Dvlen_reclaim(t, sp, H5P_DEFAULT, buf);
+    }
+    free(buf);
+    H5Sclose(sp);
+    H5Tclose(t);
+    H5Aclose(a);
+    return rc;
+}
+
+static herr_t copy_link(hid_t loc, const char *name, const H5L_info_t *info, void *user)
+{
+    (void)info;
+    return H5Ocopy(loc, name, *(hid_t *)user, name, H5P_DEFAULT, H5P_DEFAULT) < 0 ? -1 : 0;
+}
+
+int td_runfile_compact(const char *path, td_error *err)
+{
+    quiet_hdf5();
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.compact.tmp", path);
+    hid_t src = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (src < 0) return td_fail(err, "%s: cannot open the HDF5 file to compact it", path);
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    H5Pset_file_space_strategy(fcpl, H5F_FSPACE_STRATEGY_NONE, 0, 0);
+    hid_t dst = H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
+    H5Pclose(fcpl);
+    int ok = dst >= 0 && H5Aiterate2(src, H5_INDEX_NAME, H5_ITER_NATIVE, NULL, copy_attr, &dst) >= 0 &&
+             H5Literate(src, H5_INDEX_NAME, H5_ITER_NATIVE, NULL, copy_link, &dst) >= 0;
+    if (dst >= 0 && H5Fclose(dst) < 0) ok = 0;
+    H5Fclose(src);
+    if (!ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return td_fail(err, "%s: could not compact the file (it is complete and intact as it is)", path);
+    }
+    return 0;
 }

@@ -103,9 +103,10 @@ int tk_bpe_load(tk_bpe *b, json_t *model, const char *path, size_t max_ids, td_e
     b->byte_fallback = opt_bool(model, "byte_fallback");
     b->ignore_merges = opt_bool(model, "ignore_merges");
 
-    size_t nv = json_object_size(vocab);
+    size_t nv = json_object_size(vocab), n_ids = 0;
     const char *key;
     json_t *val;
+    /* n_ids goes into b only once id_str exists: tk_bpe_free walks id_str[0..n_ids) */
     json_object_foreach(vocab, key, val) {
         if (!json_is_integer(val) || json_integer_value(val) < 0 || (size_t)json_integer_value(val) >= max_ids) {
             free(unk);
@@ -113,8 +114,9 @@ int tk_bpe_load(tk_bpe *b, json_t *model, const char *path, size_t max_ids, td_e
                            "entries and added tokens)", path, key, max_ids);
         }
         size_t id = (size_t)json_integer_value(val);
-        if (id + 1 > b->n_ids) b->n_ids = id + 1;
+        if (id + 1 > n_ids) n_ids = id + 1;
     }
+    b->n_ids = n_ids;
     b->id_str = td_xcalloc(b->n_ids ? b->n_ids : 1, sizeof *b->id_str);
     b->id_len = td_xcalloc(b->n_ids ? b->n_ids : 1, sizeof *b->id_len);
     json_object_foreach(vocab, key, val) {
