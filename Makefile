@@ -5,6 +5,7 @@
 #   make check-asan the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer
 #   make demo       install missing deps, build, run the toolkit's main job on shipped defaults
 #   make bench      benchmarks that print ratios against a peer
+#   make fuzz       libFuzzer targets (tests/fuzz/fuzz_*.c) into build/fuzz/, built by clang
 #
 # Sources are discovered, not listed: every src/**/*.c goes into libtidal, every tools/*.c is
 # one CLI, every tests/test_*.c is one cmocka test program, every tests/nv/*.cu is a test built
@@ -45,6 +46,10 @@ else
 endif
 
 DEPDIR_FLAGS = -MMD -MP
+comma := ,
+space := $(subst ,, )
+# nvcc splits -Xcompiler arguments at commas, so sanitizer flags travel comma-joined
+SAN_NV := $(if $(SAN),$(comma)$(subst $(space),$(comma),$(strip $(SAN))))
 
 .PHONY: all deps check check-asan demo bench clean tests
 all: $(LIB) $(TOOLS)
@@ -61,18 +66,18 @@ $(LIB): $(LIB_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/bin/%: tools/%.c $(LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) $< -o $@ $(LIB) $(LDLIBS)
+	@mkdir -p $(dir $@) $(BUILD)/dep
+	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) -MF $(BUILD)/dep/$*.d $< -o $@ $(LIB) $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) $< -o $@ $(LIB) $(LDLIBS) -lcmocka
+	@mkdir -p $(dir $@) $(BUILD)/dep
+	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) -MF $(BUILD)/dep/$*.d $< -o $@ $(LIB) $(LDLIBS) -lcmocka
 
 # NVIDIA reference tests: host code only, compiled by nvcc (which drives g++), linked with the
 # C library. No GPU is needed: cuda_bf16.h / cuda_fp16.h / cuda_fp8.h conversions are __host__.
 $(BUILD)/tests/nv/%: tests/nv/%.cu $(LIB)
 	@mkdir -p $(dir $@)
-	$(NVCC) -O2 -std=c++17 -Iinclude -Xcompiler "-fopenmp $(SAN)" $< -o $@ $(LIB) -lcmocka -lm -Xcompiler -fopenmp $(if $(SAN),-Xcompiler "$(SAN)")
+	$(NVCC) -O2 -std=c++17 -Iinclude -Xcompiler -fopenmp$(SAN_NV) $< -o $@ $(LIB) -lcmocka -lm -Xlinker -lgomp$(if $(SAN), -Xcompiler $(subst $(space),$(comma),$(strip $(SAN))))
 
 tests: $(TESTS) $(NVTESTS) $(TOOLS)
 
@@ -83,7 +88,7 @@ check: deps
 # Sanitizer build lives in its own tree so it never mixes objects with the normal build.
 check-asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer" \
-	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" tests
+	    SAN="-fsanitize=address -fsanitize=undefined -fno-sanitize-recover=undefined" tests
 	@BUILD=build-asan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    bash tests/run.sh $(TESTS:$(BUILD)/%=build-asan/%) $(NVTESTS:$(BUILD)/%=build-asan/%)
 
@@ -97,5 +102,33 @@ bench: deps
 
 clean:
 	rm -rf build build-asan
+
+
+# Fuzz targets: libFuzzer needs clang, so libtidal is compiled a second time, instrumented, under
+# $(BUILD)/fuzz/obj (the main build stays on $(CC)). Each tests/fuzz/fuzz_NAME.c becomes
+# $(BUILD)/fuzz/fuzz_NAME; corpora in tests/fuzz/corpus/NAME; smoke run: tests/py/test_fuzz_smoke.py.
+FUZZ_CC    ?= clang
+FUZZ_SAN   := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+# No -fopenmp when compiling: clang 14 rejects a local union inside `omp declare simd` (ops.c), and
+# the parsers fuzzed here are serial; libomp is linked for the omp_* calls of the model code.
+FUZZ_FLAGS := -O1 -g -fno-omit-frame-pointer -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter \
+              -Wno-unknown-pragmas -Iinclude $(PKG_CFLAGS) $(FUZZ_SAN)
+FUZZ_SRC   := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZERS    := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
+FUZZ_OBJ   := $(LIB_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
+
+.PHONY: fuzz
+fuzz: $(FUZZERS)
+
+$(BUILD)/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(DEPDIR_FLAGS) -c $< -o $@
+
+$(BUILD)/fuzz/libtidal.a: $(FUZZ_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_util.h $(BUILD)/fuzz/libtidal.a
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer $(DEPDIR_FLAGS) $< -o $@ $(BUILD)/fuzz/libtidal.a $(PKG_LIBS) -lgsl -lm -fopenmp
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

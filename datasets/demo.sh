@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# make demo: the toolkit's main job on shipped defaults.
+# make demo: tidal's main job on the shipped demo checkpoint and prompts. The training path
+# (recipe A) and the inference path (recipe B) replay the same prompts in bf16 and in fp16;
+# per-token divergence goes to HDF5 run files under out/demo/.
 set -euo pipefail
 BUILD=${1:-build}
-echo "tidal demo: a tour of the number formats with tidal-cast"
-for v in 1 0.1 3.14159265 448 464 500 65504 65520 1e-8 nan; do
-  printf '%-12s' "$v"
-  for f in bf16 fp16 e4m3 e5m2; do printf '  %s %-22s' "$f" "$("$BUILD/bin/tidal-cast" --format $f "$v")"; done
-  echo
+OUT=out/demo
+mkdir -p "$OUT"
+for p in bf16 fp16; do
+  echo "== $p: training path $p-train vs inference path $p-infer"
+  "$BUILD/bin/tidal-diff" --model datasets/demo-model --prompts datasets/demo-prompts.jsonl \
+      --recipe-a "$p-train" --recipe-b "$p-infer" --max-new-tokens 48 --batch 8 --seed 1 \
+      -o "$OUT/$p.h5" --force
 done
+echo
+echo "run files: $OUT/bf16.h5 $OUT/fp16.h5 (layout: reports/SCHEMA.md; read with h5py or pandas)"

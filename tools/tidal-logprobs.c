@@ -6,7 +6,8 @@
  * Default: the teacher-forced structure (training path). --decode: prefill the first token,
  * then decode the rest one token at a time through the KV cache (inference path).
  * Prints one line per position t >= 1: "t token logp" with logp = log p(token_t | tokens_<t),
- * and with --top K the K most likely tokens after the last position.
+ * and with --top K the K most likely tokens after the last position. --recipe NAME|FILE runs
+ * the structure under a precision recipe (default fp32).
  */
 #include "tidal/model.h"
 
@@ -17,7 +18,7 @@
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: tidal-logprobs --model DIR --tokens 1,2,3 [--decode] [--top K]\n");
+    fprintf(stderr, "usage: tidal-logprobs --model DIR --tokens 1,2,3 [--decode] [--top K] [--recipe NAME|FILE]\n");
     return 2;
 }
 
@@ -46,13 +47,14 @@ static int *parse_tokens(const char *s, int *n)
 
 int main(int argc, char **argv)
 {
-    const char *dir = NULL, *toks = NULL;
+    const char *dir = NULL, *toks = NULL, *recipe_arg = "fp32";
     int decode = 0, top = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--decode")) decode = 1;
         else if (i + 1 < argc && !strcmp(argv[i], "--model")) dir = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--tokens")) toks = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--top")) top = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--recipe")) recipe_arg = argv[++i];
         else return usage();
     }
     if (!dir || !toks || top < 0) return usage();
@@ -60,6 +62,8 @@ int main(int argc, char **argv)
     int *ids = parse_tokens(toks, &n);
     if (!ids) return 2;
     td_error err;
+    td_recipe recipe;
+    if (td_recipe_resolve(recipe_arg, &recipe, &err)) { fprintf(stderr, "tidal-logprobs: %s\n", err.msg); free(ids); return 2; }
     td_model *m = td_model_load(dir, &err);
     if (!m) { fprintf(stderr, "tidal-logprobs: %s\n", err.msg); free(ids); return 1; }
     int V = m->cfg.vocab_size, rc = 0;
@@ -68,14 +72,14 @@ int main(int argc, char **argv)
     if (!decode) {
         td_forward *f = td_forward_create(m, n, n, 0, &err);
         const int *seqs[] = {ids};
-        rc = !f || td_forward_logprobs(f, 1, seqs, &n, &logp, NULL, NULL, &err);
+        rc = !f || td_forward_set_recipe(f, &recipe, &err) || td_forward_logprobs(f, 1, seqs, &n, &logp, NULL, NULL, &err);
         td_forward_free(f);
     }
     td_session *s = NULL;
     if (!rc && (decode || top)) {
         /* the inference path: prefill token 0, then decode; it also gives the last row */
         s = td_session_create(m, 1, n, 0, &err);
-        rc = !s;
+        rc = !s || td_session_set_recipe(s, &recipe, &err);
     }
     if (s) {
         rc = td_session_prefill(s, 0, ids, 1, row, NULL, NULL, &err);

@@ -97,7 +97,9 @@ td_checkpoint *td_checkpoint_open(const char *path, td_error *err);
 void td_checkpoint_close(td_checkpoint *ck);
 
 const td_config *td_checkpoint_config(const td_checkpoint *ck);        /* NULL for a bare file */
-const td_gen_config *td_checkpoint_generation(const td_checkpoint *ck); /* defaults if no file */
+/* generation_config.json, or transformers' defaults; bos/eos the file lacks come from config.json
+ * (its whole eos list when it has one). */
+const td_gen_config *td_checkpoint_generation(const td_checkpoint *ck);
 const char *td_checkpoint_path(const td_checkpoint *ck);
 
 size_t td_checkpoint_num_tensors(const td_checkpoint *ck);
@@ -182,6 +184,14 @@ int td_config_preset(const char *name, td_config *cfg);
  * gets a line per layer. */
 int td_checkpoint_init_random(const char *dir, const td_config *cfg, td_dtype dt, uint64_t seed,
                               const char *command, FILE *progress, td_error *err);
+/* The same with the initialisation's standard deviations: std for GEMM matrices and biases
+ * (0.02 by default, as HF's initializer_range), embed_std for the embedding (tied: also the
+ * lm_head). A larger embed_std gives peaked next-token distributions, like a trained model's,
+ * instead of the near-uniform ones of std 0.02. Norm weights are 1 + N(0, 0.1). */
+typedef struct { double std, embed_std; } td_init_opts;
+int td_checkpoint_init_random_opts(const char *dir, const td_config *cfg, td_dtype dt, uint64_t seed,
+                                   const td_init_opts *opts, const char *command, FILE *progress,
+                                   td_error *err);
 
 /* ---- writing model.safetensors (streaming) ----
  * Declare every tensor first (name, dtype, shape); td_st_writer_begin lays the data out and

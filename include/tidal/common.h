@@ -34,8 +34,16 @@ int td_fail(td_error *err, const char *fmt, ...) __attribute__((format(printf, 2
  * decided, never for sizes read from a file (those are validated against the file first). */
 void *td_xmalloc_at(size_t size, const char *file, int line);
 void *td_xcalloc_at(size_t n, size_t size, const char *file, int line);
+void *td_xrealloc_at(void *p, size_t size, const char *file, int line);
 #define td_xmalloc(sz) td_xmalloc_at((sz), __FILE__, __LINE__)
+#define td_xrealloc(p, sz) td_xrealloc_at((p), (sz), __FILE__, __LINE__)
 #define td_xcalloc(n, sz) td_xcalloc_at((n), (sz), __FILE__, __LINE__)
+
+/* argv as one shell-quoted string (caller frees): recorded in every output file. */
+char *td_command_line(int argc, char **argv);
+
+/* argv as one shell-quoted string (caller frees): recorded in every output file. */
+char *td_command_line(int argc, char **argv);
 
 TD_END_DECLS
 

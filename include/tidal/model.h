@@ -15,6 +15,7 @@
 
 #include "tidal/common.h"
 #include "tidal/config.h"
+#include "tidal/recipe.h"
 
 TD_BEGIN_DECLS
 
@@ -73,6 +74,12 @@ void td_model_free(td_model *m);
  * `pos` of sequence/slot `seq`; the row is only valid during the call. */
 typedef void (*td_row_fn)(void *user, int seq, int pos, const float *logp_row);
 
+/* Called after each decoder layer l with the residual stream of the N rows just computed:
+ * x (N, C); row i belongs to sequence (teacher-forced: index in the call) or slot (session)
+ * seq[i], at position pos[i]. Valid during the call only. */
+typedef void (*td_layer_fn)(void *user, int layer, int N, const int *seq, const int *pos,
+                            const float *x);
+
 /* ---- teacher-forced structure (training path) ---------------------------------------------- */
 
 typedef struct td_forward td_forward;
@@ -83,6 +90,11 @@ typedef struct td_forward td_forward;
 td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len,
                               int logits_rows, td_error *err);
 void td_forward_free(td_forward *f);
+/* Runs this structure under a precision recipe (recipe.h); the default is "fp32". The recipe
+ * is copied. 0, or -1 + err if the model cannot run it. */
+int td_forward_set_recipe(td_forward *f, const td_recipe *r, td_error *err);
+/* Observe every layer's residual stream (NULL to stop). */
+void td_forward_set_layer_fn(td_forward *f, td_layer_fn fn, void *user);
 
 /* Runs nseq sequences (tokens[s], lens[s] >= 1), splitting them into micro-batches of whole
  * sequences that fit max_tokens. For every s and t < lens[s]-1 writes
@@ -101,6 +113,13 @@ typedef struct td_session td_session;
 td_session *td_session_create(const td_model *m, int nslots, int max_len, int prefill_chunk,
                               td_error *err);
 void td_session_free(td_session *s);
+
+/* Rows given by prefill and decode are the raw logits (raw != 0) instead of log-softmax rows:
+ * for samplers that process logits (repetition penalty, temperature) as engines do. */
+void td_session_set_raw_logits(td_session *s, int raw);
+/* As td_forward_set_recipe, for the inference path. */
+int td_session_set_recipe(td_session *s, const td_recipe *r, td_error *err);
+void td_session_set_layer_fn(td_session *s, td_layer_fn fn, void *user);
 
 void td_session_reset(td_session *s, int slot);     /* forget the slot's tokens */
 int  td_session_len(const td_session *s, int slot); /* tokens held in the slot */

@@ -25,6 +25,17 @@ static int cmp_tensor_name(const void *a, const void *b)
     return strcmp(((const td_tensor *)a)->name, ((const td_tensor *)b)->name);
 }
 
+/* Sorts the tensor table by name (for bsearch) and rejects a name held by two shards. */
+static int sort_tensors(td_checkpoint *ck, td_error *err)
+{
+    qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, cmp_tensor_name);
+    for (size_t i = 1; i < ck->n_tensors; i++)
+        if (strcmp(ck->tensors[i].name, ck->tensors[i - 1].name) == 0)
+            return td_fail(err, "%s: tensor '%s' appears in both %s and %s", ck->path, ck->tensors[i].name,
+                           ck->shards[ck->tensors[i - 1].shard].path, ck->shards[ck->tensors[i].shard].path);
+    return 0;
+}
+
 /* model.safetensors.index.json: {"metadata": {...}, "weight_map": {name: "shard file"}}.
  * Each distinct shard is loaded once; then every weight_map entry must be found in the shard it
  * names (an index that points at the wrong shard is a broken checkpoint). */
@@ -67,7 +78,7 @@ static int load_index(td_checkpoint *ck, const char *dir, const char *index_path
         td_fail(err, "%s: weight_map is empty", index_path);
         goto done;
     }
-    qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, cmp_tensor_name);
+    if (sort_tensors(ck, err) != 0) goto done;
     json_object_foreach(wm, name, v) {
         const td_tensor *t = td_checkpoint_find(ck, name);
         char path[4096];
@@ -82,6 +93,23 @@ static int load_index(td_checkpoint *ck, const char *dir, const char *index_path
 done:
     json_decref(idx);
     return rc;
+}
+
+/* td_config keeps one eos id; when generation_config.json does not list its own, the whole
+ * list of config.json (Llama 3: [128001, 128008, 128009]) becomes the stop set, as
+ * transformers' GenerationConfig.from_model_config does. config.json was parsed already, so
+ * its eos entries are known to be valid ids. */
+static void inherit_eos_list(td_checkpoint *ck, const char *config_path)
+{
+    if (ck->gen.present & TD_GEN_EOS) return;
+    json_t *j = td_json_load_file(config_path, NULL);
+    json_t *e = j ? json_object_get(j, "eos_token_id") : NULL;
+    if (json_is_array(e) && json_array_size(e) > 1) {
+        ck->gen.n_eos = 0;
+        for (size_t i = 0; i < json_array_size(e) && ck->gen.n_eos < TD_GEN_MAX_EOS; i++)
+            ck->gen.eos_token_ids[ck->gen.n_eos++] = (int)json_integer_value(json_array_get(e, i));
+    }
+    if (j) json_decref(j);
 }
 
 td_checkpoint *td_checkpoint_open(const char *path, td_error *err)
@@ -110,6 +138,8 @@ td_checkpoint *td_checkpoint_open(const char *path, td_error *err)
         } else {
             td_gen_config_parse(NULL, &ck->cfg, &ck->gen, NULL);
         }
+        snprintf(p, sizeof p, "%s/config.json", path);
+        inherit_eos_list(ck, p);
         char single[4096];
         snprintf(single, sizeof single, "%s/model.safetensors", path);
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", path);
@@ -122,13 +152,7 @@ td_checkpoint *td_checkpoint_open(const char *path, td_error *err)
             goto fail;
         }
     }
-    qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, cmp_tensor_name);
-    for (size_t i = 1; i < ck->n_tensors; i++)
-        if (strcmp(ck->tensors[i].name, ck->tensors[i - 1].name) == 0) {
-            td_fail(err, "%s: tensor '%s' appears in both %s and %s", path, ck->tensors[i].name,
-                    ck->shards[ck->tensors[i - 1].shard].path, ck->shards[ck->tensors[i].shard].path);
-            goto fail;
-        }
+    if (sort_tensors(ck, err) != 0) goto fail;
     return ck;
 fail:
     td_checkpoint_close(ck);
@@ -333,7 +357,7 @@ size_t td_config_params(const td_config *c, td_param_spec *out, size_t cap)
         ADD(TD_PARAM_MATRIX, l, 2, C, F, "model.layers.%d.mlp.down_proj.weight", l);
     }
     ADD(TD_PARAM_NORM, -1, 1, C, 0, "model.norm.weight");
-    if (!c->tie_word_embeddings) ADD(TD_PARAM_MATRIX, -1, 2, V, C, "lm_head.weight");
+    if (!c->tie_word_embeddings) ADD(TD_PARAM_EMBED, -1, 2, V, C, "lm_head.weight");
 #undef ADD
     return n;
 }

@@ -57,11 +57,13 @@ enum { CHUNK = 1 << 20, BATCH = 8 };
  * s = u^2 + v^2, then u*sqrt(-2 ln s / s) and v*sqrt(-2 ln s / s) are two independent N(0,1).
  * One log and one sqrt per pair and no trig: about 4x cheaper than td_rng_normal's one-output
  * Box-Muller, which matters at 0.5B parameters. */
-static void fill_chunk(float *x, size_t n, const td_param_spec *s, uint64_t seed, size_t i, size_t k)
+static void fill_chunk(float *x, size_t n, const td_param_spec *s, uint64_t seed, size_t i, size_t k,
+                       const td_init_opts *o)
 {
     td_rng r;
     td_rng_stream(&r, seed, ((uint64_t)i << 32) | k);
-    double mean = 0.0, std = 0.02;
+    double mean = 0.0, std = o->std;
+    if (s->kind == TD_PARAM_EMBED) std = o->embed_std;
     if (s->kind == TD_PARAM_NORM) { mean = 1.0; std = 0.1; }
     for (size_t j = 0; j < n;) {
         /* one 64-bit draw gives both 32-bit coordinates */
@@ -86,6 +88,13 @@ static const char *torch_dtype_of(td_dtype dt)
 
 int td_checkpoint_init_random(const char *dir, const td_config *cfg_in, td_dtype dt, uint64_t seed,
                               const char *command, FILE *progress, td_error *err)
+{
+    td_init_opts o = {0.02, 0.02};
+    return td_checkpoint_init_random_opts(dir, cfg_in, dt, seed, &o, command, progress, err);
+}
+
+int td_checkpoint_init_random_opts(const char *dir, const td_config *cfg_in, td_dtype dt, uint64_t seed,
+                                   const td_init_opts *opts, const char *command, FILE *progress, td_error *err)
 {
     td_config cfg = *cfg_in;
     snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s", torch_dtype_of(dt));
@@ -132,7 +141,7 @@ int td_checkpoint_init_random(const char *dir, const td_config *cfg_in, td_dtype
             #pragma omp parallel for schedule(dynamic, 1) if (kn > 1)
             for (size_t k = 0; k < kn; k++) {
                 size_t off = (k0 + k) * CHUNK, m = numel - off < CHUNK ? numel - off : CHUNK;
-                fill_chunk(buf + k * CHUNK, m, s, seed, i, k0 + k);
+                fill_chunk(buf + k * CHUNK, m, s, seed, i, k0 + k, opts);
                 td_encode_row(td_dtype_format(dt), buf + k * CHUNK, codes + k * CHUNK * es, m, TD_SATFINITE);
             }
             size_t done_elems = k0 * CHUNK, m = numel - done_elems < kn * CHUNK ? numel - done_elems : kn * CHUNK;

@@ -15,6 +15,7 @@ struct td_forward {
     int *tok;                // (max_tokens) packed tokens of the micro-batch
     int *pos;                // (max_tokens) position of each row in its sequence
     int *row_seq;            // (max_tokens) sequence index of each row
+    td_recipe_state rs;      // the recipe (default: none = fp32 reference)
 };
 
 td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len,
@@ -45,6 +46,7 @@ void td_forward_free(td_forward *f)
 {
     if (!f) return;
     acts_free(&f->acts);
+    recipe_state_free(&f->rs);
     free(f->logits); free(f->tok); free(f->pos); free(f->row_seq);
     free(f);
 }
@@ -67,12 +69,13 @@ static void run_micro_batch(td_forward *f, int s0, int s1, const int *const *tok
         N += lens[s];
     }
     td_kv_store kv = {f->acts.k, f->acts.v, 0};
+    f->ops.row_seq = f->row_seq;
     decoder_forward(&f->ops, m, &f->acts, f->tok, f->pos, N, &kv);
 
     for (int r0 = 0; r0 < N; r0 += f->logits_rows) {
         int R = N - r0 < f->logits_rows ? N - r0 : f->logits_rows;
         head_forward(&f->ops, m, f->logits,
-                     f->acts.xn + (size_t)r0 * m->cfg.hidden_size, R);
+                     f->acts.xn + (size_t)r0 * m->cfg.hidden_size, R, 0);
         for (int r = 0; r < R; r++) {
             int s = f->row_seq[r0 + r], t = f->pos[r0 + r];
             const float *row = f->logits + (size_t)r * V;
@@ -104,3 +107,22 @@ int td_forward_logprobs(td_forward *f, int nseq, const int *const *tokens, const
     }
     return 0;
 }
+
+int td_forward_set_recipe(td_forward *f, const td_recipe *r, td_error *err)
+{
+    return td_forward_set_recipe_lora(f, r, NULL, 0, err);
+}
+
+void td_forward_set_layer_fn(td_forward *f, td_layer_fn fn, void *user)
+{
+    f->ops.layer_fn = fn;
+    f->ops.layer_user = user;
+}
+
+int td_forward_set_recipe_lora(td_forward *f, const td_recipe *r, const td_lora *lora, int merged,
+                               td_error *err)
+{
+    return recipe_state_set(&f->rs, &f->ops, f->m, r, lora, merged, f->max_tokens, err);
+}
+
+td_lora_merge_stats td_forward_lora_stats(const td_forward *f) { return f->rs.merge; }

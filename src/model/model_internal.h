@@ -2,6 +2,7 @@
 #ifndef TIDAL_MODEL_INTERNAL_H
 #define TIDAL_MODEL_INTERNAL_H
 
+#include "tidal/lora.h"
 #include "tidal/model.h"
 #include "ops.h"
 
@@ -42,7 +43,47 @@ typedef struct {
 void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int *tokens,
                      const int *pos, int N, const td_kv_store *kv);
 
-/* logits (N, V) = lm_head(h (N, C)), then log-softmax in place. */
-void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N);
+/* logits (N, V) = lm_head(h (N, C)), then log-softmax in place unless raw. */
+void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N,
+                  int raw);
+
+/* ---- recipes (weights_recipe.c) ---- */
+bool recipe_is_plain_fp32(const td_recipe *r);
+td_recipe recipe_for_head(const td_recipe *r);
+
+/* An unmerged LoRA as a path runs it (lora_run.c): A and B rounded to the activations dtype D,
+ * GEMMs with D operands and fp32 accumulation, scratch for cap rows. */
+typedef struct lora_rt {
+    int rank;
+    float scale;
+    td_recipe recipe;      /* the LoRA GEMMs' recipe (never fp8, split_k 1)             */
+    td_lora_pair *pairs;   // (L, TD_LORA_NMOD) rounded A (r, in), B (out, r); a NULL = not adapted
+    float *owned;          /* storage of the rounded A and B                            */
+    float *t;              // (cap, r)        D(A x)
+    float *u;              // (cap, max out)  D(B t), then D(scale u)
+    float *qin;            // (cap, max(in, r)) GEMM operand scratch
+} lora_rt;
+
+lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap);
+void lora_rt_free(lora_rt *rt);
+/* y (N, out) += the LoRA branch of projection `module` of `layer` on its input x (N, in);
+ * nothing when ops has no adapter or this projection is not adapted. */
+void lora_forward(const td_ops *ops, int layer, int module, float *y, const float *x, int N);
+
+/* What a structure keeps for its recipe: the recipe, its rounded weights and GEMM scratch. */
+typedef struct {
+    td_recipe recipe, head;
+    td_model_weights w;
+    float *owned;          /* the rounded weights' storage (NULL for fp32)   */
+    float *qin, *gscratch;
+    lora_rt *lora;         /* unmerged adapter, or NULL                      */
+    td_lora_merge_stats merge;  /* what a merged adapter kept                */
+} td_recipe_state;
+
+/* Sets ops up for recipe r (copied into st) for batches of up to cap rows, with an adapter
+ * (lora may be NULL) folded into the prepared weights (merged) or run beside them. */
+int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const td_recipe *r,
+                     const td_lora *lora, int merged, int cap, td_error *err);
+void recipe_state_free(td_recipe_state *st);
 
 #endif

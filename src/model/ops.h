@@ -10,8 +10,24 @@
 
 #include <stddef.h>
 
+#include "tidal/model.h"
+
 typedef struct {
     int nthreads;      /* OpenMP threads the ops may use (>= 1) */
+    /* precision recipe (ops_recipe.c); all NULL / 0 for the fp32 reference */
+    const td_recipe *recipe;      /* the path's recipe, NULL = fp32 reference                */
+    const td_recipe *head;        /* the recipe of the lm_head GEMM (recipe_for_head)         */
+    const td_model_weights *w;    /* the recipe's rounded weights, NULL = the model's own     */
+    int decode;                   /* this step is a decode step (split-KV attention applies)  */
+    int cache;                    /* keys/values are stored in a KV cache (kv_cache rounding) */
+    float *qin;                   /* quantised GEMM input, rows * max(C, F, NH*HD) floats     */
+    float *gscratch;              /* fp8-fast accumulators, nthreads * gscratch_per_thread    */
+    size_t gscratch_per_thread;
+    /* per-layer observation (--layers): called after each layer with the residual stream */
+    td_layer_fn layer_fn;
+    void *layer_user;
+    const int *row_seq;           /* (rows) sequence / slot of each row, for layer_fn        */
+    const struct lora_rt *lora;   /* unmerged LoRA adapter (lora_run.c), NULL = none          */
 } td_ops;
 
 void td_ops_init(td_ops *ctx);
@@ -63,5 +79,22 @@ void residual_forward(const td_ops *ctx, float *x, const float *y, size_t n);
 
 /* Log-softmax over each row of V, in place on x (N, V): x - max - log(sum(exp(x - max))). */
 void logsoftmax_forward(const td_ops *ctx, float *x, int N, int V);
+
+/* ---- the same ops under a recipe (ops_recipe.c): fall back to the above in fp32 ---- */
+void act_round(const td_ops *ctx, float *x, size_t n);
+void rmsnorm_forward_r(const td_ops *ctx, float *out, const float *inp, const float *weight,
+                       int N, int C, float eps);
+void matmul_forward_r(const td_ops *ctx, const td_recipe *r, float *out, const float *inp,
+                      const float *weight, const float *bias, int N, int IN, int OUT);
+void rope_forward_r(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
+                    int nheads, int HD);
+void attention_forward_r(const td_ops *ctx, float *out, const float *q, const float *k,
+                         const float *v, const size_t *kv_off, const int *pos, int N, int NH,
+                         int NKV, int HD, float *scratch, int max_keys);
+void swiglu_forward_r(const td_ops *ctx, float *out, const float *gate, const float *up, int N,
+                      int F);
+void residual_forward_r(const td_ops *ctx, float *x, const float *y, size_t n);
+void kv_round_rows(const td_ops *ctx, float *store, const size_t *kv_off, const int *pos, int N,
+                   int KVD);
 
 #endif

@@ -17,6 +17,9 @@ struct td_session {
     float *logits;           // (logits_rows, V) for prefill row callbacks
     int *pos;                // (cap)
     int *tok;                // (cap)
+    int raw_logits;          // rows are raw logits instead of log-softmax
+    int *row_slot;           // (cap) slot of each row, for layer observers
+    td_recipe_state rs;      // the recipe (default: none = fp32 reference)
 };
 
 td_session *td_session_create(const td_model *m, int nslots, int max_len, int prefill_chunk,
@@ -44,6 +47,7 @@ td_session *td_session_create(const td_model *m, int nslots, int max_len, int pr
     s->logits = td_xmalloc((size_t)s->logits_rows * c->vocab_size * sizeof(float));
     s->pos = td_xmalloc((size_t)cap * sizeof(int));
     s->tok = td_xmalloc((size_t)cap * sizeof(int));
+    s->row_slot = td_xmalloc((size_t)cap * sizeof(int));
     return s;
 }
 
@@ -51,8 +55,10 @@ void td_session_free(td_session *s)
 {
     if (!s) return;
     acts_free(&s->acts);
+    recipe_state_free(&s->rs);
     free(s->kcache); free(s->vcache); free(s->len); free(s->logits); free(s->pos);
     free(s->tok);
+    free(s->row_slot);
     free(s);
 }
 
@@ -99,12 +105,15 @@ int td_session_prefill(td_session *s, int slot, const int *tokens, int n, float 
         for (int i = 0; i < N; i++) {
             s->pos[i] = s->len[slot] + i;
             s->acts.kv_off[i] = slot_offset(s, slot);
+            s->row_slot[i] = slot;
         }
+        s->ops.decode = 0;
+        s->ops.row_seq = s->row_slot;
         decoder_forward(&s->ops, m, &s->acts, tokens + i0, s->pos, N, &kv);
         if (row_fn)
             for (int r0 = 0; r0 < N; r0 += s->logits_rows) {
                 int R = N - r0 < s->logits_rows ? N - r0 : s->logits_rows;
-                head_forward(&s->ops, m, s->logits, s->acts.xn + (size_t)r0 * C, R);
+                head_forward(&s->ops, m, s->logits, s->acts.xn + (size_t)r0 * C, R, s->raw_logits);
                 for (int r = 0; r < R; r++)
                     row_fn(user, slot, s->pos[r0 + r], s->logits + (size_t)r * V);
             }
@@ -114,7 +123,7 @@ int td_session_prefill(td_session *s, int slot, const int *tokens, int n, float 
                 memcpy(last_row, s->logits + (size_t)((N - 1) % s->logits_rows) * V,
                        (size_t)V * sizeof(float));
             else
-                head_forward(&s->ops, m, last_row, s->acts.xn + (size_t)(N - 1) * C, 1);
+                head_forward(&s->ops, m, last_row, s->acts.xn + (size_t)(N - 1) * C, 1, s->raw_logits);
         }
     }
     return 0;
@@ -145,10 +154,36 @@ int td_session_decode(td_session *s, int n, const int *slots, const int *tokens,
     for (int i = 0; i < n; i++) {
         s->pos[i] = s->len[slots[i]];
         s->acts.kv_off[i] = slot_offset(s, slots[i]);
+        s->row_slot[i] = slots[i];
     }
     td_kv_store kv = cache_store(s);
+    s->ops.decode = 1;
+    s->ops.row_seq = s->row_slot;
     decoder_forward(&s->ops, m, &s->acts, tokens, s->pos, n, &kv);
     for (int i = 0; i < n; i++) s->len[slots[i]]++;
-    head_forward(&s->ops, m, rows, s->acts.xn, n);
+    head_forward(&s->ops, m, rows, s->acts.xn, n, s->raw_logits);
     return 0;
 }
+
+void td_session_set_raw_logits(td_session *s, int raw) { s->raw_logits = raw; }
+
+int td_session_set_recipe(td_session *s, const td_recipe *r, td_error *err)
+{
+    return td_session_set_recipe_lora(s, r, NULL, 0, err);
+}
+
+int td_session_set_recipe_lora(td_session *s, const td_recipe *r, const td_lora *lora, int merged,
+                               td_error *err)
+{
+    int cap = s->chunk > s->nslots ? s->chunk : s->nslots;
+    if (recipe_state_set(&s->rs, &s->ops, s->m, r, lora, merged, cap, err)) return -1;
+    s->ops.cache = 1;
+    return 0;
+}
+
+void td_session_set_layer_fn(td_session *s, td_layer_fn fn, void *user)
+{
+    s->ops.layer_fn = fn;
+    s->ops.layer_user = user;
+}
+td_lora_merge_stats td_session_lora_stats(const td_session *s) { return s->rs.merge; }

@@ -35,3 +35,10 @@ void *td_xcalloc_at(size_t n, size_t size, const char *file, int line)
     if (!p) oom(n * size, file, line);
     return p;
 }
+
+void *td_xrealloc_at(void *p, size_t size, const char *file, int line)
+{
+    void *q = realloc(p, size ? size : 1);
+    if (!q) oom(size, file, line);
+    return q;
+}

@@ -1,0 +1,117 @@
+/* tidal — offline analysis of run files: the numbers verl and TRL log, computed over a whole
+ * run with GSL (sorting, quantiles, correlations, histograms).
+ *
+ * Notation (A = training path, B = inference path, per scored token):
+ *   dlogp = logp_b − logp_a;  p_b/p_a = exp(dlogp)   (the parity bands use this ratio)
+ *   IS weight (trainer over rollout, REFERENCES.md):  ρ_t = exp(logp_a − logp_b) = exp(−dlogp)
+ *   sequence weight  W = Π_t ρ_t over the response tokens of a sequence (is_prompt == 0)
+ *   geometric weight G = W^(1/T), T = number of response tokens
+ * Quantiles interpolate linearly between the order statistics around index f·(n−1), with
+ * gsl_stats_quantile_from_sorted_data's formula (order statistics from gsl_stats_select),
+ * which is numpy's default ('linear') percentile definition.
+ * Non-finite values (NaN columns of replay runs) are left out of every statistic; `count`
+ * says how many values entered.
+ */
+#ifndef TIDAL_ANALYSIS_H
+#define TIDAL_ANALYSIS_H
+
+#include "tidal/common.h"
+
+#include <jansson.h>
+#include <stdio.h>
+
+TD_BEGIN_DECLS
+
+/* One run file's token columns in memory (n scored tokens, nseq sequences). */
+typedef struct {
+    char *path;
+    char *label;              // "recipe_a→recipe_b", or the file name
+    char *recipe_a, *recipe_b, *model_path; // attributes; "" when absent
+    size_t n;                 // scored tokens (rows of /tokens)
+    size_t nseq;              // sequences (rows of /seqs, or 1 + max /tokens/seq)
+    double *logp_a, *logp_b;  // (n)
+    double *dlogp;            // (n) logp_b − logp_a
+    double *kl_ba, *k3, *tv;  // (n) NaN where the run could not compute them (replay)
+    double *entropy_a;        // (n)
+    int64_t *seq;             // (n) in [0, nseq)
+    int32_t *pos, *token;     // (n)
+    int8_t *is_prompt;        // (n) 0 = response token
+    int32_t max_pos;          // largest /tokens/pos
+    /* Optional /layers/rel_err: rows aligned with /tokens. NULL when the run has none. */
+    size_t n_layers;
+    float *layer_err;         // (n, n_layers)
+    /* Token ids of every sequence (prompt + response), for decoded text; NULL if absent. */
+    int32_t *ids;             // (n_ids)
+    size_t n_ids;
+    int64_t *ids_offset;      // (nseq) start of a sequence in ids
+    int32_t *seq_len;         // (nseq) prompt_len + response_len
+    int32_t *prompt_len;      // (nseq)
+} td_run;
+
+/* Loads a run file. Fails with a message naming the file for: not HDF5, not a tidal run, an
+ * unknown schema version, a missing required dataset (/tokens/{seq,pos,token,logp_a,logp_b}),
+ * columns of unequal length, sequence indices out of range, and an empty run (0 tokens).
+ * flags: TD_RUN_LAYERS also reads /layers/rel_err; TD_RUN_PLOT reads only what the plots
+ * use (seq, pos, logp_a, logp_b, dlogp, kl_ba): token, k3, tv, entropy_a, is_prompt and the
+ * ids stay NULL (decompressing them was half of a heatmap's time at 1M tokens). */
+enum { TD_RUN_LAYERS = 1, TD_RUN_PLOT = 2 };
+int  td_run_load(td_run *run, const char *path, int flags, td_error *err);
+void td_run_free(td_run *run);
+
+/* count, mean, p50, p90, p99, max over the finite values of x (n); x is not modified. */
+typedef struct { size_t count; double mean, p50, p90, p99, max; } td_summary;
+void td_summary_compute(const double *x, size_t n, td_summary *s);
+/* Quantile f (linear interpolation, as above) of v (m >= 1 values, reordered in place). */
+double td_quantile_select(double *v, size_t m, double f);
+
+/* Importance-sampling simulator. A correction is a level, a mode and a band [lo, hi]:
+ * truncate clamps w into [lo, hi] (TIS: lo = 0, hi = C); mask zeroes w outside [lo, hi]
+ * (MIS, IcePop α..β, geometric 0.999..1.001). Log weights are clamped to ±20 before exp,
+ * as trainers do, so one runaway sequence cannot overflow (the raw log range is reported). */
+typedef enum { TD_IS_TOKEN = 0, TD_IS_SEQUENCE, TD_IS_GEOMETRIC } td_is_level;
+typedef enum { TD_IS_TRUNCATE = 0, TD_IS_MASK } td_is_mode;
+typedef struct { td_is_level level; td_is_mode mode; double lo, hi; } td_is_spec;
+#define TD_IS_LOG_CLAMP 20.0
+
+/* Parses "LEVEL:MODE:HI" or "LEVEL:MODE:LO:HI" (token|sequence|geometric, truncate|mask). */
+int td_is_spec_parse(const char *s, td_is_spec *spec, td_error *err);
+const char *td_is_level_name(td_is_level l);
+const char *td_is_mode_name(td_is_mode m);
+
+/* Weight statistics before any correction. ess = 1 / mean((w / mean w)²) as a fraction of n;
+ * chi2 = mean(w²) − 1. */
+typedef struct {
+    size_t n;
+    double log_min, log_max;          // raw log weights, before the ±20 clamp
+    double w_min, w_mean, w_max, ess_frac, chi2;
+} td_is_raw;
+/* After one correction: shares of weights below lo / above hi (clipped or masked), and the
+ * mean and ess of the corrected weights. */
+typedef struct { double frac_lo, frac_hi, w_mean, ess_frac; } td_is_corr;
+
+/* Log weights of a level from a run's response tokens: token level n = response tokens;
+ * sequence and geometric n = sequences with ≥ 1 response token. Caller frees *logw. */
+int  td_is_log_weights(const td_run *run, td_is_level level, double **logw, size_t *n);
+void td_is_raw_stats(const double *logw, size_t n, td_is_raw *r);
+void td_is_apply(const double *logw, size_t n, const td_is_spec *spec, td_is_corr *c);
+
+/* The whole report of one run as JSON (what --json prints): summaries, parity bands,
+ * correlations, buckets, worst tokens/sequences (decoded when tok_decode is given), IS. */
+typedef char *(*td_decode_fn)(void *ctx, const int32_t *ids, size_t n);
+typedef struct {
+    const td_is_spec *is;     // corrections to simulate
+    size_t n_is;
+    size_t n_worst;           // worst tokens and sequences listed
+    td_decode_fn decode;      // NULL: ids are printed
+    void *decode_ctx;
+} td_report_opts;
+json_t *td_report_run(const td_run *run, const td_report_opts *opts, td_error *err);
+
+/* Text renderings of one or more reports (runs side by side in one table). */
+void td_report_print_text(FILE *f, json_t *const *reps, size_t n);
+void td_report_print_markdown(FILE *f, json_t *const *reps, size_t n, const char *const *figures,
+                              size_t n_figures);
+
+TD_END_DECLS
+
+#endif

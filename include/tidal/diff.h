@@ -1,0 +1,72 @@
+/* tidal — the diff job: replay prompts through the inference path (recipe B: prefill, KV-cache
+ * decode, sampling) and score the same tokens with the training path (recipe A: teacher-forced
+ * whole sequences), recording per-token divergence into an HDF5 run file.
+ *
+ * Work is cut into batches of `batch` prompts, fixed by the prompt order of the shard, so a
+ * batch holds the same sequences in every run: results do not depend on where a run was
+ * interrupted. A batch's rows are appended and the file flushed when the batch completes;
+ * /progress records completed batches, and --resume cuts away anything written after the last
+ * of them, then carries on. Sampling draws from a per-prompt stream of the seed.
+ */
+#ifndef TIDAL_DIFF_H
+#define TIDAL_DIFF_H
+
+#include "tidal/recipe.h"
+#include "tidal/sampling.h"
+
+#include <signal.h>
+
+TD_BEGIN_DECLS
+
+typedef struct {
+    const char *model_dir;
+    const char *prompts_path;
+    const char *out_path;
+    const char *recipe_a_arg, *recipe_b_arg;   /* as given: preset names or file paths */
+    td_recipe recipe_a, recipe_b;
+    td_sampling sampling;
+    int max_new_tokens;
+    uint64_t seed;
+    int batch;                 /* prompts per batch (decode slots)                       */
+    int score_prompt;          /* also score prompt tokens (positions 1..P-1)            */
+    int layers;                /* record /layers/rel_err: per-layer residual error       */
+    int shard_k, shard_n;      /* this run does prompts i with i % shard_n == shard_k    */
+    int resume, force, skip_bad_lines;
+    int stop_at_eos;           /* stop a sequence at the checkpoint's EOS token          */
+    const char *command_line;  /* recorded in the file                                   */
+    const char *lora_dir;      /* PEFT adapter applied by both paths (NULL: none)        */
+    int lora_merge_a, lora_merge_b;  /* merge it into that path's weights, else unmerged */
+    /* Checked between batches (may be NULL): once non-zero (a SIGINT/SIGTERM handler sets it),
+     * the run stops after the batch in flight, closes the file cleanly and returns -1 with
+     * TD_DIFF_INTERRUPTED in err.msg and how to --resume. */
+    const volatile sig_atomic_t *stop;
+} td_diff_opts;
+
+/* err.msg of a run stopped through opts.stop starts with this. */
+#define TD_DIFF_INTERRUPTED "interrupted"
+
+typedef struct {
+    int64_t tokens, seqs;
+    double mean_abs_dlogp, p99_abs_dlogp, max_abs_dlogp;
+    double mean_kl_ba, mean_k3, top1_agree;
+    /* this invocation only: batches run, tokens they scored, wall seconds they took (model
+     * loading and weight preparation excluded) */
+    int64_t run_batches, run_tokens;
+    double run_seconds;
+} td_diff_summary;
+
+/* Runs the job; progress on stderr. 0, or -1 + err naming the file and the problem. */
+int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err);
+
+/* Joins the run files of --shard jobs (same model, recipes, sampling, seed) into out_path,
+ * shard after shard, shifting the row references (/tokens/seq, /seqs/token_offset,
+ * /seqs/tokens_offset). Refuses to replace out_path unless force. */
+int td_runfile_merge(const char *out_path, const char *const *inputs, int n, const char *command_line,
+                     int force, td_error *err);
+
+/* Summary statistics over the /tokens of a run file. */
+int td_diff_summarize(const char *run_path, td_diff_summary *sum, td_error *err);
+
+TD_END_DECLS
+
+#endif

@@ -1,0 +1,109 @@
+/* tidal — LoRA adapters in PEFT format, applied by either path unmerged or merged.
+ *
+ * An adapter is a directory as PEFT's save_pretrained writes it:
+ *   adapter_config.json        {"peft_type": "LORA", "r": 8, "lora_alpha": 16,
+ *                               "target_modules": ["q_proj", "v_proj"], "use_rslora": false, ...}
+ *   adapter_model.safetensors  base_model.model.model.layers.{i}.self_attn.{q,k,v,o}_proj.lora_A.weight
+ *                              (r, in) and .lora_B.weight (out, r); mlp.{gate,up,down}_proj the same
+ * The update of an adapted projection W (out, in) is dW = scale * B A, with
+ * scale = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora.
+ *
+ * Two ways a path runs it (td_forward_set_recipe_lora / td_session_set_recipe_lora):
+ *   unmerged   the LoRA branch beside the base projection, as PEFT computes it in the path's
+ *              activations dtype D:  y = D(y_base + D(scale * D(B D(A x))))  (A, B rounded to D,
+ *              fp32 accumulation; the LoRA GEMMs never run in FP8). The trainer's setup.
+ *   merged     the path's prepared weights are round_fmt(W + scale B A), the sum taken in fp32:
+ *              what a rollout engine does after each weight sync. A small update added to BF16
+ *              weights is partly lost to rounding; the merge reports how much survives:
+ *                survival     = |prepared(W + dW) - prepared(W)|_F / |dW|_F over all adapted
+ *                               matrices (1 in fp32; ~0 when the update is far below half an ulp)
+ *                changed_frac = share of adapted elements whose prepared value changed
+ *                aligned      = <prepared(W + dW) - prepared(W), dW> / |dW|_F^2
+ *              When W is already on the format's grid (a bf16 checkpoint merged in bf16), an
+ *              element changes only if its update reaches half an ulp: tiny updates vanish
+ *              (survival ~ 0). When W is off the grid (fp32 master weights rounded at load), a few
+ *              elements near a rounding midpoint flip by a whole ulp: survival can exceed 1
+ *              while aligned stays near 1 on average, the update delivered as rounding noise.
+ * Supported: LoRA on q/k/v/o/gate/up/down projections, target_modules as a list (PEFT's
+ * suffix match) or a string (PEFT's full-match regex on "model.layers.{i}.self_attn.q_proj",
+ * or "all-linear"), layers_to_transform, use_rslora. Rejected with a message naming the file and
+ * the key: fan_in_fan_out, use_dora, bias other than "none", modules_to_save, rank_pattern,
+ * alpha_pattern, layer_replication, peft_type other than LORA, targets outside those seven.
+ */
+#ifndef TIDAL_LORA_H
+#define TIDAL_LORA_H
+
+#include "tidal/common.h"
+#include "tidal/config.h"
+#include "tidal/model.h"
+#include "tidal/recipe.h"
+
+TD_BEGIN_DECLS
+
+/* The seven projections a LoRA may adapt, in the order of the decoder layer. */
+typedef enum {
+    TD_LORA_Q = 0, TD_LORA_K, TD_LORA_V, TD_LORA_O, TD_LORA_GATE, TD_LORA_UP, TD_LORA_DOWN,
+    TD_LORA_NMOD
+} td_lora_module;
+
+const char *td_lora_module_name(int m);          /* "q_proj", ..., "down_proj"       */
+int td_lora_module_from_name(const char *name);  /* -1 if not one of the seven       */
+/* (out, in) of module m's weight under cfg. */
+void td_lora_module_shape(const td_config *cfg, int m, int *out, int *in);
+
+typedef struct {
+    const float *a;        // (r, in)   lora_A.weight, fp32; NULL when not adapted
+    const float *b;        // (out, r)  lora_B.weight, fp32
+    int out, in;
+} td_lora_pair;
+
+typedef struct {
+    char *dir;
+    int rank;              /* r                                                         */
+    double alpha;          /* lora_alpha                                                */
+    int rslora;            /* use_rslora                                                */
+    float scale;           /* alpha / r, or alpha / sqrt(r) with rslora                 */
+    int num_layers;        /* L of the config it was loaded for                         */
+    unsigned modules;      /* bit m set when module m is adapted in at least one layer  */
+    int n_adapted;         /* adapted matrices                                          */
+    td_lora_pair *pairs;   // (L, TD_LORA_NMOD)
+    float *owned;          /* every A and B, in one allocation                          */
+} td_lora;
+
+/* Reads adapter_config.json and adapter_model.safetensors from dir, checks every tensor's
+ * shape against cfg (the base model's config), converts to fp32. NULL + err naming the file,
+ * the tensor or key, and what was expected. */
+td_lora *td_lora_load(const char *dir, const td_config *cfg, td_error *err);
+void td_lora_free(td_lora *l);
+
+/* Writes a PEFT adapter for a model of config cfg: adapter_config.json and
+ * adapter_model.safetensors (F32) with both A and B drawn from N(0, std^2) (td_rng stream
+ * per tensor of seed). PEFT initialises B to zero, a no-op update: tidal's adapters are random
+ * on purpose, for tests and for measuring what a merge keeps. modules: bit mask of
+ * td_lora_module. base_model (may be NULL) goes into base_model_name_or_path. */
+int td_lora_init_random(const char *dir, const td_config *cfg, int rank, double alpha,
+                        unsigned modules, double std, uint64_t seed, const char *base_model,
+                        const char *command, td_error *err);
+
+/* What a merge kept (see above); merged = 0 when the structure has no merged adapter. */
+typedef struct {
+    int merged;
+    double survival;       /* |prepared(W+dW) - prepared(W)|_F / |dW|_F                 */
+    double changed_frac;   /* changed elements / adapted elements                       */
+    double aligned;        /* <prepared change, dW> / |dW|^2: the update's own component */
+    int64_t elements, changed;
+} td_lora_merge_stats;
+
+/* Sets a structure's recipe with an adapter (lora may be NULL: the same as set_recipe).
+ * merged != 0 folds it into the recipe's prepared weights, else it runs unmerged (A and B are
+ * copied, rounded, when the recipe is set: the adapter may be freed afterwards). */
+int td_forward_set_recipe_lora(td_forward *f, const td_recipe *r, const td_lora *lora, int merged,
+                               td_error *err);
+int td_session_set_recipe_lora(td_session *s, const td_recipe *r, const td_lora *lora, int merged,
+                               td_error *err);
+td_lora_merge_stats td_forward_lora_stats(const td_forward *f);
+td_lora_merge_stats td_session_lora_stats(const td_session *s);
+
+TD_END_DECLS
+
+#endif

@@ -1,0 +1,44 @@
+/* Per-token divergence metrics (definitions in include/tidal/metrics.h). */
+#include "tidal/metrics.h"
+
+#include <math.h>
+
+double td_k3(double logp_a, double logp_b)
+{
+    double r = logp_a - logp_b;
+    /* p_b(y) = 0 < p_a(y): e^r outgrows r, k3 = +inf (expm1(inf) - inf would be NaN) */
+    if (r == INFINITY) return INFINITY;
+    /* expm1 keeps k3 accurate for tiny r, where e^r - 1 - r cancels catastrophically */
+    return expm1(r) - r;
+}
+
+void td_token_metrics_compute(const float *la, const float *lb, int V, int y, td_token_metrics *m)
+{
+    double kl_ba = 0, kl_ab = 0, tv = 0, ha = 0, hb = 0;
+    int top_a = 0, top_b = 0, rank_a = 1, rank_b = 1;
+    const float ya = la[y], yb = lb[y];
+    for (int v = 0; v < V; v++) {
+        double a = la[v], b = lb[v];
+        double pa = exp(a), pb = exp(b);
+        /* p log p -> 0 as p -> 0: a row entry of -inf contributes nothing */
+        if (pb > 0) { kl_ba += pb * (b - a); hb -= pb * b; }
+        if (pa > 0) { kl_ab += pa * (a - b); ha -= pa * a; }
+        tv += fabs(pa - pb);
+        if (la[v] > la[top_a]) top_a = v;
+        if (lb[v] > lb[top_b]) top_b = v;
+        rank_a += la[v] > ya;
+        rank_b += lb[v] > yb;
+    }
+    m->logp_a = ya;
+    m->logp_b = yb;
+    m->kl_ba = kl_ba;
+    m->kl_ab = kl_ab;
+    m->k3 = td_k3(ya, yb);
+    m->tv = 0.5 * tv;
+    m->entropy_a = ha;
+    m->entropy_b = hb;
+    m->top1_a = top_a;
+    m->top1_b = top_b;
+    m->rank_a = rank_a;
+    m->rank_b = rank_b;
+}

@@ -1,0 +1,151 @@
+/* Joining the run files of --shard K/N jobs into one (tidal-merge). */
+#include "tidal/diff.h"
+#include "tidal/runfile.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Attributes every shard must share (anything else about the run is in them too). */
+static const char *SAME_ATTRS[] = {"tool", "model_fingerprint", "recipe_a", "recipe_b", "sampling",
+                                   "seed_str", "batch", "score_prompt", "mode", "prompts_file",
+                                   "lora_path", "lora_mode_a", "lora_mode_b"};
+/* Attributes copied from the first shard. */
+static const char *COPY_ATTRS[] = {"tool", "model_path", "model_fingerprint", "recipe_a", "recipe_b",
+                                   "recipe_a_name", "recipe_b_name", "sampling", "seed_str", "batch",
+                                   "score_prompt", "mode", "prompts_file", "lora_path", "lora_mode_a", "lora_mode_b"};
+/* Numeric attributes copied from the first shard when present (the same adapter and recipes
+ * give every shard the same merge). */
+static const char *COPY_F64_ATTRS[] = {"lora_survival_a", "lora_changed_frac_a", "lora_aligned_a",
+                                       "lora_survival_b", "lora_changed_frac_b", "lora_aligned_b"};
+
+/* Columns whose values are row indices into another group, shifted when files are joined. */
+typedef struct { const char *path; const char *counts; } shifted;
+static const shifted SHIFTED[] = {
+    {"/tokens/seq", "/seqs"}, {"/seqs/token_offset", "/tokens"}, {"/seqs/tokens_offset", "/prompts"},
+};
+
+static const char *TOKEN_NAMES[] = {"seq", "pos", "token", "logp_a", "logp_b", "logp_b_proc", "dlogp",
+    "kl_ba", "kl_ab", "k3", "tv", "entropy_a", "entropy_b", "top1_a", "top1_b", "rank_a", "rank_b", "is_prompt"};
+static const td_coltype TOKEN_TYPES[] = {TD_COL_I64, TD_COL_I32, TD_COL_I32, TD_COL_F64, TD_COL_F64, TD_COL_F64,
+    TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_I32, TD_COL_I32,
+    TD_COL_I32, TD_COL_I32, TD_COL_I8};
+static const char *SEQ_NAMES[] = {"prompt_index", "batch", "prompt_len", "response_len", "token_offset",
+    "n_scored", "finish", "sum_dlogp", "mean_abs_dlogp", "max_abs_dlogp", "mean_kl_ba", "log_ratio", "tokens_offset"};
+static const td_coltype SEQ_TYPES[] = {TD_COL_I64, TD_COL_I64, TD_COL_I32, TD_COL_I32, TD_COL_I64, TD_COL_I32,
+    TD_COL_I8, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_I64};
+
+static int64_t base_for(const char *path, const int64_t base[3])
+{
+    for (size_t i = 0; i < sizeof SHIFTED / sizeof SHIFTED[0]; i++)
+        if (!strcmp(path, SHIFTED[i].path))
+            return !strcmp(SHIFTED[i].counts, "/seqs") ? base[0] : !strcmp(SHIFTED[i].counts, "/tokens") ? base[1] : base[2];
+    return 0;
+}
+
+/* Copies one column of `in` (rows [0, rows)) to `out`, shifting row references. */
+static int copy_column(td_runfile *in, td_runfile *out, const char *path, td_coltype type, int64_t rows,
+                       const int64_t base[3], td_error *err)
+{
+    if (rows == 0) return td_runfile_append(out, path, type, 1, NULL, 0, err);
+    void *buf = td_xmalloc((size_t)rows * 8);
+    int rc = td_runfile_read(in, path, type, 0, rows, buf, err);
+    int64_t shift = base_for(path, base);
+    if (rc == 0 && shift && type == TD_COL_I64)
+        for (int64_t i = 0; i < rows; i++) ((int64_t *)buf)[i] += shift;
+    if (rc == 0) rc = td_runfile_append(out, path, type, 1, buf, (size_t)rows, err);
+    free(buf);
+    return rc;
+}
+
+int td_runfile_merge(const char *out_path, const char *const *inputs, int n, const char *command_line,
+                     int force, td_error *err)
+{
+    if (n < 1) return td_fail(err, "tidal-merge: no input files");
+    td_runfile **in = td_xcalloc((size_t)n, sizeof *in);
+    td_runfile *out = NULL;
+    int rc = -1;
+    char *first[sizeof SAME_ATTRS / sizeof SAME_ATTRS[0]] = {0};
+    for (int i = 0; i < n; i++) {
+        in[i] = td_runfile_open(inputs[i], 0, err);
+        if (!in[i]) goto done;
+        for (size_t a = 0; a < sizeof SAME_ATTRS / sizeof SAME_ATTRS[0]; a++) {
+            td_error e2;
+            char *v = td_runfile_get_str(in[i], SAME_ATTRS[a], &e2);
+            if (i == 0) { first[a] = v; continue; }
+            int same = (!v && !first[a]) || (v && first[a] && !strcmp(v, first[a]));
+            free(v);
+            if (!same) { td_fail(err, "%s: its %s differs from %s's: not shards of one run", inputs[i], SAME_ATTRS[a], inputs[0]); goto done; }
+        }
+    }
+    /* parts of one split: the same N, each K once */
+    int shard_n = -1;
+    unsigned char *seen = NULL;
+    for (int i = 0; i < n; i++) {
+        td_error e2;
+        char *sh = td_runfile_get_str(in[i], "shard", &e2);
+        int k = -1, nn = -1;
+        int ok = sh && sscanf(sh, "%d/%d", &k, &nn) == 2 && nn >= 1 && k >= 0 && k < nn;
+        free(sh);
+        if (!ok) { free(seen); td_fail(err, "%s: no shard K/N attribute (not a tidal-diff --shard part)", inputs[i]); goto done; }
+        if (shard_n < 0) { shard_n = nn; seen = td_xcalloc((size_t)nn, 1); }
+        if (nn != shard_n) { free(seen); td_fail(err, "%s: shard %d/%d, but %s is a part of %d", inputs[i], k, nn, inputs[0], shard_n); goto done; }
+        if (seen[k]++) { free(seen); td_fail(err, "%s: shard %d/%d given twice", inputs[i], k, nn); goto done; }
+    }
+    free(seen);
+    out = td_runfile_create(out_path, force, err);
+    if (!out) goto done;
+    for (size_t a = 0; a < sizeof COPY_ATTRS / sizeof COPY_ATTRS[0]; a++) {
+        td_error e2;
+        char *v = td_runfile_get_str(in[0], COPY_ATTRS[a], &e2);
+        if (v && td_runfile_set_str(out, COPY_ATTRS[a], v, err)) { free(v); goto done; }
+        free(v);
+    }
+    int64_t seed = 0;
+    if (td_runfile_get_i64(in[0], "seed", &seed, NULL) == 0 && td_runfile_set_i64(out, "seed", seed, err)) goto done;
+    for (size_t a = 0; a < sizeof COPY_F64_ATTRS / sizeof COPY_F64_ATTRS[0]; a++) {
+        double v;
+        if (td_runfile_get_f64(in[0], COPY_F64_ATTRS[a], &v, NULL) == 0 && td_runfile_set_f64(out, COPY_F64_ATTRS[a], v, err)) goto done;
+    }
+    size_t len = 64;
+    for (int i = 0; i < n; i++) len += strlen(inputs[i]) + 2;
+    char *joined = td_xmalloc(len), *cmds = NULL;
+    snprintf(joined, len, "merged from %d shards", n);
+    if (td_runfile_set_str(out, "shard", joined, err) || td_runfile_set_str(out, "command_line", command_line ? command_line : "", err)) { free(joined); goto done; }
+    /* the shards' own command lines, one per line */
+    size_t clen = 1;
+    for (int i = 0; i < n; i++) { td_error e2; char *c = td_runfile_get_str(in[i], "command_line", &e2); clen += (c ? strlen(c) : 0) + 1; free(c); }
+    cmds = td_xcalloc(clen, 1);
+    for (int i = 0; i < n; i++) { td_error e2; char *c = td_runfile_get_str(in[i], "command_line", &e2); if (c) { strcat(cmds, c); strcat(cmds, "\n"); } free(c); }
+    int bad = td_runfile_set_str(out, "source_command_lines", cmds, err);
+    free(joined); free(cmds);
+    if (bad) goto done;
+    int64_t base[3] = {0, 0, 0};
+    for (int i = 0; i < n; i++) {
+        int64_t seqs = td_runfile_rows(in[i], "/seqs/prompt_index"), toks = td_runfile_rows(in[i], "/tokens/seq");
+        int64_t pt = td_runfile_rows(in[i], "/prompts/tokens");
+        for (size_t c = 0; c < sizeof TOKEN_NAMES / sizeof TOKEN_NAMES[0]; c++) {
+            char path[64];
+            snprintf(path, sizeof path, "/tokens/%s", TOKEN_NAMES[c]);
+            if (copy_column(in[i], out, path, TOKEN_TYPES[c], toks, base, err)) goto done;
+        }
+        for (size_t c = 0; c < sizeof SEQ_NAMES / sizeof SEQ_NAMES[0]; c++) {
+            char path[64];
+            snprintf(path, sizeof path, "/seqs/%s", SEQ_NAMES[c]);
+            if (copy_column(in[i], out, path, SEQ_TYPES[c], seqs, base, err)) goto done;
+        }
+        if (copy_column(in[i], out, "/prompts/tokens", TD_COL_I32, pt, base, err)) goto done;
+        base[0] += seqs;
+        base[1] += toks;
+        base[2] += pt;
+        fprintf(stderr, "tidal-merge: %s: %lld sequences, %lld tokens\n", inputs[i], (long long)seqs, (long long)toks);
+    }
+    rc = td_runfile_flush(out, err);
+done:
+    for (size_t a = 0; a < sizeof first / sizeof first[0]; a++) free(first[a]);
+    for (int i = 0; i < n; i++) if (in[i]) td_runfile_close(in[i], NULL);
+    free(in);
+    if (out && td_runfile_close(out, rc ? NULL : err)) rc = -1;
+    if (rc && out) remove(out_path);
+    return rc;
+}

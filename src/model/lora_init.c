@@ -1,0 +1,96 @@
+/* Random PEFT adapters (the library side of tidal-init --lora-for): adapter_config.json as
+ * PEFT writes it and adapter_model.safetensors in F32, A and B both N(0, std^2). Tensor t
+ * (in declaration order: layer, module, A then B) draws from td_rng_stream(seed, t), so an
+ * adapter reproduces from its seed. */
+#include "tidal/checkpoint.h"
+#include "tidal/lora.h"
+#include "tidal/rng.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const char *module_parent(int m) { return m <= TD_LORA_O ? "self_attn" : "mlp"; }
+
+static int write_config(const char *path, int rank, double alpha, unsigned modules, const char *base, td_error *err)
+{
+    json_t *o = json_object(), *tm = json_array();
+    for (int m = 0; m < TD_LORA_NMOD; m++)
+        if (modules & (1u << m)) json_array_append_new(tm, json_string(td_lora_module_name(m)));
+    json_object_set_new(o, "peft_type", json_string("LORA"));
+    json_object_set_new(o, "task_type", json_string("CAUSAL_LM"));
+    json_object_set_new(o, "base_model_name_or_path", base ? json_string(base) : json_null());
+    json_object_set_new(o, "r", json_integer(rank));
+    json_object_set_new(o, "lora_alpha", json_real(alpha));
+    json_object_set_new(o, "target_modules", tm);
+    json_object_set_new(o, "lora_dropout", json_real(0.0));
+    json_object_set_new(o, "bias", json_string("none"));
+    json_object_set_new(o, "fan_in_fan_out", json_false());
+    json_object_set_new(o, "use_rslora", json_false());
+    json_object_set_new(o, "use_dora", json_false());
+    json_object_set_new(o, "modules_to_save", json_null());
+    json_object_set_new(o, "inference_mode", json_true());
+    int rc = json_dump_file(o, path, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    json_decref(o);
+    if (rc) return td_fail(err, "%s: cannot write: %s", path, strerror(errno));
+    return 0;
+}
+
+int td_lora_init_random(const char *dir, const td_config *cfg, int rank, double alpha, unsigned modules,
+                        double std, uint64_t seed, const char *base_model, const char *command, td_error *err)
+{
+    if (rank < 1 || !(alpha > 0) || !(std >= 0) || modules == 0 || modules >= 1u << TD_LORA_NMOD)
+        return td_fail(err, "%s: bad adapter parameters (rank %d, alpha %g, std %g, %s)", dir, rank, alpha, std,
+                       modules ? "modules" : "no target modules");
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return td_fail(err, "%s: cannot create directory: %s", dir, strerror(errno));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    td_st_writer *w = td_st_writer_new(path);
+    if (!w) return td_fail(err, "%s: cannot create: %s", path, strerror(errno));
+    int rc = -1;
+    float *buf = NULL;
+    char name[160];
+    if (td_st_writer_meta(w, "tidal_command", command ? command : "", err)) goto out;
+    size_t maxn = 0;
+    for (int l = 0; l < cfg->num_layers; l++)
+        for (int m = 0; m < TD_LORA_NMOD; m++) {
+            if (!(modules & (1u << m))) continue;
+            int out, in;
+            td_lora_module_shape(cfg, m, &out, &in);
+            int64_t sa[2] = {rank, in}, sb[2] = {out, rank};
+            snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", l, module_parent(m), td_lora_module_name(m));
+            if (td_st_writer_declare(w, name, TD_DT_F32, 2, sa, err)) goto out;
+            snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", l, module_parent(m), td_lora_module_name(m));
+            if (td_st_writer_declare(w, name, TD_DT_F32, 2, sb, err)) goto out;
+            size_t n = (size_t)(out > in ? out : in) * rank;
+            if (n > maxn) maxn = n;
+        }
+    if (td_st_writer_begin(w, err)) goto out;
+    buf = td_xmalloc(maxn * sizeof(float));
+    uint64_t t = 0;
+    for (int l = 0; l < cfg->num_layers; l++)
+        for (int m = 0; m < TD_LORA_NMOD; m++) {
+            if (!(modules & (1u << m))) continue;
+            int out, in;
+            td_lora_module_shape(cfg, m, &out, &in);
+            for (int ab = 0; ab < 2; ab++, t++) {
+                size_t n = (size_t)(ab ? out : in) * rank;
+                td_rng r;
+                td_rng_stream(&r, seed, t);
+                for (size_t i = 0; i < n; i++) buf[i] = (float)(std * td_rng_normal(&r));
+                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l, module_parent(m),
+                         td_lora_module_name(m), ab ? 'B' : 'A');
+                if (td_st_writer_write_f32(w, name, buf, n, err)) goto out;
+            }
+        }
+    if (td_st_writer_finish(w, err)) goto out;
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    rc = write_config(path, rank, alpha, modules, base_model, err);
+out:
+    td_st_writer_free(w);
+    free(buf);
+    return rc;
+}

@@ -1,0 +1,89 @@
+/* An unmerged LoRA adapter inside a path's forward, as PEFT's LoraLayer.forward computes it
+ * when the model runs in dtype D (the recipe's activations dtype):
+ *   y = base(x)                       the path's own projection (any recipe, FP8 included)
+ *   t = D(A x)                        lora_A: an nn.Linear in D (A rounded to D), fp32 accumulate
+ *   u = D(B t)                        lora_B: the same
+ *   y = D(y + D(scale * u))           PEFT: result = result + lora_B(lora_A(x)) * scaling
+ * In fp32 every D is the identity. The LoRA GEMMs never run in FP8 (engines and trainers keep
+ * the low-rank branch in the model dtype), and use split_k 1: they are rank-r reductions. */
+#include "model_internal.h"
+#include "tidal/gemm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap)
+{
+    lora_rt *rt = td_xcalloc(1, sizeof *rt);
+    int L = lora->num_layers, rank = lora->rank;
+    rt->rank = rank;
+    rt->scale = lora->scale;
+    td_recipe lr = *r;
+    lr.weights = lr.gemm_inputs = lr.kv_cache = r->activations;
+    lr.accumulate = TD_ACC_FP32;
+    lr.split_k = 1;
+    lr.attention = TD_ATTN_FULL;
+    lr.decode_splits = 1;
+    lr.lm_head_fp32 = false;
+    rt->recipe = lr;
+    size_t total = 0;
+    int max_in = rank, max_out = 1;
+    for (int i = 0; i < L * TD_LORA_NMOD; i++) {
+        const td_lora_pair *p = &lora->pairs[i];
+        if (!p->a) continue;
+        total += ((size_t)p->in + p->out) * rank;
+        if (p->in > max_in) max_in = p->in;
+        if (p->out > max_out) max_out = p->out;
+    }
+    rt->pairs = td_xcalloc((size_t)L * TD_LORA_NMOD, sizeof *rt->pairs);
+    rt->owned = td_xmalloc((total ? total : 1) * sizeof(float));
+    float *q = rt->owned;
+    for (int i = 0; i < L * TD_LORA_NMOD; i++) {
+        const td_lora_pair *p = &lora->pairs[i];
+        if (!p->a) continue;
+        td_lora_pair *d = &rt->pairs[i];
+        *d = *p;
+        size_t na = (size_t)rank * p->in, nb = (size_t)p->out * rank;
+        td_gemm_prepare_weight(&lr, p->a, rank, p->in, q);   /* A, B rounded to D */
+        d->a = q;
+        q += na;
+        td_gemm_prepare_weight(&lr, p->b, p->out, rank, q);
+        d->b = q;
+        q += nb;
+    }
+    rt->t = td_xmalloc((size_t)cap * rank * sizeof(float));
+    rt->u = td_xmalloc((size_t)cap * max_out * sizeof(float));
+    rt->qin = td_xmalloc((size_t)cap * max_in * sizeof(float));
+    return rt;
+}
+
+void lora_rt_free(lora_rt *rt)
+{
+    if (!rt) return;
+    free(rt->pairs);
+    free(rt->owned);
+    free(rt->t);
+    free(rt->u);
+    free(rt->qin);
+    free(rt);
+}
+
+void lora_forward(const td_ops *ops, int layer, int module, float *y, const float *x, int N)
+{
+    const lora_rt *rt = ops->lora;
+    if (!rt) return;
+    const td_lora_pair *p = &rt->pairs[layer * TD_LORA_NMOD + module];
+    if (!p->a) return;
+    td_ops lo = *ops;          /* the LoRA GEMMs' own operand scratch */
+    lo.qin = rt->qin;
+    lo.gscratch = NULL;
+    int r = rt->rank;
+    matmul_forward_r(&lo, &rt->recipe, rt->t, x, p->a, NULL, N, p->in, r);
+    matmul_forward_r(&lo, &rt->recipe, rt->u, rt->t, p->b, NULL, N, r, p->out);
+    size_t n = (size_t)N * p->out;
+    float s = rt->scale, *u = rt->u;
+    #pragma omp parallel for num_threads(ops->nthreads) if (n >= 65536)
+    for (size_t i = 0; i < n; i++) u[i] *= s;
+    act_round(ops, u, n);                 /* D(scale * u)          */
+    residual_forward_r(ops, y, u, n);     /* y = D(y + D(scale u)) */
+}

@@ -1,0 +1,278 @@
+/* The ops under a precision recipe: the same maths as ops.c, with the recipe's rounding points
+ * (recipe.h). A context without a recipe, or with plain fp32, calls the fp32 ops of ops.c, so
+ * the fp32 reference path is exactly ops.c.
+ *
+ * Rounding points, for activations dtype D (bf16 or fp16):
+ *   rmsnorm   unfused (HF LlamaRMSNorm): D(D(x * rsqrt(ms + eps)) * w); fused: D(x * rs * w)
+ *   rope      unfused (HF): cos, sin rounded to D, D(D(x0 c) - D(x1 s)), D(D(x1 c) + D(x0 s));
+ *             fused: fp32 rotation rounded once
+ *   attention full (HF eager): scores D(D(q.k) * scale), fp32 softmax rounded to D, D(P.V);
+ *             flash: fp32 scores, online softmax over key blocks of attn_block, P rounded to D
+ *             before P.V (as FlashAttention converts P), output D(O / l); decode with
+ *             decode_splits > 1: the key range split, each part flash, merged by log-sum-exp
+ *   swiglu    D(D(silu(g)) * u)      residual  D(x + y)      GEMMs  see gemm.h
+ * These are scalar-heavy loops; they run only for non-fp32 recipes. */
+#include "model_internal.h"
+#include "tidal/gemm.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+static inline float round_to(td_format f, float x)
+{
+    switch (f) {
+    case TD_F32: return x;
+    case TD_BF16: {
+        uint32_t u;
+        memcpy(&u, &x, 4);
+        if ((u & 0x7FFFFFFFu) > 0x7F800000u) return x;
+        u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+        memcpy(&x, &u, 4);
+        return x;
+    }
+    case TD_F16: return td_f16_to_f32(td_f32_to_f16(x));
+    default: return td_decode(f, td_encode(f, x, TD_SATFINITE));
+    }
+}
+
+static inline td_format act_of(const td_ops *ctx) { return ctx->recipe ? ctx->recipe->activations : TD_F32; }
+
+void act_round(const td_ops *ctx, float *x, size_t n)
+{
+    td_format f = act_of(ctx);
+    if (f == TD_F32) return;
+    #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 65536)
+    for (size_t b = 0; b < n; b += 4096)
+        td_round_row(f, x + b, x + b, n - b < 4096 ? n - b : 4096, TD_SATFINITE);
+}
+
+void rmsnorm_forward_r(const td_ops *ctx, float *out, const float *inp, const float *weight,
+                       int N, int C, float eps)
+{
+    td_format D = act_of(ctx);
+    if (D == TD_F32) { rmsnorm_forward(ctx, out, inp, weight, N, C, eps); return; }
+    int fused = ctx->recipe->norm_fused;
+    #pragma omp parallel for num_threads(ctx->nthreads) if (N >= 16)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        float *y = out + (size_t)i * C;
+        double ss = 0.0;
+        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        float rs = 1.0f / sqrtf((float)(ss / C) + eps);
+        if (fused) for (int c = 0; c < C; c++) y[c] = round_to(D, x[c] * rs * weight[c]);
+        else       for (int c = 0; c < C; c++) y[c] = round_to(D, round_to(D, x[c] * rs) * weight[c]);
+    }
+}
+
+void rope_forward_r(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
+                    int nheads, int HD)
+{
+    td_format D = act_of(ctx);
+    if (D == TD_F32 || ctx->recipe->rope_fused) {
+        rope_forward(ctx, x, pos, inv_freq, N, nheads, HD);
+        act_round(ctx, x, (size_t)N * nheads * HD);
+        return;
+    }
+    int half = HD / 2;
+    #pragma omp parallel for num_threads(ctx->nthreads) if (N >= 16)
+    for (int i = 0; i < N; i++) {
+        float cs[512], sn[512];
+        for (int k = 0; k < half; k++) {
+            float a = (float)pos[i] * inv_freq[k];
+            cs[k] = round_to(D, (float)cos((double)a));
+            sn[k] = round_to(D, (float)sin((double)a));
+        }
+        for (int h = 0; h < nheads; h++) {
+            float *xh = x + ((size_t)i * nheads + h) * HD;
+            for (int k = 0; k < half; k++) {
+                float x0 = xh[k], x1 = xh[k + half];
+                xh[k] = round_to(D, round_to(D, x0 * cs[k]) - round_to(D, x1 * sn[k]));
+                xh[k + half] = round_to(D, round_to(D, x1 * cs[k]) + round_to(D, x0 * sn[k]));
+            }
+        }
+    }
+}
+
+void swiglu_forward_r(const td_ops *ctx, float *out, const float *gate, const float *up, int N, int F)
+{
+    td_format D = act_of(ctx);
+    if (D == TD_F32) { swiglu_forward(ctx, out, gate, up, N, F); return; }
+    size_t n = (size_t)N * F;
+    #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 16384)
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = round_to(D, round_to(D, g / (1.0f + expf(-g))) * up[i]);
+    }
+}
+
+void residual_forward_r(const td_ops *ctx, float *x, const float *y, size_t n)
+{
+    residual_forward(ctx, x, y, n);
+    act_round(ctx, x, n);
+}
+
+/* ---------------------------------------------------------------- GEMM */
+
+void matmul_forward_r(const td_ops *ctx, const td_recipe *r, float *out, const float *inp,
+                      const float *weight, const float *bias, int N, int IN, int OUT)
+{
+    if (recipe_is_plain_fp32(r)) { matmul_forward(ctx, out, inp, weight, bias, N, IN, OUT); return; }
+    float *qin = ctx->qin;
+    td_gemm_quant_input(r, inp, N, IN, qin);
+    int nt = ctx->nthreads;
+    if ((long)N * IN * OUT < 1L << 16) nt = 1;
+    if (nt > OUT / 16) nt = OUT / 16 > 0 ? OUT / 16 : 1;
+    #pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num(), n = omp_get_num_threads();
+        int per = ((OUT + n - 1) / n + 15) / 16 * 16;
+        int o0 = t * per, o1 = o0 + per < OUT ? o0 + per : OUT;
+        if (o0 < o1) {
+            /* gscratch is NULL when no recipe needs it (NULL + 0 is undefined behaviour in C) */
+            float *scratch = ctx->gscratch ? ctx->gscratch + (size_t)t * ctx->gscratch_per_thread : NULL;
+            /* fp8-fast scratch holds (N, cols) twice: walk the slice in column chunks that fit */
+            int cols = o1 - o0;
+            if (r->accumulate == TD_ACC_FP8_FAST) {
+                size_t fit = ctx->gscratch_per_thread / (2 * (size_t)N);
+                if (fit < (size_t)cols) cols = fit > 0 ? (int)fit : 1;
+            }
+            for (int c0 = o0; c0 < o1; c0 += cols) {
+                int nc = c0 + cols <= o1 ? cols : o1 - c0;
+                td_gemm_accumulate(r, qin, N, IN, weight + (size_t)c0 * IN, IN, nc, out + c0, OUT, scratch);
+                td_gemm_finish(r, out + c0, N, nc, OUT, bias ? bias + c0 : NULL);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* Flash-style attention of one query head over keys [j0, j1): returns the unnormalised
+ * output o (HD), the running max m and the sum l (P rounded to D before P.V). */
+static void flash_part(const float *qh, const float *kb, const float *vb, int KVD, int HD, int j0,
+                       int j1, int block, float scale, td_format D, float *o, float *m_out, float *l_out)
+{
+    float m = -INFINITY, l = 0.0f;
+    for (int c = 0; c < HD; c++) o[c] = 0.0f;
+    float s[256];
+    for (int b0 = j0; b0 < j1; b0 += block) {
+        int b1 = b0 + block < j1 ? b0 + block : j1;
+        for (int c0 = b0; c0 < b1; c0 += 256) {   /* s[] holds 256 scores at a time */
+            int c1 = c0 + 256 < b1 ? c0 + 256 : b1;
+            float bm = -INFINITY;
+            for (int j = c0; j < c1; j++) {
+                const float *kj = kb + (size_t)j * KVD;
+                float d = 0.0f;
+                #pragma omp simd reduction(+ : d)
+                for (int c = 0; c < HD; c++) d += qh[c] * kj[c];
+                s[j - c0] = d * scale;
+                bm = s[j - c0] > bm ? s[j - c0] : bm;
+            }
+            float m_new = bm > m ? bm : m;
+            float alpha = expf(m - m_new);
+            l *= alpha;
+            for (int c = 0; c < HD; c++) o[c] *= alpha;
+            for (int j = c0; j < c1; j++) {
+                float p = expf(s[j - c0] - m_new);
+                l += p;
+                float pr = round_to(D, p);
+                const float *vj = vb + (size_t)j * KVD;
+                #pragma omp simd
+                for (int c = 0; c < HD; c++) o[c] += pr * vj[c];
+            }
+            m = m_new;
+        }
+    }
+    *m_out = m;
+    *l_out = l;
+}
+
+/* HF eager attention in dtype D for one query head over keys [0, nk). s: nk floats. */
+static void eager_head(const float *qh, const float *kb, const float *vb, int KVD, int HD, int nk,
+                       float scale, td_format D, float *s, float *oh)
+{
+    float mx = -INFINITY;
+    for (int j = 0; j < nk; j++) {
+        const float *kj = kb + (size_t)j * KVD;
+        float d = 0.0f;
+        #pragma omp simd reduction(+ : d)
+        for (int c = 0; c < HD; c++) d += qh[c] * kj[c];
+        s[j] = round_to(D, round_to(D, d) * scale);
+        mx = s[j] > mx ? s[j] : mx;
+    }
+    double sum = 0.0;
+    for (int j = 0; j < nk; j++) { s[j] = expf(s[j] - mx); sum += s[j]; }
+    float inv = (float)(1.0 / sum);
+    for (int c = 0; c < HD; c++) oh[c] = 0.0f;
+    for (int j = 0; j < nk; j++) {
+        float p = round_to(D, s[j] * inv);
+        const float *vj = vb + (size_t)j * KVD;
+        #pragma omp simd
+        for (int c = 0; c < HD; c++) oh[c] += p * vj[c];
+    }
+    for (int c = 0; c < HD; c++) oh[c] = round_to(D, oh[c]);
+}
+
+void attention_forward_r(const td_ops *ctx, float *out, const float *q, const float *k,
+                         const float *v, const size_t *kv_off, const int *pos, int N, int NH,
+                         int NKV, int HD, float *scratch, int max_keys)
+{
+    const td_recipe *r = ctx->recipe;
+    if (!r || (r->attention == TD_ATTN_FULL && r->activations == TD_F32)) {
+        attention_forward(ctx, out, q, k, v, kv_off, pos, N, NH, NKV, HD, scratch, max_keys);
+        return;
+    }
+    td_format D = r->activations;
+    int KVD = NKV * HD, group = NH / NKV;
+    float scale = 1.0f / sqrtf((float)HD);
+    int splits = (ctx->decode && r->decode_splits > 1) ? r->decode_splits : 1;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
+    for (int task = 0; task < N * NH; task++) {
+        int i = task / NH, h = task % NH, kvh = h / group;
+        int nk = pos[i] + 1;
+        const float *qh = q + (size_t)i * NH * HD + (size_t)h * HD;
+        const float *kb = k + kv_off[i] + (size_t)kvh * HD;
+        const float *vb = v + kv_off[i] + (size_t)kvh * HD;
+        float *oh = out + (size_t)i * NH * HD + (size_t)h * HD;
+        if (r->attention == TD_ATTN_FULL) {
+            eager_head(qh, kb, vb, KVD, HD, nk, scale, D, scratch + (size_t)omp_get_thread_num() * max_keys, oh);
+            continue;
+        }
+        float o[1024], acc[1024], m, l;
+        if (splits == 1) {
+            flash_part(qh, kb, vb, KVD, HD, 0, nk, r->attn_block, scale, D, o, &m, &l);
+            for (int c = 0; c < HD; c++) oh[c] = round_to(D, o[c] / l);
+            continue;
+        }
+        /* split-KV: each part's normalised output o_p / l_p and log-sum-exp lse_p, merged in
+         * fp32 as the combine kernel of flash-decoding does: sum_p e^(lse_p - lse) o_p / l_p */
+        int per = (nk + splits - 1) / splits;
+        float lse_acc = -INFINITY;
+        for (int c = 0; c < HD; c++) acc[c] = 0.0f;
+        for (int j0 = 0; j0 < nk; j0 += per) {
+            int j1 = j0 + per < nk ? j0 + per : nk;
+            flash_part(qh, kb, vb, KVD, HD, j0, j1, r->attn_block, scale, D, o, &m, &l);
+            float lse_p = m + logf(l);
+            float lse_new = lse_p > lse_acc ? lse_p + log1pf(expf(lse_acc - lse_p))
+                                            : lse_acc + log1pf(expf(lse_p - lse_acc));
+            float keep = expf(lse_acc - lse_new), add = expf(lse_p - lse_new) / l;
+            for (int c = 0; c < HD; c++) acc[c] = acc[c] * keep + add * o[c];
+            lse_acc = lse_new;
+        }
+        for (int c = 0; c < HD; c++) oh[c] = round_to(D, acc[c]);
+    }
+}
+
+/* KV-cache rows rounded to the recipe's kv_cache format (inference path). fp8 uses the
+ * recipe's kv_scale, 1.0 when 0 (vLLM's default without calibration): x -> D(q(x/s) * s). */
+void kv_round_rows(const td_ops *ctx, float *store, const size_t *kv_off, const int *pos, int N, int KVD)
+{
+    const td_recipe *r = ctx->recipe;
+    if (!r || !ctx->cache || r->kv_cache == r->activations || r->kv_cache == TD_F32) return;
+    float s = r->kv_scale > 0 ? r->kv_scale : 1.0f;
+    for (int i = 0; i < N; i++) {
+        float *d = store + kv_off[i] + (size_t)pos[i] * KVD;
+        for (int c = 0; c < KVD; c++) d[c] = round_to(r->kv_cache, d[c] / s) * s;
+    }
+}

@@ -1,0 +1,264 @@
+/* A recipe's view of the model's weights: every parameter rounded once, at set-up, to what
+ * the recipe's kernels would read (see recipe.h):
+ *   GEMM weights (q/k/v/o, gate/up/down)   the recipe's weight format (fp8: fake-quantised
+ *                                           with its weight scaling, e.g. 128x128 blocks)
+ *   embedding, norms, biases                the activations dtype (HF casts the whole model)
+ *   lm_head                                 fp32 master weights with lm_head_fp32; else the
+ *                                           weight format, but the activations dtype when that
+ *                                           is fp8 (engines keep the lm_head out of FP8 GEMMs)
+ * The fp32 recipe uses the model's own weights (nothing is copied), except the matrices a
+ * merged LoRA adapter changes.
+ *
+ * Merged LoRA: an adapted GEMM weight becomes prepare(W + scale B A), the product and the sum
+ * in fp32, then the recipe's rounding, as a rollout engine merges an update into its weights.
+ * What survives the rounding is measured against the same rounding without the update:
+ *   survival = |prepare(W + dW) - prepare(W)|_F / |dW|_F, changed = #{prepare(W + dW) != prepare(W)},
+ *   aligned  = <prepare(W + dW) - prepare(W), dW> / |dW|^2 (the update's own component). 
+ * Unmerged adapters are set up in lora_run.c. */
+#include "model_internal.h"
+#include "tidal/gemm.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Running sums of a merge: sum of squares of the kept and of the intended change. */
+typedef struct {
+    const td_lora *lora;       /* NULL: no merge                                  */
+    float *scratch;            /* 2 * the largest adapted matrix                  */
+    double kept2, delta2, dot;
+    int64_t elements, changed;
+} merge_ctx;
+
+/* dst (N, K) = prepare(W + scale B A) when (layer, module) is adapted, else prepare(W). */
+static void prepare_merged(merge_ctx *mc, const td_recipe *r, const float *W, int layer, int module,
+                           int N, int K, float *dst)
+{
+    const td_lora_pair *p = mc->lora ? &mc->lora->pairs[layer * TD_LORA_NMOD + module] : NULL;
+    if (!p || !p->a) { td_gemm_prepare_weight(r, W, N, K, dst); return; }
+    size_t n = (size_t)N * K;
+    float *dw = mc->scratch, *base = mc->scratch + n;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, K, mc->lora->rank, mc->lora->scale,
+                p->b, mc->lora->rank, p->a, K, 0.0f, dw, K);
+    for (size_t i = 0; i < n; i++) dst[i] = W[i] + dw[i];
+    td_gemm_prepare_weight(r, dst, N, K, dst);
+    td_gemm_prepare_weight(r, W, N, K, base);
+    double kept2 = 0, delta2 = 0, dot = 0;
+    int64_t changed = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)dst[i] - base[i];
+        kept2 += d * d;
+        delta2 += (double)dw[i] * dw[i];
+        dot += d * dw[i];
+        changed += dst[i] != base[i];
+    }
+    mc->kept2 += kept2;
+    mc->delta2 += delta2;
+    mc->dot += dot;
+    mc->elements += (int64_t)n;
+    mc->changed += changed;
+}
+
+bool recipe_is_plain_fp32(const td_recipe *r)
+{
+    return !r || (r->weights == TD_F32 && r->activations == TD_F32 && r->gemm_inputs == TD_F32 &&
+                  r->accumulate == TD_ACC_FP32 && r->split_k == 1 && r->attention == TD_ATTN_FULL &&
+                  r->decode_splits == 1 && r->kv_cache == TD_F32 && !r->batch_invariant);
+}
+
+/* The recipe the lm_head GEMM runs with. */
+td_recipe recipe_for_head(const td_recipe *r)
+{
+    td_recipe h = *r;
+    if (r->lm_head_fp32) {
+        h.weights = h.activations = h.gemm_inputs = TD_F32;
+    } else {
+        if (h.weights == TD_E4M3 || h.weights == TD_E5M2) h.weights = h.activations;
+        h.gemm_inputs = h.activations;
+    }
+    h.accumulate = TD_ACC_FP32;
+    return h;
+}
+
+static const float *put(float **p, const float *src, size_t n, td_format f)
+{
+    float *dst = *p;
+    *p += n;
+    if (f == TD_F32) memcpy(dst, src, n * sizeof(float));
+    else td_round_row(f, src, dst, n, TD_SATFINITE);
+    return dst;
+}
+
+static const float *put_gemm(float **p, merge_ctx *mc, const td_recipe *r, const float *src, int layer,
+                             int module, int N, int K)
+{
+    float *dst = *p;
+    *p += (size_t)N * K;
+    prepare_merged(mc, r, src, layer, module, N, K, dst);
+    return dst;
+}
+
+/* fp32 with a merged adapter: the model's weights, but each adapted matrix a merged copy. */
+static int weights_merge_fp32(const td_model *m, const td_recipe *r, merge_ctx *mc, td_model_weights *w,
+                              float **owned, td_error *err)
+{
+    const td_lora *lo = mc->lora;
+    int L = m->cfg.num_layers;
+    size_t total = 0;
+    for (int i = 0; i < L * TD_LORA_NMOD; i++)
+        if (lo->pairs[i].a) total += (size_t)lo->pairs[i].out * lo->pairs[i].in;
+    float *buf = malloc((total ? total : 1) * sizeof(float));
+    if (!buf) return td_fail(err, "recipe %s: out of memory for %zu MB of merged weights", r->name, total * 4 >> 20);
+    td_layer_weights *layers = td_xmalloc((size_t)L * sizeof *layers);
+    memcpy(layers, m->w.layers, (size_t)L * sizeof *layers);
+    float *p = buf;
+    for (int l = 0; l < L; l++) {
+        const float **slot[TD_LORA_NMOD] = {&layers[l].wq, &layers[l].wk, &layers[l].wv, &layers[l].wo,
+                                            &layers[l].w_gate, &layers[l].w_up, &layers[l].w_down};
+        for (int mo = 0; mo < TD_LORA_NMOD; mo++) {
+            const td_lora_pair *pr = &lo->pairs[l * TD_LORA_NMOD + mo];
+            if (pr->a) *slot[mo] = put_gemm(&p, mc, r, *slot[mo], l, mo, pr->out, pr->in);
+        }
+    }
+    *w = m->w;
+    w->layers = layers;
+    *owned = buf;
+    return 0;
+}
+
+static int weights_prepare(const td_model *m, const td_recipe *r, merge_ctx *mc, td_model_weights *w,
+                           float **owned, td_error *err)
+{
+    *owned = NULL;
+    if (recipe_is_plain_fp32(r)) {
+        if (mc->lora) return weights_merge_fp32(m, r, mc, w, owned, err);
+        *w = m->w;
+        w->layers = NULL;
+        return 0;
+    }
+    const td_config *c = &m->cfg;
+    size_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size, HD = c->head_dim;
+    size_t QD = (size_t)c->num_heads * HD, KVD = (size_t)c->num_kv_heads * HD;
+    size_t layer = 2 * C + 2 * QD * C + 2 * KVD * C + 3 * F * C + (c->qkv_bias ? QD + 2 * KVD : 0) +
+                   (c->qk_norm ? 2 * HD : 0);
+    td_recipe head = recipe_for_head(r);
+    int head_copy = head.weights != TD_F32;
+    size_t total = V * C + (size_t)c->num_layers * layer + C + (head_copy ? V * C : 0);
+    float *buf = malloc(total * sizeof(float));
+    if (!buf) return td_fail(err, "recipe %s: out of memory for %zu MB of rounded weights", r->name, total * 4 >> 20);
+    td_layer_weights *layers = td_xcalloc((size_t)c->num_layers, sizeof *layers);
+    td_format act = r->activations;
+    float *p = buf;
+    w->embed = put(&p, m->w.embed, V * C, act);
+    for (int l = 0; l < c->num_layers; l++) {
+        const td_layer_weights *s = &m->w.layers[l];
+        td_layer_weights *d = &layers[l];
+        d->attn_norm = put(&p, s->attn_norm, C, act);
+        d->wq = put_gemm(&p, mc, r, s->wq, l, TD_LORA_Q, (int)QD, (int)C);
+        d->wk = put_gemm(&p, mc, r, s->wk, l, TD_LORA_K, (int)KVD, (int)C);
+        d->wv = put_gemm(&p, mc, r, s->wv, l, TD_LORA_V, (int)KVD, (int)C);
+        if (s->bq) { d->bq = put(&p, s->bq, QD, act); d->bk = put(&p, s->bk, KVD, act); d->bv = put(&p, s->bv, KVD, act); }
+        if (s->q_norm) { d->q_norm = put(&p, s->q_norm, HD, act); d->k_norm = put(&p, s->k_norm, HD, act); }
+        d->wo = put_gemm(&p, mc, r, s->wo, l, TD_LORA_O, (int)C, (int)QD);
+        d->mlp_norm = put(&p, s->mlp_norm, C, act);
+        d->w_gate = put_gemm(&p, mc, r, s->w_gate, l, TD_LORA_GATE, (int)F, (int)C);
+        d->w_up = put_gemm(&p, mc, r, s->w_up, l, TD_LORA_UP, (int)F, (int)C);
+        d->w_down = put_gemm(&p, mc, r, s->w_down, l, TD_LORA_DOWN, (int)C, (int)F);
+    }
+    w->layers = layers;
+    w->final_norm = put(&p, m->w.final_norm, C, act);
+    if (head_copy) { merge_ctx none = {0}; w->lm_head = put_gemm(&p, &none, &head, m->w.lm_head, -1, 0, (int)V, (int)C); }
+    else w->lm_head = m->w.lm_head;   /* fp32 head: the master weights themselves */
+    *owned = buf;
+    return 0;
+}
+
+static void weights_release(td_model_weights *w, float *owned)
+{
+    free(w->layers);
+    free(owned);
+    memset(w, 0, sizeof *w);
+}
+
+void recipe_state_free(td_recipe_state *st)
+{
+    if (st->w.layers || st->owned) weights_release(&st->w, st->owned);
+    lora_rt_free(st->lora);
+    free(st->qin);
+    free(st->gscratch);
+    memset(st, 0, sizeof *st);
+}
+
+/* Scratch of a merge: the update and the unmerged rounding of the largest adapted matrix. */
+static float *merge_scratch(const td_lora *lo)
+{
+    size_t mx = 1;
+    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++)
+        if (lo->pairs[i].a && (size_t)lo->pairs[i].out * lo->pairs[i].in > mx) mx = (size_t)lo->pairs[i].out * lo->pairs[i].in;
+    return td_xmalloc(2 * mx * sizeof(float));
+}
+
+int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const td_recipe *r,
+                     const td_lora *lora, int merged, int cap, td_error *err)
+{
+    if (td_recipe_check(r, r->name, err)) return -1;
+    if (lora && lora->num_layers != m->cfg.num_layers)
+        return td_fail(err, "%s: adapter for %d layers, model has %d", lora->dir, lora->num_layers, m->cfg.num_layers);
+    for (int i = 0; lora && i < lora->num_layers * TD_LORA_NMOD; i++) {
+        int out, in;
+        td_lora_module_shape(&m->cfg, i % TD_LORA_NMOD, &out, &in);
+        if (lora->pairs[i].a && (lora->pairs[i].out != out || lora->pairs[i].in != in))
+            return td_fail(err, "%s: layer %d %s is (%d, %d), the model's is (%d, %d)", lora->dir, i / TD_LORA_NMOD,
+                           td_lora_module_name(i % TD_LORA_NMOD), lora->pairs[i].out, lora->pairs[i].in, out, in);
+    }
+    recipe_state_free(st);
+    ops->recipe = NULL;
+    ops->head = NULL;
+    ops->w = NULL;
+    ops->qin = ops->gscratch = NULL;
+    ops->lora = NULL;
+    st->recipe = *r;
+    st->head = recipe_for_head(r);
+    if (lora && !merged) {
+        st->lora = lora_rt_create(lora, r, cap);
+        ops->lora = st->lora;
+    }
+    merge_ctx mc = {0};
+    if (lora && merged) {
+        mc.lora = lora;
+        mc.scratch = merge_scratch(lora);
+    }
+    int prep = weights_prepare(m, r, &mc, &st->w, &st->owned, err);
+    free(mc.scratch);
+    if (prep) {
+        recipe_state_free(st);
+        ops->lora = NULL;
+        return -1;
+    }
+    if (mc.lora) {
+        st->merge.merged = 1;
+        st->merge.survival = mc.delta2 > 0 ? sqrt(mc.kept2 / mc.delta2) : 1.0;
+        st->merge.aligned = mc.delta2 > 0 ? mc.dot / mc.delta2 : 1.0;
+        st->merge.elements = mc.elements;
+        st->merge.changed = mc.changed;
+        st->merge.changed_frac = mc.elements ? (double)mc.changed / mc.elements : 0.0;
+    }
+    ops->w = st->w.layers ? &st->w : NULL;
+    if (recipe_is_plain_fp32(r)) return 0;   /* the fp32 reference ops (model's weights unless merged) */
+    const td_config *c = &m->cfg;
+    size_t width = (size_t)c->hidden_size;
+    if ((size_t)c->intermediate_size > width) width = (size_t)c->intermediate_size;
+    if ((size_t)c->num_heads * c->head_dim > width) width = (size_t)c->num_heads * c->head_dim;
+    st->qin = td_xmalloc((size_t)cap * width * sizeof(float));
+    if (r->accumulate == TD_ACC_FP8_FAST) {
+        ops->gscratch_per_thread = 2 * (size_t)cap * 256;
+        st->gscratch = td_xmalloc((size_t)ops->nthreads * ops->gscratch_per_thread * sizeof(float));
+    }
+    ops->recipe = &st->recipe;
+    ops->head = &st->head;
+    ops->w = st->w.layers ? &st->w : NULL;
+    ops->qin = st->qin;
+    ops->gscratch = st->gscratch;
+    return 0;
+}

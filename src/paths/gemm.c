@@ -1,0 +1,98 @@
+/* Recipe-driven GEMM emulation (see include/tidal/gemm.h). */
+#include "tidal/gemm.h"
+
+#include <cblas.h>
+#include <string.h>
+
+void td_round_act(const td_recipe *r, float *x, size_t n)
+{
+    if (r->activations != TD_F32) td_round_row(r->activations, x, x, n, TD_SATFINITE);
+}
+
+void td_gemm_prepare_weight(const td_recipe *r, const float *w, int N, int K, float *out)
+{
+    size_t n = (size_t)N * K;
+    if (r->weights == TD_E4M3 || r->weights == TD_E5M2) {
+        td_fp8_scheme s = r->weight_scaling;
+        s.fmt = r->weights;
+        td_fp8_fake_quant(&s, w, (size_t)N, (size_t)K, out);
+    } else if (r->weights != TD_F32) {
+        td_round_row(r->weights, w, out, n, TD_SATFINITE);
+    } else if (out != w) {
+        memcpy(out, w, n * sizeof(float));
+    }
+}
+
+void td_gemm_quant_input(const td_recipe *r, const float *in, int M, int K, float *out)
+{
+    size_t n = (size_t)M * K;
+    if (td_recipe_fp8_gemm(r)) {
+        td_fp8_scheme s = r->act_scaling;
+        s.fmt = r->gemm_inputs;
+        td_fp8_fake_quant(&s, in, (size_t)M, (size_t)K, out);
+    } else if (r->gemm_inputs != TD_F32) {
+        td_round_row(r->gemm_inputs, in, out, n, TD_SATFINITE);
+    } else if (out != in) {
+        memcpy(out, in, n * sizeof(float));
+    }
+}
+
+size_t td_gemm_scratch_floats(const td_recipe *r, int M, int N)
+{
+    return r->accumulate == TD_ACC_FP8_FAST ? 2 * (size_t)M * N : 0;
+}
+
+/* C (M, N) = A[:, k0:k0+kn] · W[:, k0:k0+kn]^T (+ C if beta). M == 1 takes sgemv, as a
+ * decode step's GEMV kernel does: a different summation order than the GEMM of a sequence.
+ * Batch-invariant recipes always take the GEMM kernel, whose per-element summation order does
+ * not depend on M (tests/test_gemm.c checks that), so a row's result is the same whatever
+ * batch it is in. */
+static void mm(const float *a, int M, int K, const float *w, int ldw, int N, float *c, int ldc,
+               int k0, int kn, float beta, int invariant)
+{
+    if (M == 1 && !invariant)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, N, kn, 1.0f, w + k0, ldw, a + k0, 1, beta, c, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, kn, 1.0f, a + k0, K, w + k0,
+                    ldw, beta, c, ldc);
+}
+
+void td_gemm_accumulate(const td_recipe *r, const float *in, int M, int K, const float *w,
+                        int ldw, int N, float *out, int ldo, float *scratch)
+{
+    if (r->accumulate == TD_ACC_FP32) {
+        int parts = r->split_k < K ? r->split_k : 1;
+        int per = (K + parts - 1) / parts;
+        for (int p = 0, k0 = 0; p < parts && k0 < K; p++, k0 += per) {
+            int kn = k0 + per <= K ? per : K - k0;
+            mm(in, M, K, w, ldw, N, out, ldo, k0, kn, p ? 1.0f : 0.0f, r->batch_invariant);
+        }
+        return;
+    }
+    /* fp8-fast: WGMMA steps of 32 products, truncated partials, promotion every promote_every */
+    const int STEP = 32;
+    float *part = scratch, *step = scratch + (size_t)M * N;
+    int promote = r->promote_every < STEP ? STEP : r->promote_every;
+    for (int i = 0; i < M; i++) memset(out + (size_t)i * ldo, 0, (size_t)N * sizeof(float));
+    for (int k0 = 0; k0 < K; k0 += promote) {
+        int k1 = k0 + promote < K ? k0 + promote : K;
+        memset(part, 0, (size_t)M * N * sizeof(float));
+        for (int s0 = k0; s0 < k1; s0 += STEP) {
+            int sn = s0 + STEP <= k1 ? STEP : k1 - s0;
+            mm(in, M, K, w, ldw, N, step, N, s0, sn, 0.0f, r->batch_invariant);
+            for (size_t j = 0; j < (size_t)M * N; j++)
+                part[j] = td_trunc_fraction(part[j] + step[j], r->acc_fraction_bits);
+        }
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) out[(size_t)i * ldo + j] += part[(size_t)i * N + j];
+    }
+}
+
+void td_gemm_finish(const td_recipe *r, float *out, int M, int N, int ldo, const float *bias)
+{
+    for (int i = 0; i < M; i++) {
+        float *y = out + (size_t)i * ldo;
+        if (bias) for (int j = 0; j < N; j++) y[j] += bias[j];
+        td_round_act(r, y, (size_t)N);
+    }
+}

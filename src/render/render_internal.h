@@ -1,0 +1,35 @@
+/* Internal pieces of src/render: axes, ticks, heatmap panels, colour bars. */
+#ifndef TIDAL_RENDER_INTERNAL_H
+#define TIDAL_RENDER_INTERNAL_H
+
+#include "tidal/render.h"
+
+enum { TD_FONT_TITLE = 18, TD_FONT_LABEL = 14, TD_FONT_TICK = 12 };
+extern const td_rgb TD_BLACK, TD_WHITE, TD_GREY;
+
+/* A matrix of cells drawn into a box: rows top to bottom (flip: bottom to top), columns left
+ * to right, NaN cells in nan_col. Axis data ranges: columns span [x0, x1], rows [y0, y1]. */
+typedef struct {
+    int rows, cols;
+    double *v;             // (rows, cols)
+    double x0, x1, y0, y1;
+    int flip;              // row 0 at the bottom
+    int decades;           // axis values are log10: label ticks as 10^k
+    td_rgb nan_col;
+    const char *title;     // drawn above the box, left-aligned
+} td_heat;
+
+int  td_nice_ticks(double lo, double hi, int target, double *ticks, int max);
+int  td_log_ticks(double lo, double hi, double *ticks, int max);
+void td_fmt_tick(char *buf, size_t n, double v);
+void td_fmt_decade(char *buf, size_t n, int e);
+double td_scale_pos(double v, double vmin, double vmax, int log_scale);
+void td_frame(td_canvas *c, int x, int y, int w, int h);
+void td_axis_ticks(td_canvas *c, td_font *font, int x, int y, int w, int h, int horizontal, double d0, double d1,
+                   int decades, int flip);
+void td_heat_draw(td_canvas *c, td_font *font, const td_heat *hm, int x, int y, int w, int h, double vmin,
+                  double vmax, int log_scale);
+void td_colorbar(td_canvas *c, td_font *font, int x, int y, int w, int h, double vmin, double vmax, int log_scale,
+                 const char *label);
+
+#endif

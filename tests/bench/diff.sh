@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# tidal-diff throughput on the Qwen2.5-0.5B-shaped random checkpoint (the one model.sh makes),
+# against the PyTorch peer (tests/bench/torch_diff.py: the same generate + teacher-force + KL
+# work in torch on the CPU, 2 threads) in fp32 and in bf16, and the emulation overhead of
+# tidal's bf16 recipes against its fp32 recipe. Same shapes everywhere: BATCH prompts of
+# PROMPT random tokens, GEN generated tokens each. Prints
+#   bench: diff-bf16-vs-torch-fp32 tidal=X torch=Y ratio=R   (scored tokens/s, R = tidal/torch)
+#   bench: diff-bf16-vs-torch-bf16 tidal=X torch=Y ratio=R
+#   bench: diff-emulation-overhead fp32=X bf16=Y overhead=Z  (Z = fp32 speed / bf16 speed; target <= 2)
+set -u
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build}
+BATCH=${BATCH:-4}; PROMPT=${PROMPT:-32}; GEN=${GEN:-32}
+DIR=$BUILD/bench/qwen2.5-0.5b
+PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
+if [ ! -f "$DIR/model.safetensors" ] || [ ! -f "$DIR/config.json" ]; then
+  "$BUILD/bin/tidal-init" --preset qwen2.5-0.5b --dtype f32 --seed 1 -o "$DIR" 2>/dev/null \
+    || { echo "diff.sh: tidal-init failed" >&2; exit 1; }
+fi
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+"$PY" - "$BATCH" "$PROMPT" > "$tmp/prompts.jsonl" <<'PYEOF'
+import json, random, sys
+random.seed(1)
+for _ in range(int(sys.argv[1])):
+    print(json.dumps({"tokens": [random.randrange(151936) for _ in range(int(sys.argv[2]))]}))
+PYEOF
+tidal_tps() {  # $1 $2: recipes A and B -> scored tokens/s of tidal-diff
+  "$BUILD/bin/tidal-diff" --model "$DIR" --prompts "$tmp/prompts.jsonl" --recipe-a "$1" --recipe-b "$2" \
+    --max-new-tokens "$GEN" --no-stop-at-eos --batch "$BATCH" -o "$tmp/run.h5" --force 2>/dev/null \
+    | awk '$1 == "throughput" { print $2 }'
+}
+t32=$(tidal_tps fp32 fp32)
+t16=$(tidal_tps bf16-train bf16-infer)
+peer() { "$PY" tests/bench/torch_diff.py --model "$DIR" --dtype "$1" --batch "$BATCH" --prompt "$PROMPT" --gen "$GEN" \
+           | awk '$1 == "case" { print $4 }'; }
+p32=$(peer float32 2>/dev/null || true)
+p16=$(peer bfloat16 2>/dev/null || true)
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }'; }
+echo "bench: diff-bf16-vs-torch-fp32 tidal=${t16:-NA} torch=${p32:-NA} ratio=$(ratio "$t16" "$p32")"
+echo "bench: diff-bf16-vs-torch-bf16 tidal=${t16:-NA} torch=${p16:-NA} ratio=$(ratio "$t16" "$p16")"
+echo "bench: diff-emulation-overhead fp32=${t32:-NA} bf16=${t16:-NA} overhead=$(ratio "$t32" "$t16")"

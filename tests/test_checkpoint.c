@@ -1,0 +1,433 @@
+/* safetensors reading and writing: round trips through tidal's writer and reader, bit for bit;
+ * every class of bad file rejected with a message that names the file and the problem;
+ * sharded checkpoints through model.safetensors.index.json.
+ * Reference for conversions: td_round_row / td_decode_row (formats.h, themselves checked bit for
+ * bit against NVIDIA's conversions). Tolerance: none, values compare as bit patterns. */
+#include "ckpt_testutil.h"
+
+#include "tidal/checkpoint.h"
+#include "tidal/rng.h"
+
+#include <fcntl.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <math.h>
+#include <sys/stat.h>
+
+static void expect_open_fails(const char *path, const char *what)
+{
+    td_error err = {{0}};
+    td_checkpoint *ck = td_checkpoint_open(path, &err);
+    if (ck) td_checkpoint_close(ck);
+    assert_null(ck);
+    assert_true(contains_all(err.msg, path, what, NULL));
+}
+
+/* ---- writer -> reader round trip, every dtype, odd sizes so alignment is exercised ---- */
+
+static void test_writer_reader_roundtrip(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir(), path[512];
+    path_join(path, sizeof path, dir, "rt.safetensors");
+    /* values that stress every format: ties, subnormals, overflow (e4m3 saturates), NaN, Inf */
+    enum { N = 37 };
+    float x[N];
+    for (int i = 0; i < N; i++) x[i] = (float)((i - 18) * 0.37) * powf(2.0f, (float)(i % 7 - 3));
+    x[0] = 1e-40f; x[1] = -0.0f; x[2] = 500.0f; x[3] = 1.00390625f; /* bf16 tie */
+    int64_t s3[1] = {3}, s37[1] = {N}, s2d[2] = {1, N}, s0[2] = {0, 4};
+    td_error err = {{0}};
+    td_st_writer *w = td_st_writer_new(path);
+    assert_int_equal(td_st_writer_meta(w, "note", "hello", &err), 0);
+    /* declared narrowest first: the writer must still lay F32 out first and aligned */
+    assert_int_equal(td_st_writer_declare(w, "e4m3", TD_DT_F8_E4M3, 1, s37, &err), 0);
+    assert_int_equal(td_st_writer_declare(w, "bf16_odd", TD_DT_BF16, 1, s3, &err), 0);
+    assert_int_equal(td_st_writer_declare(w, "f16", TD_DT_F16, 2, s2d, &err), 0);
+    assert_int_equal(td_st_writer_declare(w, "f32", TD_DT_F32, 1, s37, &err), 0);
+    assert_int_equal(td_st_writer_declare(w, "bf16", TD_DT_BF16, 1, s37, &err), 0);
+    assert_int_equal(td_st_writer_declare(w, "empty", TD_DT_F32, 2, s0, &err), 0);
+    assert_int_not_equal(td_st_writer_declare(w, "f32", TD_DT_F32, 1, s37, &err), 0);   /* twice */
+    assert_int_equal(td_st_writer_begin(w, &err), 0);
+    /* tensors in any order, pieces in order */
+    assert_int_equal(td_st_writer_write_f32(w, "bf16", x, 10, &err), 0);
+    assert_int_equal(td_st_writer_write_f32(w, "f32", x, N, &err), 0);
+    assert_int_equal(td_st_writer_write_f32(w, "bf16", x + 10, N - 10, &err), 0);
+    assert_int_equal(td_st_writer_write_f32(w, "e4m3", x, N, &err), 0);
+    assert_int_equal(td_st_writer_write_f32(w, "f16", x, N, &err), 0);
+    assert_int_not_equal(td_st_writer_write_f32(w, "f16", x, 1, &err), 0);   /* past its end */
+    assert_true(contains_all(err.msg, "f16", "past", NULL));
+    /* unfinished tensor: finish refuses, and the final name does not exist yet */
+    assert_int_not_equal(td_st_writer_finish(w, &err), 0);
+    assert_true(contains_all(err.msg, "bf16_odd", "0 of its 6 bytes", NULL));
+    assert_int_not_equal(access(path, F_OK), 0);
+    assert_int_equal(td_st_writer_write_f32(w, "bf16_odd", x, 3, &err), 0);
+    assert_int_equal(td_st_writer_finish(w, &err), 0);
+    td_st_writer_free(w);
+
+    td_checkpoint *ck = td_checkpoint_open(path, &err);
+    assert_non_null(ck);
+    assert_null(td_checkpoint_config(ck));
+    assert_int_equal(td_checkpoint_num_tensors(ck), 6);
+    assert_string_equal(td_checkpoint_metadata(ck, "format"), "pt");
+    assert_string_equal(td_checkpoint_metadata(ck, "note"), "hello");
+    struct { const char *name; td_format f; int ndim; const int64_t *shape; size_t n; } cases[] = {
+        {"f32", TD_F32, 1, s37, N}, {"bf16", TD_BF16, 1, s37, N}, {"f16", TD_F16, 2, s2d, N},
+        {"e4m3", TD_E4M3, 1, s37, N}, {"bf16_odd", TD_BF16, 1, s3, 3},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        float want[N], got[N];
+        td_round_row(cases[c].f, x, want, cases[c].n, TD_SATFINITE);
+        size_t bad = 99;
+        assert_int_equal(td_checkpoint_read_f32(ck, cases[c].name, cases[c].ndim, cases[c].shape, got, &bad, &err), 0);
+        assert_int_equal(bad, 0);
+        assert_memory_equal(want, got, cases[c].n * sizeof(float));
+        const td_tensor *t = td_checkpoint_find(ck, cases[c].name);
+        /* every tensor aligned to its element size in the file (data area starts 8-aligned) */
+        assert_int_equal((uintptr_t)t->data % td_dtype_size(t->dtype), 0);
+    }
+    assert_int_equal(td_checkpoint_find(ck, "empty")->numel, 0);
+    /* zero-copy F32, and a clear refusal for other dtypes */
+    const float *m = td_checkpoint_map_f32(ck, "f32", 1, s37, &err);
+    assert_non_null(m);
+    assert_memory_equal(m, x, sizeof x);
+    assert_null(td_checkpoint_map_f32(ck, "bf16", 1, s37, &err));
+    assert_true(contains_all(err.msg, "bf16", "BF16", NULL));
+    /* shape checked exactly: the message names file, tensor, actual and expected shapes */
+    int64_t wrong[2] = {N, 1};
+    float tmp[N];
+    assert_int_not_equal(td_checkpoint_read_f32(ck, "f16", 2, wrong, tmp, NULL, &err), 0);
+    assert_true(contains_all(err.msg, path, "'f16'", "(1, 37)", "expected (37, 1)", NULL));
+    assert_int_not_equal(td_checkpoint_read_f32(ck, "nope", 1, s37, tmp, NULL, &err), 0);
+    assert_true(contains_all(err.msg, path, "missing tensor 'nope'", NULL));
+    td_checkpoint_close(ck);
+
+    /* an abandoned writer leaves nothing behind */
+    char p2[600];
+    path_join(p2, sizeof p2, dir, "abandoned.safetensors");
+    w = td_st_writer_new(p2);
+    assert_int_equal(td_st_writer_declare(w, "a", TD_DT_F32, 1, s3, &err), 0);
+    assert_int_equal(td_st_writer_begin(w, &err), 0);
+    td_st_writer_free(w);
+    assert_int_not_equal(access(p2, F_OK), 0);
+    strcat(p2, ".tmp");
+    assert_int_not_equal(access(p2, F_OK), 0);
+    rm_tree(dir);
+}
+
+/* ---- hand-built files: misaligned BF16 (Python writers do not align), non-finite values ---- */
+
+static void test_misaligned_and_nonfinite(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir(), path[512];
+    path_join(path, sizeof path, dir, "m.safetensors");
+    /* "a": 1 byte of F8 at offset 0, so "b" (BF16) starts at the odd offset 1; the header is
+     * padded to an even length so the data area starts at an even address and "b" at an odd one */
+    uint8_t data[1 + 6];
+    data[0] = 0x38;   /* e4m3 1.0 */
+    uint16_t b[3] = {0x3F80, 0x7FC0, 0xFF80};   /* 1.0, NaN, -Inf */
+    memcpy(data + 1, b, sizeof b);
+    const char *hdr = "{\"a\":{\"dtype\":\"F8_E4M3\",\"shape\":[1],\"data_offsets\":[0,1]},"
+                      "\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[1,7]}}";
+    char padded[256];
+    snprintf(padded, sizeof padded, "%s%s", hdr, strlen(hdr) % 2 ? " " : "");
+    write_safetensors(path, padded, data, sizeof data);
+    td_error err = {{0}};
+    td_checkpoint *ck = td_checkpoint_open(path, &err);
+    assert_non_null(ck);
+    assert_int_equal((uintptr_t)td_checkpoint_find(ck, "b")->data % 2, 1);
+    float y[3];
+    size_t bad = 0;
+    int64_t s3[1] = {3}, s1[1] = {1};
+    assert_int_equal(td_checkpoint_read_f32(ck, "b", 1, s3, y, &bad, &err), 0);
+    assert_true(y[0] == 1.0f && isnan(y[1]) && isinf(y[2]) && y[2] < 0);
+    assert_int_equal(bad, 2);
+    assert_int_equal(td_checkpoint_read_f32(ck, "a", 1, s1, y, &bad, &err), 0);
+    assert_true(y[0] == 1.0f);
+    size_t bad_tensors = 0;
+    assert_int_equal(td_checkpoint_count_nonfinite(ck, &bad_tensors), 2);   /* a warning, not an error */
+    assert_int_equal(bad_tensors, 1);
+    td_checkpoint_close(ck);
+    rm_tree(dir);
+}
+
+/* ---- bad files: each rejected, message names the file and the problem ---- */
+
+static void test_bad_files(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir(), p[512];
+    path_join(p, sizeof p, dir, "bad.safetensors");
+    uint8_t data[64] = {0};
+    static const struct { const char *header; size_t ndata; const char *what; } cases[] = {
+        {"[1, 2]", 0, "not a JSON object"},
+        {"{\"a\": ", 0, "invalid JSON"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, "outside the data area"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 16, "outside the data area"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 16, "overlap"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 16, "12 bytes but data_offsets span 8"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}", 16, "absurd"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[9223372036854775807,3],\"data_offsets\":[0,8]}}", 16, "absurd"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,8]}}", 16, "shape[0]"},
+        {"{\"a\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 16, "unsupported dtype \"I64\""},
+        {"{\"a\":{\"dtype\":7,\"shape\":[1],\"data_offsets\":[0,4]}}", 16, "dtype"},
+        {"{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 16, "dtype"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 16, "data_offsets"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 16, "dimensions"},
+        {"{\"a\":[1]}", 16, "not a JSON object"},
+        {"{\"__metadata__\":[1]}", 16, "__metadata__"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_safetensors(p, cases[i].header, data, cases[i].ndata);
+        expect_open_fails(p, cases[i].what);
+    }
+    /* truncated: shorter than the 8-byte length */
+    write_bytes(p, "\x10\x00\x00", 3);
+    expect_open_fails(p, "truncated");
+    write_bytes(p, "", 0);
+    expect_open_fails(p, "truncated");
+    /* header length past the end of the file (a truncated download) */
+    uint8_t hl[16] = {0xE8, 0x03};   /* 1000 */
+    memcpy(hl + 8, "{\"a\":{", 6);
+    write_bytes(p, hl, sizeof hl);
+    expect_open_fails(p, "header length 1000 past end of file");
+    /* a huge length field on a file that is not huge: refused before any allocation */
+    memset(hl, 0xFF, 8);
+    write_bytes(p, hl, sizeof hl);
+    expect_open_fails(p, "past end of file");
+    /* a header length within the file but over the 100 MB cap (sparse file: no disk cost) */
+    uint8_t cap[8] = {0, 0, 0, 0x07};   /* 0x07000000 = 117 MB */
+    write_bytes(p, cap, 8);
+    int fd = open(p, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)8 + 0x07000000 + 16), 0);
+    close(fd);
+    expect_open_fails(p, "over the");
+    /* a missing file, a directory without config.json */
+    path_join(p, sizeof p, dir, "nonexistent.safetensors");
+    expect_open_fails(p, "no such");
+    expect_open_fails(dir, "missing config.json");
+    rm_tree(dir);
+}
+
+/* ---- directories: single file, shards via the index, and the index's own failure modes ---- */
+
+static void write_tiny_shards(const char *dir, const char *index)
+{
+    char p[512];
+    path_join(p, sizeof p, dir, "config.json");
+    write_text(p, tiny_llama_config);
+    float a[4] = {1, 2, 3, 4}, b[2] = {5, 6};
+    path_join(p, sizeof p, dir, "model-00001-of-00002.safetensors");
+    write_safetensors(p, "{\"__metadata__\":{\"format\":\"pt\"},\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}", a, sizeof a);
+    path_join(p, sizeof p, dir, "model-00002-of-00002.safetensors");
+    write_safetensors(p, "{\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", b, sizeof b);
+    path_join(p, sizeof p, dir, "model.safetensors.index.json");
+    write_text(p, index);
+}
+
+static void test_shards(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir(), p[512];
+    write_tiny_shards(dir, "{\"metadata\":{\"total_size\":24},\"weight_map\":{\"x\":\"model-00001-of-00002.safetensors\","
+                           "\"y\":\"model-00002-of-00002.safetensors\"}}");
+    td_error err = {{0}};
+    td_checkpoint *ck = td_checkpoint_open(dir, &err);
+    if (!ck) fprintf(stderr, "%s\n", err.msg);
+    assert_non_null(ck);
+    assert_int_equal(td_checkpoint_num_tensors(ck), 2);
+    float y[2];
+    int64_t s2[1] = {2};
+    assert_int_equal(td_checkpoint_read_f32(ck, "y", 1, s2, y, NULL, &err), 0);
+    assert_true(y[0] == 5 && y[1] == 6);
+    const td_tensor *x = td_checkpoint_find(ck, "x");
+    assert_non_null(strstr(td_checkpoint_shard_path(ck, x->shard), "model-00001-of-00002"));
+    assert_non_null(td_checkpoint_config(ck));
+    /* no tokenizer files in this directory, and that is fine; validate says what is missing */
+    assert_int_not_equal(td_checkpoint_validate(ck, &err), 0);
+    assert_true(contains_all(err.msg, "missing tensor 'model.embed_tokens.weight'", NULL));
+    /* no generation_config.json: defaults, stop ids from config.json (a list: all of them) */
+    const td_gen_config *g = td_checkpoint_generation(ck);
+    assert_true(!g->from_file && g->n_eos == 1 && g->eos_token_ids[0] == 2 && g->bos_token_id == 1);
+    td_checkpoint_close(ck);
+    path_join(p, sizeof p, dir, "config.json");
+    write_text(p, "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":16,\"hidden_size\":8,\"intermediate_size\":12,"
+                  "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"eos_token_id\":[3,5,7]}");
+    ck = td_checkpoint_open(dir, &err);
+    assert_non_null(ck);
+    assert_int_equal(td_checkpoint_config(ck)->eos_token_id, 3);
+    g = td_checkpoint_generation(ck);
+    assert_true(g->n_eos == 3 && g->eos_token_ids[0] == 3 && g->eos_token_ids[2] == 7 && !(g->present & TD_GEN_EOS));
+    td_checkpoint_close(ck);
+
+    path_join(p, sizeof p, dir, "model.safetensors.index.json");
+    write_tiny_shards(dir, "{\"weight_map\":{\"x\":\"model-00001-of-00002.safetensors\",\"y\":\"model-00003-of-00002.safetensors\"}}");
+    expect_open_fails(dir, "model-00003-of-00002.safetensors");
+    write_tiny_shards(dir, "{\"weight_map\":{\"x\":\"model-00002-of-00002.safetensors\",\"y\":\"model-00002-of-00002.safetensors\"}}");
+    expect_open_fails(dir, "no such tensor");
+    write_tiny_shards(dir, "{\"weight_map\":{\"x\":\"../etc/passwd\"}}");
+    expect_open_fails(dir, "not a file name inside");
+    write_tiny_shards(dir, "{\"weight_map\":{\"x\":3}}");
+    expect_open_fails(dir, "not a file name string");
+    write_tiny_shards(dir, "{\"nothing\":{}}");
+    expect_open_fails(dir, "weight_map");
+    /* the same tensor in two shards */
+    path_join(p, sizeof p, dir, "model-00002-of-00002.safetensors");
+    float b[2] = {5, 6};
+    write_safetensors(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", b, sizeof b);
+    path_join(p, sizeof p, dir, "model.safetensors.index.json");
+    write_text(p, "{\"weight_map\":{\"x\":\"model-00001-of-00002.safetensors\",\"z\":\"model-00002-of-00002.safetensors\"}}");
+    expect_open_fails(dir, "appears in both");
+    /* neither model.safetensors nor an index */
+    unlink(p);
+    expect_open_fails(dir, "neither model.safetensors nor");
+    rm_tree(dir);
+}
+
+/* A random-init checkpoint of each architecture opens, validates against its config, and has
+ * the statistics tidal-init promises (checked loosely: N(0, 0.02) over >= 10^4 values has a
+ * sample std within 5% of 0.02; norm weights are near 1 but not all exactly 1). */
+static void test_init_each_arch(void **state)
+{
+    (void)state;
+    for (int a = 0; a < TD_ARCH_COUNT; a++) {
+        char *dir = make_tmpdir();
+        td_config cfg;
+        td_config_defaults(&cfg, (td_arch)a);
+        assert_int_equal(td_config_preset("tiny", &cfg), 0);
+        assert_int_equal((int)cfg.arch, a);
+        cfg.tie_word_embeddings = a % 2;
+        td_error err = {{0}};
+        assert_int_equal(td_checkpoint_init_random(dir, &cfg, a == 1 ? TD_DT_BF16 : TD_DT_F32, 42, "test", NULL, &err), 0);
+        td_checkpoint *ck = td_checkpoint_open(dir, &err);
+        assert_non_null(ck);
+        assert_int_equal(td_checkpoint_validate(ck, &err), 0);
+        const td_config *c = td_checkpoint_config(ck);
+        assert_int_equal(c->arch, a);
+        assert_int_equal(c->hidden_size, 64);
+        assert_int_equal(c->tie_word_embeddings, a % 2);
+        assert_int_equal(td_checkpoint_find(ck, "lm_head.weight") != NULL, !(a % 2));
+        assert_int_equal(td_checkpoint_find(ck, "model.layers.1.self_attn.q_proj.bias") != NULL, a == TD_ARCH_QWEN2);
+        assert_int_equal(td_checkpoint_find(ck, "model.layers.0.self_attn.k_norm.weight") != NULL, a == TD_ARCH_QWEN3);
+        assert_string_equal(td_checkpoint_metadata(ck, "tidal_command"), "test");
+        size_t nparams = td_config_params(c, NULL, 0);
+        assert_int_equal(td_checkpoint_num_tensors(ck), nparams);
+        float *e = malloc(512 * 64 * sizeof(float));
+        int64_t se[2] = {512, 64}, sn[1] = {64};
+        assert_int_equal(td_checkpoint_read_f32(ck, "model.embed_tokens.weight", 2, se, e, NULL, &err), 0);
+        double s1 = 0, s2 = 0;
+        for (int i = 0; i < 512 * 64; i++) { s1 += e[i]; s2 += (double)e[i] * e[i]; }
+        double mean = s1 / (512 * 64), sd = sqrt(s2 / (512 * 64) - mean * mean);
+        assert_true(fabs(mean) < 0.001 && fabs(sd - 0.02) < 0.001);
+        assert_int_equal(td_checkpoint_read_f32(ck, "model.norm.weight", 1, sn, e, NULL, &err), 0);
+        int ones = 0;
+        for (int i = 0; i < 64; i++) { ones += e[i] == 1.0f; assert_true(fabs(e[i] - 1.0) < 0.6); }
+        assert_true(ones < 8);
+        free(e);
+        td_checkpoint_close(ck);
+        rm_tree(dir);
+    }
+}
+
+/* Same seed -> same bytes, whatever the thread count; different seed -> different values.
+ * V*C = 2^21 + 64*5 puts the embedding over two 2^20-element chunks, so threads matter. */
+static void test_init_deterministic(void **state)
+{
+    (void)state;
+    char *d1 = make_tmpdir(), *d2 = make_tmpdir(), *d3 = make_tmpdir();
+    td_config cfg;
+    td_config_defaults(&cfg, TD_ARCH_LLAMA);
+    assert_int_equal(td_config_preset("tiny", &cfg), 0);
+    cfg.vocab_size = 32768 + 5;
+    td_error err = {{0}};
+    assert_int_equal(td_checkpoint_init_random(d1, &cfg, TD_DT_BF16, 7, "x", NULL, &err), 0);
+#ifdef _OPENMP
+    omp_set_num_threads(1);
+#endif
+    assert_int_equal(td_checkpoint_init_random(d2, &cfg, TD_DT_BF16, 7, "x", NULL, &err), 0);
+    assert_int_equal(td_checkpoint_init_random(d3, &cfg, TD_DT_BF16, 8, "x", NULL, &err), 0);
+#ifdef _OPENMP
+    omp_set_num_threads(2);
+#endif
+    td_checkpoint *c1 = td_checkpoint_open(d1, &err), *c2 = td_checkpoint_open(d2, &err), *c3 = td_checkpoint_open(d3, &err);
+    assert_true(c1 && c2 && c3);
+    for (size_t i = 0; i < td_checkpoint_num_tensors(c1); i++) {
+        const td_tensor *a = td_checkpoint_tensor(c1, i), *b = td_checkpoint_tensor(c2, i), *c = td_checkpoint_tensor(c3, i);
+        assert_string_equal(a->name, b->name);
+        assert_int_equal(a->nbytes, b->nbytes);
+        assert_memory_equal(a->data, b->data, a->nbytes);
+        assert_memory_not_equal(a->data, c->data, a->nbytes);
+    }
+    td_checkpoint_close(c1); td_checkpoint_close(c2); td_checkpoint_close(c3);
+    rm_tree(d1); rm_tree(d2); rm_tree(d3);
+}
+
+/* Seeded mutations of a valid file (random bytes overwritten in the length field, header and
+ * data): each must either open, with every tensor decodable (ASan checks the reads stay inside
+ * the map), or fail with a message naming the file. Never a crash. */
+static void test_mutations(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir(), path[512];
+    path_join(path, sizeof path, dir, "mut.safetensors");
+    const char *hdr = "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
+                      "\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[16,22]},"
+                      "\"c\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[22,24]}}";
+    uint8_t data[24];
+    for (int i = 0; i < 24; i++) data[i] = (uint8_t)(i * 37);
+    size_t hl = strlen(hdr), n = 8 + hl + sizeof data;
+    uint8_t *good = malloc(n), *buf = malloc(n);
+    for (int i = 0; i < 8; i++) good[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    memcpy(good + 8, hdr, hl);
+    memcpy(good + 8 + hl, data, sizeof data);
+    td_rng r;
+    td_rng_seed(&r, 1234);
+    static const char alphabet[] = "0123456789[]{},:\"-eE.FBIU_ ";
+    int opened = 0, rejected = 0;
+    for (int it = 0; it < 1500; it++) {
+        memcpy(buf, good, n);
+        int k = 1 + (int)td_rng_below(&r, 3);
+        for (int j = 0; j < k; j++) {
+            size_t at = td_rng_below(&r, n);
+            buf[at] = td_rng_below(&r, 2) ? (uint8_t)alphabet[td_rng_below(&r, sizeof alphabet - 1)] : (uint8_t)td_rng_next(&r);
+        }
+        size_t len = td_rng_below(&r, 8) == 0 ? td_rng_below(&r, n + 1) : n;   /* sometimes truncated */
+        write_bytes(path, buf, len);
+        td_error err = {{0}};
+        td_checkpoint *ck = td_checkpoint_open(path, &err);
+        if (!ck) {
+            assert_non_null(strstr(err.msg, path));
+            rejected++;
+            continue;
+        }
+        opened++;
+        for (size_t i = 0; i < td_checkpoint_num_tensors(ck); i++) {
+            const td_tensor *t = td_checkpoint_tensor(ck, i);
+            float *y = malloc((t->numel ? t->numel : 1) * sizeof(float));
+            td_tensor_to_f32(t, y, NULL);
+            free(y);
+        }
+        td_checkpoint_close(ck);
+    }
+    assert_true(opened > 0 && rejected > 0);   /* both paths exercised */
+    free(good);
+    free(buf);
+    rm_tree(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_writer_reader_roundtrip),
+        cmocka_unit_test(test_misaligned_and_nonfinite),
+        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_shards),
+        cmocka_unit_test(test_init_each_arch),
+        cmocka_unit_test(test_init_deterministic),
+        cmocka_unit_test(test_mutations),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,146 @@
+/* Number formats without NVIDIA: hand-checked codes (each from the format's definition, worked
+ * out by hand in the comment), and the fast scalar / row / round forms against the reference
+ * forms bit for bit on random patterns and rounding ties. The comparison with NVIDIA's own
+ * functions is tests/nv/test_nv_formats.cu. Tolerance everywhere: none (bits). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include "tidal/formats.h"
+#include "format_inputs.h"
+
+static void test_hand_checked(void **state)
+{
+    (void)state;
+    /* bf16: 1.0 = 0x3F80; 0.1f = 0x3DCCCCCD -> top half 0x3DCC, remainder 0xCCCD > 0x8000 -> 0x3DCD */
+    assert_int_equal(td_f32_to_bf16(1.0f).bits, 0x3F80);
+    assert_int_equal(td_f32_to_bf16(0.1f).bits, 0x3DCD);
+    /* tie: 0x3F808000 is exactly between 0x3F80 and 0x3F81 -> even 0x3F80; 0x3F818000 -> 0x3F82 */
+    assert_int_equal(td_f32_to_bf16(ti_bits_f32(0x3F808000u)).bits, 0x3F80);
+    assert_int_equal(td_f32_to_bf16(ti_bits_f32(0x3F818000u)).bits, 0x3F82);
+    assert_int_equal(td_f32_to_bf16(ti_bits_f32(0x7F7FFFFFu)).bits, 0x7F80);   /* FLT_MAX -> Inf */
+    assert_int_equal(td_f32_to_bf16(ti_bits_f32(0xFFC00001u)).bits, 0x7FFF);   /* NaN canonical */
+    /* fp16: 65504 = max = 0x7BFF; 65519.99 -> 0x7BFF; 65520 (tie, 0x7BFF odd) -> Inf 0x7C00 */
+    assert_int_equal(td_f32_to_f16(65504.0f).bits, 0x7BFF);
+    assert_int_equal(td_f32_to_f16(65519.99f).bits, 0x7BFF);
+    assert_int_equal(td_f32_to_f16(65520.0f).bits, 0x7C00);
+    /* subnormals: 2^-24 = 0x0001; 2^-25 is a tie between 0 and 2^-24 -> 0; 3*2^-26 -> 0x0001 */
+    assert_int_equal(td_f32_to_f16(0x1p-24f).bits, 0x0001);
+    assert_int_equal(td_f32_to_f16(0x1p-25f).bits, 0x0000);
+    assert_int_equal(td_f32_to_f16(0x1.8p-25f).bits, 0x0001);
+    assert_int_equal(td_f32_to_f16(-0.0f).bits, 0x8000);
+    /* e4m3: 448 = 1.75*2^8 -> 0 1111 110 = 0x7E; 464 ties to even (448); 480 would be 0x7F = NaN */
+    assert_int_equal(td_f32_to_e4m3(448.0f, TD_SATFINITE), 0x7E);
+    assert_int_equal(td_f32_to_e4m3(464.0f, TD_NOSAT), 0x7E);
+    assert_int_equal(td_f32_to_e4m3(465.0f, TD_NOSAT), 0x7F);
+    assert_int_equal(td_f32_to_e4m3(-465.0f, TD_NOSAT), 0xFF);
+    assert_int_equal(td_f32_to_e4m3(-1e9f, TD_SATFINITE), 0xFE);
+    assert_int_equal(td_f32_to_e4m3(-INFINITY, TD_SATFINITE), 0xFE);
+    assert_int_equal(td_f32_to_e4m3(NAN, TD_SATFINITE), 0x7F);
+    /* e4m3 subnormal quantum 2^-9: 2^-9 -> 0x01; 2^-10 tie -> 0; 3*2^-10 tie between 1 and 2 -> 2 */
+    assert_int_equal(td_f32_to_e4m3(0x1p-9f, TD_SATFINITE), 0x01);
+    assert_int_equal(td_f32_to_e4m3(0x1p-10f, TD_SATFINITE), 0x00);
+    assert_int_equal(td_f32_to_e4m3(0x1.8p-9f, TD_SATFINITE), 0x02);
+    /* e5m2: 57344 = 1.75*2^15 -> 0 11110 11 = 0x7B; 61440 ties to even -> 65536 = Inf */
+    assert_int_equal(td_f32_to_e5m2(57344.0f, TD_NOSAT), 0x7B);
+    assert_int_equal(td_f32_to_e5m2(61440.0f, TD_NOSAT), 0x7C);
+    assert_int_equal(td_f32_to_e5m2(61440.0f, TD_SATFINITE), 0x7B);
+    assert_int_equal(td_f32_to_e5m2(-INFINITY, TD_NOSAT), 0xFC);
+    /* e8m0: 1.0 = 2^0 -> 127; 1.5 rounds up to 2 -> 128, toward zero -> 127; 0 -> 0 (2^-127) */
+    assert_int_equal(td_f32_to_e8m0(1.0f, TD_SATFINITE, TD_ROUND_UP), 127);
+    assert_int_equal(td_f32_to_e8m0(1.5f, TD_SATFINITE, TD_ROUND_UP), 128);
+    assert_int_equal(td_f32_to_e8m0(1.5f, TD_SATFINITE, TD_ROUND_ZERO), 127);
+    assert_int_equal(td_f32_to_e8m0(0.0f, TD_SATFINITE, TD_ROUND_UP), 0);
+    assert_int_equal(td_f32_to_e8m0(INFINITY, TD_NOSAT, TD_ROUND_UP), 0xFF);
+    /* decode */
+    assert_true(td_e4m3_to_f32(0x7E) == 448.0f);
+    assert_true(td_e4m3_to_f32(0x01) == 0x1p-9f);
+    assert_true(isnan(td_e4m3_to_f32(0xFF)));
+    assert_true(td_e5m2_to_f32(0x7C) == INFINITY);
+    assert_true(td_e5m2_to_f32(0x7B) == 57344.0f);
+    assert_true(td_e8m0_to_f32(127) == 1.0f);
+    assert_true(td_e8m0_to_f32(0) == 0x1p-127f);
+}
+
+static void test_traits_consistent(void **state)
+{
+    (void)state;
+    for (int f = TD_BF16; f < TD_FORMAT_COUNT; f++) {
+        const td_format_traits *t = td_format_info((td_format)f);
+        assert_true(td_decode((td_format)f, t->max_code) == t->max_finite);
+        assert_int_equal(td_format_from_name(t->name), f);
+        assert_int_equal(td_format_from_name(t->alias), f);
+        if (f != TD_E8M0) {
+            assert_true(td_decode((td_format)f, 1) == t->min_subnormal);
+            assert_true(td_decode((td_format)f, 1u << t->man_bits) == t->min_normal);
+        }
+    }
+    assert_int_equal(td_format_from_name("nonsense"), -1);
+    assert_null(td_format_info(TD_FORMAT_COUNT));
+}
+
+/* Fast scalar, row-encode and round-row forms vs the reference, bit for bit. */
+static void check_fast_vs_ref(td_format f, td_saturation sat, const char *label)
+{
+    const size_t N = 1000000;
+    float *x = malloc(N * 4), *rounded = malloc(N * 4);
+    uint32_t *codes = malloc(N * 4);
+    for (size_t i = 0; i < N; i++)
+        x[i] = (i % 2) ? ti_random_bits(7, i) : ti_tie(f, 7, i);
+    td_encode_row(f, x, codes, N, sat);
+    td_round_row(f, x, rounded, N, sat);
+    size_t agree = 0;
+    for (size_t i = 0; i < N; i++) {
+        uint32_t ref = td_encode_ref(f, x[i], sat);
+        uint32_t row = td_format_info(f)->storage_bits == 16 ? ((uint16_t *)codes)[i] : ((uint8_t *)codes)[i];
+        uint32_t want_round = ti_f32_bits(td_decode_ref(f, ref));
+        if (td_encode(f, x[i], sat) == ref && row == ref && ti_f32_bits(rounded[i]) == want_round) agree++;
+        else if (N - agree < 4)
+            fprintf(stderr, "  MISMATCH %s %a: ref 0x%x fast 0x%x row 0x%x\n", label, x[i], ref,
+                    td_encode(f, x[i], sat), row);
+    }
+    printf("%s: %zu/%zu fast forms identical to the reference form\n", label, agree, N);
+    free(x); free(rounded); free(codes);
+    assert_int_equal(agree, N);
+}
+
+static void test_fast_vs_ref(void **state)
+{
+    (void)state;
+    check_fast_vs_ref(TD_BF16, TD_SATFINITE, "bf16");
+    check_fast_vs_ref(TD_F16, TD_SATFINITE, "fp16");
+    check_fast_vs_ref(TD_E4M3, TD_SATFINITE, "e4m3 satfinite");
+    check_fast_vs_ref(TD_E4M3, TD_NOSAT, "e4m3 nosat");
+    check_fast_vs_ref(TD_E5M2, TD_SATFINITE, "e5m2 satfinite");
+    check_fast_vs_ref(TD_E5M2, TD_NOSAT, "e5m2 nosat");
+}
+
+/* Round-tripping: every non-NaN code decodes to a value that encodes back to the same code. */
+static void test_every_code_round_trips(void **state)
+{
+    (void)state;
+    for (int f = TD_BF16; f <= TD_E5M2; f++) {
+        const td_format_traits *t = td_format_info((td_format)f);
+        uint32_t n = 1u << t->storage_bits, ok = 0, nan = 0;
+        for (uint32_t c = 0; c < n; c++) {
+            float v = td_decode((td_format)f, c);
+            if (isnan(v)) { nan++; continue; }
+            if (td_encode((td_format)f, v, TD_NOSAT) == c) ok++;
+        }
+        assert_int_equal(ok + nan, n);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hand_checked),
+        cmocka_unit_test(test_traits_consistent),
+        cmocka_unit_test(test_every_code_round_trips),
+        cmocka_unit_test(test_fast_vs_ref),
+    };
+    return cmocka_run_group_tests_name("formats", tests, NULL, NULL);
+}
