@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make demo: tidal's main job on the shipped demo checkpoint and prompts. The training path
 # (recipe A) and the inference path (recipe B) replay the same prompts in bf16 and in fp16;
-# per-token divergence goes to HDF5 run files under out/demo/.
+# per-token divergence goes to HDF5 run files under out/demo/, then tidal-report compares the
+# two runs and tidal-heatmap draws them.
 set -euo pipefail
 BUILD=${1:-build}
 OUT=out/demo
@@ -14,3 +15,9 @@ for p in bf16 fp16; do
 done
 echo
 echo "run files: $OUT/bf16.h5 $OUT/fp16.h5 (layout: reports/SCHEMA.md; read with h5py or pandas)"
+echo
+echo "== the two runs side by side (tidal-report; --markdown / --json for files, tidal-heatmap for pictures)"
+"$BUILD/bin/tidal-report" "$OUT/bf16.h5" "$OUT/fp16.h5" --worst 3 | sed -n '1,40p'
+"$BUILD/bin/tidal-heatmap" "$OUT/bf16.h5" "$OUT/fp16.h5" -o "$OUT/seqpos_dlogp.png" >/dev/null
+echo
+echo "picture: $OUT/seqpos_dlogp.png (|dlogp| by sequence and position, both runs)"
