@@ -13,6 +13,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include "tidal/prompts.h"
 
 enum { VOCAB = 256, MAX_LEN = 16 };
@@ -29,24 +31,6 @@ static int fake_tokenize(void *user, const char *text, size_t len, int32_t **ids
     return 0;
 }
 
-static void write_temp(char *path, const char *text)
-{
-    snprintf(path, 64, "/tmp/tidal_prompts_XXXXXX");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    size_t n = strlen(text);
-    assert_true(write(fd, text, n) == (ssize_t)n);
-    close(fd);
-}
-
-static void assert_msg_has(const char *msg, const char *needle)
-{
-    if (!strstr(msg, needle)) {
-        print_error("message \"%s\" does not contain \"%s\"\n", msg, needle);
-        fail();
-    }
-}
-
 static void assert_ids(const int32_t *got, int n, const int32_t *want, int n_want)
 {
     assert_int_equal(n, n_want);
@@ -59,12 +43,12 @@ static void test_prompts(void **state)
     char path[64];
     /* line 1 text, 2 empty, 3 tokens with extra keys, 4 spaces only, 5 text with CRLF,
      * 6 text with a JSON escape (é = 2 UTF-8 bytes) */
-    write_temp(path, "{\"text\": \"hi\"}\n"
+    test_write_temp(path, "{\"text\": \"hi\"}\n"
                      "\n"
                      "{\"id\": 7, \"tokens\": [5, 0, 255], \"meta\": {\"a\": 1}}\n"
                      "   \n"
                      "{\"text\": \"abc\"}\r\n"
-                     "{\"text\": \"\\u00e9\"}");           /* no final newline */
+                     "{\"text\": \"\\u00e9\"}", "");           /* no final newline */
     int calls = 0;
     td_prompt_set ps;
     td_error err = {{0}};
@@ -93,7 +77,7 @@ static void test_prompts(void **state)
     unlink(path);
 
     /* token prompts need no tokenizer; exactly max_len tokens is fine */
-    write_temp(path, "{\"tokens\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]}\n");
+    test_write_temp(path, "{\"tokens\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]}\n", "");
     assert_int_equal(td_prompts_load(path, NULL, NULL, VOCAB, MAX_LEN, false, &ps, &err), 0);
     assert_int_equal(ps.items[0].n_prompt, MAX_LEN);
     td_prompts_free(&ps);
@@ -104,9 +88,9 @@ static void test_rollouts(void **state)
 {
     (void)state;
     char path[64];
-    write_temp(path, "{\"prompt_ids\": [1, 2], \"response_ids\": [3, 4, 5], \"rollout_logprobs\": [-0.5, 0, -1e-3]}\n"
+    test_write_temp(path, "{\"prompt_ids\": [1, 2], \"response_ids\": [3, 4, 5], \"rollout_logprobs\": [-0.5, 0, -1e-3]}\n"
                      "{\"prompt_token_ids\": [9], \"output_token_ids\": [8], \"logprobs\": [-2.25], \"text_out\": \"x\"}\n"
-                     "{\"prompt_ids\": [7], \"output_token_ids\": [6, 5], \"logprobs\": [-1, -3]}\n");
+                     "{\"prompt_ids\": [7], \"output_token_ids\": [6, 5], \"logprobs\": [-1, -3]}\n", "");
     td_prompt_set ps;
     td_error err = {{0}};
     if (td_prompts_load(path, NULL, NULL, VOCAB, MAX_LEN, false, &ps, &err)) { print_error("%s\n", err.msg); fail(); }
@@ -133,7 +117,7 @@ static void expect_bad_line(const char *bad, const char *what, bool rollout, boo
     const char *good = rollout ? "{\"prompt_ids\": [1], \"response_ids\": [2], \"rollout_logprobs\": [-1]}"
                                : "{\"tokens\": [1, 2]}";
     snprintf(text, sizeof text, "%s\n%s\n\n%s\n%s\n", good, good, bad, good);
-    write_temp(path, text);
+    test_write_temp(path, text, "");
     int calls = 0;
     td_prompt_set ps;
     td_error err = {{0}};
@@ -206,7 +190,7 @@ static void test_mixed_kinds(void **state)
     for (int k = 0; k < 2; k++) {
         for (int skip = 0; skip < 2; skip++) {
             char path[64], where[96];
-            write_temp(path, files[k]);
+            test_write_temp(path, files[k], "");
             td_prompt_set ps;
             td_error err = {{0}};
             assert_int_equal(td_prompts_load(path, NULL, NULL, VOCAB, MAX_LEN, skip, &ps, &err), -1);
@@ -225,7 +209,7 @@ static void test_empty_and_missing(void **state)
     const char *texts[3] = {"", "\n\n  \n\r\n", "{\"tokens\": []}\n"};
     for (int k = 0; k < 3; k++) {
         char path[64];
-        write_temp(path, texts[k]);
+        test_write_temp(path, texts[k], "");
         td_prompt_set ps;
         td_error err = {{0}};
         /* the last file's only line is bad: skipped, then nothing is left */
@@ -252,7 +236,7 @@ static void test_skip_bad_many(void **state)
         len += (size_t)snprintf(text + len, cap - len, "{\"tokens\": [%d]}\n{\"tokens\": [-%d]}\n{\"tokens\": [%d, 1]}\n[]\n{\n{\"tokens\": [%d, 2, 3]}\n",
                                 r, r + 1, r, r);
     char path[64];
-    write_temp(path, text);
+    test_write_temp(path, text, "");
     free(text);
     td_prompt_set ps;
     td_error err = {{0}};

@@ -17,29 +17,11 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include "tidal/recipe.h"
 
 /* ---------------------------------------------------------------- helpers */
-
-/* Writes text to a fresh /tmp file ending in .json; returns its path in `path` (64 bytes). */
-static void write_temp(char *path, const char *text)
-{
-    snprintf(path, 64, "/tmp/tidal_recipe_XXXXXX.json");
-    int fd = mkstemps(path, 5);
-    assert_true(fd >= 0);
-    size_t n = strlen(text);
-    assert_true(write(fd, text, n) == (ssize_t)n);
-    close(fd);
-}
-
-/* Asserts that msg contains every needle (prints msg on failure). */
-static void assert_msg_has(const char *msg, const char *needle)
-{
-    if (!strstr(msg, needle)) {
-        print_error("message \"%s\" does not contain \"%s\"\n", msg, needle);
-        fail();
-    }
-}
 
 static void assert_scheme_equal(const td_fp8_scheme *a, const td_fp8_scheme *b)
 {
@@ -99,7 +81,7 @@ static void assert_round_trips(const td_recipe *r)
 static void expect_file_error(const char *text, const char *field)
 {
     char path[64];
-    write_temp(path, text);
+    test_write_temp(path, text, ".json");
     td_recipe r;
     td_error err = {{0}};
     int rc = td_recipe_resolve(path, &r, &err);
@@ -245,9 +227,9 @@ static void test_file_derives_from_base(void **state)
 {
     (void)state;
     char path[64];
-    write_temp(path, "{\"base\": \"bf16-infer\", \"lm_head\": \"fp32\", \"split_k\": 4,\n"
+    test_write_temp(path, "{\"base\": \"bf16-infer\", \"lm_head\": \"fp32\", \"split_k\": 4,\n"
                      " \"weight_scaling\": {\"granularity\": \"row\", \"arith\": \"mul\"},\n"
-                     " \"kv_scale\": 0.5, \"batch_invariant\": true}\n");
+                     " \"kv_scale\": 0.5, \"batch_invariant\": true}\n", ".json");
     td_recipe r;
     td_error err = {{0}};
     if (td_recipe_resolve(path, &r, &err)) { print_error("%s\n", err.msg); fail(); }
@@ -265,7 +247,7 @@ static void test_file_derives_from_base(void **state)
     unlink(path);
 
     /* name / description given; no base -> fp32 */
-    write_temp(path, "{\"name\": \"mine\", \"description\": \"d\", \"attention\": \"flash\", \"attn_block\": 32}");
+    test_write_temp(path, "{\"name\": \"mine\", \"description\": \"d\", \"attention\": \"flash\", \"attn_block\": 32}", ".json");
     assert_int_equal(td_recipe_resolve(path, &r, &err), 0);
     want = *td_recipe_find_preset("fp32");
     snprintf(want.name, sizeof want.name, "mine");
@@ -276,14 +258,14 @@ static void test_file_derives_from_base(void **state)
     unlink(path);
 
     /* changing activations carries gemm_inputs and kv_cache along unless they are given */
-    write_temp(path, "{\"base\": \"bf16-train\", \"activations\": \"fp16\", \"weights\": \"fp16\"}");
+    test_write_temp(path, "{\"base\": \"bf16-train\", \"activations\": \"fp16\", \"weights\": \"fp16\"}", ".json");
     assert_int_equal(td_recipe_resolve(path, &r, &err), 0);
     assert_int_equal(r.activations, TD_F16);
     assert_int_equal(r.gemm_inputs, TD_F16);
     assert_int_equal(r.kv_cache, TD_F16);
     unlink(path);
     /* ... but an fp8 GEMM input stays fp8 */
-    write_temp(path, "{\"base\": \"fp8-rollout\", \"activations\": \"fp16\"}");
+    test_write_temp(path, "{\"base\": \"fp8-rollout\", \"activations\": \"fp16\"}", ".json");
     assert_int_equal(td_recipe_resolve(path, &r, &err), 0);
     assert_int_equal(r.activations, TD_F16);
     assert_int_equal(r.gemm_inputs, TD_E4M3);
@@ -292,7 +274,7 @@ static void test_file_derives_from_base(void **state)
 
     /* a file written by td_recipe_to_json loads back as the same recipe */
     char *js = td_recipe_to_json(td_recipe_find_preset("fp8-unified"));
-    write_temp(path, js);
+    test_write_temp(path, js, ".json");
     free(js);
     assert_int_equal(td_recipe_resolve(path, &r, &err), 0);
     assert_recipe_equal(&r, td_recipe_find_preset("fp8-unified"));
@@ -330,7 +312,7 @@ static void test_file_errors(void **state)
     expect_file_error("{\"split_k\": 2, \"split_k\": 3}", "split_k");                         /* duplicate key */
     /* invalid JSON: the trailing comma on line 2 makes jansson stop at line 3, column 1 */
     char path[64], want[80];
-    write_temp(path, "{\"base\": \"fp32\",\n  \"split_k\": 2,\n}\n");
+    test_write_temp(path, "{\"base\": \"fp32\",\n  \"split_k\": 2,\n}\n", ".json");
     td_recipe r;
     td_error err = {{0}};
     assert_int_equal(td_recipe_resolve(path, &r, &err), -1);

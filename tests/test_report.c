@@ -20,38 +20,13 @@
 #include <unistd.h>
 #include <sys/wait.h>
 #include <cmocka.h>
+
+#include "testutil.h"
 #include <hdf5.h>
 
 #include "tidal/analysis.h"
 #include "tidal/render.h"
 #include "tidal/runfile.h"
-
-static char dir[64];
-
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(dir, sizeof dir, "/tmp/tidal_report_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static void in_dir(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", dir, name); }
-
-static void assert_has(const char *msg, const char *needle)
-{
-    if (!strstr(msg, needle)) {
-        print_error("message \"%s\" does not contain \"%s\"\n", msg, needle);
-        fail();
-    }
-}
 
 static void near(double got, double want)
 {
@@ -98,7 +73,7 @@ static void test_hand_worked(void **state)
 {
     (void)state;
     char path[128];
-    in_dir(path, sizeof path, "small.h5");
+    test_path(path, sizeof path, "small.h5");
     write_small(path, 1);
     td_run run;
     td_error err;
@@ -170,8 +145,8 @@ static void expect_load_error(const char *path, const char *needle)
     td_run run;
     td_error err = {{0}};
     assert_int_not_equal(td_run_load(&run, path, TD_RUN_LAYERS, &err), 0);
-    assert_has(err.msg, path);
-    assert_has(err.msg, needle);
+    assert_msg_has(err.msg, path);
+    assert_msg_has(err.msg, needle);
 }
 
 static int run_tool(const char *cmdline)
@@ -189,25 +164,25 @@ static void test_bad_input(void **state)
     (void)state;
     char p[128], cmd[512];
     td_error err;
-    in_dir(p, sizeof p, "nothere.h5");
+    test_path(p, sizeof p, "nothere.h5");
     expect_load_error(p, "no such file");
 
-    in_dir(p, sizeof p, "text.h5");
+    test_path(p, sizeof p, "text.h5");
     FILE *f = fopen(p, "w");
     fputs("not hdf5\n", f);
     fclose(f);
     expect_load_error(p, "not an HDF5 file");
     snprintf(cmd, sizeof cmd, "tidal-report %s", p);
     assert_int_equal(run_tool(cmd), 1);
-    snprintf(cmd, sizeof cmd, "tidal-heatmap %s -o %s/x.png", p, dir);
+    snprintf(cmd, sizeof cmd, "tidal-heatmap %s -o %s/x.png", p, test_dir);
     assert_int_equal(run_tool(cmd), 1);
 
-    in_dir(p, sizeof p, "plain.h5");
+    test_path(p, sizeof p, "plain.h5");
     hid_t h = H5Fcreate(p, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     H5Fclose(h);
     expect_load_error(p, "not a tidal run file");
 
-    in_dir(p, sizeof p, "future.h5");
+    test_path(p, sizeof p, "future.h5");
     td_runfile *rf = td_runfile_create(p, 1, &err);
     td_runfile_set_i64(rf, "schema_version", 99, &err);
     td_runfile_close(rf, &err);
@@ -215,7 +190,7 @@ static void test_bad_input(void **state)
     snprintf(cmd, sizeof cmd, "tidal-report --json %s", p);
     assert_int_equal(run_tool(cmd), 1);
 
-    in_dir(p, sizeof p, "empty.h5");
+    test_path(p, sizeof p, "empty.h5");
     rf = td_runfile_create(p, 1, &err);
     td_runfile_close(rf, &err);
     expect_load_error(p, "missing dataset /tokens/logp_a");
@@ -224,13 +199,13 @@ static void test_bad_input(void **state)
     td_runfile_append(rf, "/tokens/logp_a", TD_COL_F64, 1, &none, 0, &err);
     td_runfile_close(rf, &err);
     expect_load_error(p, "empty run");
-    snprintf(cmd, sizeof cmd, "tidal-heatmap %s -o %s/x.png", p, dir);
+    snprintf(cmd, sizeof cmd, "tidal-heatmap %s -o %s/x.png", p, test_dir);
     assert_int_equal(run_tool(cmd), 1);
-    snprintf(cmd, sizeof cmd, "%s/x.png", dir);
+    snprintf(cmd, sizeof cmd, "%s/x.png", test_dir);
     assert_int_not_equal(access(cmd, F_OK), 0);  // nothing written
 
     /* logp_a only: the first missing required column is named */
-    in_dir(p, sizeof p, "partial.h5");
+    test_path(p, sizeof p, "partial.h5");
     rf = td_runfile_create(p, 1, &err);
     double v[3] = {-1, -2, -3};
     td_runfile_append(rf, "/tokens/logp_a", TD_COL_F64, 1, v, 3, &err);
@@ -238,13 +213,13 @@ static void test_bad_input(void **state)
     expect_load_error(p, "missing dataset /tokens/seq");
 
     /* unequal columns and a sequence index out of range */
-    in_dir(p, sizeof p, "short.h5");
+    test_path(p, sizeof p, "short.h5");
     write_small(p, 0);
     rf = td_runfile_open(p, 1, &err);
     td_runfile_append(rf, "/tokens/logp_b", TD_COL_F64, 1, v, 1, &err);
     td_runfile_close(rf, &err);
     expect_load_error(p, "/tokens/logp_b has 5 rows");
-    in_dir(p, sizeof p, "badseq.h5");
+    test_path(p, sizeof p, "badseq.h5");
     write_small(p, 0);
     rf = td_runfile_open(p, 1, &err);
     td_runfile_truncate_group(rf, "/seqs", 1, &err);
@@ -252,7 +227,7 @@ static void test_bad_input(void **state)
     expect_load_error(p, "is not a row of /seqs");
 
     /* option errors are usage errors (2), a good file reports (0) */
-    in_dir(p, sizeof p, "good.h5");
+    test_path(p, sizeof p, "good.h5");
     write_small(p, 0);
     snprintf(cmd, sizeof cmd, "tidal-report %s --is token:clip:2", p);
     assert_int_equal(run_tool(cmd), 2);
@@ -272,11 +247,11 @@ static void test_is_spec_parse(void **state)
     assert_int_equal(td_is_spec_parse("geometric:truncate:0.999:1.001", &s, &err), 0);
     assert_true(s.lo == 0.999 && s.hi == 1.001);
     assert_int_not_equal(td_is_spec_parse("token:mask", &s, &err), 0);
-    assert_has(err.msg, "LEVEL:MODE:HI");
+    assert_msg_has(err.msg, "LEVEL:MODE:HI");
     assert_int_not_equal(td_is_spec_parse("tokens:mask:2", &s, &err), 0);
-    assert_has(err.msg, "level 'tokens'");
+    assert_msg_has(err.msg, "level 'tokens'");
     assert_int_not_equal(td_is_spec_parse("token:mask:5:0.5", &s, &err), 0);
-    assert_has(err.msg, "above the lower cap");
+    assert_msg_has(err.msg, "above the lower cap");
 }
 
 /* Reads a PNG back: size and the value of the text chunk `key` (caller frees; NULL if none). */
@@ -306,32 +281,32 @@ static void test_pictures(void **state)
 {
     (void)state;
     char run_path[128], png[128], cmd[512];
-    in_dir(run_path, sizeof run_path, "pic.h5");
+    test_path(run_path, sizeof run_path, "pic.h5");
     write_small(run_path, 1);
     static const char *kinds[] = {"seqpos", "layers", "density", "hist"};
     for (int k = 0; k < 4; k++) {
-        snprintf(png, sizeof png, "%s/%s.png", dir, kinds[k]);
+        snprintf(png, sizeof png, "%s/%s.png", test_dir, kinds[k]);
         snprintf(cmd, sizeof cmd, "tidal-heatmap %s %s --plot %s -o %s", run_path, run_path, kinds[k], png);
         assert_int_equal(run_tool(cmd), 0);
         int w, h;
         char *cl = read_png_text(png, &w, &h, "command_line");
         assert_non_null(cl);
-        assert_has(cl, "--plot");
-        assert_has(cl, kinds[k]);
+        assert_msg_has(cl, "--plot");
+        assert_msg_has(cl, kinds[k]);
         assert_true(w >= 640 && h >= 200);
         free(cl);
     }
     /* layers of a run without them: a message saying so */
     td_run run;
     td_error err;
-    in_dir(run_path, sizeof run_path, "nolayers.h5");
+    test_path(run_path, sizeof run_path, "nolayers.h5");
     write_small(run_path, 0);
     assert_int_equal(td_run_load(&run, run_path, TD_RUN_PLOT | TD_RUN_LAYERS, &err), 0);
     td_font *font = td_font_open(NULL, &err);
     if (!font) fail_msg("%s", err.msg);
     td_plot_opts o = {.kind = TD_PLOT_LAYERS, .log_scale = 1};
     assert_null(td_plot(&run, 1, font, &o, &err));
-    assert_has(err.msg, "/layers/rel_err is absent");
+    assert_msg_has(err.msg, "/layers/rel_err is absent");
     /* on a linear scale from 0, |Δlogp| = 0 cells take the bottom viridis colour and ln 2
      * cells the top one; positions 0..2 (prompt) are grey */
     o.kind = TD_PLOT_SEQPOS;
@@ -351,7 +326,7 @@ static void test_pictures(void **state)
     td_font_close(font);
     td_run_free(&run);
     assert_null(td_font_open("/nonexistent/font.ttf", &err));
-    assert_has(err.msg, "fonts-dejavu-core");
+    assert_msg_has(err.msg, "fonts-dejavu-core");
 }
 
 int main(void)
@@ -362,5 +337,5 @@ int main(void)
         cmocka_unit_test(test_is_spec_parse),
         cmocka_unit_test(test_pictures),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, test_dir_setup, test_dir_teardown);
 }

@@ -18,36 +18,11 @@
 #include <unistd.h>
 #include <sys/wait.h>
 #include <cmocka.h>
+
+#include "testutil.h"
 #include <hdf5.h>
 
 #include "tidal/runfile.h"
-
-static char dir[64];
-
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(dir, sizeof dir, "/tmp/tidal_runfile_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static void path_in_dir(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", dir, name); }
-
-static void assert_msg_has(const char *msg, const char *needle)
-{
-    if (!strstr(msg, needle)) {
-        print_error("message \"%s\" does not contain \"%s\"\n", msg, needle);
-        fail();
-    }
-}
 
 static void ok(int rc, const td_error *err)
 {
@@ -117,7 +92,7 @@ static void test_write_and_read_back(void **state)
 {
     (void)state;
     char path[128];
-    path_in_dir(path, sizeof path, "run.h5");
+    test_path(path, sizeof path, "run.h5");
     write_main_file(path);
 
     td_error err = {{0}};
@@ -206,7 +181,7 @@ static void test_truncate_and_resume(void **state)
 {
     (void)state;
     char path[128];
-    path_in_dir(path, sizeof path, "resume.h5");
+    test_path(path, sizeof path, "resume.h5");
     td_error err = {{0}};
     td_runfile *rf = td_runfile_create(path, 0, &err);
     assert_non_null(rf);
@@ -256,7 +231,7 @@ static void test_overwrite_refused(void **state)
 {
     (void)state;
     char path[128];
-    path_in_dir(path, sizeof path, "keep.h5");
+    test_path(path, sizeof path, "keep.h5");
     td_error err = {{0}};
     td_runfile *rf = td_runfile_create(path, 0, &err);
     int64_t x[3] = {1, 2, 3};
@@ -273,7 +248,7 @@ static void test_overwrite_refused(void **state)
     ok(td_runfile_close(rf, &err), &err);
     /* any existing path counts, not only HDF5 files */
     char other[128];
-    path_in_dir(other, sizeof other, "notes.txt");
+    test_path(other, sizeof other, "notes.txt");
     FILE *f = fopen(other, "w");
     fputs("mine\n", f);
     fclose(f);
@@ -293,11 +268,11 @@ static void test_open_errors(void **state)
     (void)state;
     char path[128];
     td_error err = {{0}};
-    path_in_dir(path, sizeof path, "missing.h5");
+    test_path(path, sizeof path, "missing.h5");
     assert_null(td_runfile_open(path, 0, &err));
     assert_msg_has(err.msg, path);
 
-    path_in_dir(path, sizeof path, "text.h5");
+    test_path(path, sizeof path, "text.h5");
     FILE *f = fopen(path, "w");
     fputs("this is not HDF5, just text that is long enough to have a superblock's worth\n", f);
     fclose(f);
@@ -306,7 +281,7 @@ static void test_open_errors(void **state)
     assert_msg_has(err.msg, "not an HDF5 file");
 
     /* an HDF5 file some other program wrote: no format attribute */
-    path_in_dir(path, sizeof path, "foreign.h5");
+    test_path(path, sizeof path, "foreign.h5");
     hid_t h = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     assert_true(h >= 0);
     H5Fclose(h);
@@ -317,7 +292,7 @@ static void test_open_errors(void **state)
     /* schema versions this build does not read: the future (2) and nonsense (0) */
     const int64_t bad_versions[2] = {TD_SCHEMA_VERSION + 1, 0};
     for (int k = 0; k < 2; k++) {
-        path_in_dir(path, sizeof path, k ? "zero.h5" : "future.h5");
+        test_path(path, sizeof path, k ? "zero.h5" : "future.h5");
         td_runfile *rf = td_runfile_create(path, 0, &err);
         ok(td_runfile_set_i64(rf, "schema_version", bad_versions[k], &err), &err);
         ok(td_runfile_close(rf, &err), &err);
@@ -335,7 +310,7 @@ static void test_foreign_string_attributes(void **state)
 {
     (void)state;
     char path[128];
-    path_in_dir(path, sizeof path, "attrs.h5");
+    test_path(path, sizeof path, "attrs.h5");
     td_error err = {{0}};
     td_runfile *rf = td_runfile_create(path, 0, &err);
     ok(td_runfile_close(rf, &err), &err);
@@ -370,7 +345,7 @@ static void test_append_mismatch(void **state)
 {
     (void)state;
     char path[128];
-    path_in_dir(path, sizeof path, "mismatch.h5");
+    test_path(path, sizeof path, "mismatch.h5");
     td_error err = {{0}};
     td_runfile *rf = td_runfile_create(path, 0, &err);
     double d[4] = {1, 2, 3, 4};
@@ -412,5 +387,5 @@ int main(void)
         cmocka_unit_test(test_foreign_string_attributes),
         cmocka_unit_test(test_append_mismatch),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, test_dir_setup, test_dir_teardown);
 }

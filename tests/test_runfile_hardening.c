@@ -15,26 +15,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
+
+#include "testutil.h"
 #include <hdf5.h>
 
 #include "tidal/runfile.h"
-
-static char dir[64];
-
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(dir, sizeof dir, "/tmp/tidal_rfh_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
 
 static long file_size(const char *p)
 {
@@ -48,7 +33,7 @@ static void test_compact(void **state)
 {
     (void)state;
     char path[128];
-    snprintf(path, sizeof path, "%s/c.h5", dir);
+    snprintf(path, sizeof path, "%s/c.h5", test_dir);
     td_error err;
     td_runfile *rf = td_runfile_create(path, 0, &err);
     assert_non_null(rf);
@@ -108,7 +93,7 @@ static void test_unbacked_extent(void **state)
 {
     (void)state;
     char path[128];
-    snprintf(path, sizeof path, "%s/u.h5", dir);
+    snprintf(path, sizeof path, "%s/u.h5", test_dir);
     td_error err;
     td_runfile *rf = td_runfile_create(path, 0, &err);
     assert_non_null(rf);
@@ -138,7 +123,7 @@ static void test_compact_missing(void **state)
 {
     (void)state;
     char path[128], tmp[160];
-    snprintf(path, sizeof path, "%s/none.h5", dir);
+    snprintf(path, sizeof path, "%s/none.h5", test_dir);
     snprintf(tmp, sizeof tmp, "%s.compact.tmp", path);
     td_error err;
     assert_int_not_equal(td_runfile_compact(path, &err), 0);
@@ -153,5 +138,5 @@ int main(void)
         cmocka_unit_test(test_unbacked_extent),
         cmocka_unit_test(test_compact_missing),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, test_dir_setup, test_dir_teardown);
 }
