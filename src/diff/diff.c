@@ -187,6 +187,7 @@ static int generate(job *J, batch_state *b, const size_t *idx, td_error *err)
     float *proc = td_xmalloc((size_t)V * sizeof(float));
     int *slots = td_xmalloc((size_t)b->n * sizeof(int)), *next = td_xmalloc((size_t)b->n * sizeof(int));
     td_rng *rng = td_xmalloc((size_t)b->n * sizeof(td_rng));
+    float *out = td_xmalloc((size_t)b->n * V * sizeof(float));   /* one decode step's rows */
     int rc = -1;
     for (int s = 0; s < b->n; s++) {
         td_rng_stream(&rng[s], o->seed, idx[s]);
@@ -217,15 +218,13 @@ static int generate(job *J, batch_state *b, const size_t *idx, td_error *err)
             n++;
         }
         if (n == 0) break;
-        float *out = td_xmalloc((size_t)n * V * sizeof(float));
-        if (td_session_decode(J->sb, n, slots, next, out, err)) { free(out); goto done; }
+        if (td_session_decode(J->sb, n, slots, next, out, err)) goto done;
         for (int i = 0; i < n; i++) memcpy(logits + (size_t)slots[i] * V, out + (size_t)i * V, (size_t)V * sizeof(float));
-        free(out);
     }
     for (int s = 0; s < b->n; s++) if (b->finish[s] < 0) b->finish[s] = FINISH_LENGTH;
     rc = 0;
 done:
-    free(logits); free(proc); free(slots); free(next); free(rng);
+    free(logits); free(proc); free(slots); free(next); free(rng); free(out);
     return rc;
 }
 
