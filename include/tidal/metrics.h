@@ -28,6 +28,11 @@ typedef struct {
 void td_token_metrics_compute(const float *logp_a, const float *logp_b, int V, int y,
                               td_token_metrics *m);
 
+/* The same when B is known only by the log-prob of y (replayed rollouts): A's row gives
+ * logp_a, entropy_a, top1_a, rank_a; k3 comes from the two log-probs; what needs B's whole
+ * distribution (kl_ba, kl_ab, tv, entropy_b) is NaN and top1_b / rank_b are -1. */
+void td_token_metrics_replay(const float *logp_a, int V, int y, double logp_b, td_token_metrics *m);
+
 /* k3 from the two log-probs of the scored token alone (when only those are known, e.g.
  * replayed rollouts): e^r − 1 − r with r = logp_a − logp_b. */
 double td_k3(double logp_a, double logp_b);

@@ -42,3 +42,23 @@ void td_token_metrics_compute(const float *la, const float *lb, int V, int y, td
     m->rank_a = rank_a;
     m->rank_b = rank_b;
 }
+
+void td_token_metrics_replay(const float *la, int V, int y, double logp_b, td_token_metrics *m)
+{
+    double ha = 0;
+    int top_a = 0, rank_a = 1;
+    for (int v = 0; v < V; v++) {
+        double pa = exp((double)la[v]);
+        if (pa > 0) ha -= pa * la[v];
+        if (la[v] > la[top_a]) top_a = v;
+        rank_a += la[v] > la[y];
+    }
+    m->logp_a = la[y];
+    m->logp_b = logp_b;
+    m->k3 = td_k3(m->logp_a, logp_b);
+    m->kl_ba = m->kl_ab = m->tv = m->entropy_b = NAN;
+    m->entropy_a = ha;
+    m->top1_a = top_a;
+    m->rank_a = rank_a;
+    m->top1_b = m->rank_b = -1;
+}

@@ -89,22 +89,7 @@ static void on_row_a(void *user, int s, int t, const float *logp_a)
     int y = b->seq[s][pos];
     td_token_metrics *m = &b->m[s][pos];
     if (b->replay_b) {
-        memset(m, 0, sizeof *m);
-        m->logp_a = logp_a[y];
-        m->logp_b = b->replay_b[s][pos - b->plen[s]];
-        m->k3 = td_k3(m->logp_a, m->logp_b);
-        m->kl_ba = m->kl_ab = m->tv = m->entropy_b = NAN;
-        double h = 0;
-        int top = 0, rank = 1;
-        for (int v = 0; v < b->V; v++) {
-            if (logp_a[v] > logp_a[top]) top = v;
-            rank += logp_a[v] > logp_a[y];
-            if (logp_a[v] > -INFINITY) h -= exp((double)logp_a[v]) * logp_a[v];
-        }
-        m->entropy_a = h;
-        m->top1_a = top;
-        m->rank_a = rank;
-        m->top1_b = m->rank_b = -1;
+        td_token_metrics_replay(logp_a, b->V, y, b->replay_b[s][pos - b->plen[s]], m);
     } else {
         td_token_metrics_compute(logp_a, b->rows_b[s] + (size_t)pos * b->V, b->V, y, m);
     }
