@@ -141,14 +141,10 @@ void matmul_forward_multi(const td_ops *ctx, int n, float *const *out, const flo
      * all n products keeps the barriers per layer few (they hurt most in decode). */
     long total = 0;
     for (int j = 0; j < n; j++) total += OUT[j];
-    int nt = ctx->nthreads;
-    if ((long)N * IN * total < 1L << 16) nt = 1;
-    if (nt > total / 16) nt = total / 16 > 0 ? (int)(total / 16) : 1;
-    #pragma omp parallel num_threads(nt)
+    #pragma omp parallel num_threads(gemm_threads(ctx, N, IN, total))
     {
-        int t = omp_get_thread_num(), k = omp_get_num_threads();
-        long per = ((total + k - 1) / k + 15) / 16 * 16;
-        long c0 = t * per, c1 = c0 + per < total ? c0 + per : total, base = 0;
+        long c0, c1, base = 0;
+        gemm_slice(total, omp_get_thread_num(), omp_get_num_threads(), &c0, &c1);
         for (int j = 0; j < n; base += OUT[j], j++) {
             long o0 = c0 > base ? c0 - base : 0, o1 = c1 - base < OUT[j] ? c1 - base : OUT[j];
             if (o0 >= o1) continue;

@@ -32,6 +32,24 @@ typedef struct {
 
 void td_ops_init(td_ops *ctx);
 
+/* How GEMMs are cut for threads (ops.c and ops_recipe.c alike): the threads worth using for
+ * an (N, IN) x (IN, total) product (one below 2^16 multiply-adds, at most one per 16 output
+ * columns), and thread t of k's slice [c0, c1) of the output columns (multiples of 16). */
+static inline int gemm_threads(const td_ops *ctx, int N, int IN, long total)
+{
+    int nt = ctx->nthreads;
+    if ((long)N * IN * total < 1L << 16) nt = 1;
+    if (nt > total / 16) nt = total / 16 > 0 ? (int)(total / 16) : 1;
+    return nt;
+}
+
+static inline void gemm_slice(long total, int t, int k, long *c0, long *c1)
+{
+    long per = ((total + k - 1) / k + 15) / 16 * 16;
+    *c0 = t * per;
+    *c1 = *c0 + per < total ? *c0 + per : total;
+}
+
 /* out (N, C) = embed[tokens[i]] */
 void embedding_forward(const td_ops *ctx, float *out, const int *tokens, const float *embed,
                        int N, int C);

@@ -120,14 +120,12 @@ void matmul_forward_r(const td_ops *ctx, const td_recipe *r, float *out, const f
     if (recipe_is_plain_fp32(r)) { matmul_forward(ctx, out, inp, weight, bias, N, IN, OUT); return; }
     float *qin = ctx->qin;
     td_gemm_quant_input(r, inp, N, IN, qin);
-    int nt = ctx->nthreads;
-    if ((long)N * IN * OUT < 1L << 16) nt = 1;
-    if (nt > OUT / 16) nt = OUT / 16 > 0 ? OUT / 16 : 1;
-    #pragma omp parallel num_threads(nt)
+    #pragma omp parallel num_threads(gemm_threads(ctx, N, IN, OUT))
     {
-        int t = omp_get_thread_num(), n = omp_get_num_threads();
-        int per = ((OUT + n - 1) / n + 15) / 16 * 16;
-        int o0 = t * per, o1 = o0 + per < OUT ? o0 + per : OUT;
+        int t = omp_get_thread_num();
+        long s0, s1;
+        gemm_slice(OUT, t, omp_get_num_threads(), &s0, &s1);
+        int o0 = (int)s0, o1 = (int)s1;
         if (o0 < o1) {
             /* gscratch is NULL when no recipe needs it (NULL + 0 is undefined behaviour in C) */
             float *scratch = ctx->gscratch ? ctx->gscratch + (size_t)t * ctx->gscratch_per_thread : NULL;
