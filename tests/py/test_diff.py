@@ -28,25 +28,11 @@ except ImportError:
     print("h5py not installed: skipped")
     sys.exit(77)
 
-BUILD = os.environ.get("BUILD", "build")
-BIN = os.path.join(BUILD, "bin")
+from tidal_check import BIN, BUILD, check, failures, run  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMA = os.path.join(HERE, "..", "fixtures", "run_schema_v1.txt")
-failures = []
 
 
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-def run(*args, ok=True):
-    p = subprocess.run([os.path.join(BIN, args[0]), *args[1:]], capture_output=True, text=True)
-    if ok and p.returncode != 0:
-        print(p.stdout, p.stderr)
-        raise SystemExit(f"command failed: {' '.join(args)}")
-    return p
 
 
 def write_prompts(path, n, vocab, seed, lo=3, hi=20):

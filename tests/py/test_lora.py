@@ -37,24 +37,10 @@ except ImportError:
     print("h5py or safetensors not installed: skipped")
     sys.exit(77)
 
-BUILD = os.environ.get("BUILD", "build")
-BIN = os.path.join(BUILD, "bin")
+from tidal_check import BIN, BUILD, check, failures, run  # noqa: E402
 TOL = 1e-4
-failures = []
 
 
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-def run(*args, ok=True):
-    p = subprocess.run([os.path.join(BIN, args[0]), *args[1:]], capture_output=True, text=True)
-    if ok and p.returncode != 0:
-        print(p.stdout, p.stderr)
-        raise SystemExit(f"command failed: {' '.join(args)}")
-    return p
 
 
 def merge(base_dir, adapter_dir, out_dir):
