@@ -72,7 +72,7 @@ enum {
     TD_GEN_REPETITION_PENALTY = 1 << 3, TD_GEN_DO_SAMPLE = 1 << 4,
     TD_GEN_BOS = 1 << 5, TD_GEN_EOS = 1 << 6,
 };
-#define TD_GEN_MAX_EOS 8
+#define TD_GEN_MAX_EOS TD_CONFIG_MAX_EOS
 typedef struct {
     double temperature;        /* HF GenerationConfig defaults: 1.0               */
     double top_p;              /* 1.0                                             */

@@ -95,23 +95,6 @@ done:
     return rc;
 }
 
-/* td_config keeps one eos id; when generation_config.json does not list its own, the whole
- * list of config.json (Llama 3: [128001, 128008, 128009]) becomes the stop set, as
- * transformers' GenerationConfig.from_model_config does. config.json was parsed already, so
- * its eos entries are known to be valid ids. */
-static void inherit_eos_list(td_checkpoint *ck, const char *config_path)
-{
-    if (ck->gen.present & TD_GEN_EOS) return;
-    json_t *j = td_json_load_file(config_path, NULL);
-    json_t *e = j ? json_object_get(j, "eos_token_id") : NULL;
-    if (json_is_array(e) && json_array_size(e) > 1) {
-        ck->gen.n_eos = 0;
-        for (size_t i = 0; i < json_array_size(e) && ck->gen.n_eos < TD_GEN_MAX_EOS; i++)
-            ck->gen.eos_token_ids[ck->gen.n_eos++] = (int)json_integer_value(json_array_get(e, i));
-    }
-    if (j) json_decref(j);
-}
-
 td_checkpoint *td_checkpoint_open(const char *path, td_error *err)
 {
     td_checkpoint *ck = td_xcalloc(1, sizeof *ck);
@@ -138,8 +121,6 @@ td_checkpoint *td_checkpoint_open(const char *path, td_error *err)
         } else {
             td_gen_config_parse(NULL, &ck->cfg, &ck->gen, NULL);
         }
-        snprintf(p, sizeof p, "%s/config.json", path);
-        inherit_eos_list(ck, p);
         char single[4096];
         snprintf(single, sizeof single, "%s/model.safetensors", path);
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", path);

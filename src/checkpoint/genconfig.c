@@ -90,9 +90,8 @@ int td_gen_config_parse(const char *path, const td_config *cfg, td_gen_config *g
     }
     /* transformers' GenerationConfig.from_model_config: ids the file lacks come from config.json */
     if (cfg && !(g->present & TD_GEN_BOS)) g->bos_token_id = cfg->bos_token_id;
-    if (cfg && !(g->present & TD_GEN_EOS) && cfg->eos_token_id >= 0) {
-        g->eos_token_ids[0] = cfg->eos_token_id;
-        g->n_eos = 1;
+    if (cfg && !(g->present & TD_GEN_EOS)) {   /* config.json's whole list (Llama 3: three ids) */
+        g->n_eos = td_config_eos_list(cfg, g->eos_token_ids);
     }
     rc = 0;
 done:

@@ -162,7 +162,7 @@ int td_checkpoint_init_random_opts(const char *dir, const td_config *cfg_in, td_
     td_gen_config g;
     td_gen_config_defaults(&g);
     g.bos_token_id = cfg.bos_token_id;
-    if (cfg.eos_token_id >= 0) { g.eos_token_ids[0] = cfg.eos_token_id; g.n_eos = 1; }
+    g.n_eos = td_config_eos_list(&cfg, g.eos_token_ids);
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     if (td_gen_config_write(path, &g, err) != 0) goto done;
     rc = 0;

@@ -151,7 +151,8 @@ typedef struct {
     td_sampler *sampler;
     td_runfile *rf;
     int max_len;             /* longest prompt + max_new_tokens (context-bounded) */
-    int eos;
+    int eos[TD_CONFIG_MAX_EOS];  /* ids that end a sequence: generation_config.json's list, else config.json's */
+    int n_eos;
     td_column tcols[T_COUNT], scols[S_COUNT], pcols[P_COUNT];
     float *layer_rows;       /* --layers: (rows, L) of the batch being collected */
     size_t n_layer_rows, cap_layer_rows;
@@ -161,6 +162,21 @@ typedef struct {
 static int tokenize_cb(void *user, const char *text, size_t len, int32_t **ids, size_t *n, td_error *err)
 {
     return td_tokenizer_encode((const td_tokenizer *)user, text, len, false, true, ids, n, err);
+}
+
+static bool is_eos(const job *J, int y)
+{
+    for (int i = 0; i < J->n_eos; i++)
+        if (y == J->eos[i]) return true;
+    return false;
+}
+
+/* The stop set as the run file records it: "[128001,128008,128009]". */
+static void eos_json(const job *J, char *out, size_t cap)
+{
+    size_t n = (size_t)snprintf(out, cap, "[");
+    for (int i = 0; i < J->n_eos && n < cap; i++) n += (size_t)snprintf(out + n, cap - n, "%s%d", i ? "," : "", J->eos[i]);
+    if (n < cap) snprintf(out + n, cap - n, "]");
 }
 
 /* Generates responses for the batch's prompts with the inference path (B). */
@@ -195,7 +211,7 @@ static int generate(job *J, batch_state *b, const size_t *idx, td_error *err)
             b->logp_b_proc[s][pos] = proc[y];
             b->seq[s][pos] = y;
             b->len[s]++;
-            if (o->stop_at_eos && y == J->eos) b->finish[s] = FINISH_EOS;
+            if (o->stop_at_eos && is_eos(J, y)) b->finish[s] = FINISH_EOS;
             else if (b->len[s] - b->plen[s] >= o->max_new_tokens || b->len[s] >= J->max_len) b->finish[s] = FINISH_LENGTH;
             if (b->finish[s] >= 0) { active--; continue; }
             slots[n] = s;
@@ -483,6 +499,11 @@ static int open_output(job *J, td_error *err)
         td_runfile_set_str(J->rf, "recipe_b_name", o->recipe_b.name, err) ||
         td_runfile_set_str(J->rf, "mode", J->prompts.has_rollouts ? "replay" : "generate", err))
         goto done;
+    char eos[16 * TD_CONFIG_MAX_EOS];
+    eos_json(J, eos, sizeof eos);
+    if (td_runfile_set_str(J->rf, "eos_token_ids", eos, err) ||
+        td_runfile_set_str(J->rf, "config_unknown_keys", J->model->cfg.unknown_keys, err))
+        goto done;
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (td_runfile_set_str(J->rf, keys[i], vals[i], err)) goto done;
     if (td_runfile_flush(J->rf, err)) goto done;
@@ -574,8 +595,14 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
         J.tok = td_tokenizer_load(tok_path, err);
         if (!J.tok) goto out;
     }
-    J.eos = cfg->eos_token_id;
-    if (J.eos < 0 && J.tok) J.eos = td_tokenizer_eos_id(J.tok);
+    /* the stop set: generation_config.json's eos list wins over config.json's, as in transformers */
+    char gen_path[4096];
+    snprintf(gen_path, sizeof gen_path, "%s/generation_config.json", o->model_dir);
+    td_gen_config gen;
+    if (td_gen_config_parse(stat(gen_path, &st) == 0 ? gen_path : NULL, cfg, &gen, err)) goto out;
+    J.n_eos = gen.n_eos;
+    memcpy(J.eos, gen.eos_token_ids, sizeof J.eos);
+    if (J.n_eos == 0 && J.tok && td_tokenizer_eos_id(J.tok) >= 0) J.eos[J.n_eos++] = td_tokenizer_eos_id(J.tok);
     int ctx = cfg->max_position > 0 ? cfg->max_position : 1 << 20;
     if (td_prompts_load(o->prompts_path, J.tok ? tokenize_cb : NULL, J.tok, cfg->vocab_size, ctx,
                         o->skip_bad_lines, &J.prompts, err)) goto out;
@@ -593,6 +620,11 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
             td_fail(err, "%s:%ld: prompt of %d tokens + --max-new-tokens %d is past the model's context of %d "
                     "positions (max_position_embeddings); shorten the prompt or lower --max-new-tokens",
                     o->prompts_path, J.prompts.items[i].line, l, o->max_new_tokens, ctx);
+            goto out;
+        }
+        td_error why;
+        if (td_config_check_len(cfg, (int64_t)l + (J.prompts.has_rollouts ? 0 : o->max_new_tokens), &why)) {
+            td_fail(err, "%s:%ld: %s", o->prompts_path, J.prompts.items[i].line, why.msg);
             goto out;
         }
         if (l > max_prompt) max_prompt = l;

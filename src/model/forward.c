@@ -24,6 +24,7 @@ td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len
     if (max_tokens < 1 || max_seq_len < 1 || max_seq_len > max_tokens)
         return td_fail(err, "td_forward_create: max_tokens %d, max_seq_len %d (expected "
                        "1 <= max_seq_len <= max_tokens)", max_tokens, max_seq_len), NULL;
+    if (td_config_check_len(&m->cfg, max_seq_len, err)) return NULL;
     /* default: 256 rows, enough to amortise streaming the (V, C) lm_head through the GEMM
      * (it is read once per chunk), small enough that (rows, V) stays ~150 MB at V = 152k */
     if (logits_rows <= 0) logits_rows = 256;

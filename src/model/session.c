@@ -28,6 +28,7 @@ td_session *td_session_create(const td_model *m, int nslots, int max_len, int pr
     if (nslots < 1 || max_len < 1 || prefill_chunk < 0)
         return td_fail(err, "td_session_create: nslots %d, max_len %d, prefill_chunk %d "
                        "(expected >= 1, >= 1, >= 0)", nslots, max_len, prefill_chunk), NULL;
+    if (td_config_check_len(&m->cfg, max_len, err)) return NULL;
     const td_config *c = &m->cfg;
     td_session *s = td_xcalloc(1, sizeof *s);
     s->m = m;
