@@ -67,7 +67,7 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
 
         /* attention sub-block */
         rmsnorm_forward_r(ops, a->xn, a->x, w->attn_norm, N, C, eps);
-        if (recipe_is_plain_fp32(R)) {   /* fp32 reference: the three GEMMs in one parallel region */
+        if (td_recipe_is_plain_fp32(R)) {   /* fp32 reference: the three GEMMs in one parallel region */
             float *qkv_out[] = {a->q, a->k, a->v};
             const float *qkv_w[] = {w->wq, w->wk, w->wv}, *qkv_b[] = {w->bq, w->bk, w->bv};
             int qkv_dim[] = {QD, KVD, KVD};
@@ -98,7 +98,7 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
 
         /* MLP sub-block */
         rmsnorm_forward_r(ops, a->xn, a->x, w->mlp_norm, N, C, eps);
-        if (recipe_is_plain_fp32(R)) {
+        if (td_recipe_is_plain_fp32(R)) {
             float *gu_out[] = {a->gate, a->up};
             const float *gu_w[] = {w->w_gate, w->w_up};
             int gu_dim[] = {F, F};

@@ -7,12 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void model_close_checkpoint(td_model *m)
-{
-    if (m->ck) td_checkpoint_close(m->ck);
-    m->ck = NULL;
-}
-
 /* The weights field a HF parameter name fills. */
 static const float **param_slot(td_model *m, const td_param_spec *p)
 {

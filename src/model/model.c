@@ -2,6 +2,7 @@
  * inverse frequencies (with Llama-3 rope_scaling), and freeing. Loading from a checkpoint
  * lives in load.c. */
 #include "model_internal.h"
+#include "tidal/checkpoint.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -127,6 +128,6 @@ void td_model_free(td_model *m)
     free(m->w.layers);
     free(m->inv_freq);
     free(m->owned);
-    model_close_checkpoint(m);
+    if (m->ck) td_checkpoint_close(m->ck);   /* the maps the mapped tensors point into */
     free(m);
 }

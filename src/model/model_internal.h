@@ -8,7 +8,6 @@
 
 /* A model with config, inv_freq and an empty layer table, nothing else. */
 td_model *model_new(const td_config *cfg, const char *what, td_error *err);
-void model_close_checkpoint(td_model *m);   /* load.c */
 
 /* Activation scratch for up to cap token rows (and attention over up to max_keys keys). */
 typedef struct {
@@ -46,10 +45,6 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
 /* logits (N, V) = lm_head(h (N, C)), then log-softmax in place unless raw. */
 void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N,
                   int raw);
-
-/* ---- recipes (weights_recipe.c) ---- */
-bool recipe_is_plain_fp32(const td_recipe *r);
-td_recipe recipe_for_head(const td_recipe *r);
 
 /* An unmerged LoRA as a path runs it (lora_run.c): A and B rounded to the activations dtype D,
  * GEMMs with D operands and fp32 accumulation, scratch for cap rows. */

@@ -16,7 +16,7 @@ typedef struct {
     int nthreads;      /* OpenMP threads the ops may use (>= 1) */
     /* precision recipe (ops_recipe.c); all NULL / 0 for the fp32 reference */
     const td_recipe *recipe;      /* the path's recipe, NULL = fp32 reference                */
-    const td_recipe *head;        /* the recipe of the lm_head GEMM (recipe_for_head)         */
+    const td_recipe *head;        /* the recipe of the lm_head GEMM (td_recipe_for_head)         */
     const td_model_weights *w;    /* the recipe's rounded weights, NULL = the model's own     */
     int decode;                   /* this step is a decode step (split-KV attention applies)  */
     int cache;                    /* keys/values are stored in a KV cache (kv_cache rounding) */

@@ -117,7 +117,7 @@ void residual_forward_r(const td_ops *ctx, float *x, const float *y, size_t n)
 void matmul_forward_r(const td_ops *ctx, const td_recipe *r, float *out, const float *inp,
                       const float *weight, const float *bias, int N, int IN, int OUT)
 {
-    if (recipe_is_plain_fp32(r)) { matmul_forward(ctx, out, inp, weight, bias, N, IN, OUT); return; }
+    if (td_recipe_is_plain_fp32(r)) { matmul_forward(ctx, out, inp, weight, bias, N, IN, OUT); return; }
     float *qin = ctx->qin;
     td_gemm_quant_input(r, inp, N, IN, qin);
     #pragma omp parallel num_threads(gemm_threads(ctx, N, IN, OUT))

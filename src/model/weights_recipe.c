@@ -60,27 +60,6 @@ static void prepare_merged(merge_ctx *mc, const td_recipe *r, const float *W, in
     mc->changed += changed;
 }
 
-bool recipe_is_plain_fp32(const td_recipe *r)
-{
-    return !r || (r->weights == TD_F32 && r->activations == TD_F32 && r->gemm_inputs == TD_F32 &&
-                  r->accumulate == TD_ACC_FP32 && r->split_k == 1 && r->attention == TD_ATTN_FULL &&
-                  r->decode_splits == 1 && r->kv_cache == TD_F32 && !r->batch_invariant);
-}
-
-/* The recipe the lm_head GEMM runs with. */
-td_recipe recipe_for_head(const td_recipe *r)
-{
-    td_recipe h = *r;
-    if (r->lm_head_fp32) {
-        h.weights = h.activations = h.gemm_inputs = TD_F32;
-    } else {
-        if (h.weights == TD_E4M3 || h.weights == TD_E5M2) h.weights = h.activations;
-        h.gemm_inputs = h.activations;
-    }
-    h.accumulate = TD_ACC_FP32;
-    return h;
-}
-
 static const float *put(float **p, const float *src, size_t n, td_format f)
 {
     float *dst = *p;
@@ -131,7 +110,7 @@ static int weights_prepare(const td_model *m, const td_recipe *r, merge_ctx *mc,
                            float **owned, td_error *err)
 {
     *owned = NULL;
-    if (recipe_is_plain_fp32(r)) {
+    if (td_recipe_is_plain_fp32(r)) {
         if (mc->lora) return weights_merge_fp32(m, r, mc, w, owned, err);
         *w = m->w;
         w->layers = NULL;
@@ -142,7 +121,7 @@ static int weights_prepare(const td_model *m, const td_recipe *r, merge_ctx *mc,
     size_t QD = (size_t)c->num_heads * HD, KVD = (size_t)c->num_kv_heads * HD;
     size_t layer = 2 * C + 2 * QD * C + 2 * KVD * C + 3 * F * C + (c->qkv_bias ? QD + 2 * KVD : 0) +
                    (c->qk_norm ? 2 * HD : 0);
-    td_recipe head = recipe_for_head(r);
+    td_recipe head = td_recipe_for_head(r);
     int head_copy = head.weights != TD_F32;
     size_t total = V * C + (size_t)c->num_layers * layer + C + (head_copy ? V * C : 0);
     float *buf = malloc(total * sizeof(float));
@@ -219,7 +198,7 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
     ops->qin = ops->gscratch = NULL;
     ops->lora = NULL;
     st->recipe = *r;
-    st->head = recipe_for_head(r);
+    st->head = td_recipe_for_head(r);
     if (lora && !merged) {
         st->lora = lora_rt_create(lora, r, cap);
         ops->lora = st->lora;
@@ -245,7 +224,7 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
         st->merge.changed_frac = mc.elements ? (double)mc.changed / mc.elements : 0.0;
     }
     ops->w = st->w.layers ? &st->w : NULL;
-    if (recipe_is_plain_fp32(r)) return 0;   /* the fp32 reference ops (model's weights unless merged) */
+    if (td_recipe_is_plain_fp32(r)) return 0;   /* the fp32 reference ops (model's weights unless merged) */
     const td_config *c = &m->cfg;
     size_t width = (size_t)c->hidden_size;
     if ((size_t)c->intermediate_size > width) width = (size_t)c->intermediate_size;
