@@ -11,6 +11,7 @@
  *             before P.V (as FlashAttention converts P), output D(O / l); decode with
  *             decode_splits > 1: the key range split, each part flash, merged by log-sum-exp
  *   swiglu    D(D(silu(g)) * u)      residual  D(x + y)      GEMMs  see gemm.h
+ * Every rounding is td_round (formats.h), the scalar form of the numerics' td_round_row.
  * These are scalar-heavy loops; they run only for non-fp32 recipes. */
 #include "model_internal.h"
 #include "tidal/gemm.h"
@@ -19,22 +20,6 @@
 #include <omp.h>
 #include <string.h>
 
-static inline float round_to(td_format f, float x)
-{
-    switch (f) {
-    case TD_F32: return x;
-    case TD_BF16: {
-        uint32_t u;
-        memcpy(&u, &x, 4);
-        if ((u & 0x7FFFFFFFu) > 0x7F800000u) return x;
-        u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-        memcpy(&x, &u, 4);
-        return x;
-    }
-    case TD_F16: return td_f16_to_f32(td_f32_to_f16(x));
-    default: return td_decode(f, td_encode(f, x, TD_SATFINITE));
-    }
-}
 
 static inline td_format act_of(const td_ops *ctx) { return ctx->recipe ? ctx->recipe->activations : TD_F32; }
 
@@ -60,8 +45,8 @@ void rmsnorm_forward_r(const td_ops *ctx, float *out, const float *inp, const fl
         double ss = 0.0;
         for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
         float rs = 1.0f / sqrtf((float)(ss / C) + eps);
-        if (fused) for (int c = 0; c < C; c++) y[c] = round_to(D, x[c] * rs * weight[c]);
-        else       for (int c = 0; c < C; c++) y[c] = round_to(D, round_to(D, x[c] * rs) * weight[c]);
+        if (fused) for (int c = 0; c < C; c++) y[c] = td_round(D, x[c] * rs * weight[c]);
+        else       for (int c = 0; c < C; c++) y[c] = td_round(D, td_round(D, x[c] * rs) * weight[c]);
     }
 }
 
@@ -80,15 +65,15 @@ void rope_forward_r(const td_ops *ctx, float *x, const int *pos, const float *in
         float cs[512], sn[512];
         for (int k = 0; k < half; k++) {
             float a = (float)pos[i] * inv_freq[k];
-            cs[k] = round_to(D, (float)cos((double)a));
-            sn[k] = round_to(D, (float)sin((double)a));
+            cs[k] = td_round(D, (float)cos((double)a));
+            sn[k] = td_round(D, (float)sin((double)a));
         }
         for (int h = 0; h < nheads; h++) {
             float *xh = x + ((size_t)i * nheads + h) * HD;
             for (int k = 0; k < half; k++) {
                 float x0 = xh[k], x1 = xh[k + half];
-                xh[k] = round_to(D, round_to(D, x0 * cs[k]) - round_to(D, x1 * sn[k]));
-                xh[k + half] = round_to(D, round_to(D, x1 * cs[k]) + round_to(D, x0 * sn[k]));
+                xh[k] = td_round(D, td_round(D, x0 * cs[k]) - td_round(D, x1 * sn[k]));
+                xh[k + half] = td_round(D, td_round(D, x1 * cs[k]) + td_round(D, x0 * sn[k]));
             }
         }
     }
@@ -102,7 +87,7 @@ void swiglu_forward_r(const td_ops *ctx, float *out, const float *gate, const fl
     #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 16384)
     for (size_t i = 0; i < n; i++) {
         float g = gate[i];
-        out[i] = round_to(D, round_to(D, g / (1.0f + expf(-g))) * up[i]);
+        out[i] = td_round(D, td_round(D, g / (1.0f + expf(-g))) * up[i]);
     }
 }
 
@@ -174,7 +159,7 @@ static void flash_part(const float *qh, const float *kb, const float *vb, int KV
             for (int j = c0; j < c1; j++) {
                 float p = expf(s[j - c0] - m_new);
                 l += p;
-                float pr = round_to(D, p);
+                float pr = td_round(D, p);
                 const float *vj = vb + (size_t)j * KVD;
                 #pragma omp simd
                 for (int c = 0; c < HD; c++) o[c] += pr * vj[c];
@@ -196,7 +181,7 @@ static void eager_head(const float *qh, const float *kb, const float *vb, int KV
         float d = 0.0f;
         #pragma omp simd reduction(+ : d)
         for (int c = 0; c < HD; c++) d += qh[c] * kj[c];
-        s[j] = round_to(D, round_to(D, d) * scale);
+        s[j] = td_round(D, td_round(D, d) * scale);
         mx = s[j] > mx ? s[j] : mx;
     }
     double sum = 0.0;
@@ -204,12 +189,12 @@ static void eager_head(const float *qh, const float *kb, const float *vb, int KV
     float inv = (float)(1.0 / sum);
     for (int c = 0; c < HD; c++) oh[c] = 0.0f;
     for (int j = 0; j < nk; j++) {
-        float p = round_to(D, s[j] * inv);
+        float p = td_round(D, s[j] * inv);
         const float *vj = vb + (size_t)j * KVD;
         #pragma omp simd
         for (int c = 0; c < HD; c++) oh[c] += p * vj[c];
     }
-    for (int c = 0; c < HD; c++) oh[c] = round_to(D, oh[c]);
+    for (int c = 0; c < HD; c++) oh[c] = td_round(D, oh[c]);
 }
 
 void attention_forward_r(const td_ops *ctx, float *out, const float *q, const float *k,
@@ -240,7 +225,7 @@ void attention_forward_r(const td_ops *ctx, float *out, const float *q, const fl
         float o[1024], acc[1024], m, l;
         if (splits == 1) {
             flash_part(qh, kb, vb, KVD, HD, 0, nk, r->attn_block, scale, D, o, &m, &l);
-            for (int c = 0; c < HD; c++) oh[c] = round_to(D, o[c] / l);
+            for (int c = 0; c < HD; c++) oh[c] = td_round(D, o[c] / l);
             continue;
         }
         /* split-KV: each part's normalised output o_p / l_p and log-sum-exp lse_p, merged in
@@ -258,7 +243,7 @@ void attention_forward_r(const td_ops *ctx, float *out, const float *q, const fl
             for (int c = 0; c < HD; c++) acc[c] = acc[c] * keep + add * o[c];
             lse_acc = lse_new;
         }
-        for (int c = 0; c < HD; c++) oh[c] = round_to(D, acc[c]);
+        for (int c = 0; c < HD; c++) oh[c] = td_round(D, acc[c]);
     }
 }
 
@@ -271,6 +256,6 @@ void kv_round_rows(const td_ops *ctx, float *store, const size_t *kv_off, const 
     float s = r->kv_scale > 0 ? r->kv_scale : 1.0f;
     for (int i = 0; i < N; i++) {
         float *d = store + kv_off[i] + (size_t)pos[i] * KVD;
-        for (int c = 0; c < KVD; c++) d[c] = round_to(r->kv_cache, d[c] / s) * s;
+        for (int c = 0; c < KVD; c++) d[c] = td_round(r->kv_cache, d[c] / s) * s;
     }
 }
