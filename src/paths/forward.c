@@ -2,7 +2,7 @@
  * into micro-batches, no KV cache (each layer's keys/values are the rows' own projections),
  * then the lm_head and log-softmax in chunks of logits_rows rows, so the (tokens, V) logits
  * of a micro-batch never exist at once. */
-#include "model_internal.h"
+#include "../model/model_internal.h"
 
 #include <stdlib.h>
 

@@ -1,7 +1,7 @@
 /* tidal — the incremental structure (inference path): a KV cache of nslots slots, prefill in
  * chunks, then one token per slot per batched decode step. Every buffer is allocated here, at
  * creation; prefill and decode allocate nothing. */
-#include "model_internal.h"
+#include "../model/model_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
