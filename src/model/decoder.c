@@ -37,16 +37,11 @@ void acts_free(td_acts *a)
     memset(a, 0, sizeof *a);
 }
 
-/* Copies the rows' new keys/values to their place in the store (a no-op when the store is
- * the projection buffer itself). */
-static void kv_store_rows(float *dst, const float *src, const size_t *kv_off, const int *pos,
-                          int N, int KVD)
+void td_ops_init(td_ops *ctx, const td_backend *be)
 {
-    for (int i = 0; i < N; i++) {
-        float *d = dst + kv_off[i] + (size_t)pos[i] * KVD;
-        const float *s = src + (size_t)i * KVD;
-        if (d != s) memcpy(d, s, (size_t)KVD * sizeof(float));
-    }
+    memset(ctx, 0, sizeof *ctx);
+    ctx->be = be;
+    be->init(ctx);
 }
 
 void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int *tokens,
@@ -58,7 +53,6 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
     float eps = (float)c->rms_norm_eps;
 
     const td_model_weights *W = ops->w ? ops->w : &m->w;   /* the recipe's rounded weights */
-    const td_recipe *R = ops->recipe;                          /* NULL: fp32 reference */
     embedding_forward(ops, a->x, tokens, W->embed, N, C);
     for (int l = 0; l < c->num_layers; l++) {
         const td_layer_weights *w = &W->layers[l];
@@ -66,63 +60,50 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
         float *vl = kv->v + (size_t)l * kv->layer_stride;
 
         /* attention sub-block */
-        rmsnorm_forward_r(ops, a->xn, a->x, w->attn_norm, N, C, eps);
-        if (td_recipe_is_plain_fp32(R)) {   /* fp32 reference: the three GEMMs in one parallel region */
-            float *qkv_out[] = {a->q, a->k, a->v};
-            const float *qkv_w[] = {w->wq, w->wk, w->wv}, *qkv_b[] = {w->bq, w->bk, w->bv};
-            int qkv_dim[] = {QD, KVD, KVD};
-            matmul_forward_multi(ops, 3, qkv_out, a->xn, qkv_w, qkv_b, N, C, qkv_dim);
-        } else {
-            matmul_forward_r(ops, R, a->q, a->xn, w->wq, w->bq, N, C, QD);
-            matmul_forward_r(ops, R, a->k, a->xn, w->wk, w->bk, N, C, KVD);
-            matmul_forward_r(ops, R, a->v, a->xn, w->wv, w->bv, N, C, KVD);
-        }
+        rmsnorm_forward(ops, a->xn, NULL, a->x, w->attn_norm, N, C, eps);
+        float *qkv_out[] = {a->q, a->k, a->v};
+        const float *qkv_w[] = {w->wq, w->wk, w->wv}, *qkv_b[] = {w->bq, w->bk, w->bv};
+        int qkv_dim[] = {QD, KVD, KVD};
+        matmul_forward_multi(ops, 3, qkv_out, a->xn, qkv_w, qkv_b, N, C, qkv_dim);
         lora_forward(ops, l, TD_LORA_Q, a->q, a->xn, N);   /* unmerged adapters, if any */
         lora_forward(ops, l, TD_LORA_K, a->k, a->xn, N);
         lora_forward(ops, l, TD_LORA_V, a->v, a->xn, N);
         if (w->q_norm) {  /* Qwen3: RMSNorm over each head's HD values, before RoPE */
-            rmsnorm_forward_r(ops, a->q, a->q, w->q_norm, N * NH, HD, eps);
-            rmsnorm_forward_r(ops, a->k, a->k, w->k_norm, N * NKV, HD, eps);
+            rmsnorm_forward(ops, a->q, NULL, a->q, w->q_norm, N * NH, HD, eps);
+            rmsnorm_forward(ops, a->k, NULL, a->k, w->k_norm, N * NKV, HD, eps);
         }
-        rope_forward_r(ops, a->q, pos, m->inv_freq, N, NH, HD);
-        rope_forward_r(ops, a->k, pos, m->inv_freq, N, NKV, HD);
-        kv_store_rows(kl, a->k, a->kv_off, pos, N, KVD);
-        kv_store_rows(vl, a->v, a->kv_off, pos, N, KVD);
-        kv_round_rows(ops, kl, a->kv_off, pos, N, KVD);
-        kv_round_rows(ops, vl, a->kv_off, pos, N, KVD);
-        attention_forward_r(ops, a->att, a->q, kl, vl, a->kv_off, pos, N, NH, NKV, HD, a->scores,
-                            a->max_keys);
-        matmul_forward_r(ops, R, a->proj, a->att, w->wo, NULL, N, QD, C);
+        rope_forward(ops, a->q, pos, m->inv_freq, N, NH, HD);
+        rope_forward(ops, a->k, pos, m->inv_freq, N, NKV, HD);
+        kv_write(ops, kl, a->k, a->kv_off, pos, N, KVD);
+        kv_write(ops, vl, a->v, a->kv_off, pos, N, KVD);
+        attention_forward(ops, a->att, NULL, a->q, kl, vl, a->kv_off, pos, N, NH, NKV, HD,
+                          a->scores, a->max_keys);
+        matmul_forward(ops, a->proj, a->att, w->wo, NULL, N, QD, C);
         lora_forward(ops, l, TD_LORA_O, a->proj, a->att, N);
-        residual_forward_r(ops, a->x, a->proj, (size_t)N * C);
+        residual_forward(ops, a->x, a->x, a->proj, (size_t)N * C);
 
         /* MLP sub-block */
-        rmsnorm_forward_r(ops, a->xn, a->x, w->mlp_norm, N, C, eps);
-        if (td_recipe_is_plain_fp32(R)) {
-            float *gu_out[] = {a->gate, a->up};
-            const float *gu_w[] = {w->w_gate, w->w_up};
-            int gu_dim[] = {F, F};
-            matmul_forward_multi(ops, 2, gu_out, a->xn, gu_w, NULL, N, C, gu_dim);
-        } else {
-            matmul_forward_r(ops, R, a->gate, a->xn, w->w_gate, NULL, N, C, F);
-            matmul_forward_r(ops, R, a->up, a->xn, w->w_up, NULL, N, C, F);
-        }
+        rmsnorm_forward(ops, a->xn, NULL, a->x, w->mlp_norm, N, C, eps);
+        float *gu_out[] = {a->gate, a->up};
+        const float *gu_w[] = {w->w_gate, w->w_up};
+        int gu_dim[] = {F, F};
+        matmul_forward_multi(ops, 2, gu_out, a->xn, gu_w, NULL, N, C, gu_dim);
         lora_forward(ops, l, TD_LORA_GATE, a->gate, a->xn, N);
         lora_forward(ops, l, TD_LORA_UP, a->up, a->xn, N);
-        swiglu_forward_r(ops, a->gate, a->gate, a->up, N, F);
-        matmul_forward_r(ops, R, a->proj, a->gate, w->w_down, NULL, N, F, C);
+        swiglu_forward(ops, a->gate, a->gate, a->up, N, F);
+        matmul_forward(ops, a->proj, a->gate, w->w_down, NULL, N, F, C);
         lora_forward(ops, l, TD_LORA_DOWN, a->proj, a->gate, N);
-        residual_forward_r(ops, a->x, a->proj, (size_t)N * C);
+        residual_forward(ops, a->x, a->x, a->proj, (size_t)N * C);
         if (ops->layer_fn) ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, a->x);
     }
-    rmsnorm_forward_r(ops, a->xn, a->x, W->final_norm, N, C, eps);
+    rmsnorm_forward(ops, a->xn, NULL, a->x, W->final_norm, N, C, eps);
 }
 
 void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N,
                   int raw)
 {
     const td_model_weights *W = ops->w ? ops->w : &m->w;
-    matmul_forward_r(ops, ops->head, logits, h, W->lm_head, NULL, N, m->cfg.hidden_size,
-                     m->cfg.vocab_size);
+    td_ops head = td_ops_gemm(ops, ops->head, ops->qin, ops->gscratch);   /* the lm_head's recipe */
+    matmul_forward(&head, logits, h, W->lm_head, NULL, N, m->cfg.hidden_size, m->cfg.vocab_size);
     if (!raw) logsoftmax_forward(ops, logits, N, m->cfg.vocab_size);
 }

@@ -30,7 +30,7 @@ td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len
     if (logits_rows > max_tokens) logits_rows = max_tokens;
     td_forward *f = td_xcalloc(1, sizeof *f);
     f->m = m;
-    td_ops_init(&f->ops);
+    td_ops_init(&f->ops, &td_backend_cpu);
     f->max_tokens = max_tokens;
     f->max_seq_len = max_seq_len;
     f->logits_rows = logits_rows;

@@ -31,7 +31,7 @@ td_session *td_session_create(const td_model *m, int nslots, int max_len, int pr
     const td_config *c = &m->cfg;
     td_session *s = td_xcalloc(1, sizeof *s);
     s->m = m;
-    td_ops_init(&s->ops);
+    td_ops_init(&s->ops, &td_backend_cpu);
     s->nslots = nslots;
     s->max_len = max_len;
     s->chunk = prefill_chunk ? prefill_chunk : 128;
