@@ -2,12 +2,21 @@
 #ifndef TIDAL_MODEL_INTERNAL_H
 #define TIDAL_MODEL_INTERNAL_H
 
+#include "tidal/checkpoint.h"
 #include "tidal/lora.h"
 #include "tidal/model.h"
 #include "ops.h"
 
 /* A model with config, inv_freq and an empty layer table, nothing else. */
 td_model *model_new(const td_config *cfg, const char *what, td_error *err);
+
+/* ---- the parameter table (params.c; the table itself is td_config_params) ---- */
+/* The config's table (caller frees), n entries. */
+td_param_spec *param_table(const td_config *c, size_t *n);
+/* The pointer of w that entry p fills; NULL if p has no place in a model of num_layers. */
+const float **param_slot(td_model_weights *w, int num_layers, const td_param_spec *p);
+/* The LoRA module (TD_LORA_Q ...) a GEMM weight is, -1 for other tensors. */
+int param_lora_module(td_param_role role);
 
 /* Activation scratch for up to cap token rows (and attention over up to max_keys keys). */
 typedef struct {
