@@ -37,7 +37,7 @@ td_session *td_session_create(const td_model *m, int nslots, int max_len, int pr
     s->chunk = prefill_chunk ? prefill_chunk : 128;
     if (s->chunk > max_len) s->chunk = max_len;
     int cap = s->chunk > nslots ? s->chunk : nslots;
-    acts_alloc(&s->acts, c, &s->ops, cap, max_len);
+    acts_alloc(&s->acts, c, &s->ops, cap, max_len, 0);
     size_t KVD = (size_t)c->num_kv_heads * c->head_dim;
     size_t cache = (size_t)c->num_layers * nslots * max_len * KVD;
     s->kcache = td_xmalloc(cache * sizeof(float));
