@@ -2,7 +2,7 @@
  * into micro-batches, no KV cache (each layer's keys/values are the rows' own projections),
  * then the lm_head and log-softmax in chunks of logits_rows rows, so the (tokens, V) logits
  * of a micro-batch never exist at once. */
-#include "model_internal.h"
+#include "../model/model_internal.h"
 
 #include <stdlib.h>
 
@@ -31,11 +31,11 @@ td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len
     if (logits_rows > max_tokens) logits_rows = max_tokens;
     td_forward *f = td_xcalloc(1, sizeof *f);
     f->m = m;
-    td_ops_init(&f->ops);
+    td_ops_init(&f->ops, &td_backend_cpu);
     f->max_tokens = max_tokens;
     f->max_seq_len = max_seq_len;
     f->logits_rows = logits_rows;
-    acts_alloc(&f->acts, &m->cfg, &f->ops, max_tokens, max_seq_len);
+    acts_alloc(&f->acts, &m->cfg, &f->ops, max_tokens, max_seq_len, 0);
     f->logits = td_xmalloc((size_t)logits_rows * m->cfg.vocab_size * sizeof(float));
     f->tok = td_xmalloc((size_t)max_tokens * sizeof(int));
     f->pos = td_xmalloc((size_t)max_tokens * sizeof(int));
@@ -69,7 +69,9 @@ static void run_micro_batch(td_forward *f, int s0, int s1, const int *const *tok
         }
         N += lens[s];
     }
-    td_kv_store kv = {f->acts.k, f->acts.v, 0};
+    /* the rows' own projections are the keys and values: one layer's, or each layer's slice */
+    size_t stride = f->acts.save ? (size_t)f->acts.cap * KVD : 0;
+    td_kv_store kv = {f->acts.k, f->acts.v, stride};
     f->ops.row_seq = f->row_seq;
     decoder_forward(&f->ops, m, &f->acts, f->tok, f->pos, N, &kv);
 
@@ -108,6 +110,15 @@ int td_forward_logprobs(td_forward *f, int nseq, const int *const *tokens, const
     }
     return 0;
 }
+
+void forward_keep_activations(td_forward *f, int keep)
+{
+    if (f->acts.save == keep) return;
+    acts_free(&f->acts);
+    acts_alloc(&f->acts, &f->m->cfg, &f->ops, f->max_tokens, f->max_seq_len, keep);
+}
+
+const td_acts *forward_acts(const td_forward *f) { return &f->acts; }
 
 int td_forward_set_recipe(td_forward *f, const td_recipe *r, td_error *err)
 {
