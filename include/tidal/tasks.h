@@ -147,6 +147,18 @@ int td_task_write_jsonl(const char *path, const td_task_item *items, size_t n, t
  * gradable. Errors name the file and line. */
 int td_task_read_jsonl(const char *path, td_task_item **items, size_t *n, td_error *err);
 
+/* A completions file for scoring: every non-empty line an object with a string "completion"
+ * (any text, "\u0000" included) and optionally "id", the dataset record it answers (several
+ * lines may answer one record); without ids line k answers the dataset's k-th record. */
+typedef struct {
+    char *id;              /* NULL when the line has none */
+    char *completion;
+    size_t len;            /* bytes of completion */
+    long line;
+} td_task_completion;
+int td_task_read_completions(const char *path, td_task_completion **out, size_t *n, td_error *err);
+void td_task_completions_free(td_task_completion *c, size_t n);
+
 TD_END_DECLS
 
 #endif

@@ -138,3 +138,62 @@ int td_task_read_jsonl(const char *path, td_task_item **items, size_t *n, td_err
     *n = count;
     return 0;
 }
+
+int td_task_read_completions(const char *path, td_task_completion **out, size_t *n, td_error *err)
+{
+    *out = NULL;
+    *n = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return td_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    td_task_completion *c = NULL;
+    size_t count = 0, cap = 0, lcap = 0;
+    char *line = NULL;
+    ssize_t len;
+    long lineno = 0;
+    int rc = 0, with_id = -1;
+    while (rc == 0 && (len = getline(&line, &lcap, f)) >= 0) {
+        lineno++;
+        size_t l = (size_t)len;
+        while (l && (line[l - 1] == '\n' || line[l - 1] == '\r' || line[l - 1] == ' ' || line[l - 1] == '\t')) l--;
+        if (!l) continue;
+        json_error_t je;
+        json_t *o = json_loadb(line, l, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+        json_t *text = o ? json_object_get(o, "completion") : NULL, *id = o ? json_object_get(o, "id") : NULL;
+        if (!o) rc = td_fail(err, "%s:%ld: invalid JSON at column %d: %s", path, lineno, je.column, je.text);
+        else if (!json_is_object(o)) rc = td_fail(err, "%s:%ld: not a JSON object", path, lineno);
+        else if (!json_is_string(text)) rc = td_fail(err, "%s:%ld: no \"completion\" string", path, lineno);
+        else if (id && !json_is_string(id)) rc = td_fail(err, "%s:%ld: \"id\" is not a string", path, lineno);
+        else if (with_id >= 0 && with_id != (id != NULL))
+            rc = td_fail(err, "%s:%ld: %s \"id\" where the lines before %s: give ids on every line or on none", path, lineno,
+                         id ? "has an" : "has no", id ? "have none" : "have one");
+        if (!rc) {
+            with_id = id != NULL;
+            if (count == cap) {
+                cap = cap ? 2 * cap : 64;
+                c = td_xrealloc(c, cap * sizeof *c);
+            }
+            size_t tl = json_string_length(text);
+            char *copy = td_xmalloc(tl + 1);
+            memcpy(copy, json_string_value(text), tl + 1);
+            c[count++] = (td_task_completion){id ? strdup(json_string_value(id)) : NULL, copy, tl, lineno};
+        }
+        json_decref(o);
+    }
+    free(line);
+    fclose(f);
+    if (!rc && count == 0) rc = td_fail(err, "%s: no completions (the file is empty)", path);
+    if (rc) { td_task_completions_free(c, count); return -1; }
+    *out = c;
+    *n = count;
+    return 0;
+}
+
+void td_task_completions_free(td_task_completion *c, size_t n)
+{
+    if (!c) return;
+    for (size_t i = 0; i < n; i++) {
+        free(c[i].id);
+        free(c[i].completion);
+    }
+    free(c);
+}
