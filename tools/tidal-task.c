@@ -175,12 +175,19 @@ static int cmd_generate(int argc, char **argv)
     return rc;
 }
 
-/* The dataset record a completion answers: by id, or by position. */
-static const td_task_item *record_for(const td_task_item *items, size_t n, const td_task_completion *c, size_t k)
+static int cmp_item_id(const void *a, const void *b)
+{
+    return strcmp((*(const td_task_item *const *)a)->id, (*(const td_task_item *const *)b)->id);
+}
+
+/* The dataset record a completion answers: by id (bsearch in byid, sorted), or by position. */
+static const td_task_item *record_for(const td_task_item *items, td_task_item **byid, size_t n, const td_task_completion *c,
+                                      size_t k)
 {
     if (!c->id) return k < n ? &items[k] : NULL;
-    for (size_t i = 0; i < n; i++) if (strcmp(items[i].id, c->id) == 0) return &items[i];
-    return NULL;
+    td_task_item key = {.id = c->id}, *kp = &key;
+    td_task_item **hit = bsearch(&kp, byid, n, sizeof *byid, cmp_item_id);
+    return hit ? *hit : NULL;
 }
 
 static int cmd_score(int argc, char **argv)
@@ -218,13 +225,22 @@ static int cmd_score(int argc, char **argv)
     rc = 1;
     FILE *f = NULL;
     char tmp[4200] = "";
+    td_task_item **byid = td_xmalloc(n * sizeof *byid);
+    for (size_t i = 0; i < n; i++) byid[i] = &items[i];
+    qsort(byid, n, sizeof *byid, cmp_item_id);
+    for (size_t i = 1; i < n && c[0].id; i++)
+        if (strcmp(byid[i - 1]->id, byid[i]->id) == 0) {
+            fprintf(stderr, "tidal-task score: %s: id \"%s\" is on lines %ld and %ld: completions with ids need unique ids\n",
+                    data, byid[i]->id, byid[i - 1]->line, byid[i]->line);
+            goto out;
+        }
     if (!c[0].id && nc != n) {
         fprintf(stderr, "tidal-task score: %s has %zu completions without ids but %s has %zu records: give \"id\" on "
                 "each line or one line per record\n", comp, nc, data, n);
         goto out;
     }
     for (size_t k = 0; k < nc; k++)
-        if (!record_for(items, n, &c[k], k)) {
+        if (!record_for(items, byid, n, &c[k], k)) {
             fprintf(stderr, "tidal-task score: %s:%ld: id \"%s\" is not a record of %s\n", comp, c[k].line, c[k].id, data);
             goto out;
         }
@@ -238,7 +254,7 @@ static int cmd_score(int argc, char **argv)
     double sum = 0;
     size_t exact = 0, unparsed = 0;
     for (size_t k = 0; k < nc; k++) {
-        const td_task_item *it = record_for(items, n, &c[k], k);
+        const td_task_item *it = record_for(items, byid, n, &c[k], k);
         double r;
         td_reward_info info;
         if (td_task_reward(it->task, it->prompt, it->answer, c[k].completion, c[k].len, &r, &info, &err)) {
@@ -266,6 +282,7 @@ static int cmd_score(int argc, char **argv)
             sum / (double)nc, (double)exact / (double)nc, exact, unparsed);
     rc = 0;
 out:
+    free(byid);
     if (f) { fclose(f); remove(tmp); }
     td_task_items_free(items, n);
     td_task_completions_free(c, nc);
