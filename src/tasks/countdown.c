@@ -180,27 +180,20 @@ static int64_t cd_apply(cd_parser *p, char op, int64_t a, int64_t b)
     return v;
 }
 
-static int64_t cd_term_(cd_parser *p)
+/* level 0: expr (terms joined by + -); level 1: term (factors joined by * /) */
+static int64_t cd_chain(cd_parser *p, int level)
 {
-    int64_t v = cd_factor(p);
-    while (!p->bad_syntax && (*p->s == '*' || *p->s == '/')) {
+    const char *ops = level ? "*/" : "+-";
+    int64_t v = level ? cd_factor(p) : cd_chain(p, 1);
+    while (!p->bad_syntax && *p->s && strchr(ops, *p->s)) {
         char op = *p->s++;
-        int64_t b = cd_factor(p);
+        int64_t b = level ? cd_factor(p) : cd_chain(p, 1);
         v = cd_apply(p, op, v, b);
     }
     return v;
 }
 
-static int64_t cd_expr(cd_parser *p)
-{
-    int64_t v = cd_term_(p);
-    while (!p->bad_syntax && (*p->s == '+' || *p->s == '-')) {
-        char op = *p->s++;
-        int64_t b = cd_term_(p);
-        v = cd_apply(p, op, v, b);
-    }
-    return v;
-}
+static int64_t cd_expr(cd_parser *p) { return cd_chain(p, 0); }
 
 static double grade(const char *prompt, const char *answer, const char *line, size_t len, td_reward_info *info)
 {

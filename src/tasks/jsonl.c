@@ -96,96 +96,113 @@ out:
     return rc;
 }
 
-int td_task_read_jsonl(const char *path, td_task_item **items, size_t *n, td_error *err)
+/* Calls fn on every non-empty line of path (trailing whitespace trimmed) until it fails. */
+typedef int (*line_fn)(void *user, const char *line, size_t len, long lineno, td_error *err);
+
+static int each_line(const char *path, line_fn fn, void *user, td_error *err)
 {
-    *items = NULL;
-    *n = 0;
     FILE *f = fopen(path, "r");
     if (!f) return td_fail(err, "%s: cannot open: %s", path, strerror(errno));
-    td_task_item *out = NULL;
-    size_t count = 0, cap = 0, lcap = 0;
     char *line = NULL;
+    size_t cap = 0;
     ssize_t len;
     long lineno = 0;
     int rc = 0;
-    while (rc == 0 && (len = getline(&line, &lcap, f)) >= 0) {
+    while (rc == 0 && (len = getline(&line, &cap, f)) >= 0) {
         lineno++;
         size_t l = (size_t)len;
         while (l && (line[l - 1] == '\n' || line[l - 1] == '\r' || line[l - 1] == ' ' || line[l - 1] == '\t')) l--;
-        if (!l) continue;
-        char where[600];
-        snprintf(where, sizeof where, "%s:%ld", path, lineno);
-        if (count == cap) {
-            cap = cap ? 2 * cap : 64;
-            out = td_xrealloc(out, cap * sizeof *out);
-        }
-        td_task_item *it = &out[count];
-        *it = (td_task_item){.line = lineno};
-        rc = parse_record(line, l, where, it, err);
-        count++;   /* freed with the rest on failure */
-        if (!rc && !it->id) {
-            tk_text id = {0};
-            tk_putf(&id, "line-%ld", lineno);
-            it->id = tk_take(&id);
-        }
+        if (l) rc = fn(user, line, l, lineno, err);
     }
-    free(line);
     if (!rc && ferror(f)) rc = td_fail(err, "%s: read error at line %ld", path, lineno + 1);
+    free(line);
     fclose(f);
-    if (!rc && count == 0) rc = td_fail(err, "%s: no records (the file is empty)", path);
-    if (rc) { td_task_items_free(out, count); return -1; }
-    *items = out;
-    *n = count;
+    return rc;
+}
+
+typedef struct {
+    const char *path;
+    td_task_item *items;
+    size_t n, cap;
+} item_list;
+
+static int add_record(void *user, const char *line, size_t len, long lineno, td_error *err)
+{
+    item_list *L = user;
+    char where[600];
+    snprintf(where, sizeof where, "%s:%ld", L->path, lineno);
+    if (L->n == L->cap) {
+        L->cap = L->cap ? 2 * L->cap : 64;
+        L->items = td_xrealloc(L->items, L->cap * sizeof *L->items);
+    }
+    td_task_item *it = &L->items[L->n++];   /* counted now: freed with the rest on failure */
+    *it = (td_task_item){.line = lineno};
+    if (parse_record(line, len, where, it, err)) return -1;
+    if (!it->id) {
+        tk_text id = {0};
+        tk_putf(&id, "line-%ld", lineno);
+        it->id = tk_take(&id);
+    }
     return 0;
+}
+
+int td_task_read_jsonl(const char *path, td_task_item **items, size_t *n, td_error *err)
+{
+    item_list L = {path, NULL, 0, 0};
+    int rc = each_line(path, add_record, &L, err);
+    if (!rc && L.n == 0) rc = td_fail(err, "%s: no records (the file is empty)", path);
+    if (rc) { td_task_items_free(L.items, L.n); L.items = NULL; L.n = 0; }
+    *items = L.items;
+    *n = L.n;
+    return rc ? -1 : 0;
+}
+
+typedef struct {
+    const char *path;
+    td_task_completion *c;
+    size_t n, cap;
+    int with_id;   /* -1 before the first line */
+} completion_list;
+
+static int add_completion(void *user, const char *line, size_t len, long lineno, td_error *err)
+{
+    completion_list *L = user;
+    const char *path = L->path;
+    json_error_t je;
+    json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+    json_t *text = o ? json_object_get(o, "completion") : NULL, *id = o ? json_object_get(o, "id") : NULL;
+    int rc = 0;
+    if (!o) rc = td_fail(err, "%s:%ld: invalid JSON at column %d: %s", path, lineno, je.column, je.text);
+    else if (!json_is_object(o)) rc = td_fail(err, "%s:%ld: not a JSON object", path, lineno);
+    else if (!json_is_string(text)) rc = td_fail(err, "%s:%ld: no \"completion\" string", path, lineno);
+    else if (id && !json_is_string(id)) rc = td_fail(err, "%s:%ld: \"id\" is not a string", path, lineno);
+    else if (L->with_id >= 0 && L->with_id != (id != NULL))
+        rc = td_fail(err, "%s:%ld: %s \"id\" where the lines before %s: give ids on every line or on none", path, lineno,
+                     id ? "has an" : "has no", id ? "have none" : "have one");
+    if (!rc) {
+        L->with_id = id != NULL;
+        if (L->n == L->cap) {
+            L->cap = L->cap ? 2 * L->cap : 64;
+            L->c = td_xrealloc(L->c, L->cap * sizeof *L->c);
+        }
+        size_t tl = json_string_length(text);
+        char *copy = td_xmalloc(tl + 1);
+        memcpy(copy, json_string_value(text), tl + 1);
+        L->c[L->n++] = (td_task_completion){id ? strdup(json_string_value(id)) : NULL, copy, tl, lineno};
+    }
+    json_decref(o);
+    return rc;
 }
 
 int td_task_read_completions(const char *path, td_task_completion **out, size_t *n, td_error *err)
 {
-    *out = NULL;
-    *n = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return td_fail(err, "%s: cannot open: %s", path, strerror(errno));
-    td_task_completion *c = NULL;
-    size_t count = 0, cap = 0, lcap = 0;
-    char *line = NULL;
-    ssize_t len;
-    long lineno = 0;
-    int rc = 0, with_id = -1;
-    while (rc == 0 && (len = getline(&line, &lcap, f)) >= 0) {
-        lineno++;
-        size_t l = (size_t)len;
-        while (l && (line[l - 1] == '\n' || line[l - 1] == '\r' || line[l - 1] == ' ' || line[l - 1] == '\t')) l--;
-        if (!l) continue;
-        json_error_t je;
-        json_t *o = json_loadb(line, l, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
-        json_t *text = o ? json_object_get(o, "completion") : NULL, *id = o ? json_object_get(o, "id") : NULL;
-        if (!o) rc = td_fail(err, "%s:%ld: invalid JSON at column %d: %s", path, lineno, je.column, je.text);
-        else if (!json_is_object(o)) rc = td_fail(err, "%s:%ld: not a JSON object", path, lineno);
-        else if (!json_is_string(text)) rc = td_fail(err, "%s:%ld: no \"completion\" string", path, lineno);
-        else if (id && !json_is_string(id)) rc = td_fail(err, "%s:%ld: \"id\" is not a string", path, lineno);
-        else if (with_id >= 0 && with_id != (id != NULL))
-            rc = td_fail(err, "%s:%ld: %s \"id\" where the lines before %s: give ids on every line or on none", path, lineno,
-                         id ? "has an" : "has no", id ? "have none" : "have one");
-        if (!rc) {
-            with_id = id != NULL;
-            if (count == cap) {
-                cap = cap ? 2 * cap : 64;
-                c = td_xrealloc(c, cap * sizeof *c);
-            }
-            size_t tl = json_string_length(text);
-            char *copy = td_xmalloc(tl + 1);
-            memcpy(copy, json_string_value(text), tl + 1);
-            c[count++] = (td_task_completion){id ? strdup(json_string_value(id)) : NULL, copy, tl, lineno};
-        }
-        json_decref(o);
-    }
-    free(line);
-    fclose(f);
-    if (!rc && count == 0) rc = td_fail(err, "%s: no completions (the file is empty)", path);
-    if (rc) { td_task_completions_free(c, count); return -1; }
-    *out = c;
-    *n = count;
-    return 0;
+    completion_list L = {path, NULL, 0, 0, -1};
+    int rc = each_line(path, add_completion, &L, err);
+    if (!rc && L.n == 0) rc = td_fail(err, "%s: no completions (the file is empty)", path);
+    if (rc) { td_task_completions_free(L.c, L.n); L.c = NULL; L.n = 0; }
+    *out = L.c;
+    *n = L.n;
+    return rc ? -1 : 0;
 }
 
 void td_task_completions_free(td_task_completion *c, size_t n)
