@@ -21,7 +21,7 @@
 /* ---------------------------------------------------------------- run-file columns */
 
 enum { T_SEQ, T_POS, T_TOKEN, T_LOGP_A, T_LOGP_B, T_LOGP_B_PROC, T_DLOGP, T_KL_BA, T_KL_AB, T_K3, T_TV,
-       T_ENT_A, T_ENT_B, T_TOP1_A, T_TOP1_B, T_RANK_A, T_RANK_B, T_IS_PROMPT, T_COUNT };
+       T_ENT_A, T_ENT_B, T_TOP1_A, T_TOP1_B, T_RANK_A, T_RANK_B, T_IS_PROMPT, T_STEP, T_COUNT };
 static const td_column TOKEN_COLS[T_COUNT] = {
     {"/tokens/seq", TD_COL_I64, 0, 0, 0},        {"/tokens/pos", TD_COL_I32, 0, 0, 0},
     {"/tokens/token", TD_COL_I32, 0, 0, 0},      {"/tokens/logp_a", TD_COL_F64, 0, 0, 0},
@@ -32,6 +32,7 @@ static const td_column TOKEN_COLS[T_COUNT] = {
     {"/tokens/entropy_b", TD_COL_F64, 0, 0, 0},  {"/tokens/top1_a", TD_COL_I32, 0, 0, 0},
     {"/tokens/top1_b", TD_COL_I32, 0, 0, 0},     {"/tokens/rank_a", TD_COL_I32, 0, 0, 0},
     {"/tokens/rank_b", TD_COL_I32, 0, 0, 0},     {"/tokens/is_prompt", TD_COL_I8, 0, 0, 0},
+    {"/tokens/step", TD_COL_I32, 0, 0, 0},
 };
 
 enum { S_PROMPT_INDEX, S_BATCH, S_PROMPT_LEN, S_RESPONSE_LEN, S_TOKEN_OFFSET, S_N_SCORED, S_FINISH,
@@ -249,6 +250,7 @@ static void collect(job *J, batch_state *b, const size_t *idx, int64_t batch_no)
             td_column_push_i32(&c[T_RANK_A], m->rank_a);
             td_column_push_i32(&c[T_RANK_B], m->rank_b);
             td_column_push_i8(&c[T_IS_PROMPT], pos < b->plen[s]);
+            td_column_push_i32(&c[T_STEP], pos - b->plen[s]);   /* generation step; < 0 in the prompt */
             if (b->L) {
                 if (J->n_layer_rows == J->cap_layer_rows) {
                     J->cap_layer_rows = J->cap_layer_rows ? 2 * J->cap_layer_rows : 1024;

@@ -27,10 +27,10 @@ static const shifted SHIFTED[] = {
 };
 
 static const char *TOKEN_NAMES[] = {"seq", "pos", "token", "logp_a", "logp_b", "logp_b_proc", "dlogp",
-    "kl_ba", "kl_ab", "k3", "tv", "entropy_a", "entropy_b", "top1_a", "top1_b", "rank_a", "rank_b", "is_prompt"};
+    "kl_ba", "kl_ab", "k3", "tv", "entropy_a", "entropy_b", "top1_a", "top1_b", "rank_a", "rank_b", "is_prompt", "step"};
 static const td_coltype TOKEN_TYPES[] = {TD_COL_I64, TD_COL_I32, TD_COL_I32, TD_COL_F64, TD_COL_F64, TD_COL_F64,
     TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_I32, TD_COL_I32,
-    TD_COL_I32, TD_COL_I32, TD_COL_I8};
+    TD_COL_I32, TD_COL_I32, TD_COL_I8, TD_COL_I32};
 static const char *SEQ_NAMES[] = {"prompt_index", "batch", "prompt_len", "response_len", "token_offset",
     "n_scored", "finish", "sum_dlogp", "mean_abs_dlogp", "max_abs_dlogp", "mean_kl_ba", "log_ratio", "tokens_offset"};
 static const td_coltype SEQ_TYPES[] = {TD_COL_I64, TD_COL_I64, TD_COL_I32, TD_COL_I32, TD_COL_I64, TD_COL_I32,
