@@ -146,14 +146,15 @@ int main(int argc, char **argv)
                   opts, 0, 0};
     int nargs, rc = td_cli_parse(&cli, argc, argv, NULL, &nargs);
     if (rc >= 0) return rc;
+    td_error err;
     if (list) { list_recipes(); return 0; }
     if (!o.model_dir) return td_cli_bad(&cli, "--model", NULL, "required (DIR)");
     if (!o.prompts_path) return td_cli_bad(&cli, "--prompts", NULL, "required (FILE)");
     if (!o.out_path) return td_cli_bad(&cli, "--output", NULL, "required (-o OUT.h5)");
     if (o.sampling.top_k < 0) o.sampling.top_k = 0;   /* -1 = off, as vLLM and verl write it */
     if ((o.lora_merge_a || o.lora_merge_b) && !o.lora_dir) return td_cli_bad(&cli, o.lora_merge_a ? "--lora-merge-a" : "--lora-merge-b", NULL, "needs --lora DIR");
+    if (!o.resume && td_make_parent_dirs(o.out_path, &err)) { fprintf(stderr, "tidal-diff: %s\n", err.msg); return 1; }
     if (o.resume && o.force) return td_cli_bad(&cli, "--resume", NULL, "contradicts --force (--resume continues OUT, --force replaces it)");
-    td_error err;
     if (td_recipe_resolve(o.recipe_a_arg, &o.recipe_a, &err) || td_recipe_resolve(o.recipe_b_arg, &o.recipe_b, &err)) {
         fprintf(stderr, "tidal-diff: %s\n", err.msg);
         return 2;

@@ -57,6 +57,7 @@ int main(int argc, char **argv)
         td_runfile_close(rf, NULL);
         return 1;
     }
+    if (out && td_make_parent_dirs(out, &err)) { fprintf(stderr, "tidal-export: %s\n", err.msg); td_runfile_close(rf, NULL); return 1; }
     FILE *f = out ? fopen(out, "w") : stdout;
     if (!f) { fprintf(stderr, "tidal-export: %s: cannot create\n", out); td_runfile_close(rf, NULL); return 1; }
     for (size_t c = 0; c < nc; c++) fprintf(f, "%s%s", c ? "," : "", strrchr(path[c], '/') + 1);

@@ -44,6 +44,7 @@ int main(int argc, char **argv)
     o.log_scale = scale == 0;
 
     td_error err = {{0}};
+    if (td_make_parent_dirs(out, &err)) { fprintf(stderr, "tidal-heatmap: %s\n", err.msg); return 1; }
     td_font *font = td_font_open(font_path, &err);
     if (!font) { fprintf(stderr, "tidal-heatmap: %s\n", err.msg); return 1; }
     td_run *rs = td_xcalloc(n, sizeof *rs);

@@ -29,8 +29,9 @@ int main(int argc, char **argv)
     const char **parts = td_xmalloc((size_t)argc * sizeof *parts);
     int rc = td_cli_parse(&cli, argc, argv, parts, &nargs);
     if (rc >= 0) { free(parts); return rc; }
-    char *cmd = td_command_line(argc, argv);
     td_error err;
+    if (td_make_parent_dirs(out, &err)) { fprintf(stderr, "tidal-merge: %s\n", err.msg); free(parts); return 1; }
+    char *cmd = td_command_line(argc, argv);
     rc = td_runfile_merge(out, parts, nargs, cmd, force, allow_partial, &err);
     free(cmd);
     free(parts);
