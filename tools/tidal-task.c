@@ -29,6 +29,8 @@ static int top_help(FILE *f)
     fprintf(f, "usage: tidal-task list\n"
                "       tidal-task generate --task NAME --output-dir DIR [options]\n"
                "       tidal-task score --dataset-path FILE --completions FILE [--output FILE]\n\n%s\n\n"
+               "  -h, --help      this help ('tidal-task COMMAND --help': the command's options)\n"
+               "      --version   the version\n\n"
                "Exit status: 0 done, 1 failed (bad input file), 2 usage error.\n", ABOUT);
     return 0;
 }
@@ -119,8 +121,8 @@ static int cmd_generate(int argc, char **argv)
     const char *knob_opt[4] = {"digits", "count", "max-value", "max-target"};
     const char *knob_name[4] = {"digits", "count", "max_value", "max_target"};
     for (int k = 0; k < 4; k++) td_opt_get(opts, knob_opt[k])->given = &given[k];
-    td_cli cli = {"tidal-task generate", "--task NAME --output-dir DIR [--seed S] [--train-size N] [--test-size N]\n"
-                  "[--length short|long] [--digits N] [--count N] [--max-value N] [--max-target N] [--force]",
+    td_cli cli = {"tidal-task", "generate --task NAME --output-dir DIR [--seed S] [--train-size N] [--test-size N]\n"
+                  "generate [--length short|long] [--digits N] [--count N] [--max-value N] [--max-target N] [--force]",
                   "Writes seeded train/test splits of a task as prompt-completion JSONL (TRL's shape) with the\n"
                   "answer and the knobs in every record. Train and test never share a prompt.",
                   NULL, opts, 0, 0};
@@ -147,10 +149,10 @@ static int cmd_generate(int argc, char **argv)
     for (int i = 0; i < 3; i++) snprintf(path[i], sizeof path[i], "%s/%s", dir, names[i]);
     for (int i = 0; i < 3 && !force; i++)
         if (exists(path[i])) {
-            fprintf(stderr, "tidal-task generate: %s already exists; not replacing it (use --force to replace it)\n", path[i]);
+            fprintf(stderr, "tidal-task: %s already exists; not replacing it (use --force to replace it)\n", path[i]);
             return 1;
         }
-    if (td_make_parent_dirs(path[0], &err)) { fprintf(stderr, "tidal-task generate: %s\n", err.msg); return 1; }
+    if (td_make_parent_dirs(path[0], &err)) { fprintf(stderr, "tidal-task: %s\n", err.msg); return 1; }
 
     td_task_item *tr = NULL, *te = NULL;
     rc = 1;
@@ -162,9 +164,9 @@ static int cmd_generate(int argc, char **argv)
         td_task_write_jsonl(path[1], te, (size_t)nte, TD_SPLIT_TEST, &err) ||
         write_meta(path[2], cmd, t, &p, seed, length ? "long" : "short", (size_t)ntr, mean_tokens(tr, (size_t)ntr),
                    (size_t)nte, mean_tokens(te, (size_t)nte), &err)) {
-        fprintf(stderr, "tidal-task generate: %s\n", err.msg);
+        fprintf(stderr, "tidal-task: %s\n", err.msg);
     } else {
-        fprintf(stderr, "tidal-task generate: %s: %d train + %d test records in %s (response tokens incl. EOS: "
+        fprintf(stderr, "tidal-task: %s: %d train + %d test records in %s (response tokens incl. EOS: "
                 "train mean %.1f, test mean %.1f)\n", t->name, ntr, nte, dir, mean_tokens(tr, (size_t)ntr),
                 mean_tokens(te, (size_t)nte));
         rc = 0;
@@ -203,14 +205,14 @@ static int cmd_score(int argc, char **argv)
     };
     td_opt_get(opts, "dataset-path")->required = 1;
     td_opt_get(opts, "completions")->required = 1;
-    td_cli cli = {"tidal-task score", "--dataset-path FILE --completions FILE [--output FILE] [--force]",
+    td_cli cli = {"tidal-task", "score --dataset-path FILE --completions FILE [--output FILE] [--force]",
                   "Scores completions with the tasks' rewards: one row per completion (id, reward, exact,\n"
                   "parsed) and, on stderr, the mean reward, the exact-match rate and the unparsable count.",
                   NULL, opts, 0, 0};
     int nargs, rc = td_cli_parse(&cli, argc, argv, NULL, &nargs);
     if (rc >= 0) return rc;
     if (out && exists(out) && !force) {
-        fprintf(stderr, "tidal-task score: %s already exists; not replacing it (use --force to replace it)\n", out);
+        fprintf(stderr, "tidal-task: %s already exists; not replacing it (use --force to replace it)\n", out);
         return 1;
     }
     td_error err;
@@ -218,7 +220,7 @@ static int cmd_score(int argc, char **argv)
     td_task_completion *c = NULL;
     size_t n = 0, nc = 0;
     if (td_task_read_jsonl(data, &items, &n, &err) || td_task_read_completions(comp, &c, &nc, &err)) {
-        fprintf(stderr, "tidal-task score: %s\n", err.msg);
+        fprintf(stderr, "tidal-task: %s\n", err.msg);
         td_task_items_free(items, n);
         return 1;
     }
@@ -230,24 +232,24 @@ static int cmd_score(int argc, char **argv)
     qsort(byid, n, sizeof *byid, cmp_item_id);
     for (size_t i = 1; i < n && c[0].id; i++)
         if (strcmp(byid[i - 1]->id, byid[i]->id) == 0) {
-            fprintf(stderr, "tidal-task score: %s: id \"%s\" is on lines %ld and %ld: completions with ids need unique ids\n",
+            fprintf(stderr, "tidal-task: %s: id \"%s\" is on lines %ld and %ld: completions with ids need unique ids\n",
                     data, byid[i]->id, byid[i - 1]->line, byid[i]->line);
             goto out;
         }
     if (!c[0].id && nc != n) {
-        fprintf(stderr, "tidal-task score: %s has %zu completions without ids but %s has %zu records: give \"id\" on "
+        fprintf(stderr, "tidal-task: %s has %zu completions without ids but %s has %zu records: give \"id\" on "
                 "each line or one line per record\n", comp, nc, data, n);
         goto out;
     }
     for (size_t k = 0; k < nc; k++)
         if (!record_for(items, byid, n, &c[k], k)) {
-            fprintf(stderr, "tidal-task score: %s:%ld: id \"%s\" is not a record of %s\n", comp, c[k].line, c[k].id, data);
+            fprintf(stderr, "tidal-task: %s:%ld: id \"%s\" is not a record of %s\n", comp, c[k].line, c[k].id, data);
             goto out;
         }
     if (out) {
         snprintf(tmp, sizeof tmp, "%s.tmp", out);
         if (td_make_parent_dirs(out, &err) || !(f = fopen(tmp, "w"))) {
-            fprintf(stderr, "tidal-task score: %s: cannot write: %s\n", tmp, strerror(errno));
+            fprintf(stderr, "tidal-task: %s: cannot write: %s\n", tmp, strerror(errno));
             goto out;
         }
     }
@@ -258,7 +260,7 @@ static int cmd_score(int argc, char **argv)
         double r;
         td_reward_info info;
         if (td_task_reward(it->task, it->prompt, it->answer, c[k].completion, c[k].len, &r, &info, &err)) {
-            fprintf(stderr, "tidal-task score: %s:%ld: %s\n", data, it->line, err.msg);   /* checked at load: not reached */
+            fprintf(stderr, "tidal-task: %s:%ld: %s\n", data, it->line, err.msg);   /* checked at load: not reached */
             goto out;
         }
         sum += r;
@@ -273,7 +275,7 @@ static int cmd_score(int argc, char **argv)
     }
     if (f && (fclose(f) != 0 || rename(tmp, out) != 0)) {
         f = NULL;
-        fprintf(stderr, "tidal-task score: %s: cannot write: %s\n", out, strerror(errno));
+        fprintf(stderr, "tidal-task: %s: cannot write: %s\n", out, strerror(errno));
         remove(tmp);
         goto out;
     }
@@ -305,6 +307,7 @@ int main(int argc, char **argv)
     }
     if (!strcmp(c, "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(c, "score")) return cmd_score(argc - 1, argv + 1);
-    fprintf(stderr, "tidal-task: %s: unknown command (expected list, generate or score)\nTry 'tidal-task --help' for the options.\n", c);
+    if (c[0] == '-') fprintf(stderr, "tidal-task: %s: unknown option\nTry 'tidal-task --help' for the options.\n", c);
+    else fprintf(stderr, "tidal-task: %s: unknown command (expected list, generate or score)\nTry 'tidal-task --help' for the options.\n", c);
     return 2;
 }
