@@ -154,7 +154,7 @@ int main(int argc, char **argv)
             json_t *js = NULL;
             if (json) {
                 json_error_t je;
-                js = json_loadb(line, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+                js = td_json_loadb(line, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
                 if (!json_is_string(js)) {
                     fprintf(stderr, "tidal-tokenize: stdin line %zu: expected a JSON string (%s)\n", lineno, js ? "not a string" : je.text);
                     status = 1;

@@ -43,7 +43,7 @@ static int parse_line(const char *line, size_t len, const char *where, td_tokeni
 {
     memset(p, 0, sizeof *p);
     json_error_t je;
-    json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+    json_t *o = td_json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
     if (!o) return td_fail(err, "%s: invalid JSON at column %d: %s", where, je.column, je.text);
     int rc = -1;
     if (!json_is_object(o)) { td_fail(err, "%s: expected a JSON object", where); goto done; }

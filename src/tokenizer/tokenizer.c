@@ -185,6 +185,48 @@ out:
     return rc;
 }
 
+/* The first component of type `ty` in a normalizer / pre_tokenizer / decoder tree (objects
+ * nested through "normalizers", "pretokenizers", "decoders" lists); NULL if none. */
+static json_t *find_type(json_t *j, const char *ty)
+{
+    if (!json_is_object(j)) return NULL;
+    json_t *t = json_object_get(j, "type");
+    if (json_is_string(t) && strcmp(json_string_value(t), ty) == 0) return j;
+    static const char *const lists[] = {"normalizers", "pretokenizers", "decoders"};
+    for (size_t k = 0; k < 3; k++) {
+        json_t *l = json_object_get(j, lists[k]);
+        for (size_t i = 0; i < json_array_size(l); i++) {
+            json_t *f = find_type(json_array_get(l, i), ty);
+            if (f) return f;
+        }
+    }
+    return NULL;
+}
+
+/* Refuses what tidal does not read by its kind, before anything else is checked: a Unigram or
+ * WordPiece model, or a SentencePiece-style pipeline (Metaspace "▁" word boundaries, as Llama 2,
+ * Mistral, Gemma and T5 write them). Later checks (added token ids against the vocabulary size)
+ * assume a BPE vocabulary object and would give a made-up reason for these. */
+static int check_kind(json_t *root, json_t *model, const char *path, td_error *err)
+{
+    static const char *const bpe_only = "tidal reads byte-level BPE tokenizers (GPT-2, Llama 3, Qwen2/2.5/3) and "
+                                        "its own character vocabularies";
+    json_t *type = json_object_get(model, "type");
+    if (json_is_string(type) && strcmp(json_string_value(type), "BPE") != 0) {
+        const char *ty = json_string_value(type);
+        return td_fail(err, "%s: model type \"%s\" is not supported (%s%s)", path, ty,
+                       strcmp(ty, "Unigram") == 0 ? "a SentencePiece Unigram model; " : "", bpe_only);
+    }
+    static const struct { const char *field, *type; } sp[] = {
+        {"pre_tokenizer", "Metaspace"}, {"decoder", "Metaspace"}, {"normalizer", "Prepend"},
+    };
+    for (size_t k = 0; k < sizeof sp / sizeof sp[0]; k++)
+        if (find_type(json_object_get(root, sp[k].field), sp[k].type))
+            return td_fail(err, "%s: %s type \"%s\" is not supported: a SentencePiece-style tokenizer (\"\u2581\" "
+                           "word boundaries); %s", path, sp[k].field, sp[k].type, bpe_only);
+    return 0;
+}
+
 td_tokenizer *td_tokenizer_load(const char *path, td_error *err)
 {
     json_t *root = td_json_load_file(path, err);
@@ -197,6 +239,7 @@ td_tokenizer *td_tokenizer_load(const char *path, td_error *err)
     if (!json_is_object(root)) { td_fail(err, "%s: expected a JSON object (a tokenizer.json)", path); goto out; }
     json_t *model = json_object_get(root, "model");
     if (!model) { td_fail(err, "%s: no \"model\": not a tokenizer.json", path); goto out; }
+    if (check_kind(root, model, path, err)) goto out;
     json_t *added = json_object_get(root, "added_tokens");
     size_t max_ids = json_object_size(json_object_get(model, "vocab")) + (json_is_array(added) ? json_array_size(added) : 0);
     if (load_added(t, added, max_ids ? max_ids : 1, err)) goto out;
