@@ -17,6 +17,7 @@
  *   --json            each text line is a JSON string, so text may hold newlines: input lines
  *                     when encoding, output lines when decoding
  */
+#include "tidal/io.h"
 #include "tidal/tokenizer.h"
 
 #include <errno.h>
