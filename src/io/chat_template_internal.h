@@ -80,6 +80,54 @@ typedef struct {
 void *ct_alloc(ct_arena *a, size_t n);
 char *ct_strndup(ct_arena *a, const char *s, size_t n);
 void ct_arena_free(ct_arena *a);
+json_t *ct_keep_const(ct_arena *a, json_t *v);     /* owned by the arena from now on */
+
+
+/* ---- parsing state shared by the template and expression parsers ---- */
+typedef enum { SEG_TEXT, SEG_VAR, SEG_BLOCK } seg_kind;
+typedef struct {
+    seg_kind kind;
+    int line;
+    const char *s;     /* TEXT: the text; VAR/BLOCK: the tag's inner source */
+    size_t n;
+} seg;
+
+typedef struct {
+    ct_arena *arena;
+    td_error *err;
+    seg *segs;
+    size_t n_segs, cap_segs, at;
+    int failed;
+    int depth;         /* nesting of blocks and of parenthesised / bracketed expressions */
+} parser;
+
+enum { MAX_DEPTH = 64 };   /* published templates nest 4 deep; this bounds the C stack */
+typedef enum { T_END, T_NAME, T_STR, T_INT, T_FLOAT, T_OP } tok_kind;
+typedef struct {
+    tok_kind kind;
+    const char *s;     /* NAME / OP: source text; STR: unescaped (arena) */
+    size_t n;
+    double f;
+    long long i;
+} tok;
+
+typedef struct {
+    parser *P;
+    int line;
+    const char *p, *end;
+    tok cur;
+} lexer;
+
+int ct_pfail(parser *P, int line, const char *fmt, const char *what);
+bool ct_is_ws(char c);
+void ct_lexer_init(lexer *L, parser *P, const seg *s);
+void ct_next(lexer *L);
+bool ct_is_op(const lexer *L, const char *op);
+bool ct_is_name(const lexer *L, const char *name);
+bool ct_accept_op(lexer *L, const char *op);
+bool ct_accept_name(lexer *L, const char *name);
+int ct_expect_end(lexer *L, const char *what);
+ct_expr *ct_parse_expr(lexer *L, bool with_cond);
 
 /* Parses template text into a body; 0, or -1 + err naming the line and the problem. */
 int ct_parse(const char *src, size_t len, ct_arena *arena, ct_body *out, td_error *err);
