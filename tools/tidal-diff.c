@@ -41,6 +41,10 @@ static void usage(FILE *f)
         "  --resume                 continue OUT.h5 after an interruption\n"
         "  --force                  replace an existing OUT.h5\n"
         "  --skip-bad-lines         skip malformed prompt lines (warning each) instead of stopping\n"
+        "  --rollout-logprobs raw|processed  replays: the engine's log-probs are raw (vLLM's default\n"
+        "                           logprobs_mode) or processed (after its temperature, top-p, top-k,\n"
+        "                           min-p, repetition penalty: give them as --temperature etc., and\n"
+        "                           tidal processes the training path's row the same way); default raw\n"
         "  --device cpu             backend (only cpu in this build)\n"
         "  --lora DIR               PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors)\n"
         "                           applied by both paths, unmerged (the LoRA branch beside each\n"
@@ -104,7 +108,7 @@ int main(int argc, char **argv)
     int use_gen = 0, set_temp = 0, set_topp = 0, set_topk = 0, set_rep = 0;
     enum { O_MODEL = 256, O_PROMPTS, O_RA, O_RB, O_LIST, O_MAXNEW, O_SEED, O_TEMP, O_TOPP, O_TOPK, O_MINP,
            O_REP, O_BATCH, O_SCORE, O_NOEOS, O_SHARD, O_RESUME, O_FORCE, O_SKIP, O_DEVICE, O_GEN, O_LAYERS,
-           O_LORA, O_LORA_MA, O_LORA_MB };
+           O_LORA, O_LORA_MA, O_LORA_MB, O_ROLLOUT_LP };
     static const struct option longs[] = {
         {"model", required_argument, 0, O_MODEL}, {"prompts", required_argument, 0, O_PROMPTS},
         {"recipe-a", required_argument, 0, O_RA}, {"recipe-b", required_argument, 0, O_RB},
@@ -119,6 +123,7 @@ int main(int argc, char **argv)
         {"use-generation-config", no_argument, 0, O_GEN}, {"layers", no_argument, 0, O_LAYERS},
         {"lora", required_argument, 0, O_LORA}, {"lora-merge-a", no_argument, 0, O_LORA_MA},
         {"lora-merge-b", no_argument, 0, O_LORA_MB}, {"output", required_argument, 0, 'o'},
+        {"rollout-logprobs", required_argument, 0, O_ROLLOUT_LP},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     long iv;
@@ -161,6 +166,13 @@ int main(int argc, char **argv)
         case O_LORA: o.lora_dir = optarg; break;
         case O_LORA_MA: o.lora_merge_a = 1; break;
         case O_LORA_MB: o.lora_merge_b = 1; break;
+        case O_ROLLOUT_LP:
+            if (strcmp(optarg, "raw") != 0 && strcmp(optarg, "processed") != 0) {
+                fprintf(stderr, "tidal-diff: --rollout-logprobs expects raw or processed, got '%s'\n", optarg);
+                return 2;
+            }
+            o.rollout_logprobs = optarg;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -4,7 +4,7 @@
 #include "fuzz_util.h"
 #include "tidal/prompts.h"
 
-static int byte_tok(void *user, const char *text, size_t len, int32_t **ids, size_t *n, td_error *err)
+static int byte_tok(void *user, const char *text, size_t len, bool model_input, int32_t **ids, size_t *n, td_error *err)
 {
     *ids = malloc((len ? len : 1) * sizeof(int32_t));
     for (size_t i = 0; i < len; i++) (*ids)[i] = (unsigned char)text[i];
