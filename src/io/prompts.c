@@ -125,17 +125,11 @@ static int chat(loader *L, json_t *msgs, const char *key, const char *where, td_
 /* Names the keys of a record with no recognised one. */
 static int no_kind(json_t *o, const char *where, td_error *err)
 {
-    char found[300] = "";
-    size_t n = 0;
-    const char *k;
-    json_t *v;
-    json_object_foreach(o, k, v) {
-        if (n + strlen(k) + 8 >= sizeof found) { snprintf(found + n, sizeof found - n, ", ..."); break; }
-        n += (size_t)snprintf(found + n, sizeof found - n, "%s\"%s\"", n ? ", " : "", k);
-    }
+    char found[300];
+    td_json_key_list(o, found, sizeof found);
     return td_fail(err, "%s: the record has %s%s; expected one of \"text\", \"prompt\", \"messages\", \"tokens\" "
                    "(a prompt) or a rollout (\"prompt_ids\" + \"response_ids\", TRL \"completion_ids\", verl "
-                   "\"responses\", vLLM \"outputs\", SGLang \"output_ids\")", where, n ? "the keys " : "no keys", found);
+                   "\"responses\", vLLM \"outputs\", SGLang \"output_ids\")", where, found[0] ? "the keys " : "no keys", found);
 }
 
 /* Parses one line into items[0..]; the number of items, or -1 + err (the line is bad). */

@@ -23,6 +23,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+void td_json_key_list(json_t *o, char *out, size_t cap)
+{
+    size_t n = 0;
+    const char *k;
+    json_t *v;
+    out[0] = 0;
+    json_object_foreach(o, k, v) {
+        if (n + strlen(k) + 8 >= cap) { snprintf(out + n, cap - n, ", ..."); break; }
+        n += (size_t)snprintf(out + n, cap - n, "%s\"%s\"", n ? ", " : "", k);
+    }
+}
+
 typedef struct {
     json_t *o;
     const char *where, *fmt;
@@ -33,18 +45,12 @@ typedef struct {
 static int rfail(const rd *r, const char *expected, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int rfail(const rd *r, const char *expected, const char *fmt, ...)
 {
-    char problem[400], found[300] = "";
+    char problem[400], found[300];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(problem, sizeof problem, fmt, ap);
     va_end(ap);
-    size_t n = 0;
-    const char *k;
-    json_t *v;
-    json_object_foreach(r->o, k, v) {
-        if (n + strlen(k) + 8 >= sizeof found) { snprintf(found + n, sizeof found - n, ", ..."); break; }
-        n += (size_t)snprintf(found + n, sizeof found - n, "%s\"%s\"", n ? ", " : "", k);
-    }
+    td_json_key_list(r->o, found, sizeof found);
     return td_fail(r->err, "%s: %s rollout record: %s (fields found: %s; expected: %s)", r->where, r->fmt, problem,
                    found, expected);
 }

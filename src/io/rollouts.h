@@ -14,4 +14,7 @@
 int td_rollouts_from_json(json_t *o, const char *where, int vocab, td_prompt *out, int n_max,
                           const char **format, td_error *err);
 
+/* The keys of object o as "a", "b", ... (cut with ", ..." at cap), for errors. */
+void td_json_key_list(json_t *o, char *out, size_t cap);
+
 #endif
