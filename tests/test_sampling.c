@@ -1,4 +1,4 @@
-/* Engine-style sampling (src/paths/sampling.c), each step against its definition in
+/* Engine-style sampling (src/sampling/sampling.c), each step against its definition in
  * sampling.h (HF generate / vLLM):
  *  - td_sampling_check rejects each bad value and names the flag;
  *  - td_log_softmax rows sum to 1 (and keep differences), an all -inf row stays as it is;

@@ -72,7 +72,7 @@ enum {
     TD_GEN_REPETITION_PENALTY = 1 << 3, TD_GEN_DO_SAMPLE = 1 << 4,
     TD_GEN_BOS = 1 << 5, TD_GEN_EOS = 1 << 6,
 };
-#define TD_GEN_MAX_EOS 8
+#define TD_GEN_MAX_EOS TD_CONFIG_MAX_EOS
 typedef struct {
     double temperature;        /* HF GenerationConfig defaults: 1.0               */
     double top_p;              /* 1.0                                             */
@@ -124,19 +124,36 @@ void td_tensor_to_f32(const td_tensor *t, float *dst, size_t *nonfinite);
 const float *td_checkpoint_map_f32(const td_checkpoint *ck, const char *name, int ndim,
                                    const int64_t *shape, td_error *err);
 
-/* ---- the parameter list of a config ---- */
+/* ---- the parameter table of a config ----
+ * One table for every place that lays parameters out: the loader and td_model_alloc carve the
+ * model's weights by it, the recipe weight preparation carves its rounded copy by it, the
+ * checkpoint writer writes tensors in its order, and a trainer carves gradients and optimiser
+ * moments by it (same offsets, one allocation each), as llm.c carves its parameter block. */
 typedef enum { TD_PARAM_EMBED, TD_PARAM_MATRIX, TD_PARAM_NORM, TD_PARAM_BIAS } td_param_kind;
+/* Which tensor of the model an entry is (the field of td_model_weights / td_layer_weights). */
+typedef enum {
+    TD_ROLE_EMBED, TD_ROLE_ATTN_NORM, TD_ROLE_WQ, TD_ROLE_WK, TD_ROLE_WV, TD_ROLE_BQ, TD_ROLE_BK,
+    TD_ROLE_BV, TD_ROLE_WO, TD_ROLE_Q_NORM, TD_ROLE_K_NORM, TD_ROLE_MLP_NORM, TD_ROLE_W_GATE,
+    TD_ROLE_W_UP, TD_ROLE_W_DOWN, TD_ROLE_FINAL_NORM, TD_ROLE_LM_HEAD, TD_ROLE_COUNT
+} td_param_role;
 typedef struct {
-    char name[96];
+    char name[96];            /* HF tensor name */
     td_param_kind kind;
     int layer;                /* -1 for embed_tokens, model.norm, lm_head */
     int ndim;                 /* 1 or 2 */
     int64_t shape[2];
+    td_param_role role;
+    size_t numel;             /* shape[0] * shape[1] (ndim 2) or shape[0] */
+    size_t offset;            /* elements before it with every tensor of the table end to end */
+    td_format dtype;          /* element format of a carved buffer: fp32 (master weights, and
+                                 gradients / moments later) */
 } td_param_spec;
 
 /* Fills out[0..cap) with the tensors a checkpoint of this config holds, in HF order
- * (embed, layers 0..L-1, norm, lm_head unless tied); returns the total count (may be > cap). */
+ * (embed, layers 0..L-1, norm, lm_head unless tied); returns the total count (may be > cap).
+ * The elements of all of them: td_config_param_elems. */
 size_t td_config_params(const td_config *cfg, td_param_spec *out, size_t cap);
+size_t td_config_param_elems(const td_config *cfg);
 /* Every tensor of td_config_params present with its exact shape and a supported dtype;
  * tensors not in the list (rotary inv_freq, ...) are ignored. Error names the first problem. */
 int td_checkpoint_validate(const td_checkpoint *ck, td_error *err);

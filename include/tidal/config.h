@@ -13,6 +13,8 @@
 
 TD_BEGIN_DECLS
 
+#define TD_CONFIG_MAX_EOS 8
+
 typedef enum {
     TD_ARCH_LLAMA = 0,   /* LlamaForCausalLM  (Llama 2/3)                          */
     TD_ARCH_MISTRAL,     /* MistralForCausalLM                                     */
@@ -39,11 +41,27 @@ typedef struct {
     bool tie_word_embeddings;
     bool qkv_bias;             /* Qwen2 */
     bool qk_norm;              /* Qwen3 */
-    int bos_token_id, eos_token_id;   /* -1 when absent */
-    char torch_dtype[16];      /* as written in config.json ("bfloat16", ...), informative */
+    int bos_token_id, eos_token_id;   /* -1 when absent; eos_token_id = eos_token_ids[0] */
+    int eos_token_ids[TD_CONFIG_MAX_EOS];  /* config.json's whole eos list (Llama 3: 3 ids) */
+    int n_eos;
+    /* sliding-window attention (Mistral, Qwen2/3 with use_sliding_window, "sliding_attention"
+     * layer_types): the window of the layers that slide, 0 when every layer attends fully.
+     * tidal computes full attention, exact for sequences of at most sliding_window positions;
+     * td_config_check_len refuses longer ones. */
+    int sliding_window;
+    int n_sliding_layers, first_sliding_layer;
+    char torch_dtype[16];      /* as written in config.json ("dtype" or "torch_dtype"), informative */
+    char unknown_keys[256];    /* config.json keys tidal's key table does not know, comma-separated */
 } td_config;
 
 const char *td_arch_name(td_arch a);   /* "LlamaForCausalLM", ... */
+
+/* 0 when a sequence of `len` positions is computed exactly by tidal's full attention; -1 + err
+ * when it would pass the sliding window of a layer that slides. */
+/* The ids that end a sequence according to config.json: its eos list, or the single
+ * eos_token_id of a hand-built config (n_eos == 0); ids has room for TD_CONFIG_MAX_EOS. */
+int td_config_eos_list(const td_config *c, int *ids);
+int td_config_check_len(const td_config *c, int64_t len, td_error *err);
 
 TD_END_DECLS
 

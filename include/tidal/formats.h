@@ -30,6 +30,7 @@
 #include "tidal/common.h"
 
 #include <stdbool.h>
+#include <string.h>
 
 TD_BEGIN_DECLS
 
@@ -100,6 +101,33 @@ void td_decode_row(td_format f, const void *codes, float *y, size_t n);
 /* Round each value to the nearest value of format f and back, in place or out of place:
  * y[i] = decode(encode(x[i])). The workhorse of emulated precision. */
 void td_round_row(td_format f, const float *x, float *y, size_t n, td_saturation sat);
+
+/* ---- scalar round form: the one value form of td_round_row (SATFINITE), for kernels that
+ * round inside their own loops (the recipe ops of the model). bf16 is inline here (the hot
+ * case: bf16 recipes round every element several times); the others call the fast forms.
+ * Same bits as td_round_row, NaN included (a NaN becomes the format's canonical NaN, decoded:
+ * 0x7FFF0000 for bf16); tests/test_formats.c checks both against the reference forms. ---- */
+static inline uint16_t td_bf16_bits_rne(uint32_t u)
+{
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFF;        /* NaN -> canonical */
+    u += 0x7FFFu + ((u >> 16) & 1u);                            /* round to nearest even */
+    return (uint16_t)(u >> 16);                                  /* overflow carries to Inf */
+}
+
+float td_round_slow(td_format f, float x);   /* decode(encode(x, SATFINITE)), any format */
+
+static inline float td_round(td_format f, float x)
+{
+    if (f == TD_F32) return x;
+    if (f == TD_BF16) {
+        uint32_t u;
+        memcpy(&u, &x, 4);
+        u = (uint32_t)td_bf16_bits_rne(u) << 16;
+        memcpy(&x, &u, 4);
+        return x;
+    }
+    return td_round_slow(f, x);
+}
 
 TD_END_DECLS
 

@@ -6,8 +6,9 @@
  *   incremental     td_session_*  per-slot KV cache; prefill a prompt (chunked), then decode one
  *                   token per slot per step, batched over slots (the inference path).
  *
- * Both call the same ops (src/model/ops.c) through a td_ops context, the place where a
- * precision recipe will later insert rounding points. Dimension letters as in config.h.
+ * Both run the same decoder body (src/model/decoder.c) over one op list (src/model/ops.h),
+ * carried out by a backend (src/backend/: the CPU today) under a precision recipe (recipe.h).
+ * Dimension letters as in config.h.
  * All scratch memory and the KV cache are allocated at creation: nothing is allocated per token.
  */
 #ifndef TIDAL_MODEL_H

@@ -87,6 +87,15 @@ char *td_recipe_to_json(const td_recipe *r);
 /* Checks internal consistency (formats allowed per field, sizes positive); 0 or -1 + err. */
 int td_recipe_check(const td_recipe *r, const char *what, td_error *err);
 
+/* The plain fp32 reference (NULL counts as fp32): every op then runs its fp32 reference form,
+ * on the model's own weights. */
+bool td_recipe_is_plain_fp32(const td_recipe *r);
+
+/* The recipe the lm_head GEMM runs with: fp32 throughout with lm_head_fp32; otherwise the
+ * activations dtype for its operands (an fp8 weight format falls back to it: engines keep the
+ * lm_head out of FP8 GEMMs), always fp32 accumulation. */
+td_recipe td_recipe_for_head(const td_recipe *r);
+
 /* Whether a path's GEMM inputs / weights are fp8. */
 static inline bool td_recipe_fp8_gemm(const td_recipe *r)
 {

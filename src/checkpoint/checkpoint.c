@@ -95,23 +95,6 @@ done:
     return rc;
 }
 
-/* td_config keeps one eos id; when generation_config.json does not list its own, the whole
- * list of config.json (Llama 3: [128001, 128008, 128009]) becomes the stop set, as
- * transformers' GenerationConfig.from_model_config does. config.json was parsed already, so
- * its eos entries are known to be valid ids. */
-static void inherit_eos_list(td_checkpoint *ck, const char *config_path)
-{
-    if (ck->gen.present & TD_GEN_EOS) return;
-    json_t *j = td_json_load_file(config_path, NULL);
-    json_t *e = j ? json_object_get(j, "eos_token_id") : NULL;
-    if (json_is_array(e) && json_array_size(e) > 1) {
-        ck->gen.n_eos = 0;
-        for (size_t i = 0; i < json_array_size(e) && ck->gen.n_eos < TD_GEN_MAX_EOS; i++)
-            ck->gen.eos_token_ids[ck->gen.n_eos++] = (int)json_integer_value(json_array_get(e, i));
-    }
-    if (j) json_decref(j);
-}
-
 td_checkpoint *td_checkpoint_open(const char *path, td_error *err)
 {
     td_checkpoint *ck = td_xcalloc(1, sizeof *ck);
@@ -138,8 +121,6 @@ td_checkpoint *td_checkpoint_open(const char *path, td_error *err)
         } else {
             td_gen_config_parse(NULL, &ck->cfg, &ck->gen, NULL);
         }
-        snprintf(p, sizeof p, "%s/config.json", path);
-        inherit_eos_list(ck, p);
         char single[4096];
         snprintf(single, sizeof single, "%s/model.safetensors", path);
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", path);
@@ -322,42 +303,55 @@ int td_checkpoint_validate(const td_checkpoint *ck, td_error *err)
 
 size_t td_config_params(const td_config *c, td_param_spec *out, size_t cap)
 {
-    size_t n = 0;
+    size_t n = 0, offset = 0;
     const int64_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size;
     const int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
-#define ADD(kind_, layer_, nd, d0, d1, ...)                                           \
+#define ADD(kind_, role_, layer_, nd, d0, d1, ...)                                    \
     do {                                                                              \
+        size_t numel_ = (size_t)(d0) * (size_t)((nd) == 2 ? (d1) : 1);                \
         if (n < cap) {                                                                \
             td_param_spec *s = &out[n];                                               \
             snprintf(s->name, sizeof s->name, __VA_ARGS__);                           \
-            s->kind = kind_; s->layer = layer_; s->ndim = nd;                         \
+            s->kind = kind_; s->role = role_; s->layer = layer_; s->ndim = nd;        \
             s->shape[0] = d0; s->shape[1] = d1;                                       \
+            s->numel = numel_; s->offset = offset; s->dtype = TD_F32;                 \
         }                                                                             \
+        offset += numel_;                                                             \
         n++;                                                                          \
     } while (0)
-    ADD(TD_PARAM_EMBED, -1, 2, V, C, "model.embed_tokens.weight");
+    ADD(TD_PARAM_EMBED, TD_ROLE_EMBED, -1, 2, V, C, "model.embed_tokens.weight");
     for (int l = 0; l < c->num_layers; l++) {
-        ADD(TD_PARAM_NORM, l, 1, C, 0, "model.layers.%d.input_layernorm.weight", l);
-        ADD(TD_PARAM_MATRIX, l, 2, QD, C, "model.layers.%d.self_attn.q_proj.weight", l);
-        ADD(TD_PARAM_MATRIX, l, 2, KD, C, "model.layers.%d.self_attn.k_proj.weight", l);
-        ADD(TD_PARAM_MATRIX, l, 2, KD, C, "model.layers.%d.self_attn.v_proj.weight", l);
+        ADD(TD_PARAM_NORM, TD_ROLE_ATTN_NORM, l, 1, C, 0, "model.layers.%d.input_layernorm.weight", l);
+        ADD(TD_PARAM_MATRIX, TD_ROLE_WQ, l, 2, QD, C, "model.layers.%d.self_attn.q_proj.weight", l);
+        ADD(TD_PARAM_MATRIX, TD_ROLE_WK, l, 2, KD, C, "model.layers.%d.self_attn.k_proj.weight", l);
+        ADD(TD_PARAM_MATRIX, TD_ROLE_WV, l, 2, KD, C, "model.layers.%d.self_attn.v_proj.weight", l);
         if (c->qkv_bias) {
-            ADD(TD_PARAM_BIAS, l, 1, QD, 0, "model.layers.%d.self_attn.q_proj.bias", l);
-            ADD(TD_PARAM_BIAS, l, 1, KD, 0, "model.layers.%d.self_attn.k_proj.bias", l);
-            ADD(TD_PARAM_BIAS, l, 1, KD, 0, "model.layers.%d.self_attn.v_proj.bias", l);
+            ADD(TD_PARAM_BIAS, TD_ROLE_BQ, l, 1, QD, 0, "model.layers.%d.self_attn.q_proj.bias", l);
+            ADD(TD_PARAM_BIAS, TD_ROLE_BK, l, 1, KD, 0, "model.layers.%d.self_attn.k_proj.bias", l);
+            ADD(TD_PARAM_BIAS, TD_ROLE_BV, l, 1, KD, 0, "model.layers.%d.self_attn.v_proj.bias", l);
         }
-        ADD(TD_PARAM_MATRIX, l, 2, C, QD, "model.layers.%d.self_attn.o_proj.weight", l);
+        ADD(TD_PARAM_MATRIX, TD_ROLE_WO, l, 2, C, QD, "model.layers.%d.self_attn.o_proj.weight", l);
         if (c->qk_norm) {
-            ADD(TD_PARAM_NORM, l, 1, c->head_dim, 0, "model.layers.%d.self_attn.q_norm.weight", l);
-            ADD(TD_PARAM_NORM, l, 1, c->head_dim, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+            ADD(TD_PARAM_NORM, TD_ROLE_Q_NORM, l, 1, c->head_dim, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+            ADD(TD_PARAM_NORM, TD_ROLE_K_NORM, l, 1, c->head_dim, 0, "model.layers.%d.self_attn.k_norm.weight", l);
         }
-        ADD(TD_PARAM_NORM, l, 1, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
-        ADD(TD_PARAM_MATRIX, l, 2, F, C, "model.layers.%d.mlp.gate_proj.weight", l);
-        ADD(TD_PARAM_MATRIX, l, 2, F, C, "model.layers.%d.mlp.up_proj.weight", l);
-        ADD(TD_PARAM_MATRIX, l, 2, C, F, "model.layers.%d.mlp.down_proj.weight", l);
+        ADD(TD_PARAM_NORM, TD_ROLE_MLP_NORM, l, 1, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        ADD(TD_PARAM_MATRIX, TD_ROLE_W_GATE, l, 2, F, C, "model.layers.%d.mlp.gate_proj.weight", l);
+        ADD(TD_PARAM_MATRIX, TD_ROLE_W_UP, l, 2, F, C, "model.layers.%d.mlp.up_proj.weight", l);
+        ADD(TD_PARAM_MATRIX, TD_ROLE_W_DOWN, l, 2, C, F, "model.layers.%d.mlp.down_proj.weight", l);
     }
-    ADD(TD_PARAM_NORM, -1, 1, C, 0, "model.norm.weight");
-    if (!c->tie_word_embeddings) ADD(TD_PARAM_EMBED, -1, 2, V, C, "lm_head.weight");
+    ADD(TD_PARAM_NORM, TD_ROLE_FINAL_NORM, -1, 1, C, 0, "model.norm.weight");
+    if (!c->tie_word_embeddings) ADD(TD_PARAM_EMBED, TD_ROLE_LM_HEAD, -1, 2, V, C, "lm_head.weight");
 #undef ADD
     return n;
+}
+
+size_t td_config_param_elems(const td_config *c)
+{
+    size_t n = td_config_params(c, NULL, 0);
+    td_param_spec *specs = td_xmalloc(n * sizeof *specs);
+    td_config_params(c, specs, n);
+    size_t total = specs[n - 1].offset + specs[n - 1].numel;
+    free(specs);
+    return total;
 }

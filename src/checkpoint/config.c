@@ -12,10 +12,13 @@
  *   bos / eos           1 / 2     1 / 2      none       none
  * Qwen2 always has q/k/v biases (its attention hard-codes bias=True); Qwen3 always has q/k norm.
  * Options tidal's forward does not model are refused rather than silently ignored:
- * attention_bias / mlp_bias = true, hidden_act != silu, rope_scaling other than llama3.
+ * attention_bias / mlp_bias = true, hidden_act != silu, rope types other than default and
+ * llama3 (config_rope.c reads both the 4.x and the 5.x layout), a nonzero attention_dropout,
+ * quantisation. Every key transformers writes is classified in config_keys.c; unknown keys are
+ * warned about and recorded. Sliding-window layers are recorded (config_rope.c) and sequences
+ * longer than their window refused by td_config_check_len.
  */
-#include "tidal/checkpoint.h"
-#include "tidal/io.h"
+#include "config_json.h"
 
 #include <math.h>
 #include <string.h>
@@ -53,12 +56,13 @@ void td_config_defaults(td_config *c, td_arch arch)
     c->qk_norm = arch == TD_ARCH_QWEN3;
     c->bos_token_id = archs[arch].bos;
     c->eos_token_id = archs[arch].eos;
+    c->first_sliding_layer = -1;
     snprintf(c->torch_dtype, sizeof c->torch_dtype, "float32");
 }
 
 /* ---- typed getters: absent (or null) -> default or "missing", wrong type -> error ---- */
 
-static const char *type_name(const json_t *v)
+const char *cfgj_type_name(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
@@ -71,7 +75,7 @@ static const char *type_name(const json_t *v)
     }
 }
 
-static int get_int(const char *path, json_t *o, const char *key, bool required, int def, int lo,
+int cfgj_int(const char *path, json_t *o, const char *key, bool required, int def, int lo,
                    int hi, int *out, td_error *err)
 {
     json_t *v = json_object_get(o, key);
@@ -81,7 +85,7 @@ static int get_int(const char *path, json_t *o, const char *key, bool required, 
         return 0;
     }
     if (!json_is_integer(v))
-        return td_fail(err, "%s: \"%s\" must be an integer, got %s", path, key, type_name(v));
+        return td_fail(err, "%s: \"%s\" must be an integer, got %s", path, key, cfgj_type_name(v));
     json_int_t x = json_integer_value(v);
     if (x < lo || x > hi)
         return td_fail(err, "%s: \"%s\" = %lld is out of range [%d, %d]", path, key, (long long)x, lo, hi);
@@ -89,71 +93,55 @@ static int get_int(const char *path, json_t *o, const char *key, bool required, 
     return 0;
 }
 
-static int get_num(const char *path, json_t *o, const char *key, double def, double *out, td_error *err)
+int cfgj_num(const char *path, json_t *o, const char *key, double def, double *out, td_error *err)
 {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) { *out = def; return 0; }
     if (!json_is_number(v))
-        return td_fail(err, "%s: \"%s\" must be a number, got %s", path, key, type_name(v));
+        return td_fail(err, "%s: \"%s\" must be a number, got %s", path, key, cfgj_type_name(v));
     *out = json_number_value(v);
     if (!isfinite(*out)) return td_fail(err, "%s: \"%s\" is not finite", path, key);
     return 0;
 }
 
-static int get_bool(const char *path, json_t *o, const char *key, bool def, bool *out, td_error *err)
+int cfgj_bool(const char *path, json_t *o, const char *key, bool def, bool *out, td_error *err)
 {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) { *out = def; return 0; }
     if (!json_is_boolean(v))
-        return td_fail(err, "%s: \"%s\" must be true or false, got %s", path, key, type_name(v));
+        return td_fail(err, "%s: \"%s\" must be true or false, got %s", path, key, cfgj_type_name(v));
     *out = json_is_true(v);
     return 0;
 }
 
-/* Token id: an integer, or a list of integers (its first entry), or null / absent (def). */
-static int get_token(const char *path, json_t *o, const char *key, int def, int *out, td_error *err)
+/* Token id: an integer, or a list of integers (all kept in ids[0..*n), the first also in *out:
+ * Llama 3 Instruct stops on [128001, 128008, 128009]), or null / absent (def). */
+static int get_tokens(const char *path, json_t *o, const char *key, int def, int *out, int *ids, int *n,
+                      td_error *err)
 {
     json_t *v = json_object_get(o, key);
+    *n = 0;
     if (json_is_array(v)) {
-        if (json_array_size(v) == 0) { *out = def; return 0; }
-        v = json_array_get(v, 0);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
-            return td_fail(err, "%s: \"%s\" list must hold non-negative integers", path, key);
-        *out = (int)json_integer_value(v);
+        if (json_array_size(v) > TD_CONFIG_MAX_EOS)
+            return td_fail(err, "%s: \"%s\" lists %zu ids, tidal keeps at most %d", path, key, json_array_size(v),
+                           TD_CONFIG_MAX_EOS);
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            json_t *e = json_array_get(v, i);
+            if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
+                return td_fail(err, "%s: \"%s\" list must hold non-negative integers", path, key);
+            ids[(*n)++] = (int)json_integer_value(e);
+        }
+        *out = *n ? ids[0] : def;
         return 0;
     }
-    return get_int(path, o, key, false, def, 0, INT32_MAX, out, err);
+    if (cfgj_int(path, o, key, false, def, 0, INT32_MAX, out, err)) return -1;
+    if (*out >= 0) ids[(*n)++] = *out;
+    return 0;
 }
 
 /* Upper bound of any one dimension: keeps products such as V*C far from size_t overflow and
  * rejects typos before anything is allocated from them. */
 #define DIM_MAX (1 << 24)
-
-static int parse_rope_scaling(const char *path, json_t *rs, td_config *c, td_error *err)
-{
-    if (!rs || json_is_null(rs)) return 0;
-    if (!json_is_object(rs)) return td_fail(err, "%s: \"rope_scaling\" must be an object or null", path);
-    json_t *t = json_object_get(rs, "rope_type");
-    if (!t) t = json_object_get(rs, "type");
-    if (!json_is_string(t))
-        return td_fail(err, "%s: rope_scaling needs a \"rope_type\" (or \"type\") string", path);
-    const char *type = json_string_value(t);
-    if (strcmp(type, "default") == 0) return 0;
-    if (strcmp(type, "llama3") != 0)
-        return td_fail(err, "%s: rope_scaling type \"%s\" is not supported (tidal models \"llama3\")", path, type);
-    json_t *f = json_object_get(rs, "factor");
-    if (!json_is_number(f)) return td_fail(err, "%s: rope_scaling.factor missing or not a number", path);
-    c->rope_factor = json_number_value(f);
-    if (get_num(path, rs, "low_freq_factor", 1.0, &c->rope_low_freq_factor, err) ||
-        get_num(path, rs, "high_freq_factor", 4.0, &c->rope_high_freq_factor, err) ||
-        get_int(path, rs, "original_max_position_embeddings", false, 8192, 1, INT32_MAX,
-                &c->rope_original_max_position, err))
-        return -1;
-    if (!(c->rope_factor > 0) || !(c->rope_high_freq_factor > c->rope_low_freq_factor) ||
-        !(c->rope_low_freq_factor > 0))
-        return td_fail(err, "%s: rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor > 0", path);
-    return 0;
-}
 
 int td_config_parse(const char *path, td_config *c, td_error *err)
 {
@@ -187,28 +175,28 @@ int td_config_parse(const char *path, td_config *c, td_error *err)
         goto done;
     }
     td_config_defaults(c, (td_arch)arch);
-    if (get_int(path, j, "vocab_size", true, 0, 1, DIM_MAX, &c->vocab_size, err) ||
-        get_int(path, j, "hidden_size", true, 0, 1, DIM_MAX, &c->hidden_size, err) ||
-        get_int(path, j, "intermediate_size", true, 0, 1, DIM_MAX, &c->intermediate_size, err) ||
-        get_int(path, j, "num_hidden_layers", true, 0, 1, 4096, &c->num_layers, err) ||
-        get_int(path, j, "num_attention_heads", true, 0, 1, 65536, &c->num_heads, err))
+    int bos_ids[TD_CONFIG_MAX_EOS], n_bos;
+    if (cfgj_int(path, j, "vocab_size", true, 0, 1, DIM_MAX, &c->vocab_size, err) ||
+        cfgj_int(path, j, "hidden_size", true, 0, 1, DIM_MAX, &c->hidden_size, err) ||
+        cfgj_int(path, j, "intermediate_size", true, 0, 1, DIM_MAX, &c->intermediate_size, err) ||
+        cfgj_int(path, j, "num_hidden_layers", true, 0, 1, 4096, &c->num_layers, err) ||
+        cfgj_int(path, j, "num_attention_heads", true, 0, 1, 65536, &c->num_heads, err))
         goto done;
     int kv_def = archs[arch].kv_default ? archs[arch].kv_default : c->num_heads;
     int hd_def = archs[arch].head_dim_default ? archs[arch].head_dim_default : c->hidden_size / c->num_heads;
-    if (get_int(path, j, "num_key_value_heads", false, kv_def, 1, 65536, &c->num_kv_heads, err) ||
-        get_int(path, j, "head_dim", false, hd_def, 1, 65536, &c->head_dim, err) ||
-        get_int(path, j, "max_position_embeddings", false, c->max_position, 1, INT32_MAX, &c->max_position, err) ||
-        get_num(path, j, "rms_norm_eps", c->rms_norm_eps, &c->rms_norm_eps, err) ||
-        get_num(path, j, "rope_theta", c->rope_theta, &c->rope_theta, err) ||
-        get_bool(path, j, "tie_word_embeddings", false, &c->tie_word_embeddings, err) ||
-        get_token(path, j, "bos_token_id", c->bos_token_id, &c->bos_token_id, err) ||
-        get_token(path, j, "eos_token_id", c->eos_token_id, &c->eos_token_id, err) ||
-        parse_rope_scaling(path, json_object_get(j, "rope_scaling"), c, err))
+    if (cfgj_int(path, j, "num_key_value_heads", false, kv_def, 1, 65536, &c->num_kv_heads, err) ||
+        cfgj_int(path, j, "head_dim", false, hd_def, 1, 65536, &c->head_dim, err) ||
+        cfgj_int(path, j, "max_position_embeddings", false, c->max_position, 1, INT32_MAX, &c->max_position, err) ||
+        cfgj_num(path, j, "rms_norm_eps", c->rms_norm_eps, &c->rms_norm_eps, err) ||
+        cfgj_bool(path, j, "tie_word_embeddings", false, &c->tie_word_embeddings, err) ||
+        get_tokens(path, j, "bos_token_id", c->bos_token_id, &c->bos_token_id, bos_ids, &n_bos, err) ||
+        get_tokens(path, j, "eos_token_id", c->eos_token_id, &c->eos_token_id, c->eos_token_ids, &c->n_eos, err) ||
+        cfgj_rope(path, j, c, err) || cfgj_attention_layers(path, j, c, err) || cfgj_classify_keys(path, j, c, err))
         goto done;
 
     bool attention_bias, mlp_bias;
-    if (get_bool(path, j, "attention_bias", false, &attention_bias, err) ||
-        get_bool(path, j, "mlp_bias", false, &mlp_bias, err))
+    if (cfgj_bool(path, j, "attention_bias", false, &attention_bias, err) ||
+        cfgj_bool(path, j, "mlp_bias", false, &mlp_bias, err))
         goto done;
     if (attention_bias && arch != TD_ARCH_QWEN2) {
         td_fail(err, "%s: \"attention_bias\": true (biases on q/k/v/o) is not supported for %s", path, archname);
@@ -220,10 +208,12 @@ int td_config_parse(const char *path, td_config *c, td_error *err)
         td_fail(err, "%s: \"hidden_act\" must be \"silu\" (SwiGLU MLP)", path);
         goto done;
     }
-    json_t *dt = json_object_get(j, "torch_dtype");
-    if (!dt || json_is_null(dt)) dt = json_object_get(j, "dtype");
+    /* 5.x writes "dtype", 4.x "torch_dtype"; transformers 5 prefers "dtype" where both are present */
+    const char *dt_key = "dtype";
+    json_t *dt = json_object_get(j, dt_key);
+    if (!dt || json_is_null(dt)) dt = json_object_get(j, dt_key = "torch_dtype");
     if (dt && !json_is_null(dt)) {
-        if (!json_is_string(dt)) { td_fail(err, "%s: \"torch_dtype\" must be a string", path); goto done; }
+        if (!json_is_string(dt)) { td_fail(err, "%s: \"%s\" must be a string", path, dt_key); goto done; }
         snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", json_string_value(dt));
     } else {
         c->torch_dtype[0] = 0;
@@ -232,6 +222,17 @@ int td_config_parse(const char *path, td_config *c, td_error *err)
 done:
     json_decref(j);
     return rc;
+}
+
+int td_config_eos_list(const td_config *c, int *ids)
+{
+    if (c->n_eos > 0) {
+        memcpy(ids, c->eos_token_ids, (size_t)c->n_eos * sizeof *ids);
+        return c->n_eos;
+    }
+    if (c->eos_token_id < 0) return 0;
+    ids[0] = c->eos_token_id;
+    return 1;
 }
 
 int td_config_validate(const td_config *c, const char *what, td_error *err)
@@ -254,6 +255,10 @@ int td_config_validate(const td_config *c, const char *what, td_error *err)
     if (c->bos_token_id >= c->vocab_size || c->eos_token_id >= c->vocab_size)
         return td_fail(err, "%s: bos/eos token id (%d/%d) outside the vocabulary of %d", what, c->bos_token_id,
                        c->eos_token_id, c->vocab_size);
+    int eos[TD_CONFIG_MAX_EOS], n_eos = td_config_eos_list(c, eos);
+    for (int i = 0; i < n_eos; i++)
+        if (eos[i] < 0 || eos[i] >= c->vocab_size)
+            return td_fail(err, "%s: eos_token_id %d outside the vocabulary of %d", what, eos[i], c->vocab_size);
     return 0;
 }
 
@@ -296,7 +301,14 @@ int td_config_write(const char *path, const td_config *c, td_error *err)
         json_object_set_new(j, "max_window_layers", json_integer(c->num_layers));
     }
     json_object_set_new(j, "bos_token_id", c->bos_token_id >= 0 ? json_integer(c->bos_token_id) : json_null());
-    json_object_set_new(j, "eos_token_id", c->eos_token_id >= 0 ? json_integer(c->eos_token_id) : json_null());
+    int eos[TD_CONFIG_MAX_EOS], n_eos = td_config_eos_list(c, eos);
+    if (n_eos > 1) {
+        json_t *a = json_array();
+        for (int i = 0; i < n_eos; i++) json_array_append_new(a, json_integer(eos[i]));
+        json_object_set_new(j, "eos_token_id", a);
+    } else {
+        json_object_set_new(j, "eos_token_id", c->eos_token_id >= 0 ? json_integer(c->eos_token_id) : json_null());
+    }
     json_object_set_new(j, "torch_dtype", json_string(c->torch_dtype[0] ? c->torch_dtype : "float32"));
     json_object_set_new(j, "use_cache", json_true());
     int rc = 0;

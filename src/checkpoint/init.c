@@ -115,11 +115,9 @@ int td_checkpoint_init_random_opts(const char *dir, const td_config *cfg_in, td_
     if (td_st_writer_meta(w, "tidal_command", command ? command : "", err) ||
         td_st_writer_meta(w, "tidal_seed", seedstr, err) || td_st_writer_meta(w, "tidal_version", TD_VERSION, err))
         goto done;
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         if (td_st_writer_declare(w, specs[i].name, dt, specs[i].ndim, specs[i].shape, err) != 0) goto done;
-        total += (size_t)specs[i].shape[0] * (size_t)(specs[i].ndim == 2 ? specs[i].shape[1] : 1);
-    }
+    size_t total = specs[n - 1].offset + specs[n - 1].numel;   /* the table's elements */
     if (td_st_writer_begin(w, err) != 0) goto done;
     const size_t es = td_dtype_size(dt);
     struct timespec t0, t1;
@@ -134,7 +132,7 @@ int td_checkpoint_init_random_opts(const char *dir, const td_config *cfg_in, td_
             fflush(progress);
             last_layer = s->layer;
         }
-        size_t numel = (size_t)s->shape[0] * (size_t)(s->ndim == 2 ? s->shape[1] : 1);
+        size_t numel = s->numel;
         size_t nchunks = (numel + CHUNK - 1) / CHUNK;
         for (size_t k0 = 0; k0 < nchunks; k0 += BATCH) {
             size_t kn = nchunks - k0 < BATCH ? nchunks - k0 : BATCH;
@@ -162,7 +160,7 @@ int td_checkpoint_init_random_opts(const char *dir, const td_config *cfg_in, td_
     td_gen_config g;
     td_gen_config_defaults(&g);
     g.bos_token_id = cfg.bos_token_id;
-    if (cfg.eos_token_id >= 0) { g.eos_token_ids[0] = cfg.eos_token_id; g.n_eos = 1; }
+    g.n_eos = td_config_eos_list(&cfg, g.eos_token_ids);
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     if (td_gen_config_write(path, &g, err) != 0) goto done;
     rc = 0;

@@ -21,7 +21,7 @@
 /* ---------------------------------------------------------------- run-file columns */
 
 enum { T_SEQ, T_POS, T_TOKEN, T_LOGP_A, T_LOGP_B, T_LOGP_B_PROC, T_DLOGP, T_KL_BA, T_KL_AB, T_K3, T_TV,
-       T_ENT_A, T_ENT_B, T_TOP1_A, T_TOP1_B, T_RANK_A, T_RANK_B, T_IS_PROMPT,
+       T_ENT_A, T_ENT_B, T_TOP1_A, T_TOP1_B, T_RANK_A, T_RANK_B, T_IS_PROMPT, T_STEP,
        T_LOGP_TRAINER,   /* replays whose dump holds the trainer's own log-probs only: written last */
        T_COUNT };
 static const td_column TOKEN_COLS[T_COUNT] = {
@@ -34,6 +34,7 @@ static const td_column TOKEN_COLS[T_COUNT] = {
     {"/tokens/entropy_b", TD_COL_F64, 0, 0, 0},  {"/tokens/top1_a", TD_COL_I32, 0, 0, 0},
     {"/tokens/top1_b", TD_COL_I32, 0, 0, 0},     {"/tokens/rank_a", TD_COL_I32, 0, 0, 0},
     {"/tokens/rank_b", TD_COL_I32, 0, 0, 0},     {"/tokens/is_prompt", TD_COL_I8, 0, 0, 0},
+    {"/tokens/step", TD_COL_I32, 0, 0, 0},
     {"/tokens/logp_trainer", TD_COL_F64, 0, 0, 0},
 };
 
@@ -163,16 +164,37 @@ typedef struct {
     td_sampler *sampler;
     td_runfile *rf;
     int max_len;             /* longest prompt + max_new_tokens (context-bounded) */
-    int eos;
+    int eos[TD_CONFIG_MAX_EOS];  /* ids that end a sequence: generation_config.json's list, else config.json's */
+    int n_eos;
     td_column tcols[T_COUNT], scols[S_COUNT], pcols[P_COUNT];
     float *layer_rows;       /* --layers: (rows, L) of the batch being collected */
     size_t n_layer_rows, cap_layer_rows;
     int64_t token_rows, seq_rows, prompt_rows;
+    /* --force over a finished file: the new run is written to OUT.new.tmp and takes OUT's
+     * place only once it holds a completed batch (or is complete), so a mistake in the new
+     * command (a mistyped prompts file, a model that fails to load) keeps the old result. */
+    int replacing;
+    char write_path[4200];
 } job;
 
 static int tokenize_cb(void *user, const char *text, size_t len, bool model_input, int32_t **ids, size_t *n, td_error *err)
 {
     return td_tokenizer_encode((const td_tokenizer *)user, text, len, model_input, !model_input, ids, n, err);
+}
+
+static bool is_eos(const job *J, int y)
+{
+    for (int i = 0; i < J->n_eos; i++)
+        if (y == J->eos[i]) return true;
+    return false;
+}
+
+/* The stop set as the run file records it: "[128001,128008,128009]". */
+static void eos_json(const job *J, char *out, size_t cap)
+{
+    size_t n = (size_t)snprintf(out, cap, "[");
+    for (int i = 0; i < J->n_eos && n < cap; i++) n += (size_t)snprintf(out + n, cap - n, "%s%d", i ? "," : "", J->eos[i]);
+    if (n < cap) snprintf(out + n, cap - n, "]");
 }
 
 /* Generates responses for the batch's prompts with the inference path (B). */
@@ -207,7 +229,7 @@ static int generate(job *J, batch_state *b, const size_t *idx, td_error *err)
             b->logp_b_proc[s][pos] = proc[y];
             b->seq[s][pos] = y;
             b->len[s]++;
-            if (o->stop_at_eos && y == J->eos) b->finish[s] = FINISH_EOS;
+            if (o->stop_at_eos && is_eos(J, y)) b->finish[s] = FINISH_EOS;
             else if (b->len[s] - b->plen[s] >= o->max_new_tokens || b->len[s] >= J->max_len) b->finish[s] = FINISH_LENGTH;
             if (b->finish[s] >= 0) { active--; continue; }
             slots[n] = s;
@@ -256,6 +278,7 @@ static void collect(job *J, batch_state *b, const size_t *idx, int64_t batch_no)
             td_column_push_i32(&c[T_RANK_A], m->rank_a);
             td_column_push_i32(&c[T_RANK_B], m->rank_b);
             td_column_push_i8(&c[T_IS_PROMPT], pos < b->plen[s]);
+            td_column_push_i32(&c[T_STEP], pos - b->plen[s]);   /* generation step; < 0 in the prompt */
             if (J->prompts.has_trainer_logp) {
                 const float *tr = J->prompts.items[idx[s]].trainer_logp;
                 td_column_push_f64(&c[T_LOGP_TRAINER], tr && pos >= b->plen[s] ? tr[pos - b->plen[s]] : NAN);
@@ -364,6 +387,20 @@ done:
     return rc;
 }
 
+/* --force: the new file (J->write_path, closed or open) replaces OUT by a rename; reopened for
+ * appending when the run goes on. */
+static int take_place(job *J, int reopen, td_error *err)
+{
+    if (!J->replacing) return 0;
+    if (J->rf && td_runfile_close(J->rf, err)) { J->rf = NULL; return -1; }
+    J->rf = NULL;
+    if (rename(J->write_path, J->o->out_path) != 0)
+        return td_fail(err, "%s: cannot replace it with %s", J->o->out_path, J->write_path);
+    J->replacing = 0;
+    if (reopen && !(J->rf = td_runfile_open(J->o->out_path, 1, err))) return -1;
+    return 0;
+}
+
 /* Writes the buffered batch rows, then its /progress row, then flushes. */
 static int commit_batch(job *J, int64_t batch_no, td_error *err)
 {
@@ -384,7 +421,8 @@ static int commit_batch(job *J, int64_t batch_no, td_error *err)
         td_runfile_append(J->rf, "/progress/token_rows", TD_COL_I64, 1, &prog[2], 1, err) ||
         td_runfile_append(J->rf, "/progress/prompt_rows", TD_COL_I64, 1, &prog[3], 1, err))
         return -1;
-    return td_runfile_flush(J->rf, err);
+    if (td_runfile_flush(J->rf, err)) return -1;
+    return take_place(J, 1, err);
 }
 
 /* FNV-1a over config.json and the safetensors headers' bytes: a fingerprint of the model. */
@@ -454,6 +492,7 @@ static int open_output(job *J, td_error *err)
                           "layers", "lora_path", "lora_mode_a", "lora_mode_b"};
     const char *vals[] = {fp, ra, rb, sj, seed, shard, batch, score, o->prompts_path, layers, o->lora_dir ? o->lora_dir : "", mode_a, mode_b};
     int rc = -1;
+    char *model_abs = NULL;
     if (o->resume) {
         J->rf = td_runfile_open(o->out_path, 1, err);
         if (!J->rf) goto done;
@@ -492,19 +531,28 @@ static int open_output(job *J, td_error *err)
         rc = 0;
         goto done;
     }
-    J->rf = td_runfile_create(o->out_path, o->force, err);
+    J->rf = td_runfile_create(J->write_path, o->force, err);
     if (!J->rf) goto done;
+    /* absolute, so that tools run from another directory still find the tokenizer (the
+     * fingerprint tells them whether the checkpoint there is still the one that was run) */
+    model_abs = realpath(o->model_dir, NULL);
     char created[64];
     time_t now = time(NULL);
     strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     if (td_runfile_set_str(J->rf, "command_line", o->command_line ? o->command_line : "", err) ||
         td_runfile_set_str(J->rf, "tool", "tidal-diff", err) ||
         td_runfile_set_str(J->rf, "created", created, err) ||
-        td_runfile_set_str(J->rf, "model_path", o->model_dir, err) ||
+        td_runfile_set_str(J->rf, "model_path", model_abs ? model_abs : o->model_dir, err) ||
         td_runfile_set_i64(J->rf, "seed", (int64_t)o->seed, err) ||
         td_runfile_set_str(J->rf, "recipe_a_name", o->recipe_a.name, err) ||
         td_runfile_set_str(J->rf, "recipe_b_name", o->recipe_b.name, err) ||
-        td_runfile_set_str(J->rf, "mode", J->prompts.has_rollouts ? "replay" : "generate", err))
+        td_runfile_set_str(J->rf, "mode", J->prompts.has_rollouts ? "replay" : "generate", err) ||
+        td_runfile_set_i64(J->rf, "batches_planned", (int64_t)((J->n_mine + (size_t)o->batch - 1) / (size_t)o->batch), err))
+        goto done;
+    char eos[16 * TD_CONFIG_MAX_EOS];
+    eos_json(J, eos, sizeof eos);
+    if (td_runfile_set_str(J->rf, "eos_token_ids", eos, err) ||
+        td_runfile_set_str(J->rf, "config_unknown_keys", J->model->cfg.unknown_keys, err))
         goto done;
     /* a replay: where the engine's log-probs came from, and what they are (raw log-softmax, or
      * after the engine's temperature / top-p / top-k: --rollout-logprobs) */
@@ -518,7 +566,7 @@ static int open_output(job *J, td_error *err)
     if (td_runfile_flush(J->rf, err)) goto done;
     rc = 0;
 done:
-    free(ra); free(rb); free(sj);
+    free(ra); free(rb); free(sj); free(model_abs);
     return rc;
 }
 
@@ -584,13 +632,16 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
         goto out;
     }
     if (td_sampling_check(&o->sampling, err)) goto out;
-    /* fail on an unwritable output before the long work, not after it */
+    /* fail on an unwritable output before the long work, not after it; a finished file that
+     * --force replaces stays until the new run has a completed batch (take_place) */
+    J.replacing = !o->resume && o->force && access(o->out_path, F_OK) == 0;
+    snprintf(J.write_path, sizeof J.write_path, J.replacing ? "%s.new.tmp" : "%s", o->out_path);
     if (!o->resume) {
-        J.rf = td_runfile_create(o->out_path, o->force, err);
+        J.rf = td_runfile_create(J.write_path, o->force, err);
         if (!J.rf) goto out;
         td_runfile_close(J.rf, NULL);
         J.rf = NULL;
-        remove(o->out_path);
+        remove(J.write_path);
     }
     fprintf(stderr, "tidal-diff: loading %s\n", o->model_dir);
     J.model = td_model_load(o->model_dir, err);
@@ -604,8 +655,14 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
         J.tok = td_tokenizer_load(tok_path, err);
         if (!J.tok) goto out;
     }
-    J.eos = cfg->eos_token_id;
-    if (J.eos < 0 && J.tok) J.eos = td_tokenizer_eos_id(J.tok);
+    /* the stop set: generation_config.json's eos list wins over config.json's, as in transformers */
+    char gen_path[4096];
+    snprintf(gen_path, sizeof gen_path, "%s/generation_config.json", o->model_dir);
+    td_gen_config gen;
+    if (td_gen_config_parse(stat(gen_path, &st) == 0 ? gen_path : NULL, cfg, &gen, err)) goto out;
+    J.n_eos = gen.n_eos;
+    memcpy(J.eos, gen.eos_token_ids, sizeof J.eos);
+    if (J.n_eos == 0 && J.tok && td_tokenizer_eos_id(J.tok) >= 0) J.eos[J.n_eos++] = td_tokenizer_eos_id(J.tok);
     int ctx = cfg->max_position > 0 ? cfg->max_position : 1 << 20;
     td_prompt_reader reader = {.tokenize = J.tok ? tokenize_cb : NULL, .tok_user = J.tok, .vocab_size = cfg->vocab_size,
                                .max_len = ctx, .skip_bad = o->skip_bad_lines};
@@ -629,6 +686,11 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
             td_fail(err, "%s:%ld: prompt of %d tokens + --max-new-tokens %d is past the model's context of %d "
                     "positions (max_position_embeddings); shorten the prompt or lower --max-new-tokens",
                     o->prompts_path, J.prompts.items[i].line, l, o->max_new_tokens, ctx);
+            goto out;
+        }
+        td_error why;
+        if (td_config_check_len(cfg, (int64_t)l + (J.prompts.has_rollouts ? 0 : o->max_new_tokens), &why)) {
+            td_fail(err, "%s:%ld: %s", o->prompts_path, J.prompts.items[i].line, why.msg);
             goto out;
         }
         if (l > max_prompt) max_prompt = l;
@@ -664,8 +726,12 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
         if (done[J.mine[i0]]) { skipped++; continue; }   /* batches are all-or-nothing */
         if (o->stop && *o->stop) {
             fprintf(stderr, "\n");
-            td_fail(err, TD_DIFF_INTERRUPTED ": stopped before batch %zu of %zu; %s holds every batch completed "
-                    "so far; run the same command with --resume to finish it", bi + 1, nbatches, o->out_path);
+            if (J.replacing)
+                td_fail(err, TD_DIFF_INTERRUPTED ": stopped before batch %zu of %zu; nothing of the new run was "
+                        "kept and %s is as it was", bi + 1, nbatches, o->out_path);
+            else
+                td_fail(err, TD_DIFF_INTERRUPTED ": stopped before batch %zu of %zu; %s holds every batch "
+                        "completed so far (--resume finishes it)", bi + 1, nbatches, o->out_path);
             goto out;
         }
         if (run_batch(&J, (int64_t)bi, J.mine + i0, (int)n, err)) goto out;
@@ -680,6 +746,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     if (skipped) fprintf(stderr, "tidal-diff: resumed: %zu batches were already complete\n", skipped);
     if (td_runfile_close(J.rf, err)) { J.rf = NULL; goto out; }
     J.rf = NULL;
+    if (take_place(&J, 0, err)) goto out;   /* a run with no batch to do */
     if (td_runfile_compact(o->out_path, err)) goto out;   /* complete: drop the appends' dead space */
     rc = sum ? td_diff_summarize(o->out_path, sum, err) : 0;
     if (sum) {
@@ -689,6 +756,8 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     }
 out:
     if (J.rf) td_runfile_close(J.rf, NULL);
+    if (J.replacing) remove(J.write_path);   /* the old OUT stays */
+    if (rc && sum) sum->out_untouched = J.replacing;
     free(done);
     job_free(&J);
     return rc;

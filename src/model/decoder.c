@@ -11,42 +11,91 @@
 #include <stdlib.h>
 #include <string.h>
 
-void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int max_keys)
+static float *acts_buf(td_acts *a, size_t floats)
 {
-    size_t n = (size_t)cap, C = c->hidden_size, F = c->intermediate_size;
-    size_t QD = (size_t)c->num_heads * c->head_dim, KVD = (size_t)c->num_kv_heads * c->head_dim;
+    float *p = a->be->alloc(floats * sizeof(float));
+    a->owned[a->nowned++] = p;
+    return p;
+}
+
+void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int max_keys, int save)
+{
+    size_t n = (size_t)cap, C = c->hidden_size, F = c->intermediate_size, L = c->num_layers;
+    size_t NH = c->num_heads, NKV = c->num_kv_heads;
+    size_t QD = NH * c->head_dim, KVD = NKV * c->head_dim;
+    size_t per = save ? L : 1;   /* slices of the per-layer buffers */
+    memset(a, 0, sizeof *a);
+    a->be = ops->be;
     a->cap = cap;
     a->max_keys = max_keys;
-    a->x = td_xmalloc(n * C * sizeof(float));
-    a->xn = td_xmalloc(n * C * sizeof(float));
-    a->q = td_xmalloc(n * QD * sizeof(float));
-    a->k = td_xmalloc(n * KVD * sizeof(float));
-    a->v = td_xmalloc(n * KVD * sizeof(float));
-    a->att = td_xmalloc(n * QD * sizeof(float));
-    a->proj = td_xmalloc(n * C * sizeof(float));
-    a->gate = td_xmalloc(n * F * sizeof(float));
-    a->up = td_xmalloc(n * F * sizeof(float));
-    a->scores = td_xmalloc((size_t)ops->nthreads * ATT_BLOCK * max_keys * sizeof(float));
-    a->kv_off = td_xmalloc(n * sizeof(size_t));
+    a->L = (int)L;
+    a->save = save;
+    a->x = acts_buf(a, (save ? L + 1 : 1) * n * C);
+    a->xn = acts_buf(a, n * C);
+    a->q = acts_buf(a, per * n * QD);
+    a->k = acts_buf(a, per * n * KVD);
+    a->v = acts_buf(a, per * n * KVD);
+    a->att = acts_buf(a, per * n * QD);
+    a->proj = acts_buf(a, n * C);
+    a->gate = acts_buf(a, per * n * F);
+    a->up = acts_buf(a, per * n * F);
+    a->scores = acts_buf(a, (size_t)ops->nthreads * ATT_BLOCK * max_keys);
+    a->kv_off = a->be->alloc(n * sizeof(size_t));
+    a->owned[a->nowned++] = a->kv_off;
+    if (!save) return;
+    a->x_mid = acts_buf(a, L * n * C);
+    a->xn1 = acts_buf(a, L * n * C);
+    a->xn2 = acts_buf(a, L * n * C);
+    a->rstd1 = acts_buf(a, L * n);
+    a->rstd2 = acts_buf(a, L * n);
+    a->rstd_f = acts_buf(a, n);
+    a->lse = acts_buf(a, L * n * NH);
+    a->act = acts_buf(a, L * n * F);
+    if (c->qk_norm) {
+        a->q_raw = acts_buf(a, L * n * QD);
+        a->k_raw = acts_buf(a, L * n * KVD);
+        a->q_rstd = acts_buf(a, L * n * NH);
+        a->k_rstd = acts_buf(a, L * n * NKV);
+    }
 }
 
 void acts_free(td_acts *a)
 {
-    free(a->x); free(a->xn); free(a->q); free(a->k); free(a->v); free(a->att);
-    free(a->proj); free(a->gate); free(a->up); free(a->scores); free(a->kv_off);
+    for (int i = 0; i < a->nowned; i++) a->be->free(a->owned[i]);
     memset(a, 0, sizeof *a);
 }
 
-/* Copies the rows' new keys/values to their place in the store (a no-op when the store is
- * the projection buffer itself). */
-static void kv_store_rows(float *dst, const float *src, const size_t *kv_off, const int *pos,
-                          int N, int KVD)
+td_layer_acts acts_layer(const td_acts *a, const td_config *c, int l)
 {
-    for (int i = 0; i < N; i++) {
-        float *d = dst + kv_off[i] + (size_t)pos[i] * KVD;
-        const float *s = src + (size_t)i * KVD;
-        if (d != s) memcpy(d, s, (size_t)KVD * sizeof(float));
+    size_t n = (size_t)a->cap, C = c->hidden_size, F = c->intermediate_size;
+    size_t NH = c->num_heads, NKV = c->num_kv_heads, QD = NH * c->head_dim, KVD = NKV * c->head_dim;
+    td_layer_acts v;
+    if (!a->save) {   /* one set of buffers, updated in place */
+        v = (td_layer_acts){.x_in = a->x, .x_mid = a->x, .x_out = a->x, .xn1 = a->xn, .xn2 = a->xn,
+                            .q = a->q, .k = a->k, .v = a->v, .q_raw = a->q, .k_raw = a->k,
+                            .att = a->att, .gate = a->gate, .up = a->up, .act = a->gate};
+        return v;
     }
+    size_t L = (size_t)l;
+    v = (td_layer_acts){
+        .x_in = a->x + L * n * C, .x_mid = a->x_mid + L * n * C, .x_out = a->x + (L + 1) * n * C,
+        .xn1 = a->xn1 + L * n * C, .rstd1 = a->rstd1 + L * n,
+        .q = a->q + L * n * QD, .k = a->k + L * n * KVD, .v = a->v + L * n * KVD,
+        .att = a->att + L * n * QD, .lse = a->lse + L * n * NH,
+        .xn2 = a->xn2 + L * n * C, .rstd2 = a->rstd2 + L * n,
+        .gate = a->gate + L * n * F, .up = a->up + L * n * F, .act = a->act + L * n * F};
+    v.q_raw = a->q_raw ? a->q_raw + L * n * QD : v.q;
+    v.k_raw = a->k_raw ? a->k_raw + L * n * KVD : v.k;
+    v.q_rstd = a->q_rstd ? a->q_rstd + L * n * NH : NULL;
+    v.k_rstd = a->k_rstd ? a->k_rstd + L * n * NKV : NULL;
+    return v;
+}
+
+void td_ops_init(td_ops *ctx, const td_backend *be)
+{
+    memset(ctx, 0, sizeof *ctx);
+    ctx->be = be;
+    be->init(ctx);
 }
 
 void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int *tokens,
@@ -58,71 +107,59 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
     float eps = (float)c->rms_norm_eps;
 
     const td_model_weights *W = ops->w ? ops->w : &m->w;   /* the recipe's rounded weights */
-    const td_recipe *R = ops->recipe;                          /* NULL: fp32 reference */
     embedding_forward(ops, a->x, tokens, W->embed, N, C);
     for (int l = 0; l < c->num_layers; l++) {
         const td_layer_weights *w = &W->layers[l];
+        td_layer_acts la = acts_layer(a, c, l);
         float *kl = kv->k + (size_t)l * kv->layer_stride;
         float *vl = kv->v + (size_t)l * kv->layer_stride;
 
         /* attention sub-block */
-        rmsnorm_forward_r(ops, a->xn, a->x, w->attn_norm, N, C, eps);
-        if (recipe_is_plain_fp32(R)) {   /* fp32 reference: the three GEMMs in one parallel region */
-            float *qkv_out[] = {a->q, a->k, a->v};
-            const float *qkv_w[] = {w->wq, w->wk, w->wv}, *qkv_b[] = {w->bq, w->bk, w->bv};
-            int qkv_dim[] = {QD, KVD, KVD};
-            matmul_forward_multi(ops, 3, qkv_out, a->xn, qkv_w, qkv_b, N, C, qkv_dim);
-        } else {
-            matmul_forward_r(ops, R, a->q, a->xn, w->wq, w->bq, N, C, QD);
-            matmul_forward_r(ops, R, a->k, a->xn, w->wk, w->bk, N, C, KVD);
-            matmul_forward_r(ops, R, a->v, a->xn, w->wv, w->bv, N, C, KVD);
-        }
-        lora_forward(ops, l, TD_LORA_Q, a->q, a->xn, N);   /* unmerged adapters, if any */
-        lora_forward(ops, l, TD_LORA_K, a->k, a->xn, N);
-        lora_forward(ops, l, TD_LORA_V, a->v, a->xn, N);
+        rmsnorm_forward(ops, la.xn1, la.rstd1, la.x_in, w->attn_norm, N, C, eps);
+        float *qkv_out[] = {la.q_raw, la.k_raw, la.v};
+        const float *qkv_w[] = {w->wq, w->wk, w->wv}, *qkv_b[] = {w->bq, w->bk, w->bv};
+        int qkv_dim[] = {QD, KVD, KVD};
+        matmul_forward_multi(ops, 3, qkv_out, la.xn1, qkv_w, qkv_b, N, C, qkv_dim);
+        lora_forward(ops, l, TD_LORA_Q, la.q_raw, la.xn1, N);   /* unmerged adapters, if any */
+        lora_forward(ops, l, TD_LORA_K, la.k_raw, la.xn1, N);
+        lora_forward(ops, l, TD_LORA_V, la.v, la.xn1, N);
         if (w->q_norm) {  /* Qwen3: RMSNorm over each head's HD values, before RoPE */
-            rmsnorm_forward_r(ops, a->q, a->q, w->q_norm, N * NH, HD, eps);
-            rmsnorm_forward_r(ops, a->k, a->k, w->k_norm, N * NKV, HD, eps);
+            rmsnorm_forward(ops, la.q, la.q_rstd, la.q_raw, w->q_norm, N * NH, HD, eps);
+            rmsnorm_forward(ops, la.k, la.k_rstd, la.k_raw, w->k_norm, N * NKV, HD, eps);
         }
-        rope_forward_r(ops, a->q, pos, m->inv_freq, N, NH, HD);
-        rope_forward_r(ops, a->k, pos, m->inv_freq, N, NKV, HD);
-        kv_store_rows(kl, a->k, a->kv_off, pos, N, KVD);
-        kv_store_rows(vl, a->v, a->kv_off, pos, N, KVD);
-        kv_round_rows(ops, kl, a->kv_off, pos, N, KVD);
-        kv_round_rows(ops, vl, a->kv_off, pos, N, KVD);
-        attention_forward_r(ops, a->att, a->q, kl, vl, a->kv_off, pos, N, NH, NKV, HD, a->scores,
-                            a->max_keys);
-        matmul_forward_r(ops, R, a->proj, a->att, w->wo, NULL, N, QD, C);
-        lora_forward(ops, l, TD_LORA_O, a->proj, a->att, N);
-        residual_forward_r(ops, a->x, a->proj, (size_t)N * C);
+        rope_forward(ops, la.q, pos, m->inv_freq, N, NH, HD);
+        rope_forward(ops, la.k, pos, m->inv_freq, N, NKV, HD);
+        kv_write(ops, kl, la.k, a->kv_off, pos, N, KVD);
+        kv_write(ops, vl, la.v, a->kv_off, pos, N, KVD);
+        attention_forward(ops, la.att, la.lse, la.q, kl, vl, a->kv_off, pos, N, NH, NKV, HD,
+                          a->scores, a->max_keys);
+        matmul_forward(ops, a->proj, la.att, w->wo, NULL, N, QD, C);
+        lora_forward(ops, l, TD_LORA_O, a->proj, la.att, N);
+        residual_forward(ops, la.x_mid, la.x_in, a->proj, (size_t)N * C);
 
         /* MLP sub-block */
-        rmsnorm_forward_r(ops, a->xn, a->x, w->mlp_norm, N, C, eps);
-        if (recipe_is_plain_fp32(R)) {
-            float *gu_out[] = {a->gate, a->up};
-            const float *gu_w[] = {w->w_gate, w->w_up};
-            int gu_dim[] = {F, F};
-            matmul_forward_multi(ops, 2, gu_out, a->xn, gu_w, NULL, N, C, gu_dim);
-        } else {
-            matmul_forward_r(ops, R, a->gate, a->xn, w->w_gate, NULL, N, C, F);
-            matmul_forward_r(ops, R, a->up, a->xn, w->w_up, NULL, N, C, F);
-        }
-        lora_forward(ops, l, TD_LORA_GATE, a->gate, a->xn, N);
-        lora_forward(ops, l, TD_LORA_UP, a->up, a->xn, N);
-        swiglu_forward_r(ops, a->gate, a->gate, a->up, N, F);
-        matmul_forward_r(ops, R, a->proj, a->gate, w->w_down, NULL, N, F, C);
-        lora_forward(ops, l, TD_LORA_DOWN, a->proj, a->gate, N);
-        residual_forward_r(ops, a->x, a->proj, (size_t)N * C);
-        if (ops->layer_fn) ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, a->x);
+        rmsnorm_forward(ops, la.xn2, la.rstd2, la.x_mid, w->mlp_norm, N, C, eps);
+        float *gu_out[] = {la.gate, la.up};
+        const float *gu_w[] = {w->w_gate, w->w_up};
+        int gu_dim[] = {F, F};
+        matmul_forward_multi(ops, 2, gu_out, la.xn2, gu_w, NULL, N, C, gu_dim);
+        lora_forward(ops, l, TD_LORA_GATE, la.gate, la.xn2, N);
+        lora_forward(ops, l, TD_LORA_UP, la.up, la.xn2, N);
+        swiglu_forward(ops, la.act, la.gate, la.up, N, F);
+        matmul_forward(ops, a->proj, la.act, w->w_down, NULL, N, F, C);
+        lora_forward(ops, l, TD_LORA_DOWN, a->proj, la.act, N);
+        residual_forward(ops, la.x_out, la.x_mid, a->proj, (size_t)N * C);
+        if (ops->layer_fn) ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, la.x_out);
     }
-    rmsnorm_forward_r(ops, a->xn, a->x, W->final_norm, N, C, eps);
+    const float *x_last = a->save ? a->x + (size_t)c->num_layers * a->cap * C : a->x;
+    rmsnorm_forward(ops, a->xn, a->rstd_f, x_last, W->final_norm, N, C, eps);
 }
 
 void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N,
                   int raw)
 {
     const td_model_weights *W = ops->w ? ops->w : &m->w;
-    matmul_forward_r(ops, ops->head, logits, h, W->lm_head, NULL, N, m->cfg.hidden_size,
-                     m->cfg.vocab_size);
+    td_ops head = td_ops_gemm(ops, ops->head, ops->qin, ops->gscratch);   /* the lm_head's recipe */
+    matmul_forward(&head, logits, h, W->lm_head, NULL, N, m->cfg.hidden_size, m->cfg.vocab_size);
     if (!raw) logsoftmax_forward(ops, logits, N, m->cfg.vocab_size);
 }

@@ -74,16 +74,11 @@ void lora_forward(const td_ops *ops, int layer, int module, float *y, const floa
     if (!rt) return;
     const td_lora_pair *p = &rt->pairs[layer * TD_LORA_NMOD + module];
     if (!p->a) return;
-    td_ops lo = *ops;          /* the LoRA GEMMs' own operand scratch */
-    lo.qin = rt->qin;
-    lo.gscratch = NULL;
+    td_ops lo = td_ops_gemm(ops, &rt->recipe, rt->qin, NULL);   /* the LoRA GEMMs' recipe */
     int r = rt->rank;
-    matmul_forward_r(&lo, &rt->recipe, rt->t, x, p->a, NULL, N, p->in, r);
-    matmul_forward_r(&lo, &rt->recipe, rt->u, rt->t, p->b, NULL, N, r, p->out);
+    matmul_forward(&lo, rt->t, x, p->a, NULL, N, p->in, r);
+    matmul_forward(&lo, rt->u, rt->t, p->b, NULL, N, r, p->out);
     size_t n = (size_t)N * p->out;
-    float s = rt->scale, *u = rt->u;
-    #pragma omp parallel for num_threads(ops->nthreads) if (n >= 65536)
-    for (size_t i = 0; i < n; i++) u[i] *= s;
-    act_round(ops, u, n);                 /* D(scale * u)          */
-    residual_forward_r(ops, y, u, n);     /* y = D(y + D(scale u)) */
+    scale_forward(ops, rt->u, rt->scale, n);    /* D(scale * u)          */
+    residual_forward(ops, y, y, rt->u, n);      /* y = D(y + D(scale u)) */
 }

@@ -2,6 +2,7 @@
  * inverse frequencies (with Llama-3 rope_scaling), and freeing. Loading from a checkpoint
  * lives in load.c. */
 #include "model_internal.h"
+#include "tidal/checkpoint.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -67,17 +68,6 @@ static void compute_inv_freq(const td_config *cfg, float *inv_freq)
     }
 }
 
-/* Floats of every parameter tensor, in the order model_carve() lays them out. */
-static size_t param_floats(const td_config *c, bool with_lm_head)
-{
-    size_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size, HD = c->head_dim;
-    size_t QD = (size_t)c->num_heads * HD, KVD = (size_t)c->num_kv_heads * HD;
-    size_t layer = 2 * C + QD * C + 2 * KVD * C + QD * C + 3 * F * C;
-    if (c->qkv_bias) layer += QD + 2 * KVD;
-    if (c->qk_norm) layer += 2 * HD;
-    return V * C + (size_t)c->num_layers * layer + C + (with_lm_head ? V * C : 0);
-}
-
 td_model *model_new(const td_config *cfg, const char *what, td_error *err)
 {
     if (td_model_check_config(cfg, what, err)) return NULL;
@@ -93,31 +83,14 @@ td_model *td_model_alloc(const td_config *cfg, td_error *err)
 {
     td_model *m = model_new(cfg, "td_model_alloc", err);
     if (!m) return NULL;
-    const td_config *c = cfg;
-    size_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size, HD = c->head_dim;
-    size_t QD = (size_t)c->num_heads * HD, KVD = (size_t)c->num_kv_heads * HD;
-    m->owned_floats = param_floats(c, !c->tie_word_embeddings);
+    /* carved by the parameter table: each tensor at its offset in one allocation */
+    size_t n;
+    td_param_spec *specs = param_table(cfg, &n);
+    m->owned_floats = specs[n - 1].offset + specs[n - 1].numel;
     m->owned = td_xcalloc(m->owned_floats, sizeof(float));
-    float *p = m->owned;
-#define CARVE(n) (p += (n), p - (n))
-    m->w.embed = CARVE(V * C);
-    for (int l = 0; l < c->num_layers; l++) {
-        td_layer_weights *lw = &m->w.layers[l];
-        lw->attn_norm = CARVE(C);
-        lw->wq = CARVE(QD * C);
-        lw->wk = CARVE(KVD * C);
-        lw->wv = CARVE(KVD * C);
-        if (c->qkv_bias) { lw->bq = CARVE(QD); lw->bk = CARVE(KVD); lw->bv = CARVE(KVD); }
-        if (c->qk_norm) { lw->q_norm = CARVE(HD); lw->k_norm = CARVE(HD); }
-        lw->wo = CARVE(C * QD);
-        lw->mlp_norm = CARVE(C);
-        lw->w_gate = CARVE(F * C);
-        lw->w_up = CARVE(F * C);
-        lw->w_down = CARVE(C * F);
-    }
-    m->w.final_norm = CARVE(C);
-    m->w.lm_head = c->tie_word_embeddings ? m->w.embed : CARVE(V * C);
-#undef CARVE
+    for (size_t i = 0; i < n; i++) *param_slot(&m->w, cfg->num_layers, &specs[i]) = m->owned + specs[i].offset;
+    if (cfg->tie_word_embeddings) m->w.lm_head = m->w.embed;
+    free(specs);
     return m;
 }
 
@@ -127,6 +100,6 @@ void td_model_free(td_model *m)
     free(m->w.layers);
     free(m->inv_freq);
     free(m->owned);
-    model_close_checkpoint(m);
+    if (m->ck) td_checkpoint_close(m->ck);   /* the maps the mapped tensors point into */
     free(m);
 }

@@ -2,32 +2,72 @@
 #ifndef TIDAL_MODEL_INTERNAL_H
 #define TIDAL_MODEL_INTERNAL_H
 
+#include "tidal/checkpoint.h"
 #include "tidal/lora.h"
 #include "tidal/model.h"
 #include "ops.h"
 
 /* A model with config, inv_freq and an empty layer table, nothing else. */
 td_model *model_new(const td_config *cfg, const char *what, td_error *err);
-void model_close_checkpoint(td_model *m);   /* load.c */
 
-/* Activation scratch for up to cap token rows (and attention over up to max_keys keys). */
+/* ---- the parameter table (params.c; the table itself is td_config_params) ---- */
+/* The config's table (caller frees), n entries. */
+td_param_spec *param_table(const td_config *c, size_t *n);
+/* The pointer of w that entry p fills; NULL if p has no place in a model of num_layers. */
+const float **param_slot(td_model_weights *w, int num_layers, const td_param_spec *p);
+/* The LoRA module (TD_LORA_Q ...) a GEMM weight is, -1 for other tensors. */
+int param_lora_module(td_param_role role);
+
+/* Activations for up to cap token rows (attention over up to max_keys keys).
+ *
+ * Forward only (save 0): one layer's buffers, reused by every layer; the residual stream is
+ * updated in place, SwiGLU writes over gate and q/k-norm over q/k, no rstd or log-sum-exp kept.
+ * Kept for a backward (save 1): every per-layer buffer holds L slices of cap rows (layer l at
+ * l * cap * width) and nothing is overwritten: a backward finds for layer l the residual
+ * stream entering it, the normalised inputs and rstd of both RMSNorms, q/k before q/k-norm and
+ * their rstd, q/k/v as attention read them, the attention output and its log-sum-exp, the
+ * stream after attention, gate, up and silu(gate) * up; plus the final norm's rstd. The
+ * buffers a mode does not need are not allocated: the forward-only paths pay nothing.
+ * acts_layer gives the views of one layer in either mode. */
 typedef struct {
-    int cap, max_keys;
-    float *x;        // (cap, C)      residual stream
-    float *xn;       // (cap, C)      normalised input of a sub-block / final norm output
-    float *q;        // (cap, NH*HD)
-    float *k;        // (cap, NKV*HD)
-    float *v;        // (cap, NKV*HD)
-    float *att;      // (cap, NH*HD)  attention output before o_proj
-    float *proj;     // (cap, C)      o_proj / down_proj output
-    float *gate;     // (cap, F)      gate_proj output, then silu(gate) * up
-    float *up;       // (cap, F)
+    int cap, max_keys, L, save;
+    const td_backend *be;        /* the buffers are the backend's                                  */
+    float *x;        // (save ? L+1 : 1, cap, C)  residual stream; slice l enters layer l
+    float *x_mid;    // (L, cap, C)    stream after attention           [save, else the stream]
+    float *xn;       // (cap, C)       final norm output (and both sub-block norms when not saving)
+    float *xn1;      // (L, cap, C)    attention RMSNorm output         [save]
+    float *xn2;      // (L, cap, C)    MLP RMSNorm output               [save]
+    float *rstd1;    // (L, cap)       their rstd                       [save]
+    float *rstd2;    // (L, cap)                                        [save]
+    float *rstd_f;   // (cap)          final norm rstd                  [save]
+    float *q_raw;    // (L, cap, NH*HD)  q projection before q-norm     [save, Qwen3]
+    float *k_raw;    // (L, cap, NKV*HD)                                [save, Qwen3]
+    float *q_rstd;   // (L, cap * NH)  q-norm rstd per head             [save, Qwen3]
+    float *k_rstd;   // (L, cap * NKV)                                  [save, Qwen3]
+    float *q;        // (save ? L : 1, cap, NH*HD)  after q-norm and RoPE
+    float *k;        // (save ? L : 1, cap, NKV*HD) after k-norm and RoPE
+    float *v;        // (save ? L : 1, cap, NKV*HD)
+    float *att;      // (save ? L : 1, cap, NH*HD)  attention output before o_proj
+    float *lse;      // (L, cap, NH)   attention log-sum-exp            [save]
+    float *gate;     // (save ? L : 1, cap, F)      gate_proj output
+    float *up;       // (save ? L : 1, cap, F)
+    float *act;      // (L, cap, F)    silu(gate) * up                  [save, else over gate]
+    float *proj;     // (cap, C)       o_proj / down_proj output (scratch)
     float *scores;   // (nthreads, ATT_BLOCK, max_keys)
     size_t *kv_off;  // (cap)
+    void *owned[24]; /* what acts_alloc allocated */
+    int nowned;
 } td_acts;
 
-void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int max_keys);
+/* One layer's views of td_acts (aliases of the shared buffers when not saving). */
+typedef struct {
+    float *x_in, *x_mid, *x_out, *xn1, *rstd1, *q_raw, *k_raw, *q_rstd, *k_rstd, *q, *k, *v, *att,
+          *lse, *xn2, *rstd2, *gate, *up, *act;
+} td_layer_acts;
+
+void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int max_keys, int save);
 void acts_free(td_acts *a);
+td_layer_acts acts_layer(const td_acts *a, const td_config *c, int l);
 
 /* Where the keys and values of the rows live: layer l of K is kv_k + l*layer_stride (same for
  * V); row i's sequence starts at offset kv_off[i] in it and the row itself is written at
@@ -43,13 +83,15 @@ typedef struct {
 void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int *tokens,
                      const int *pos, int N, const td_kv_store *kv);
 
+/* Teacher-forced structure (src/paths/forward.c): keep every layer's activations of the last
+ * micro-batch for a backward (keep 1) or only one layer's scratch (keep 0, the default), and
+ * read them. */
+void forward_keep_activations(td_forward *f, int keep);
+const td_acts *forward_acts(const td_forward *f);
+
 /* logits (N, V) = lm_head(h (N, C)), then log-softmax in place unless raw. */
 void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N,
                   int raw);
-
-/* ---- recipes (weights_recipe.c) ---- */
-bool recipe_is_plain_fp32(const td_recipe *r);
-td_recipe recipe_for_head(const td_recipe *r);
 
 /* An unmerged LoRA as a path runs it (lora_run.c): A and B rounded to the activations dtype D,
  * GEMMs with D operands and fp32 accumulation, scratch for cap rows. */

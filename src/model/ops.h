@@ -1,8 +1,19 @@
-/* tidal — the named ops of the Llama-family forward, fp32 CPU reference (internal header).
+/* tidal — the op list of the Llama-family forward (internal header).
  *
- * Every op takes a td_ops context first. Today it only carries threading; the precision
- * recipes of the next issue hang their rounding points here (GEMM operands, op boundaries,
- * attention algorithm), so the forward code that calls these ops does not change.
+ * One list of named ops, llm.c names and argument order (outputs first, then inputs, then
+ * sizes), each taking a td_ops context first. The context carries the recipe the op runs
+ * under (NULL = the fp32 reference) and the backend that runs it: a small function table, as
+ * ggml's backends are, with the memory calls (alloc / free / upload / download) and one entry
+ * per op. The model code (decoder.c, lora_run.c) and the paths call only the names below; what
+ * runs them is the backend's business:
+ *
+ *   CPU   src/backend/cpu.c: an op under a plain fp32 recipe is the fp32 reference form
+ *         (`_ref`, src/backend/cpu_ref.c, the ggml name for the obvious form); under any other
+ *         recipe the same maths with the recipe's rounding points (src/backend/cpu.c).
+ *   CUDA  (next) the same table; ops carry these names in `op.cu` files.
+ *
+ * Optional outputs a backward needs (rstd of RMSNorm, log-sum-exp of attention) are pointers
+ * that may be NULL: the forward-only paths pass NULL and pay nothing.
  * Shapes use the letters of config.h; N is a number of token rows.
  */
 #ifndef TIDAL_MODEL_OPS_H
@@ -12,68 +23,124 @@
 
 #include "tidal/model.h"
 
-typedef struct {
-    int nthreads;      /* OpenMP threads the ops may use (>= 1) */
-    /* precision recipe (ops_recipe.c); all NULL / 0 for the fp32 reference */
-    const td_recipe *recipe;      /* the path's recipe, NULL = fp32 reference                */
-    const td_recipe *head;        /* the recipe of the lm_head GEMM (recipe_for_head)         */
-    const td_model_weights *w;    /* the recipe's rounded weights, NULL = the model's own     */
-    int decode;                   /* this step is a decode step (split-KV attention applies)  */
-    int cache;                    /* keys/values are stored in a KV cache (kv_cache rounding) */
-    float *qin;                   /* quantised GEMM input, rows * max(C, F, NH*HD) floats     */
-    float *gscratch;              /* fp8-fast accumulators, nthreads * gscratch_per_thread    */
+typedef struct td_backend td_backend;
+
+typedef struct td_ops {
+    const td_backend *be;         /* who runs the ops (td_backend_cpu)                         */
+    int nthreads;                 /* threads the ops may use (>= 1)                            */
+    const td_recipe *recipe;      /* the recipe the ops run under, NULL = fp32 reference       */
+    const td_recipe *head;        /* the recipe of the lm_head GEMM (td_recipe_for_head)       */
+    const td_model_weights *w;    /* the recipe's rounded weights, NULL = the model's own      */
+    int decode;                   /* this step is a decode step (split-KV attention applies)   */
+    int cache;                    /* keys/values are stored in a KV cache (kv_cache rounding)  */
+    float *qin;                   /* quantised GEMM input, rows * max(C, F, NH*HD) floats      */
+    float *gscratch;              /* fp8-fast accumulators, nthreads * gscratch_per_thread     */
     size_t gscratch_per_thread;
     /* per-layer observation (--layers): called after each layer with the residual stream */
     td_layer_fn layer_fn;
     void *layer_user;
-    const int *row_seq;           /* (rows) sequence / slot of each row, for layer_fn        */
-    const struct lora_rt *lora;   /* unmerged LoRA adapter (lora_run.c), NULL = none          */
+    const int *row_seq;           /* (rows) sequence / slot of each row, for layer_fn         */
+    const struct lora_rt *lora;   /* unmerged LoRA adapter (lora_run.c), NULL = none           */
 } td_ops;
 
-void td_ops_init(td_ops *ctx);
+/* The backend function table. Each op entry has the signature of the op-list function of the
+ * same name below. */
+struct td_backend {
+    const char *name;
+    void (*init)(td_ops *ctx);                                    /* threads, library state */
+    void *(*alloc)(size_t bytes);                                 /* a buffer the ops can use */
+    void (*free)(void *p);
+    void (*upload)(void *dst, const void *src, size_t bytes);     /* host -> backend buffer */
+    void (*download)(void *dst, const void *src, size_t bytes);   /* backend buffer -> host */
 
-/* How GEMMs are cut for threads (ops.c and ops_recipe.c alike): the threads worth using for
- * an (N, IN) x (IN, total) product (one below 2^16 multiply-adds, at most one per 16 output
- * columns), and thread t of k's slice [c0, c1) of the output columns (multiples of 16). */
-static inline int gemm_threads(const td_ops *ctx, int N, int IN, long total)
+    void (*embedding_forward)(const td_ops *ctx, float *out, const int *tokens, const float *embed,
+                              int N, int C);
+    void (*rmsnorm_forward)(const td_ops *ctx, float *out, float *rstd, const float *inp,
+                            const float *weight, int N, int C, float eps);
+    void (*matmul_forward)(const td_ops *ctx, int n, float *const *out, const float *inp,
+                           const float *const *weight, const float *const *bias, int N, int IN,
+                           const int *OUT);
+    void (*rope_forward)(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
+                         int nheads, int HD);
+    void (*kv_write)(const td_ops *ctx, float *store, const float *rows, const size_t *kv_off,
+                     const int *pos, int N, int KVD);
+    void (*attention_forward)(const td_ops *ctx, float *out, float *lse, const float *q,
+                              const float *k, const float *v, const size_t *kv_off, const int *pos,
+                              int N, int NH, int NKV, int HD, float *scratch, int max_keys);
+    void (*swiglu_forward)(const td_ops *ctx, float *out, const float *gate, const float *up, int N,
+                           int F);
+    void (*residual_forward)(const td_ops *ctx, float *out, const float *inp1, const float *inp2,
+                             size_t n);
+    void (*scale_forward)(const td_ops *ctx, float *x, float s, size_t n);
+    void (*logsoftmax_forward)(const td_ops *ctx, float *x, int N, int V);
+};
+
+extern const td_backend td_backend_cpu;   /* src/backend/cpu.c */
+
+/* A context for backend be with no recipe (the fp32 reference); be->init sets threads. */
+void td_ops_init(td_ops *ctx, const td_backend *be);
+
+/* The context a GEMM with its own recipe runs in (the lm_head, a LoRA branch): ctx with that
+ * recipe and that GEMM operand scratch (gscratch may be NULL when r needs none). */
+static inline td_ops td_ops_gemm(const td_ops *ctx, const td_recipe *r, float *qin, float *gscratch)
 {
-    int nt = ctx->nthreads;
-    if ((long)N * IN * total < 1L << 16) nt = 1;
-    if (nt > total / 16) nt = total / 16 > 0 ? (int)(total / 16) : 1;
-    return nt;
+    td_ops g = *ctx;
+    g.recipe = r;
+    g.qin = qin;
+    g.gscratch = gscratch;
+    return g;
 }
 
-static inline void gemm_slice(long total, int t, int k, long *c0, long *c1)
-{
-    long per = ((total + k - 1) / k + 15) / 16 * 16;
-    *c0 = t * per;
-    *c1 = *c0 + per < total ? *c0 + per : total;
-}
+/* ---- the op list ------------------------------------------------------------------------- */
 
 /* out (N, C) = embed[tokens[i]] */
-void embedding_forward(const td_ops *ctx, float *out, const int *tokens, const float *embed,
-                       int N, int C);
+static inline void embedding_forward(const td_ops *ctx, float *out, const int *tokens,
+                                     const float *embed, int N, int C)
+{
+    ctx->be->embedding_forward(ctx, out, tokens, embed, N, C);
+}
 
-/* HF RMSNorm: out = x * rsqrt(mean(x^2) + eps) * weight, per row of C. In place allowed. */
-void rmsnorm_forward(const td_ops *ctx, float *out, const float *inp, const float *weight,
-                     int N, int C, float eps);
-
-/* out (N, OUT) = inp (N, IN) @ weight (OUT, IN)^T + bias (OUT, may be NULL).
- * The one GEMM of tidal: every projection and the lm_head go through here. */
-void matmul_forward(const td_ops *ctx, float *out, const float *inp, const float *weight,
-                    const float *bias, int N, int IN, int OUT);
+/* HF RMSNorm: out = x * rsqrt(mean(x^2) + eps) * weight, per row of C; rstd (N), if not NULL,
+ * receives each row's rsqrt(mean(x^2) + eps). In place (out == inp) allowed. */
+static inline void rmsnorm_forward(const td_ops *ctx, float *out, float *rstd, const float *inp,
+                                   const float *weight, int N, int C, float eps)
+{
+    ctx->be->rmsnorm_forward(ctx, out, rstd, inp, weight, N, C, eps);
+}
 
 /* n products of the same input in one go: out[j] (N, OUT[j]) = inp (N, IN) @ weight[j]^T
- * + bias[j] (bias or bias[j] may be NULL). q/k/v and gate/up projections use it. */
-void matmul_forward_multi(const td_ops *ctx, int n, float *const *out, const float *inp,
-                          const float *const *weight, const float *const *bias, int N, int IN,
-                          const int *OUT);
+ * + bias[j] (bias or bias[j] may be NULL). Every projection and the lm_head go through here. */
+static inline void matmul_forward_multi(const td_ops *ctx, int n, float *const *out,
+                                        const float *inp, const float *const *weight,
+                                        const float *const *bias, int N, int IN, const int *OUT)
+{
+    ctx->be->matmul_forward(ctx, n, out, inp, weight, bias, N, IN, OUT);
+}
+
+/* out (N, OUT) = inp (N, IN) @ weight (OUT, IN)^T + bias (OUT, may be NULL). */
+static inline void matmul_forward(const td_ops *ctx, float *out, const float *inp,
+                                  const float *weight, const float *bias, int N, int IN, int OUT)
+{
+    ctx->be->matmul_forward(ctx, 1, &out, inp, &weight, &bias, N, IN, &OUT);
+}
 
 /* HF rotate-half RoPE in place on x (N, nheads, HD), row i at position pos[i]:
  * for k < HD/2, a = pos*inv_freq[k]:  x[k] <- x[k] cos a - x[k+HD/2] sin a,
  *                                     x[k+HD/2] <- x[k+HD/2] cos a + x[k] sin a. */
-void rope_forward(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
-                  int nheads, int HD);
+static inline void rope_forward(const td_ops *ctx, float *x, const int *pos, const float *inv_freq,
+                                int N, int nheads, int HD)
+{
+    ctx->be->rope_forward(ctx, x, pos, inv_freq, N, nheads, HD);
+}
+
+/* KV write: row i of rows (N, KVD) goes to store + kv_off[i] + pos[i]*KVD (nothing is copied
+ * when that is the row itself), rounded there to the recipe's kv_cache format when the context
+ * is a KV cache's (inference path): fp8 as D(q(x / kv_scale) * kv_scale). */
+static inline void kv_write(const td_ops *ctx, float *store, const float *rows,
+                            const size_t *kv_off, const int *pos, int N, int KVD)
+{
+    ctx->be->kv_write(ctx, store, rows, kv_off, pos, N, KVD);
+}
 
 /* Attention processes long runs of query rows by blocks of ATT_BLOCK rows; runs shorter than
  * ATT_MIN_RUN row by row. scratch must hold nthreads * ATT_BLOCK * max_keys floats. */
@@ -83,36 +150,41 @@ void rope_forward(const td_ops *ctx, float *x, const int *pos, const float *inv_
 /* Causal GQA attention for N query rows. Row i attends to keys/values 0..pos[i] of its own
  * sequence, stored at kv + kv_off[i] + j*KVD (KVD = NKV*HD) in k and v:
  *   out[i, h] = softmax_j(q[i,h] . k[j, h/(NH/NKV)] / sqrt(HD)) @ v[j, h/(NH/NKV)].
- * q, out: (N, NH*HD). scratch: (nthreads, ATT_BLOCK, max_keys) floats. */
-void attention_forward(const td_ops *ctx, float *out, const float *q, const float *k,
-                       const float *v, const size_t *kv_off, const int *pos, int N, int NH,
-                       int NKV, int HD, float *scratch, int max_keys);
+ * q, out: (N, NH*HD). lse (N, NH), if not NULL, receives log sum_j e^score of each row and head.
+ * scratch: (nthreads, ATT_BLOCK, max_keys) floats. */
+static inline void attention_forward(const td_ops *ctx, float *out, float *lse, const float *q,
+                                     const float *k, const float *v, const size_t *kv_off,
+                                     const int *pos, int N, int NH, int NKV, int HD,
+                                     float *scratch, int max_keys)
+{
+    ctx->be->attention_forward(ctx, out, lse, q, k, v, kv_off, pos, N, NH, NKV, HD, scratch,
+                               max_keys);
+}
 
 /* SwiGLU: out (N, F) = silu(gate) * up, silu(x) = x / (1 + e^-x). In place on gate allowed. */
-void swiglu_forward(const td_ops *ctx, float *out, const float *gate, const float *up, int N,
-                    int F);
+static inline void swiglu_forward(const td_ops *ctx, float *out, const float *gate,
+                                  const float *up, int N, int F)
+{
+    ctx->be->swiglu_forward(ctx, out, gate, up, N, F);
+}
 
-/* Residual add: x (n) += y (n). */
-void residual_forward(const td_ops *ctx, float *x, const float *y, size_t n);
+/* Residual add: out (n) = inp1 + inp2; out == inp1 allowed (the stream updated in place). */
+static inline void residual_forward(const td_ops *ctx, float *out, const float *inp1,
+                                    const float *inp2, size_t n)
+{
+    ctx->be->residual_forward(ctx, out, inp1, inp2, n);
+}
+
+/* x (n) = s * x, rounded to the activations dtype (PEFT's lora_B(...) * scaling). */
+static inline void scale_forward(const td_ops *ctx, float *x, float s, size_t n)
+{
+    ctx->be->scale_forward(ctx, x, s, n);
+}
 
 /* Log-softmax over each row of V, in place on x (N, V): x - max - log(sum(exp(x - max))). */
-void logsoftmax_forward(const td_ops *ctx, float *x, int N, int V);
-
-/* ---- the same ops under a recipe (ops_recipe.c): fall back to the above in fp32 ---- */
-void act_round(const td_ops *ctx, float *x, size_t n);
-void rmsnorm_forward_r(const td_ops *ctx, float *out, const float *inp, const float *weight,
-                       int N, int C, float eps);
-void matmul_forward_r(const td_ops *ctx, const td_recipe *r, float *out, const float *inp,
-                      const float *weight, const float *bias, int N, int IN, int OUT);
-void rope_forward_r(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
-                    int nheads, int HD);
-void attention_forward_r(const td_ops *ctx, float *out, const float *q, const float *k,
-                         const float *v, const size_t *kv_off, const int *pos, int N, int NH,
-                         int NKV, int HD, float *scratch, int max_keys);
-void swiglu_forward_r(const td_ops *ctx, float *out, const float *gate, const float *up, int N,
-                      int F);
-void residual_forward_r(const td_ops *ctx, float *x, const float *y, size_t n);
-void kv_round_rows(const td_ops *ctx, float *store, const size_t *kv_off, const int *pos, int N,
-                   int KVD);
+static inline void logsoftmax_forward(const td_ops *ctx, float *x, int N, int V)
+{
+    ctx->be->logsoftmax_forward(ctx, x, N, V);
+}
 
 #endif

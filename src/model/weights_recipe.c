@@ -60,69 +60,43 @@ static void prepare_merged(merge_ctx *mc, const td_recipe *r, const float *W, in
     mc->changed += changed;
 }
 
-bool recipe_is_plain_fp32(const td_recipe *r)
+static void put(float *dst, const float *src, size_t n, td_format f)
 {
-    return !r || (r->weights == TD_F32 && r->activations == TD_F32 && r->gemm_inputs == TD_F32 &&
-                  r->accumulate == TD_ACC_FP32 && r->split_k == 1 && r->attention == TD_ATTN_FULL &&
-                  r->decode_splits == 1 && r->kv_cache == TD_F32 && !r->batch_invariant);
-}
-
-/* The recipe the lm_head GEMM runs with. */
-td_recipe recipe_for_head(const td_recipe *r)
-{
-    td_recipe h = *r;
-    if (r->lm_head_fp32) {
-        h.weights = h.activations = h.gemm_inputs = TD_F32;
-    } else {
-        if (h.weights == TD_E4M3 || h.weights == TD_E5M2) h.weights = h.activations;
-        h.gemm_inputs = h.activations;
-    }
-    h.accumulate = TD_ACC_FP32;
-    return h;
-}
-
-static const float *put(float **p, const float *src, size_t n, td_format f)
-{
-    float *dst = *p;
-    *p += n;
     if (f == TD_F32) memcpy(dst, src, n * sizeof(float));
     else td_round_row(f, src, dst, n, TD_SATFINITE);
-    return dst;
 }
 
-static const float *put_gemm(float **p, merge_ctx *mc, const td_recipe *r, const float *src, int layer,
-                             int module, int N, int K)
-{
-    float *dst = *p;
-    *p += (size_t)N * K;
-    prepare_merged(mc, r, src, layer, module, N, K, dst);
-    return dst;
-}
-
-/* fp32 with a merged adapter: the model's weights, but each adapted matrix a merged copy. */
+/* fp32 with a merged adapter: the model's weights, but each adapted matrix a merged copy,
+ * the copies end to end in table order. */
 static int weights_merge_fp32(const td_model *m, const td_recipe *r, merge_ctx *mc, td_model_weights *w,
                               float **owned, td_error *err)
 {
     const td_lora *lo = mc->lora;
     int L = m->cfg.num_layers;
-    size_t total = 0;
-    for (int i = 0; i < L * TD_LORA_NMOD; i++)
-        if (lo->pairs[i].a) total += (size_t)lo->pairs[i].out * lo->pairs[i].in;
+    size_t n, total = 0;
+    td_param_spec *specs = param_table(&m->cfg, &n);
+    for (size_t i = 0; i < n; i++) {
+        int mo = param_lora_module(specs[i].role);
+        if (mo >= 0 && lo->pairs[specs[i].layer * TD_LORA_NMOD + mo].a) total += specs[i].numel;
+    }
     float *buf = malloc((total ? total : 1) * sizeof(float));
-    if (!buf) return td_fail(err, "recipe %s: out of memory for %zu MB of merged weights", r->name, total * 4 >> 20);
-    td_layer_weights *layers = td_xmalloc((size_t)L * sizeof *layers);
-    memcpy(layers, m->w.layers, (size_t)L * sizeof *layers);
-    float *p = buf;
-    for (int l = 0; l < L; l++) {
-        const float **slot[TD_LORA_NMOD] = {&layers[l].wq, &layers[l].wk, &layers[l].wv, &layers[l].wo,
-                                            &layers[l].w_gate, &layers[l].w_up, &layers[l].w_down};
-        for (int mo = 0; mo < TD_LORA_NMOD; mo++) {
-            const td_lora_pair *pr = &lo->pairs[l * TD_LORA_NMOD + mo];
-            if (pr->a) *slot[mo] = put_gemm(&p, mc, r, *slot[mo], l, mo, pr->out, pr->in);
-        }
+    if (!buf) {
+        free(specs);
+        return td_fail(err, "recipe %s: out of memory for %zu MB of merged weights", r->name, total * 4 >> 20);
     }
     *w = m->w;
-    w->layers = layers;
+    w->layers = td_xmalloc((size_t)L * sizeof *w->layers);
+    memcpy(w->layers, m->w.layers, (size_t)L * sizeof *w->layers);
+    float *p = buf;
+    for (size_t i = 0; i < n; i++) {
+        int mo = param_lora_module(specs[i].role);
+        if (mo < 0 || !lo->pairs[specs[i].layer * TD_LORA_NMOD + mo].a) continue;
+        const float **slot = param_slot(w, L, &specs[i]);
+        prepare_merged(mc, r, *slot, specs[i].layer, mo, (int)specs[i].shape[0], (int)specs[i].shape[1], p);
+        *slot = p;
+        p += specs[i].numel;
+    }
+    free(specs);
     *owned = buf;
     return 0;
 }
@@ -131,45 +105,47 @@ static int weights_prepare(const td_model *m, const td_recipe *r, merge_ctx *mc,
                            float **owned, td_error *err)
 {
     *owned = NULL;
-    if (recipe_is_plain_fp32(r)) {
+    if (td_recipe_is_plain_fp32(r)) {
         if (mc->lora) return weights_merge_fp32(m, r, mc, w, owned, err);
         *w = m->w;
         w->layers = NULL;
         return 0;
     }
+    /* Carved by the parameter table: every tensor at its table offset, rounded; the lm_head
+     * (last in the table, or absent when tied) right after model.norm, and only when the head
+     * recipe rounds it; an fp32 head reads the master weights themselves. */
     const td_config *c = &m->cfg;
-    size_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size, HD = c->head_dim;
-    size_t QD = (size_t)c->num_heads * HD, KVD = (size_t)c->num_kv_heads * HD;
-    size_t layer = 2 * C + 2 * QD * C + 2 * KVD * C + 3 * F * C + (c->qkv_bias ? QD + 2 * KVD : 0) +
-                   (c->qk_norm ? 2 * HD : 0);
-    td_recipe head = recipe_for_head(r);
+    size_t n;
+    td_param_spec *specs = param_table(c, &n);
+    td_recipe head = td_recipe_for_head(r);
     int head_copy = head.weights != TD_F32;
-    size_t total = V * C + (size_t)c->num_layers * layer + C + (head_copy ? V * C : 0);
+    size_t VC = (size_t)c->vocab_size * c->hidden_size;
+    size_t head_at = specs[n - 1].offset + (c->tie_word_embeddings ? specs[n - 1].numel : 0);
+    size_t total = head_at + (head_copy ? VC : 0);
     float *buf = malloc(total * sizeof(float));
-    if (!buf) return td_fail(err, "recipe %s: out of memory for %zu MB of rounded weights", r->name, total * 4 >> 20);
-    td_layer_weights *layers = td_xcalloc((size_t)c->num_layers, sizeof *layers);
-    td_format act = r->activations;
-    float *p = buf;
-    w->embed = put(&p, m->w.embed, V * C, act);
-    for (int l = 0; l < c->num_layers; l++) {
-        const td_layer_weights *s = &m->w.layers[l];
-        td_layer_weights *d = &layers[l];
-        d->attn_norm = put(&p, s->attn_norm, C, act);
-        d->wq = put_gemm(&p, mc, r, s->wq, l, TD_LORA_Q, (int)QD, (int)C);
-        d->wk = put_gemm(&p, mc, r, s->wk, l, TD_LORA_K, (int)KVD, (int)C);
-        d->wv = put_gemm(&p, mc, r, s->wv, l, TD_LORA_V, (int)KVD, (int)C);
-        if (s->bq) { d->bq = put(&p, s->bq, QD, act); d->bk = put(&p, s->bk, KVD, act); d->bv = put(&p, s->bv, KVD, act); }
-        if (s->q_norm) { d->q_norm = put(&p, s->q_norm, HD, act); d->k_norm = put(&p, s->k_norm, HD, act); }
-        d->wo = put_gemm(&p, mc, r, s->wo, l, TD_LORA_O, (int)C, (int)QD);
-        d->mlp_norm = put(&p, s->mlp_norm, C, act);
-        d->w_gate = put_gemm(&p, mc, r, s->w_gate, l, TD_LORA_GATE, (int)F, (int)C);
-        d->w_up = put_gemm(&p, mc, r, s->w_up, l, TD_LORA_UP, (int)F, (int)C);
-        d->w_down = put_gemm(&p, mc, r, s->w_down, l, TD_LORA_DOWN, (int)C, (int)F);
+    if (!buf) {
+        free(specs);
+        return td_fail(err, "recipe %s: out of memory for %zu MB of rounded weights", r->name, total * 4 >> 20);
     }
-    w->layers = layers;
-    w->final_norm = put(&p, m->w.final_norm, C, act);
-    if (head_copy) { merge_ctx none = {0}; w->lm_head = put_gemm(&p, &none, &head, m->w.lm_head, -1, 0, (int)V, (int)C); }
-    else w->lm_head = m->w.lm_head;   /* fp32 head: the master weights themselves */
+    w->layers = td_xcalloc((size_t)c->num_layers, sizeof *w->layers);
+    for (size_t i = 0; i < n; i++) {
+        const td_param_spec *p = &specs[i];
+        if (p->role == TD_ROLE_LM_HEAD) continue;
+        const float *src = *param_slot((td_model_weights *)&m->w, c->num_layers, p);
+        float *dst = buf + p->offset;
+        int module = param_lora_module(p->role);
+        if (module >= 0) prepare_merged(mc, r, src, p->layer, module, (int)p->shape[0], (int)p->shape[1], dst);
+        else put(dst, src, p->numel, r->activations);   /* embedding, norms, biases */
+        *param_slot(w, c->num_layers, p) = dst;
+    }
+    free(specs);
+    if (head_copy) {
+        merge_ctx none = {0};
+        prepare_merged(&none, &head, m->w.lm_head, -1, 0, c->vocab_size, c->hidden_size, buf + head_at);
+        w->lm_head = buf + head_at;
+    } else {
+        w->lm_head = m->w.lm_head;   /* fp32 head: the master weights themselves */
+    }
     *owned = buf;
     return 0;
 }
@@ -219,7 +195,7 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
     ops->qin = ops->gscratch = NULL;
     ops->lora = NULL;
     st->recipe = *r;
-    st->head = recipe_for_head(r);
+    st->head = td_recipe_for_head(r);
     if (lora && !merged) {
         st->lora = lora_rt_create(lora, r, cap);
         ops->lora = st->lora;
@@ -245,7 +221,7 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
         st->merge.changed_frac = mc.elements ? (double)mc.changed / mc.elements : 0.0;
     }
     ops->w = st->w.layers ? &st->w : NULL;
-    if (recipe_is_plain_fp32(r)) return 0;   /* the fp32 reference ops (model's weights unless merged) */
+    if (td_recipe_is_plain_fp32(r)) return 0;   /* the fp32 reference ops (model's weights unless merged) */
     const td_config *c = &m->cfg;
     size_t width = (size_t)c->hidden_size;
     if ((size_t)c->intermediate_size > width) width = (size_t)c->intermediate_size;

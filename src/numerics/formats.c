@@ -47,12 +47,8 @@ int td_format_from_name(const char *name)
 
 /* ---------------------------------------------------------------- bf16 */
 
-static inline uint16_t bf16_encode(uint32_t u)
-{
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFF;        /* NaN -> canonical */
-    u += 0x7FFFu + ((u >> 16) & 1u);                            /* round to nearest even */
-    return (uint16_t)(u >> 16);                                  /* overflow carries to Inf */
-}
+/* round to nearest even, NaN -> canonical, overflow carries to Inf: td_bf16_bits_rne (formats.h) */
+#define bf16_encode td_bf16_bits_rne
 
 td_bf16 td_f32_to_bf16(float x) { return (td_bf16){bf16_encode(f32_bits(x))}; }
 float td_bf16_to_f32(td_bf16 h) { return bits_f32((uint32_t)h.bits << 16); }
@@ -172,6 +168,11 @@ float td_decode(td_format f, uint32_t code)
     case TD_E8M0: return td_e8m0_to_f32((uint8_t)code);
     default:      return 0.0f;
     }
+}
+
+float td_round_slow(td_format f, float x)
+{
+    return td_decode(f, td_encode(f, x, TD_SATFINITE));
 }
 
 /* ---------------------------------------------------------------- rows

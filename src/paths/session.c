@@ -1,7 +1,7 @@
 /* tidal — the incremental structure (inference path): a KV cache of nslots slots, prefill in
  * chunks, then one token per slot per batched decode step. Every buffer is allocated here, at
  * creation; prefill and decode allocate nothing. */
-#include "model_internal.h"
+#include "../model/model_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -28,16 +28,17 @@ td_session *td_session_create(const td_model *m, int nslots, int max_len, int pr
     if (nslots < 1 || max_len < 1 || prefill_chunk < 0)
         return td_fail(err, "td_session_create: nslots %d, max_len %d, prefill_chunk %d "
                        "(expected >= 1, >= 1, >= 0)", nslots, max_len, prefill_chunk), NULL;
+    if (td_config_check_len(&m->cfg, max_len, err)) return NULL;
     const td_config *c = &m->cfg;
     td_session *s = td_xcalloc(1, sizeof *s);
     s->m = m;
-    td_ops_init(&s->ops);
+    td_ops_init(&s->ops, &td_backend_cpu);
     s->nslots = nslots;
     s->max_len = max_len;
     s->chunk = prefill_chunk ? prefill_chunk : 128;
     if (s->chunk > max_len) s->chunk = max_len;
     int cap = s->chunk > nslots ? s->chunk : nslots;
-    acts_alloc(&s->acts, c, &s->ops, cap, max_len);
+    acts_alloc(&s->acts, c, &s->ops, cap, max_len, 0);
     size_t KVD = (size_t)c->num_kv_heads * c->head_dim;
     size_t cache = (size_t)c->num_layers * nslots * max_len * KVD;
     s->kcache = td_xmalloc(cache * sizeof(float));

@@ -1,6 +1,7 @@
-/* The ops under a precision recipe: the same maths as ops.c, with the recipe's rounding points
- * (recipe.h). A context without a recipe, or with plain fp32, calls the fp32 ops of ops.c, so
- * the fp32 reference path is exactly ops.c.
+/* tidal — the CPU backend: the op list (src/model/ops.h) as a function table. Each op under a
+ * recipe is the same maths as the fp32 reference form (cpu_ref.c) with the recipe's rounding
+ * points (recipe.h); a context without a recipe, or with plain fp32, runs the reference form
+ * itself, so the fp32 path is exactly cpu_ref.c. Buffers are host memory.
  *
  * Rounding points, for activations dtype D (bf16 or fp16):
  *   rmsnorm   unfused (HF LlamaRMSNorm): D(D(x * rsqrt(ms + eps)) * w); fused: D(x * rs * w)
@@ -11,34 +12,20 @@
  *             before P.V (as FlashAttention converts P), output D(O / l); decode with
  *             decode_splits > 1: the key range split, each part flash, merged by log-sum-exp
  *   swiglu    D(D(silu(g)) * u)      residual  D(x + y)      GEMMs  see gemm.h
+ * Every rounding is td_round (formats.h), the scalar form of the numerics' td_round_row.
  * These are scalar-heavy loops; they run only for non-fp32 recipes. */
-#include "model_internal.h"
+#include "cpu.h"
 #include "tidal/gemm.h"
 
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
-
-static inline float round_to(td_format f, float x)
-{
-    switch (f) {
-    case TD_F32: return x;
-    case TD_BF16: {
-        uint32_t u;
-        memcpy(&u, &x, 4);
-        if ((u & 0x7FFFFFFFu) > 0x7F800000u) return x;
-        u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-        memcpy(&x, &u, 4);
-        return x;
-    }
-    case TD_F16: return td_f16_to_f32(td_f32_to_f16(x));
-    default: return td_decode(f, td_encode(f, x, TD_SATFINITE));
-    }
-}
 
 static inline td_format act_of(const td_ops *ctx) { return ctx->recipe ? ctx->recipe->activations : TD_F32; }
 
-void act_round(const td_ops *ctx, float *x, size_t n)
+/* x rounded to the activations dtype (an op boundary) */
+static void act_round(const td_ops *ctx, float *x, size_t n)
 {
     td_format f = act_of(ctx);
     if (f == TD_F32) return;
@@ -47,11 +34,11 @@ void act_round(const td_ops *ctx, float *x, size_t n)
         td_round_row(f, x + b, x + b, n - b < 4096 ? n - b : 4096, TD_SATFINITE);
 }
 
-void rmsnorm_forward_r(const td_ops *ctx, float *out, const float *inp, const float *weight,
-                       int N, int C, float eps)
+static void rmsnorm_cpu(const td_ops *ctx, float *out, float *rstd, const float *inp,
+                        const float *weight, int N, int C, float eps)
 {
     td_format D = act_of(ctx);
-    if (D == TD_F32) { rmsnorm_forward(ctx, out, inp, weight, N, C, eps); return; }
+    if (D == TD_F32) { rmsnorm_forward_ref(ctx, out, rstd, inp, weight, N, C, eps); return; }
     int fused = ctx->recipe->norm_fused;
     #pragma omp parallel for num_threads(ctx->nthreads) if (N >= 16)
     for (int i = 0; i < N; i++) {
@@ -60,17 +47,18 @@ void rmsnorm_forward_r(const td_ops *ctx, float *out, const float *inp, const fl
         double ss = 0.0;
         for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
         float rs = 1.0f / sqrtf((float)(ss / C) + eps);
-        if (fused) for (int c = 0; c < C; c++) y[c] = round_to(D, x[c] * rs * weight[c]);
-        else       for (int c = 0; c < C; c++) y[c] = round_to(D, round_to(D, x[c] * rs) * weight[c]);
+        if (rstd) rstd[i] = rs;
+        if (fused) for (int c = 0; c < C; c++) y[c] = td_round(D, x[c] * rs * weight[c]);
+        else       for (int c = 0; c < C; c++) y[c] = td_round(D, td_round(D, x[c] * rs) * weight[c]);
     }
 }
 
-void rope_forward_r(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
-                    int nheads, int HD)
+static void rope_cpu(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
+                     int nheads, int HD)
 {
     td_format D = act_of(ctx);
     if (D == TD_F32 || ctx->recipe->rope_fused) {
-        rope_forward(ctx, x, pos, inv_freq, N, nheads, HD);
+        rope_forward_ref(ctx, x, pos, inv_freq, N, nheads, HD);
         act_round(ctx, x, (size_t)N * nheads * HD);
         return;
     }
@@ -80,44 +68,54 @@ void rope_forward_r(const td_ops *ctx, float *x, const int *pos, const float *in
         float cs[512], sn[512];
         for (int k = 0; k < half; k++) {
             float a = (float)pos[i] * inv_freq[k];
-            cs[k] = round_to(D, (float)cos((double)a));
-            sn[k] = round_to(D, (float)sin((double)a));
+            cs[k] = td_round(D, (float)cos((double)a));
+            sn[k] = td_round(D, (float)sin((double)a));
         }
         for (int h = 0; h < nheads; h++) {
             float *xh = x + ((size_t)i * nheads + h) * HD;
             for (int k = 0; k < half; k++) {
                 float x0 = xh[k], x1 = xh[k + half];
-                xh[k] = round_to(D, round_to(D, x0 * cs[k]) - round_to(D, x1 * sn[k]));
-                xh[k + half] = round_to(D, round_to(D, x1 * cs[k]) + round_to(D, x0 * sn[k]));
+                xh[k] = td_round(D, td_round(D, x0 * cs[k]) - td_round(D, x1 * sn[k]));
+                xh[k + half] = td_round(D, td_round(D, x1 * cs[k]) + td_round(D, x0 * sn[k]));
             }
         }
     }
 }
 
-void swiglu_forward_r(const td_ops *ctx, float *out, const float *gate, const float *up, int N, int F)
+static void swiglu_cpu(const td_ops *ctx, float *out, const float *gate, const float *up, int N,
+                       int F)
 {
     td_format D = act_of(ctx);
-    if (D == TD_F32) { swiglu_forward(ctx, out, gate, up, N, F); return; }
+    if (D == TD_F32) { swiglu_forward_ref(ctx, out, gate, up, N, F); return; }
     size_t n = (size_t)N * F;
     #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 16384)
     for (size_t i = 0; i < n; i++) {
         float g = gate[i];
-        out[i] = round_to(D, round_to(D, g / (1.0f + expf(-g))) * up[i]);
+        out[i] = td_round(D, td_round(D, g / (1.0f + expf(-g))) * up[i]);
     }
 }
 
-void residual_forward_r(const td_ops *ctx, float *x, const float *y, size_t n)
+static void residual_cpu(const td_ops *ctx, float *out, const float *inp1, const float *inp2,
+                         size_t n)
 {
-    residual_forward(ctx, x, y, n);
+    residual_forward_ref(ctx, out, inp1, inp2, n);
+    act_round(ctx, out, n);
+}
+
+static void scale_cpu(const td_ops *ctx, float *x, float s, size_t n)
+{
+    scale_forward_ref(ctx, x, s, n);
     act_round(ctx, x, n);
 }
 
 /* ---------------------------------------------------------------- GEMM */
 
-void matmul_forward_r(const td_ops *ctx, const td_recipe *r, float *out, const float *inp,
-                      const float *weight, const float *bias, int N, int IN, int OUT)
+/* One product under the context's recipe: operand quantisation, the recipe's accumulation,
+ * bias and output rounding (gemm.h), threads over output columns. */
+static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const float *weight,
+                          const float *bias, int N, int IN, int OUT)
 {
-    if (recipe_is_plain_fp32(r)) { matmul_forward(ctx, out, inp, weight, bias, N, IN, OUT); return; }
+    const td_recipe *r = ctx->recipe;
     float *qin = ctx->qin;
     td_gemm_quant_input(r, inp, N, IN, qin);
     #pragma omp parallel num_threads(gemm_threads(ctx, N, IN, OUT))
@@ -142,6 +140,20 @@ void matmul_forward_r(const td_ops *ctx, const td_recipe *r, float *out, const f
             }
         }
     }
+}
+
+/* The fp32 reference does all n products in one parallel region (few barriers per layer);
+ * under a recipe each product is quantised and accumulated on its own. */
+static void matmul_cpu(const td_ops *ctx, int n, float *const *out, const float *inp,
+                       const float *const *weight, const float *const *bias, int N, int IN,
+                       const int *OUT)
+{
+    if (td_recipe_is_plain_fp32(ctx->recipe)) {
+        matmul_forward_ref(ctx, n, out, inp, weight, bias, N, IN, OUT);
+        return;
+    }
+    for (int j = 0; j < n; j++)
+        matmul_recipe(ctx, out[j], inp, weight[j], bias ? bias[j] : NULL, N, IN, OUT[j]);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -174,7 +186,7 @@ static void flash_part(const float *qh, const float *kb, const float *vb, int KV
             for (int j = c0; j < c1; j++) {
                 float p = expf(s[j - c0] - m_new);
                 l += p;
-                float pr = round_to(D, p);
+                float pr = td_round(D, p);
                 const float *vj = vb + (size_t)j * KVD;
                 #pragma omp simd
                 for (int c = 0; c < HD; c++) o[c] += pr * vj[c];
@@ -188,7 +200,7 @@ static void flash_part(const float *qh, const float *kb, const float *vb, int KV
 
 /* HF eager attention in dtype D for one query head over keys [0, nk). s: nk floats. */
 static void eager_head(const float *qh, const float *kb, const float *vb, int KVD, int HD, int nk,
-                       float scale, td_format D, float *s, float *oh)
+                       float scale, td_format D, float *s, float *oh, float *lse)
 {
     float mx = -INFINITY;
     for (int j = 0; j < nk; j++) {
@@ -196,29 +208,30 @@ static void eager_head(const float *qh, const float *kb, const float *vb, int KV
         float d = 0.0f;
         #pragma omp simd reduction(+ : d)
         for (int c = 0; c < HD; c++) d += qh[c] * kj[c];
-        s[j] = round_to(D, round_to(D, d) * scale);
+        s[j] = td_round(D, td_round(D, d) * scale);
         mx = s[j] > mx ? s[j] : mx;
     }
     double sum = 0.0;
     for (int j = 0; j < nk; j++) { s[j] = expf(s[j] - mx); sum += s[j]; }
+    if (lse) *lse = mx + (float)log(sum);
     float inv = (float)(1.0 / sum);
     for (int c = 0; c < HD; c++) oh[c] = 0.0f;
     for (int j = 0; j < nk; j++) {
-        float p = round_to(D, s[j] * inv);
+        float p = td_round(D, s[j] * inv);
         const float *vj = vb + (size_t)j * KVD;
         #pragma omp simd
         for (int c = 0; c < HD; c++) oh[c] += p * vj[c];
     }
-    for (int c = 0; c < HD; c++) oh[c] = round_to(D, oh[c]);
+    for (int c = 0; c < HD; c++) oh[c] = td_round(D, oh[c]);
 }
 
-void attention_forward_r(const td_ops *ctx, float *out, const float *q, const float *k,
-                         const float *v, const size_t *kv_off, const int *pos, int N, int NH,
-                         int NKV, int HD, float *scratch, int max_keys)
+static void attention_cpu(const td_ops *ctx, float *out, float *lse, const float *q,
+                          const float *k, const float *v, const size_t *kv_off, const int *pos,
+                          int N, int NH, int NKV, int HD, float *scratch, int max_keys)
 {
     const td_recipe *r = ctx->recipe;
     if (!r || (r->attention == TD_ATTN_FULL && r->activations == TD_F32)) {
-        attention_forward(ctx, out, q, k, v, kv_off, pos, N, NH, NKV, HD, scratch, max_keys);
+        attention_forward_ref(ctx, out, lse, q, k, v, kv_off, pos, N, NH, NKV, HD, scratch, max_keys);
         return;
     }
     td_format D = r->activations;
@@ -233,14 +246,16 @@ void attention_forward_r(const td_ops *ctx, float *out, const float *q, const fl
         const float *kb = k + kv_off[i] + (size_t)kvh * HD;
         const float *vb = v + kv_off[i] + (size_t)kvh * HD;
         float *oh = out + (size_t)i * NH * HD + (size_t)h * HD;
+        float *lse_ih = lse ? lse + (size_t)i * NH + h : NULL;
         if (r->attention == TD_ATTN_FULL) {
-            eager_head(qh, kb, vb, KVD, HD, nk, scale, D, scratch + (size_t)omp_get_thread_num() * max_keys, oh);
+            eager_head(qh, kb, vb, KVD, HD, nk, scale, D, scratch + (size_t)omp_get_thread_num() * max_keys, oh, lse_ih);
             continue;
         }
         float o[1024], acc[1024], m, l;
         if (splits == 1) {
             flash_part(qh, kb, vb, KVD, HD, 0, nk, r->attn_block, scale, D, o, &m, &l);
-            for (int c = 0; c < HD; c++) oh[c] = round_to(D, o[c] / l);
+            for (int c = 0; c < HD; c++) oh[c] = td_round(D, o[c] / l);
+            if (lse_ih) *lse_ih = m + logf(l);
             continue;
         }
         /* split-KV: each part's normalised output o_p / l_p and log-sum-exp lse_p, merged in
@@ -258,19 +273,53 @@ void attention_forward_r(const td_ops *ctx, float *out, const float *q, const fl
             for (int c = 0; c < HD; c++) acc[c] = acc[c] * keep + add * o[c];
             lse_acc = lse_new;
         }
-        for (int c = 0; c < HD; c++) oh[c] = round_to(D, acc[c]);
+        for (int c = 0; c < HD; c++) oh[c] = td_round(D, acc[c]);
+        if (lse_ih) *lse_ih = lse_acc;
     }
 }
 
-/* KV-cache rows rounded to the recipe's kv_cache format (inference path). fp8 uses the
- * recipe's kv_scale, 1.0 when 0 (vLLM's default without calibration): x -> D(q(x/s) * s). */
-void kv_round_rows(const td_ops *ctx, float *store, const size_t *kv_off, const int *pos, int N, int KVD)
+/* ---------------------------------------------------------------- KV write */
+
+/* The rows' keys or values to their place in the store (no copy when the store is the
+ * projection buffer itself, teacher forcing), rounded there to the recipe's kv_cache format
+ * when this is a KV cache (inference path) whose format differs from the activations. fp8 uses
+ * the recipe's kv_scale, 1.0 when 0 (vLLM's default without calibration): x -> D(q(x/s) * s). */
+static void kv_write_cpu(const td_ops *ctx, float *store, const float *rows, const size_t *kv_off,
+                         const int *pos, int N, int KVD)
 {
     const td_recipe *r = ctx->recipe;
-    if (!r || !ctx->cache || r->kv_cache == r->activations || r->kv_cache == TD_F32) return;
-    float s = r->kv_scale > 0 ? r->kv_scale : 1.0f;
+    int round = r && ctx->cache && r->kv_cache != r->activations && r->kv_cache != TD_F32;
+    float s = round && r->kv_scale > 0 ? r->kv_scale : 1.0f;
     for (int i = 0; i < N; i++) {
         float *d = store + kv_off[i] + (size_t)pos[i] * KVD;
-        for (int c = 0; c < KVD; c++) d[c] = round_to(r->kv_cache, d[c] / s) * s;
+        const float *src = rows + (size_t)i * KVD;
+        if (d != src) memcpy(d, src, (size_t)KVD * sizeof(float));
+        if (round)
+            for (int c = 0; c < KVD; c++) d[c] = td_round(r->kv_cache, d[c] / s) * s;
     }
 }
+
+/* ---------------------------------------------------------------- the table */
+
+static void *cpu_alloc(size_t bytes) { return td_xmalloc(bytes ? bytes : 1); }
+static void cpu_free(void *p) { free(p); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { if (dst != src) memcpy(dst, src, bytes); }
+
+const td_backend td_backend_cpu = {
+    .name = "cpu",
+    .init = cpu_init,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .embedding_forward = embedding_forward_ref,   /* a gather: nothing to round */
+    .rmsnorm_forward = rmsnorm_cpu,
+    .matmul_forward = matmul_cpu,
+    .rope_forward = rope_cpu,
+    .kv_write = kv_write_cpu,
+    .attention_forward = attention_cpu,
+    .swiglu_forward = swiglu_cpu,
+    .residual_forward = residual_cpu,
+    .scale_forward = scale_cpu,
+    .logsoftmax_forward = logsoftmax_forward_ref,  /* fp32 over fp32 logits in every recipe */
+};

@@ -2,7 +2,7 @@
  * into micro-batches, no KV cache (each layer's keys/values are the rows' own projections),
  * then the lm_head and log-softmax in chunks of logits_rows rows, so the (tokens, V) logits
  * of a micro-batch never exist at once. */
-#include "model_internal.h"
+#include "../model/model_internal.h"
 
 #include <stdlib.h>
 
@@ -24,17 +24,18 @@ td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len
     if (max_tokens < 1 || max_seq_len < 1 || max_seq_len > max_tokens)
         return td_fail(err, "td_forward_create: max_tokens %d, max_seq_len %d (expected "
                        "1 <= max_seq_len <= max_tokens)", max_tokens, max_seq_len), NULL;
+    if (td_config_check_len(&m->cfg, max_seq_len, err)) return NULL;
     /* default: 256 rows, enough to amortise streaming the (V, C) lm_head through the GEMM
      * (it is read once per chunk), small enough that (rows, V) stays ~150 MB at V = 152k */
     if (logits_rows <= 0) logits_rows = 256;
     if (logits_rows > max_tokens) logits_rows = max_tokens;
     td_forward *f = td_xcalloc(1, sizeof *f);
     f->m = m;
-    td_ops_init(&f->ops);
+    td_ops_init(&f->ops, &td_backend_cpu);
     f->max_tokens = max_tokens;
     f->max_seq_len = max_seq_len;
     f->logits_rows = logits_rows;
-    acts_alloc(&f->acts, &m->cfg, &f->ops, max_tokens, max_seq_len);
+    acts_alloc(&f->acts, &m->cfg, &f->ops, max_tokens, max_seq_len, 0);
     f->logits = td_xmalloc((size_t)logits_rows * m->cfg.vocab_size * sizeof(float));
     f->tok = td_xmalloc((size_t)max_tokens * sizeof(int));
     f->pos = td_xmalloc((size_t)max_tokens * sizeof(int));
@@ -68,7 +69,9 @@ static void run_micro_batch(td_forward *f, int s0, int s1, const int *const *tok
         }
         N += lens[s];
     }
-    td_kv_store kv = {f->acts.k, f->acts.v, 0};
+    /* the rows' own projections are the keys and values: one layer's, or each layer's slice */
+    size_t stride = f->acts.save ? (size_t)f->acts.cap * KVD : 0;
+    td_kv_store kv = {f->acts.k, f->acts.v, stride};
     f->ops.row_seq = f->row_seq;
     decoder_forward(&f->ops, m, &f->acts, f->tok, f->pos, N, &kv);
 
@@ -107,6 +110,15 @@ int td_forward_logprobs(td_forward *f, int nseq, const int *const *tokens, const
     }
     return 0;
 }
+
+void forward_keep_activations(td_forward *f, int keep)
+{
+    if (f->acts.save == keep) return;
+    acts_free(&f->acts);
+    acts_alloc(&f->acts, &f->m->cfg, &f->ops, f->max_tokens, f->max_seq_len, keep);
+}
+
+const td_acts *forward_acts(const td_forward *f) { return &f->acts; }
 
 int td_forward_set_recipe(td_forward *f, const td_recipe *r, td_error *err)
 {

@@ -1,4 +1,6 @@
-/* tidal — the named ops of the Llama-family forward: the fp32 CPU reference.
+/* tidal — the op list (src/model/ops.h) in fp32 on the CPU: the reference forms (`_ref`) that
+ * the CPU backend (cpu.c) runs for the plain fp32 recipe, and that every other form is checked
+ * against. Names and argument order are the op list's.
  *
  * Threading: one pool only, OpenMP. OpenBLAS is told to use one thread and every GEMM is cut
  * into per-thread slices of output columns, each a single-threaded sgemm; so OpenBLAS's own
@@ -9,14 +11,14 @@
  * 1.4 ulp, measured against double exp over every float in [-87, 88] with |x| >= 1e-3);
  * libm's expf is not vectorised without -ffast-math and dominates log-softmax over 150k logits.
  */
-#include "ops.h"
+#include "cpu.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 
-void td_ops_init(td_ops *ctx)
+void cpu_init(td_ops *ctx)
 {
     /* OpenBLAS threading is process-global; single-threaded BLAS called from OpenMP slices. */
     openblas_set_num_threads(1);
@@ -89,7 +91,7 @@ TD_CLONES static void span_swiglu(float *out, const float *g, const float *u, si
     for (size_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + td_expf(-g[i])) * u[i];
 }
 
-void embedding_forward(const td_ops *ctx, float *out, const int *tokens, const float *embed,
+void embedding_forward_ref(const td_ops *ctx, float *out, const int *tokens, const float *embed,
                        int N, int C)
 {
     (void)ctx;
@@ -97,8 +99,8 @@ void embedding_forward(const td_ops *ctx, float *out, const int *tokens, const f
         memcpy(out + (size_t)i * C, embed + (size_t)tokens[i] * C, (size_t)C * sizeof(float));
 }
 
-void rmsnorm_forward(const td_ops *ctx, float *out, const float *inp, const float *weight,
-                     int N, int C, float eps)
+void rmsnorm_forward_ref(const td_ops *ctx, float *out, float *rstd, const float *inp,
+                         const float *weight, int N, int C, float eps)
 {
     /* The mean of squares is accumulated in double (one rounding to fp32 at the end), the
      * scaling in fp32 as HF does: (x * rsqrt(ms + eps)) * w. */
@@ -111,6 +113,7 @@ void rmsnorm_forward(const td_ops *ctx, float *out, const float *inp, const floa
         for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
         float ms = (float)(ss / C);
         float rs = 1.0f / sqrtf(ms + eps);
+        if (rstd) rstd[i] = rs;
         for (int c = 0; c < C; c++) y[c] = (x[c] * rs) * weight[c];
     }
 }
@@ -132,9 +135,9 @@ static void gemm_f32(const td_ops *ctx, int b_trans, int M, int N, int K, float 
                     alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-void matmul_forward_multi(const td_ops *ctx, int n, float *const *out, const float *inp,
-                          const float *const *weight, const float *const *bias, int N, int IN,
-                          const int *OUT)
+void matmul_forward_ref(const td_ops *ctx, int n, float *const *out, const float *inp,
+                        const float *const *weight, const float *const *bias, int N, int IN,
+                        const int *OUT)
 {
     /* The outputs' columns, laid end to end, are cut into nt slices (multiples of 16), one per
      * thread; a slice may span several outputs, each piece one GEMM. One parallel region for
@@ -159,14 +162,8 @@ void matmul_forward_multi(const td_ops *ctx, int n, float *const *out, const flo
     }
 }
 
-void matmul_forward(const td_ops *ctx, float *out, const float *inp, const float *weight,
-                    const float *bias, int N, int IN, int OUT)
-{
-    matmul_forward_multi(ctx, 1, &out, inp, &weight, &bias, N, IN, &OUT);
-}
-
-void rope_forward(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
-                  int nheads, int HD)
+void rope_forward_ref(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
+                      int nheads, int HD)
 {
     int half = HD / 2;
     #pragma omp parallel for num_threads(ctx->nthreads) if (N >= 64)
@@ -189,22 +186,24 @@ void rope_forward(const td_ops *ctx, float *x, const int *pos, const float *inv_
     }
 }
 
-/* Softmax of the first nv of the n scores in s (the rest, masked, set to 0). */
-TD_CLONES static void masked_softmax(float *s, int nv, int n)
+/* Softmax of the first nv of the n scores in s (the rest, masked, set to 0); *lse, if lse is
+ * not NULL, gets log sum e^s = max + log(sum e^(s - max)). */
+TD_CLONES static void masked_softmax(float *s, int nv, int n, float *lse)
 {
     float mx = -INFINITY;
     for (int j = 0; j < nv; j++) mx = s[j] > mx ? s[j] : mx;
     float sum = 0.0f;
     #pragma omp simd reduction(+ : sum)
     for (int j = 0; j < nv; j++) { s[j] = td_expf(s[j] - mx); sum += s[j]; }
+    if (lse) *lse = mx + logf(sum);
     float inv = 1.0f / sum;
     for (int j = 0; j < nv; j++) s[j] *= inv;
     for (int j = nv; j < n; j++) s[j] = 0.0f;
 }
 
 /* One query row, one head: scores, softmax, weighted sum of values (decode, short runs). */
-TD_CLONES static void attend_row(float *oh, const float *qh, const float *kb, const float *vb, int nk,
-                       int KVD, int HD, float scale, float *s)
+TD_CLONES static void attend_row(float *oh, float *lse, const float *qh, const float *kb,
+                                 const float *vb, int nk, int KVD, int HD, float scale, float *s)
 {
     for (int j = 0; j < nk; j++) {
         const float *kj = kb + (size_t)j * KVD;
@@ -213,7 +212,7 @@ TD_CLONES static void attend_row(float *oh, const float *qh, const float *kb, co
         for (int c = 0; c < HD; c++) d += qh[c] * kj[c];
         s[j] = d * scale;
     }
-    masked_softmax(s, nk, nk);
+    masked_softmax(s, nk, nk, lse);
     for (int c = 0; c < HD; c++) oh[c] = 0.0f;
     for (int j = 0; j < nk; j++) {
         const float *vj = vb + (size_t)j * KVD;
@@ -223,9 +222,9 @@ TD_CLONES static void attend_row(float *oh, const float *qh, const float *kb, co
     }
 }
 
-void attention_forward(const td_ops *ctx, float *out, const float *q, const float *k,
-                       const float *v, const size_t *kv_off, const int *pos, int N, int NH,
-                       int NKV, int HD, float *scratch, int max_keys)
+void attention_forward_ref(const td_ops *ctx, float *out, float *lse, const float *q,
+                           const float *k, const float *v, const size_t *kv_off, const int *pos,
+                           int N, int NH, int NKV, int HD, float *scratch, int max_keys)
 {
     int KVD = NKV * HD, QD = NH * HD, group = NH / NKV;
     float scale = 1.0f / sqrtf((float)HD);
@@ -249,7 +248,9 @@ void attention_forward(const td_ops *ctx, float *out, const float *q, const floa
                 const float *qh = q + (size_t)(r + b0) * QD + (size_t)h * HD;
                 gemm_f32(ctx, 1, bn, S, HD, scale, qh, QD, kb + (size_t)kvh * HD, KVD, 0.0f,
                          s, S);
-                for (int i = 0; i < bn; i++) masked_softmax(s + (size_t)i * S, p0 + b0 + i + 1, S);
+                for (int i = 0; i < bn; i++)
+                    masked_softmax(s + (size_t)i * S, p0 + b0 + i + 1, S,
+                                   lse ? lse + (size_t)(r + b0 + i) * NH + h : NULL);
                 gemm_f32(ctx, 0, bn, HD, S, 1.0f, s, S, vb + (size_t)kvh * HD, KVD, 0.0f,
                          out + (size_t)(r + b0) * QD + (size_t)h * HD, QD);
             }
@@ -262,17 +263,17 @@ void attention_forward(const td_ops *ctx, float *out, const float *q, const floa
             for (int task = 0; task < n * NH; task++) {
                 int i = r + task / NH, h = task % NH, kvh = h / group;
                 float *s = scratch + (size_t)omp_get_thread_num() * ATT_BLOCK * max_keys;
-                attend_row(out + (size_t)i * QD + (size_t)h * HD, q + (size_t)i * QD + (size_t)h * HD,
-                           kb + (size_t)kvh * HD, vb + (size_t)kvh * HD, pos[i] + 1, KVD, HD,
-                           scale, s);
+                attend_row(out + (size_t)i * QD + (size_t)h * HD, lse ? lse + (size_t)i * NH + h : NULL,
+                           q + (size_t)i * QD + (size_t)h * HD, kb + (size_t)kvh * HD,
+                           vb + (size_t)kvh * HD, pos[i] + 1, KVD, HD, scale, s);
             }
         }
         r += n;
     }
 }
 
-void swiglu_forward(const td_ops *ctx, float *out, const float *gate, const float *up, int N,
-                    int F)
+void swiglu_forward_ref(const td_ops *ctx, float *out, const float *gate, const float *up, int N,
+                        int F)
 {
     size_t n = (size_t)N * F;
     int nt = n >= 16384 ? ctx->nthreads : 1;
@@ -284,10 +285,17 @@ void swiglu_forward(const td_ops *ctx, float *out, const float *gate, const floa
     }
 }
 
-void residual_forward(const td_ops *ctx, float *x, const float *y, size_t n)
+void residual_forward_ref(const td_ops *ctx, float *out, const float *inp1, const float *inp2,
+                          size_t n)
 {
     #pragma omp parallel for simd num_threads(ctx->nthreads) if (n >= 65536)
-    for (size_t i = 0; i < n; i++) x[i] += y[i];
+    for (size_t i = 0; i < n; i++) out[i] = inp1[i] + inp2[i];
+}
+
+void scale_forward_ref(const td_ops *ctx, float *x, float s, size_t n)
+{
+    #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 65536)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
 /* One row of V split over nt threads: max, log of the sum of e^(x - max) accumulated in
@@ -312,7 +320,7 @@ static void logsoftmax_row_split(float *x, int V, int nt)
     }
 }
 
-void logsoftmax_forward(const td_ops *ctx, float *x, int N, int V)
+void logsoftmax_forward_ref(const td_ops *ctx, float *x, int N, int V)
 {
     if (N < ctx->nthreads) {  /* few rows (decode): threads split each row */
         for (int i = 0; i < N; i++) logsoftmax_row_split(x + (size_t)i * V, V, ctx->nthreads);
