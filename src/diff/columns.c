@@ -4,6 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+void td_columns_init(td_column *cols, const td_colspec *spec, size_t n)
+{
+    for (size_t i = 0; i < n; i++) cols[i] = (td_column){spec[i].path, spec[i].type, 0, 0, NULL};
+}
+
 void td_column_push(td_column *c, const void *value)
 {
     size_t sz = td_coltype_size(c->type);
