@@ -35,6 +35,8 @@ extern const td_colspec td_schema_tokens[TD_TOK_COUNT];
 enum { TD_SEQ_PROMPT_INDEX, TD_SEQ_BATCH, TD_SEQ_PROMPT_LEN, TD_SEQ_RESPONSE_LEN,
        TD_SEQ_TOKEN_OFFSET, TD_SEQ_N_SCORED, TD_SEQ_FINISH, TD_SEQ_SUM_DLOGP, TD_SEQ_MEAN_ABS_DLOGP,
        TD_SEQ_MAX_ABS_DLOGP, TD_SEQ_MEAN_KL_BA, TD_SEQ_LOG_RATIO, TD_SEQ_TOKENS_OFFSET,
+       /* optional, written last: runs with text (a tokenizer) */
+       TD_SEQ_TEXT_OFFSET, TD_SEQ_PROMPT_TEXT_LEN, TD_SEQ_RESPONSE_TEXT_LEN,
        TD_SEQ_COUNT };
 extern const td_colspec td_schema_seqs[TD_SEQ_COUNT];
 
@@ -43,8 +45,15 @@ extern const td_colspec td_schema_seqs[TD_SEQ_COUNT];
 enum { TD_PRM_TOKENS, TD_PRM_COUNT };
 extern const td_colspec td_schema_prompts[TD_PRM_COUNT];
 
-/* /progress: one row per completed batch, the row counts of the groups after it. */
-enum { TD_PRG_BATCH, TD_PRG_SEQ_ROWS, TD_PRG_TOKEN_ROWS, TD_PRG_PROMPT_ROWS, TD_PRG_COUNT };
+/* /text: the UTF-8 text of every sequence, its prompt then its response, concatenated (runs
+ * with a tokenizer): a sequence's prompt text is bytes [text_offset, + prompt_text_len) and its
+ * response text the response_text_len bytes after it (/seqs). */
+enum { TD_TXT_UTF8, TD_TXT_COUNT };
+extern const td_colspec td_schema_text[TD_TXT_COUNT];
+
+/* /progress: one row per completed batch, the row counts of the groups after it (text_rows:
+ * runs with text only). */
+enum { TD_PRG_BATCH, TD_PRG_SEQ_ROWS, TD_PRG_TOKEN_ROWS, TD_PRG_PROMPT_ROWS, TD_PRG_TEXT_ROWS, TD_PRG_COUNT };
 extern const td_colspec td_schema_progress[TD_PRG_COUNT];
 
 /* /layers/rel_err: rows aligned with /tokens, one float32 column per layer (--layers). */
@@ -64,14 +73,15 @@ typedef struct {
     int n_cols;
     const td_colspec *progress;      /* its row count in /progress                     */
     const td_colspec *count_col;     /* a column every run writes: the group's rows    */
+    int optional;                    /* only some runs have the group (/text)          */
 } td_schema_group;
-enum { TD_GROUP_SEQS, TD_GROUP_TOKENS, TD_GROUP_PROMPTS, TD_GROUP_COUNT };
+enum { TD_GROUP_SEQS, TD_GROUP_TOKENS, TD_GROUP_PROMPTS, TD_GROUP_TEXT, TD_GROUP_COUNT };
 extern const td_schema_group td_schema_groups[TD_GROUP_COUNT];
 
 /* Bytes per value of a column type. */
 static inline size_t td_coltype_size(td_coltype t)
 {
-    return t == TD_COL_I8 ? 1 : (t == TD_COL_I32 || t == TD_COL_F32) ? 4 : 8;
+    return t == TD_COL_I8 || t == TD_COL_U8 ? 1 : (t == TD_COL_I32 || t == TD_COL_F32) ? 4 : 8;
 }
 
 /* The group of a dataset path ("/tokens/logp_a" -> the /tokens entry), or NULL. */

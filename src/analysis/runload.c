@@ -102,6 +102,30 @@ static void load_ids(td_run *run, td_runfile *rf, double file_bytes)
     run->prompt_len = pl;
 }
 
+/* The prompt and response text the run stored (/text): optional, as the ids are; any
+ * inconsistency leaves text NULL. */
+static void load_text(td_run *run, td_runfile *rf, double file_bytes)
+{
+    const td_colspec *off_c = &td_schema_seqs[TD_SEQ_TEXT_OFFSET], *pl_c = &td_schema_seqs[TD_SEQ_PROMPT_TEXT_LEN];
+    const td_colspec *rl_c = &td_schema_seqs[TD_SEQ_RESPONSE_TEXT_LEN], *txt_c = &td_schema_text[TD_TXT_UTF8];
+    int64_t nt = td_runfile_rows(rf, txt_c->path);
+    if (nt < 0 || !td_runfile_exists(rf, txt_c->path) || run->nseq == 0) return;
+    int failed = 0;
+    size_t ns = run->nseq;
+    int64_t *off = read_col(rf, off_c, ns, file_bytes, 1, &failed, NULL);
+    int32_t *pl = read_col(rf, pl_c, ns, file_bytes, 1, &failed, NULL);
+    int32_t *rl = read_col(rf, rl_c, ns, file_bytes, 1, &failed, NULL);
+    char *text = read_col(rf, txt_c, (size_t)nt, file_bytes, 1, &failed, NULL);
+    for (size_t s = 0; !failed && s < ns; s++)
+        if (off[s] < 0 || pl[s] < 0 || rl[s] < 0 || off[s] + pl[s] + rl[s] > nt) failed = 1;
+    if (failed) { free(off); free(pl); free(rl); free(text); return; }
+    run->text = text;
+    run->n_text = (size_t)nt;
+    run->text_offset = off;
+    run->prompt_text_len = pl;
+    run->response_text_len = rl;
+}
+
 int td_run_load(td_run *run, const char *path, int flags, td_error *err)
 {
     memset(run, 0, sizeof *run);
@@ -233,6 +257,7 @@ columns_done:;
         run->n_layers = L;
     }
     if (full) load_ids(run, rf, file_bytes);
+    if (full) load_text(run, rf, file_bytes);
     td_runfile_close(rf, NULL);
     return 0;
 fail:
@@ -247,5 +272,6 @@ void td_run_free(td_run *run)
     free(run->logp_a); free(run->logp_b); free(run->dlogp); free(run->kl_ba); free(run->k3); free(run->tv);
     free(run->entropy_a); free(run->seq); free(run->pos); free(run->token); free(run->is_prompt); free(run->step);
     free(run->layer_err); free(run->ids); free(run->ids_offset); free(run->seq_len); free(run->prompt_len);
+    free(run->text); free(run->text_offset); free(run->prompt_text_len); free(run->response_text_len);
     memset(run, 0, sizeof *run);
 }

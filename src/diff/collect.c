@@ -3,6 +3,7 @@
 #include "job.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,6 +111,25 @@ static void push_token(job *J, const batch_state *b, const size_t *idx, int s, i
     }
 }
 
+/* A sequence's prompt and response, each decoded on its own (special tokens kept, as the
+ * model saw them), to /text; where they are to its /seqs row. */
+static void push_text(job *J, const batch_state *b, int s)
+{
+    td_column *c = J->scols;
+    td_column_push_i64(&c[TD_SEQ_TEXT_OFFSET], J->rows[TD_GROUP_TEXT] + (int64_t)J->xcols[TD_TXT_UTF8].n);
+    const int32_t *ids[2] = {b->seq[s], b->seq[s] + b->plen[s]};
+    size_t n[2] = {(size_t)b->plen[s], (size_t)(b->len[s] - b->plen[s])};
+    for (int k = 0; k < 2; k++) {
+        size_t len = 0;
+        char *text = td_tokenizer_decode(J->tok, ids[k], n[k], false, &len);
+        if (!text) len = 0;
+        if (len > INT32_MAX) len = INT32_MAX;
+        td_column_push_n(&J->xcols[TD_TXT_UTF8], text, len);
+        td_column_push_i32(&c[k ? TD_SEQ_RESPONSE_TEXT_LEN : TD_SEQ_PROMPT_TEXT_LEN], (int32_t)len);
+        free(text);
+    }
+}
+
 /* Appends a finished batch's rows to the column buffers. */
 void collect(job *J, batch_state *b, const size_t *idx, int64_t batch_no)
 {
@@ -145,5 +165,6 @@ void collect(job *J, batch_state *b, const size_t *idx, int64_t batch_no)
         td_column_push_f64(&c[TD_SEQ_LOG_RATIO], log_ratio);
         td_column_push_i64(&c[TD_SEQ_TOKENS_OFFSET], J->rows[TD_GROUP_PROMPTS] + (int64_t)J->pcols[TD_PRM_TOKENS].n);
         for (int t = 0; t < b->len[s]; t++) td_column_push_i32(&J->pcols[TD_PRM_TOKENS], b->seq[s][t]);
+        if (J->has_text) push_text(J, b, s);
     }
 }

@@ -20,6 +20,17 @@ void td_column_push(td_column *c, const void *value)
     c->n++;
 }
 
+void td_column_push_n(td_column *c, const void *values, size_t n)
+{
+    size_t sz = td_coltype_size(c->type);
+    if (c->n + n > c->cap) {
+        while (c->n + n > c->cap) c->cap = c->cap ? 2 * c->cap : 1024;
+        c->data = td_xrealloc(c->data, c->cap * sz);
+    }
+    if (n) memcpy((char *)c->data + c->n * sz, values, n * sz);
+    c->n += n;
+}
+
 void td_column_push_i64(td_column *c, int64_t v) { td_column_push(c, &v); }
 void td_column_push_i32(td_column *c, int32_t v) { td_column_push(c, &v); }
 void td_column_push_i8(td_column *c, int8_t v) { td_column_push(c, &v); }

@@ -14,6 +14,7 @@ typedef struct {
 /* Empty buffers for the schema's columns spec[0..n). */
 void td_columns_init(td_column *cols, const td_colspec *spec, size_t n);
 void td_column_push(td_column *c, const void *value);
+void td_column_push_n(td_column *c, const void *values, size_t n);
 void td_column_push_i64(td_column *c, int64_t v);
 void td_column_push_i32(td_column *c, int32_t v);
 void td_column_push_i8(td_column *c, int8_t v);

@@ -58,6 +58,7 @@ static void job_free(job *J)
     td_columns_free(J->tcols, TD_TOK_COUNT);
     td_columns_free(J->scols, TD_SEQ_COUNT);
     td_columns_free(J->pcols, TD_PRM_COUNT);
+    td_columns_free(J->xcols, TD_TXT_COUNT);
     td_prompts_free(&J->prompts);
     free(J->mine);
     free(J->layer_rows);
@@ -74,6 +75,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     td_columns_init(J.tcols, td_schema_tokens, TD_TOK_COUNT);
     td_columns_init(J.scols, td_schema_seqs, TD_SEQ_COUNT);
     td_columns_init(J.pcols, td_schema_prompts, TD_PRM_COUNT);
+    td_columns_init(J.xcols, td_schema_text, TD_TXT_COUNT);
     int rc = -1;
     unsigned char *done = NULL;
     if (o->batch < 1 || o->max_new_tokens < 0 || o->shard_n < 1 || o->shard_k < 0 || o->shard_k >= o->shard_n) {
@@ -148,6 +150,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     if (J.max_len > ctx) J.max_len = ctx;
     if (J.max_len < 2) J.max_len = 2;
 
+    J.has_text = J.tok != NULL;   /* --resume: as the file has it (resume_output) */
     if (open_output(&J, err)) goto out;
     done = td_xcalloc(J.prompts.n, 1);
     if (mark_done(&J, done, err)) goto out;

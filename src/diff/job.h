@@ -63,7 +63,8 @@ typedef struct {
     int max_len;             /* longest prompt + max_new_tokens (context-bounded) */
     int eos[TD_CONFIG_MAX_EOS];  /* ids that end a sequence: generation_config.json's list, else config.json's */
     int n_eos;
-    td_column tcols[TD_TOK_COUNT], scols[TD_SEQ_COUNT], pcols[TD_PRM_COUNT];
+    td_column tcols[TD_TOK_COUNT], scols[TD_SEQ_COUNT], pcols[TD_PRM_COUNT], xcols[TD_TXT_COUNT];
+    int has_text;            /* /text: prompt and response text (a tokenizer; --resume: as the file) */
     float *layer_rows;       /* --layers: (rows, L) of the batch being collected */
     size_t n_layer_rows, cap_layer_rows;
     int64_t rows[TD_GROUP_COUNT];   /* rows of each group in the file (completed batches) */

@@ -45,6 +45,18 @@ static int copy_column(td_runfile *in, td_runfile *out, const td_colspec *c, int
     return rc;
 }
 
+/* Optional columns (/tokens/logp_trainer, /text and its /seqs offsets) are joined when every
+ * part has them; a column some parts lack is left out, with a warning. */
+static int in_every(td_runfile *const *in, int n, const char *const *inputs, const char *path)
+{
+    int have = 0;
+    for (int i = 0; i < n; i++) have += td_runfile_exists(in[i], path) != 0;
+    if (have && have < n)
+        fprintf(stderr, "tidal-merge: warning: %s is in %d of the %d parts (%s %s it): left out\n", path, have, n,
+                inputs[0], td_runfile_exists(in[0], path) ? "has" : "lacks");
+    return have == n;
+}
+
 /* Did the part finish? Its /progress must hold every batch it planned (files written before
  * tidal recorded batches_planned cannot tell, and pass). */
 static int part_finished(td_runfile *in, const char *path, td_error *err)
@@ -156,13 +168,19 @@ int td_runfile_merge(const char *out_path, const char *const *inputs, int n, con
     free(joined); free(cmds);
     if (bad) goto done;
     int64_t base[TD_GROUP_COUNT] = {0};
+    unsigned char keep[TD_GROUP_COUNT][TD_TOK_COUNT + TD_SEQ_COUNT];   /* more than any group's columns */
+    for (int g = 0; g < TD_GROUP_COUNT; g++)
+        for (int c = 0; c < td_schema_groups[g].n_cols; c++) {
+            const td_colspec *col = &td_schema_groups[g].cols[c];
+            keep[g][c] = !col->optional || in_every(in, n, inputs, col->path);
+        }
     for (int i = 0; i < n; i++) {
         int64_t rows[TD_GROUP_COUNT];
         for (int g = 0; g < TD_GROUP_COUNT; g++) rows[g] = td_runfile_rows(in[i], td_schema_groups[g].count_col->path);
         for (int g = 0; g < TD_GROUP_COUNT; g++)
             for (int c = 0; c < td_schema_groups[g].n_cols; c++) {
                 const td_colspec *col = &td_schema_groups[g].cols[c];
-                if (col->optional) continue;
+                if (!keep[g][c]) continue;
                 if (copy_column(in[i], out, col, rows[g], base, err)) goto done;
             }
         for (int g = 0; g < TD_GROUP_COUNT; g++) base[g] += rows[g];

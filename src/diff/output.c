@@ -116,20 +116,26 @@ int commit_batch(job *J, int64_t batch_no, td_error *err)
 {
     /* /tokens/logp_trainer (the last column) only for replays that carry it */
     size_t n_tok = J->prompts.has_trainer_logp ? TD_TOK_COUNT : TD_TOK_LOGP_TRAINER;
-    if (td_columns_write(J->rf, J->tcols, n_tok, err) || td_columns_write(J->rf, J->scols, TD_SEQ_COUNT, err) ||
-        td_columns_write(J->rf, J->pcols, TD_PRM_COUNT, err)) return -1;
+    /* /seqs' text columns (the last ones) and /text only for runs with text */
+    size_t n_seq = J->has_text ? TD_SEQ_COUNT : TD_SEQ_TEXT_OFFSET;
+    if (td_columns_write(J->rf, J->tcols, n_tok, err) || td_columns_write(J->rf, J->scols, n_seq, err) ||
+        td_columns_write(J->rf, J->pcols, TD_PRM_COUNT, err) ||
+        (J->has_text && td_columns_write(J->rf, J->xcols, TD_TXT_COUNT, err))) return -1;
     if (J->o->layers && td_runfile_append(J->rf, td_schema_layers_rel_err.path, td_schema_layers_rel_err.type,
                                           (size_t)J->model->cfg.num_layers, J->layer_rows, J->n_layer_rows, err)) return -1;
     J->n_layer_rows = 0;
     J->rows[TD_GROUP_TOKENS] += (int64_t)J->tcols[TD_TOK_SEQ].n;
     J->rows[TD_GROUP_SEQS] += (int64_t)J->scols[TD_SEQ_PROMPT_INDEX].n;
     J->rows[TD_GROUP_PROMPTS] += (int64_t)J->pcols[TD_PRM_TOKENS].n;
+    J->rows[TD_GROUP_TEXT] += (int64_t)J->xcols[TD_TXT_UTF8].n;
     td_columns_clear(J->tcols, TD_TOK_COUNT);
     td_columns_clear(J->scols, TD_SEQ_COUNT);
     td_columns_clear(J->pcols, TD_PRM_COUNT);
+    td_columns_clear(J->xcols, TD_TXT_COUNT);
     int64_t prog[TD_PRG_COUNT] = {[TD_PRG_BATCH] = batch_no, [TD_PRG_SEQ_ROWS] = J->rows[TD_GROUP_SEQS],
-                                  [TD_PRG_TOKEN_ROWS] = J->rows[TD_GROUP_TOKENS], [TD_PRG_PROMPT_ROWS] = J->rows[TD_GROUP_PROMPTS]};
-    for (int k = 0; k < TD_PRG_COUNT; k++)
+                                  [TD_PRG_TOKEN_ROWS] = J->rows[TD_GROUP_TOKENS], [TD_PRG_PROMPT_ROWS] = J->rows[TD_GROUP_PROMPTS],
+                                  [TD_PRG_TEXT_ROWS] = J->rows[TD_GROUP_TEXT]};
+    for (int k = 0; k < (J->has_text ? TD_PRG_COUNT : TD_PRG_TEXT_ROWS); k++)
         if (td_runfile_append(J->rf, td_schema_progress[k].path, td_schema_progress[k].type, 1, &prog[k], 1, err)) return -1;
     if (td_runfile_flush(J->rf, err)) return -1;
     return take_place(J, 1, err);

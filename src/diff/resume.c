@@ -1,6 +1,7 @@
 /* --resume (src/diff/job.h): the file must be of the same run; groups are cut back to the row
  * counts /progress recorded after the last completed batch (dropping a batch that was being
- * written when the run stopped), and the prompts already there are skipped. */
+ * written when the run stopped), and the prompts already there are skipped. /text goes on if
+ * the file has it (/progress/text_rows), whatever the tokenizer now says. */
 #include "job.h"
 
 #include <stdlib.h>
@@ -26,11 +27,18 @@ int resume_output(job *J, const char *const *keys, const char *const *vals, size
     for (size_t i = 0; i < n_keys; i++)
         if (check_same(J->rf, keys[i], vals[i], err)) return -1;
     int64_t nb = td_runfile_rows(J->rf, td_schema_progress[TD_PRG_BATCH].path);
+    /* text as the file has it: a run that began without it goes on without it */
+    if (nb > 0) J->has_text = td_runfile_exists(J->rf, td_schema_progress[TD_PRG_TEXT_ROWS].path);
+    if (J->has_text && !J->tok)
+        return td_fail(err, "%s: the run stores prompt and response text (/text), but %s has no tokenizer.json now "
+                       "to decode the rest with", out, J->o->model_dir);
     int64_t p[TD_GROUP_COUNT] = {0};
     for (int g = 0; g < TD_GROUP_COUNT && nb > 0; g++)
-        if (td_runfile_read(J->rf, td_schema_groups[g].progress->path, TD_COL_I64, nb - 1, 1, &p[g], err)) return -1;
+        if ((!td_schema_groups[g].optional || J->has_text) &&
+            td_runfile_read(J->rf, td_schema_groups[g].progress->path, TD_COL_I64, nb - 1, 1, &p[g], err)) return -1;
     /* the counts come from the file: they must name rows the file holds (they size buffers) */
     for (int g = 0; g < TD_GROUP_COUNT; g++) {
+        if (td_schema_groups[g].optional && !J->has_text) continue;   /* cut to 0 rows below */
         const char *held = td_schema_groups[g].count_col->path;
         int64_t have = td_runfile_rows(J->rf, held);
         if (nb < 0 || have < 0)

@@ -40,6 +40,13 @@ const td_colspec td_schema_seqs[TD_SEQ_COUNT] = {
     [TD_SEQ_MEAN_KL_BA]     = {"/seqs/mean_kl_ba", TD_COL_F64, "nats", NULL, 0},
     [TD_SEQ_LOG_RATIO]      = {"/seqs/log_ratio", TD_COL_F64, "nats", NULL, 0},
     [TD_SEQ_TOKENS_OFFSET]  = {"/seqs/tokens_offset", TD_COL_I64, "row of /prompts", "/prompts", 0},
+    [TD_SEQ_TEXT_OFFSET]    = {"/seqs/text_offset", TD_COL_I64, "row of /text (byte)", "/text", 1},
+    [TD_SEQ_PROMPT_TEXT_LEN]   = {"/seqs/prompt_text_len", TD_COL_I32, "bytes", NULL, 1},
+    [TD_SEQ_RESPONSE_TEXT_LEN] = {"/seqs/response_text_len", TD_COL_I32, "bytes", NULL, 1},
+};
+
+const td_colspec td_schema_text[TD_TXT_COUNT] = {
+    [TD_TXT_UTF8] = {"/text/utf8", TD_COL_U8, "UTF-8 byte", NULL, 1},
 };
 
 const td_colspec td_schema_prompts[TD_PRM_COUNT] = {
@@ -51,6 +58,7 @@ const td_colspec td_schema_progress[TD_PRG_COUNT] = {
     [TD_PRG_SEQ_ROWS]    = {"/progress/seq_rows", TD_COL_I64, "rows of /seqs", NULL, 0},
     [TD_PRG_TOKEN_ROWS]  = {"/progress/token_rows", TD_COL_I64, "rows of /tokens", NULL, 0},
     [TD_PRG_PROMPT_ROWS] = {"/progress/prompt_rows", TD_COL_I64, "rows of /prompts", NULL, 0},
+    [TD_PRG_TEXT_ROWS]   = {"/progress/text_rows", TD_COL_I64, "rows of /text", NULL, 1},
 };
 
 const td_colspec td_schema_layers_rel_err = {"/layers/rel_err", TD_COL_F32, "relative L2 error per layer", NULL, 1};
@@ -62,6 +70,8 @@ const td_schema_group td_schema_groups[TD_GROUP_COUNT] = {
                           &td_schema_tokens[TD_TOK_SEQ]},
     [TD_GROUP_PROMPTS] = {"/prompts", td_schema_prompts, TD_PRM_COUNT, &td_schema_progress[TD_PRG_PROMPT_ROWS],
                           &td_schema_prompts[TD_PRM_TOKENS]},
+    [TD_GROUP_TEXT]    = {"/text", td_schema_text, TD_TXT_COUNT, &td_schema_progress[TD_PRG_TEXT_ROWS],
+                          &td_schema_text[TD_TXT_UTF8], 1},
 };
 
 const td_schema_group *td_schema_group_of(const char *group_name)
