@@ -127,8 +127,9 @@ static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const
         if (o0 < o1) {
             /* gscratch is NULL when no recipe needs it (NULL + 0 is undefined behaviour in C) */
             float *scratch = ctx->gscratch ? ctx->gscratch + (size_t)t * ctx->gscratch_per_thread : NULL;
-            /* fp8-fast scratch holds (N, cols) twice: walk the slice in column chunks that fit */
-            int cols = o1 - o0;
+            /* one GEMM per fixed tile (cpu.h); fp8-fast scratch holds (N, cols) twice: a tile
+             * in chunks that fit, should it not */
+            int cols = TD_GEMM_TILE;
             if (r->accumulate == TD_ACC_FP8_FAST) {
                 size_t fit = ctx->gscratch_per_thread / (2 * (size_t)N);
                 if (fit < (size_t)cols) cols = fit > 0 ? (int)fit : 1;
@@ -230,7 +231,9 @@ static void attention_cpu(const td_ops *ctx, float *out, float *lse, const float
                           int N, int NH, int NKV, int HD, float *scratch, int max_keys)
 {
     const td_recipe *r = ctx->recipe;
-    if (!r || (r->attention == TD_ATTN_FULL && r->activations == TD_F32)) {
+    /* the reference's blocked attention sums a row's scores by sgemm over the rows of its run
+     * (batch-dependent); a batch-invariant recipe takes the per-row form below even in fp32 */
+    if (!r || (r->attention == TD_ATTN_FULL && r->activations == TD_F32 && !r->batch_invariant)) {
         attention_forward_ref(ctx, out, lse, q, k, v, kv_off, pos, N, NH, NKV, HD, scratch, max_keys);
         return;
     }
