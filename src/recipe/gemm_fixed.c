@@ -75,14 +75,19 @@ TGT static inline __attribute__((always_inline)) void block(const float *a, int 
                                                             __m256i tail_mask)
 {
     __m256 acc[4][2];
+    #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
+        #pragma GCC unroll 2
         for (int s = 0; s < S; s++) acc[r][s] = _mm256_setzero_ps();
     int k = 0;
     for (; k + 8 <= K; k += 8) {
         __m256 wv[2], av;
+        #pragma GCC unroll 2
         for (int s = 0; s < S; s++) wv[s] = _mm256_loadu_ps(w + (size_t)s * ldw + k);
+        #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             av = _mm256_loadu_ps(a + (size_t)r * lda + k);
+            #pragma GCC unroll 2
             for (int s = 0; s < S; s++) acc[r][s] = _mm256_fmadd_ps(av, wv[s], acc[r][s]);
         }
     }
