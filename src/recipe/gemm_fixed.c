@@ -107,6 +107,18 @@ TGT static inline __attribute__((always_inline)) void block(const float *a, int 
         }
 }
 
+/* R rows (constant) against columns [j0, j1): 2-column blocks, then a last single column */
+TGT static inline __attribute__((always_inline)) void row_panel(const float *ai, int lda,
+                                                                const float *w, int ldw,
+                                                                float *ci, int ldc, int j0, int j1,
+                                                                int K, int add, int R,
+                                                                __m256i mask)
+{
+    int j = j0;
+    for (; j + 2 <= j1; j += 2) block(ai, lda, w + (size_t)j * ldw, ldw, ci + j, ldc, K, add, R, 2, mask);
+    if (j < j1) block(ai, lda, w + (size_t)j * ldw, ldw, ci + j, ldc, K, add, R, 1, mask);
+}
+
 TGT static void gemm_avx2(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
                           int M, int N, int K, int add)
 {
@@ -116,24 +128,11 @@ TGT static void gemm_avx2(const float *a, int lda, const float *w, int ldw, floa
                                      rem > 6 ? -1 : 0, 0);
     /* columns in panels of 16 (16 x K of w stays in cache while every row block passes) */
     for (int j0 = 0; j0 < N; j0 += 16) {
-        int j1 = j0 + 16 < N ? j0 + 16 : N;
-        int i = 0;
-        for (; i + 4 <= M; i += 4) {
-            const float *ai = a + (size_t)i * lda;
-            float *ci = c + (size_t)i * ldc;
-            int j = j0;
-            for (; j + 2 <= j1; j += 2)
-                block(ai, lda, w + (size_t)j * ldw, ldw, ci + j, ldc, K, add, 4, 2, mask);
-            if (j < j1) block(ai, lda, w + (size_t)j * ldw, ldw, ci + j, ldc, K, add, 4, 1, mask);
-        }
-        for (; i < M; i++) {
-            const float *ai = a + (size_t)i * lda;
-            float *ci = c + (size_t)i * ldc;
-            int j = j0;
-            for (; j + 2 <= j1; j += 2)
-                block(ai, lda, w + (size_t)j * ldw, ldw, ci + j, ldc, K, add, 1, 2, mask);
-            if (j < j1) block(ai, lda, w + (size_t)j * ldw, ldw, ci + j, ldc, K, add, 1, 1, mask);
-        }
+        int j1 = j0 + 16 < N ? j0 + 16 : N, i = 0;
+        for (; i + 4 <= M; i += 4)
+            row_panel(a + (size_t)i * lda, lda, w, ldw, c + (size_t)i * ldc, ldc, j0, j1, K, add, 4, mask);
+        for (; i < M; i++)
+            row_panel(a + (size_t)i * lda, lda, w, ldw, c + (size_t)i * ldc, ldc, j0, j1, K, add, 1, mask);
     }
 }
 #endif
