@@ -53,9 +53,12 @@ static void assert_recipe_equal(const td_recipe *a, const td_recipe *b)
     assert_int_equal(a->kv_cache, b->kv_cache);
     assert_true(a->kv_scale == b->kv_scale);      /* exact: float -> JSON double -> float */
     assert_int_equal(a->lm_head_fp32, b->lm_head_fp32);
-    assert_int_equal(a->norm_fused, b->norm_fused);
-    assert_int_equal(a->rope_fused, b->rope_fused);
+    assert_int_equal(a->norm, b->norm);
+    assert_int_equal(a->rope, b->rope);
     assert_int_equal(a->batch_invariant, b->batch_invariant);
+    assert_int_equal(a->residual_fp32, b->residual_fp32);
+    assert_int_equal(a->temp_in_act, b->temp_in_act);
+    assert_int_equal(a->logsoftmax_act, b->logsoftmax_act);
 }
 
 /* to_json -> from_json -> equal struct, and the re-serialised JSON equals the first. */
@@ -111,6 +114,71 @@ static void test_required_presets(void **state)
     assert_null(td_recipe_preset(td_recipe_num_presets()));
 }
 
+/* The engine and trainer presets of issue 15: each one's fields as the code it follows
+ * (recipe.h cites the sources), the aliases of the JSON names, and a doc for each. */
+static void test_engine_presets(void **state)
+{
+    (void)state;
+    const td_recipe *vb = td_recipe_find_preset("vllm-bf16"), *sb = td_recipe_find_preset("sglang-bf16");
+    const td_recipe *vh = td_recipe_find_preset("vllm-fp16"), *sh = td_recipe_find_preset("sglang-fp16");
+    const td_recipe *inf = td_recipe_find_preset("bf16-infer"), *au = td_recipe_find_preset("bf16-autocast");
+    assert_non_null(vb); assert_non_null(sb); assert_non_null(vh); assert_non_null(sh); assert_non_null(au);
+    /* vLLM: two roundings in RMSNorm, bf16 cache + fp32 rotation in RoPE; SGLang: FlashInfer */
+    assert_int_equal(vb->norm, TD_NORM_UNFUSED);
+    assert_int_equal(vb->rope, TD_ROPE_VLLM);
+    assert_int_equal(sb->norm, TD_NORM_FUSED_ADD);
+    assert_int_equal(sb->rope, TD_ROPE_FUSED);
+    assert_int_equal(vh->activations, TD_F16);
+    assert_int_equal(sh->activations, TD_F16);
+    /* the engines' other kernels as bf16-infer */
+    const td_recipe *eng[] = {vb, sb};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(eng[i]->attn_block, inf->attn_block);
+        assert_int_equal(eng[i]->decode_splits, inf->decode_splits);
+        assert_int_equal(eng[i]->split_k, inf->split_k);
+        assert_int_equal(eng[i]->activations, TD_BF16);
+    }
+    /* autocast trainer: fp32 stream, fp32 RoPE (fp32 cos/sin), bf16 GEMMs */
+    assert_true(au->residual_fp32);
+    assert_int_equal(au->rope, TD_ROPE_FUSED);
+    assert_int_equal(au->weights, TD_BF16);
+    assert_false(td_recipe_find_preset("bf16-train")->residual_fp32);
+    /* vLLM online FP8: per-tensor weight scales, dynamic per-tensor / per-token activations,
+     * fast accumulation without promotion */
+    const td_recipe *v8 = td_recipe_find_preset("vllm-fp8"), *v8t = td_recipe_find_preset("vllm-fp8-per-token");
+    assert_non_null(v8); assert_non_null(v8t);
+    assert_int_equal(v8->weight_scaling.gran, TD_SCALE_TENSOR);
+    assert_int_equal(v8->act_scaling.gran, TD_SCALE_TENSOR);
+    assert_int_equal(v8t->act_scaling.gran, TD_SCALE_ROW);
+    assert_int_equal(v8->accumulate, TD_ACC_FP8_FAST);
+    assert_true(v8->promote_every >= 65536);
+    /* the fair unified FP8 pair: GEMM flow identical, kernels as bf16-train / bf16-infer */
+    const td_recipe *ut = td_recipe_find_preset("fp8-unified-train"), *ui = td_recipe_find_preset("fp8-unified-infer");
+    const td_recipe *bt = td_recipe_find_preset("bf16-train");
+    assert_non_null(ut); assert_non_null(ui);
+    assert_int_equal(ut->weights, ui->weights);
+    assert_scheme_equal(&ut->weight_scaling, &ui->weight_scaling);
+    assert_scheme_equal(&ut->act_scaling, &ui->act_scaling);
+    assert_int_equal(ut->accumulate, ui->accumulate);
+    assert_int_equal(ut->attn_block, bt->attn_block);
+    assert_int_equal(ut->norm, bt->norm);
+    assert_int_equal(ut->rope, bt->rope);
+    assert_int_equal(ui->attn_block, inf->attn_block);
+    assert_int_equal(ui->decode_splits, inf->decode_splits);
+    assert_int_equal(ui->norm, inf->norm);
+    assert_int_equal(ui->rope, inf->rope);
+    /* every preset has a doc line naming what it follows, but fp32 */
+    for (size_t i = 0; i < td_recipe_num_presets(); i++)
+        if (strcmp(td_recipe_preset(i)->name, "fp32")) assert_true(strlen(td_recipe_preset_doc(i)) > 5);
+    /* JSON aliases: "hf" and "vllm" name HF's two-rounding norm, "hf" the HF rope */
+    td_recipe r;
+    td_error err = {{0}};
+    const char *js = "{\"base\": \"sglang-bf16\", \"norm\": \"vllm\", \"rope\": \"hf\"}";
+    assert_int_equal(td_recipe_from_json(js, strlen(js), "alias", &r, &err), 0);
+    assert_int_equal(r.norm, TD_NORM_UNFUSED);
+    assert_int_equal(r.rope, TD_ROPE_UNFUSED);
+}
+
 static void test_presets_check_and_unique(void **state)
 {
     (void)state;
@@ -150,8 +218,8 @@ static void test_preset_semantics(void **state)
             assert_int_equal(both[k]->kv_cache, dt);
             assert_int_equal(both[k]->accumulate, TD_ACC_FP32);
         }
-        assert_false(tr->norm_fused);
-        assert_true(in->norm_fused);
+        assert_int_equal(tr->norm, TD_NORM_UNFUSED);
+        assert_int_equal(in->norm, TD_NORM_FUSED);
         assert_true(in->decode_splits > 1);
     }
     /* FP8: DeepSeek-V3 block scaling (weights 128x128, activations 1x128, e4m3), Hopper fast
@@ -206,9 +274,12 @@ static void test_round_trip_nondefault(void **state)
     r.kv_cache = TD_E4M3;
     r.kv_scale = 0.1f;              /* not exact in binary: the JSON must carry all of it */
     r.lm_head_fp32 = true;
-    r.norm_fused = false;
-    r.rope_fused = true;
+    r.norm = TD_NORM_FUSED_ADD;
+    r.rope = TD_ROPE_VLLM;
     r.batch_invariant = true;
+    r.residual_fp32 = true;
+    r.temp_in_act = true;
+    r.logsoftmax_act = true;
     td_error err = {{0}};
     assert_int_equal(td_recipe_check(&r, "custom", &err), 0);
     assert_round_trips(&r);
@@ -296,6 +367,11 @@ static void test_file_errors(void **state)
     expect_file_error("{\"split_k\": 99999999999}", "\"split_k\"");
     expect_file_error("{\"lm_head\": true}", "\"lm_head\"");
     expect_file_error("{\"norm\": \"fast\"}", "\"norm\"");
+    expect_file_error("{\"rope\": \"flashinfer\"}", "\"rope\"");
+    expect_file_error("{\"rope\": true}", "\"rope\"");
+    expect_file_error("{\"residual\": \"bf16\"}", "\"residual\"");
+    expect_file_error("{\"logsoftmax\": \"fp16\"}", "\"logsoftmax\"");
+    expect_file_error("{\"logits_temperature\": 1}", "\"logits_temperature\"");
     expect_file_error("{\"batch_invariant\": \"yes\"}", "\"batch_invariant\"");
     expect_file_error("{\"kv_scale\": \"1\"}", "\"kv_scale\"");
     expect_file_error("{\"kv_scale\": -1}", "\"kv_scale\"");
@@ -361,6 +437,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_required_presets),
         cmocka_unit_test(test_presets_check_and_unique),
+        cmocka_unit_test(test_engine_presets),
         cmocka_unit_test(test_preset_semantics),
         cmocka_unit_test(test_round_trip_presets),
         cmocka_unit_test(test_round_trip_nondefault),

@@ -22,12 +22,7 @@
 
 static void list_recipes(void)
 {
-    for (size_t i = 0; i < td_recipe_num_presets(); i++) {
-        const td_recipe *r = td_recipe_preset(i);
-        char *j = td_recipe_to_json(r);
-        printf("%-20s %s\n  %s\n", r->name, r->description, j);
-        free(j);
-    }
+    td_recipe_print_presets(stdout);
 }
 
 /* --shard K/N */

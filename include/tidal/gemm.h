@@ -15,6 +15,13 @@
  *             dequantised values, so scales are folded into the products; truncation is
  *             relative, which makes this match the unscaled hardware sum up to the rounding
  *             of the scale products.
+ * Summation order: a recipe with batch_invariant takes td_gemm_fixed below (one order per
+ * element, whatever the batch). Any other recipe takes OpenBLAS: sgemm for M > 1, whose kernel
+ * blocks K by its GEMM_Q and picks its micro-kernels by the call's M and N (a row's sums can
+ * change with the number of rows in the batch, and with the width of the column slice), and
+ * sgemv for M = 1 (a decode step of one sequence: another order again). Callers cut the
+ * columns into fixed tiles (TD_GEMM_TILE), never by thread count, so results do not depend on
+ * the number of threads.
  * The bias is added in fp32 and the result rounded to the activations dtype, as a GEMM kernel
  * writing a bf16 tensor does. Every function here is single-threaded on its slice; callers
  * parallelise over output columns.
@@ -45,6 +52,16 @@ void td_gemm_finish(const td_recipe *r, float *out, int M, int N, int ldo, const
 
 /* Rounds n values to the recipe's activations dtype in place (op boundaries). */
 void td_round_act(const td_recipe *r, float *x, size_t n);
+
+/* The batch-invariant GEMM (src/recipe/gemm_fixed.c): c (M, N; ldc) = (add ? c : 0) +
+ * a (M, K; lda) . w (N rows of stride ldw)^T with one fixed summation order per element:
+ * eight lane sums s_l += a[k] w[k] (k = l mod 8, increasing k, each a fused multiply-add),
+ * then ((s0+s4) + (s2+s6)) + ((s1+s5) + (s3+s7)). An element's value depends only on its row
+ * of a and its row of w: not on M, N, its place in the call, the thread or the machine (the
+ * AVX2+FMA kernel and the portable fmaf one agree bit for bit). Single-threaded. */
+void td_gemm_fixed(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
+                   int N, int K, int add);
+extern int td_gemm_fixed_portable_only;   /* tests: force the portable kernel */
 
 /* Truncates an fp32 value to `bits` fraction bits (toward zero): the fp8-fast accumulator. */
 static inline float td_trunc_fraction(float x, int bits)

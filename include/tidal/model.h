@@ -96,6 +96,10 @@ void td_forward_free(td_forward *f);
 int td_forward_set_recipe(td_forward *f, const td_recipe *r, td_error *err);
 /* Observe every layer's residual stream (NULL to stop). */
 void td_forward_set_layer_fn(td_forward *f, td_layer_fn fn, void *user);
+/* The training path's rows become log-softmax(logits / T), T divided in the dtype the recipe's
+ * logits_temperature says (recipe.h), as a trainer scores sampled tokens at the sampling
+ * temperature (TRL, verl). T <= 0 or 1: the raw log-softmax (the default). */
+void td_forward_set_temperature(td_forward *f, float T);
 
 /* Runs nseq sequences (tokens[s], lens[s] >= 1), splitting them into micro-batches of whole
  * sequences that fit max_tokens. For every s and t < lens[s]-1 writes

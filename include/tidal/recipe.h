@@ -24,18 +24,68 @@
  *                 FlashAttention does. decode_splits > 1: decode splits the KV range and merges
  *                 the partial results by log-sum-exp (split-KV / flash-decoding).
  *   kv_cache      format of cached K and V (inference path): the activations dtype, or fp8 e4m3
- *                 with kv_scale (0 = per-tensor scale from the first prefill's amax).
+ *                 with kv_scale: x -> D(q(x / s) * s); kv_scale 0 means s = 1.0, vLLM's
+ *                 default for kv_cache_dtype="fp8" without calibrated scales (vLLM's
+ *                 calculate_kv_scales, an amax of the first batch, is not modelled).
  *   lm_head_fp32  logits from fp32 hidden state and fp32 weights (the MiniMax-M1 fix) instead of
  *                 the native dtype.
- *   norm_fused    RMSNorm rounds once (fused kernel, fp32 inside) instead of HF's two roundings
- *                 (normalised x rounded to dtype, then times the weight rounded again).
- *   rope_fused    RoPE in fp32 with one rounding, instead of HF's dtype cos/sin products.
- *   batch_invariant  a row's result independent of the batch it is in: GEMMs of one row use
- *                 the GEMM kernel (not GEMV), whose summation order does not depend on the
- *                 number of rows; attention is computed per row anyway.
+ *   norm          RMSNorm's roundings, rs = rsqrt(mean(x^2) + eps) in fp32 (D = activations):
+ *                 "unfused"   D(D(x rs) w): HF LlamaRMSNorm / Qwen2RMSNorm (hidden.to(dtype)
+ *                             then weight * it) and vLLM, whose rms_norm_kernel and
+ *                             fused_add_rms_norm_kernel (csrc/layernorm_kernels.cu) write
+ *                             (scalar_t)(x * s_variance) * weight[idx] ("hf", "vllm" accepted)
+ *                 "fused"     D(x rs w), fp32 inside, one rounding: FlashInfer RMSNormKernel
+ *                             (include/flashinfer/norm.cuh), SGLang's RMSNorm on CUDA
+ *                 "fused-add" as "fused", and every residual add followed by a norm (each
+ *                             layer's two, and the final norm) is FlashInfer's
+ *                             FusedAddRMSNormKernel: the stream keeps D(x + r) but the norm
+ *                             reads the fp32 sum x + r (its smem_x), rs from it too (SGLang's
+ *                             decoder layers call it with the residual; layer 0's first norm
+ *                             has none and is "fused")
+ *   rope          RoPE's roundings, angle pos * inv_freq in fp32, c = cos, s = sin:
+ *                 "unfused"   HF apply_rotary_pos_emb: c, s rounded to D (cos.to(dtype)), every
+ *                             product and sum rounded: D(D(x0 c) - D(x1 s)) ("hf" accepted)
+ *                 "fused"     fp32 c, s and fp32 rotation, one rounding D(x0 c - x1 s): FlashInfer
+ *                             apply_rope_with_cos_sin_cache (SGLang on CUDA keeps its
+ *                             cos_sin_cache in fp32, python/sglang/srt/layers/rotary_embedding.py)
+ *                 "vllm"      cos/sin cache in D, fp32 rotation, one rounding
+ *                             D(x0 D(c) - x1 D(s)): vLLM apply_token_rotary_embedding
+ *                             (csrc/pos_encoding_kernels.cu; the cache is cast to the query
+ *                             dtype; older vLLM rotated in scalar_t, i.e. "unfused")
+ *                 (fp32 products are not contracted into FMAs here; nvcc may contract them:
+ *                 at most one fp32 ulp before the rounding to D)
+ *   residual      "activations": the residual stream, embedding and norm weights in D (HF model
+ *                 cast to D; FSDP MixedPrecision(param_dtype=bf16): everything bf16).
+ *                 "fp32": torch.autocast over an fp32 model: embedding and norm weights stay
+ *                 fp32 (biases and GEMM weights are cast to D by autocast's linear), the
+ *                 residual adds and the embedding are fp32, and RMSNorm over the fp32 stream is
+ *                 fp32 throughout, (x rs) w unrounded (its output is rounded where a GEMM
+ *                 reads it, to gemm_inputs). q/k-norm (Qwen3) is modelled the same way
+ *                 (torch would round x rs to the bf16 input dtype first).
+ *   logits_temperature  where logits are divided by the temperature T (td_forward_set_temperature;
+ *                 T = 1 leaves them alone): "fp32" (vLLM's sampler: logits.to(float32) then
+ *                 div_) or "activations" (TRL GRPOTrainer and verl dp_actor: logits / T in the
+ *                 logits' dtype, D(l / T); the logits' dtype is fp32 with lm_head_fp32)
+ *   logsoftmax    "fp32": log-softmax in fp32 with an fp32 result (vLLM; verl with flash-attn's
+ *                 cross_entropy_loss; autocast's log_softmax) or "activations": F.log_softmax
+ *                 on bf16 logits, result rounded to the logits' dtype (TRL's
+ *                 selective_log_softmax and verl's logprobs_from_logits_v2 for bf16 logits)
+ *   batch_invariant  a row's result independent of the batch it is in, of the shard and of the
+ *                 thread count: GEMMs take td_gemm_fixed (gemm.h: one fixed summation order per
+ *                 element, as the engines' batch-invariant kernels fix theirs) and attention
+ *                 runs per row even in fp32. A recipe without it keeps OpenBLAS's order, which
+ *                 depends on the batch: sgemm's blocking and micro-kernels follow the number of
+ *                 rows M, a one-row decode step takes sgemv, and the fp32 reference attention
+ *                 sums a block of rows' scores by sgemm. Per-tensor dynamic activation scaling
+ *                 (act_scaling "tensor") takes its amax over the whole batch: such a recipe is
+ *                 never batch-invariant, whatever this field says.
+ * Every recipe gives the same results for any thread count: GEMMs are cut into fixed column
+ * tiles, never by thread (src/backend/cpu.h).
  */
 #ifndef TIDAL_RECIPE_H
 #define TIDAL_RECIPE_H
+
+#include <stdio.h>
 
 #include "tidal/scaling.h"
 
@@ -43,6 +93,8 @@ TD_BEGIN_DECLS
 
 typedef enum { TD_ACC_FP32 = 0, TD_ACC_FP8_FAST = 1 } td_accumulate;
 typedef enum { TD_ATTN_FULL = 0, TD_ATTN_FLASH = 1 } td_attention;
+typedef enum { TD_NORM_UNFUSED = 0, TD_NORM_FUSED = 1, TD_NORM_FUSED_ADD = 2 } td_norm_form;
+typedef enum { TD_ROPE_UNFUSED = 0, TD_ROPE_FUSED = 1, TD_ROPE_VLLM = 2 } td_rope_form;
 
 typedef struct {
     char name[64];
@@ -60,17 +112,24 @@ typedef struct {
     int attn_block;                    /* key block size of flash attention           */
     int decode_splits;                 /* >= 1; > 1 = split-KV decode, LSE merge      */
     td_format kv_cache;                /* activations dtype, or e4m3                  */
-    float kv_scale;                    /* fp8 KV scale; 0 = from the first prefill    */
+    float kv_scale;                    /* fp8 KV scale; 0 = 1.0 (vLLM default)        */
     bool lm_head_fp32;
-    bool norm_fused;
-    bool rope_fused;
+    td_norm_form norm;
+    td_rope_form rope;
     bool batch_invariant;
+    bool residual_fp32;                /* "residual": "fp32" (autocast)               */
+    bool temp_in_act;                  /* "logits_temperature": "activations"         */
+    bool logsoftmax_act;               /* "logsoftmax": "activations"                 */
 } td_recipe;
 
-/* The presets, in the order --list-recipes prints them. */
+/* The presets, in the order --list-recipes prints them. Each preset's doc (td_recipe_preset_doc)
+ * names the engine or trainer code it follows. */
 size_t td_recipe_num_presets(void);
 const td_recipe *td_recipe_preset(size_t i);
 const td_recipe *td_recipe_find_preset(const char *name);   /* NULL if unknown */
+const char *td_recipe_preset_doc(size_t i);   /* "" when it has none; NULL past the end */
+/* Every preset: name, description, what it follows, its full JSON (--list-recipes). */
+void td_recipe_print_presets(FILE *f);
 
 /* A preset name, or the path of a JSON recipe file: {"base": "bf16-infer", "lm_head": "fp32",
  * ...} — every field above may be given (formats by name, scaling as {"granularity": "block",

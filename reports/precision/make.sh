@@ -12,8 +12,21 @@ OUT=out/precision/$NAME
 mkdir -p "$OUT"
 MD=reports/precision/$NAME.md
 PAIRS=("fp32 fp32" "bf16-train bf16-infer" "fp16-train fp16-infer" "bf16-train fp8-rollout"
-       "fp8-unified fp8-unified" "bf16-train-fp32head bf16-infer-fp32head" "bf16-infer bf16-infer"
-       "fp16-infer fp16-infer")
+       "fp8-unified-train fp8-unified-infer" "fp8-unified fp8-unified"
+       "bf16-train-fp32head bf16-infer-fp32head" "bf16-infer bf16-infer" "fp16-infer fp16-infer"
+       "bf16-train vllm-bf16" "bf16-train sglang-bf16" "bf16-autocast vllm-bf16" "fp16-train vllm-fp16"
+       "bf16-train vllm-fp8" "bf16-train vllm-fp8-per-token")
+# which comparison a row is: the two paths' kernels differ as a trainer's and an engine's do,
+# or the same recipe runs both paths (only the structure differs: teacher forcing vs KV cache)
+what() {
+  case "$1 $2" in
+    "fp32 fp32") echo "fp32 reference, structure only" ;;
+    "fp8-unified fp8-unified") echo "same FP8 kernels both paths: structure only" ;;
+    "fp8-unified-train fp8-unified-infer") echo "unified FP8, trainer vs engine kernels (fair)" ;;
+    *-infer" "*-infer) echo "same recipe both paths: structure only" ;;
+    *) echo "trainer vs engine" ;;
+  esac
+}
 # LoRA rows: the trainer keeps the adapter unmerged, the rollout engine merges it into its bf16
 # weights; a random adapter (rank 16, alpha 32, all projections) of each std is made here
 LORA_STDS=(${LORA_STDS:-0.001 0.01})
@@ -24,8 +37,8 @@ LORA_STDS=(${LORA_STDS:-0.001 0.01})
   echo "default sampling (temperature 1). Made by \`reports/precision/make.sh $NAME $MODEL $PROMPTS $MAXNEW $BATCH $*\`"
   echo "on $(date -u +%Y-%m-%d), $(nproc) CPU cores; each row is one \`tidal-diff\` run (command below the table)."
   echo
-  echo "| recipe A (training) | recipe B (inference) | tokens | mean \\|Δlogp\\| | p99 \\|Δlogp\\| | max \\|Δlogp\\| | mean KL(B‖A) | mean k3 | top-1 agree |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| recipe A (training) | recipe B (inference) | comparison | tokens | mean \\|Δlogp\\| | p99 \\|Δlogp\\| | max \\|Δlogp\\| | mean KL(B‖A) | mean k3 | top-1 agree |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
 } > "$MD.tmp"
 for pair in "${PAIRS[@]}"; do
   set -- $pair "$@"
@@ -39,7 +52,7 @@ for pair in "${PAIRS[@]}"; do
   kl=$(echo "$s" | awk '$1 == "KL(B||A)" { print $3, $6 }')
   t1=$(echo "$s" | awk '$1 == "top-1" { print $3 }')
   set -- $dl $kl
-  echo "| $A | $B | $tok | $1 | $2 | $3 | $4 | $5 | $t1 |" >> "$MD.tmp"
+  echo "| $A | $B | $(what $A $B) | $tok | $1 | $2 | $3 | $4 | $5 | $t1 |" >> "$MD.tmp"
   set --
 done
 for std in "${LORA_STDS[@]}"; do
@@ -57,7 +70,7 @@ for std in "${LORA_STDS[@]}"; do
     set -- $dl $kl
     if [ -n "$merge" ]; then label="bf16-infer + LoRA std $std merged into bf16 weights ($surv)"
     else label="bf16-infer + LoRA std $std unmerged"; fi
-    echo "| bf16-train + LoRA std $std unmerged | $label | $tok | $1 | $2 | $3 | $4 | $5 | $t1 |" >> "$MD.tmp"
+    echo "| bf16-train + LoRA std $std unmerged | $label | trainer vs engine | $tok | $1 | $2 | $3 | $4 | $5 | $t1 |" >> "$MD.tmp"
     set --
   done
 done

@@ -3,15 +3,22 @@
  * points (recipe.h); a context without a recipe, or with plain fp32, runs the reference form
  * itself, so the fp32 path is exactly cpu_ref.c. Buffers are host memory.
  *
- * Rounding points, for activations dtype D (bf16 or fp16):
- *   rmsnorm   unfused (HF LlamaRMSNorm): D(D(x * rsqrt(ms + eps)) * w); fused: D(x * rs * w)
+ * Rounding points, for activations dtype D (bf16 or fp16), rs = rsqrt(mean(x^2) + eps):
+ *   rmsnorm   unfused (HF, vLLM): D(D(x * rs) * w); fused, fused-add (FlashInfer): D(x * rs * w)
+ *             (fused-add: the decoder hands it the unrounded fp32 sum, see decoder.c);
+ *             residual fp32 (autocast): (x * rs) * w in fp32, unrounded
  *   rope      unfused (HF): cos, sin rounded to D, D(D(x0 c) - D(x1 s)), D(D(x1 c) + D(x0 s));
- *             fused: fp32 rotation rounded once
+ *             fused (FlashInfer): fp32 rotation rounded once; vllm: c, s rounded to D (its
+ *             cos_sin_cache), fp32 rotation rounded once
  *   attention full (HF eager): scores D(D(q.k) * scale), fp32 softmax rounded to D, D(P.V);
  *             flash: fp32 scores, online softmax over key blocks of attn_block, P rounded to D
  *             before P.V (as FlashAttention converts P), output D(O / l); decode with
  *             decode_splits > 1: the key range split, each part flash, merged by log-sum-exp
- *   swiglu    D(D(silu(g)) * u)      residual  D(x + y)      GEMMs  see gemm.h
+ *   swiglu    D(D(silu(g)) * u)      residual  D(x + y) (fp32 with residual fp32)
+ *   logsoftmax  logits / T (fp32, or D_head(l / T) with logits_temperature activations), then
+ *             fp32 log-softmax, rounded to D_head with logsoftmax activations (D_head: the
+ *             lm_head recipe's activations, fp32 with lm_head_fp32)
+ *   GEMMs     see gemm.h
  * Every rounding is td_round (formats.h), the scalar form of the numerics' td_round_row.
  * These are scalar-heavy loops; they run only for non-fp32 recipes. */
 #include "cpu.h"
@@ -39,7 +46,8 @@ static void rmsnorm_cpu(const td_ops *ctx, float *out, float *rstd, const float 
 {
     td_format D = act_of(ctx);
     if (D == TD_F32) { rmsnorm_forward_ref(ctx, out, rstd, inp, weight, N, C, eps); return; }
-    int fused = ctx->recipe->norm_fused;
+    /* 0: D(D(x rs) w)   1: D(x rs w)   2: (x rs) w in fp32 (autocast's fp32 stream) */
+    int form = ctx->recipe->residual_fp32 ? 2 : ctx->recipe->norm == TD_NORM_UNFUSED ? 0 : 1;
     #pragma omp parallel for num_threads(ctx->nthreads) if (N >= 16)
     for (int i = 0; i < N; i++) {
         const float *x = inp + (size_t)i * C;
@@ -48,8 +56,9 @@ static void rmsnorm_cpu(const td_ops *ctx, float *out, float *rstd, const float 
         for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
         float rs = 1.0f / sqrtf((float)(ss / C) + eps);
         if (rstd) rstd[i] = rs;
-        if (fused) for (int c = 0; c < C; c++) y[c] = td_round(D, x[c] * rs * weight[c]);
-        else       for (int c = 0; c < C; c++) y[c] = td_round(D, td_round(D, x[c] * rs) * weight[c]);
+        if (form == 1)      for (int c = 0; c < C; c++) y[c] = td_round(D, x[c] * rs * weight[c]);
+        else if (form == 0) for (int c = 0; c < C; c++) y[c] = td_round(D, td_round(D, x[c] * rs) * weight[c]);
+        else                for (int c = 0; c < C; c++) y[c] = (x[c] * rs) * weight[c];
     }
 }
 
@@ -57,7 +66,8 @@ static void rope_cpu(const td_ops *ctx, float *x, const int *pos, const float *i
                      int nheads, int HD)
 {
     td_format D = act_of(ctx);
-    if (D == TD_F32 || ctx->recipe->rope_fused) {
+    td_rope_form form = ctx->recipe ? ctx->recipe->rope : TD_ROPE_UNFUSED;
+    if (D == TD_F32 || form == TD_ROPE_FUSED) {
         rope_forward_ref(ctx, x, pos, inv_freq, N, nheads, HD);
         act_round(ctx, x, (size_t)N * nheads * HD);
         return;
@@ -75,8 +85,14 @@ static void rope_cpu(const td_ops *ctx, float *x, const int *pos, const float *i
             float *xh = x + ((size_t)i * nheads + h) * HD;
             for (int k = 0; k < half; k++) {
                 float x0 = xh[k], x1 = xh[k + half];
-                xh[k] = td_round(D, td_round(D, x0 * cs[k]) - td_round(D, x1 * sn[k]));
-                xh[k + half] = td_round(D, td_round(D, x1 * cs[k]) + td_round(D, x0 * sn[k]));
+                if (form == TD_ROPE_VLLM) {   /* fp32 rotation over the dtype cache */
+                    float p = x0 * cs[k], q = x1 * sn[k], u = x1 * cs[k], v = x0 * sn[k];
+                    xh[k] = td_round(D, p - q);
+                    xh[k + half] = td_round(D, u + v);
+                } else {
+                    xh[k] = td_round(D, td_round(D, x0 * cs[k]) - td_round(D, x1 * sn[k]));
+                    xh[k + half] = td_round(D, td_round(D, x1 * cs[k]) + td_round(D, x0 * sn[k]));
+                }
             }
         }
     }
@@ -99,7 +115,7 @@ static void residual_cpu(const td_ops *ctx, float *out, const float *inp1, const
                          size_t n)
 {
     residual_forward_ref(ctx, out, inp1, inp2, n);
-    act_round(ctx, out, n);
+    if (!ctx->recipe || !ctx->recipe->residual_fp32) act_round(ctx, out, n);
 }
 
 static void scale_cpu(const td_ops *ctx, float *x, float s, size_t n)
@@ -127,8 +143,9 @@ static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const
         if (o0 < o1) {
             /* gscratch is NULL when no recipe needs it (NULL + 0 is undefined behaviour in C) */
             float *scratch = ctx->gscratch ? ctx->gscratch + (size_t)t * ctx->gscratch_per_thread : NULL;
-            /* fp8-fast scratch holds (N, cols) twice: walk the slice in column chunks that fit */
-            int cols = o1 - o0;
+            /* one GEMM per fixed tile (cpu.h); fp8-fast scratch holds (N, cols) twice: a tile
+             * in chunks that fit, should it not */
+            int cols = TD_GEMM_TILE;
             if (r->accumulate == TD_ACC_FP8_FAST) {
                 size_t fit = ctx->gscratch_per_thread / (2 * (size_t)N);
                 if (fit < (size_t)cols) cols = fit > 0 ? (int)fit : 1;
@@ -230,7 +247,9 @@ static void attention_cpu(const td_ops *ctx, float *out, float *lse, const float
                           int N, int NH, int NKV, int HD, float *scratch, int max_keys)
 {
     const td_recipe *r = ctx->recipe;
-    if (!r || (r->attention == TD_ATTN_FULL && r->activations == TD_F32)) {
+    /* the reference's blocked attention sums a row's scores by sgemm over the rows of its run
+     * (batch-dependent); a batch-invariant recipe takes the per-row form below even in fp32 */
+    if (!r || (r->attention == TD_ATTN_FULL && r->activations == TD_F32 && !r->batch_invariant)) {
         attention_forward_ref(ctx, out, lse, q, k, v, kv_off, pos, N, NH, NKV, HD, scratch, max_keys);
         return;
     }
@@ -283,7 +302,8 @@ static void attention_cpu(const td_ops *ctx, float *out, float *lse, const float
 /* The rows' keys or values to their place in the store (no copy when the store is the
  * projection buffer itself, teacher forcing), rounded there to the recipe's kv_cache format
  * when this is a KV cache (inference path) whose format differs from the activations. fp8 uses
- * the recipe's kv_scale, 1.0 when 0 (vLLM's default without calibration): x -> D(q(x/s) * s). */
+ * the recipe's kv_scale, 1.0 when 0 (vLLM's k_scale/v_scale default for kv_cache_dtype="fp8"
+ * without calibrated scales; recipe.h): x -> D(q(x/s) * s). */
 static void kv_write_cpu(const td_ops *ctx, float *store, const float *rows, const size_t *kv_off,
                          const int *pos, int N, int KVD)
 {
@@ -297,6 +317,24 @@ static void kv_write_cpu(const td_ops *ctx, float *store, const float *rows, con
         if (round)
             for (int c = 0; c < KVD; c++) d[c] = td_round(r->kv_cache, d[c] / s) * s;
     }
+}
+
+/* ---------------------------------------------------------------- log-softmax */
+
+/* Log-softmax of the logits / T under the context's recipe (the lm_head's): fp32 recipes with
+ * T = 1 and fp32 log-softmax are the reference itself. */
+static void logsoftmax_cpu(const td_ops *ctx, float *x, int N, int V)
+{
+    const td_recipe *r = ctx->recipe;
+    float T = ctx->temperature > 0 ? ctx->temperature : 1.0f;
+    size_t n = (size_t)N * V;
+    if (r && T != 1.0f) {
+        td_format L = r->temp_in_act ? act_of(ctx) : TD_F32;   /* the logits' dtype */
+        #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 65536)
+        for (size_t i = 0; i < n; i++) x[i] = td_round(L, x[i] / T);
+    }
+    logsoftmax_forward_ref(ctx, x, N, V);
+    if (r && r->logsoftmax_act) act_round(ctx, x, n);
 }
 
 /* ---------------------------------------------------------------- the table */
@@ -321,5 +359,5 @@ const td_backend td_backend_cpu = {
     .swiglu_forward = swiglu_cpu,
     .residual_forward = residual_cpu,
     .scale_forward = scale_cpu,
-    .logsoftmax_forward = logsoftmax_forward_ref,  /* fp32 over fp32 logits in every recipe */
+    .logsoftmax_forward = logsoftmax_cpu,
 };

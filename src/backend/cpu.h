@@ -27,22 +27,32 @@ void residual_forward_ref(const td_ops *ctx, float *out, const float *inp1, cons
 void scale_forward_ref(const td_ops *ctx, float *x, float s, size_t n);
 void logsoftmax_forward_ref(const td_ops *ctx, float *x, int N, int V);
 
-/* How GEMMs are cut for threads (fp32 and recipe GEMMs alike): the threads worth using for
- * an (N, IN) x (IN, total) product (one below 2^16 multiply-adds, at most one per 16 output
- * columns), and thread t of k's slice [c0, c1) of the output columns (multiples of 16). */
+/* How GEMMs are cut for threads (fp32 and recipe GEMMs alike): the output columns, laid end
+ * to end over the products of one call, are cut into fixed tiles of TD_GEMM_TILE columns, each
+ * tile one GEMM call of its own; threads take whole tiles. The tiles do not depend on the
+ * thread count, so neither does any result: OpenBLAS's sgemm/sgemv can give a column another
+ * sum when the call's width or offset changes (it did, when the columns were split in as many
+ * slices as threads). gemm_threads: the threads worth using for an (N, IN) x (IN, total)
+ * product (one below 2^16 multiply-adds, at most one per tile); gemm_slice: thread t of k's
+ * columns [c0, c1), a run of whole tiles. */
+#define TD_GEMM_TILE 128
+
 static inline int gemm_threads(const td_ops *ctx, int N, int IN, long total)
 {
     int nt = ctx->nthreads;
+    long tiles = (total + TD_GEMM_TILE - 1) / TD_GEMM_TILE;
     if ((long)N * IN * total < 1L << 16) nt = 1;
-    if (nt > total / 16) nt = total / 16 > 0 ? (int)(total / 16) : 1;
+    if (nt > tiles) nt = tiles > 0 ? (int)tiles : 1;
     return nt;
 }
 
 static inline void gemm_slice(long total, int t, int k, long *c0, long *c1)
 {
-    long per = ((total + k - 1) / k + 15) / 16 * 16;
-    *c0 = t * per;
-    *c1 = *c0 + per < total ? *c0 + per : total;
+    long tiles = (total + TD_GEMM_TILE - 1) / TD_GEMM_TILE;
+    *c0 = tiles * t / k * TD_GEMM_TILE;
+    *c1 = tiles * (t + 1) / k * TD_GEMM_TILE;
+    if (*c0 > total) *c0 = total;
+    if (*c1 > total) *c1 = total;
 }
 
 #endif

@@ -139,25 +139,28 @@ void matmul_forward_ref(const td_ops *ctx, int n, float *const *out, const float
                         const float *const *weight, const float *const *bias, int N, int IN,
                         const int *OUT)
 {
-    /* The outputs' columns, laid end to end, are cut into nt slices (multiples of 16), one per
-     * thread; a slice may span several outputs, each piece one GEMM. One parallel region for
-     * all n products keeps the barriers per layer few (they hurt most in decode). */
+    /* The outputs' columns, laid end to end, are cut into fixed tiles (cpu.h), whole tiles per
+     * thread; a tile may span two outputs, each piece one GEMM. One parallel region for all n
+     * products keeps the barriers per layer few (they hurt most in decode). */
     long total = 0;
     for (int j = 0; j < n; j++) total += OUT[j];
     #pragma omp parallel num_threads(gemm_threads(ctx, N, IN, total))
     {
-        long c0, c1, base = 0;
-        gemm_slice(total, omp_get_thread_num(), omp_get_num_threads(), &c0, &c1);
-        for (int j = 0; j < n; base += OUT[j], j++) {
-            long o0 = c0 > base ? c0 - base : 0, o1 = c1 - base < OUT[j] ? c1 - base : OUT[j];
-            if (o0 >= o1) continue;
-            gemm_f32(ctx, 1, N, (int)(o1 - o0), IN, 1.0f, inp, IN, weight[j] + o0 * IN, IN,
-                     0.0f, out[j] + o0, OUT[j]);
-            if (bias && bias[j])
-                for (int i = 0; i < N; i++) {
-                    float *y = out[j] + (size_t)i * OUT[j];
-                    for (long o = o0; o < o1; o++) y[o] += bias[j][o];
-                }
+        long s0, s1;
+        gemm_slice(total, omp_get_thread_num(), omp_get_num_threads(), &s0, &s1);
+        for (long c0 = s0; c0 < s1; c0 += TD_GEMM_TILE) {
+            long c1 = c0 + TD_GEMM_TILE < s1 ? c0 + TD_GEMM_TILE : s1, base = 0;
+            for (int j = 0; j < n; base += OUT[j], j++) {
+                long o0 = c0 > base ? c0 - base : 0, o1 = c1 - base < OUT[j] ? c1 - base : OUT[j];
+                if (o0 >= o1) continue;
+                gemm_f32(ctx, 1, N, (int)(o1 - o0), IN, 1.0f, inp, IN, weight[j] + o0 * IN, IN,
+                         0.0f, out[j] + o0, OUT[j]);
+                if (bias && bias[j])
+                    for (int i = 0; i < N; i++) {
+                        float *y = out[j] + (size_t)i * OUT[j];
+                        for (long o = o0; o < o1; o++) y[o] += bias[j][o];
+                    }
+            }
         }
     }
 }
@@ -298,25 +301,37 @@ void scale_forward_ref(const td_ops *ctx, float *x, float s, size_t n)
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
-/* One row of V split over nt threads: max, log of the sum of e^(x - max) accumulated in
- * double, subtract. */
+/* One row of V split over nt threads: max, the sum of e^(x - max), subtract. The threads take
+ * whole 1024-blocks of span_sumexp and the block sums are added in block order, so the sum is
+ * the one a single thread forms (span_sumexp over the row): the same for any thread count,
+ * and the same whether the row came alone (decode) or with others. */
 static void logsoftmax_row_split(float *x, int V, int nt)
 {
+    size_t nb = ((size_t)V + 1023) / 1024;
+    double part[nb];
     float mx = -INFINITY;
-    double sum = 0.0;
+    if ((size_t)nt > nb) nt = (int)nb;
     #pragma omp parallel num_threads(nt)
     {
         int t = omp_get_thread_num(), k = omp_get_num_threads();
-        size_t a = (size_t)V * t / k, b = (size_t)V * (t + 1) / k;
+        size_t b0 = nb * t / k, b1 = nb * (t + 1) / k;
+        size_t a = b0 * 1024, b = b1 * 1024 < (size_t)V ? b1 * 1024 : (size_t)V;
         float m = span_max(x + a, b - a);
         #pragma omp critical
         if (m > mx) mx = m;
         #pragma omp barrier
-        double part = span_sumexp(x + a, b - a, mx);
-        #pragma omp atomic
-        sum += part;
+        for (size_t q = b0; q < b1; q++) {
+            size_t e = (q + 1) * 1024 < (size_t)V ? (q + 1) * 1024 : (size_t)V;
+            part[q] = span_sumexp(x + q * 1024, e - q * 1024, mx);
+        }
         #pragma omp barrier
-        span_sub(x + a, b - a, mx + (float)log(sum));
+        #pragma omp single
+        {
+            double sum = 0.0;
+            for (size_t q = 0; q < nb; q++) sum += part[q];
+            mx = mx + (float)log(sum);   /* the row's log-normaliser, shared */
+        }
+        span_sub(x + a, b - a, mx);
     }
 }
 

@@ -98,6 +98,27 @@ void td_ops_init(td_ops *ctx, const td_backend *be)
     be->init(ctx);
 }
 
+/* x_out = x_in + y, then nout = rmsnorm(x_out). Under a recipe whose norm is "fused-add"
+ * (FlashInfer's FusedAddRMSNormKernel, recipe.h) the norm reads the fp32 sum and the stream
+ * keeps it rounded afterwards (scale by 1: the rounding alone); otherwise the residual op
+ * rounds the sum and the norm reads that. */
+static void add_then_norm(const td_ops *ops, float *x_out, const float *x_in, const float *y,
+                          float *nout, float *rstd, const float *w, int N, int C, float eps)
+{
+    size_t n = (size_t)N * C;
+    const td_recipe *r = ops->recipe;
+    if (r && r->norm == TD_NORM_FUSED_ADD && !r->residual_fp32) {
+        td_ops f32 = *ops;
+        f32.recipe = NULL;
+        residual_forward(&f32, x_out, x_in, y, n);
+        rmsnorm_forward(ops, nout, rstd, x_out, w, N, C, eps);
+        scale_forward(ops, x_out, 1.0f, n);
+    } else {
+        residual_forward(ops, x_out, x_in, y, n);
+        rmsnorm_forward(ops, nout, rstd, x_out, w, N, C, eps);
+    }
+}
+
 void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int *tokens,
                      const int *pos, int N, const td_kv_store *kv)
 {
@@ -108,14 +129,16 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
 
     const td_model_weights *W = ops->w ? ops->w : &m->w;   /* the recipe's rounded weights */
     embedding_forward(ops, a->x, tokens, W->embed, N, C);
+    /* each layer's first norm is done by the previous layer's last residual add (or here) */
+    td_layer_acts first = acts_layer(a, c, 0);
+    rmsnorm_forward(ops, first.xn1, first.rstd1, first.x_in, W->layers[0].attn_norm, N, C, eps);
     for (int l = 0; l < c->num_layers; l++) {
         const td_layer_weights *w = &W->layers[l];
         td_layer_acts la = acts_layer(a, c, l);
         float *kl = kv->k + (size_t)l * kv->layer_stride;
         float *vl = kv->v + (size_t)l * kv->layer_stride;
 
-        /* attention sub-block */
-        rmsnorm_forward(ops, la.xn1, la.rstd1, la.x_in, w->attn_norm, N, C, eps);
+        /* attention sub-block (la.xn1 = rmsnorm(la.x_in) already) */
         float *qkv_out[] = {la.q_raw, la.k_raw, la.v};
         const float *qkv_w[] = {w->wq, w->wk, w->wv}, *qkv_b[] = {w->bq, w->bk, w->bv};
         int qkv_dim[] = {QD, KVD, KVD};
@@ -135,10 +158,9 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
                           a->scores, a->max_keys);
         matmul_forward(ops, a->proj, la.att, w->wo, NULL, N, QD, C);
         lora_forward(ops, l, TD_LORA_O, a->proj, la.att, N);
-        residual_forward(ops, la.x_mid, la.x_in, a->proj, (size_t)N * C);
+        add_then_norm(ops, la.x_mid, la.x_in, a->proj, la.xn2, la.rstd2, w->mlp_norm, N, C, eps);
 
         /* MLP sub-block */
-        rmsnorm_forward(ops, la.xn2, la.rstd2, la.x_mid, w->mlp_norm, N, C, eps);
         float *gu_out[] = {la.gate, la.up};
         const float *gu_w[] = {w->w_gate, w->w_up};
         int gu_dim[] = {F, F};
@@ -148,11 +170,16 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
         swiglu_forward(ops, la.act, la.gate, la.up, N, F);
         matmul_forward(ops, a->proj, la.act, w->w_down, NULL, N, F, C);
         lora_forward(ops, l, TD_LORA_DOWN, a->proj, la.act, N);
-        residual_forward(ops, la.x_out, la.x_mid, a->proj, (size_t)N * C);
+        if (l + 1 < c->num_layers) {   /* the next layer's first norm */
+            td_layer_acts nx = acts_layer(a, c, l + 1);
+            add_then_norm(ops, la.x_out, la.x_mid, a->proj, nx.xn1, nx.rstd1,
+                          W->layers[l + 1].attn_norm, N, C, eps);
+        } else {                       /* the final norm */
+            add_then_norm(ops, la.x_out, la.x_mid, a->proj, a->xn, a->rstd_f, W->final_norm, N, C,
+                          eps);
+        }
         if (ops->layer_fn) ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, la.x_out);
     }
-    const float *x_last = a->save ? a->x + (size_t)c->num_layers * a->cap * C : a->x;
-    rmsnorm_forward(ops, a->xn, a->rstd_f, x_last, W->final_norm, N, C, eps);
 }
 
 void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N,
@@ -161,5 +188,5 @@ void head_forward(const td_ops *ops, const td_model *m, float *logits, const flo
     const td_model_weights *W = ops->w ? ops->w : &m->w;
     td_ops head = td_ops_gemm(ops, ops->head, ops->qin, ops->gscratch);   /* the lm_head's recipe */
     matmul_forward(&head, logits, h, W->lm_head, NULL, N, m->cfg.hidden_size, m->cfg.vocab_size);
-    if (!raw) logsoftmax_forward(ops, logits, N, m->cfg.vocab_size);
+    if (!raw) logsoftmax_forward(&head, logits, N, m->cfg.vocab_size);   /* in the logits' dtype */
 }

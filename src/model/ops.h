@@ -33,6 +33,7 @@ typedef struct td_ops {
     const td_model_weights *w;    /* the recipe's rounded weights, NULL = the model's own      */
     int decode;                   /* this step is a decode step (split-KV attention applies)   */
     int cache;                    /* keys/values are stored in a KV cache (kv_cache rounding)  */
+    float temperature;            /* logits / T before log-softmax (0 or 1: none; recipe.h)    */
     float *qin;                   /* quantised GEMM input, rows * max(C, F, NH*HD) floats      */
     float *gscratch;              /* fp8-fast accumulators, nthreads * gscratch_per_thread     */
     size_t gscratch_per_thread;
@@ -181,7 +182,9 @@ static inline void scale_forward(const td_ops *ctx, float *x, float s, size_t n)
     ctx->be->scale_forward(ctx, x, s, n);
 }
 
-/* Log-softmax over each row of V, in place on x (N, V): x - max - log(sum(exp(x - max))). */
+/* Log-softmax over each row of V, in place on x (N, V): x - max - log(sum(exp(x - max))), of
+ * x / ctx->temperature when that is set, with the roundings of the context's recipe
+ * (logits_temperature, logsoftmax; recipe.h). */
 static inline void logsoftmax_forward(const td_ops *ctx, float *x, int N, int V)
 {
     ctx->be->logsoftmax_forward(ctx, x, N, V);

@@ -2,7 +2,8 @@
  * the recipe's kernels would read (see recipe.h):
  *   GEMM weights (q/k/v/o, gate/up/down)   the recipe's weight format (fp8: fake-quantised
  *                                           with its weight scaling, e.g. 128x128 blocks)
- *   embedding, norms, biases                the activations dtype (HF casts the whole model)
+ *   embedding, norms, biases                the activations dtype (HF casts the whole model);
+ *                                           embedding and norms fp32 with residual fp32 (autocast)
  *   lm_head                                 fp32 master weights with lm_head_fp32; else the
  *                                           weight format, but the activations dtype when that
  *                                           is fp8 (engines keep the lm_head out of FP8 GEMMs)
@@ -58,6 +59,15 @@ static void prepare_merged(merge_ctx *mc, const td_recipe *r, const float *W, in
     mc->dot += dot;
     mc->elements += (int64_t)n;
     mc->changed += changed;
+}
+
+/* Embedding and norm weights an autocast trainer keeps in fp32 (residual fp32: they are no
+ * operands of autocast's linear, which casts biases with the weights). */
+static int param_keeps_fp32(const td_recipe *r, int role)
+{
+    return r->residual_fp32 && (role == TD_ROLE_EMBED || role == TD_ROLE_ATTN_NORM ||
+                                role == TD_ROLE_MLP_NORM || role == TD_ROLE_FINAL_NORM ||
+                                role == TD_ROLE_Q_NORM || role == TD_ROLE_K_NORM);
 }
 
 static void put(float *dst, const float *src, size_t n, td_format f)
@@ -135,7 +145,7 @@ static int weights_prepare(const td_model *m, const td_recipe *r, merge_ctx *mc,
         float *dst = buf + p->offset;
         int module = param_lora_module(p->role);
         if (module >= 0) prepare_merged(mc, r, src, p->layer, module, (int)p->shape[0], (int)p->shape[1], dst);
-        else put(dst, src, p->numel, r->activations);   /* embedding, norms, biases */
+        else put(dst, src, p->numel, param_keeps_fp32(r, p->role) ? TD_F32 : r->activations);
         *param_slot(w, c->num_layers, p) = dst;
     }
     free(specs);

@@ -125,6 +125,11 @@ int td_forward_set_recipe(td_forward *f, const td_recipe *r, td_error *err)
     return td_forward_set_recipe_lora(f, r, NULL, 0, err);
 }
 
+void td_forward_set_temperature(td_forward *f, float T)
+{
+    f->ops.temperature = T > 0 ? T : 1.0f;
+}
+
 void td_forward_set_layer_fn(td_forward *f, td_layer_fn fn, void *user)
 {
     f->ops.layer_fn = fn;

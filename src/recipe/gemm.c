@@ -44,13 +44,15 @@ size_t td_gemm_scratch_floats(const td_recipe *r, int M, int N)
 
 /* C (M, N) = A[:, k0:k0+kn] · W[:, k0:k0+kn]^T (+ C if beta). M == 1 takes sgemv, as a
  * decode step's GEMV kernel does: a different summation order than the GEMM of a sequence.
- * Batch-invariant recipes always take the GEMM kernel, whose per-element summation order does
- * not depend on M (tests/test_gemm.c checks that), so a row's result is the same whatever
- * batch it is in. */
+ * Batch-invariant recipes take td_gemm_fixed, whose per-element order depends on nothing but
+ * the two operand rows (OpenBLAS's sgemm does not promise that: its order can change with M
+ * and N), so a row's result is the same whatever batch it is in. */
 static void mm(const float *a, int M, int K, const float *w, int ldw, int N, float *c, int ldc,
                int k0, int kn, float beta, int invariant)
 {
-    if (M == 1 && !invariant)
+    if (invariant)
+        td_gemm_fixed(a + k0, K, w + k0, ldw, c, ldc, M, N, kn, beta != 0.0f);
+    else if (M == 1)
         cblas_sgemv(CblasRowMajor, CblasNoTrans, N, kn, 1.0f, w + k0, ldw, a + k0, 1, beta, c, 1);
     else
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, kn, 1.0f, a + k0, K, w + k0,

@@ -8,6 +8,8 @@
 #include <strings.h>
 
 #define FP8_BLOCK  {.fmt = TD_E4M3, .gran = TD_SCALE_BLOCK, .arith = TD_ARITH_DIV, .sat = TD_SATFINITE, .group = 128}
+#define FP8_TENSOR {.fmt = TD_E4M3, .gran = TD_SCALE_TENSOR, .arith = TD_ARITH_DIV, .sat = TD_SATFINITE}
+#define FP8_ROW    {.fmt = TD_E4M3, .gran = TD_SCALE_ROW, .arith = TD_ARITH_DIV, .sat = TD_SATFINITE}
 #define FP8_GROUP  {.fmt = TD_E4M3, .gran = TD_SCALE_GROUP, .arith = TD_ARITH_DIV, .sat = TD_SATFINITE, .group = 128}
 
 /* Common shape of every preset: fp32 accumulation, 128-product promotion, 13 bits. */
@@ -25,36 +27,101 @@ static const td_recipe PRESETS[] = {
      .attention = TD_ATTN_FULL},
     /* trainer (FSDP + FlashAttention): whole-sequence GEMMs, flash attention with P in bf16,
      * HF-style norm and RoPE roundings */
-    {BASE("bf16-train", "trainer in bf16: flash attention (P rounded to bf16), HF-style norm/RoPE roundings", TD_BF16),
+    {BASE("bf16-train", "trainer in bf16 (FSDP param_dtype=bf16): flash attention (P rounded to bf16), HF-style norm/RoPE roundings", TD_BF16),
      .attention = TD_ATTN_FLASH, .attn_block = 128},
-    /* engine (vLLM): fused RMSNorm and RoPE kernels, paged flash attention with smaller key
-     * blocks, split-KV decode with log-sum-exp merge, split-K GEMM reductions */
-    {BASE("bf16-infer", "engine in bf16: fused norm/RoPE, flash prefill (64-key blocks), split-KV decode (4), split-K 2", TD_BF16),
+    {BASE("bf16-autocast", "trainer under torch.autocast(bf16) over fp32 params: fp32 residual stream, norms and RoPE; bf16 GEMMs/attention", TD_BF16),
+     .attention = TD_ATTN_FLASH, .attn_block = 128, .residual_fp32 = true, .rope = TD_ROPE_FUSED},
+    /* a generic engine with FlashInfer-style fused kernels (one rounding per norm and RoPE),
+     * paged flash attention with smaller key blocks, split-KV decode with log-sum-exp merge,
+     * split-K GEMM reductions (vllm-bf16 and sglang-bf16 follow one engine each) */
+    {BASE("bf16-infer", "engine in bf16: fused norm/RoPE (one rounding), flash prefill (64-key blocks), split-KV decode (4), split-K 2", TD_BF16),
      .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 2,
-     .norm_fused = true, .rope_fused = true},
+     .norm = TD_NORM_FUSED, .rope = TD_ROPE_FUSED},
+    {BASE("vllm-bf16", "vLLM in bf16: its RMSNorm (two roundings) and RoPE (bf16 cos/sin cache, fp32 rotation); engine kernels as bf16-infer", TD_BF16),
+     .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 2,
+     .norm = TD_NORM_UNFUSED, .rope = TD_ROPE_VLLM},
+    {BASE("sglang-bf16", "SGLang in bf16: FlashInfer fused add+RMSNorm (norm of the fp32 sum) and RoPE (fp32 cache); engine kernels as bf16-infer", TD_BF16),
+     .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 2,
+     .norm = TD_NORM_FUSED_ADD, .rope = TD_ROPE_FUSED},
     {BASE("fp16-train", "trainer in fp16: as bf16-train with fp16", TD_F16),
      .attention = TD_ATTN_FLASH, .attn_block = 128},
     {BASE("fp16-infer", "engine in fp16: as bf16-infer with fp16", TD_F16),
      .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 2,
-     .norm_fused = true, .rope_fused = true},
+     .norm = TD_NORM_FUSED, .rope = TD_ROPE_FUSED},
+    {BASE("vllm-fp16", "vLLM in fp16: as vllm-bf16 with fp16", TD_F16),
+     .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 2,
+     .norm = TD_NORM_UNFUSED, .rope = TD_ROPE_VLLM},
+    {BASE("sglang-fp16", "SGLang in fp16: as sglang-bf16 with fp16", TD_F16),
+     .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 2,
+     .norm = TD_NORM_FUSED_ADD, .rope = TD_ROPE_FUSED},
     /* FP8 rollouts against a bf16 trainer: block-FP8 weights (128x128), dynamic 1x128 FP8
      * activations into the GEMMs, Hopper fast accumulation promoted every 128 products; the
      * rest of the engine as bf16-infer */
     {BASE("fp8-rollout", "engine with block-FP8 GEMMs (w 128x128, act 1x128, fast acc promoted /128); pair with bf16-train", TD_BF16),
      .weights = TD_E4M3, .gemm_inputs = TD_E4M3, .accumulate = TD_ACC_FP8_FAST,
      .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 1,
-     .norm_fused = true, .rope_fused = true},
+     .norm = TD_NORM_FUSED, .rope = TD_ROPE_FUSED},
+    /* vLLM's online FP8 (quantization="fp8" on a bf16 checkpoint): per-tensor weight scales,
+     * dynamic per-tensor activation scales, CUTLASS FP8 fast accumulation (no promotion) */
+    {BASE("vllm-fp8", "vLLM online FP8: per-tensor weight scale, dynamic per-tensor act scale, fast accumulation; vllm-bf16 elsewhere", TD_BF16),
+     .weights = TD_E4M3, .weight_scaling = FP8_TENSOR, .gemm_inputs = TD_E4M3, .act_scaling = FP8_TENSOR,
+     .accumulate = TD_ACC_FP8_FAST, .promote_every = 65536,
+     .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 1,
+     .norm = TD_NORM_UNFUSED, .rope = TD_ROPE_VLLM},
+    {BASE("vllm-fp8-per-token", "vllm-fp8 with dynamic per-token activation scales", TD_BF16),
+     .weights = TD_E4M3, .weight_scaling = FP8_TENSOR, .gemm_inputs = TD_E4M3, .act_scaling = FP8_ROW,
+     .accumulate = TD_ACC_FP8_FAST, .promote_every = 65536,
+     .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 1,
+     .norm = TD_NORM_UNFUSED, .rope = TD_ROPE_VLLM},
     /* Jet-RL: one FP8 flow for both paths (same quantisation of weights and activations in
-     * training and rollout); the paths still differ in structure */
-    {BASE("fp8-unified", "one FP8 flow for both paths (Jet-RL): block-FP8 GEMMs, bf16 elsewhere", TD_BF16),
+     * training and rollout). fp8-unified on both paths has no kernel differences between them
+     * (only the structure differs); the fair pair is fp8-unified-train / fp8-unified-infer,
+     * whose paths differ in kernels as bf16-train / bf16-infer do */
+    {BASE("fp8-unified", "one FP8 flow (Jet-RL), same kernels on both paths: block-FP8 GEMMs, bf16 elsewhere", TD_BF16),
      .weights = TD_E4M3, .gemm_inputs = TD_E4M3, .accumulate = TD_ACC_FP8_FAST,
      .attention = TD_ATTN_FLASH, .attn_block = 64, .split_k = 1},
+    {BASE("fp8-unified-train", "the unified FP8 flow with the trainer's kernels (as bf16-train)", TD_BF16),
+     .weights = TD_E4M3, .gemm_inputs = TD_E4M3, .accumulate = TD_ACC_FP8_FAST,
+     .attention = TD_ATTN_FLASH, .attn_block = 128, .split_k = 1},
+    {BASE("fp8-unified-infer", "the unified FP8 flow with the engine's kernels (as bf16-infer)", TD_BF16),
+     .weights = TD_E4M3, .gemm_inputs = TD_E4M3, .accumulate = TD_ACC_FP8_FAST,
+     .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 1,
+     .norm = TD_NORM_FUSED, .rope = TD_ROPE_FUSED},
     /* the MiniMax-M1 fix, as a ready-made pair member */
     {BASE("bf16-infer-fp32head", "bf16-infer with an fp32 lm_head", TD_BF16),
      .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 2,
-     .norm_fused = true, .rope_fused = true, .lm_head_fp32 = true},
+     .norm = TD_NORM_FUSED, .rope = TD_ROPE_FUSED, .lm_head_fp32 = true},
     {BASE("bf16-train-fp32head", "bf16-train with an fp32 lm_head", TD_BF16),
      .attention = TD_ATTN_FLASH, .attn_block = 128, .lm_head_fp32 = true},
+};
+
+/* What each preset follows, by name (printed by td_recipe_print_presets). */
+static const struct { const char *name, *doc; } DOCS[] = {
+    {"bf16-train", "HF model in bf16 (transformers LlamaRMSNorm, apply_rotary_pos_emb) under FSDP "
+                   "MixedPrecision(param_dtype=bf16) as verl's fsdp_workers; flash-attn 128-key blocks"},
+    {"bf16-autocast", "torch.autocast(dtype=bfloat16) over fp32 parameters: linear/SDPA cast to bf16, "
+                      "RMSNorm and the residual adds in fp32, cos/sin kept fp32 (rotary_emb(x) with fp32 x)"},
+    {"bf16-infer", "generic engine: FlashInfer-style RMSNormKernel / rope (one rounding), split-KV decode"},
+    {"vllm-bf16", "vLLM csrc/layernorm_kernels.cu rms_norm_kernel and fused_add_rms_norm_kernel "
+                  "((scalar_t)(x * s_variance)) * weight; csrc/pos_encoding_kernels.cu "
+                  "apply_token_rotary_embedding (cache in dtype, fp32 rotation)"},
+    {"sglang-bf16", "SGLang on CUDA: FlashInfer include/flashinfer/norm.cuh RMSNormKernel and "
+                    "FusedAddRMSNormKernel; apply_rope_with_cos_sin_cache with the fp32 cos_sin_cache "
+                    "of python/sglang/srt/layers/rotary_embedding.py"},
+    {"fp16-train", "as bf16-train, the HF model in fp16"},
+    {"fp16-infer", "as bf16-infer in fp16"},
+    {"vllm-fp16", "as vllm-bf16"},
+    {"sglang-fp16", "as sglang-bf16"},
+    {"fp8-rollout", "DeepSeek-V3 / DeepGEMM block FP8 (w 128x128, act 1x128), promotion every 128 products"},
+    {"vllm-fp8", "vLLM Fp8LinearMethod online quantisation: scaled_fp8_quant per-tensor weight scales, "
+                 "dynamic per-tensor activation scales (amax over the whole batch: not batch-invariant), "
+                 "cutlass_scaled_mm sm90 FP8FastAccum (accumulated without promotion)"},
+    {"vllm-fp8-per-token", "vLLM Fp8LinearOp with use_per_token_if_dynamic (dynamic per-token scales)"},
+    {"fp8-unified", "Jet-RL unified FP8 flow; same kernels on both paths (the structure-only comparison)"},
+    {"fp8-unified-train", "Jet-RL unified FP8 flow, trainer side (kernels as bf16-train)"},
+    {"fp8-unified-infer", "Jet-RL unified FP8 flow, engine side (kernels as bf16-infer): the fair pair"},
+    {"bf16-infer-fp32head", "MiniMax-M1: lm_head in fp32"},
+    {"bf16-train-fp32head", "MiniMax-M1: lm_head in fp32"},
 };
 
 #pragma GCC diagnostic pop
@@ -63,6 +130,26 @@ static const td_recipe PRESETS[] = {
 
 size_t td_recipe_num_presets(void) { return N_PRESETS; }
 const td_recipe *td_recipe_preset(size_t i) { return i < N_PRESETS ? &PRESETS[i] : NULL; }
+
+const char *td_recipe_preset_doc(size_t i)
+{
+    if (i >= N_PRESETS) return NULL;
+    for (size_t d = 0; d < sizeof DOCS / sizeof DOCS[0]; d++)
+        if (!strcmp(DOCS[d].name, PRESETS[i].name)) return DOCS[d].doc;
+    return "";
+}
+
+void td_recipe_print_presets(FILE *f)
+{
+    for (size_t i = 0; i < N_PRESETS; i++) {
+        char *j = td_recipe_to_json(&PRESETS[i]);
+        const char *doc = td_recipe_preset_doc(i);
+        fprintf(f, "%-20s %s\n", PRESETS[i].name, PRESETS[i].description);
+        if (*doc) fprintf(f, "  follows: %s\n", doc);
+        fprintf(f, "  %s\n", j);
+        free(j);
+    }
+}
 
 const td_recipe *td_recipe_find_preset(const char *name)
 {
@@ -95,6 +182,8 @@ int td_recipe_check(const td_recipe *r, const char *what, td_error *err)
         return td_fail(err, "%s: field \"promote_every\": expected 1..65536, got %d", what, r->promote_every);
     if (r->acc_fraction_bits < 1 || r->acc_fraction_bits > 23)
         return td_fail(err, "%s: field \"acc_fraction_bits\": expected 1..23, got %d", what, r->acc_fraction_bits);
+    if ((unsigned)r->norm > TD_NORM_FUSED_ADD || (unsigned)r->rope > TD_ROPE_VLLM)
+        return td_fail(err, "%s: field \"norm\" or \"rope\": unknown form", what);
     if (!(r->kv_scale >= 0.0f) || r->kv_scale > 1e30f)
         return td_fail(err, "%s: field \"kv_scale\": expected a finite value >= 0", what);
     const td_fp8_scheme *sc[2] = {&r->weight_scaling, &r->act_scaling};
@@ -111,6 +200,28 @@ int td_recipe_check(const td_recipe *r, const char *what, td_error *err)
 }
 
 /* ---------------------------------------------------------------- JSON */
+
+static const char *const NORM_NAMES[] = {"unfused", "fused", "fused-add"};
+static const char *const ROPE_NAMES[] = {"unfused", "fused", "vllm"};
+
+/* A field naming one of n values (names[i] -> i), with aliases for value 0 ("hf", "vllm" for
+ * the norm: both write HF's two roundings). */
+static int get_enum(json_t *v, const char *what, const char *field, const char *const *names, int n,
+                    const char *const *alias0, int *out, td_error *err)
+{
+    const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+    for (int i = 0; s && i < n; i++)
+        if (!strcmp(s, names[i])) { *out = i; return 0; }
+    for (int i = 0; s && alias0 && alias0[i]; i++)
+        if (!strcmp(s, alias0[i])) { *out = 0; return 0; }
+    char list[128] = "";
+    for (int i = 0; i < n; i++) {
+        strncat(list, i ? ", \"" : "\"", sizeof list - strlen(list) - 1);
+        strncat(list, names[i], sizeof list - strlen(list) - 1);
+        strncat(list, "\"", sizeof list - strlen(list) - 1);
+    }
+    return td_fail(err, "%s: field \"%s\": expected one of %s", what, field, list);
+}
 
 static const char *arith_name(td_scale_arith a) { return a == TD_ARITH_MUL ? "mul" : "div"; }
 
@@ -142,9 +253,12 @@ char *td_recipe_to_json(const td_recipe *r)
     json_object_set_new(o, "kv_cache", json_string(td_format_info(r->kv_cache)->name));
     json_object_set_new(o, "kv_scale", json_real(r->kv_scale));
     json_object_set_new(o, "lm_head", json_string(r->lm_head_fp32 ? "fp32" : "native"));
-    json_object_set_new(o, "norm", json_string(r->norm_fused ? "fused" : "unfused"));
-    json_object_set_new(o, "rope", json_string(r->rope_fused ? "fused" : "unfused"));
+    json_object_set_new(o, "norm", json_string(NORM_NAMES[r->norm]));
+    json_object_set_new(o, "rope", json_string(ROPE_NAMES[r->rope]));
     json_object_set_new(o, "batch_invariant", json_boolean(r->batch_invariant));
+    json_object_set_new(o, "residual", json_string(r->residual_fp32 ? "fp32" : "activations"));
+    json_object_set_new(o, "logits_temperature", json_string(r->temp_in_act ? "activations" : "fp32"));
+    json_object_set_new(o, "logsoftmax", json_string(r->logsoftmax_act ? "activations" : "fp32"));
     char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT);
     json_decref(o);
     return s;
@@ -265,9 +379,22 @@ int td_recipe_from_json(const char *text, size_t len, const char *what, td_recip
             else r.kv_scale = (float)json_number_value(v);
         }
         else if (!strcmp(key, "lm_head")) e = get_choice(v, what, key, "native", "fp32", &r.lm_head_fp32, err);
-        else if (!strcmp(key, "norm")) e = get_choice(v, what, key, "unfused", "fused", &r.norm_fused, err);
-        else if (!strcmp(key, "rope")) e = get_choice(v, what, key, "unfused", "fused", &r.rope_fused, err);
+        else if (!strcmp(key, "norm")) {
+            static const char *const alias[] = {"hf", "vllm", NULL};
+            int f = 0;
+            e = get_enum(v, what, key, NORM_NAMES, 3, alias, &f, err);
+            r.norm = (td_norm_form)f;
+        } else if (!strcmp(key, "rope")) {
+            static const char *const alias[] = {"hf", NULL};
+            int f = 0;
+            e = get_enum(v, what, key, ROPE_NAMES, 3, alias, &f, err);
+            r.rope = (td_rope_form)f;
+        }
         else if (!strcmp(key, "batch_invariant")) e = get_bool(v, what, key, &r.batch_invariant, err);
+        else if (!strcmp(key, "residual")) e = get_choice(v, what, key, "activations", "fp32", &r.residual_fp32, err);
+        else if (!strcmp(key, "logits_temperature"))
+            e = get_choice(v, what, key, "fp32", "activations", &r.temp_in_act, err);
+        else if (!strcmp(key, "logsoftmax")) e = get_choice(v, what, key, "fp32", "activations", &r.logsoftmax_act, err);
         else { td_fail(err, "%s: unknown field \"%s\"", what, key); goto done; }
         if (e) goto done;
     }
