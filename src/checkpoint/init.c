@@ -108,7 +108,7 @@ static double planted_factor(const td_param_spec *s, const td_init_opts *o)
             s->role == TD_ROLE_W_UP) return 1.0 / o->outlier_scale;
         return 0;
     }
-    return s->role == TD_ROLE_EMBED || s->role == TD_ROLE_LM_HEAD ? o->outlier_scale : 0;
+    return s->role == TD_ROLE_EMBED ? o->outlier_scale : 0;   /* tied: the lm_head is this tensor */
 }
 
 /* Scales the planted channels among elements [off, off + n) of a tensor whose rows are C long. */
