@@ -219,7 +219,7 @@ int td_checkpoint_init_random(const char *dir, const td_config *cfg, td_dtype dt
  *                     the input columns of those projections are divided by the same factor
  *                     (SmoothQuant's migration run backwards), so the model computes the same
  *                     function in exact arithmetic and only the roundings see the outliers;
- *   TD_OUTLIER_EMBED  in the embedding's columns (tied: the lm_head's too): the residual stream
+ *   TD_OUTLIER_EMBED  in the embedding's columns (a tied lm_head is that tensor): the residual stream
  *                     carries them from the first layer on (massive activations; what FP16's
  *                     65504 limit meets); the norms scale them back down in the GEMM inputs.
  * The checkpoint records them in its safetensors metadata (tidal_synthetic, tidal_outlier_*):
