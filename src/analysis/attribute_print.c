@@ -74,6 +74,16 @@ json_t *td_attr_json(const td_attr_game *g, const td_attr_opts *o, const double 
     return j;
 }
 
+/* s cut to fit n bytes with "…" (3 bytes) where it was cut */
+static void clip(char *out, size_t n, const char *s)
+{
+    if (strlen(s) < n) { memcpy(out, s, strlen(s) + 1); return; }
+    size_t k = n - 4;
+    while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80) k--;   /* not inside a UTF-8 character */
+    memcpy(out, s, k);
+    memcpy(out + k, "…", 4);
+}
+
 static double at(json_t *m, const char *k, size_t i) { return json_real_value(json_array_get(json_object_get(m, k), i)); }
 
 void td_attr_print(FILE *f, json_t *res, int md, int metric_kl)
@@ -117,7 +127,10 @@ void td_attr_print(FILE *f, json_t *res, int md, int metric_kl)
         char c[8][300];
         snprintf(c[0], sizeof c[0], "%s", json_string_value(json_object_get(p, "name")));
         snprintf(c[1], sizeof c[1], "%s", json_string_value(json_object_get(p, "side")));
-        snprintf(c[2], sizeof c[2], "%.70s → %.70s", json_string_value(json_object_get(p, "from")), json_string_value(json_object_get(p, "to")));
+        char fr[80], to[80];
+        clip(fr, sizeof fr, json_string_value(json_object_get(p, "from")));
+        clip(to, sizeof to, json_string_value(json_object_get(p, "to")));
+        snprintf(c[2], sizeof c[2], "%s → %s", fr, to);
         snprintf(c[3], sizeof c[3], "%.4g", at(m, "add_one_in", i));
         snprintf(c[4], sizeof c[4], "%+.4g", at(m, "add_one_in_effect", i));
         snprintf(c[5], sizeof c[5], "%.4g", at(m, "leave_one_out", i));
