@@ -93,10 +93,12 @@ int main(int argc, char **argv)
     td_diff_opts o = {.recipe_a_arg = "bf16-train", .recipe_b_arg = "bf16-infer", .max_new_tokens = 64,
                       .batch = 8, .shard_n = 1, .stop_at_eos = 1, .sampling = td_sampling_default()};
     int use_gen = 0, set_temp = 0, set_topp = 0, set_topk = 0, set_minp = 0, set_rep = 0, list = 0, json = 0;
+    int rollout_processed = 0;
     td_opt opts[] = {
         TD_OPT_S("model", 0, &o.model_dir, "DIR", "checkpoint directory (config.json, *.safetensors, tokenizer.json)"),
-        TD_OPT_S("prompts", 0, &o.prompts_path, "FILE", "prompts JSONL ({\"prompt\": ...} / {\"tokens\": [...]}) or rollouts\n"
-                 "(prompt_ids, response_ids, rollout_logprobs: replayed through recipe A)"),
+        TD_OPT_S("prompts", 0, &o.prompts_path, "FILE", "prompts JSONL ({\"prompt\": text or messages}, {\"messages\": [...]},\n"
+                 "{\"text\": ...}, {\"tokens\": [...]}; conversations through the chat\ntemplate) or a rollout dump "
+                 "(tidal, TRL, verl, vLLM, SGLang:\ndatasets/rollouts; replayed through recipe A)"),
         TD_OPT_S("output", 'o', &o.out_path, "OUT.h5", "the run file (reports/SCHEMA.md)"),
         TD_OPT_S("recipe-a", 0, &o.recipe_a_arg, "NAME|FILE", "training path recipe (default bf16-train)"),
         TD_OPT_S("recipe-b", 0, &o.recipe_b_arg, "NAME|FILE", "inference path recipe (default bf16-infer)"),
@@ -127,6 +129,9 @@ int main(int argc, char **argv)
         TD_OPT_F("lora-merge-a", 0, &o.lora_merge_a, 1, "merge it into path A's weights in A's weight format"),
         TD_OPT_F("lora-merge-b", 0, &o.lora_merge_b, 1, "merge it into path B's weights (a rollout engine's setup);\n"
                  "prints how much of the update survives"),
+        TD_OPT_C("rollout-logprobs", 0, &rollout_processed, "raw|processed", "replays: the engine's log-probs are raw (vLLM's\n"
+                 "default logprobs_mode) or processed (after its temperature,\ntop-p, top-k, min-p, penalty: give those "
+                 "flags too, and\ntidal processes the training path's rows the same way)"),
         TD_OPT_F("json", 0, &json, 1, "the end-of-run summary as JSON on stdout"),
         {0}};
     /* what users bring from vLLM (max_tokens) and HF/TRL (underscores, read by the parser) */
@@ -148,6 +153,7 @@ int main(int argc, char **argv)
     if (rc >= 0) return rc;
     td_error err;
     if (list) { list_recipes(); return 0; }
+    o.rollout_logprobs = rollout_processed ? "processed" : "raw";
     if (!o.model_dir) return td_cli_bad(&cli, "--model", NULL, "required (DIR)");
     if (!o.prompts_path) return td_cli_bad(&cli, "--prompts", NULL, "required (FILE)");
     if (!o.out_path) return td_cli_bad(&cli, "--output", NULL, "required (-o OUT.h5)");

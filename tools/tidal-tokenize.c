@@ -17,6 +17,7 @@
  *   --json            each text line is a JSON string, so text may hold newlines: input lines
  *                     when encoding, output lines when decoding
  */
+#include "tidal/io.h"
 #include "tidal/opts.h"
 #include "tidal/tokenizer.h"
 
@@ -161,7 +162,7 @@ int main(int argc, char **argv)
             json_t *js = NULL;
             if (json) {
                 json_error_t je;
-                js = json_loadb(line, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+                js = td_json_loadb(line, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
                 if (!json_is_string(js)) {
                     fprintf(stderr, "tidal-tokenize: stdin line %zu: expected a JSON string (%s)\n", lineno, js ? "not a string" : je.text);
                     status = 1;

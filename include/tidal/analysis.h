@@ -27,6 +27,8 @@ typedef struct {
     char *path;
     char *label;              // "recipe_a→recipe_b", or the file name
     char *recipe_a, *recipe_b, *model_path; // attributes; "" when absent
+    int replay;               // B is recorded rollouts (mode "replay"): recipe_b names them, and
+                              // metrics needing B's full distribution are "n/a (replay)"
     size_t n;                 // scored tokens (rows of /tokens)
     size_t nseq;              // sequences (rows of /seqs, or 1 + max /tokens/seq)
     double *logp_a, *logp_b;  // (n)

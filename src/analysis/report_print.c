@@ -14,7 +14,10 @@ static json_t *jpath(json_t *j, const char *path)
     char buf[128];
     snprintf(buf, sizeof buf, "%s", path);
     char *save = NULL;
-    for (char *k = strtok_r(buf, ".", &save); k && j; k = strtok_r(NULL, ".", &save)) j = json_object_get(j, k);
+    for (char *k = strtok_r(buf, ".", &save); k && j; k = strtok_r(NULL, ".", &save)) {
+        if (json_is_string(j)) return j;       /* "n/a (replay)" stands for a whole group */
+        j = json_object_get(j, k);
+    }
     return j;
 }
 

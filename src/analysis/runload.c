@@ -110,6 +110,17 @@ int td_run_load(td_run *run, const char *path, int flags, td_error *err)
     run->recipe_a = attr_or_empty(rf, "recipe_a_name");
     run->recipe_b = attr_or_empty(rf, "recipe_b_name");
     run->model_path = attr_or_empty(rf, "model_path");
+    char *mode = attr_or_empty(rf, "mode");
+    run->replay = strcmp(mode, "replay") == 0;
+    free(mode);
+    if (run->replay) {          /* B did not run: the recorded rollouts stand in its place */
+        char *fmt = attr_or_empty(rf, "rollout_format");
+        size_t len = strlen(fmt) + 40;
+        free(run->recipe_b);
+        run->recipe_b = td_xmalloc(len);
+        snprintf(run->recipe_b, len, "%s%srollouts (replay)", fmt, fmt[0] ? " " : "recorded ");
+        free(fmt);
+    }
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     if (run->recipe_a[0] && run->recipe_b[0]) {
         size_t len = strlen(run->recipe_a) + strlen(run->recipe_b) + 8;
