@@ -19,9 +19,11 @@ static void alloc_set(td_seqset *s, int n)
     s->batch = td_xcalloc((size_t)(n ? n : 1), sizeof(int64_t));
 }
 
-static int tokenize_cb(void *user, const char *text, size_t len, int32_t **ids, size_t *n, td_error *err)
+/* as the diff job reads prompts (src/diff/diff.c): model inputs keep their special tokens */
+static int tokenize_cb(void *user, const char *text, size_t len, bool model_input, int32_t **ids, size_t *n,
+                       td_error *err)
 {
-    return td_tokenizer_encode((const td_tokenizer *)user, text, len, false, true, ids, n, err);
+    return td_tokenizer_encode((const td_tokenizer *)user, text, len, model_input, !model_input, ids, n, err);
 }
 
 int td_seqset_from_prompts(td_seqset *s, const char *model_dir, const char *prompts_path, int vocab_size,
@@ -33,7 +35,13 @@ int td_seqset_from_prompts(td_seqset *s, const char *model_dir, const char *prom
     td_tokenizer *tok = NULL;
     if (stat(path, &st) == 0 && !(tok = td_tokenizer_load(path, err))) return -1;
     td_prompt_set ps;
-    int rc = td_prompts_load(prompts_path, tok ? tokenize_cb : NULL, tok, vocab_size, ctx, false, &ps, err);
+    td_prompt_reader reader = {.tokenize = tok ? tokenize_cb : NULL, .tok_user = tok, .vocab_size = vocab_size, .max_len = ctx};
+    if (tok) {
+        reader.chat_template = td_tokenizer_chat_template(tok, &reader.chat_template_from);
+        reader.bos_token = td_tokenizer_token_str(tok, td_tokenizer_bos_id(tok));
+        reader.eos_token = td_tokenizer_token_str(tok, td_tokenizer_eos_id(tok));
+    }
+    int rc = td_prompts_read(prompts_path, &reader, &ps, err);
     if (tok) td_tokenizer_free(tok);
     if (rc) return -1;
     alloc_set(s, (int)ps.n);
