@@ -102,9 +102,10 @@ static void test_hand_worked(void **state)
     td_is_raw raw;
     td_is_log_weights(&run, TD_IS_TOKEN, &lw, &n);
     assert_int_equal(n, 4);
-    td_is_raw_stats(lw, n, &raw);
+    td_is_raw_stats(lw, n, TD_IS_TOKEN, &raw);
     near(raw.w_min, 0.5); near(raw.w_max, 2); near(raw.w_mean, 1.125);
     near(raw.chi2, 0.5625); near(raw.ess_frac, 1.125 * 1.125 / 1.5625);
+    near(raw.inv_ess_m1, 1.5625 / (1.125 * 1.125) - 1);
     td_is_spec spec;
     td_is_corr c;
     assert_int_equal(td_is_spec_parse("token:truncate:1.5", &spec, &err), 0);
@@ -117,12 +118,21 @@ static void test_hand_worked(void **state)
     /* sequences: W = 2·1 and 0.5·1; geometric √2 and √0.5 */
     td_is_log_weights(&run, TD_IS_SEQUENCE, &lw, &n);
     assert_int_equal(n, 2);
-    td_is_raw_stats(lw, n, &raw);
+    td_is_raw_stats(lw, n, TD_IS_SEQUENCE, &raw);
     near(raw.w_min, 0.5); near(raw.w_max, 2); near(raw.w_mean, 1.25); near(raw.chi2, (4 + 0.25) / 2 - 1);
     free(lw);
     td_is_log_weights(&run, TD_IS_GEOMETRIC, &lw, &n);
-    td_is_raw_stats(lw, n, &raw);
-    near(raw.w_max, sqrt(2.0)); near(raw.w_min, sqrt(0.5)); near(raw.chi2, 0.25);
+    td_is_raw_stats(lw, n, TD_IS_GEOMETRIC, &raw);
+    /* geometric chi² is self-normalised: mean G² / (mean G)² − 1 = 1.25 / 1.125 − 1 (not the
+     * 0.25 that mean G² − 1 would give), equal to 1/ESS − 1 */
+    near(raw.w_max, sqrt(2.0)); near(raw.w_min, sqrt(0.5)); near(raw.chi2, 1.25 / 1.125 - 1);
+    near(raw.inv_ess_m1, raw.chi2);
+    /* weights all 0.9: mean(w²) − 1 would be −0.19; the geometric chi² is 0 */
+    double flat[3] = {log(0.9), log(0.9), log(0.9)};
+    td_is_raw_stats(flat, 3, TD_IS_GEOMETRIC, &raw);
+    assert_true(raw.chi2 == 0.0 && raw.inv_ess_m1 == 0.0);
+    td_is_raw_stats(flat, 3, TD_IS_TOKEN, &raw);
+    near(raw.chi2, 0.81 - 1);
     free(lw);
 
     /* the JSON report carries the same numbers, and parity: ±0.1 % holds the two Δ = 0 */
@@ -132,6 +142,18 @@ static void test_hand_worked(void **state)
     near(json_real_value(json_object_get(json_object_get(j, "abs_dlogp"), "p50")), L2 / 2);
     near(json_real_value(json_object_get(json_object_get(j, "parity"), "0.1%")), 0.5);
     near(json_real_value(json_object_get(json_object_get(j, "parity"), "5%")), 0.5);
+    /* verl's diagnostics: kl = mean Δ = 0; per sequence d = −ln2/2 and +ln2/2 */
+    json_t *v = json_object_get(j, "verl");
+    /* (the sums of ±ln2 cancel to a rounding of the −1 + Δ log-probs: |x| < 1e-15) */
+    assert_true(fabs(json_real_value(json_object_get(v, "kl"))) < 1e-15);
+    assert_true(fabs(json_real_value(json_object_get(v, "log_ppl_diff"))) < 1e-15);
+    near(json_real_value(json_object_get(v, "log_ppl_abs_diff")), L2 / 2);
+    near(json_real_value(json_object_get(v, "log_ppl_diff_max")), L2 / 2);
+    near(json_real_value(json_object_get(v, "log_ppl_diff_min")), -L2 / 2);
+    near(json_real_value(json_object_get(v, "ppl_ratio")), (sqrt(0.5) + sqrt(2.0)) / 2);
+    near(json_real_value(json_object_get(v, "training_ppl")), exp(1.0));
+    near(json_real_value(json_object_get(v, "rollout_ppl")), exp(1.0) * (sqrt(2.0) + sqrt(0.5)) / 2);
+    near(json_real_value(json_object_get(v, "training_log_ppl")), 1.0);
     json_t *worst = json_object_get(j, "worst_seqs");
     assert_int_equal(json_array_size(worst), 2);
     near(fabs(json_real_value(json_object_get(json_array_get(worst, 0), "log_w"))), L2);

@@ -69,7 +69,8 @@ int main(int argc, char **argv)
     int rank = 8;
     double alpha = 16, lora_std = 0.01;
     unsigned long long seed = 0;
-    td_init_opts init = {0.02, -1};
+    td_init_opts init = {0.02, -1, 0, 1.0, TD_OUTLIER_NORM};
+    int outlier_site = 0;
     const int MAXDIM = 1 << 24;
     /* shape flags take the config.json names too (--num-hidden-layers, --num_attention_heads ...) */
     td_opt opts[] = {
@@ -90,6 +91,14 @@ int main(int argc, char **argv)
         TD_OPT_D("init-std", 0, &init.std, "S", 0, 1e3, "std of GEMM weights and biases (default 0.02)"),
         TD_OPT_D("embed-std", 0, &init.embed_std, "S", 0, 1e3, "std of the embedding (default --init-std); a larger one\n"
                  "(e.g. 0.5) gives peaked distributions"),
+        TD_OPT_I("outlier-channels", 0, &init.outlier_channels, "N", 0, MAXDIM, "plant N outlier channels (synthetic; recorded in the\n"
+                 "checkpoint's metadata): N hidden channels drawn from\nthe seed, multiplied by --outlier-scale at --outlier-site"),
+        TD_OPT_D("outlier-scale", 0, &init.outlier_scale, "S", 0, 1e30, "factor on the planted channels (default 1; real models'\n"
+                 "outlier channels are 10-1000x the rest; 1e5 overflows FP16)"),
+        TD_OPT_C("outlier-site", 0, &outlier_site, "norm|embed", "norm (default): the input_layernorm and\n"
+                 "post_attention_layernorm weights (channel outliers in\nevery GEMM input, as LLM.int8() found), divided back\n"
+                 "out of the projections' input columns (same function in\nexact arithmetic); embed: the embedding's columns\n"
+                 "(massive residual-stream values; changes the function)"),
         TD_OPT_U("seed", 0, &seed, "S", "seed (default 0)"),
         TD_OPT_S("output", 'o', &out, "DIR", "output directory (created, parents too)"),
         TD_OPT_S("lora-for", 0, &lora_for, "MODEL_DIR", "write a PEFT LoRA adapter for MODEL_DIR's shapes instead"),
@@ -108,7 +117,7 @@ int main(int argc, char **argv)
     td_opt_get(opts, "intermediate-size")->aliases = "intermediate";
     td_opt_get(opts, "vocab-size")->aliases = "vocab";
     td_opt_get(opts, "rms-norm-eps")->aliases = "rms-eps";
-    const char *positive[] = {"rope-theta", "rms-norm-eps", "init-std", "embed-std", "alpha", "lora-std"};
+    const char *positive[] = {"rope-theta", "rms-norm-eps", "init-std", "embed-std", "alpha", "lora-std", "outlier-scale"};
     for (size_t i = 0; i < sizeof positive / sizeof *positive; i++) td_opt_get(opts, positive[i])->lo_open = 1;
     td_opt_get(opts, "output")->required = 1;
     td_cli cli = {"tidal-init", "[--arch A] [--preset P] [shape flags] [--dtype D] [--seed S] -o DIR\n"
@@ -118,7 +127,10 @@ int main(int argc, char **argv)
                   "--intermediate-size --vocab-size. The command line is recorded in the safetensors metadata.",
                   "--lora-for: both lora_A and lora_B are random N(0, S^2): PEFT starts B at zero, an update of\n"
                   "nothing, so tidal's adapters are random on purpose, for tests and for measuring what merging\n"
-                  "an update into low-precision weights keeps. They are not trained adapters.",
+                  "an update into low-precision weights keeps. They are not trained adapters.\n"
+                  "--outlier-channels: a random model has no outlier channels, so FP8 scaling granularity\n"
+                  "and FP16's range make no difference on it; real LLMs have a few huge channels. Planted\n"
+                  "ones are synthetic and say so in the safetensors metadata (tidal_synthetic).",
                   opts, 0, 0};
     int nargs, rc = td_cli_parse(&cli, argc, argv, NULL, &nargs);
     if (rc >= 0) return rc;
@@ -164,6 +176,9 @@ int main(int argc, char **argv)
     if (!cmd) return 2;
 
     if (init.embed_std < 0) init.embed_std = init.std;
+    init.outlier_site = outlier_site ? TD_OUTLIER_EMBED : TD_OUTLIER_NORM;
+    if (init.outlier_channels > cfg.hidden_size)
+        return td_cli_bad(&cli, "--outlier-channels", NULL, "at most the hidden size (%d), got %d", cfg.hidden_size, init.outlier_channels);
     snprintf(tmp_path, sizeof tmp_path, "%s/model.safetensors.tmp", out);
     signal(SIGINT, on_stop_signal);
     signal(SIGTERM, on_stop_signal);

@@ -90,11 +90,18 @@ const char *td_is_level_name(td_is_level l);
 const char *td_is_mode_name(td_is_mode m);
 
 /* Weight statistics before any correction. ess = 1 / mean((w / mean w)²) as a fraction of n;
- * chi2 = mean(w²) − 1. */
+ * inv_ess_m1 = 1/ess − 1 = mean(w²)/mean(w)² − 1 = Var(w)/mean(w)² (≥ 0: the spread of the
+ * weights alone, the mean normalised away).
+ * chi2: token and sequence levels mean(w²) − 1, verl's chi2_token / chi2_seq. It mixes the spread
+ * with the sampling noise of the mean weight (mean(w²) − 1 = Var(w) + (mean w)² − 1), which
+ * dominates at small mismatch, hence inv_ess_m1 beside it. Geometric level: G = W^(1/T) is not an
+ * unbiased ratio (E_μ[G] ≤ 1 by Jensen), so mean(G²) − 1 goes negative whenever mean G < 1 with
+ * little spread; there chi2 is defined on the self-normalised weights, mean((G / mean G)²) − 1,
+ * i.e. equal to inv_ess_m1, never negative. */
 typedef struct {
     size_t n;
     double log_min, log_max;          // raw log weights, before the ±20 clamp
-    double w_min, w_mean, w_max, ess_frac, chi2;
+    double w_min, w_mean, w_max, ess_frac, chi2, inv_ess_m1;
 } td_is_raw;
 /* After one correction: shares of weights below lo / above hi (clipped or masked), and the
  * mean and ess of the corrected weights. */
@@ -103,7 +110,24 @@ typedef struct { double frac_lo, frac_hi, w_mean, ess_frac; } td_is_corr;
 /* Log weights of a level from a run's response tokens: token level n = response tokens;
  * sequence and geometric n = sequences with ≥ 1 response token. Caller frees *logw. */
 int  td_is_log_weights(const td_run *run, td_is_level level, double **logw, size_t *n);
-void td_is_raw_stats(const double *logw, size_t n, td_is_raw *r);
+void td_is_raw_stats(const double *logw, size_t n, td_is_level level, td_is_raw *r);
+
+/* The mismatch diagnostics verl logs (verl/trainer/ppo/rollout_corr_helper.py,
+ * compute_offpolicy_metrics; π_old = path A, μ = rollout = path B), over the response tokens:
+ *   kl = mean_t(logp_b − logp_a) (k1, signed: can be negative), k3_kl = mean_t k3,
+ *   per sequence d_i = mean_t logp_b − mean_t logp_a (rollout log-ppl minus training log-ppl
+ *   with the sign verl uses: log_ppl_diff = log PPL_train − log PPL_rollout),
+ *   log_ppl_diff = mean_i d_i, log_ppl_abs_diff = mean_i |d_i|, its max and min,
+ *   ppl_ratio = mean_i exp(d_i) (PPL_train / PPL_rollout per sequence, averaged),
+ *   training_ppl = mean_i exp(−mean_t logp_a), rollout_ppl likewise with logp_b, and their logs
+ *   training_log_ppl = mean_i (−mean_t logp_a), rollout_log_ppl.
+ * Sequences without response tokens are left out; NaN when there is none. */
+typedef struct {
+    size_t n_tokens, n_seqs;
+    double kl, k3_kl, log_ppl_diff, log_ppl_abs_diff, log_ppl_diff_max, log_ppl_diff_min, ppl_ratio;
+    double training_ppl, rollout_ppl, training_log_ppl, rollout_log_ppl;
+} td_verl_metrics;
+void td_verl_metrics_compute(const td_run *run, td_verl_metrics *v);
 void td_is_apply(const double *logw, size_t n, const td_is_spec *spec, td_is_corr *c);
 
 /* The whole report of one run as JSON (what --json prints): summaries, parity bands,

@@ -205,7 +205,35 @@ int td_checkpoint_init_random(const char *dir, const td_config *cfg, td_dtype dt
  * (0.02 by default, as HF's initializer_range), embed_std for the embedding (tied: also the
  * lm_head). A larger embed_std gives peaked next-token distributions, like a trained model's,
  * instead of the near-uniform ones of std 0.02. Norm weights are 1 + N(0, 0.1). */
-typedef struct { double std, embed_std; } td_init_opts;
+/*
+ * Planted outlier channels (outlier_channels > 0): real LLMs carry a few hidden channels whose
+ * activations are orders of magnitude above the rest, in every token (LLM.int8()'s outlier
+ * features; Bondarenko et al., Wei et al. "Outlier Suppression": the RMSNorm/LayerNorm weight γ
+ * is itself large on those channels and scales them up in the GEMM inputs; Sun et al.'s "massive
+ * activations" in the residual stream). A random-init model has none, so FP8 scaling granularity
+ * makes no difference on it. `outlier_channels` hidden channels, drawn from the seed (stream
+ * TD_INIT_OUTLIER_STREAM), are multiplied by `outlier_scale`:
+ *   TD_OUTLIER_NORM   in every input_layernorm and post_attention_layernorm weight (γ): the
+ *                     inputs of every q/k/v and gate/up projection carry the outliers, as the
+ *                     channel outliers of real models do (what per-tensor FP8 scaling suffers);
+ *                     the input columns of those projections are divided by the same factor
+ *                     (SmoothQuant's migration run backwards), so the model computes the same
+ *                     function in exact arithmetic and only the roundings see the outliers;
+ *   TD_OUTLIER_EMBED  in the embedding's columns (a tied lm_head is that tensor): the residual stream
+ *                     carries them from the first layer on (massive activations; what FP16's
+ *                     65504 limit meets); the norms scale them back down in the GEMM inputs.
+ * The checkpoint records them in its safetensors metadata (tidal_synthetic, tidal_outlier_*):
+ * these are planted, not learned. */
+typedef enum { TD_OUTLIER_NORM = 0, TD_OUTLIER_EMBED = 1 } td_outlier_site;
+#define TD_INIT_OUTLIER_STREAM 0x6f75746c6965ull   /* "outlie": the channel draw */
+typedef struct {
+    double std, embed_std;
+    int outlier_channels;       /* 0: none                                   */
+    double outlier_scale;       /* factor on those channels                 */
+    td_outlier_site outlier_site;
+} td_init_opts;
+/* The planted channels of a config and seed: n distinct channels in [0, C), ascending. */
+void td_init_outlier_channels(uint64_t seed, int C, int n, int *out);
 int td_checkpoint_init_random_opts(const char *dir, const td_config *cfg, td_dtype dt, uint64_t seed,
                                    const td_init_opts *opts, const char *command, FILE *progress,
                                    td_error *err);

@@ -189,7 +189,7 @@ static json_t *is_json(const td_run *r, const td_report_opts *o)
         size_t n;
         td_is_log_weights(r, (td_is_level)l, &logw, &n);
         td_is_raw raw;
-        td_is_raw_stats(logw, n, &raw);
+        td_is_raw_stats(logw, n, (td_is_level)l, &raw);
         json_t *j = json_object();
         json_object_set_new(j, "level", json_string(td_is_level_name((td_is_level)l)));
         json_object_set_new(j, "n", json_integer((json_int_t)n));
@@ -200,6 +200,7 @@ static json_t *is_json(const td_run *r, const td_report_opts *o)
         json_object_set_new(j, "w_max", num(raw.w_max));
         json_object_set_new(j, "ess_frac", num(raw.ess_frac));
         json_object_set_new(j, "chi2", num(raw.chi2));
+        json_object_set_new(j, "inv_ess_m1", num(raw.inv_ess_m1));
         json_t *corr = json_array();
         for (size_t c = 0; c < o->n_is; c++) {
             if ((int)o->is[c].level != l) continue;
@@ -220,6 +221,28 @@ static json_t *is_json(const td_run *r, const td_report_opts *o)
         free(logw);
     }
     return arr;
+}
+
+/* verl's rollout_corr diagnostics under verl's names (analysis.h) */
+static json_t *verl_json(const td_run *r)
+{
+    td_verl_metrics v;
+    td_verl_metrics_compute(r, &v);
+    json_t *o = json_object();
+    json_object_set_new(o, "n_tokens", json_integer((json_int_t)v.n_tokens));
+    json_object_set_new(o, "n_seqs", json_integer((json_int_t)v.n_seqs));
+    json_object_set_new(o, "kl", num(v.kl));
+    json_object_set_new(o, "k3_kl", num(v.k3_kl));
+    json_object_set_new(o, "log_ppl_diff", num(v.log_ppl_diff));
+    json_object_set_new(o, "log_ppl_abs_diff", num(v.log_ppl_abs_diff));
+    json_object_set_new(o, "log_ppl_diff_max", num(v.log_ppl_diff_max));
+    json_object_set_new(o, "log_ppl_diff_min", num(v.log_ppl_diff_min));
+    json_object_set_new(o, "ppl_ratio", num(v.ppl_ratio));
+    json_object_set_new(o, "training_ppl", num(v.training_ppl));
+    json_object_set_new(o, "rollout_ppl", num(v.rollout_ppl));
+    json_object_set_new(o, "training_log_ppl", num(v.training_log_ppl));
+    json_object_set_new(o, "rollout_log_ppl", num(v.rollout_log_ppl));
+    return o;
 }
 
 static json_t *layers_json(const td_run *r)
@@ -310,6 +333,7 @@ json_t *td_report_run(const td_run *r, const td_report_opts *o, td_error *err)
     for (size_t i = 0; i < n; i++) if (!isfinite(absd[i])) absd[i] = -1;  // never among the worst
     json_object_set_new(j, "worst_tokens", worst_tokens_json(r, absd, o));
     json_object_set_new(j, "worst_seqs", worst_seqs_json(r, absd, o));
+    json_object_set_new(j, "verl", verl_json(r));
     json_object_set_new(j, "is", is_json(r, o));
     json_object_set_new(j, "layers", layers_json(r));
     free(absd); free(pa); free(pos); free(pdiff);

@@ -2,84 +2,12 @@
  * all runs go into one table, a column per run, so precisions compare side by side; the
  * per-run breakdowns (buckets, worst tokens and sequences, layers) follow run by run. */
 #include "tidal/analysis.h"
+#include "table.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define MAX_COLS 16
-
-typedef struct {
-    int md;               // Markdown pipes instead of aligned columns
-    size_t ncols;         // label column + one per run (or per field)
-    size_t nrows, cap;
-    char *(*cells)[MAX_COLS];
-} table;
-
-static void t_row(table *t, const char *const *cells)
-{
-    if (t->nrows == t->cap) {
-        t->cap = t->cap ? 2 * t->cap : 32;
-        t->cells = td_xrealloc(t->cells, t->cap * sizeof *t->cells);
-    }
-    for (size_t c = 0; c < t->ncols; c++) {
-        const char *s = cells[c] ? cells[c] : "";
-        size_t n = strlen(s) + 1;
-        t->cells[t->nrows][c] = td_xmalloc(n);
-        memcpy(t->cells[t->nrows][c], s, n);
-    }
-    t->nrows++;
-}
-
-/* UTF-8 aware width: counts code points, not bytes (Δ, ‖ take one column). */
-static size_t u8width(const char *s)
-{
-    size_t w = 0;
-    for (; *s; s++) w += ((unsigned char)*s & 0xC0) != 0x80;
-    return w;
-}
-
-static void t_print(FILE *f, table *t)
-{
-    size_t w[MAX_COLS] = {0};
-    for (size_t r = 0; r < t->nrows; r++)
-        for (size_t c = 0; c < t->ncols; c++)
-            if (u8width(t->cells[r][c]) > w[c]) w[c] = u8width(t->cells[r][c]);
-    for (size_t r = 0; r < t->nrows; r++) {
-        for (size_t c = 0; c < t->ncols; c++) {
-            const char *s = t->cells[r][c];
-            size_t pad = w[c] - u8width(s);
-            if (t->md) {  // a '|' inside a cell (|Δlogp|) would end it: escape it
-                fputs("| ", f);
-                for (const char *q = s; *q; q++) {
-                    if (*q == '|') fputc('\\', f);
-                    fputc(*q, f);
-                }
-                fprintf(f, "%*s ", (int)pad, "");
-            }
-            else if (c == 0) fprintf(f, "%s%*s", s, (int)pad, "");
-            else fprintf(f, "  %*s%s", (int)pad, "", s);
-        }
-        fprintf(f, t->md ? "|\n" : "\n");
-        if (r == 0) {
-            if (t->md) {
-                for (size_t c = 0; c < t->ncols; c++) fprintf(f, "|%s", c ? "---:" : "---");
-                fprintf(f, "|\n");
-            } else {
-                size_t tot = 0;
-                for (size_t c = 0; c < t->ncols; c++) tot += w[c] + (c ? 2 : 0);
-                for (size_t i = 0; i < tot; i++) fputc('-', f);
-                fputc('\n', f);
-            }
-        }
-    }
-    for (size_t r = 0; r < t->nrows; r++)
-        for (size_t c = 0; c < t->ncols; c++) free(t->cells[r][c]);
-    free(t->cells);
-    t->cells = NULL;
-    t->nrows = t->cap = 0;
-}
 
 static json_t *jpath(json_t *j, const char *path)
 {
@@ -153,6 +81,10 @@ static void headline(FILE *f, json_t *const *reps, size_t n, int md)
             snprintf(path, sizeof path, "%s.%s", m[k].key, stats[s]);
             row_path(&t, reps, n, label, NULL, path);
         }
+    static const struct { const char *key, *name; } v[] = {
+        {"verl.kl", "verl kl = mean Δlogp (signed, k1)"}, {"verl.log_ppl_diff", "verl log_ppl_diff"},
+        {"verl.log_ppl_abs_diff", "verl log_ppl_abs_diff"}, {"verl.ppl_ratio", "verl ppl_ratio"}};
+    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) row_path(&t, reps, n, v[k].name, NULL, v[k].key);
     static const char *bands[] = {"0.1%", "1%", "5%"};
     for (size_t b = 0; b < 3; b++) {
         snprintf(label, sizeof label, "share p_b/p_a within ±%s", bands[b]);
@@ -180,8 +112,8 @@ static void headline(FILE *f, json_t *const *reps, size_t n, int md)
         const char *ln = json_string_value(json_object_get(lev[0], "level"));
         static const struct { const char *key, *name; } w[] = {
             {"n", "n"}, {"w_min", "w min"}, {"w_mean", "w mean"}, {"w_max", "w max"},
-            {"ess_frac", "ESS / n"}, {"chi2", "chi²"}};
-        for (size_t k = 0; k < 6; k++) {
+            {"ess_frac", "ESS / n"}, {"chi2", "chi²"}, {"inv_ess_m1", "1/ESS − 1"}};
+        for (size_t k = 0; k < 7; k++) {
             snprintf(label, sizeof label, "IS %s: %s", ln, w[k].name);
             row_path(&t, reps, n, label, lev, w[k].key);
         }
@@ -341,7 +273,11 @@ void td_report_print_markdown(FILE *f, json_t *const *reps, size_t n, const char
 {
     fprintf(f, "## Mismatch side by side\n\nA = training path, B = inference path; Δlogp = logp_B − logp_A; "
                "IS weight w = p_A/p_B of the sampled token (sequence: product over the response, "
-               "geometric: its T-th root); ESS / n = 1 / mean((w / mean w)²); quantiles interpolate linearly.\n\n");
+               "geometric: its T-th root); ESS / n = 1 / mean((w / mean w)²); chi² = mean(w²) − 1 as verl logs it "
+               "(geometric: mean((w / mean w)²) − 1, never negative); 1/ESS − 1 = Var(w) / mean(w)²; verl's kl = "
+               "mean Δlogp over response tokens (signed), log_ppl_diff = mean over sequences of "
+               "(mean logp_B − mean logp_A), ppl_ratio = mean over sequences of exp of that; quantiles "
+               "interpolate linearly.\n\n");
     headline(f, reps, n, 1);
     if (n_figures) {
         fprintf(f, "\n## Figures\n\n");

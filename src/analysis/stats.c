@@ -121,12 +121,12 @@ static double ess_frac(double mean_w, double mean_w2)
     return mean_w2 > 0 ? mean_w * mean_w / mean_w2 : 0.0;
 }
 
-void td_is_raw_stats(const double *logw, size_t n, td_is_raw *r)
+void td_is_raw_stats(const double *logw, size_t n, td_is_level level, td_is_raw *r)
 {
     memset(r, 0, sizeof *r);
     r->n = n;
     if (!n) {
-        r->log_min = r->log_max = r->w_min = r->w_mean = r->w_max = r->ess_frac = r->chi2 = NAN;
+        r->log_min = r->log_max = r->w_min = r->w_mean = r->w_max = r->ess_frac = r->chi2 = r->inv_ess_m1 = NAN;
         return;
     }
     double *w = td_xmalloc(n * sizeof(double)), *w2 = td_xmalloc(n * sizeof(double));
@@ -136,7 +136,10 @@ void td_is_raw_stats(const double *logw, size_t n, td_is_raw *r)
     r->w_mean = gsl_stats_mean(w, 1, n);
     double m2 = gsl_stats_mean(w2, 1, n);
     r->ess_frac = ess_frac(r->w_mean, m2);
-    r->chi2 = m2 - 1.0;
+    r->inv_ess_m1 = r->w_mean > 0 ? m2 / (r->w_mean * r->w_mean) - 1.0 : NAN;
+    /* geometric: the self-normalised chi² (analysis.h); a few ulps below 0 are rounding */
+    r->chi2 = level == TD_IS_GEOMETRIC ? (r->inv_ess_m1 > 0 ? r->inv_ess_m1 : 0.0) : m2 - 1.0;
+    if (r->inv_ess_m1 < 0) r->inv_ess_m1 = 0.0;
     free(w);
     free(w2);
 }
@@ -160,4 +163,54 @@ void td_is_apply(const double *logw, size_t n, const td_is_spec *spec, td_is_cor
     c->ess_frac = ess_frac(c->w_mean, gsl_stats_mean(w2, 1, n));
     free(w);
     free(w2);
+}
+
+/* ---------------------------------------------------------------- verl's diagnostics */
+
+void td_verl_metrics_compute(const td_run *run, td_verl_metrics *v)
+{
+    memset(v, 0, sizeof *v);
+    size_t ns = run->nseq ? run->nseq : 1;
+    double *sa = td_xcalloc(ns, sizeof(double)), *sb = td_xcalloc(ns, sizeof(double));
+    size_t *cnt = td_xcalloc(ns, sizeof(size_t));
+    double kl = 0, k3 = 0;
+    for (size_t i = 0; i < run->n; i++) {
+        if (run->is_prompt[i] || !isfinite(run->logp_a[i]) || !isfinite(run->logp_b[i])) continue;
+        kl += run->logp_b[i] - run->logp_a[i];
+        k3 += run->k3[i];
+        sa[run->seq[i]] += run->logp_a[i];
+        sb[run->seq[i]] += run->logp_b[i];
+        cnt[run->seq[i]]++;
+        v->n_tokens++;
+    }
+    double ld = 0, lad = 0, lmax = -INFINITY, lmin = INFINITY, ratio = 0, tp = 0, rp = 0, tlp = 0, rlp = 0;
+    for (size_t s = 0; s < run->nseq; s++) {
+        if (!cnt[s]) continue;
+        double ma = sa[s] / (double)cnt[s], mb = sb[s] / (double)cnt[s], d = mb - ma;
+        ld += d;
+        lad += fabs(d);
+        if (d > lmax) lmax = d;
+        if (d < lmin) lmin = d;
+        ratio += exp(d);
+        tp += exp(-ma);
+        rp += exp(-mb);
+        tlp += -ma;
+        rlp += -mb;
+        v->n_seqs++;
+    }
+    double nt = (double)v->n_tokens, nq = (double)v->n_seqs;
+    v->kl = v->n_tokens ? kl / nt : NAN;
+    v->k3_kl = v->n_tokens ? k3 / nt : NAN;
+    v->log_ppl_diff = v->n_seqs ? ld / nq : NAN;
+    v->log_ppl_abs_diff = v->n_seqs ? lad / nq : NAN;
+    v->log_ppl_diff_max = v->n_seqs ? lmax : NAN;
+    v->log_ppl_diff_min = v->n_seqs ? lmin : NAN;
+    v->ppl_ratio = v->n_seqs ? ratio / nq : NAN;
+    v->training_ppl = v->n_seqs ? tp / nq : NAN;
+    v->rollout_ppl = v->n_seqs ? rp / nq : NAN;
+    v->training_log_ppl = v->n_seqs ? tlp / nq : NAN;
+    v->rollout_log_ppl = v->n_seqs ? rlp / nq : NAN;
+    free(sa);
+    free(sb);
+    free(cnt);
 }

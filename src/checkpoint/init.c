@@ -77,6 +77,50 @@ static void fill_chunk(float *x, size_t n, const td_param_spec *s, uint64_t seed
     }
 }
 
+void td_init_outlier_channels(uint64_t seed, int C, int n, int *out)
+{
+    /* a partial Fisher-Yates shuffle of 0..C-1, then sorted */
+    int *perm = td_xmalloc((size_t)C * sizeof(int));
+    for (int c = 0; c < C; c++) perm[c] = c;
+    td_rng r;
+    td_rng_stream(&r, seed, TD_INIT_OUTLIER_STREAM);
+    for (int i = 0; i < n && i < C; i++) {
+        int j = i + (int)td_rng_below(&r, (uint64_t)(C - i));
+        int t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+    }
+    for (int i = 0; i < n; i++) {   /* insertion sort of the n drawn */
+        int v = perm[i], k = i;
+        while (k > 0 && out[k - 1] > v) { out[k] = out[k - 1]; k--; }
+        out[k] = v;
+    }
+    free(perm);
+}
+
+/* The factor on the planted channels of tensor s (td_init_opts); 0 when it has none. Site norm:
+ * S on the norm weights, 1/S on the input columns of the projections that read them, so the
+ * model computes the same function in exact arithmetic. Site embed: S on the embedding columns. */
+static double planted_factor(const td_param_spec *s, const td_init_opts *o)
+{
+    if (o->outlier_channels <= 0) return 0;
+    if (o->outlier_site == TD_OUTLIER_NORM) {
+        if (s->role == TD_ROLE_ATTN_NORM || s->role == TD_ROLE_MLP_NORM) return o->outlier_scale;
+        if (s->role == TD_ROLE_WQ || s->role == TD_ROLE_WK || s->role == TD_ROLE_WV || s->role == TD_ROLE_W_GATE ||
+            s->role == TD_ROLE_W_UP) return 1.0 / o->outlier_scale;
+        return 0;
+    }
+    return s->role == TD_ROLE_EMBED ? o->outlier_scale : 0;   /* tied: the lm_head is this tensor */
+}
+
+/* Scales the planted channels among elements [off, off + n) of a tensor whose rows are C long. */
+static void plant(float *x, size_t n, size_t off, int C, const int *ch, int nch, float scale)
+{
+    for (size_t j = 0; j < n; j++) {
+        int c = (int)((off + j) % (size_t)C);
+        for (int k = 0; k < nch; k++)
+            if (ch[k] == c) { x[j] *= scale; break; }
+    }
+}
+
 static const char *torch_dtype_of(td_dtype dt)
 {
     switch (dt) {
@@ -89,7 +133,7 @@ static const char *torch_dtype_of(td_dtype dt)
 int td_checkpoint_init_random(const char *dir, const td_config *cfg_in, td_dtype dt, uint64_t seed,
                               const char *command, FILE *progress, td_error *err)
 {
-    td_init_opts o = {0.02, 0.02};
+    td_init_opts o = {0.02, 0.02, 0, 1.0, TD_OUTLIER_NORM};
     return td_checkpoint_init_random_opts(dir, cfg_in, dt, seed, &o, command, progress, err);
 }
 
@@ -109,12 +153,31 @@ int td_checkpoint_init_random_opts(const char *dir, const td_config *cfg_in, td_
     td_st_writer *w = td_st_writer_new(path);
     float *buf = td_xmalloc((size_t)BATCH * CHUNK * sizeof(float));   /* values of a batch of chunks */
     uint8_t *codes = td_xmalloc((size_t)BATCH * CHUNK * td_dtype_size(dt));   /* ... encoded */
-    int rc = -1;
+    int rc = -1, *ch = NULL;
     char seedstr[32];
     snprintf(seedstr, sizeof seedstr, "%llu", (unsigned long long)seed);
     if (td_st_writer_meta(w, "tidal_command", command ? command : "", err) ||
         td_st_writer_meta(w, "tidal_seed", seedstr, err) || td_st_writer_meta(w, "tidal_version", TD_VERSION, err))
         goto done;
+    int nch = opts->outlier_channels;
+    if (nch > cfg.hidden_size) { td_fail(err, "--outlier-channels %d: the model has %d hidden channels", nch, cfg.hidden_size); goto done; }
+    ch = td_xmalloc((size_t)(nch > 0 ? nch : 1) * sizeof(int));
+    if (nch > 0) {
+        td_init_outlier_channels(seed, cfg.hidden_size, nch, ch);
+        char list[4096] = "", note[4600], scale[64];
+        for (int k = 0; k < nch && strlen(list) + 16 < sizeof list; k++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", k ? "," : "", ch[k]);
+        snprintf(scale, sizeof scale, "%.17g", opts->outlier_scale);
+        const char *site = opts->outlier_site == TD_OUTLIER_NORM ? "norm" : "embed";
+        snprintf(note, sizeof note, "planted outlier channels, not learned ones: hidden channels %s multiplied by %g in %s", list,
+                 opts->outlier_scale, opts->outlier_site == TD_OUTLIER_NORM
+                     ? "every input_layernorm and post_attention_layernorm weight, and divided by it in the input "
+                       "columns of the q/k/v and gate/up projections that read them (the same function in exact arithmetic)"
+                     : "the embedding's columns (and a tied lm_head's)");
+        if (td_st_writer_meta(w, "tidal_synthetic", note, err) || td_st_writer_meta(w, "tidal_outlier_channels", list, err) ||
+            td_st_writer_meta(w, "tidal_outlier_scale", scale, err) || td_st_writer_meta(w, "tidal_outlier_site", site, err))
+            goto done;
+    }
     for (size_t i = 0; i < n; i++)
         if (td_st_writer_declare(w, specs[i].name, dt, specs[i].ndim, specs[i].shape, err) != 0) goto done;
     size_t total = specs[n - 1].offset + specs[n - 1].numel;   /* the table's elements */
@@ -140,6 +203,8 @@ int td_checkpoint_init_random_opts(const char *dir, const td_config *cfg_in, td_
             for (size_t k = 0; k < kn; k++) {
                 size_t off = (k0 + k) * CHUNK, m = numel - off < CHUNK ? numel - off : CHUNK;
                 fill_chunk(buf + k * CHUNK, m, s, seed, i, k0 + k, opts);
+                double pf = planted_factor(s, opts);
+                if (pf != 0) plant(buf + k * CHUNK, m, off, cfg.hidden_size, ch, nch, (float)pf);
                 td_encode_row(td_dtype_format(dt), buf + k * CHUNK, codes + k * CHUNK * es, m, TD_SATFINITE);
             }
             size_t done_elems = k0 * CHUNK, m = numel - done_elems < kn * CHUNK ? numel - done_elems : kn * CHUNK;
@@ -169,5 +234,6 @@ done:
     free(buf);
     free(codes);
     free(specs);
+    free(ch);
     return rc;
 }

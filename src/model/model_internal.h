@@ -88,6 +88,9 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
  * read them. */
 void forward_keep_activations(td_forward *f, int keep);
 const td_acts *forward_acts(const td_forward *f);
+/* Runs the ops through another backend table: an observer wrapping the CPU's op entries
+ * (src/analysis/headroom.c), whose memory calls are the CPU's. */
+void forward_set_backend(td_forward *f, const td_backend *be);
 
 /* logits (N, V) = lm_head(h (N, C)), then log-softmax in place unless raw. */
 void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N,

@@ -120,6 +120,8 @@ void forward_keep_activations(td_forward *f, int keep)
 
 const td_acts *forward_acts(const td_forward *f) { return &f->acts; }
 
+void forward_set_backend(td_forward *f, const td_backend *be) { f->ops.be = be; }
+
 int td_forward_set_recipe(td_forward *f, const td_recipe *r, td_error *err)
 {
     return td_forward_set_recipe_lora(f, r, NULL, 0, err);

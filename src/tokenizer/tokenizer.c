@@ -35,8 +35,11 @@ static int load_added(td_tokenizer *t, json_t *arr, size_t max_ids, td_error *er
         x->lstrip = json_is_true(json_object_get(a, "lstrip"));
         x->rstrip = json_is_true(json_object_get(a, "rstrip"));
         x->single_word = json_is_true(json_object_get(a, "single_word"));
-        if (!tk_strmap_put(&t->added_by_str, s, len, (int32_t)t->n_added))
+        if (!tk_strmap_put(&t->added_by_str, s, len, (int32_t)t->n_added)) {
+            free(x->content);   /* not counted in n_added: the free of the list would miss it */
+            x->content = NULL;
             return td_fail(err, "%s: added_tokens[%zu]: \"%s\" is listed twice", t->path, i, s);
+        }
         t->n_added++;
     }
     return 0;

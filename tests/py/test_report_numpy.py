@@ -117,7 +117,13 @@ def is_ref(name, got, logw, specs):
     close(name + ".w_mean", got["w_mean"], float(w.mean()))
     close(name + ".w_max", got["w_max"], float(w.max()))
     close(name + ".ess_frac", got["ess_frac"], float(1.0 / np.mean((w / w.mean()) ** 2)))
-    close(name + ".chi2", got["chi2"], float(np.mean(w * w) - 1))
+    inv_ess_m1 = float(np.mean(w * w) / w.mean() ** 2 - 1)
+    close(name + ".inv_ess_m1", got["inv_ess_m1"], inv_ess_m1)
+    # verl's chi2 (mean w² − 1) at token and sequence level; the geometric level's is the
+    # self-normalised one, mean((w / mean w)²) − 1, never negative
+    close(name + ".chi2", got["chi2"], inv_ess_m1 if name.endswith("geometric") else float(np.mean(w * w) - 1))
+    if name.endswith("geometric"):
+        assert got["chi2"] >= 0, got["chi2"]
     assert len(got["corrections"]) == len(specs), (name, got["corrections"], specs)
     for c, (mode, lo, hi) in zip(got["corrections"], specs):
         below, above = w < lo, w > hi
@@ -130,6 +136,29 @@ def is_ref(name, got, logw, specs):
         close(cn + ".frac_hi", c["frac_hi"], float(above.mean()))
         close(cn + ".w_mean", c["w_mean"], float(v.mean()))
         close(cn + ".ess_frac", c["ess_frac"], float(v.mean() ** 2 / np.mean(v * v)) if np.any(v) else 0.0)
+
+
+def verl(got, t, resp, nseq):
+    """verl's compute_offpolicy_metrics (verl/trainer/ppo/rollout_corr_helper.py), written out in
+    numpy as verl writes it in torch: old_log_prob = logp_a, rollout_log_prob = logp_b,
+    response_mask = response tokens."""
+    la, lb, sq = t["logp_a"][resp], t["logp_b"][resp], t["seq"][resp]
+    close("verl.kl", got["kl"], float(np.mean(lb - la)))
+    close("verl.k3_kl", got["k3_kl"], float(np.mean(np.exp(la - lb) - (la - lb) - 1)))
+    cnt = np.bincount(sq, minlength=nseq)
+    has = cnt > 0
+    ma = np.bincount(sq, weights=la, minlength=nseq)[has] / cnt[has]
+    mb = np.bincount(sq, weights=lb, minlength=nseq)[has] / cnt[has]
+    d = mb - ma
+    close("verl.log_ppl_diff", got["log_ppl_diff"], float(d.mean()))
+    close("verl.log_ppl_abs_diff", got["log_ppl_abs_diff"], float(np.abs(d).mean()))
+    close("verl.log_ppl_diff_max", got["log_ppl_diff_max"], float(d.max()))
+    close("verl.log_ppl_diff_min", got["log_ppl_diff_min"], float(d.min()))
+    close("verl.ppl_ratio", got["ppl_ratio"], float(np.exp(d).mean()))
+    close("verl.training_ppl", got["training_ppl"], float(np.exp(-ma).mean()))
+    close("verl.rollout_ppl", got["rollout_ppl"], float(np.exp(-mb).mean()))
+    close("verl.training_log_ppl", got["training_log_ppl"], float((-ma).mean()))
+    close("verl.rollout_log_ppl", got["rollout_log_ppl"], float((-mb).mean()))
 
 
 def check_run(path, rep, n_worst):
@@ -187,6 +216,8 @@ def check_run(path, rep, n_worst):
     assert [l["level"] for l in rep["is"]] == ["token", "sequence", "geometric"]
     for l in rep["is"]:
         is_ref("is." + l["level"], l, logw[l["level"]], by_level[l["level"]])
+
+    verl(rep["verl"], t, resp, nseq)
 
     if lay is None:
         assert rep["layers"] is None
