@@ -23,6 +23,7 @@ typedef struct {
     int L;
     int layer;                  /* -1 before the first layer, L after the last */
     int n_norm, n_mm1, n_rope, n_res;   /* ops of each kind seen in this layer */
+    int first_norm;             /* the next norm is layer 0's input norm (set by the embedding) */
     td_headroom_row *rows;      /* [0] embedding, [1 + l * OP_PER_LAYER + op], then norm, lm_head */
 } observer;
 
@@ -58,18 +59,36 @@ static void ob_embedding(const td_ops *ctx, float *out, const int *tokens, const
     count(row_at(o, 0), out, (size_t)N * C);
     o->layer = 0;
     o->n_norm = o->n_mm1 = o->n_rope = o->n_res = 0;
+    o->first_norm = 1;
 }
 
+/* decoder.c computes each layer's input norm at the end of the previous layer (the residual add
+ * and the next norm are one step, as fused-add kernels do them), before the layer callback moves
+ * the observer on. So within layer l the norms come as: (Qwen3: q_norm, k_norm),
+ * post_attention_layernorm, then layer l + 1's input_layernorm (the final norm after the last
+ * layer); the very first input norm follows the embedding. */
 static void ob_rmsnorm(const td_ops *ctx, float *out, float *rstd, const float *inp, const float *weight, int N, int C,
                        float eps)
 {
     observer *o = obs_of(ctx);
     td_backend_cpu.rmsnorm_forward(ctx, out, rstd, inp, weight, N, C, eps);
-    /* decoder.c's order: input_layernorm, (Qwen3: q_norm, k_norm), post_attention_layernorm */
-    static const int qk[4] = {OP_IN_NORM, OP_Q_NORM, OP_K_NORM, OP_POST_NORM}, plain[2] = {OP_IN_NORM, OP_POST_NORM};
-    int op = o->m->cfg.qk_norm ? qk[o->n_norm < 4 ? o->n_norm : 3] : plain[o->n_norm < 2 ? o->n_norm : 1];
-    o->n_norm++;
-    count(row_at(o, op), out, (size_t)N * C);
+    td_headroom_row *row;
+    if (o->first_norm) {
+        row = row_at(o, OP_IN_NORM);
+        o->first_norm = 0;
+    } else {
+        static const int qk[3] = {OP_Q_NORM, OP_K_NORM, OP_POST_NORM};
+        int n_in_layer = o->m->cfg.qk_norm ? 3 : 1;
+        if (o->n_norm < n_in_layer) {
+            row = row_at(o, o->m->cfg.qk_norm ? qk[o->n_norm] : OP_POST_NORM);
+        } else {            /* the next layer's input norm, or the final norm */
+            int next = o->layer + 1;
+            row = next < o->L ? &o->rows[1 + (size_t)next * OP_PER_LAYER + OP_IN_NORM]
+                              : &o->rows[1 + (size_t)o->L * OP_PER_LAYER];
+        }
+        o->n_norm++;
+    }
+    count(row, out, (size_t)N * C);
 }
 
 static void ob_matmul(const td_ops *ctx, int n, float *const *out, const float *inp, const float *const *weight,

@@ -40,12 +40,20 @@ def rows(path):
         to, so = np.argsort(key, kind="stable"), np.argsort(pi, kind="stable")
         out = {"tokens/" + n: f["tokens/" + n][()][to] for n in f["tokens"] if n != "seq"}
         out.update({"seqs/" + n: f["seqs/" + n][()][so] for n in f["seqs"]
-                    if n not in ("batch", "token_offset", "tokens_offset")})
+                    if n not in ("batch", "token_offset", "tokens_offset", "text_offset")})
+        if "text" in f:   # the stored text of each sequence, not where it sits in /text/utf8
+            utf8, off = f["text/utf8"][()], f["seqs/text_offset"][()]
+            ln = f["seqs/prompt_text_len"][()] + f["seqs/response_text_len"][()]
+            out["text"] = np.array([utf8[off[i]:off[i] + ln[i]].tobytes() for i in so], dtype=object)
     return out
 
 
 def differences(a, b):
-    return [k for k in a if a[k].shape != b[k].shape or a[k].tobytes() != b[k].tobytes()]
+    def same(x, y):
+        if x.dtype == object or y.dtype == object:
+            return x.shape == y.shape and all(p == q for p, q in zip(x, y))
+        return x.shape == y.shape and x.tobytes() == y.tobytes()
+    return [k for k in a if k not in b or not same(a[k], b[k])]
 
 
 def main():
