@@ -322,4 +322,12 @@ const td_backend td_backend_cpu = {
     .residual_forward = residual_cpu,
     .scale_forward = scale_cpu,
     .logsoftmax_forward = logsoftmax_forward_ref,  /* fp32 over fp32 logits in every recipe */
+    /* the backward (cpu_backward.c) */
+    .embedding_backward = embedding_backward_cpu,
+    .rmsnorm_backward = rmsnorm_backward_cpu,
+    .matmul_backward = matmul_backward_cpu,
+    .rope_backward = rope_backward_cpu,
+    .attention_backward = attention_backward_cpu,
+    .swiglu_backward = swiglu_backward_cpu,
+    .logsoftmax_backward = logsoftmax_backward_ref,  /* fp32 over fp32 log-probs */
 };
