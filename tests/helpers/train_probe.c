@@ -166,7 +166,7 @@ int main(int argc, char **argv)
         tokens_done += total;
         t1 = omp_get_wtime();
         if (!bench)
-            printf("step %d loss %.9g grad_norm %.9g lr %.9g loss_scale %.9g skipped %d\n", k, loss,
+            printf("step %d loss %.9g grad_norm %.9g lr %.17g loss_scale %.17g skipped %d\n", k, loss,
                    info.grad_norm, info.lr, info.loss_scale, info.skipped);
         if (trace) {
             char p[4096];
