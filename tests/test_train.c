@@ -17,6 +17,9 @@
  *    inference path (td_session prefill), the project's fp32 tolerance.
  * 3. Gradients are bit-identical with 1 and 2 threads (every reduction has a fixed order).
  * 4. A NaN weight stops the step with a message naming the sequence (non-finite loss).
+ * 5. LoRA r=1 on every projection: after a step the saved PEFT adapter reads back through
+ *    td_lora_load (the loader tidal-diff uses) with A and B bit-identical to the trained ones,
+ *    and only A/B moved (the base masters unchanged).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -373,6 +376,54 @@ static void test_nan_weight_stops(void **st)
     td_model_free(m);
 }
 
+static void test_lora_save_roundtrip(void **st)
+{
+    (void)st;
+    td_model *m = make_model(TD_ARCH_QWEN2, 0, 1, 0, 12);
+    int tok[NSEQ][16];
+    float w[NSEQ][16];
+    const int *tokens[NSEQ];
+    const float *weights[NSEQ];
+    batch(tok, w, tokens, weights, m->cfg.vocab_size);
+    td_train_opts o;
+    td_train_opts_defaults(&o);
+    o.max_tokens = 40; o.max_seq_len = 16; o.lora_r = 1; o.lora_alpha = 4; o.lr = 1e-2;
+    o.lora_modules = (1u << TD_LORA_NMOD) - 1;
+    td_error err;
+    td_trainer *tr = td_trainer_create(m, NULL, &o, NULL, &err);
+    assert_non_null(tr);
+    for (int k = 0; k < 2; k++) {
+        double loss;
+        assert_int_equal(td_trainer_accumulate_sft(tr, NSEQ, tokens, LENS, weights, 0, &loss, &err), 0);
+        assert_int_equal(td_trainer_step(tr, NULL, &err), 0);
+    }
+    char dir[] = "/tmp/tidal-lora-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(td_trainer_save(tr, dir, TD_DT_F32, "test_train", &err), 0);
+    td_lora *back = td_lora_load(dir, &m->cfg, &err);
+    if (!back) fprintf(stderr, "%s\n", err.msg);
+    assert_non_null(back);
+    const td_lora *lo = td_trainer_lora(tr);
+    assert_int_equal(back->rank, 1);
+    assert_int_equal(back->n_adapted, 2 * TD_LORA_NMOD);
+    assert_true(back->scale == 4.0f);
+    for (int i = 0; i < 2 * TD_LORA_NMOD; i++) {
+        const td_lora_pair *a = &lo->pairs[i], *b = &back->pairs[i];
+        assert_memory_equal(a->a, b->a, (size_t)a->in * sizeof(float));
+        assert_memory_equal(a->b, b->b, (size_t)a->out * sizeof(float));
+        float bmax = 0;
+        for (int k = 0; k < a->out; k++) bmax = fmaxf(bmax, fabsf(a->b[k]));
+        assert_true(bmax > 0);   /* B left zero: trained */
+    }
+    assert_memory_equal(td_trainer_model(tr)->owned, m->owned, m->owned_floats * sizeof(float));
+    td_lora_free(back);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    td_trainer_free(tr);
+    td_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -381,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_logprobs_match_forward),
         cmocka_unit_test(test_threads_bit_identical),
         cmocka_unit_test(test_nan_weight_stops),
+        cmocka_unit_test(test_lora_save_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

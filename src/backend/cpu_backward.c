@@ -81,14 +81,15 @@ void matmul_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, float *
     if (!dinp && !dweight) return;
     size_t nmax = (size_t)N * (IN > OUT ? IN : OUT);
     float *dy = td_xmalloc((size_t)N * OUT * sizeof(float));
+    int fp8 = td_recipe_fp8_gemm(r);
+    if (dinp || !fp8) quant_operand(r, dout, (size_t)N, (size_t)OUT, dy);   /* groups along OUT */
     if (dinp) {
-        quant_operand(r, dout, (size_t)N, (size_t)OUT, dy);      /* groups along OUT */
         gemm_nn_acc(ctx, N, IN, OUT, 1.0f, dy, OUT, weight, IN, dinp, IN);
         grad_round(ctx, dinp, (size_t)N * IN);
     }
     if (dweight) {
         float *x = td_xmalloc(nmax * sizeof(float));
-        if (td_recipe_fp8_gemm(r)) {   /* both operands quantised along the tokens */
+        if (fp8) {   /* both operands quantised along the tokens */
             float *t = td_xmalloc(nmax * sizeof(float));
             transpose(dout, (size_t)N, (size_t)OUT, t);
             quant_operand(r, t, (size_t)OUT, (size_t)N, dy);     /* dY^T (OUT, N) */
@@ -96,8 +97,7 @@ void matmul_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, float *
             quant_operand(r, t, (size_t)IN, (size_t)N, x);       /* X^T (IN, N) */
             free(t);
             gemm_nt_acc(ctx, OUT, IN, N, 1.0f, dy, N, x, N, dweight, IN);
-        } else {
-            quant_operand(r, dout, (size_t)N, (size_t)OUT, dy);
+        } else {   /* dy as rounded for dgrad: the same operand */
             quant_operand(r, inp, (size_t)N, (size_t)IN, x);
             gemm_tn_acc(ctx, OUT, IN, N, 1.0f, dy, OUT, x, IN, dweight, IN);
         }

@@ -13,6 +13,9 @@
 #include <string.h>
 #include <strings.h>
 
+/* sqrtf without errno handling, so the AdamW loop vectorises (tidal never reads errno here) */
+#pragma GCC optimize("no-math-errno")
+
 static const char *const SCHED_NAMES[TD_SCHED_COUNT] = {
     "constant", "constant_with_warmup", "linear", "cosine"};
 
@@ -81,7 +84,9 @@ void adamw_update(float *param, const float *grad, float *m1, float *m2, size_t 
 
 double grad_sumsq(const float *g, size_t n)
 {
+    /* a fixed summation order (the build's vector width), whatever the thread count */
     double s = 0.0;
+    #pragma omp simd reduction(+ : s)
     for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
     return s;
 }
