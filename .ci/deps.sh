@@ -6,7 +6,7 @@
 #                    test helpers run on (numpy, h5py, torch); clang with its sanitizer/libFuzzer
 #                    runtime and libomp for `make fuzz`.
 #   PyPI (test-only, into .venv which sees the Debian Python packages): ml_dtypes, safetensors,
-#                    tokenizers.
+#                    tokenizers, jinja2 (chat templates rendered as transformers renders them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +16,7 @@ DEBS=(build-essential pkg-config libhdf5-dev hdf5-tools libgsl-dev libopenblas-d
       python3 python3-venv python3-numpy python3-h5py python3-torch)
 # module:pip-spec. numpy<2 keeps pip from shadowing Debian's numpy 1.x, which h5py and torch
 # from Debian are built against; ml_dtypes 0.4 is the last series that runs on numpy 1.x.
-PYPI=("ml_dtypes:ml_dtypes<0.5" "safetensors:safetensors" "tokenizers:tokenizers")
+PYPI=("ml_dtypes:ml_dtypes<0.5" "safetensors:safetensors" "tokenizers:tokenizers" "jinja2:jinja2")
 
 missing=()
 for p in "${DEBS[@]}"; do

@@ -15,12 +15,13 @@
 
 #include "testutil.h"
 
+#include "tidal/io.h"
 #include "tidal/prompts.h"
 
 enum { VOCAB = 256, MAX_LEN = 16 };
 
 /* Fake tokenizer: one id per byte; a '!' is a tokenizer error (e.g. an unknown piece). */
-static int fake_tokenize(void *user, const char *text, size_t len, int32_t **ids, size_t *n, td_error *err)
+static int fake_tokenize(void *user, const char *text, size_t len, bool model_input, int32_t **ids, size_t *n, td_error *err)
 {
     int *calls = user;
     (*calls)++;
@@ -149,7 +150,7 @@ static void test_bad_lines(void **state)
     expect_bad_line("[1, 2, 3]", "object", false, true);
     expect_bad_line("\"text\"", "object", false, true);
     expect_bad_line("{\"text\": \"ab\", \"tokens\": [1]}", "exactly one", false, true);
-    expect_bad_line("{\"id\": 3}", "exactly one", false, true);
+    expect_bad_line("{\"id\": 3}", "the record has the keys \"id\"", false, true);
     expect_bad_line("{\"tokens\": [1, 256]}", "outside the vocabulary", false, true);
     expect_bad_line("{\"tokens\": [-1]}", "outside the vocabulary", false, true);
     expect_bad_line("{\"tokens\": [1, 2.5]}", "not an integer", false, true);
@@ -262,6 +263,87 @@ static void test_skip_bad_many(void **state)
     unlink(path);
 }
 
+
+/* Records what the loader asks the tokenizer: the text and whether it is a whole model input. */
+typedef struct { char text[4096]; bool model_input; int calls; } tok_log;
+
+static int logging_tokenize(void *user, const char *text, size_t len, bool model_input, int32_t **ids, size_t *n, td_error *err)
+{
+    tok_log *lg = user;
+    lg->calls++;
+    lg->model_input = model_input;
+    snprintf(lg->text, sizeof lg->text, "%.*s", (int)len, text);
+    return fake_tokenize(&lg->calls, text, len, model_input, ids, n, err);
+}
+
+static char *read_qwen25(void)
+{
+    td_error err;
+    char *t = td_read_file("tests/data/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja", 1 << 20, NULL, &err);
+    if (!t) { print_error("%s\n", err.msg); fail(); }
+    return t;
+}
+
+/* TRL's prompt kinds: "prompt" text is a model input as it is; "prompt": [messages] and
+ * "messages" go through the checkpoint's chat template (Qwen2.5-Instruct's, published text)
+ * with add_generation_prompt after a user turn and continue_final_message after an assistant
+ * turn, as TRL's maybe_apply_chat_template does. */
+static void test_chat_prompts(void **state)
+{
+    (void)state;
+    char *tmpl = read_qwen25();
+    tok_log lg = {0};
+    td_prompt_reader r = {.tokenize = logging_tokenize, .tok_user = &lg, .chat_template = tmpl,
+                          .chat_template_from = "tokenizer_config.json", .vocab_size = VOCAB, .max_len = 4096};
+    const char *sys = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n";
+    struct { const char *line, *want; bool model_input; } cases[] = {
+        {"{\"prompt\": \"<|im_start|>user\\nhi<|im_end|>\\n\", \"solution\": \"42\"}", "<|im_start|>user\nhi<|im_end|>\n", true},
+        {"{\"text\": \"plain\"}", "plain", false},
+        {"{\"prompt\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}], \"answer\": \"4\"}",
+         "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", true},
+        {"{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Hi\"},"
+         " {\"role\": \"assistant\", \"content\": \"Hello, I am\"}]}",
+         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello, I am", true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[64];
+        test_write_temp(path, cases[i].line, ".jsonl");
+        td_prompt_set ps;
+        td_error err;
+        if (td_prompts_read(path, &r, &ps, &err)) { print_error("%s\n", err.msg); fail(); }
+        char want[1024];
+        snprintf(want, sizeof want, "%s%s", i == 2 ? sys : "", cases[i].want);
+        assert_string_equal(lg.text, want);
+        assert_int_equal(lg.model_input, cases[i].model_input);
+        assert_int_equal(ps.n, 1);
+        assert_int_equal(ps.items[0].n_prompt, (int)strlen(want));
+        td_prompts_free(&ps);
+        unlink(path);
+    }
+    /* errors: a conversation ending with a system turn; no chat template; a template that fails */
+    struct { const char *line, *needle; const char *tmpl; } bad[] = {
+        {"{\"messages\": [{\"role\": \"system\", \"content\": \"x\"}]}", "the last message of \"messages\" is from \"system\"", tmpl},
+        {"{\"prompt\": [{\"role\": \"user\", \"content\": \"x\"}]}", "has no chat template", NULL},
+        {"{\"prompt\": [{\"role\": \"user\", \"content\": \"x\"}]}", "{% macro", "{% macro m() %}{% endmacro %}"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "raised an error: roles", "{{ raise_exception('roles') }}"},
+        {"{\"question\": \"x\", \"answer\": 4}", "the record has the keys \"question\", \"answer\"", tmpl},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char path[64];
+        test_write_temp(path, bad[i].line, ".jsonl");
+        r.chat_template = bad[i].tmpl;
+        td_prompt_set ps;
+        td_error err;
+        assert_int_equal(td_prompts_read(path, &r, &ps, &err), -1);
+        assert_msg_has(err.msg, path);
+        if (i == 2) assert_msg_has(err.msg, "the tag \"macro\" is not supported");
+        else assert_msg_has(err.msg, bad[i].needle);
+        if (i >= 1 && i <= 3) assert_msg_has(err.msg, "{\"prompt\": \"...\"}");
+        unlink(path);
+    }
+    free(tmpl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -271,6 +353,7 @@ int main(void)
         cmocka_unit_test(test_mixed_kinds),
         cmocka_unit_test(test_empty_and_missing),
         cmocka_unit_test(test_skip_bad_many),
+        cmocka_unit_test(test_chat_prompts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include "tidal/tokenizer.h"
 
 #include <stdio.h>
@@ -249,6 +251,21 @@ static void test_bad_files(void **state)
     const char *m;
     m = load_fail("{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", 0.0]]}}");
     assert_non_null(strstr(m, "model type \"Unigram\" is not supported"));
+    /* a Unigram tokenizer.json as HF writes it (vocab is a list of [piece, score]), whose added
+     * tokens lie past the list: refused by its type, not by the added token ids (issue 16) */
+    m = load_fail("{\"added_tokens\": [{\"id\": 32000, \"content\": \"<pad>\", \"special\": true}],"
+                  " \"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\u2581\"},"
+                  " \"model\": {\"type\": \"Unigram\", \"unk_id\": 0, \"vocab\": [[\"<unk>\", 0.0], [\"a\", -1.5]]}}");
+    assert_msg_has(m, "model type \"Unigram\" is not supported (a SentencePiece Unigram model");
+    assert_null(strstr(m, "outside"));
+    /* Llama 2 / Mistral: BPE behind a Prepend("\u2581") + Replace normalizer; newer ones: Metaspace */
+    m = load_fail("{\"added_tokens\": [{\"id\": 32000, \"content\": \"<x>\"}], \"normalizer\": {\"type\": \"Sequence\","
+                  " \"normalizers\": [{\"type\": \"Prepend\", \"prepend\": \"\u2581\"}, {\"type\": \"Replace\"}]},"
+                  " \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}");
+    assert_msg_has(m, "normalizer type \"Prepend\" is not supported: a SentencePiece-style tokenizer");
+    m = load_fail("{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Metaspace\"}]},"
+                  " \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}");
+    assert_msg_has(m, "pre_tokenizer type \"Metaspace\" is not supported: a SentencePiece-style");
     m = load_fail("{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}");
     assert_non_null(strstr(m, "\"WordPiece\""));
     m = load_fail("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}");

@@ -11,6 +11,7 @@
  * Prints "case NAME tokens_per_s X seconds S" per case and "peak_rss_mb X" (getrusage).
  */
 #include "tidal/model.h"
+#include "tidal/opts.h"
 #include "tidal/rng.h"
 
 #include <omp.h>
@@ -20,13 +21,6 @@
 #include <sys/resource.h>
 
 static double now(void) { return omp_get_wtime(); }
-
-static int usage(void)
-{
-    fprintf(stderr, "usage: tidal-bench-model --model DIR [--tf-batch N] [--tf-len T] "
-                    "[--prompt P] [--steps S] [--decode-batch B] [--seed N] [--only CASE]\n");
-    return 2;
-}
 
 /* Prefill every slot with `prompt` random tokens, then `steps` batched decode steps feeding
  * random tokens; returns the seconds of the decode steps. */
@@ -60,24 +54,26 @@ static double run_decode(const td_model *m, int B, int prompt, int steps, td_rng
 
 int main(int argc, char **argv)
 {
-    const char *dir = NULL, *only = NULL;
-    int tfB = 2, tfT = 512, prompt = 32, steps = 32, decB = 16;
-    uint64_t seed = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) return usage();
-        if (!strcmp(a, "--model")) dir = v;
-        else if (!strcmp(a, "--only")) only = v;
-        else if (!strcmp(a, "--tf-batch")) tfB = atoi(v);
-        else if (!strcmp(a, "--tf-len")) tfT = atoi(v);
-        else if (!strcmp(a, "--prompt")) prompt = atoi(v);
-        else if (!strcmp(a, "--steps")) steps = atoi(v);
-        else if (!strcmp(a, "--decode-batch")) decB = atoi(v);
-        else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
-        else return usage();
-        i++;
-    }
-    if (!dir || tfB < 1 || tfT < 2 || prompt < 1 || steps < 1 || decB < 1) return usage();
+    const char *dir = NULL;
+    int tfB = 2, tfT = 512, prompt = 32, steps = 32, decB = 16, only = -1;
+    unsigned long long seed = 1;
+    td_opt opts[] = {
+        TD_OPT_S("model", 0, &dir, "DIR", "checkpoint directory"),
+        TD_OPT_I("tf-batch", 0, &tfB, "N", 1, 4096, "teacher-forced sequences (default 2)"),
+        TD_OPT_I("tf-len", 0, &tfT, "T", 2, 1 << 20, "their length (default 512)"),
+        TD_OPT_I("prompt", 0, &prompt, "P", 1, 1 << 20, "prompt tokens prefilled per decode slot (default 32)"),
+        TD_OPT_I("steps", 0, &steps, "S", 1, 1 << 20, "decode steps (default 32)"),
+        TD_OPT_I("decode-batch", 0, &decB, "B", 1, 4096, "slots of the batched decode case (default 16)"),
+        TD_OPT_U("seed", 0, &seed, "N", "seed of the random tokens (default 1)"),
+        TD_OPT_C("only", 0, &only, "tf|decode1|decodeB", "run one case"),
+        {0}};
+    td_opt_get(opts, "model")->required = 1;
+    td_cli cli = {"tidal-bench-model", "--model DIR [--tf-batch N] [--tf-len T] [--prompt P] [--steps S] "
+                  "[--decode-batch B] [--seed N] [--only CASE]",
+                  "Throughput of the fp32 CPU forward: prints \"case NAME tokens_per_s X seconds S\" per case\n"
+                  "and \"peak_rss_mb X\".", NULL, opts, 0, 0};
+    int nargs, rc0 = td_cli_parse(&cli, argc, argv, NULL, &nargs);
+    if (rc0 >= 0) return rc0;
     td_error err;
     td_model *m = td_model_load(dir, &err);
     if (!m) { fprintf(stderr, "tidal-bench-model: %s\n", err.msg); return 1; }
@@ -86,7 +82,7 @@ int main(int argc, char **argv)
     td_rng_seed(&r, seed);
     int ok = 1;
 
-    if (!only || !strcmp(only, "tf")) {
+    if (only < 0 || only == 0) {
         td_forward *f = td_forward_create(m, tfB * tfT, tfT, 0, &err);
         int **tok = calloc(tfB, sizeof *tok), *lens = calloc(tfB, sizeof(int));
         float **lp = calloc(tfB, sizeof *lp);
@@ -108,12 +104,12 @@ int main(int argc, char **argv)
         free(tok); free(lens); free(lp);
         td_forward_free(f);
     }
-    if (ok && (!only || !strcmp(only, "decode1"))) {
+    if (ok && (only < 0 || only == 1)) {
         run_decode(m, 1, 4, 2, &r, &err, &ok);  /* warm-up */
         double dt = ok ? run_decode(m, 1, prompt, steps, &r, &err, &ok) : 0;
         if (ok) printf("case decode1 tokens_per_s %.3f seconds %.3f\n", steps / dt, dt);
     }
-    if (ok && (!only || !strcmp(only, "decodeB"))) {
+    if (ok && (only < 0 || only == 2)) {
         double dt = run_decode(m, decB, prompt, steps, &r, &err, &ok);
         if (ok) printf("case decode%d tokens_per_s %.3f seconds %.3f\n", decB,
                        (double)decB * steps / dt, dt);

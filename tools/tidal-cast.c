@@ -11,26 +11,13 @@
  * every earlier line has been written.
  */
 #include "tidal/formats.h"
+#include "tidal/opts.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-        "usage: tidal-cast --format bf16|fp16|e4m3|e5m2|e8m0 [--saturate|--no-saturate]\n"
-        "                  [--decode] [NUMBER...]\n"
-        "  Prints the code (hex) and decoded value of each NUMBER in the format, as NVIDIA's\n"
-        "  conversions compute them (round to nearest even). Without NUMBERs, reads one per\n"
-        "  line from stdin. FP8 saturates by default (as the __nv_fp8_e4m3 constructor does);\n"
-        "  --no-saturate gives NaN (e4m3) or Inf (e5m2) on overflow. bf16 and fp16 have no\n"
-        "  saturating conversion: overflow is Inf. e8m0 rounds up (the MXFP8 convention).\n"
-        "  --decode reads codes (hex or decimal) instead of numbers.\n");
-}
 
 /* Parses a whole token as a float (trailing blanks allowed); 0 on success. */
 static int parse_number(const char *s, float *out)
@@ -80,36 +67,36 @@ static int cast_one(const cast_opts *o, const char *tok)
     return 0;
 }
 
+static int parse_format(void *dest, const char *v, char *why, size_t n)
+{
+    int f = td_format_from_name(v);
+    if (f < 0 || f == TD_F32) return -1;
+    *(td_format *)dest = (td_format)f;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     cast_opts o = {.fmt = (td_format)-1, .sat = TD_SATFINITE};
-    static const struct option longs[] = {
-        {"format", required_argument, 0, 'f'}, {"saturate", no_argument, 0, 's'},
-        {"no-saturate", no_argument, 0, 'n'},  {"decode", no_argument, 0, 'd'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
-    int c;
-    /* "-" prefix keeps negative numbers such as -1.5 as operands rather than options */
-    while ((c = getopt_long(argc, argv, "+f:h", longs, NULL)) != -1) {
-        switch (c) {
-        case 'f':
-            o.fmt = (td_format)td_format_from_name(optarg);
-            if ((int)o.fmt < 0 || o.fmt == TD_F32) {
-                fprintf(stderr, "tidal-cast: unknown --format '%s' (expected bf16, fp16, e4m3, e5m2 or e8m0)\n", optarg);
-                return 2;
-            }
-            break;
-        case 's': o.sat = TD_SATFINITE; break;
-        case 'n': o.sat = TD_NOSAT; break;
-        case 'd': o.decode = 1; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if ((int)o.fmt < 0) {
-        fprintf(stderr, "tidal-cast: --format is required\n");
-        usage(stderr);
-        return 2;
-    }
+    int sat = 1;
+    td_opt opts[] = {
+        TD_OPT_FUN("format", 'f', &o.fmt, "FMT", parse_format, "bf16, fp16, e4m3, e5m2 or e8m0", "bf16|fp16|e4m3|e5m2|e8m0"),
+        TD_OPT_F("saturate", 0, &sat, 1, "FP8 overflow saturates to the largest finite value (default,\n"
+                 "as the __nv_fp8_e4m3 constructor does)"),
+        TD_OPT_F("no-saturate", 0, &sat, 0, "FP8 overflow gives NaN (e4m3) or Inf (e5m2)"),
+        TD_OPT_F("decode", 0, &o.decode, 1, "read codes (hex or decimal) instead of numbers"),
+        {0}};
+    td_opt_get(opts, "format")->required = 1;
+    td_cli cli = {"tidal-cast", "--format FMT [--saturate|--no-saturate] [--decode] [NUMBER...]",
+                  "Prints the code (hex) and decoded value of each NUMBER in the format, as NVIDIA's conversions\n"
+                  "compute them (round to nearest even). Without NUMBERs, reads one per line from stdin.\n"
+                  "bf16 and fp16 have no saturating conversion: overflow is Inf. e8m0 rounds up (the MXFP8\n"
+                  "convention). Negative numbers are operands: tidal-cast --format bf16 -1.5",
+                  NULL, opts, 0, -1};
+    const char **nums = td_xmalloc(((size_t)argc + 1) * sizeof *nums);
+    int nargs, rc = td_cli_parse(&cli, argc, argv, nums, &nargs);
+    if (rc >= 0) { free(nums); return rc; }
+    o.sat = sat ? TD_SATFINITE : TD_NOSAT;
     const td_format_traits *t = td_format_info(o.fmt);
     o.hex_digits = t->storage_bits / 4;
     o.max_code = (uint32_t)((1ull << t->storage_bits) - 1);
@@ -117,16 +104,19 @@ int main(int argc, char **argv)
     static char outbuf[1 << 20];
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
 
-    if (optind < argc) {
-        for (int i = optind; i < argc; i++)
-            if (cast_one(&o, argv[i])) {
+    if (nargs > 0) {
+        for (int i = 0; i < nargs; i++)
+            if (cast_one(&o, nums[i])) {
                 fflush(stdout);
-                fprintf(stderr, "tidal-cast: argument %d: cannot parse '%s' as a %s\n",
-                        i - optind + 1, argv[i], o.decode ? "code" : "number");
+                fprintf(stderr, "tidal-cast: argument %d: cannot parse '%s' as a %s\n", i + 1, nums[i],
+                        o.decode ? "code" : "number");
+                free(nums);
                 return 1;
             }
+        free(nums);
         return fflush(stdout) ? 1 : 0;
     }
+    free(nums);
 
     char *line = NULL;
     size_t cap = 0;

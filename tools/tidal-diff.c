@@ -10,44 +10,15 @@
  */
 #include "tidal/checkpoint.h"
 #include "tidal/diff.h"
+#include "tidal/opts.h"
 
-#include <errno.h>
-#include <getopt.h>
+#include <jansson.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-        "usage: tidal-diff --model DIR --prompts FILE -o OUT.h5 [options]\n"
-        "  --recipe-a NAME|FILE     training path recipe (default bf16-train)\n"
-        "  --recipe-b NAME|FILE     inference path recipe (default bf16-infer)\n"
-        "  --list-recipes           print the preset recipes and exit\n"
-        "  --max-new-tokens N       tokens generated per prompt (default 64)\n"
-        "  --seed S                 sampling seed (default 0)\n"
-        "  --temperature T  --top-p P  --top-k K  --min-p P  --repetition-penalty R\n"
-        "                           sampling (defaults 1, 1, 0 = off, 0 = off, 1 = off); tidal\n"
-        "                           does not inherit generation_config.json silently: it prints\n"
-        "                           what the file sets; --use-generation-config adopts it\n"
-        "  --batch B                prompts decoded together (default 8)\n"
-        "  --score-prompt           also score prompt tokens\n"
-        "  --layers                 record per-layer residual error ||h_a - h_b|| / ||h_a||\n"
-        "  --no-stop-at-eos         always generate --max-new-tokens tokens\n"
-        "  --shard K/N              do prompts i with i %% N == K (merge with tidal-merge)\n"
-        "  --resume                 continue OUT.h5 after an interruption\n"
-        "  --force                  replace an existing OUT.h5\n"
-        "  --skip-bad-lines         skip malformed prompt lines (warning each) instead of stopping\n"
-        "  --device cpu             backend (only cpu in this build)\n"
-        "  --lora DIR               PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors)\n"
-        "                           applied by both paths, unmerged (the LoRA branch beside each\n"
-        "                           projection, in the path's dtype) unless merged:\n"
-        "  --lora-merge-a, --lora-merge-b  merge it into that path's weights in the path's weight\n"
-        "                           format (a rollout engine's setup); prints how much survives\n");
-}
 
 static void list_recipes(void)
 {
@@ -59,29 +30,21 @@ static void list_recipes(void)
     }
 }
 
-static int parse_double(const char *flag, const char *s, double *out)
+/* --shard K/N */
+static int parse_shard(void *dest, const char *v, char *why, size_t n)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end || errno || !isfinite(v)) {
-        fprintf(stderr, "tidal-diff: %s expects a number, got '%s'\n", flag, s);
-        return -1;
-    }
-    *out = v;
+    td_diff_opts *o = dest;
+    int k, nn, used = 0;
+    if (sscanf(v, "%d/%d%n", &k, &nn, &used) != 2 || v[used] || nn < 1 || k < 0 || k >= nn) return -1;
+    o->shard_k = k;
+    o->shard_n = nn;
     return 0;
 }
 
-static int parse_int(const char *flag, const char *s, long lo, long hi, long *out)
+static int parse_device(void *dest, const char *v, char *why, size_t n)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "tidal-diff: %s expects an integer in %ld..%ld, got '%s'\n", flag, lo, hi, s);
-        return -1;
-    }
-    *out = v;
+    (void)dest;
+    if (strcmp(v, "cpu") != 0) { snprintf(why, n, "cpu (this build runs on the CPU only)"); return -1; }
     return 0;
 }
 
@@ -97,88 +60,115 @@ static void on_stop_signal(int sig)
     if (write(2, msg, sizeof msg - 1) < 0) { /* nothing to do */ }
 }
 
+/* The sampling tidal will use, and where each value came from. */
+static void print_sampling(const td_sampling *s, const char *src[5])
+{
+    fprintf(stderr, "tidal-diff: sampling used: temperature=%g (%s) top_p=%g (%s) top_k=", s->temperature, src[0], s->top_p, src[1]);
+    if (s->top_k > 0) fprintf(stderr, "%d (%s)", s->top_k, src[2]);
+    else fprintf(stderr, "off (%s)", src[2]);
+    fprintf(stderr, " min_p=%g (%s) repetition_penalty=%g (%s)\n", s->min_p, src[3], s->repetition_penalty, src[4]);
+}
+
+static void print_json_summary(const td_diff_opts *o, const td_diff_summary *s)
+{
+    json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:f}",
+                          "tool", "tidal-diff", "out", o->out_path, "model", o->model_dir, "recipe_a", o->recipe_a.name,
+                          "recipe_b", o->recipe_b.name, "seqs", (json_int_t)s->seqs, "tokens", (json_int_t)s->tokens,
+                          "mean_abs_dlogp", s->mean_abs_dlogp, "p99_abs_dlogp", s->p99_abs_dlogp,
+                          "max_abs_dlogp", s->max_abs_dlogp, "mean_kl_ba", s->mean_kl_ba, "mean_k3", s->mean_k3,
+                          "top1_agree", s->top1_agree, "run_batches", (json_int_t)s->run_batches,
+                          "run_tokens", (json_int_t)s->run_tokens, "run_seconds", s->run_seconds);
+    /* NaN (replay mode has no KL, no top-1 of B) is not JSON: null */
+    const char *maybe_nan[] = {"mean_kl_ba", "top1_agree"};
+    for (size_t i = 0; i < 2; i++)
+        if (isnan(json_real_value(json_object_get(j, maybe_nan[i])))) json_object_set_new(j, maybe_nan[i], json_null());
+    json_object_set_new(j, "tokens_per_s", s->run_seconds > 0 ? json_real(s->run_tokens / s->run_seconds) : json_null());
+    json_dumpf(j, stdout, JSON_INDENT(1) | JSON_REAL_PRECISION(17));
+    fputc('\n', stdout);
+    json_decref(j);
+}
+
 int main(int argc, char **argv)
 {
     td_diff_opts o = {.recipe_a_arg = "bf16-train", .recipe_b_arg = "bf16-infer", .max_new_tokens = 64,
                       .batch = 8, .shard_n = 1, .stop_at_eos = 1, .sampling = td_sampling_default()};
-    int use_gen = 0, set_temp = 0, set_topp = 0, set_topk = 0, set_rep = 0;
-    enum { O_MODEL = 256, O_PROMPTS, O_RA, O_RB, O_LIST, O_MAXNEW, O_SEED, O_TEMP, O_TOPP, O_TOPK, O_MINP,
-           O_REP, O_BATCH, O_SCORE, O_NOEOS, O_SHARD, O_RESUME, O_FORCE, O_SKIP, O_DEVICE, O_GEN, O_LAYERS,
-           O_LORA, O_LORA_MA, O_LORA_MB };
-    static const struct option longs[] = {
-        {"model", required_argument, 0, O_MODEL}, {"prompts", required_argument, 0, O_PROMPTS},
-        {"recipe-a", required_argument, 0, O_RA}, {"recipe-b", required_argument, 0, O_RB},
-        {"list-recipes", no_argument, 0, O_LIST}, {"max-new-tokens", required_argument, 0, O_MAXNEW},
-        {"seed", required_argument, 0, O_SEED}, {"temperature", required_argument, 0, O_TEMP},
-        {"top-p", required_argument, 0, O_TOPP}, {"top-k", required_argument, 0, O_TOPK},
-        {"min-p", required_argument, 0, O_MINP}, {"repetition-penalty", required_argument, 0, O_REP},
-        {"batch", required_argument, 0, O_BATCH}, {"score-prompt", no_argument, 0, O_SCORE},
-        {"no-stop-at-eos", no_argument, 0, O_NOEOS}, {"shard", required_argument, 0, O_SHARD},
-        {"resume", no_argument, 0, O_RESUME}, {"force", no_argument, 0, O_FORCE},
-        {"skip-bad-lines", no_argument, 0, O_SKIP}, {"device", required_argument, 0, O_DEVICE},
-        {"use-generation-config", no_argument, 0, O_GEN}, {"layers", no_argument, 0, O_LAYERS},
-        {"lora", required_argument, 0, O_LORA}, {"lora-merge-a", no_argument, 0, O_LORA_MA},
-        {"lora-merge-b", no_argument, 0, O_LORA_MB}, {"output", required_argument, 0, 'o'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    int c;
-    long iv;
-    double dv;
-    while ((c = getopt_long(argc, argv, "o:h", longs, NULL)) != -1) {
-        switch (c) {
-        case O_MODEL: o.model_dir = optarg; break;
-        case O_PROMPTS: o.prompts_path = optarg; break;
-        case 'o': o.out_path = optarg; break;
-        case O_RA: o.recipe_a_arg = optarg; break;
-        case O_RB: o.recipe_b_arg = optarg; break;
-        case O_LIST: list_recipes(); return 0;
-        case O_MAXNEW: if (parse_int("--max-new-tokens", optarg, 0, 1 << 20, &iv)) return 2; o.max_new_tokens = (int)iv; break;
-        case O_SEED: if (parse_int("--seed", optarg, 0, 0x7FFFFFFFFFFFFFFFL, &iv)) return 2; o.seed = (uint64_t)iv; break;
-        case O_TEMP: if (parse_double("--temperature", optarg, &dv)) return 2; o.sampling.temperature = dv; set_temp = 1; break;
-        case O_TOPP: if (parse_double("--top-p", optarg, &dv)) return 2; o.sampling.top_p = dv; set_topp = 1; break;
-        case O_TOPK: if (parse_int("--top-k", optarg, 0, 1 << 30, &iv)) return 2; o.sampling.top_k = (int)iv; set_topk = 1; break;
-        case O_MINP: if (parse_double("--min-p", optarg, &dv)) return 2; o.sampling.min_p = dv; break;
-        case O_REP: if (parse_double("--repetition-penalty", optarg, &dv)) return 2; o.sampling.repetition_penalty = dv; set_rep = 1; break;
-        case O_BATCH: if (parse_int("--batch", optarg, 1, 4096, &iv)) return 2; o.batch = (int)iv; break;
-        case O_SCORE: o.score_prompt = 1; break;
-        case O_NOEOS: o.stop_at_eos = 0; break;
-        case O_SHARD:
-            if (sscanf(optarg, "%d/%d", &o.shard_k, &o.shard_n) != 2 || o.shard_n < 1 || o.shard_k < 0 || o.shard_k >= o.shard_n) {
-                fprintf(stderr, "tidal-diff: --shard expects K/N with 0 <= K < N, got '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case O_RESUME: o.resume = 1; break;
-        case O_FORCE: o.force = 1; break;
-        case O_SKIP: o.skip_bad_lines = 1; break;
-        case O_DEVICE:
-            if (strcmp(optarg, "cpu") != 0) {
-                fprintf(stderr, "tidal-diff: --device %s: this build runs on the CPU only (--device cpu)\n", optarg);
-                return 2;
-            }
-            break;
-        case O_GEN: use_gen = 1; break;
-        case O_LAYERS: o.layers = 1; break;
-        case O_LORA: o.lora_dir = optarg; break;
-        case O_LORA_MA: o.lora_merge_a = 1; break;
-        case O_LORA_MB: o.lora_merge_b = 1; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (optind < argc) { fprintf(stderr, "tidal-diff: unexpected argument '%s'\n", argv[optind]); return 2; }
-    if (!o.model_dir || !o.prompts_path || !o.out_path) {
-        fprintf(stderr, "tidal-diff: --model, --prompts and -o are required\n");
-        usage(stderr);
-        return 2;
-    }
-    if ((o.lora_merge_a || o.lora_merge_b) && !o.lora_dir) { fprintf(stderr, "tidal-diff: --lora-merge-a/-b need --lora DIR\n"); return 2; }
-    if (o.resume && o.force) { fprintf(stderr, "tidal-diff: --resume and --force contradict each other\n"); return 2; }
+    int use_gen = 0, set_temp = 0, set_topp = 0, set_topk = 0, set_minp = 0, set_rep = 0, list = 0, json = 0;
+    int rollout_processed = 0;
+    td_opt opts[] = {
+        TD_OPT_S("model", 0, &o.model_dir, "DIR", "checkpoint directory (config.json, *.safetensors, tokenizer.json)"),
+        TD_OPT_S("prompts", 0, &o.prompts_path, "FILE", "prompts JSONL ({\"prompt\": text or messages}, {\"messages\": [...]},\n"
+                 "{\"text\": ...}, {\"tokens\": [...]}; conversations through the chat\ntemplate) or a rollout dump "
+                 "(tidal, TRL, verl, vLLM, SGLang:\ndatasets/rollouts; replayed through recipe A)"),
+        TD_OPT_S("output", 'o', &o.out_path, "OUT.h5", "the run file (reports/SCHEMA.md)"),
+        TD_OPT_S("recipe-a", 0, &o.recipe_a_arg, "NAME|FILE", "training path recipe (default bf16-train)"),
+        TD_OPT_S("recipe-b", 0, &o.recipe_b_arg, "NAME|FILE", "inference path recipe (default bf16-infer)"),
+        TD_OPT_F("list-recipes", 0, &list, 1, "print the preset recipes and exit"),
+        TD_OPT_I("max-new-tokens", 0, &o.max_new_tokens, "N", 1, 1 << 20, "tokens generated per prompt (default 64)"),
+        TD_OPT_U("seed", 0, &o.seed, "S", "sampling seed (default 0)"),
+        TD_OPT_D("temperature", 0, &o.sampling.temperature, "T", 0, 1e6, "sampling temperature (default 1; 0 = greedy)"),
+        TD_OPT_D("top-p", 0, &o.sampling.top_p, "P", 0, 1, "nucleus sampling (default 1 = off)"),
+        TD_OPT_I("top-k", 0, &o.sampling.top_k, "K", -1, 1 << 30, "the K most likely tokens only (default -1 = off;\n"
+                 "0 means off too, as in HF)"),
+        TD_OPT_D("min-p", 0, &o.sampling.min_p, "P", 0, 1, "min-p filter (default 0 = off)"),
+        TD_OPT_D("repetition-penalty", 0, &o.sampling.repetition_penalty, "R", 0, 1e6, "HF/vLLM repetition penalty (default 1 = off)"),
+        TD_OPT_F("use-generation-config", 0, &use_gen, 1, "adopt generation_config.json's sampling values (flags\n"
+                 "given explicitly still win); without it tidal prints what\nthe file sets and uses the defaults above"),
+        TD_OPT_I("batch", 0, &o.batch, "B", 1, 4096, "prompts decoded together (default 8); with a recipe B\n"
+                 "that is not batch_invariant, B changes the rollouts (README)"),
+        TD_OPT_F("score-prompt", 0, &o.score_prompt, 1, "also score prompt tokens"),
+        TD_OPT_F("layers", 0, &o.layers, 1, "record per-layer residual error ||h_a - h_b|| / ||h_a||"),
+        TD_OPT_F("no-stop-at-eos", 0, &o.stop_at_eos, 0, "always generate --max-new-tokens tokens"),
+        TD_OPT_FUN("shard", 0, &o, "K/N", parse_shard, "K/N with 0 <= K < N",
+                   "do prompts i with i % N == K (join with tidal-merge);\nsee README on batch invariance"),
+        TD_OPT_F("resume", 0, &o.resume, 1, "continue OUT.h5 after an interruption"),
+        TD_OPT_F("force", 0, &o.force, 1, "replace an existing OUT.h5 (kept until the new run has\ncompleted a batch)"),
+        TD_OPT_F("skip-bad-lines", 0, &o.skip_bad_lines, 1, "skip malformed prompt lines (warning each) instead of stopping"),
+        TD_OPT_FUN("device", 0, NULL, "cpu", parse_device, "cpu", "backend (only cpu in this build)"),
+        TD_OPT_S("lora", 0, &o.lora_dir, "DIR", "PEFT LoRA adapter (adapter_config.json +\nadapter_model.safetensors), applied by both paths,\n"
+                 "unmerged (the LoRA branch beside each projection, in the\npath's dtype) unless merged:"),
+        TD_OPT_F("lora-merge-a", 0, &o.lora_merge_a, 1, "merge it into path A's weights in A's weight format"),
+        TD_OPT_F("lora-merge-b", 0, &o.lora_merge_b, 1, "merge it into path B's weights (a rollout engine's setup);\n"
+                 "prints how much of the update survives"),
+        TD_OPT_C("rollout-logprobs", 0, &rollout_processed, "raw|processed", "replays: the engine's log-probs are raw (vLLM's\n"
+                 "default logprobs_mode) or processed (after its temperature,\ntop-p, top-k, min-p, penalty: give those "
+                 "flags too, and\ntidal processes the training path's rows the same way)"),
+        TD_OPT_F("json", 0, &json, 1, "the end-of-run summary as JSON on stdout"),
+        {0}};
+    /* what users bring from vLLM (max_tokens) and HF/TRL (underscores, read by the parser) */
+    td_opt_get(opts, "max-new-tokens")->aliases = "max-tokens";
+    td_opt_get(opts, "top-p")->lo_open = 1;
+    td_opt_get(opts, "repetition-penalty")->lo_open = 1;
+    td_opt_get(opts, "temperature")->given = &set_temp;
+    td_opt_get(opts, "top-p")->given = &set_topp;
+    td_opt_get(opts, "top-k")->given = &set_topk;
+    td_opt_get(opts, "min-p")->given = &set_minp;
+    td_opt_get(opts, "repetition-penalty")->given = &set_rep;
+    td_cli cli = {"tidal-diff", "--model DIR --prompts FILE -o OUT.h5 [options]\n--list-recipes",
+                  "How far does the inference path drift from the training path on a checkpoint? Completions are\n"
+                  "generated by recipe B (prefill, KV-cache decode, sampling; seeded), the same tokens are scored\n"
+                  "by recipe A (teacher-forced), and per-token divergence goes to an HDF5 run file.",
+                  "Ctrl-C stops after the batch in flight and prints the command that finishes the file.",
+                  opts, 0, 0};
+    int nargs, rc = td_cli_parse(&cli, argc, argv, NULL, &nargs);
+    if (rc >= 0) return rc;
     td_error err;
+    if (list) { list_recipes(); return 0; }
+    o.rollout_logprobs = rollout_processed ? "processed" : "raw";
+    if (!o.model_dir) return td_cli_bad(&cli, "--model", NULL, "required (DIR)");
+    if (!o.prompts_path) return td_cli_bad(&cli, "--prompts", NULL, "required (FILE)");
+    if (!o.out_path) return td_cli_bad(&cli, "--output", NULL, "required (-o OUT.h5)");
+    if (o.sampling.top_k < 0) o.sampling.top_k = 0;   /* -1 = off, as vLLM and verl write it */
+    if ((o.lora_merge_a || o.lora_merge_b) && !o.lora_dir) return td_cli_bad(&cli, o.lora_merge_a ? "--lora-merge-a" : "--lora-merge-b", NULL, "needs --lora DIR");
+    if (!o.resume && td_make_parent_dirs(o.out_path, &err)) { fprintf(stderr, "tidal-diff: %s\n", err.msg); return 1; }
+    if (o.resume && o.force) return td_cli_bad(&cli, "--resume", NULL, "contradicts --force (--resume continues OUT, --force replaces it)");
     if (td_recipe_resolve(o.recipe_a_arg, &o.recipe_a, &err) || td_recipe_resolve(o.recipe_b_arg, &o.recipe_b, &err)) {
         fprintf(stderr, "tidal-diff: %s\n", err.msg);
         return 2;
     }
     /* generation_config.json: reported, and adopted only when asked */
+    const char *src[5] = {"default", "default", "default", "default", "default"};
+    const int *given[5] = {&set_temp, &set_topp, &set_topk, &set_minp, &set_rep};
+    for (int i = 0; i < 5; i++) if (*given[i]) src[i] = "flag";
     char gpath[4096];
     snprintf(gpath, sizeof gpath, "%s/generation_config.json", o.model_dir);
     FILE *gf = fopen(gpath, "r");
@@ -186,13 +176,14 @@ int main(int argc, char **argv)
         fclose(gf);
         td_gen_config g;
         if (td_gen_config_parse(gpath, NULL, &g, &err) == 0) {
-            fprintf(stderr, "tidal-diff: %s: ", gpath);
+            fprintf(stderr, "tidal-diff: ");
             td_gen_config_print(stderr, &g);
             if (use_gen) {
-                if (!set_temp && (g.present & TD_GEN_TEMPERATURE)) o.sampling.temperature = g.temperature;
-                if (!set_topp && (g.present & TD_GEN_TOP_P)) o.sampling.top_p = g.top_p;
-                if (!set_topk && (g.present & TD_GEN_TOP_K)) o.sampling.top_k = g.top_k;
-                if (!set_rep && (g.present & TD_GEN_REPETITION_PENALTY)) o.sampling.repetition_penalty = g.repetition_penalty;
+                static const char *from = "generation_config.json";
+                if (!set_temp && (g.present & TD_GEN_TEMPERATURE)) { o.sampling.temperature = g.temperature; src[0] = from; }
+                if (!set_topp && (g.present & TD_GEN_TOP_P)) { o.sampling.top_p = g.top_p; src[1] = from; }
+                if (!set_topk && (g.present & TD_GEN_TOP_K)) { o.sampling.top_k = g.top_k > 0 ? g.top_k : 0; src[2] = from; }
+                if (!set_rep && (g.present & TD_GEN_REPETITION_PENALTY)) { o.sampling.repetition_penalty = g.repetition_penalty; src[4] = from; }
             } else if ((g.present & TD_GEN_REPETITION_PENALTY) && g.repetition_penalty != 1.0 && !set_rep) {
                 fprintf(stderr, "tidal-diff: note: not applying its repetition_penalty %g (engines that inherit it "
                         "silently differ from trainers); --use-generation-config or --repetition-penalty to apply\n",
@@ -200,9 +191,10 @@ int main(int argc, char **argv)
             }
         } else {
             fprintf(stderr, "tidal-diff: %s\n", err.msg);
-            return 2;
+            return 1;
         }
     }
+    print_sampling(&o.sampling, src);
     o.command_line = td_command_line(argc, argv);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -212,11 +204,24 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     o.stop = &stop_requested;
-    td_diff_summary s;
+    td_diff_summary s = {0};
     if (td_diff_run(&o, &s, &err)) {
         fprintf(stderr, "tidal-diff: %s\n", err.msg);
         free((char *)o.command_line);
+        if (stop_requested) {
+            /* the exact command that finishes the file: the same one with --resume, without
+             * --force (or the same one again when a --force run kept the old file untouched) */
+            static const char *const drop[] = {"--force", NULL};
+            char *again = s.out_untouched ? td_command_line(argc, argv) : td_command_line_edit(argc, argv, drop, "--resume");
+            fprintf(stderr, "tidal-diff: to %s, run:\n  %s\n", s.out_untouched ? "start it again" : "finish it", again);
+            free(again);
+        }
         return stop_requested ? 130 : 1;   /* 128 + SIGINT, as a shell reports an interrupted job */
+    }
+    if (json) {
+        print_json_summary(&o, &s);
+        free((char *)o.command_line);
+        return fflush(stdout) ? 1 : 0;
     }
     printf("tidal-diff: %s vs %s on %s -> %s\n", o.recipe_a.name, o.recipe_b.name, o.model_dir, o.out_path);
     printf("  sequences %lld, scored tokens %lld\n", (long long)s.seqs, (long long)s.tokens);

@@ -1,8 +1,8 @@
 /* tidal-init — write a seeded random-init Hugging Face checkpoint of a given architecture/shape.
  *
  *   tidal-init --arch qwen2 --preset qwen2.5-0.5b --dtype bf16 --seed 1 -o /tmp/q05
- *   tidal-init --arch llama --hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 176 \
- *              --vocab 512 --dtype f32 --seed 7 -o /tmp/tiny
+ *   tidal-init --arch llama --hidden-size 64 --num-layers 2 --num-heads 4 --num-kv-heads 2 \
+ *              --intermediate-size 176 --vocab-size 512 --dtype f32 --seed 7 -o /tmp/tiny
  * Explicit shape flags override the preset. The command line is recorded in the safetensors
  * metadata ("tidal_command").
  *
@@ -11,55 +11,13 @@
  * writes a PEFT LoRA adapter for that model instead, with random A and B (see usage). */
 #include "tidal/checkpoint.h"
 #include "tidal/lora.h"
+#include "tidal/opts.h"
 
-#include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: tidal-init [--arch llama|mistral|qwen2|qwen3] [--preset tiny|qwen2.5-0.5b|qwen3-0.6b|llama-3.2-1b]\n"
-            "                  [--hidden C] [--layers L] [--heads NH] [--kv-heads NKV] [--head-dim HD]\n"
-            "                  [--intermediate F] [--vocab V] [--rope-theta X] [--rms-eps X] [--tie|--no-tie]\n"
-            "                  [--dtype f32|bf16|f16] [--init-std S] [--embed-std S] [--seed S] -o DIR\n"
-            "  --init-std: std of GEMM weights and biases (0.02); --embed-std: of the embedding\n"
-            "  (default: --init-std); a larger one (e.g. 0.5) gives peaked distributions\n"
-            "       tidal-init --lora-for MODEL_DIR [--rank R] [--alpha A] [--targets q_proj,k_proj,...]\n"
-            "                  [--lora-std S] [--seed S] -o ADAPTER_DIR\n"
-            "  --lora-for writes a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors in F32)\n"
-            "  for MODEL_DIR's shapes: rank R (default 8), lora_alpha A (default 16), target projections\n"
-            "  among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj (default all seven).\n"
-            "  Both lora_A and lora_B are random N(0, S^2) (default S 0.01): PEFT starts B at zero, an\n"
-            "  update of nothing, so tidal's adapters are random on purpose, for tests and for measuring\n"
-            "  what merging an update into low-precision weights keeps. They are not trained adapters.\n");
-}
-
-static int parse_int(const char *opt, const char *s, int *out)
-{
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*s == 0 || *end || v < 1 || v > (1L << 24)) {
-        fprintf(stderr, "tidal-init: %s expects a positive integer, got '%s'\n", opt, s);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
-static int parse_double(const char *opt, const char *s, double *out)
-{
-    char *end;
-    *out = strtod(s, &end);
-    if (*s == 0 || *end || !(*out > 0)) {
-        fprintf(stderr, "tidal-init: %s expects a positive number, got '%s'\n", opt, s);
-        return -1;
-    }
-    return 0;
-}
 
 /* --lora-for: a random PEFT adapter for the model in model_dir. */
 static int write_adapter(const char *model_dir, const char *targets, int rank, double alpha, double std,
@@ -75,12 +33,13 @@ static int write_adapter(const char *model_dir, const char *targets, int rank, d
     for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         int m = td_lora_module_from_name(t);
         if (m < 0) {
-            fprintf(stderr, "tidal-init: --targets: unknown projection '%s' (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj)\n", t);
+            fprintf(stderr, "tidal-init: --targets: expected projections among q_proj k_proj v_proj o_proj gate_proj "
+                            "up_proj down_proj, got '%s'\n", t);
             return 2;
         }
         modules |= 1u << m;
     }
-    if (!modules) { fprintf(stderr, "tidal-init: --targets names no projection\n"); return 2; }
+    if (!modules) { fprintf(stderr, "tidal-init: --targets: expected at least one projection, got '%s'\n", targets); return 2; }
     char *cmd = td_command_line(argc, argv);
     int rc = td_lora_init_random(out, &cfg, rank, alpha, modules, std, seed, model_dir, cmd, &err);
     free(cmd);
@@ -103,18 +62,6 @@ static void on_stop_signal(int sig)
 
 int main(int argc, char **argv)
 {
-    enum { O_ARCH = 256, O_PRESET, O_HIDDEN, O_LAYERS, O_HEADS, O_KV, O_HD, O_F, O_V, O_THETA, O_EPS, O_TIE,
-           O_NOTIE, O_DTYPE, O_SEED, O_LORA_FOR, O_RANK, O_ALPHA, O_TARGETS, O_LORA_STD, O_STD, O_ESTD };
-    static const struct option opts[] = {
-        {"arch", 1, 0, O_ARCH}, {"preset", 1, 0, O_PRESET}, {"hidden", 1, 0, O_HIDDEN},
-        {"layers", 1, 0, O_LAYERS}, {"heads", 1, 0, O_HEADS}, {"kv-heads", 1, 0, O_KV},
-        {"head-dim", 1, 0, O_HD}, {"intermediate", 1, 0, O_F}, {"vocab", 1, 0, O_V},
-        {"rope-theta", 1, 0, O_THETA}, {"rms-eps", 1, 0, O_EPS}, {"tie", 0, 0, O_TIE},
-        {"no-tie", 0, 0, O_NOTIE}, {"dtype", 1, 0, O_DTYPE}, {"seed", 1, 0, O_SEED},
-        {"lora-for", 1, 0, O_LORA_FOR}, {"rank", 1, 0, O_RANK}, {"alpha", 1, 0, O_ALPHA},
-        {"targets", 1, 0, O_TARGETS}, {"lora-std", 1, 0, O_LORA_STD},
-        {"init-std", 1, 0, O_STD}, {"embed-std", 1, 0, O_ESTD},
-        {"output", 1, 0, 'o'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     const char *arch = NULL, *preset = NULL, *out = NULL, *dtype = "f32";
     int hidden = 0, layers = 0, heads = 0, kv = 0, hd = 0, inter = 0, vocab = 0, tie = -1;
     double theta = 0, eps = 0;
@@ -123,61 +70,76 @@ int main(int argc, char **argv)
     double alpha = 16, lora_std = 0.01;
     unsigned long long seed = 0;
     td_init_opts init = {0.02, -1};
-    int c;
-    while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
-        int bad = 0;
-        switch (c) {
-        case O_ARCH: arch = optarg; break;
-        case O_PRESET: preset = optarg; break;
-        case O_HIDDEN: bad = parse_int("--hidden", optarg, &hidden); break;
-        case O_LAYERS: bad = parse_int("--layers", optarg, &layers); break;
-        case O_HEADS: bad = parse_int("--heads", optarg, &heads); break;
-        case O_KV: bad = parse_int("--kv-heads", optarg, &kv); break;
-        case O_HD: bad = parse_int("--head-dim", optarg, &hd); break;
-        case O_F: bad = parse_int("--intermediate", optarg, &inter); break;
-        case O_V: bad = parse_int("--vocab", optarg, &vocab); break;
-        case O_THETA: bad = parse_double("--rope-theta", optarg, &theta); break;
-        case O_EPS: bad = parse_double("--rms-eps", optarg, &eps); break;
-        case O_TIE: tie = 1; break;
-        case O_NOTIE: tie = 0; break;
-        case O_DTYPE: dtype = optarg; break;
-        case O_SEED: {
-            char *end;
-            seed = strtoull(optarg, &end, 10);
-            if (!*optarg || *end) { fprintf(stderr, "tidal-init: --seed expects an integer\n"); return 2; }
-        } break;
-        case O_LORA_FOR: lora_for = optarg; break;
-        case O_RANK: bad = parse_int("--rank", optarg, &rank); break;
-        case O_ALPHA: bad = parse_double("--alpha", optarg, &alpha); break;
-        case O_TARGETS: targets = optarg; break;
-        case O_LORA_STD: bad = parse_double("--lora-std", optarg, &lora_std); break;
-        case O_STD: bad = parse_double("--init-std", optarg, &init.std); break;
-        case O_ESTD: bad = parse_double("--embed-std", optarg, &init.embed_std); break;
-        case 'o': out = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-        if (bad) return 2;
-    }
-    if (!out || optind != argc) { usage(stderr); return 2; }
+    const int MAXDIM = 1 << 24;
+    /* shape flags take the config.json names too (--num-hidden-layers, --num_attention_heads ...) */
+    td_opt opts[] = {
+        TD_OPT_S("arch", 0, &arch, "llama|mistral|qwen2|qwen3", "architecture (default llama, or the preset's)"),
+        TD_OPT_S("preset", 0, &preset, "NAME", "tiny|qwen2.5-0.5b|qwen3-0.6b|llama-3.2-1b; shape flags override it"),
+        TD_OPT_I("hidden-size", 0, &hidden, "C", 1, MAXDIM, "hidden size"),
+        TD_OPT_I("num-layers", 0, &layers, "L", 1, MAXDIM, "decoder layers"),
+        TD_OPT_I("num-heads", 0, &heads, "NH", 1, MAXDIM, "attention heads"),
+        TD_OPT_I("num-kv-heads", 0, &kv, "NKV", 1, MAXDIM, "key/value heads (default: --num-heads)"),
+        TD_OPT_I("head-dim", 0, &hd, "HD", 1, MAXDIM, "head dimension (default C / NH)"),
+        TD_OPT_I("intermediate-size", 0, &inter, "F", 1, MAXDIM, "MLP width"),
+        TD_OPT_I("vocab-size", 0, &vocab, "V", 1, MAXDIM, "vocabulary size"),
+        TD_OPT_D("rope-theta", 0, &theta, "X", 0, 1e12, "RoPE base"),
+        TD_OPT_D("rms-norm-eps", 0, &eps, "X", 0, 1, "RMSNorm epsilon"),
+        TD_OPT_F("tie", 0, &tie, 1, "tie the embedding and the LM head (tie_word_embeddings)"),
+        TD_OPT_F("no-tie", 0, &tie, 0, "untied LM head"),
+        TD_OPT_S("dtype", 0, &dtype, "f32|bf16|f16", "stored dtype (default f32)"),
+        TD_OPT_D("init-std", 0, &init.std, "S", 0, 1e3, "std of GEMM weights and biases (default 0.02)"),
+        TD_OPT_D("embed-std", 0, &init.embed_std, "S", 0, 1e3, "std of the embedding (default --init-std); a larger one\n"
+                 "(e.g. 0.5) gives peaked distributions"),
+        TD_OPT_U("seed", 0, &seed, "S", "seed (default 0)"),
+        TD_OPT_S("output", 'o', &out, "DIR", "output directory (created, parents too)"),
+        TD_OPT_S("lora-for", 0, &lora_for, "MODEL_DIR", "write a PEFT LoRA adapter for MODEL_DIR's shapes instead"),
+        TD_OPT_I("rank", 0, &rank, "R", 1, MAXDIM, "LoRA rank (default 8)"),
+        TD_OPT_D("alpha", 0, &alpha, "A", 0, 1e6, "lora_alpha (default 16)"),
+        TD_OPT_S("targets", 0, &targets, "LIST", "projections among q_proj k_proj v_proj o_proj gate_proj\n"
+                 "up_proj down_proj, comma-separated (default all seven)"),
+        TD_OPT_D("lora-std", 0, &lora_std, "S", 0, 1e3, "std of lora_A and lora_B (default 0.01)"),
+        /* the old spelling, unlisted: tidal-diff's --layers is a switch; checkpoints record it */
+        TD_OPT_I("layers", 0, &layers, "L", 1, MAXDIM, NULL),
+        {0}};
+    td_opt_get(opts, "hidden-size")->aliases = "hidden";
+    td_opt_get(opts, "num-layers")->aliases = "num-hidden-layers";
+    td_opt_get(opts, "num-heads")->aliases = "num-attention-heads heads";
+    td_opt_get(opts, "num-kv-heads")->aliases = "num-key-value-heads kv-heads";
+    td_opt_get(opts, "intermediate-size")->aliases = "intermediate";
+    td_opt_get(opts, "vocab-size")->aliases = "vocab";
+    td_opt_get(opts, "rms-norm-eps")->aliases = "rms-eps";
+    const char *positive[] = {"rope-theta", "rms-norm-eps", "init-std", "embed-std", "alpha", "lora-std"};
+    for (size_t i = 0; i < sizeof positive / sizeof *positive; i++) td_opt_get(opts, positive[i])->lo_open = 1;
+    td_opt_get(opts, "output")->required = 1;
+    td_cli cli = {"tidal-init", "[--arch A] [--preset P] [shape flags] [--dtype D] [--seed S] -o DIR\n"
+                  "--lora-for MODEL_DIR [--rank R] [--alpha A] [--targets LIST] [--lora-std S] [--seed S] -o ADAPTER_DIR",
+                  "Writes a seeded random-init Hugging Face checkpoint (config.json, model.safetensors) of a\n"
+                  "Llama-family shape; without --preset give --hidden-size --num-layers --num-heads\n"
+                  "--intermediate-size --vocab-size. The command line is recorded in the safetensors metadata.",
+                  "--lora-for: both lora_A and lora_B are random N(0, S^2): PEFT starts B at zero, an update of\n"
+                  "nothing, so tidal's adapters are random on purpose, for tests and for measuring what merging\n"
+                  "an update into low-precision weights keeps. They are not trained adapters.",
+                  opts, 0, 0};
+    int nargs, rc = td_cli_parse(&cli, argc, argv, NULL, &nargs);
+    if (rc >= 0) return rc;
+    td_error err;
+    if (td_make_parent_dirs(out, &err)) { fprintf(stderr, "tidal-init: %s\n", err.msg); return 1; }
     if (lora_for) return write_adapter(lora_for, targets, rank, alpha, lora_std, seed, out, argc, argv);
 
     td_config cfg;
     int a = arch ? td_arch_from_name(arch) : TD_ARCH_LLAMA;
-    if (a < 0) { fprintf(stderr, "tidal-init: unknown --arch '%s' (llama, mistral, qwen2, qwen3)\n", arch); return 2; }
+    if (a < 0) return td_cli_bad(&cli, "--arch", arch, "one of llama, mistral, qwen2, qwen3");
     td_config_defaults(&cfg, (td_arch)a);
     if (preset) {
         if (td_config_preset(preset, &cfg) != 0) {
-            fprintf(stderr, "tidal-init: unknown --preset '%s' (tiny, qwen2.5-0.5b, qwen3-0.6b, llama-3.2-1b)\n", preset);
-            return 2;
+            return td_cli_bad(&cli, "--preset", preset, "one of tiny, qwen2.5-0.5b, qwen3-0.6b, llama-3.2-1b");
         }
         if (arch && (int)cfg.arch != a) {
-            fprintf(stderr, "tidal-init: --preset %s is a %s, not --arch %s\n", preset, td_arch_name(cfg.arch), arch);
-            return 2;
+            return td_cli_bad(&cli, "--arch", arch, "the preset's architecture (--preset %s is a %s)", preset, td_arch_name(cfg.arch));
         }
     } else if (!hidden || !layers || !heads || !inter || !vocab) {
-        fprintf(stderr, "tidal-init: without --preset give --hidden --layers --heads --intermediate --vocab\n");
-        return 2;
+        return td_cli_bad(&cli, "--preset", NULL, "without a preset give --hidden-size --num-layers --num-heads "
+                          "--intermediate-size --vocab-size");
     }
     if (hidden) cfg.hidden_size = hidden;
     if (layers) cfg.num_layers = layers;
@@ -194,20 +156,18 @@ int main(int argc, char **argv)
     if (cfg.eos_token_id >= cfg.vocab_size) cfg.eos_token_id = -1;
     int dt = td_dtype_parse(dtype);
     if (dt < 0 || dt == TD_DT_F8_E4M3) {
-        fprintf(stderr, "tidal-init: --dtype must be f32, bf16 or f16, got '%s'\n", dtype);
-        return 2;
+        return td_cli_bad(&cli, "--dtype", dtype, "f32, bf16 or f16");
     }
 
     /* the command line, recorded in the checkpoint */
     char *cmd = td_command_line(argc, argv);
     if (!cmd) return 2;
 
-    td_error err;
     if (init.embed_std < 0) init.embed_std = init.std;
     snprintf(tmp_path, sizeof tmp_path, "%s/model.safetensors.tmp", out);
     signal(SIGINT, on_stop_signal);
     signal(SIGTERM, on_stop_signal);
-    int rc = td_checkpoint_init_random_opts(out, &cfg, (td_dtype)dt, seed, &init, cmd, stderr, &err);
+    rc = td_checkpoint_init_random_opts(out, &cfg, (td_dtype)dt, seed, &init, cmd, stderr, &err);
     free(cmd);
     if (rc != 0) { fprintf(stderr, "tidal-init: %s\n", err.msg); return 1; }
     fprintf(stderr, "tidal-init: wrote %s (%s, C=%d L=%d NH=%d NKV=%d HD=%d F=%d V=%d%s)\n", out, td_arch_name(cfg.arch),

@@ -7,6 +7,7 @@
  * the tests use it to compare tidal's decoding with Python's. Exit: 0 ok, 1 bad input or the
  * tensors do not fit the config. Non-finite weights are a warning, not an error. */
 #include "tidal/checkpoint.h"
+#include "tidal/opts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,17 +15,21 @@
 
 int main(int argc, char **argv)
 {
-    const char *path = NULL, *dump = NULL;
+    const char *path = NULL, *dump = NULL, *operand[1] = {NULL};
     int list = 1;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--no-tensors") == 0) list = 0;
-        else if (strcmp(argv[i], "--dump") == 0 && i + 1 < argc) dump = argv[++i];
-        else if (argv[i][0] == '-') {
-            fprintf(stderr, "usage: tidal-inspect DIR|FILE.safetensors [--no-tensors] [--dump NAME]\n");
-            return 2;
-        } else path = argv[i];
-    }
-    if (!path) { fprintf(stderr, "usage: tidal-inspect DIR|FILE.safetensors [--no-tensors] [--dump NAME]\n"); return 2; }
+    td_opt opts[] = {
+        TD_OPT_S("model", 0, &path, "DIR", "the checkpoint (or give it as the operand)"),
+        TD_OPT_F("no-tensors", 0, &list, 0, "no tensor list"),
+        TD_OPT_S("dump", 0, &dump, "NAME", "print that tensor's values as fp32, one per line (%.9g)"),
+        {0}};
+    td_cli cli = {"tidal-inspect", "DIR|FILE.safetensors [--no-tensors] [--dump NAME]",
+                  "A checkpoint's config, what its generation_config.json sets, tensors (name dtype shape shard),\n"
+                  "non-finite weights, and whether the tensors fit the config (exit 1 if not).", NULL, opts, 0, 1};
+    int nargs, rc0 = td_cli_parse(&cli, argc, argv, operand, &nargs);
+    if (rc0 >= 0) return rc0;
+    if (operand[0] && path) return td_cli_bad(&cli, "--model", path, "one checkpoint (the operand names %s)", operand[0]);
+    if (operand[0]) path = operand[0];
+    if (!path) return td_cli_bad(&cli, "arguments", NULL, "expected the checkpoint DIR or FILE.safetensors");
     td_error err;
     td_checkpoint *ck = td_checkpoint_open(path, &err);
     if (!ck) { fprintf(stderr, "tidal-inspect: %s\n", err.msg); return 1; }

@@ -1,26 +1,21 @@
 /* tidal-logprobs — per-position next-token log-probs of one token sequence under a checkpoint,
  * fp32 CPU forward.
  *
- *   tidal-logprobs --model DIR --tokens 1,2,3[,...] [--decode] [--top K]
+ *   tidal-logprobs --model DIR --tokens 1,2,3[,...] [--decode] [--top-logprobs K]
  *
  * Default: the teacher-forced structure (training path). --decode: prefill the first token,
  * then decode the rest one token at a time through the KV cache (inference path).
  * Prints one line per position t >= 1: "t token logp" with logp = log p(token_t | tokens_<t),
- * and with --top K the K most likely tokens after the last position. --recipe NAME|FILE runs
+ * and with --top-logprobs K the K most likely tokens after the last position. --recipe NAME|FILE runs
  * the structure under a precision recipe (default fp32).
  */
 #include "tidal/model.h"
+#include "tidal/opts.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int usage(void)
-{
-    fprintf(stderr, "usage: tidal-logprobs --model DIR --tokens 1,2,3 [--decode] [--top K] [--recipe NAME|FILE]\n");
-    return 2;
-}
 
 /* "1,2,3" -> ids (caller frees); NULL + message on a bad list. */
 static int *parse_tokens(const char *s, int *n)
@@ -32,8 +27,7 @@ static int *parse_tokens(const char *s, int *n)
         errno = 0;
         long v = strtol(p, &end, 10);
         if (end == p || errno || v < 0 || v > 0x7fffffff || (*end && *end != ',')) {
-            fprintf(stderr, "tidal-logprobs: --tokens: bad token list at \"%s\" (expected "
-                            "comma-separated non-negative integers)\n", p);
+            fprintf(stderr, "tidal-logprobs: --tokens: expected comma-separated non-negative integers, got '%s'\n", s);
             free(ids);
             return NULL;
         }
@@ -41,7 +35,7 @@ static int *parse_tokens(const char *s, int *n)
         ids[(*n)++] = (int)v;
         p = *end ? end + 1 : end;
     }
-    if (*n == 0) { fprintf(stderr, "tidal-logprobs: --tokens is empty\n"); free(ids); return NULL; }
+    if (*n == 0) { fprintf(stderr, "tidal-logprobs: --tokens: expected at least one token id, got ''\n"); free(ids); return NULL; }
     return ids;
 }
 
@@ -49,15 +43,24 @@ int main(int argc, char **argv)
 {
     const char *dir = NULL, *toks = NULL, *recipe_arg = "fp32";
     int decode = 0, top = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--decode")) decode = 1;
-        else if (i + 1 < argc && !strcmp(argv[i], "--model")) dir = argv[++i];
-        else if (i + 1 < argc && !strcmp(argv[i], "--tokens")) toks = argv[++i];
-        else if (i + 1 < argc && !strcmp(argv[i], "--top")) top = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--recipe")) recipe_arg = argv[++i];
-        else return usage();
-    }
-    if (!dir || !toks || top < 0) return usage();
+    td_opt opts[] = {
+        TD_OPT_S("model", 0, &dir, "DIR", "checkpoint directory"),
+        TD_OPT_S("tokens", 0, &toks, "1,2,3", "the token ids, comma-separated"),
+        TD_OPT_F("decode", 0, &decode, 1, "the inference path: prefill the first token, then decode\n"
+                 "one token at a time through the KV cache"),
+        TD_OPT_I("top-logprobs", 0, &top, "K", 0, 1 << 20, "also print the K most likely tokens after the last\n"
+                 "position (OpenAI/vLLM top_logprobs)"),
+        TD_OPT_S("recipe", 0, &recipe_arg, "NAME|FILE", "precision recipe (default fp32)"),
+        TD_OPT_I("top", 0, &top, "K", 0, 1 << 20, NULL),   /* the old spelling, unlisted */
+        {0}};
+    td_opt_get(opts, "model")->required = 1;
+    td_opt_get(opts, "tokens")->required = 1;
+    td_cli cli = {"tidal-logprobs", "--model DIR --tokens 1,2,3 [--decode] [--top-logprobs K] [--recipe NAME|FILE]",
+                  "Per-position next-token log-probs of one token sequence under a checkpoint: one line per\n"
+                  "position t >= 1, \"t token logp\" with logp = log p(token_t | tokens_<t). Default: the\n"
+                  "teacher-forced structure (training path).", NULL, opts, 0, 0};
+    int nargs, rc0 = td_cli_parse(&cli, argc, argv, NULL, &nargs);
+    if (rc0 >= 0) return rc0;
     int n;
     int *ids = parse_tokens(toks, &n);
     if (!ids) return 2;

@@ -2,6 +2,7 @@
  * The numbers are built once as JSON (td_report_run) and printed as a terminal table,
  * Markdown or JSON. */
 #include "tidal/analysis.h"
+#include "tidal/opts.h"
 #include "tidal/tokenizer.h"
 
 #include <stdio.h>
@@ -12,21 +13,32 @@
 #define MAX_RUNS 15
 #define MAX_IS 32
 
-static void usage(FILE *f)
+typedef struct {
+    const char *items[64];
+    size_t n;
+} figure_list;
+
+typedef struct {
+    td_is_spec items[MAX_IS];
+    size_t n;
+} is_list;
+
+static int add_figure(void *dest, const char *v, char *why, size_t n)
 {
-    fprintf(f,
-        "usage: tidal-report RUN.h5 [RUN.h5 ...] [options]\n"
-        "  (several runs, e.g. bf16 / fp16 / fp8, are compared side by side in one table)\n"
-        "  --json              print a JSON object per run (a list when several runs are given)\n"
-        "  --markdown          print Markdown (tables, and the figures given by --figure)\n"
-        "  --figure PATH       link a picture in the Markdown output (repeatable)\n"
-        "  --is LEVEL:MODE:HI | LEVEL:MODE:LO:HI\n"
-        "                      importance-sampling correction to simulate (repeatable); LEVEL token,\n"
-        "                      sequence or geometric; MODE truncate (clamp into [LO,HI]) or mask\n"
-        "                      (zero outside [LO,HI]). Default: token:truncate:2 token:mask:0.5:5\n"
-        "                      (IcePop) sequence:truncate:3 sequence:mask:3 geometric:mask:0.999:1.001\n"
-        "  --worst N           worst tokens and sequences listed (default 10)\n"
-        "  --no-decode         print token ids even when the model has a tokenizer.json\n");
+    figure_list *l = dest;
+    if (l->n == 64) { snprintf(why, n, "at most 64 figures"); return -1; }
+    l->items[l->n++] = v;
+    return 0;
+}
+
+static int add_is(void *dest, const char *v, char *why, size_t n)
+{
+    is_list *l = dest;
+    td_error err = {{0}};
+    if (l->n == MAX_IS) { snprintf(why, n, "at most %d corrections", MAX_IS); return -1; }
+    if (td_is_spec_parse(v, &l->items[l->n], &err)) { snprintf(why, n, "LEVEL:MODE:HI or LEVEL:MODE:LO:HI (%s)", err.msg); return -1; }
+    l->n++;
+    return 0;
 }
 
 static char *decode_cb(void *ctx, const int32_t *ids, size_t n)
@@ -36,36 +48,36 @@ static char *decode_cb(void *ctx, const int32_t *ids, size_t n)
 
 int main(int argc, char **argv)
 {
-    const char *runs[MAX_RUNS], *figures[64];
-    size_t n_runs = 0, n_fig = 0, n_is = 0;
-    td_is_spec is[MAX_IS];
-    int json = 0, md = 0, decode = 1;
-    long worst = 10;
+    const char *runs[MAX_RUNS + 1];
+    figure_list fig = {{0}, 0};
+    is_list is = {{{0}}, 0};
+    int json = 0, md = 0, decode = 1, worst = 10;
     td_error err = {{0}};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        else if (!strcmp(a, "--json")) json = 1;
-        else if (!strcmp(a, "--markdown")) md = 1;
-        else if (!strcmp(a, "--no-decode")) decode = 0;
-        else if (!strcmp(a, "--figure") && i + 1 < argc) { if (n_fig < 64) figures[n_fig++] = argv[++i]; }
-        else if (!strcmp(a, "--worst") && i + 1 < argc) {
-            char *end;
-            worst = strtol(argv[++i], &end, 10);
-            if (*end || worst < 0 || worst > 10000) { fprintf(stderr, "tidal-report: --worst %s: expected 0..10000\n", argv[i]); return 2; }
-        } else if (!strcmp(a, "--is") && i + 1 < argc) {
-            if (n_is == MAX_IS) { fprintf(stderr, "tidal-report: at most %d --is corrections\n", MAX_IS); return 2; }
-            if (td_is_spec_parse(argv[++i], &is[n_is++], &err)) { fprintf(stderr, "tidal-report: %s\n", err.msg); return 2; }
-        } else if (a[0] == '-' && a[1]) { fprintf(stderr, "tidal-report: unknown or incomplete option %s\n", a); usage(stderr); return 2; }
-        else if (n_runs == MAX_RUNS) { fprintf(stderr, "tidal-report: at most %d runs side by side\n", MAX_RUNS); return 2; }
-        else runs[n_runs++] = a;
-    }
-    if (!n_runs) { usage(stderr); return 2; }
-    if (json && md) { fprintf(stderr, "tidal-report: --json and --markdown exclude each other\n"); return 2; }
+    td_opt opts[] = {
+        TD_OPT_F("json", 0, &json, 1, "print a JSON object per run (a list when several runs are given)"),
+        TD_OPT_F("markdown", 0, &md, 1, "print Markdown (tables, and the figures given by --figure)"),
+        TD_OPT_FUN("figure", 0, &fig, "PATH", add_figure, "a path", "link a picture in the Markdown output (repeatable)"),
+        TD_OPT_FUN("is", 0, &is, "SPEC", add_is, "LEVEL:MODE:HI or LEVEL:MODE:LO:HI",
+                   "importance-sampling correction to simulate (repeatable):\n"
+                   "LEVEL:MODE:HI | LEVEL:MODE:LO:HI; LEVEL token, sequence or\n"
+                   "geometric; MODE truncate (clamp into [LO,HI]) or mask (zero\n"
+                   "outside [LO,HI]). Default: token:truncate:2 token:mask:0.5:5\n"
+                   "(IcePop) sequence:truncate:3 sequence:mask:3\ngeometric:mask:0.999:1.001"),
+        TD_OPT_I("worst", 0, &worst, "N", 0, 10000, "worst tokens and sequences listed (default 10)"),
+        TD_OPT_F("no-decode", 0, &decode, 0, "print token ids even when the model has a tokenizer.json"),
+        {0}};
+    td_cli cli = {"tidal-report", "RUN.h5 [RUN.h5 ...] [options]",
+                  "Statistics of one or more run files (e.g. bf16 / fp16 / fp8), side by side in one table.\n"
+                  "Columns are titled by recipe names, or by file names when two runs share them.",
+                  NULL, opts, 1, MAX_RUNS};
+    int nargs, rc0 = td_cli_parse(&cli, argc, argv, runs, &nargs);
+    if (rc0 >= 0) return rc0;
+    size_t n_runs = (size_t)nargs, n_is = is.n;
+    if (json && md) return td_cli_bad(&cli, "--json", NULL, "not together with --markdown");
     if (!n_is) {
         static const char *def[] = {"token:truncate:2", "token:mask:0.5:5", "sequence:truncate:3",
                                     "sequence:mask:3", "geometric:mask:0.999:1.001"};
-        for (size_t k = 0; k < 5; k++) td_is_spec_parse(def[k], &is[n_is++], NULL);
+        for (size_t k = 0; k < 5; k++) td_is_spec_parse(def[k], &is.items[n_is++], NULL);
     }
 
     json_t *reps[MAX_RUNS];
@@ -83,7 +95,7 @@ int main(int argc, char **argv)
                 if (!tok) fprintf(stderr, "tidal-report: warning: %s; printing token ids\n", err.msg);
             }
         }
-        td_report_opts o = {.is = is, .n_is = n_is, .n_worst = (size_t)worst,
+        td_report_opts o = {.is = is.items, .n_is = n_is, .n_worst = (size_t)worst,
                             .decode = tok ? decode_cb : NULL, .decode_ctx = tok};
         reps[done] = td_report_run(&run, &o, &err);
         td_tokenizer_free(tok);
@@ -98,7 +110,7 @@ int main(int argc, char **argv)
             fputc('\n', stdout);
             json_decref(out);
         } else if (md) {
-            td_report_print_markdown(stdout, reps, n_runs, figures, n_fig);
+            td_report_print_markdown(stdout, reps, n_runs, fig.items, fig.n);
         } else {
             td_report_print_text(stdout, reps, n_runs);
         }

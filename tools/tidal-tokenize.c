@@ -1,11 +1,11 @@
 /* tidal-tokenize: encode or decode text with a Hugging Face tokenizer.json, one line at a time.
  *
- *   tidal-tokenize --tokenizer DIR/tokenizer.json [--no-special] [--no-add-special] [--json] < text
+ *   tidal-tokenize --tokenizer DIR[/tokenizer.json] [--no-special] [--no-add-special] [--json] < text
  *       one line of space-separated ids per input line
- *   tidal-tokenize --tokenizer DIR/tokenizer.json --decode [--skip-special] [--json] < ids
+ *   tidal-tokenize --tokenizer DIR[/tokenizer.json] --decode [--skip-special] [--json] < ids
  *       one line of text per input line of ids
- *   tidal-tokenize --tokenizer DIR/tokenizer.json --info
- *   tidal-tokenize --tokenizer DIR/tokenizer.json --bench < text
+ *   tidal-tokenize --tokenizer DIR[/tokenizer.json] --info
+ *   tidal-tokenize --tokenizer DIR[/tokenizer.json] --bench < text
  *       encodes every line, prints "bytes B tokens T seconds S MB/s R" (encode time only)
  *   tidal-tokenize --write-char-vocab DIR
  *       writes the default character vocabulary of tidal's task models (tokenizer.json and
@@ -17,6 +17,8 @@
  *   --json            each text line is a JSON string, so text may hold newlines: input lines
  *                     when encoding, output lines when decoding
  */
+#include "tidal/io.h"
+#include "tidal/opts.h"
 #include "tidal/tokenizer.h"
 
 #include <errno.h>
@@ -24,15 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
-
-static void usage(void)
-{
-    fprintf(stderr, "usage: tidal-tokenize --tokenizer PATH/tokenizer.json [--decode] [--no-special] "
-                    "[--no-add-special] [--skip-special] [--json] [--info] [--bench]\n"
-                    "       tidal-tokenize --write-char-vocab DIR\n");
-    exit(2);
-}
 
 static double now(void)
 {
@@ -101,20 +96,33 @@ static int parse_ids(const char *line, int32_t **ids, size_t *n, size_t *cap)
 
 int main(int argc, char **argv)
 {
-    const char *path = NULL, *vocab_dir = NULL;
-    bool decode = false, allow_special = true, add_special = true, skip_special = false, json = false, info = false;
-    bool do_bench = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) path = argv[++i];
-        else if (!strcmp(argv[i], "--write-char-vocab") && i + 1 < argc) vocab_dir = argv[++i];
-        else if (!strcmp(argv[i], "--decode")) decode = true;
-        else if (!strcmp(argv[i], "--no-special")) allow_special = false;
-        else if (!strcmp(argv[i], "--no-add-special")) add_special = false;
-        else if (!strcmp(argv[i], "--skip-special")) skip_special = true;
-        else if (!strcmp(argv[i], "--json")) json = true;
-        else if (!strcmp(argv[i], "--info")) info = true;
-        else if (!strcmp(argv[i], "--bench")) do_bench = true;
-        else usage();
+    const char *path = NULL, *model_dir = NULL, *vocab_dir = NULL;
+    int decode = 0, allow_special = 1, add_special = 1, skip_special = 0, json = 0, info = 0, do_bench = 0;
+    td_opt opts[] = {
+        TD_OPT_S("tokenizer", 0, &path, "PATH", "tokenizer.json, or the directory holding it (as vLLM's --tokenizer)"),
+        TD_OPT_S("model", 0, &model_dir, "DIR", "the checkpoint directory: its tokenizer.json"),
+        TD_OPT_F("decode", 0, &decode, 1, "read lines of ids, write text"),
+        TD_OPT_F("no-special", 0, &allow_special, 0, "special tokens written in the text (\"<|endoftext|>\") are\nencoded as text"),
+        TD_OPT_F("no-add-special", 0, &add_special, 0, "no BOS/EOS from the post-processor (HF add_special_tokens=False)"),
+        TD_OPT_F("skip-special", 0, &skip_special, 1, "decode drops special tokens (HF's Python default; tidal keeps them)"),
+        TD_OPT_F("json", 0, &json, 1, "each text line is a JSON string, so text may hold newlines"),
+        TD_OPT_F("info", 0, &info, 1, "print vocab_size, bos_id, eos_id"),
+        TD_OPT_F("bench", 0, &do_bench, 1, "encode stdin's lines, print \"bytes B tokens T seconds S MB/s R\""),
+        TD_OPT_S("write-char-vocab", 0, &vocab_dir, "DIR", "write the default character vocabulary of tidal's task\n"
+                 "models (tokenizer.json, tokenizer_config.json) into DIR"),
+        {0}};
+    td_cli cli = {"tidal-tokenize", "--tokenizer PATH|--model DIR [--decode] [--no-special] [--no-add-special] "
+                  "[--skip-special] [--json] [--info] [--bench] < lines\n--write-char-vocab DIR",
+                  "Encodes (one line of space-separated ids per input line) or decodes (one line of text per\n"
+                  "line of ids) with a Hugging Face tokenizer.json.", NULL, opts, 0, 0};
+    int nargs, rc0 = td_cli_parse(&cli, argc, argv, NULL, &nargs);
+    if (rc0 >= 0) return rc0;
+    if (path && model_dir) return td_cli_bad(&cli, "--model", model_dir, "either --model or --tokenizer, not both");
+    char tpath[4200];
+    struct stat st;
+    if (model_dir || (path && stat(path, &st) == 0 && S_ISDIR(st.st_mode))) {
+        snprintf(tpath, sizeof tpath, "%s/tokenizer.json", model_dir ? model_dir : path);
+        path = tpath;
     }
     td_error err = {{0}};
     if (vocab_dir) {
@@ -122,7 +130,7 @@ int main(int argc, char **argv)
         if (td_charvocab_write(vocab_dir, &spec, &err)) { fprintf(stderr, "tidal-tokenize: %s\n", err.msg); return 1; }
         return 0;
     }
-    if (!path) usage();
+    if (!path) return td_cli_bad(&cli, "--tokenizer", NULL, "required (PATH), or --model DIR");
     td_tokenizer *tok = td_tokenizer_load(path, &err);
     if (!tok) { fprintf(stderr, "tidal-tokenize: %s\n", err.msg); return 1; }
     if (info) {
@@ -154,7 +162,7 @@ int main(int argc, char **argv)
             json_t *js = NULL;
             if (json) {
                 json_error_t je;
-                js = json_loadb(line, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+                js = td_json_loadb(line, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
                 if (!json_is_string(js)) {
                     fprintf(stderr, "tidal-tokenize: stdin line %zu: expected a JSON string (%s)\n", lineno, js ? "not a string" : je.text);
                     status = 1;

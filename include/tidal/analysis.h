@@ -27,6 +27,8 @@ typedef struct {
     char *path;
     char *label;              // "recipe_a→recipe_b", or the file name
     char *recipe_a, *recipe_b, *model_path; // attributes; "" when absent
+    int replay;               // B is recorded rollouts (mode "replay"): recipe_b names them, and
+                              // metrics needing B's full distribution are "n/a (replay)"
     size_t n;                 // scored tokens (rows of /tokens)
     size_t nseq;              // sequences (rows of /seqs, or 1 + max /tokens/seq)
     double *logp_a, *logp_b;  // (n)
@@ -36,6 +38,8 @@ typedef struct {
     int64_t *seq;             // (n) in [0, nseq)
     int32_t *pos, *token;     // (n)
     int8_t *is_prompt;        // (n) 0 = response token
+    int32_t *step;            // (n) generation step: pos − prompt_len (0 = first response token,
+                              //     < 0 in the prompt); /tokens/step, or derived from /seqs
     int32_t max_pos;          // largest /tokens/pos
     /* Optional /layers/rel_err: rows aligned with /tokens. NULL when the run has none. */
     size_t n_layers;

@@ -36,6 +36,7 @@ typedef struct {
     const char *command_line;  /* recorded in the file                                   */
     const char *lora_dir;      /* PEFT adapter applied by both paths (NULL: none)        */
     int lora_merge_a, lora_merge_b;  /* merge it into that path's weights, else unmerged */
+    const char *rollout_logprobs;    /* replays: "raw" (NULL) or "processed" (by sampling)  */
     /* Checked between batches (may be NULL): once non-zero (a SIGINT/SIGTERM handler sets it),
      * the run stops after the batch in flight, closes the file cleanly and returns -1 with
      * TD_DIFF_INTERRUPTED in err.msg and how to --resume. */
@@ -53,6 +54,9 @@ typedef struct {
      * loading and weight preparation excluded) */
     int64_t run_batches, run_tokens;
     double run_seconds;
+    /* a failed or interrupted --force run that had not completed a batch: the previous OUT
+     * is kept as it was, so the same command starts over (else --resume continues OUT) */
+    int out_untouched;
 } td_diff_summary;
 
 /* Runs the job; progress on stderr. 0, or -1 + err naming the file and the problem. */
@@ -60,9 +64,13 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err);
 
 /* Joins the run files of --shard jobs (same model, recipes, sampling, seed) into out_path,
  * shard after shard, shifting the row references (/tokens/seq, /seqs/token_offset,
- * /seqs/tokens_offset). Refuses to replace out_path unless force. */
+ * /seqs/tokens_offset). Every shard K of N once: a missing shard is refused unless
+ * allow_partial (then recorded as the root attribute `partial`, "shards 0,2 of 4"); a shard
+ * that did not finish (its /progress short of its batches) is refused the same way. Refuses to
+ * replace out_path unless force; the new file is written to OUT.tmp and renamed, so a failed
+ * merge keeps the old one. */
 int td_runfile_merge(const char *out_path, const char *const *inputs, int n, const char *command_line,
-                     int force, td_error *err);
+                     int force, int allow_partial, td_error *err);
 
 /* Summary statistics over the /tokens of a run file. */
 int td_diff_summarize(const char *run_path, td_diff_summary *sum, td_error *err);

@@ -21,7 +21,12 @@ typedef struct {
 int  td_mmap_open(td_mmap *m, const char *path, td_error *err);
 void td_mmap_close(td_mmap *m);
 
-/* Parses a JSON file (rejecting duplicate keys); NULL + "PATH:LINE:COL: what" on failure. */
+/* json_loadb, except that integers beyond 64 bits (which jansson refuses: "too big integer")
+ * are read as JSON reals of the same value, as Python's json reads them into floats' range.
+ * Every reader of JSON that other tools wrote goes through this or the two below. */
+json_t *td_json_loadb(const char *text, size_t len, size_t flags, json_error_t *je);
+/* Parses a JSON file (rejecting duplicate keys, widening big integers as td_json_loadb);
+ * NULL + "PATH:LINE:COL: what" on failure. */
 json_t *td_json_load_file(const char *path, td_error *err);
 /* Parses JSON text that came from `what` (a file name, or "header of X") the same way. */
 json_t *td_json_load_text(const char *text, size_t len, const char *what, td_error *err);

@@ -1,10 +1,12 @@
 /* tidal — per-token divergence between the training path (A) and the inference path (B).
  *
  * Inputs are two full log-softmax rows over the vocabulary (V) at the same position and the
- * token y scored there. With p = exp(logp):
+ * token y scored there. With p = exp(logp) renormalised in double (float rows sum to 1 only
+ * within ~1e-7, which would otherwise move a KL of 1e-8 below zero):
  *   logp_a, logp_b      log-prob of y;  Δ = logp_b − logp_a
- *   kl_ba = Σ p_b (logp_b − logp_a)    KL(B‖A), the rollout policy's view
- *   kl_ab = Σ p_a (logp_a − logp_b)    KL(A‖B)
+ *   kl_ba = Σ p_b (logp_b − logp_a)    KL(B‖A), the rollout policy's view; summed as
+ *                                      Σ p_b k3(a, b), each term ≥ 0, so never negative
+ *   kl_ab = Σ p_a (logp_a − logp_b)    KL(A‖B), the same way
  *   k3    = e^r − 1 − r, r = logp_a − logp_b   ("vllm-kl" / mismatch_k3_kl, one-sample, ≥ 0)
  *   tv    = ½ Σ |p_a − p_b|            total variation
  *   entropy_a, entropy_b = −Σ p log p

@@ -47,11 +47,11 @@ void td_font_draw(td_font *f, td_canvas *c, int x, int y, int px, int ha, int va
 
 /* ---------------------------------------------------------------- plots */
 
-typedef enum { TD_PLOT_SEQPOS = 0, TD_PLOT_LAYERS, TD_PLOT_DENSITY, TD_PLOT_HIST } td_plot_kind;
+typedef enum { TD_PLOT_SEQPOS = 0, TD_PLOT_LAYERS, TD_PLOT_DENSITY, TD_PLOT_HIST, TD_PLOT_STEPS } td_plot_kind;
 
 typedef struct {
     td_plot_kind kind;
-    int metric_kl;         // seqpos: 0 = |Δlogp|, 1 = KL(B‖A)
+    int metric_kl;         // seqpos, steps: 0 = |Δlogp|, 1 = KL(B‖A)
     int log_scale;         // colour scale of seqpos / layers (density is always log counts)
     int pool_mean;         // pooling of large runs into cells: 0 = max, 1 = mean
     int max_rows, max_cols;// cells per heatmap panel after pooling (0: defaults 300 x 720)

@@ -56,6 +56,9 @@ int td_runfile_truncate_group(td_runfile *rf, const char *group, int64_t nrows, 
 /* Reads rows [row0, row0+nrows) of a dataset converted to `type` into out (nrows*width). */
 int td_runfile_read(td_runfile *rf, const char *path, td_coltype type, int64_t row0,
                     int64_t nrows, void *out, td_error *err);
+/* The names of the datasets in a group ("/tokens"), in name order, into names[0..max) (caller
+ * frees each); returns how many the group holds (0 if it is absent). */
+size_t td_runfile_list(td_runfile *rf, const char *group, char **names, size_t max);
 /* The width of a dataset (1 for 1-D); 0 if absent. */
 size_t td_runfile_width(td_runfile *rf, const char *path);
 

@@ -57,6 +57,9 @@ size_t td_tokenizer_vocab_size(const td_tokenizer *tok);
 int32_t td_tokenizer_bos_id(const td_tokenizer *tok);
 int32_t td_tokenizer_eos_id(const td_tokenizer *tok);
 bool td_tokenizer_is_special(const td_tokenizer *tok, int32_t id);
+/* The chat template text (tokenizer_config.json "chat_template", its "default" entry when it
+ * is a list, or chat_template.jinja beside it); NULL if none. *from (may be NULL) gets the file. */
+const char *td_tokenizer_chat_template(const td_tokenizer *tok, const char **from);
 
 /* ---- character vocabulary for tidal's task models ----
  * Every character of `alphabet` (UTF-8) is one token; special tokens come first (ids 0..).

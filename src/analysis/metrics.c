@@ -12,17 +12,35 @@ double td_k3(double logp_a, double logp_b)
     return expm1(r) - r;
 }
 
+/* log Σ exp(row), in double. */
+static double log_sum_exp(const float *row, int V)
+{
+    double mx = -INFINITY, z = 0;
+    for (int v = 0; v < V; v++) if (row[v] > mx) mx = row[v];
+    if (mx == -INFINITY) return 0;
+    for (int v = 0; v < V; v++) z += exp((double)row[v] - mx);
+    return mx + log(z);
+}
+
+/* A float log-softmax row sums to 1 only within ~1e-7, and a KL of two such rows taken as
+ * Σ p_b (logp_b − logp_a) then errs by that much: near rows (KL ~ 1e-8) come out negative.
+ * So both rows are renormalised in double, and each KL is summed in its termwise non-negative
+ * form: KL(B‖A) = Σ [p_b (b − a) − p_b + p_a] = Σ p_b k(a − b), k(r) = e^r − 1 − r ≥ 0 (the
+ * added terms sum to 1 − 1 = 0); where p_b = 0 the term is p_a. No rounding can make it < 0. */
 void td_token_metrics_compute(const float *la, const float *lb, int V, int y, td_token_metrics *m)
 {
     double kl_ba = 0, kl_ab = 0, tv = 0, ha = 0, hb = 0;
     int top_a = 0, top_b = 0, rank_a = 1, rank_b = 1;
     const float ya = la[y], yb = lb[y];
+    const double za = log_sum_exp(la, V), zb = log_sum_exp(lb, V);
     for (int v = 0; v < V; v++) {
-        double a = la[v], b = lb[v];
+        double a = la[v] - za, b = lb[v] - zb;
         double pa = exp(a), pb = exp(b);
         /* p log p -> 0 as p -> 0: a row entry of -inf contributes nothing */
-        if (pb > 0) { kl_ba += pb * (b - a); hb -= pb * b; }
-        if (pa > 0) { kl_ab += pa * (a - b); ha -= pa * a; }
+        kl_ba += pb > 0 ? pb * td_k3(a, b) : pa;
+        kl_ab += pa > 0 ? pa * td_k3(b, a) : pb;
+        if (pb > 0) hb -= pb * b;
+        if (pa > 0) ha -= pa * a;
         tv += fabs(pa - pb);
         if (la[v] > la[top_a]) top_a = v;
         if (lb[v] > lb[top_b]) top_b = v;

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define NA_REPLAY "n/a (replay)"
+
 static json_t *num(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
 static json_t *summary_json(const double *x, size_t n)
@@ -57,7 +59,7 @@ static json_t *correlation_json(const corr_result *r)
 }
 
 /* Buckets of key (edges e[0] < ... < e[nb]): count, mean and max |dlogp|, mean KL(B‖A) over
- * tokens with a finite KL. Counting and sums are GSL histograms with those ranges. */
+ * tokens with a finite KL ("n/a (replay)" when kl is NULL). Counting and sums are GSL histograms with those ranges. */
 static json_t *buckets_json(const double *key, const double *absd, const double *kl, size_t n,
                             const double *edges, size_t nb)
 {
@@ -74,7 +76,7 @@ static json_t *buckets_json(const double *key, const double *absd, const double 
         gsl_histogram_increment(cnt, key[i]);
         gsl_histogram_accumulate(sum, key[i], absd[i]);
         if (absd[i] > mx[b]) mx[b] = absd[i];
-        if (isfinite(kl[i])) { gsl_histogram_increment(kcnt, key[i]); gsl_histogram_accumulate(ksum, key[i], kl[i]); }
+        if (kl && isfinite(kl[i])) { gsl_histogram_increment(kcnt, key[i]); gsl_histogram_accumulate(ksum, key[i], kl[i]); }
     }
     json_t *arr = json_array();
     for (size_t b = 0; b < nb; b++) {
@@ -85,7 +87,7 @@ static json_t *buckets_json(const double *key, const double *absd, const double 
         json_object_set_new(o, "count", json_integer((json_int_t)c));
         json_object_set_new(o, "mean_abs_dlogp", num(c > 0 ? gsl_histogram_get(sum, b) / c : NAN));
         json_object_set_new(o, "max_abs_dlogp", num(c > 0 ? mx[b] : NAN));
-        json_object_set_new(o, "mean_kl_ba", num(kc > 0 ? gsl_histogram_get(ksum, b) / kc : NAN));
+        json_object_set_new(o, "mean_kl_ba", !kl ? json_string(NA_REPLAY) : num(kc > 0 ? gsl_histogram_get(ksum, b) / kc : NAN));
         json_array_append_new(arr, o);
     }
     free(mx);
@@ -256,9 +258,11 @@ json_t *td_report_run(const td_run *r, const td_report_opts *o, td_error *err)
     json_object_set_new(j, "n_tokens", json_integer((json_int_t)n));
     json_object_set_new(j, "n_seqs", json_integer((json_int_t)r->nseq));
     json_object_set_new(j, "abs_dlogp", summary_json(absd, n));
-    json_object_set_new(j, "kl_ba", summary_json(r->kl_ba, n));
+    /* a replay has only the engine's log-prob of each token, not its distribution */
+    json_object_set_new(j, "mode", json_string(r->replay ? "replay" : "generate"));
+    json_object_set_new(j, "kl_ba", r->replay ? json_string(NA_REPLAY) : summary_json(r->kl_ba, n));
     json_object_set_new(j, "k3", summary_json(r->k3, n));
-    json_object_set_new(j, "tv", summary_json(r->tv, n));
+    json_object_set_new(j, "tv", r->replay ? json_string(NA_REPLAY) : summary_json(r->tv, n));
     json_object_set_new(j, "abs_prob_diff", summary_json(pdiff, n));
 
     /* parity bands: share of tokens with |p_b/p_a − 1| ≤ band, p_b/p_a = exp(dlogp) */
@@ -294,9 +298,9 @@ json_t *td_report_run(const td_run *r, const td_report_opts *o, td_error *err)
         pedges[++npb] = hi;
         if (hi > r->max_pos) break;
     }
-    json_object_set_new(j, "by_position", buckets_json(pos, absd, r->kl_ba, n, pedges, npb));
+    json_object_set_new(j, "by_position", buckets_json(pos, absd, r->replay ? NULL : r->kl_ba, n, pedges, npb));
     static const double prob_edges[8] = {0, 1e-4, 1e-3, 1e-2, 0.1, 0.5, 0.9, 1.0 + 1e-12};
-    json_object_set_new(j, "by_prob_a", buckets_json(pa, absd, r->kl_ba, n, prob_edges, 7));
+    json_object_set_new(j, "by_prob_a", buckets_json(pa, absd, r->replay ? NULL : r->kl_ba, n, prob_edges, 7));
 
     for (size_t i = 0; i < n; i++) if (!isfinite(absd[i])) absd[i] = -1;  // never among the worst
     json_object_set_new(j, "worst_tokens", worst_tokens_json(r, absd, o));

@@ -86,7 +86,10 @@ static json_t *jpath(json_t *j, const char *path)
     char buf[128];
     snprintf(buf, sizeof buf, "%s", path);
     char *save = NULL;
-    for (char *k = strtok_r(buf, ".", &save); k && j; k = strtok_r(NULL, ".", &save)) j = json_object_get(j, k);
+    for (char *k = strtok_r(buf, ".", &save); k && j; k = strtok_r(NULL, ".", &save)) {
+        if (json_is_string(j)) return j;       /* "n/a (replay)" stands for a whole group */
+        j = json_object_get(j, k);
+    }
     return j;
 }
 
@@ -116,7 +119,28 @@ static void headline(FILE *f, json_t *const *reps, size_t n, int md)
 {
     if (n + 1 > MAX_COLS) n = MAX_COLS - 1;
     table t = {.md = md, .ncols = n + 1};
-    row_path(&t, reps, n, "run (A = train vs B = infer)", NULL, "label");
+    /* column titles: the recipes; two runs of the same recipes (a seed, a batch size, a
+     * checkpoint apart) would share one, so then the file name (the path when those match too)
+     * joins every title */
+    const char *titles[MAX_COLS] = {"run (A = train vs B = infer)"};
+    char buf[MAX_COLS][320];
+    int same_label = 0, same_base = 0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = i + 1; k < n; k++) {
+            same_label |= json_equal(json_object_get(reps[i], "label"), json_object_get(reps[k], "label"));
+            const char *fi = json_string_value(json_object_get(reps[i], "file")), *fk = json_string_value(json_object_get(reps[k], "file"));
+            const char *bi = fi && strrchr(fi, '/') ? strrchr(fi, '/') + 1 : fi, *bk = fk && strrchr(fk, '/') ? strrchr(fk, '/') + 1 : fk;
+            same_base |= bi && bk && !strcmp(bi, bk);
+        }
+    for (size_t i = 0; i < n; i++) {
+        const char *label = json_string_value(json_object_get(reps[i], "label"));
+        const char *file = json_string_value(json_object_get(reps[i], "file"));
+        const char *base = file && strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
+        if (same_label) snprintf(buf[i], sizeof buf[i], "%s (%s)", label ? label : "?", (same_base ? file : base) ? (same_base ? file : base) : "?");
+        else snprintf(buf[i], sizeof buf[i], "%s", label ? label : "?");
+        titles[i + 1] = buf[i];
+    }
+    t_row(&t, titles);
     row_path(&t, reps, n, "scored tokens", NULL, "n_tokens");
     row_path(&t, reps, n, "sequences", NULL, "n_seqs");
     static const struct { const char *key, *name; } m[] = {

@@ -110,6 +110,17 @@ int td_run_load(td_run *run, const char *path, int flags, td_error *err)
     run->recipe_a = attr_or_empty(rf, "recipe_a_name");
     run->recipe_b = attr_or_empty(rf, "recipe_b_name");
     run->model_path = attr_or_empty(rf, "model_path");
+    char *mode = attr_or_empty(rf, "mode");
+    run->replay = strcmp(mode, "replay") == 0;
+    free(mode);
+    if (run->replay) {          /* B did not run: the recorded rollouts stand in its place */
+        char *fmt = attr_or_empty(rf, "rollout_format");
+        size_t len = strlen(fmt) + 40;
+        free(run->recipe_b);
+        run->recipe_b = td_xmalloc(len);
+        snprintf(run->recipe_b, len, "%s%srollouts (replay)", fmt, fmt[0] ? " " : "recorded ");
+        free(fmt);
+    }
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     if (run->recipe_a[0] && run->recipe_b[0]) {
         size_t len = strlen(run->recipe_a) + strlen(run->recipe_b) + 8;
@@ -144,6 +155,7 @@ int td_run_load(td_run *run, const char *path, int flags, td_error *err)
         run->entropy_a = read_col(rf, "/tokens/entropy_a", TD_COL_F64, 8, n, file_bytes, 0, &failed, err);
         run->is_prompt = read_col(rf, "/tokens/is_prompt", TD_COL_I8, 1, n, file_bytes, 0, &failed, err);
     }
+    run->step = read_col(rf, "/tokens/step", TD_COL_I32, 4, n, file_bytes, 0, &failed, err);
     if (failed) goto fail;
     /* Columns a writer may leave out are derived (dlogp, k3) or filled with "unknown". */
     if (!run->dlogp) {
@@ -189,6 +201,16 @@ columns_done:;
         goto fail;
     }
 
+    if (!run->step) {   /* files written before /tokens/step: from /seqs/prompt_len when there */
+        run->step = td_xmalloc(n * sizeof(int32_t));
+        int32_t *pl = NULL;
+        if (nseq_file > 0 && td_runfile_rows(rf, "/seqs/prompt_len") == nseq_file)
+            pl = read_col(rf, "/seqs/prompt_len", TD_COL_I32, 4, (size_t)nseq_file, file_bytes, 0, &failed, err);
+        if (failed) goto fail;
+        for (size_t i = 0; i < n; i++) run->step[i] = run->pos[i] - (pl ? pl[run->seq[i]] : 0);
+        free(pl);
+    }
+
     if ((flags & TD_RUN_LAYERS) && td_runfile_exists(rf, "/layers/rel_err")) {
         size_t L = td_runfile_width(rf, "/layers/rel_err");
         int64_t lr = td_runfile_rows(rf, "/layers/rel_err");
@@ -220,7 +242,7 @@ void td_run_free(td_run *run)
 {
     free(run->path); free(run->label); free(run->recipe_a); free(run->recipe_b); free(run->model_path);
     free(run->logp_a); free(run->logp_b); free(run->dlogp); free(run->kl_ba); free(run->k3); free(run->tv);
-    free(run->entropy_a); free(run->seq); free(run->pos); free(run->token); free(run->is_prompt);
+    free(run->entropy_a); free(run->seq); free(run->pos); free(run->token); free(run->is_prompt); free(run->step);
     free(run->layer_err); free(run->ids); free(run->ids_offset); free(run->seq_len); free(run->prompt_len);
     memset(run, 0, sizeof *run);
 }

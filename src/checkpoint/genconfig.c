@@ -124,16 +124,23 @@ int td_gen_config_write(const char *path, const td_gen_config *g, td_error *err)
 
 void td_gen_config_print(FILE *f, const td_gen_config *g)
 {
-    /* a value marked '*' came from the file; the others are transformers' defaults */
-#define MARK(bit) ((g->present & (bit)) ? "*" : "")
-    fprintf(f, "generation: do_sample=%s%s temperature=%g%s top_p=%g%s top_k=%d%s repetition_penalty=%g%s bos=%d eos=",
-            g->do_sample ? "true" : "false", MARK(TD_GEN_DO_SAMPLE), g->temperature, MARK(TD_GEN_TEMPERATURE),
-            g->top_p, MARK(TD_GEN_TOP_P), g->top_k, MARK(TD_GEN_TOP_K), g->repetition_penalty,
-            MARK(TD_GEN_REPETITION_PENALTY), g->bos_token_id);
-#undef MARK
-    if (g->n_eos == 0) fprintf(f, "none");
-    for (int i = 0; i < g->n_eos; i++) fprintf(f, i ? ",%d" : "%d", g->eos_token_ids[i]);
-    fprintf(f, " (%s; * = set by the file)\n", g->from_file ? "generation_config.json" : "no generation_config.json, defaults");
+    /* only what the file says: a library default it does not contain is not the checkpoint's */
+    if (!g->from_file) { fprintf(f, "generation: no generation_config.json\n"); return; }
+    fprintf(f, "generation: generation_config.json sets");
+    if (g->present & TD_GEN_DO_SAMPLE) fprintf(f, " do_sample=%s", g->do_sample ? "true" : "false");
+    if (g->present & TD_GEN_TEMPERATURE) fprintf(f, " temperature=%g", g->temperature);
+    if (g->present & TD_GEN_TOP_P) fprintf(f, " top_p=%g", g->top_p);
+    if (g->present & TD_GEN_TOP_K) fprintf(f, " top_k=%d", g->top_k);
+    if (g->present & TD_GEN_REPETITION_PENALTY) fprintf(f, " repetition_penalty=%g", g->repetition_penalty);
+    if (g->present & TD_GEN_BOS) fprintf(f, " bos_token_id=%d", g->bos_token_id);
+    if (g->present & TD_GEN_EOS) {
+        fprintf(f, " eos_token_id=");
+        for (int i = 0; i < g->n_eos; i++) fprintf(f, i ? ",%d" : "%d", g->eos_token_ids[i]);
+    }
+    if (!(g->present & (TD_GEN_DO_SAMPLE | TD_GEN_TEMPERATURE | TD_GEN_TOP_P | TD_GEN_TOP_K | TD_GEN_REPETITION_PENALTY |
+                        TD_GEN_BOS | TD_GEN_EOS)))
+        fprintf(f, " nothing tidal reads");
+    fprintf(f, "\n");
     if ((g->present & TD_GEN_REPETITION_PENALTY) && g->repetition_penalty != 1.0)
         fprintf(f, "warning: generation_config.json sets repetition_penalty=%g: engines that inherit it "
                    "(transformers generate, vLLM) sample from a penalised distribution that a trainer scoring "

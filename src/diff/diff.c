@@ -21,7 +21,9 @@
 /* ---------------------------------------------------------------- run-file columns */
 
 enum { T_SEQ, T_POS, T_TOKEN, T_LOGP_A, T_LOGP_B, T_LOGP_B_PROC, T_DLOGP, T_KL_BA, T_KL_AB, T_K3, T_TV,
-       T_ENT_A, T_ENT_B, T_TOP1_A, T_TOP1_B, T_RANK_A, T_RANK_B, T_IS_PROMPT, T_COUNT };
+       T_ENT_A, T_ENT_B, T_TOP1_A, T_TOP1_B, T_RANK_A, T_RANK_B, T_IS_PROMPT, T_STEP,
+       T_LOGP_TRAINER,   /* replays whose dump holds the trainer's own log-probs only: written last */
+       T_COUNT };
 static const td_column TOKEN_COLS[T_COUNT] = {
     {"/tokens/seq", TD_COL_I64, 0, 0, 0},        {"/tokens/pos", TD_COL_I32, 0, 0, 0},
     {"/tokens/token", TD_COL_I32, 0, 0, 0},      {"/tokens/logp_a", TD_COL_F64, 0, 0, 0},
@@ -32,6 +34,8 @@ static const td_column TOKEN_COLS[T_COUNT] = {
     {"/tokens/entropy_b", TD_COL_F64, 0, 0, 0},  {"/tokens/top1_a", TD_COL_I32, 0, 0, 0},
     {"/tokens/top1_b", TD_COL_I32, 0, 0, 0},     {"/tokens/rank_a", TD_COL_I32, 0, 0, 0},
     {"/tokens/rank_b", TD_COL_I32, 0, 0, 0},     {"/tokens/is_prompt", TD_COL_I8, 0, 0, 0},
+    {"/tokens/step", TD_COL_I32, 0, 0, 0},
+    {"/tokens/logp_trainer", TD_COL_F64, 0, 0, 0},
 };
 
 enum { S_PROMPT_INDEX, S_BATCH, S_PROMPT_LEN, S_RESPONSE_LEN, S_TOKEN_OFFSET, S_N_SCORED, S_FINISH,
@@ -65,6 +69,9 @@ typedef struct {
     float **rows_b;           /* (n) B's raw log-softmax rows: (len, V) by position       */
     float **logp_b_proc;      /* (n) processed log-prob of the token at each position     */
     const float **replay_b;   /* (n) rollout mode: recorded log-probs of response tokens  */
+    td_sampler *proc;         /* replay of processed log-probs: A's row processed the same way */
+    const td_sampling *sampling;
+    float *proc_row;          /* (V) scratch for it                                       */
     int score_prompt;
     td_token_metrics **m;     /* (n) metrics by predicted position (len)                  */
     unsigned char **have;     /* (n) which positions were scored                          */
@@ -89,6 +96,12 @@ static void on_row_a(void *user, int s, int t, const float *logp_a)
     int y = b->seq[s][pos];
     td_token_metrics *m = &b->m[s][pos];
     if (b->replay_b) {
+        if (b->proc) {        /* the engine reported processed log-probs: compare like with like */
+            td_rng rng;
+            td_rng_stream(&rng, 0, 0);
+            td_sample(b->proc, b->sampling, logp_a, b->seq[s], pos, &rng, b->proc_row);
+            logp_a = b->proc_row;
+        }
         td_token_metrics_replay(logp_a, b->V, y, b->replay_b[s][pos - b->plen[s]], m);
     } else {
         td_token_metrics_compute(logp_a, b->rows_b[s] + (size_t)pos * b->V, b->V, y, m);
@@ -157,11 +170,16 @@ typedef struct {
     float *layer_rows;       /* --layers: (rows, L) of the batch being collected */
     size_t n_layer_rows, cap_layer_rows;
     int64_t token_rows, seq_rows, prompt_rows;
+    /* --force over a finished file: the new run is written to OUT.new.tmp and takes OUT's
+     * place only once it holds a completed batch (or is complete), so a mistake in the new
+     * command (a mistyped prompts file, a model that fails to load) keeps the old result. */
+    int replacing;
+    char write_path[4200];
 } job;
 
-static int tokenize_cb(void *user, const char *text, size_t len, int32_t **ids, size_t *n, td_error *err)
+static int tokenize_cb(void *user, const char *text, size_t len, bool model_input, int32_t **ids, size_t *n, td_error *err)
 {
-    return td_tokenizer_encode((const td_tokenizer *)user, text, len, false, true, ids, n, err);
+    return td_tokenizer_encode((const td_tokenizer *)user, text, len, model_input, !model_input, ids, n, err);
 }
 
 static bool is_eos(const job *J, int y)
@@ -260,6 +278,11 @@ static void collect(job *J, batch_state *b, const size_t *idx, int64_t batch_no)
             td_column_push_i32(&c[T_RANK_A], m->rank_a);
             td_column_push_i32(&c[T_RANK_B], m->rank_b);
             td_column_push_i8(&c[T_IS_PROMPT], pos < b->plen[s]);
+            td_column_push_i32(&c[T_STEP], pos - b->plen[s]);   /* generation step; < 0 in the prompt */
+            if (J->prompts.has_trainer_logp) {
+                const float *tr = J->prompts.items[idx[s]].trainer_logp;
+                td_column_push_f64(&c[T_LOGP_TRAINER], tr && pos >= b->plen[s] ? tr[pos - b->plen[s]] : NAN);
+            }
             if (b->L) {
                 if (J->n_layer_rows == J->cap_layer_rows) {
                     J->cap_layer_rows = J->cap_layer_rows ? 2 * J->cap_layer_rows : 1024;
@@ -308,6 +331,11 @@ static int run_batch(job *J, int64_t batch_no, const size_t *idx, int n, td_erro
     b.have = td_xcalloc((size_t)n, sizeof(unsigned char *));
     int replay = J->prompts.has_rollouts;
     if (replay) b.replay_b = td_xcalloc((size_t)n, sizeof(float *));
+    if (replay && o->rollout_logprobs && !strcmp(o->rollout_logprobs, "processed")) {
+        b.proc = td_sampler_create(b.V);
+        b.sampling = &o->sampling;
+        b.proc_row = td_xmalloc((size_t)b.V * sizeof(float));
+    }
     if (o->layers) {
         b.L = J->model->cfg.num_layers;
         b.C = J->model->cfg.hidden_size;
@@ -354,13 +382,29 @@ done:
     if (b.L) { td_session_set_layer_fn(J->sb, NULL, NULL); td_forward_set_layer_fn(J->fa, NULL, NULL); }
     free(b.seq); free(b.len); free(b.plen); free(b.finish); free(b.rows_b); free(b.logp_b_proc);
     free(b.m); free(b.have); free(b.replay_b);
+    td_sampler_free(b.proc);
+    free(b.proc_row);
     return rc;
+}
+
+/* --force: the new file (J->write_path, closed or open) replaces OUT by a rename; reopened for
+ * appending when the run goes on. */
+static int take_place(job *J, int reopen, td_error *err)
+{
+    if (!J->replacing) return 0;
+    if (J->rf && td_runfile_close(J->rf, err)) { J->rf = NULL; return -1; }
+    J->rf = NULL;
+    if (rename(J->write_path, J->o->out_path) != 0)
+        return td_fail(err, "%s: cannot replace it with %s", J->o->out_path, J->write_path);
+    J->replacing = 0;
+    if (reopen && !(J->rf = td_runfile_open(J->o->out_path, 1, err))) return -1;
+    return 0;
 }
 
 /* Writes the buffered batch rows, then its /progress row, then flushes. */
 static int commit_batch(job *J, int64_t batch_no, td_error *err)
 {
-    if (td_columns_write(J->rf, J->tcols, T_COUNT, err) || td_columns_write(J->rf, J->scols, S_COUNT, err) ||
+    if (td_columns_write(J->rf, J->tcols, J->prompts.has_trainer_logp ? T_COUNT : T_COUNT - 1, err) || td_columns_write(J->rf, J->scols, S_COUNT, err) ||
         td_columns_write(J->rf, J->pcols, P_COUNT, err)) return -1;
     if (J->o->layers && td_runfile_append(J->rf, "/layers/rel_err", TD_COL_F32, (size_t)J->model->cfg.num_layers,
                                           J->layer_rows, J->n_layer_rows, err)) return -1;
@@ -377,7 +421,8 @@ static int commit_batch(job *J, int64_t batch_no, td_error *err)
         td_runfile_append(J->rf, "/progress/token_rows", TD_COL_I64, 1, &prog[2], 1, err) ||
         td_runfile_append(J->rf, "/progress/prompt_rows", TD_COL_I64, 1, &prog[3], 1, err))
         return -1;
-    return td_runfile_flush(J->rf, err);
+    if (td_runfile_flush(J->rf, err)) return -1;
+    return take_place(J, 1, err);
 }
 
 /* FNV-1a over config.json and the safetensors headers' bytes: a fingerprint of the model. */
@@ -447,6 +492,7 @@ static int open_output(job *J, td_error *err)
                           "layers", "lora_path", "lora_mode_a", "lora_mode_b"};
     const char *vals[] = {fp, ra, rb, sj, seed, shard, batch, score, o->prompts_path, layers, o->lora_dir ? o->lora_dir : "", mode_a, mode_b};
     int rc = -1;
+    char *model_abs = NULL;
     if (o->resume) {
         J->rf = td_runfile_open(o->out_path, 1, err);
         if (!J->rf) goto done;
@@ -485,31 +531,42 @@ static int open_output(job *J, td_error *err)
         rc = 0;
         goto done;
     }
-    J->rf = td_runfile_create(o->out_path, o->force, err);
+    J->rf = td_runfile_create(J->write_path, o->force, err);
     if (!J->rf) goto done;
+    /* absolute, so that tools run from another directory still find the tokenizer (the
+     * fingerprint tells them whether the checkpoint there is still the one that was run) */
+    model_abs = realpath(o->model_dir, NULL);
     char created[64];
     time_t now = time(NULL);
     strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     if (td_runfile_set_str(J->rf, "command_line", o->command_line ? o->command_line : "", err) ||
         td_runfile_set_str(J->rf, "tool", "tidal-diff", err) ||
         td_runfile_set_str(J->rf, "created", created, err) ||
-        td_runfile_set_str(J->rf, "model_path", o->model_dir, err) ||
+        td_runfile_set_str(J->rf, "model_path", model_abs ? model_abs : o->model_dir, err) ||
         td_runfile_set_i64(J->rf, "seed", (int64_t)o->seed, err) ||
         td_runfile_set_str(J->rf, "recipe_a_name", o->recipe_a.name, err) ||
         td_runfile_set_str(J->rf, "recipe_b_name", o->recipe_b.name, err) ||
-        td_runfile_set_str(J->rf, "mode", J->prompts.has_rollouts ? "replay" : "generate", err))
+        td_runfile_set_str(J->rf, "mode", J->prompts.has_rollouts ? "replay" : "generate", err) ||
+        td_runfile_set_i64(J->rf, "batches_planned", (int64_t)((J->n_mine + (size_t)o->batch - 1) / (size_t)o->batch), err))
         goto done;
     char eos[16 * TD_CONFIG_MAX_EOS];
     eos_json(J, eos, sizeof eos);
     if (td_runfile_set_str(J->rf, "eos_token_ids", eos, err) ||
         td_runfile_set_str(J->rf, "config_unknown_keys", J->model->cfg.unknown_keys, err))
         goto done;
+    /* a replay: where the engine's log-probs came from, and what they are (raw log-softmax, or
+     * after the engine's temperature / top-p / top-k: --rollout-logprobs) */
+    if (J->prompts.has_rollouts &&
+        (td_runfile_set_str(J->rf, "rollout_format", J->prompts.rollout_format, err) ||
+         td_runfile_set_str(J->rf, "rollout_logprobs", o->rollout_logprobs ? o->rollout_logprobs : "raw", err) ||
+         td_runfile_set_str(J->rf, "trainer_logprobs", J->prompts.has_trainer_logp ? "yes" : "no", err)))
+        goto done;
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (td_runfile_set_str(J->rf, keys[i], vals[i], err)) goto done;
     if (td_runfile_flush(J->rf, err)) goto done;
     rc = 0;
 done:
-    free(ra); free(rb); free(sj);
+    free(ra); free(rb); free(sj); free(model_abs);
     return rc;
 }
 
@@ -575,13 +632,16 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
         goto out;
     }
     if (td_sampling_check(&o->sampling, err)) goto out;
-    /* fail on an unwritable output before the long work, not after it */
+    /* fail on an unwritable output before the long work, not after it; a finished file that
+     * --force replaces stays until the new run has a completed batch (take_place) */
+    J.replacing = !o->resume && o->force && access(o->out_path, F_OK) == 0;
+    snprintf(J.write_path, sizeof J.write_path, J.replacing ? "%s.new.tmp" : "%s", o->out_path);
     if (!o->resume) {
-        J.rf = td_runfile_create(o->out_path, o->force, err);
+        J.rf = td_runfile_create(J.write_path, o->force, err);
         if (!J.rf) goto out;
         td_runfile_close(J.rf, NULL);
         J.rf = NULL;
-        remove(o->out_path);
+        remove(J.write_path);
     }
     fprintf(stderr, "tidal-diff: loading %s\n", o->model_dir);
     J.model = td_model_load(o->model_dir, err);
@@ -604,8 +664,14 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     memcpy(J.eos, gen.eos_token_ids, sizeof J.eos);
     if (J.n_eos == 0 && J.tok && td_tokenizer_eos_id(J.tok) >= 0) J.eos[J.n_eos++] = td_tokenizer_eos_id(J.tok);
     int ctx = cfg->max_position > 0 ? cfg->max_position : 1 << 20;
-    if (td_prompts_load(o->prompts_path, J.tok ? tokenize_cb : NULL, J.tok, cfg->vocab_size, ctx,
-                        o->skip_bad_lines, &J.prompts, err)) goto out;
+    td_prompt_reader reader = {.tokenize = J.tok ? tokenize_cb : NULL, .tok_user = J.tok, .vocab_size = cfg->vocab_size,
+                               .max_len = ctx, .skip_bad = o->skip_bad_lines};
+    if (J.tok) {
+        reader.chat_template = td_tokenizer_chat_template(J.tok, &reader.chat_template_from);
+        reader.bos_token = td_tokenizer_token_str(J.tok, td_tokenizer_bos_id(J.tok));
+        reader.eos_token = td_tokenizer_token_str(J.tok, td_tokenizer_eos_id(J.tok));
+    }
+    if (td_prompts_read(o->prompts_path, &reader, &J.prompts, err)) goto out;
     if (J.prompts.has_rollouts && o->score_prompt) { td_fail(err, "--score-prompt applies to generated runs, not to replayed rollouts"); goto out; }
     if (J.prompts.has_rollouts && o->layers) { td_fail(err, "--layers needs the inference path's hidden states: it applies to generated runs, not to replayed rollouts"); goto out; }
     /* this shard's prompts, in file order */
@@ -660,8 +726,12 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
         if (done[J.mine[i0]]) { skipped++; continue; }   /* batches are all-or-nothing */
         if (o->stop && *o->stop) {
             fprintf(stderr, "\n");
-            td_fail(err, TD_DIFF_INTERRUPTED ": stopped before batch %zu of %zu; %s holds every batch completed "
-                    "so far; run the same command with --resume to finish it", bi + 1, nbatches, o->out_path);
+            if (J.replacing)
+                td_fail(err, TD_DIFF_INTERRUPTED ": stopped before batch %zu of %zu; nothing of the new run was "
+                        "kept and %s is as it was", bi + 1, nbatches, o->out_path);
+            else
+                td_fail(err, TD_DIFF_INTERRUPTED ": stopped before batch %zu of %zu; %s holds every batch "
+                        "completed so far (--resume finishes it)", bi + 1, nbatches, o->out_path);
             goto out;
         }
         if (run_batch(&J, (int64_t)bi, J.mine + i0, (int)n, err)) goto out;
@@ -676,6 +746,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     if (skipped) fprintf(stderr, "tidal-diff: resumed: %zu batches were already complete\n", skipped);
     if (td_runfile_close(J.rf, err)) { J.rf = NULL; goto out; }
     J.rf = NULL;
+    if (take_place(&J, 0, err)) goto out;   /* a run with no batch to do */
     if (td_runfile_compact(o->out_path, err)) goto out;   /* complete: drop the appends' dead space */
     rc = sum ? td_diff_summarize(o->out_path, sum, err) : 0;
     if (sum) {
@@ -685,6 +756,8 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     }
 out:
     if (J.rf) td_runfile_close(J.rf, NULL);
+    if (J.replacing) remove(J.write_path);   /* the old OUT stays */
+    if (rc && sum) sum->out_untouched = J.replacing;
     free(done);
     job_free(&J);
     return rc;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Attributes every shard must share (anything else about the run is in them too). */
 static const char *SAME_ATTRS[] = {"tool", "model_fingerprint", "recipe_a", "recipe_b", "sampling",
@@ -26,10 +27,10 @@ static const shifted SHIFTED[] = {
 };
 
 static const char *TOKEN_NAMES[] = {"seq", "pos", "token", "logp_a", "logp_b", "logp_b_proc", "dlogp",
-    "kl_ba", "kl_ab", "k3", "tv", "entropy_a", "entropy_b", "top1_a", "top1_b", "rank_a", "rank_b", "is_prompt"};
+    "kl_ba", "kl_ab", "k3", "tv", "entropy_a", "entropy_b", "top1_a", "top1_b", "rank_a", "rank_b", "is_prompt", "step"};
 static const td_coltype TOKEN_TYPES[] = {TD_COL_I64, TD_COL_I32, TD_COL_I32, TD_COL_F64, TD_COL_F64, TD_COL_F64,
     TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_I32, TD_COL_I32,
-    TD_COL_I32, TD_COL_I32, TD_COL_I8};
+    TD_COL_I32, TD_COL_I32, TD_COL_I8, TD_COL_I32};
 static const char *SEQ_NAMES[] = {"prompt_index", "batch", "prompt_len", "response_len", "token_offset",
     "n_scored", "finish", "sum_dlogp", "mean_abs_dlogp", "max_abs_dlogp", "mean_kl_ba", "log_ratio", "tokens_offset"};
 static const td_coltype SEQ_TYPES[] = {TD_COL_I64, TD_COL_I64, TD_COL_I32, TD_COL_I32, TD_COL_I64, TD_COL_I32,
@@ -58,12 +59,26 @@ static int copy_column(td_runfile *in, td_runfile *out, const char *path, td_col
     return rc;
 }
 
+/* Did the part finish? Its /progress must hold every batch it planned (files written before
+ * tidal recorded batches_planned cannot tell, and pass). */
+static int part_finished(td_runfile *in, const char *path, td_error *err)
+{
+    int64_t planned;
+    if (td_runfile_get_i64(in, "batches_planned", &planned, NULL)) return 0;
+    int64_t done = td_runfile_rows(in, "/progress/batch");
+    if (done != planned)
+        return td_fail(err, "%s: holds %lld of its %lld batches: the shard did not finish (finish it with "
+                       "tidal-diff --resume, or merge anyway with --allow-partial)", path, (long long)done, (long long)planned);
+    return 0;
+}
+
 int td_runfile_merge(const char *out_path, const char *const *inputs, int n, const char *command_line,
-                     int force, td_error *err)
+                     int force, int allow_partial, td_error *err)
 {
     if (n < 1) return td_fail(err, "tidal-merge: no input files");
     td_runfile **in = td_xcalloc((size_t)n, sizeof *in);
     td_runfile *out = NULL;
+    char tmp_path[4200];
     int rc = -1;
     char *first[sizeof SAME_ATTRS / sizeof SAME_ATTRS[0]] = {0};
     for (int i = 0; i < n; i++) {
@@ -78,9 +93,10 @@ int td_runfile_merge(const char *out_path, const char *const *inputs, int n, con
             if (!same) { td_fail(err, "%s: its %s differs from %s's: not shards of one run", inputs[i], SAME_ATTRS[a], inputs[0]); goto done; }
         }
     }
-    /* parts of one split: the same N, each K once */
+    /* parts of one split: the same N, each K once, every K there, each finished */
     int shard_n = -1;
     unsigned char *seen = NULL;
+    char partial[1024] = "";
     for (int i = 0; i < n; i++) {
         td_error e2;
         char *sh = td_runfile_get_str(in[i], "shard", &e2);
@@ -91,10 +107,43 @@ int td_runfile_merge(const char *out_path, const char *const *inputs, int n, con
         if (shard_n < 0) { shard_n = nn; seen = td_xcalloc((size_t)nn, 1); }
         if (nn != shard_n) { free(seen); td_fail(err, "%s: shard %d/%d, but %s is a part of %d", inputs[i], k, nn, inputs[0], shard_n); goto done; }
         if (seen[k]++) { free(seen); td_fail(err, "%s: shard %d/%d given twice", inputs[i], k, nn); goto done; }
+        td_error e3;
+        if (part_finished(in[i], inputs[i], &e3)) {
+            if (!allow_partial) { free(seen); *err = e3; goto done; }
+            fprintf(stderr, "tidal-merge: warning: %s\n", e3.msg);
+            size_t l = strlen(partial);
+            snprintf(partial + l, sizeof partial - l, "%sshard %d/%d unfinished", l ? "; " : "", k, nn);
+        }
     }
+    char missing[512] = "";
+    int n_missing = 0;
+    for (int k = 0; k < shard_n; k++)
+        if (!seen[k]) {
+            size_t l = strlen(missing);
+            if (l < sizeof missing - 16) snprintf(missing + l, sizeof missing - l, "%s%d", n_missing ? "," : "", k);
+            n_missing++;
+        }
     free(seen);
-    out = td_runfile_create(out_path, force, err);
+    if (n_missing) {
+        if (!allow_partial) {
+            td_fail(err, "shard%s %s of %d missing: the parts cover %d of %d shards (give every part, or merge a "
+                    "subset on purpose with --allow-partial)", n_missing > 1 ? "s" : "", missing, shard_n,
+                    shard_n - n_missing, shard_n);
+            goto done;
+        }
+        fprintf(stderr, "tidal-merge: warning: shard%s %s of %d missing (--allow-partial)\n", n_missing > 1 ? "s" : "", missing, shard_n);
+        size_t l = strlen(partial);
+        snprintf(partial + l, sizeof partial - l, "%sshard%s %s of %d missing", l ? "; " : "", n_missing > 1 ? "s" : "", missing, shard_n);
+    }
+    if (!force && access(out_path, F_OK) == 0) {
+        td_fail(err, "%s: already exists; not replacing it (use --force to replace it)", out_path);
+        goto done;
+    }
+    /* written beside it and renamed when complete: a failed merge keeps what was there */
+    snprintf(tmp_path, sizeof tmp_path, "%s.tmp", out_path);
+    out = td_runfile_create(tmp_path, 1, err);
     if (!out) goto done;
+    if (td_runfile_set_str(out, "partial", partial, err)) goto done;
     for (size_t a = 0; a < sizeof COPY_ATTRS / sizeof COPY_ATTRS[0]; a++) {
         td_error e2;
         char *v = td_runfile_get_str(in[0], COPY_ATTRS[a], &e2);
@@ -146,6 +195,7 @@ done:
     for (int i = 0; i < n; i++) if (in[i]) td_runfile_close(in[i], NULL);
     free(in);
     if (out && td_runfile_close(out, rc ? NULL : err)) rc = -1;
-    if (rc && out) remove(out_path);
+    if (out && rc == 0 && rename(tmp_path, out_path) != 0) rc = td_fail(err, "%s: cannot rename %s to it", out_path, tmp_path);
+    if (rc && out) remove(tmp_path);
     return rc;
 }

@@ -419,6 +419,29 @@ int td_runfile_read(td_runfile *rf, const char *path, td_coltype type, int64_t r
     return rc;
 }
 
+typedef struct { char **names; size_t max, n; } name_list;
+
+static herr_t list_one(hid_t group, const char *name, const H5L_info_t *info, void *user)
+{
+    (void)group; (void)info;
+    name_list *l = user;
+    if (l->n < l->max) l->names[l->n] = strdup(name);
+    l->n++;
+    return 0;
+}
+
+size_t td_runfile_list(td_runfile *rf, const char *group, char **names, size_t max)
+{
+    quiet_hdf5();
+    if (H5Lexists(rf->file, group, H5P_DEFAULT) <= 0) return 0;
+    hid_t g = H5Gopen2(rf->file, group, H5P_DEFAULT);
+    if (g < 0) return 0;
+    name_list l = {names, max, 0};
+    H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, NULL, list_one, &l);
+    H5Gclose(g);
+    return l.n;
+}
+
 /* ---------------------------------------------------------------- compaction */
 
 /* Root attribute copy (H5Aiterate2 callback): read and write in the file's own type, so vlen

@@ -3,6 +3,7 @@
  *   layers   layers × positions of the per-layer relative error ‖h_a − h_b‖/‖h_a‖
  *   density  2-D histogram of p_a against p_b on log-log axes (GSL histogram2d), y = x dashed
  *   hist     histogram of Δlogp (GSL histogram), share of tokens on a log axis, runs overlaid
+ *   steps    mismatch against the generation step (plot_steps.c)
  * Several runs: heatmaps are stacked (density side by side) on one shared colour scale, so
  * equal colours mean equal values across precisions. */
 #include "render_internal.h"
@@ -14,11 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { FIG_W = 960, ML = 92, PW = 700, TOP = 78 };
 
 static int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
 
-static void figure_title(td_canvas *c, td_font *font, const char *title, const char *subtitle)
+void td_figure_title(td_canvas *c, td_font *font, const char *title, const char *subtitle)
 {
     td_font_draw(font, c, c->w / 2, 10, TD_FONT_TITLE, 1, 0, 0, TD_BLACK, title);
     if (subtitle) td_font_draw(font, c, c->w / 2, 36, TD_FONT_TICK, 1, 0, 0, TD_GREY, subtitle);
@@ -58,7 +58,7 @@ static td_canvas *stack_figure(td_font *font, td_heat *h, size_t n, int ph, int 
     value_range(h, n, log_scale, &vmin, &vmax);
     int stride = ph + 78;
     td_canvas *c = td_canvas_new(FIG_W, TOP + (int)n * stride + 4, TD_WHITE);
-    figure_title(c, font, title, subtitle);
+    td_figure_title(c, font, title, subtitle);
     for (size_t k = 0; k < n; k++) {
         int y = TOP + 22 + (int)k * stride;
         td_heat_draw(c, font, &h[k], ML, y, PW, ph, vmin, vmax, log_scale);
@@ -230,7 +230,7 @@ static td_canvas *plot_density(const td_run *runs, size_t n, td_font *font, cons
     int W = ML + (int)n * (SIDE + GAP) + 70;
     if (W < 640) W = 640;
     td_canvas *c = td_canvas_new(W, TOP + 22 + SIDE + 60, TD_WHITE);
-    figure_title(c, font, o->title ? o->title : "Token probability: training path (A) against inference path (B)",
+    td_figure_title(c, font, o->title ? o->title : "Token probability: training path (A) against inference path (B)",
                  "each scored token counted once at (p_A, p_B) on log-log axes · dashed: p_B = p_A · white: no token");
     for (size_t k = 0; k < n; k++) {
         int x = ML + (int)k * (SIDE + GAP), y = TOP + 22;
@@ -246,7 +246,7 @@ static td_canvas *plot_density(const td_run *runs, size_t n, td_font *font, cons
     return c;
 }
 
-static const td_rgb PALETTE[6] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44}, {214, 39, 40}, {148, 103, 189}, {140, 86, 75}};
+const td_rgb TD_PALETTE[6] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44}, {214, 39, 40}, {148, 103, 189}, {140, 86, 75}};
 
 static td_canvas *plot_hist(const td_run *runs, size_t n, td_font *font, const td_plot_opts *o)
 {
@@ -293,14 +293,14 @@ static td_canvas *plot_hist(const td_run *runs, size_t n, td_font *font, const t
     char sub[256];
     snprintf(sub, sizeof sub, "share of scored tokens per bin (%d bins over ±%.3g; tokens beyond are counted in the "
              "end bins)", NB, R);
-    figure_title(c, font, o->title ? o->title : "Histogram of Δlogp = logp_B − logp_A", sub);
+    td_figure_title(c, font, o->title ? o->title : "Histogram of Δlogp = logp_B − logp_A", sub);
     int x = ML, y = TOP + 22, W = PW + 100;
     td_frame(c, x, y, W, PH);
     td_axis_ticks(c, font, x, y, W, PH, 1, -R, R, 0, 0);
     td_axis_ticks(c, font, x, y, W, PH, 0, l0, l1, 1, 1);
     td_canvas_line(c, x + W / 2, y, x + W / 2, y + PH - 1, TD_GREY, 3);
     for (size_t k = 0; k < n; k++) {
-        td_rgb col = PALETTE[k % 6];
+        td_rgb col = TD_PALETTE[k % 6];
         int prev_y = -1;
         for (int b = 0; b < NB; b++) {
             double s = share[k * NB + b];
@@ -334,6 +334,7 @@ td_canvas *td_plot(const td_run *runs, size_t n, td_font *font, const td_plot_op
     case TD_PLOT_LAYERS: return plot_layers(runs, n, font, o, err);
     case TD_PLOT_DENSITY: return plot_density(runs, n, font, o);
     case TD_PLOT_HIST: return plot_hist(runs, n, font, o);
+    case TD_PLOT_STEPS: return td_plot_steps(runs, n, font, o);
     }
     td_fail(err, "unknown plot kind %d", (int)o->kind);
     return NULL;

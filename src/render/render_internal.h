@@ -5,6 +5,12 @@
 #include "tidal/render.h"
 
 enum { TD_FONT_TITLE = 18, TD_FONT_LABEL = 14, TD_FONT_TICK = 12 };
+/* figure geometry: width, left margin, plot width, top of the first panel */
+enum { FIG_W = 960, ML = 92, PW = 700, TOP = 78 };
+extern const td_rgb TD_PALETTE[6];   /* line colours of overlaid runs */
+void td_figure_title(td_canvas *c, td_font *font, const char *title, const char *subtitle);
+/* steps: mean mismatch per generation step, one line per run (plot_steps.c) */
+td_canvas *td_plot_steps(const td_run *runs, size_t n, td_font *font, const td_plot_opts *o);
 extern const td_rgb TD_BLACK, TD_WHITE, TD_GREY;
 
 /* A matrix of cells drawn into a box: rows top to bottom (flip: bottom to top), columns left

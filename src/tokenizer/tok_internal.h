@@ -170,6 +170,8 @@ struct td_tokenizer {
     int decoders[8]; size_t n_decoders;      // DEC_* in order; none = join with " "
     size_t n_ids;                            // one past the largest id
     int32_t bos_id, eos_id;
+    char *chat_template;          /* tokenizer_config.json "chat_template" / chat_template.jinja, or NULL */
+    char *chat_template_from;     /* the file it came from */
     tk_work *pool;                           // idle encode workspaces
     pthread_mutex_t pool_lock;
 };

@@ -146,6 +146,42 @@ static int load_decoder(td_tokenizer *t, json_t *j, td_error *err)
     return 0;
 }
 
+/* The chat template: tokenizer_config.json "chat_template" (a string, or a list of
+ * {"name", "template"} from which "default" is taken, as transformers does), else the
+ * chat_template.jinja that transformers >= 4.50 writes beside it. */
+static int load_chat_template(td_tokenizer *t, json_t *cfg, const char *cpath, size_t dir_len, td_error *err)
+{
+    json_t *ct = json_object_get(cfg, "chat_template");
+    if (json_is_array(ct)) {
+        json_t *pick = NULL;
+        for (size_t i = 0; i < json_array_size(ct); i++) {
+            json_t *e = json_array_get(ct, i), *name = json_object_get(e, "name");
+            if (json_is_string(name) && strcmp(json_string_value(name), "default") == 0) pick = json_object_get(e, "template");
+        }
+        if (!pick) return td_fail(err, "%s: \"chat_template\" is a list without a {\"name\": \"default\"} entry", cpath);
+        ct = pick;
+    }
+    if (ct && !json_is_null(ct)) {
+        if (!json_is_string(ct)) return td_fail(err, "%s: \"chat_template\" must be a string or a list of named templates", cpath);
+        t->chat_template = strndup(json_string_value(ct), json_string_length(ct));
+        t->chat_template_from = strdup(cpath);
+        return 0;
+    }
+    char *jpath = td_xmalloc(dir_len + 32);
+    memcpy(jpath, cpath, dir_len);
+    strcpy(jpath + dir_len, "chat_template.jinja");
+    FILE *f = fopen(jpath, "rb");
+    if (f) {
+        fclose(f);
+        t->chat_template = td_read_file(jpath, 1 << 22, NULL, err);
+        if (!t->chat_template) { free(jpath); return -1; }
+        t->chat_template_from = jpath;
+        return 0;
+    }
+    free(jpath);
+    return 0;
+}
+
 /* bos_token / eos_token in tokenizer_config.json: a string, {"content": string}, or null. */
 static int config_token(td_tokenizer *t, json_t *cfg, const char *key, const char *cpath, int32_t *id, td_error *err)
 {
@@ -174,6 +210,7 @@ static int load_config(td_tokenizer *t, bool has_post, td_error *err)
     if (!json_is_object(cfg)) { td_fail(err, "%s: expected a JSON object", cpath); goto out; }
     if (config_token(t, cfg, "bos_token", cpath, &t->bos_id, err) || config_token(t, cfg, "eos_token", cpath, &t->eos_id, err))
         goto out;
+    if (load_chat_template(t, cfg, cpath, dl, err)) goto out;
     if (!has_post) {         // transformers' Llama-style fast tokenizers build their template from these
         if (json_is_true(json_object_get(cfg, "add_bos_token")) && t->bos_id >= 0) tk_ids_put(&t->post_before, t->bos_id);
         if (json_is_true(json_object_get(cfg, "add_eos_token")) && t->eos_id >= 0) tk_ids_put(&t->post_after, t->eos_id);
@@ -183,6 +220,48 @@ out:
     json_decref(cfg);
     free(cpath);
     return rc;
+}
+
+/* The first component of type `ty` in a normalizer / pre_tokenizer / decoder tree (objects
+ * nested through "normalizers", "pretokenizers", "decoders" lists); NULL if none. */
+static json_t *find_type(json_t *j, const char *ty)
+{
+    if (!json_is_object(j)) return NULL;
+    json_t *t = json_object_get(j, "type");
+    if (json_is_string(t) && strcmp(json_string_value(t), ty) == 0) return j;
+    static const char *const lists[] = {"normalizers", "pretokenizers", "decoders"};
+    for (size_t k = 0; k < 3; k++) {
+        json_t *l = json_object_get(j, lists[k]);
+        for (size_t i = 0; i < json_array_size(l); i++) {
+            json_t *f = find_type(json_array_get(l, i), ty);
+            if (f) return f;
+        }
+    }
+    return NULL;
+}
+
+/* Refuses what tidal does not read by its kind, before anything else is checked: a Unigram or
+ * WordPiece model, or a SentencePiece-style pipeline (Metaspace "▁" word boundaries, as Llama 2,
+ * Mistral, Gemma and T5 write them). Later checks (added token ids against the vocabulary size)
+ * assume a BPE vocabulary object and would give a made-up reason for these. */
+static int check_kind(json_t *root, json_t *model, const char *path, td_error *err)
+{
+    static const char *const bpe_only = "tidal reads byte-level BPE tokenizers (GPT-2, Llama 3, Qwen2/2.5/3) and "
+                                        "its own character vocabularies";
+    json_t *type = json_object_get(model, "type");
+    if (json_is_string(type) && strcmp(json_string_value(type), "BPE") != 0) {
+        const char *ty = json_string_value(type);
+        return td_fail(err, "%s: model type \"%s\" is not supported (%s%s)", path, ty,
+                       strcmp(ty, "Unigram") == 0 ? "a SentencePiece Unigram model; " : "", bpe_only);
+    }
+    static const struct { const char *field, *type; } sp[] = {
+        {"pre_tokenizer", "Metaspace"}, {"decoder", "Metaspace"}, {"normalizer", "Prepend"},
+    };
+    for (size_t k = 0; k < sizeof sp / sizeof sp[0]; k++)
+        if (find_type(json_object_get(root, sp[k].field), sp[k].type))
+            return td_fail(err, "%s: %s type \"%s\" is not supported: a SentencePiece-style tokenizer (\"\u2581\" "
+                           "word boundaries); %s", path, sp[k].field, sp[k].type, bpe_only);
+    return 0;
 }
 
 td_tokenizer *td_tokenizer_load(const char *path, td_error *err)
@@ -197,6 +276,7 @@ td_tokenizer *td_tokenizer_load(const char *path, td_error *err)
     if (!json_is_object(root)) { td_fail(err, "%s: expected a JSON object (a tokenizer.json)", path); goto out; }
     json_t *model = json_object_get(root, "model");
     if (!model) { td_fail(err, "%s: no \"model\": not a tokenizer.json", path); goto out; }
+    if (check_kind(root, model, path, err)) goto out;
     json_t *added = json_object_get(root, "added_tokens");
     size_t max_ids = json_object_size(json_object_get(model, "vocab")) + (json_is_array(added) ? json_array_size(added) : 0);
     if (load_added(t, added, max_ids ? max_ids : 1, err)) goto out;
@@ -245,6 +325,8 @@ void td_tokenizer_free(td_tokenizer *t)
         work_free(w);
     }
     pthread_mutex_destroy(&t->pool_lock);
+    free(t->chat_template);
+    free(t->chat_template_from);
     free(t->path);
     free(t);
 }
@@ -379,6 +461,11 @@ int32_t td_tokenizer_token_id(const td_tokenizer *t, const char *token)
 
 size_t td_tokenizer_vocab_size(const td_tokenizer *t) { return t->n_ids; }
 int32_t td_tokenizer_bos_id(const td_tokenizer *t) { return t->bos_id; }
+const char *td_tokenizer_chat_template(const td_tokenizer *t, const char **from)
+{
+    if (from) *from = t->chat_template_from;
+    return t->chat_template;
+}
 int32_t td_tokenizer_eos_id(const td_tokenizer *t) { return t->eos_id; }
 
 bool td_tokenizer_is_special(const td_tokenizer *t, int32_t id)

@@ -2,6 +2,7 @@
 #include "tidal/io.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,10 +68,75 @@ void td_mmap_close(td_mmap *m)
     m->size = 0;
 }
 
+/* An integer literal (no fraction, no exponent) that strtoll cannot hold. */
+static bool int_overflows(const char *s, size_t n)
+{
+    char buf[32];
+    if (n >= sizeof buf) return true;          /* 31+ characters: beyond 64 bits whatever they are */
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    errno = 0;
+    (void)strtoll(buf, NULL, 10);
+    return errno == ERANGE;
+}
+
+/* Copy of the text where every integer literal beyond 64 bits gets ".0" appended, which makes
+ * it a JSON real with the value strtod gives the full digit string (int(1e30) is exactly the
+ * double 1e30). Strings are skipped with their escapes, so a digit run inside one is left as
+ * it is. The rest of the text is copied byte for byte, so any other error stays where it was
+ * (same line; a column moved right by 2 per rewritten number before it on that line). */
+static char *widen_big_ints(const char *text, size_t len, size_t *len_out)
+{
+    char *out = td_xmalloc(len + len / 2 + 3), *o = out;   /* each rewrite adds 2 to >= 20 chars */
+    size_t i = 0;
+    while (i < len) {
+        char c = text[i];
+        if (c == '"') {
+            *o++ = text[i++];
+            while (i < len && text[i] != '"') {
+                if (text[i] == '\\' && i + 1 < len) *o++ = text[i++];
+                *o++ = text[i++];
+            }
+            if (i < len) *o++ = text[i++];
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            size_t a = i;
+            if (text[i] == '-') i++;
+            while (i < len && text[i] >= '0' && text[i] <= '9') i++;
+            bool is_int = i > a + (text[a] == '-') &&
+                          !(i < len && (text[i] == '.' || text[i] == 'e' || text[i] == 'E'));
+            while (i < len && ((text[i] >= '0' && text[i] <= '9') || text[i] == '.' || text[i] == 'e' ||
+                               text[i] == 'E' || text[i] == '+' || text[i] == '-'))
+                i++;
+            memcpy(o, text + a, i - a);
+            o += i - a;
+            if (is_int && int_overflows(text + a, i - a)) { *o++ = '.'; *o++ = '0'; }
+        } else {
+            *o++ = text[i++];
+        }
+    }
+    *len_out = (size_t)(o - out);
+    return out;
+}
+
+json_t *td_json_loadb(const char *text, size_t len, size_t flags, json_error_t *je)
+{
+    json_t *j = json_loadb(text, len, flags, je);
+    if (j || json_error_code(je) != json_error_numeric_overflow) return j;
+    /* jansson keeps integers in 64 bits and refuses longer ones ("too big integer"). Files that
+     * transformers writes hold some (tokenizer_config.json "model_max_length": int(1e30)), so
+     * such integers are read as reals instead; a field that needs an integer then refuses the
+     * real by name, and one that only bounds something (model_max_length) keeps its value. */
+    size_t n2;
+    char *wide = widen_big_ints(text, len, &n2);
+    j = json_loadb(wide, n2, flags, je);
+    free(wide);
+    return j;
+}
+
 json_t *td_json_load_text(const char *text, size_t len, const char *what, td_error *err)
 {
     json_error_t je;
-    json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+    json_t *j = td_json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     if (!j) td_fail(err, "%s:%d:%d: invalid JSON: %s", what, je.line, je.column, je.text);
     return j;
 }

@@ -1,16 +1,21 @@
-/* Fuzz target: prompts / rollouts JSONL (td_prompts_load), strict and with skip_bad, with a
- * byte-per-token tokenizer for "text" lines. vocab 512 and context 64 bound what is accepted;
+/* Fuzz target: prompts / rollouts JSONL (td_prompts_read), strict and with skip_bad, with a
+ * byte-per-token tokenizer for text lines and a ChatML chat template for conversations; seeds
+ * include one rollout dump per framework (datasets/rollouts). vocab 512 and context 64 bound what is accepted;
  * every accepted item is checked against those bounds. */
 #include "fuzz_util.h"
 #include "tidal/prompts.h"
 
-static int byte_tok(void *user, const char *text, size_t len, int32_t **ids, size_t *n, td_error *err)
+static int byte_tok(void *user, const char *text, size_t len, bool model_input, int32_t **ids, size_t *n, td_error *err)
 {
     *ids = malloc((len ? len : 1) * sizeof(int32_t));
     for (size_t i = 0; i < len; i++) (*ids)[i] = (unsigned char)text[i];
     *n = len;
     return 0;
 }
+
+static const char *const CHATML =
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -19,7 +24,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int skip = 0; skip < 2; skip++) {
         td_error err;
         td_prompt_set ps;
-        if (td_prompts_load(path, byte_tok, NULL, 512, 64, skip, &ps, &err) != 0) continue;
+        /* with a chat template (ChatML, as Qwen's) so conversational records are rendered too */
+        td_prompt_reader r = {.tokenize = byte_tok, .chat_template = CHATML, .chat_template_from = "fuzz",
+                              .bos_token = "<s>", .vocab_size = 512, .max_len = 64, .skip_bad = skip};
+        if (td_prompts_read(path, &r, &ps, &err) != 0) continue;
         for (size_t i = 0; i < ps.n; i++) {
             const td_prompt *p = &ps.items[i];
             if (p->n_prompt < 0 || p->n_response < 0 || p->n_prompt + p->n_response > 64) abort();

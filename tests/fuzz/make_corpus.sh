@@ -11,7 +11,7 @@ T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 mkdir -p $C/safetensors $C/shard_index $C/config $C/tokenizer $C/prompts $C/recipe $C/runfile
 
 # safetensors and config: minute models of every architecture and dtype
-small="--hidden 8 --layers 1 --heads 2 --kv-heads 1 --head-dim 4 --intermediate 8 --vocab 16"
+small="--hidden-size 8 --num-layers 1 --num-heads 2 --num-kv-heads 1 --head-dim 4 --intermediate-size 8 --vocab-size 16"
 for a in llama mistral qwen2 qwen3; do
   for dt in f32 bf16 f16; do
     $B/tidal-init --arch $a $small --dtype $dt --seed 1 -o $T/$a-$dt >/dev/null 2>&1

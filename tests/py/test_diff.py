@@ -198,7 +198,8 @@ try:
     with open(rf, "w") as f:
         f.write('{"base": "bf16-infer", "split_k": 0}')
     bad("recipe file error names the field", base + ["--recipe-b", rf], "recipe.json", "split_k")
-    bad("output not writable", ["--model", model, "--prompts", badp, "-o", "/nonexistent-dir/x.h5"], "/nonexistent-dir/x.h5")
+    # -o creates missing parent directories, so unwritable means a parent that is a file
+    bad("output not writable", ["--model", model, "--prompts", badp, "-o", os.path.join(badp, "x.h5")], badp)
     bad("existing output kept without --force", ["--model", model, "--prompts", badp, "-o", ref], "already exists", keep=ref)
     bad("bad flag value", base + ["--top-p", "1.5"], "--top-p")
     bad("missing model", ["--model", os.path.join(tmp, "nope"), "--prompts", badp, "-o", os.path.join(tmp, "x.h5")], "nope")

@@ -155,8 +155,8 @@ def test_diff(d, part, n_prompts, plan, by_batches):
 
 def test_init(d):
     rng = random.Random(7)
-    cmd_tail = ["--arch", "qwen2", "--hidden", "256", "--layers", "6", "--heads", "4", "--kv-heads", "2",
-                "--head-dim", "64", "--intermediate", "1024", "--vocab", "32000", "--seed", "1"]
+    cmd_tail = ["--arch", "qwen2", "--hidden-size", "256", "--num-layers", "6", "--num-heads", "4", "--num-kv-heads", "2",
+                "--head-dim", "64", "--intermediate-size", "1024", "--vocab-size", "32000", "--seed", "1"]
     out = os.path.join(d, "init-ref")
     t0 = time.monotonic()
     r = subprocess.run([os.path.join(BIN, "tidal-init"), *cmd_tail, "-o", out], capture_output=True)

@@ -1,0 +1,106 @@
+/* tidal — one command-line convention for every tool (GNU long options).
+ *
+ *   --name VALUE and --name=VALUE; -o VALUE and -oVALUE for the short ones; -- ends the options;
+ *   operands may come before, between or after options. A value may start with '-' (--top-k -1).
+ *   Underscores in a long name are read as dashes, so HF/TRL spellings work (--max_new_tokens);
+ *   other spellings users bring (vLLM's --max-tokens) are listed as aliases.
+ *   -h/--help prints the full help on stdout and exits 0; --version prints "PROG (tidal) X.Y.Z".
+ *   Usage errors print one format and exit 2:
+ *       PROG: --opt: expected WHAT, got 'VALUE'
+ *       PROG: --opt: unknown option
+ *       Try 'PROG --help' for the options.
+ *   Runtime failures (a file that cannot be read, a run that fails) exit 1: that is the tool's job.
+ *
+ * A tool describes its options in a table (the macros below) and calls td_cli_parse:
+ *
+ *   const td_opt opts[] = {TD_OPT_S("model", 0, &dir, "DIR", "checkpoint directory"),
+ *                          TD_OPT_I("batch", 0, &batch, "B", 1, 4096, "prompts per batch"), {0}};
+ *   td_cli cli = {"tidal-x", "--model DIR [options]", "What it does.", NULL, opts, 0, 0};
+ *   int rc = td_cli_parse(&cli, argc, argv, NULL, &nargs);
+ *   if (rc >= 0) return rc;        // --help, --version (0) or a usage error (2)
+ */
+#ifndef TIDAL_OPTS_H
+#define TIDAL_OPTS_H
+
+#include "tidal/common.h"
+
+#include <stdio.h>
+
+TD_BEGIN_DECLS
+
+typedef enum {
+    TD_OPT_FLAG,     /* int *: stores `value`                                               */
+    TD_OPT_STR,      /* const char **                                                       */
+    TD_OPT_INT,      /* int *, within [lo, hi]                                              */
+    TD_OPT_U64,      /* unsigned long long *, within [lo, hi] (hi 0: any)                   */
+    TD_OPT_DOUBLE,   /* double *, finite, within [lo, hi] ((lo, hi] when lo_open)           */
+    TD_OPT_CHOICE,   /* int *: index of the value among `choices` ("seqpos|layers|hist")    */
+    TD_OPT_FN        /* fn(dest, value, why, whylen): 0, or -1 with why (or `expect`) filled */
+} td_opt_kind;
+
+typedef struct {
+    const char *name;       /* long name without the dashes; NULL ends a table               */
+    char short_name;        /* 'o', or 0                                                     */
+    td_opt_kind kind;
+    void *dest;
+    const char *meta;       /* value placeholder in the help ("N", "DIR"); NULL for a flag    */
+    const char *help;       /* NULL: accepted but not listed (an old spelling)               */
+    double lo, hi;
+    int lo_open;            /* DOUBLE: lo itself is out of range                             */
+    int value;              /* FLAG: what it stores                                          */
+    const char *choices;    /* CHOICE: '|'-separated values                                  */
+    const char *aliases;    /* other long names, space-separated ("max-tokens max_tokens")   */
+    const char *expect;     /* FN: what a value must look like, for the message              */
+    int (*fn)(void *dest, const char *value, char *why, size_t whylen);
+    int required;           /* a usage error when absent                                     */
+    int *given;             /* set to 1 when the option appears (NULL: not tracked)          */
+} td_opt;
+
+#define TD_OPT_F(name, sh, dest, val, help) {name, sh, TD_OPT_FLAG, dest, NULL, help, 0, 0, 0, val, NULL, NULL, NULL, NULL, 0, NULL}
+#define TD_OPT_S(name, sh, dest, meta, help) {name, sh, TD_OPT_STR, dest, meta, help, 0, 0, 0, 0, NULL, NULL, NULL, NULL, 0, NULL}
+#define TD_OPT_I(name, sh, dest, meta, lo, hi, help) {name, sh, TD_OPT_INT, dest, meta, help, lo, hi, 0, 0, NULL, NULL, NULL, NULL, 0, NULL}
+#define TD_OPT_U(name, sh, dest, meta, help) {name, sh, TD_OPT_U64, dest, meta, help, 0, 0, 0, 0, NULL, NULL, NULL, NULL, 0, NULL}
+#define TD_OPT_D(name, sh, dest, meta, lo, hi, help) {name, sh, TD_OPT_DOUBLE, dest, meta, help, lo, hi, 0, 0, NULL, NULL, NULL, NULL, 0, NULL}
+#define TD_OPT_C(name, sh, dest, choices, help) {name, sh, TD_OPT_CHOICE, dest, choices, help, 0, 0, 0, 0, choices, NULL, NULL, NULL, 0, NULL}
+#define TD_OPT_FUN(name, sh, dest, meta, fn, expect, help) {name, sh, TD_OPT_FN, dest, meta, help, 0, 0, 0, 0, NULL, NULL, expect, fn, 0, NULL}
+
+typedef struct {
+    const char *prog;       /* "tidal-diff"                                                  */
+    const char *usage;      /* after "usage: PROG "; several forms separated by '\n'         */
+    const char *about;      /* a paragraph after the usage line (may be NULL)                */
+    const char *footer;     /* text after the option list (may be NULL)                      */
+    const td_opt *opts;     /* table ending with {0}; -h/--help and --version are implicit    */
+    int min_operands;       /* operands (non-option arguments) allowed                       */
+    int max_operands;       /* -1: any number                                                */
+} td_cli;
+
+/* Parses argv (left as it is, for the command line a tool records) against cli. The operands
+ * go, in order, to operands[0 .. *n_operands) (room for max_operands, or for argc when that is
+ * -1; NULL when the tool takes none).
+ * Returns -1 when the tool should go on, else the exit status to return at once: 0 after --help
+ * or --version, 2 after a usage error (the message is printed). */
+int td_cli_parse(const td_cli *cli, int argc, char **argv, const char **operands, int *n_operands);
+
+/* The entry of a table by its long name (to set aliases, given, required beside the macros);
+ * NULL if absent. */
+td_opt *td_opt_get(td_opt *opts, const char *name);
+
+/* A usage error found by the tool itself, in the one format: "PROG: OPT: expected WHAT, got
+ * 'VALUE'" (value NULL: "PROG: OPT: WHAT") and the --help hint. Returns 2, the exit status. */
+int td_cli_bad(const td_cli *cli, const char *opt, const char *value, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* The full help text (what --help prints). */
+void td_cli_help(const td_cli *cli, FILE *f);
+
+/* argv[0..argc) as the command to run again, shell-quoted, with every argument equal to one of
+ * `drop` removed and `add` (if not NULL and not there yet) appended. Caller frees. */
+char *td_command_line_edit(int argc, char **argv, const char *const *drop, const char *add);
+
+/* Creates the directories above `path` (mkdir -p of its dirname), so `-o a/b/out` works on a
+ * fresh tree. 0, or -1 + err naming the directory. */
+int td_make_parent_dirs(const char *path, td_error *err);
+
+TD_END_DECLS
+
+#endif

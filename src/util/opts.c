@@ -1,0 +1,296 @@
+/* The command-line convention of every tool (include/tidal/opts.h): GNU long options, one
+ * message format for usage errors, --help and --version everywhere. */
+#include "tidal/opts.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static void hint(const td_cli *cli)
+{
+    fprintf(stderr, "Try '%s --help' for the options.\n", cli->prog);
+}
+
+int td_cli_bad(const td_cli *cli, const char *opt, const char *value, const char *fmt, ...)
+{
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (value) fprintf(stderr, "%s: %s: expected %s, got '%s'\n", cli->prog, opt, what, value);
+    else fprintf(stderr, "%s: %s: %s\n", cli->prog, opt, what);
+    hint(cli);
+    return 2;
+}
+
+/* Does `word` (length n, underscores read as dashes) spell `name`? */
+static int same_name(const char *name, const char *word, size_t n)
+{
+    if (strlen(name) != n) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = word[i] == '_' ? '-' : word[i];
+        char d = name[i] == '_' ? '-' : name[i];
+        if (c != d) return 0;
+    }
+    return 1;
+}
+
+static int has_alias(const char *aliases, const char *word, size_t n)
+{
+    for (const char *p = aliases; p && *p;) {
+        while (*p == ' ') p++;
+        size_t k = strcspn(p, " ");
+        if (k && k == n) {
+            char a[64];
+            snprintf(a, sizeof a, "%.*s", (int)k, p);
+            if (same_name(a, word, n)) return 1;
+        }
+        p += k;
+    }
+    return 0;
+}
+
+static const td_opt *find_long(const td_opt *opts, const char *word, size_t n)
+{
+    for (const td_opt *o = opts; o->name; o++)
+        if (same_name(o->name, word, n) || has_alias(o->aliases, word, n)) return o;
+    return NULL;
+}
+
+td_opt *td_opt_get(td_opt *opts, const char *name)
+{
+    for (td_opt *o = opts; o->name; o++)
+        if (!strcmp(o->name, name)) return o;
+    return NULL;
+}
+
+static const td_opt *find_short(const td_opt *opts, char c)
+{
+    for (const td_opt *o = opts; o->name; o++)
+        if (o->short_name == c) return o;
+    return NULL;
+}
+
+/* How the option is named in messages: its canonical long name. */
+static void opt_label(const td_opt *o, char *buf, size_t n)
+{
+    snprintf(buf, n, "--%s", o->name);
+}
+
+static int choice_index(const char *choices, const char *v)
+{
+    int i = 0;
+    for (const char *p = choices; *p; i++) {
+        size_t k = strcspn(p, "|");
+        if (strlen(v) == k && !strncmp(p, v, k)) return i;
+        p += k;
+        if (*p) p++;
+    }
+    return -1;
+}
+
+static void range_text(const td_opt *o, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s%.17g, %.17g]", o->lo_open ? "(" : "[", o->lo, o->hi);
+}
+
+/* Stores one option's value; 2 (after the message) when it does not fit. */
+static int store(const td_cli *cli, const td_opt *o, const char *v)
+{
+    char label[80], why[256] = "";
+    opt_label(o, label, sizeof label);
+    char *end;
+    switch (o->kind) {
+    case TD_OPT_FLAG: *(int *)o->dest = o->value; return 0;
+    case TD_OPT_STR:
+        if (!*v) return td_cli_bad(cli, label, v, "a non-empty %s", o->meta ? o->meta : "value");
+        *(const char **)o->dest = v;
+        return 0;
+    case TD_OPT_INT: {
+        errno = 0;
+        long x = strtol(v, &end, 10);
+        if (!*v || *end || errno || x < o->lo || x > o->hi)
+            return td_cli_bad(cli, label, v, "an integer in %.0f..%.0f", o->lo, o->hi);
+        *(int *)o->dest = (int)x;
+        return 0;
+    }
+    case TD_OPT_U64: {
+        errno = 0;
+        unsigned long long x = strtoull(v, &end, 10);
+        if (!*v || *end || errno || *v == '-' || (o->hi > 0 && (double)x > o->hi))
+            return td_cli_bad(cli, label, v, "a non-negative integer");
+        *(unsigned long long *)o->dest = x;
+        return 0;
+    }
+    case TD_OPT_DOUBLE: {
+        errno = 0;
+        double x = strtod(v, &end);
+        int in = isfinite(x) && (o->lo_open ? x > o->lo : x >= o->lo) && x <= o->hi;
+        if (!*v || *end || errno || !in) {
+            range_text(o, why, sizeof why);
+            return td_cli_bad(cli, label, v, "a number in %s", why);
+        }
+        *(double *)o->dest = x;
+        return 0;
+    }
+    case TD_OPT_CHOICE: {
+        int i = choice_index(o->choices, v);
+        if (i < 0) return td_cli_bad(cli, label, v, "one of %s", o->choices);
+        *(int *)o->dest = i;
+        return 0;
+    }
+    case TD_OPT_FN:
+        if (o->fn(o->dest, v, why, sizeof why))
+            return td_cli_bad(cli, label, v, "%s", why[0] ? why : o->expect ? o->expect : "a valid value");
+        return 0;
+    }
+    return 0;
+}
+
+int td_cli_parse(const td_cli *cli, int argc, char **argv, const char **operands, int *n_operands)
+{
+    size_t n_opts = 0;
+    while (cli->opts[n_opts].name) n_opts++;
+    unsigned char *seen = calloc(n_opts + 1, 1);
+    int n = 0, rc = -1, only_operands = 0;
+    const char *extra = NULL;   /* the first operand past max_operands */
+    for (int i = 1; i < argc && rc < 0; i++) {
+        char *a = argv[i];
+        /* an operand: not an option, "-" alone, after "--", or a negative number */
+        int number = a[0] == '-' && (a[1] == '.' || (a[1] >= '0' && a[1] <= '9'));
+        if (only_operands || a[0] != '-' || !a[1] || number) {
+            if (cli->max_operands < 0 || n < cli->max_operands) { if (operands) operands[n] = a; }
+            else if (!extra) extra = a;
+            n++;
+            continue;
+        }
+        if (!strcmp(a, "--")) { only_operands = 1; continue; }
+        const td_opt *o;
+        const char *inline_v = NULL;
+        char label[80];
+        if (a[1] == '-') {
+            const char *word = a + 2, *eq = strchr(word, '=');
+            size_t len = eq ? (size_t)(eq - word) : strlen(word);
+            if (same_name("help", word, len)) { td_cli_help(cli, stdout); rc = 0; break; }
+            if (same_name("version", word, len)) { printf("%s (tidal) %s\n", cli->prog, TD_VERSION); rc = 0; break; }
+            o = find_long(cli->opts, word, len);
+            snprintf(label, sizeof label, "--%.*s", (int)len, word);
+            if (eq) inline_v = eq + 1;
+        } else {
+            if (a[1] == 'h' && !a[2]) { td_cli_help(cli, stdout); rc = 0; break; }
+            o = find_short(cli->opts, a[1]);
+            snprintf(label, sizeof label, "-%c", a[1]);
+            if (a[2]) inline_v = a + 2;
+        }
+        if (!o) { rc = td_cli_bad(cli, label, NULL, "unknown option"); break; }
+        if (o->kind == TD_OPT_FLAG) {
+            if (inline_v) { rc = td_cli_bad(cli, label, inline_v, "no value (it is a switch)"); break; }
+        } else if (!inline_v) {
+            if (i + 1 >= argc) { rc = td_cli_bad(cli, label, NULL, "expected a value (%s)", o->meta ? o->meta : "VALUE"); break; }
+            inline_v = argv[++i];
+        }
+        int r = store(cli, o, inline_v);
+        if (r) { rc = r; break; }
+        seen[o - cli->opts] = 1;
+        if (o->given) *o->given = 1;
+    }
+    for (size_t k = 0; rc < 0 && k < n_opts; k++)
+        if (cli->opts[k].required && !seen[k]) {
+            char label[80];
+            opt_label(&cli->opts[k], label, sizeof label);
+            rc = td_cli_bad(cli, label, NULL, "required (%s)", cli->opts[k].meta ? cli->opts[k].meta : "a value");
+        }
+    if (rc < 0 && n < cli->min_operands)
+        rc = td_cli_bad(cli, "arguments", NULL, "expected at least %d operand%s (%s)", cli->min_operands,
+                        cli->min_operands == 1 ? "" : "s", cli->usage);
+    if (rc < 0 && cli->max_operands >= 0 && n > cli->max_operands)
+        rc = td_cli_bad(cli, extra, NULL, "unexpected argument%s", cli->max_operands ? " (too many operands)" : "");
+    free(seen);
+    *n_operands = n;
+    return rc;
+}
+
+void td_cli_help(const td_cli *cli, FILE *f)
+{
+    const char *u = cli->usage;
+    for (int first = 1; u && *u; first = 0) {
+        size_t k = strcspn(u, "\n");
+        fprintf(f, "%s %s %.*s\n", first ? "usage:" : "      ", cli->prog, (int)k, u);
+        u += k;
+        if (*u) u++;
+    }
+    if (cli->about) fprintf(f, "\n%s\n", cli->about);
+    fprintf(f, "\noptions:\n");
+    for (const td_opt *o = cli->opts; o->name; o++) {
+        if (!o->help) continue;
+        char left[128];
+        int k = snprintf(left, sizeof left, "  %s%c%s--%s%s%s", o->short_name ? "-" : "", o->short_name ? o->short_name : ' ',
+                         o->short_name ? ", " : "  ", o->name, o->meta ? " " : "", o->meta ? o->meta : "");
+        if (!o->short_name) k = snprintf(left, sizeof left, "      --%s%s%s", o->name, o->meta ? " " : "", o->meta ? o->meta : "");
+        fprintf(f, "%s", left);
+        /* help text aligned in a column; its continuation lines too */
+        const char *h = o->help;
+        int col = 30;
+        if (k >= col) { fputc('\n', f); k = 0; }
+        for (int first = 1; *h; first = 0) {
+            size_t len = strcspn(h, "\n");
+            fprintf(f, "%*s%.*s\n", first ? col - k : col, "", (int)len, h);
+            h += len;
+            if (*h) h++;
+        }
+        if (o->aliases) {
+            fprintf(f, "%*s(also", col, "");
+            for (const char *p = o->aliases; *p;) {
+                size_t len = strcspn(p, " ");
+                if (len) fprintf(f, " --%.*s", (int)len, p);
+                p += len;
+                while (*p == ' ') p++;
+            }
+            fprintf(f, ")\n");
+        }
+    }
+    fprintf(f, "  -h, --help                  this help\n      --version               the version\n");
+    if (cli->footer) fprintf(f, "\n%s\n", cli->footer);
+    fprintf(f, "\nLong options take --opt VALUE or --opt=VALUE; --opt_name is read as --opt-name.\n"
+               "Exit status: 0 done, 1 failed (bad input file, failed run), 2 usage error.\n");
+}
+
+char *td_command_line_edit(int argc, char **argv, const char *const *drop, const char *add)
+{
+    char **v = td_xmalloc(((size_t)argc + 2) * sizeof *v);
+    int n = 0, have_add = 0;
+    for (int i = 0; i < argc; i++) {
+        int skip = 0;
+        for (const char *const *d = drop; d && *d; d++) if (!strcmp(argv[i], *d)) skip = 1;
+        if (add && !strcmp(argv[i], add)) have_add = 1;
+        if (!skip) v[n++] = argv[i];
+    }
+    if (add && !have_add) v[n++] = (char *)add;
+    char *s = td_command_line(n, v);
+    free(v);
+    return s;
+}
+
+int td_make_parent_dirs(const char *path, td_error *err)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return 0;
+    *slash = 0;
+    for (char *p = dir + 1; ; p++) {
+        if (*p && *p != '/') continue;
+        char c = *p;
+        *p = 0;
+        struct stat st;
+        if (stat(dir, &st) != 0 && mkdir(dir, 0755) != 0 && errno != EEXIST)
+            return td_fail(err, "%s: cannot create directory: %s", dir, strerror(errno));
+        *p = c;
+        if (!c) break;
+    }
+    return 0;
+}
