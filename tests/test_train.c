@@ -63,16 +63,23 @@ static td_model *make_model(td_arch arch, int tied, int bias, int qk_norm, uint6
     return m;
 }
 
-static void batch(int tok[NSEQ][16], float w[NSEQ][16], const int *tokens[NSEQ], const float *weights[NSEQ],
-                  int V)
+/* the batch every test uses: NSEQ sequences of LENS tokens and a loss mask with holes */
+typedef struct {
+    int tok[NSEQ][16];
+    float w[NSEQ][16];
+    const int *tokens[NSEQ];
+    const float *weights[NSEQ];
+} test_batch;
+
+static void make_batch(test_batch *b, int V)
 {
     for (int s = 0; s < NSEQ; s++) {
         for (int t = 0; t < 16; t++) {
-            tok[s][t] = (11 * s + 7 * t + 3) % V;
-            w[s][t] = (s + t) % 4 != 0;   /* a loss mask with holes */
+            b->tok[s][t] = (11 * s + 7 * t + 3) % V;
+            b->w[s][t] = (s + t) % 4 != 0;
         }
-        tokens[s] = tok[s];
-        weights[s] = w[s];
+        b->tokens[s] = b->tok[s];
+        b->weights[s] = b->w[s];
     }
 }
 
@@ -200,11 +207,10 @@ static td_trainer *trainer_for(const td_model *m, const char *recipe)
 
 static void fd_check(td_model *m, const char *what)
 {
-    int tok[NSEQ][16];
-    float w[NSEQ][16];
-    const int *tokens[NSEQ];
-    const float *weights[NSEQ];
-    batch(tok, w, tokens, weights, m->cfg.vocab_size);
+    test_batch b;
+    make_batch(&b, m->cfg.vocab_size);
+    const int *const *tokens = b.tokens;
+    const float *const *weights = b.weights;
     td_trainer *tr = trainer_for(m, "fp32");
     td_error err;
     double loss;
@@ -288,11 +294,9 @@ static void test_logprobs_match_forward(void **st)
 {
     (void)st;
     td_model *m = make_model(TD_ARCH_QWEN2, 0, 1, 0, 9);
-    int tok[NSEQ][16];
-    float w[NSEQ][16];
-    const int *tokens[NSEQ];
-    const float *weights[NSEQ];
-    batch(tok, w, tokens, weights, m->cfg.vocab_size);
+    test_batch b;
+    make_batch(&b, m->cfg.vocab_size);
+    const int *const *tokens = b.tokens;
     td_error err;
     const char *recipes[] = {"fp32", "bf16-train"};
     for (int ri = 0; ri < 2; ri++) {
@@ -330,11 +334,10 @@ static void test_threads_bit_identical(void **st)
 {
     (void)st;
     td_model *m = make_model(TD_ARCH_QWEN3, 1, 1, 1, 10);
-    int tok[NSEQ][16];
-    float w[NSEQ][16];
-    const int *tokens[NSEQ];
-    const float *weights[NSEQ];
-    batch(tok, w, tokens, weights, m->cfg.vocab_size);
+    test_batch b;
+    make_batch(&b, m->cfg.vocab_size);
+    const int *const *tokens = b.tokens;
+    const float *const *weights = b.weights;
     td_error err;
     const char *recipes[] = {"fp32", "bf16-train"};
     for (int ri = 0; ri < 2; ri++) {
@@ -362,11 +365,10 @@ static void test_nan_weight_stops(void **st)
     (void)st;
     td_model *m = make_model(TD_ARCH_LLAMA, 0, 0, 0, 11);
     m->owned[td_config_param_elems(&m->cfg) / 2] = NAN;
-    int tok[NSEQ][16];
-    float w[NSEQ][16];
-    const int *tokens[NSEQ];
-    const float *weights[NSEQ];
-    batch(tok, w, tokens, weights, m->cfg.vocab_size);
+    test_batch b;
+    make_batch(&b, m->cfg.vocab_size);
+    const int *const *tokens = b.tokens;
+    const float *const *weights = b.weights;
     td_trainer *tr = trainer_for(m, "fp32");
     td_error err;
     double loss;
@@ -380,11 +382,10 @@ static void test_lora_save_roundtrip(void **st)
 {
     (void)st;
     td_model *m = make_model(TD_ARCH_QWEN2, 0, 1, 0, 12);
-    int tok[NSEQ][16];
-    float w[NSEQ][16];
-    const int *tokens[NSEQ];
-    const float *weights[NSEQ];
-    batch(tok, w, tokens, weights, m->cfg.vocab_size);
+    test_batch b;
+    make_batch(&b, m->cfg.vocab_size);
+    const int *const *tokens = b.tokens;
+    const float *const *weights = b.weights;
     td_train_opts o;
     td_train_opts_defaults(&o);
     o.max_tokens = 40; o.max_seq_len = 16; o.lora_r = 1; o.lora_alpha = 4; o.lr = 1e-2;
@@ -408,9 +409,9 @@ static void test_lora_save_roundtrip(void **st)
     assert_int_equal(back->n_adapted, 2 * TD_LORA_NMOD);
     assert_true(back->scale == 4.0f);
     for (int i = 0; i < 2 * TD_LORA_NMOD; i++) {
-        const td_lora_pair *a = &lo->pairs[i], *b = &back->pairs[i];
-        assert_memory_equal(a->a, b->a, (size_t)a->in * sizeof(float));
-        assert_memory_equal(a->b, b->b, (size_t)a->out * sizeof(float));
+        const td_lora_pair *a = &lo->pairs[i], *rb = &back->pairs[i];
+        assert_memory_equal(a->a, rb->a, (size_t)a->in * sizeof(float));
+        assert_memory_equal(a->b, rb->b, (size_t)a->out * sizeof(float));
         float bmax = 0;
         for (int k = 0; k < a->out; k++) bmax = fmaxf(bmax, fabsf(a->b[k]));
         assert_true(bmax > 0);   /* B left zero: trained */

@@ -94,6 +94,10 @@ void gemm_nt_acc(const td_ops *ctx, int M, int N, int K, float alpha, const floa
 /* db (OUT) += column sums of dout (N, OUT) */
 void bias_grad_acc(const td_ops *ctx, float *db, const float *dout, int N, int OUT);
 
+/* x (n) rounded in place to the context recipe's activations dtype (cpu.c): what an op writes
+ * at a kernel boundary, forward or backward. */
+void act_round(const td_ops *ctx, float *x, size_t n);
+
 /* The recipe forms of the backward ops (cpu_backward.c), entries of td_backend_cpu. */
 void embedding_backward_cpu(const td_ops *ctx, float *dembed, const float *dout,
                             const int *tokens, int N, int C);

@@ -30,16 +30,6 @@
 
 static inline td_format act_of(const td_ops *ctx) { return ctx->recipe ? ctx->recipe->activations : TD_F32; }
 
-/* x (n) rounded in place to the activations dtype: an input gradient as the op writes it */
-static void grad_round(const td_ops *ctx, float *x, size_t n)
-{
-    td_format f = act_of(ctx);
-    if (f == TD_F32) return;
-    #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 65536)
-    for (size_t b = 0; b < n; b += 4096)
-        td_round_row(f, x + b, x + b, n - b < 4096 ? n - b : 4096, TD_SATFINITE);
-}
-
 /* dst (cols, rows) = src (rows, cols)^T */
 static void transpose(const float *src, size_t rows, size_t cols, float *dst)
 {
@@ -65,7 +55,7 @@ void rmsnorm_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, const 
                                  int C)
 {
     rmsnorm_backward_ref(ctx, dinp, dweight, dout, inp, weight, rstd, N, C);
-    grad_round(ctx, dinp, (size_t)N * C);
+    act_round(ctx, dinp, (size_t)N * C);
 }
 
 void matmul_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, float *dbias,
@@ -85,7 +75,7 @@ void matmul_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, float *
     if (dinp || !fp8) quant_operand(r, dout, (size_t)N, (size_t)OUT, dy);   /* groups along OUT */
     if (dinp) {
         gemm_nn_acc(ctx, N, IN, OUT, 1.0f, dy, OUT, weight, IN, dinp, IN);
-        grad_round(ctx, dinp, (size_t)N * IN);
+        act_round(ctx, dinp, (size_t)N * IN);
     }
     if (dweight) {
         float *x = td_xmalloc(nmax * sizeof(float));
@@ -112,7 +102,7 @@ void rope_backward_cpu(const td_ops *ctx, float *dx, const int *pos, const float
     td_format D = act_of(ctx);
     int fused = ctx->recipe && ctx->recipe->rope_fused;
     rope_backward_rounded(ctx, fused ? TD_F32 : D, dx, pos, inv_freq, N, nheads, HD);
-    grad_round(ctx, dx, (size_t)N * nheads * HD);
+    act_round(ctx, dx, (size_t)N * nheads * HD);
 }
 
 void attention_backward_cpu(const td_ops *ctx, float *dq, float *dk, float *dv,
@@ -124,15 +114,15 @@ void attention_backward_cpu(const td_ops *ctx, float *dq, float *dk, float *dv,
     td_format D = act_of(ctx);
     attention_backward_rounded(ctx, D, dq, dk, dv, dout, q, k, v, out, lse, pos, N, NH, NKV, HD,
                                scratch, max_keys);
-    grad_round(ctx, dq, (size_t)N * NH * HD);
-    grad_round(ctx, dk, (size_t)N * NKV * HD);
-    grad_round(ctx, dv, (size_t)N * NKV * HD);
+    act_round(ctx, dq, (size_t)N * NH * HD);
+    act_round(ctx, dk, (size_t)N * NKV * HD);
+    act_round(ctx, dv, (size_t)N * NKV * HD);
 }
 
 void swiglu_backward_cpu(const td_ops *ctx, float *dgate, float *dup, const float *dout,
                                 const float *gate, const float *up, int N, int F)
 {
     swiglu_backward_ref(ctx, dgate, dup, dout, gate, up, N, F);
-    grad_round(ctx, dgate, (size_t)N * F);
-    grad_round(ctx, dup, (size_t)N * F);
+    act_round(ctx, dgate, (size_t)N * F);
+    act_round(ctx, dup, (size_t)N * F);
 }
