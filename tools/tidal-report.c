@@ -64,7 +64,8 @@ int main(int argc, char **argv)
                    "outside [LO,HI]). Default: token:truncate:2 token:mask:0.5:5\n"
                    "(IcePop) sequence:truncate:3 sequence:mask:3\ngeometric:mask:0.999:1.001"),
         TD_OPT_I("worst", 0, &worst, "N", 0, 10000, "worst tokens and sequences listed (default 10)"),
-        TD_OPT_F("no-decode", 0, &decode, 0, "print token ids even when the model has a tokenizer.json"),
+        TD_OPT_F("no-decode", 0, &decode, 0, "print token ids even when the model has a tokenizer.json\n"
+                 "(without one, worst sequences show the text the run stored)"),
         {0}};
     td_cli cli = {"tidal-report", "RUN.h5 [RUN.h5 ...] [options]",
                   "Statistics of one or more run files (e.g. bf16 / fp16 / fp8), side by side in one table.\n"
@@ -96,7 +97,7 @@ int main(int argc, char **argv)
             }
         }
         td_report_opts o = {.is = is.items, .n_is = n_is, .n_worst = (size_t)worst,
-                            .decode = tok ? decode_cb : NULL, .decode_ctx = tok};
+                            .decode = tok ? decode_cb : NULL, .decode_ctx = tok, .stored_text = decode};
         reps[done] = td_report_run(&run, &o, &err);
         td_tokenizer_free(tok);
         td_run_free(&run);

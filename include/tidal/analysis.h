@@ -50,6 +50,13 @@ typedef struct {
     int64_t *ids_offset;      // (nseq) start of a sequence in ids
     int32_t *seq_len;         // (nseq) prompt_len + response_len
     int32_t *prompt_len;      // (nseq)
+    /* Prompt and response text stored by the run (/text, runs with a tokenizer); NULL if
+     * absent. Sequence s: prompt text at text + text_offset[s], prompt_text_len[s] bytes, its
+     * response the response_text_len[s] bytes after it (UTF-8, not NUL-terminated). */
+    char *text;               // (n_text)
+    size_t n_text;
+    int64_t *text_offset;     // (nseq)
+    int32_t *prompt_text_len, *response_text_len;  // (nseq)
 } td_run;
 
 /* Loads a run file. Fails with a message naming the file for: not HDF5, not a tidal run, an
@@ -106,8 +113,9 @@ typedef struct {
     const td_is_spec *is;     // corrections to simulate
     size_t n_is;
     size_t n_worst;           // worst tokens and sequences listed
-    td_decode_fn decode;      // NULL: ids are printed
+    td_decode_fn decode;      // NULL: ids are printed (or the stored text, below)
     void *decode_ctx;
+    int stored_text;          // no decode: a worst sequence's response from the run's /text
 } td_report_opts;
 json_t *td_report_run(const td_run *run, const td_report_opts *opts, td_error *err);
 

@@ -6,6 +6,7 @@
  *   /prompts/<name>  prompt token ids and offsets
  *   /steps/<name>    one row per optimiser step (RL runs)
  *   /layers/rel_err  rows aligned with /tokens, one column per layer
+ *   /text/utf8       prompt and response text, UTF-8 bytes (runs with a tokenizer)
  * Every dataset is chunked, deflate-compressed and unlimited along rows; rows are appended as
  * work completes and the file is flushed after each completed unit, so an interrupted run keeps
  * what it finished. Root attributes: schema_version, tool_version, command_line, and whatever
@@ -20,7 +21,7 @@ TD_BEGIN_DECLS
 
 #define TD_SCHEMA_VERSION 1
 
-typedef enum { TD_COL_I8 = 0, TD_COL_I32, TD_COL_I64, TD_COL_F32, TD_COL_F64 } td_coltype;
+typedef enum { TD_COL_I8 = 0, TD_COL_I32, TD_COL_I64, TD_COL_F32, TD_COL_F64, TD_COL_U8 } td_coltype;  /* U8: UTF-8 bytes */
 
 typedef struct td_runfile td_runfile;
 

@@ -16,6 +16,7 @@
 #ifndef TIDAL_SAMPLING_H
 #define TIDAL_SAMPLING_H
 
+#include "tidal/logprob.h"   /* td_log_softmax */
 #include "tidal/rng.h"
 
 #include <stdbool.h>
@@ -48,9 +49,6 @@ void td_sampler_free(td_sampler *s);
  * token. */
 int td_sample(td_sampler *smp, const td_sampling *s, const float *logits, const int *seen,
               int n_seen, td_rng *rng, float *logp_proc);
-
-/* In-place log-softmax of a row (double-precision normaliser). */
-void td_log_softmax(float *row, int V);
 
 TD_END_DECLS
 

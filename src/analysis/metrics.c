@@ -1,5 +1,6 @@
 /* Per-token divergence metrics (definitions in include/tidal/metrics.h). */
 #include "tidal/metrics.h"
+#include "tidal/logprob.h"
 
 #include <math.h>
 
@@ -12,16 +13,6 @@ double td_k3(double logp_a, double logp_b)
     return expm1(r) - r;
 }
 
-/* log Σ exp(row), in double. */
-static double log_sum_exp(const float *row, int V)
-{
-    double mx = -INFINITY, z = 0;
-    for (int v = 0; v < V; v++) if (row[v] > mx) mx = row[v];
-    if (mx == -INFINITY) return 0;
-    for (int v = 0; v < V; v++) z += exp((double)row[v] - mx);
-    return mx + log(z);
-}
-
 /* A float log-softmax row sums to 1 only within ~1e-7, and a KL of two such rows taken as
  * Σ p_b (logp_b − logp_a) then errs by that much: near rows (KL ~ 1e-8) come out negative.
  * So both rows are renormalised in double, and each KL is summed in its termwise non-negative
@@ -32,7 +23,7 @@ void td_token_metrics_compute(const float *la, const float *lb, int V, int y, td
     double kl_ba = 0, kl_ab = 0, tv = 0, ha = 0, hb = 0;
     int top_a = 0, top_b = 0, rank_a = 1, rank_b = 1;
     const float ya = la[y], yb = lb[y];
-    const double za = log_sum_exp(la, V), zb = log_sum_exp(lb, V);
+    const double za = td_log_sum_exp(la, V), zb = td_log_sum_exp(lb, V);
     for (int v = 0; v < V; v++) {
         double a = la[v] - za, b = lb[v] - zb;
         double pa = exp(a), pb = exp(b);

@@ -166,7 +166,12 @@ static json_t *worst_seqs_json(const td_run *r, const double *absd, const td_rep
         json_object_set_new(t, "log_w", num(logw[s]));
         json_object_set_new(t, "mean_abs_dlogp", num(sumabs[s] / (double)cnt[s]));
         json_object_set_new(t, "max_abs_dlogp", num(mx[s]));
-        if (r->ids) {
+        if (!o->decode && o->stored_text && r->text) {   /* no tokenizer at hand: the text the run stored */
+            const char *resp = r->text + r->text_offset[s] + r->prompt_text_len[s];
+            json_t *js = json_stringn(resp, (size_t)r->response_text_len[s]);   /* NULL if not UTF-8 */
+            if (js) json_object_set_new(t, "response", js);
+        }
+        if (!json_object_get(t, "response") && r->ids) {
             int32_t pl = r->prompt_len[s], len = r->seq_len[s];
             json_object_set_new(t, "response", ids_json(r->ids + r->ids_offset[s] + pl, (size_t)(len - pl), o));
         }

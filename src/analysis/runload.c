@@ -1,7 +1,7 @@
 /* Loads a run file's token columns for analysis (include/tidal/analysis.h), through the
  * td_runfile layer. Every way a file can be wrong ends in a message naming the file. */
 #include "tidal/analysis.h"
-#include "tidal/runfile.h"
+#include "tidal/runschema.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -28,9 +28,12 @@ static void *alloc_rows(td_runfile *rf, const char *name, size_t n, size_t elem,
 }
 
 /* Reads a 1-D column of exactly n rows; required = 0 returns NULL quietly if it is absent. */
-static void *read_col(td_runfile *rf, const char *name, td_coltype type, size_t elem, size_t n,
-                      double file_bytes, int required, int *failed, td_error *err)
+static void *read_col(td_runfile *rf, const td_colspec *c, size_t n, double file_bytes, int required,
+                      int *failed, td_error *err)
 {
+    const char *name = c->path;
+    td_coltype type = c->type;
+    size_t elem = td_coltype_size(type);
     if (*failed) return NULL;
     if (!td_runfile_exists(rf, name)) {
         if (required) {
@@ -42,8 +45,8 @@ static void *read_col(td_runfile *rf, const char *name, td_coltype type, size_t 
     int64_t rows = td_runfile_rows(rf, name);
     size_t w = td_runfile_width(rf, name);
     if (w != 1 || rows < 0 || (size_t)rows != n) {
-        td_fail(err, "%s: %s has %lld rows x %zu, expected %zu rows x 1 (as /tokens/logp_a)", td_runfile_path(rf),
-                name, (long long)rows, w, n);
+        td_fail(err, "%s: %s has %lld rows x %zu, expected %zu rows x 1 (as %s)", td_runfile_path(rf),
+                name, (long long)rows, w, n, td_schema_tokens[TD_TOK_LOGP_A].path);
         *failed = 1;
         return NULL;
     }
@@ -75,17 +78,17 @@ static char *xstrdup(const char *s)
  * ids NULL (the report then prints token ids) rather than failing the whole analysis. */
 static void load_ids(td_run *run, td_runfile *rf, double file_bytes)
 {
-    int64_t nr = td_runfile_rows(rf, "/prompts/tokens");
-    if (nr <= 0 || td_runfile_rows(rf, "/seqs/tokens_offset") != (int64_t)run->nseq ||
-        td_runfile_rows(rf, "/seqs/prompt_len") != (int64_t)run->nseq ||
-        td_runfile_rows(rf, "/seqs/response_len") != (int64_t)run->nseq)
+    int64_t nr = td_runfile_rows(rf, td_schema_prompts[TD_PRM_TOKENS].path);
+    if (nr <= 0 || td_runfile_rows(rf, td_schema_seqs[TD_SEQ_TOKENS_OFFSET].path) != (int64_t)run->nseq ||
+        td_runfile_rows(rf, td_schema_seqs[TD_SEQ_PROMPT_LEN].path) != (int64_t)run->nseq ||
+        td_runfile_rows(rf, td_schema_seqs[TD_SEQ_RESPONSE_LEN].path) != (int64_t)run->nseq)
         return;
     int failed = 0;
     size_t ns = run->nseq;
-    int64_t *off = read_col(rf, "/seqs/tokens_offset", TD_COL_I64, 8, ns, file_bytes, 1, &failed, NULL);
-    int32_t *pl = read_col(rf, "/seqs/prompt_len", TD_COL_I32, 4, ns, file_bytes, 1, &failed, NULL);
-    int32_t *rl = read_col(rf, "/seqs/response_len", TD_COL_I32, 4, ns, file_bytes, 1, &failed, NULL);
-    int32_t *ids = read_col(rf, "/prompts/tokens", TD_COL_I32, 4, (size_t)nr, file_bytes, 1, &failed, NULL);
+    int64_t *off = read_col(rf, &td_schema_seqs[TD_SEQ_TOKENS_OFFSET], ns, file_bytes, 1, &failed, NULL);
+    int32_t *pl = read_col(rf, &td_schema_seqs[TD_SEQ_PROMPT_LEN], ns, file_bytes, 1, &failed, NULL);
+    int32_t *rl = read_col(rf, &td_schema_seqs[TD_SEQ_RESPONSE_LEN], ns, file_bytes, 1, &failed, NULL);
+    int32_t *ids = read_col(rf, &td_schema_prompts[TD_PRM_TOKENS], (size_t)nr, file_bytes, 1, &failed, NULL);
     for (size_t s = 0; !failed && s < ns; s++) {
         int64_t len = (int64_t)pl[s] + rl[s];
         if (pl[s] < 0 || rl[s] < 0 || len > INT32_MAX || off[s] < 0 || off[s] + len > nr) failed = 1;
@@ -97,6 +100,30 @@ static void load_ids(td_run *run, td_runfile *rf, double file_bytes)
     run->ids_offset = off;
     run->seq_len = rl;
     run->prompt_len = pl;
+}
+
+/* The prompt and response text the run stored (/text): optional, as the ids are; any
+ * inconsistency leaves text NULL. */
+static void load_text(td_run *run, td_runfile *rf, double file_bytes)
+{
+    const td_colspec *off_c = &td_schema_seqs[TD_SEQ_TEXT_OFFSET], *pl_c = &td_schema_seqs[TD_SEQ_PROMPT_TEXT_LEN];
+    const td_colspec *rl_c = &td_schema_seqs[TD_SEQ_RESPONSE_TEXT_LEN], *txt_c = &td_schema_text[TD_TXT_UTF8];
+    int64_t nt = td_runfile_rows(rf, txt_c->path);
+    if (nt < 0 || !td_runfile_exists(rf, txt_c->path) || run->nseq == 0) return;
+    int failed = 0;
+    size_t ns = run->nseq;
+    int64_t *off = read_col(rf, off_c, ns, file_bytes, 1, &failed, NULL);
+    int32_t *pl = read_col(rf, pl_c, ns, file_bytes, 1, &failed, NULL);
+    int32_t *rl = read_col(rf, rl_c, ns, file_bytes, 1, &failed, NULL);
+    char *text = read_col(rf, txt_c, (size_t)nt, file_bytes, 1, &failed, NULL);
+    for (size_t s = 0; !failed && s < ns; s++)
+        if (off[s] < 0 || pl[s] < 0 || rl[s] < 0 || off[s] + pl[s] + rl[s] > nt) failed = 1;
+    if (failed) { free(off); free(pl); free(rl); free(text); return; }
+    run->text = text;
+    run->n_text = (size_t)nt;
+    run->text_offset = off;
+    run->prompt_text_len = pl;
+    run->response_text_len = rl;
 }
 
 int td_run_load(td_run *run, const char *path, int flags, td_error *err)
@@ -130,32 +157,32 @@ int td_run_load(td_run *run, const char *path, int flags, td_error *err)
         run->label = xstrdup(base);
     }
 
-    if (!td_runfile_exists(rf, "/tokens/logp_a")) {
-        td_fail(err, "%s: missing dataset /tokens/logp_a (is this a complete tidal-diff run?)", path);
+    if (!td_runfile_exists(rf, td_schema_tokens[TD_TOK_LOGP_A].path)) {
+        td_fail(err, "%s: missing dataset %s (is this a complete tidal-diff run?)", path, td_schema_tokens[TD_TOK_LOGP_A].path);
         goto fail;
     }
-    int64_t rows = td_runfile_rows(rf, "/tokens/logp_a");
+    int64_t rows = td_runfile_rows(rf, td_schema_tokens[TD_TOK_LOGP_A].path);
     if (rows <= 0) {
         td_fail(err, "%s: empty run: /tokens holds no scored tokens (did tidal-diff finish a batch?)", path);
         goto fail;
     }
     size_t n = run->n = (size_t)rows;
     int failed = 0;
-    run->seq = read_col(rf, "/tokens/seq", TD_COL_I64, 8, n, file_bytes, 1, &failed, err);
-    run->pos = read_col(rf, "/tokens/pos", TD_COL_I32, 4, n, file_bytes, 1, &failed, err);
+    run->seq = read_col(rf, &td_schema_tokens[TD_TOK_SEQ], n, file_bytes, 1, &failed, err);
+    run->pos = read_col(rf, &td_schema_tokens[TD_TOK_POS], n, file_bytes, 1, &failed, err);
     int full = !(flags & TD_RUN_PLOT);
-    if (full) run->token = read_col(rf, "/tokens/token", TD_COL_I32, 4, n, file_bytes, 1, &failed, err);
-    run->logp_a = read_col(rf, "/tokens/logp_a", TD_COL_F64, 8, n, file_bytes, 1, &failed, err);
-    run->logp_b = read_col(rf, "/tokens/logp_b", TD_COL_F64, 8, n, file_bytes, 1, &failed, err);
-    run->kl_ba = read_col(rf, "/tokens/kl_ba", TD_COL_F64, 8, n, file_bytes, 1, &failed, err);
-    run->dlogp = read_col(rf, "/tokens/dlogp", TD_COL_F64, 8, n, file_bytes, 0, &failed, err);
+    if (full) run->token = read_col(rf, &td_schema_tokens[TD_TOK_TOKEN], n, file_bytes, 1, &failed, err);
+    run->logp_a = read_col(rf, &td_schema_tokens[TD_TOK_LOGP_A], n, file_bytes, 1, &failed, err);
+    run->logp_b = read_col(rf, &td_schema_tokens[TD_TOK_LOGP_B], n, file_bytes, 1, &failed, err);
+    run->kl_ba = read_col(rf, &td_schema_tokens[TD_TOK_KL_BA], n, file_bytes, 1, &failed, err);
+    run->dlogp = read_col(rf, &td_schema_tokens[TD_TOK_DLOGP], n, file_bytes, 0, &failed, err);
     if (full) {
-        run->k3 = read_col(rf, "/tokens/k3", TD_COL_F64, 8, n, file_bytes, 0, &failed, err);
-        run->tv = read_col(rf, "/tokens/tv", TD_COL_F64, 8, n, file_bytes, 0, &failed, err);
-        run->entropy_a = read_col(rf, "/tokens/entropy_a", TD_COL_F64, 8, n, file_bytes, 0, &failed, err);
-        run->is_prompt = read_col(rf, "/tokens/is_prompt", TD_COL_I8, 1, n, file_bytes, 0, &failed, err);
+        run->k3 = read_col(rf, &td_schema_tokens[TD_TOK_K3], n, file_bytes, 0, &failed, err);
+        run->tv = read_col(rf, &td_schema_tokens[TD_TOK_TV], n, file_bytes, 0, &failed, err);
+        run->entropy_a = read_col(rf, &td_schema_tokens[TD_TOK_ENTROPY_A], n, file_bytes, 0, &failed, err);
+        run->is_prompt = read_col(rf, &td_schema_tokens[TD_TOK_IS_PROMPT], n, file_bytes, 0, &failed, err);
     }
-    run->step = read_col(rf, "/tokens/step", TD_COL_I32, 4, n, file_bytes, 0, &failed, err);
+    run->step = read_col(rf, &td_schema_tokens[TD_TOK_STEP], n, file_bytes, 0, &failed, err);
     if (failed) goto fail;
     /* Columns a writer may leave out are derived (dlogp, k3) or filled with "unknown". */
     if (!run->dlogp) {
@@ -178,7 +205,7 @@ int td_run_load(td_run *run, const char *path, int flags, td_error *err)
     if (!run->is_prompt) run->is_prompt = td_xcalloc(n, 1);
 columns_done:;
 
-    int64_t nseq_file = td_runfile_rows(rf, "/seqs/prompt_len");
+    int64_t nseq_file = td_runfile_rows(rf, td_schema_seqs[TD_SEQ_PROMPT_LEN].path);
     int64_t max_seq = -1;
     run->max_pos = 0;
     for (size_t i = 0; i < n; i++) {
@@ -204,16 +231,16 @@ columns_done:;
     if (!run->step) {   /* files written before /tokens/step: from /seqs/prompt_len when there */
         run->step = td_xmalloc(n * sizeof(int32_t));
         int32_t *pl = NULL;
-        if (nseq_file > 0 && td_runfile_rows(rf, "/seqs/prompt_len") == nseq_file)
-            pl = read_col(rf, "/seqs/prompt_len", TD_COL_I32, 4, (size_t)nseq_file, file_bytes, 0, &failed, err);
+        if (nseq_file > 0 && td_runfile_rows(rf, td_schema_seqs[TD_SEQ_PROMPT_LEN].path) == nseq_file)
+            pl = read_col(rf, &td_schema_seqs[TD_SEQ_PROMPT_LEN], (size_t)nseq_file, file_bytes, 0, &failed, err);
         if (failed) goto fail;
         for (size_t i = 0; i < n; i++) run->step[i] = run->pos[i] - (pl ? pl[run->seq[i]] : 0);
         free(pl);
     }
 
-    if ((flags & TD_RUN_LAYERS) && td_runfile_exists(rf, "/layers/rel_err")) {
-        size_t L = td_runfile_width(rf, "/layers/rel_err");
-        int64_t lr = td_runfile_rows(rf, "/layers/rel_err");
+    if ((flags & TD_RUN_LAYERS) && td_runfile_exists(rf, td_schema_layers_rel_err.path)) {
+        size_t L = td_runfile_width(rf, td_schema_layers_rel_err.path);
+        int64_t lr = td_runfile_rows(rf, td_schema_layers_rel_err.path);
         if (L > 4096) {  // pictures and tables hold one row per layer: a corrupt width would not fit
             td_fail(err, "%s: /layers/rel_err has %zu columns; expected one per layer (at most 4096)", path, L);
             goto fail;
@@ -224,12 +251,13 @@ columns_done:;
             goto fail;
         }
         if (n > SIZE_MAX / L) { td_fail(err, "%s: /layers/rel_err too large", path); goto fail; }
-        run->layer_err = alloc_rows(rf, "/layers/rel_err", n * L, sizeof(float), file_bytes, err);
-        if (!run->layer_err || td_runfile_read(rf, "/layers/rel_err", TD_COL_F32, 0, rows, run->layer_err, err))
+        run->layer_err = alloc_rows(rf, td_schema_layers_rel_err.path, n * L, sizeof(float), file_bytes, err);
+        if (!run->layer_err || td_runfile_read(rf, td_schema_layers_rel_err.path, TD_COL_F32, 0, rows, run->layer_err, err))
             goto fail;
         run->n_layers = L;
     }
     if (full) load_ids(run, rf, file_bytes);
+    if (full) load_text(run, rf, file_bytes);
     td_runfile_close(rf, NULL);
     return 0;
 fail:
@@ -244,5 +272,6 @@ void td_run_free(td_run *run)
     free(run->logp_a); free(run->logp_b); free(run->dlogp); free(run->kl_ba); free(run->k3); free(run->tv);
     free(run->entropy_a); free(run->seq); free(run->pos); free(run->token); free(run->is_prompt); free(run->step);
     free(run->layer_err); free(run->ids); free(run->ids_offset); free(run->seq_len); free(run->prompt_len);
+    free(run->text); free(run->text_offset); free(run->prompt_text_len); free(run->response_text_len);
     memset(run, 0, sizeof *run);
 }

@@ -4,6 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+void td_columns_init(td_column *cols, const td_colspec *spec, size_t n)
+{
+    for (size_t i = 0; i < n; i++) cols[i] = (td_column){spec[i].path, spec[i].type, 0, 0, NULL};
+}
+
 void td_column_push(td_column *c, const void *value)
 {
     size_t sz = td_coltype_size(c->type);
@@ -13,6 +18,17 @@ void td_column_push(td_column *c, const void *value)
     }
     memcpy((char *)c->data + c->n * sz, value, sz);
     c->n++;
+}
+
+void td_column_push_n(td_column *c, const void *values, size_t n)
+{
+    size_t sz = td_coltype_size(c->type);
+    if (c->n + n > c->cap) {
+        while (c->n + n > c->cap) c->cap = c->cap ? 2 * c->cap : 1024;
+        c->data = td_xrealloc(c->data, c->cap * sz);
+    }
+    if (n) memcpy((char *)c->data + c->n * sz, values, n * sz);
+    c->n += n;
 }
 
 void td_column_push_i64(td_column *c, int64_t v) { td_column_push(c, &v); }

@@ -2,7 +2,7 @@
 #ifndef TIDAL_DIFF_COLUMNS_H
 #define TIDAL_DIFF_COLUMNS_H
 
-#include "tidal/runfile.h"
+#include "tidal/runschema.h"
 
 typedef struct {
     const char *path;     /* dataset path, e.g. "/tokens/logp_a" */
@@ -11,12 +11,10 @@ typedef struct {
     void *data;
 } td_column;
 
-static inline size_t td_coltype_size(td_coltype t)
-{
-    return t == TD_COL_I8 ? 1 : (t == TD_COL_I32 || t == TD_COL_F32) ? 4 : 8;
-}
-
+/* Empty buffers for the schema's columns spec[0..n). */
+void td_columns_init(td_column *cols, const td_colspec *spec, size_t n);
 void td_column_push(td_column *c, const void *value);
+void td_column_push_n(td_column *c, const void *values, size_t n);
 void td_column_push_i64(td_column *c, int64_t v);
 void td_column_push_i32(td_column *c, int32_t v);
 void td_column_push_i8(td_column *c, int8_t v);

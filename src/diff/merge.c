@@ -1,6 +1,6 @@
 /* Joining the run files of --shard K/N jobs into one (tidal-merge). */
 #include "tidal/diff.h"
-#include "tidal/runfile.h"
+#include "tidal/runschema.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,43 +20,41 @@ static const char *COPY_ATTRS[] = {"tool", "model_path", "model_fingerprint", "r
 static const char *COPY_F64_ATTRS[] = {"lora_survival_a", "lora_changed_frac_a", "lora_aligned_a",
                                        "lora_survival_b", "lora_changed_frac_b", "lora_aligned_b"};
 
-/* Columns whose values are row indices into another group, shifted when files are joined. */
-typedef struct { const char *path; const char *counts; } shifted;
-static const shifted SHIFTED[] = {
-    {"/tokens/seq", "/seqs"}, {"/seqs/token_offset", "/tokens"}, {"/seqs/tokens_offset", "/prompts"},
-};
-
-static const char *TOKEN_NAMES[] = {"seq", "pos", "token", "logp_a", "logp_b", "logp_b_proc", "dlogp",
-    "kl_ba", "kl_ab", "k3", "tv", "entropy_a", "entropy_b", "top1_a", "top1_b", "rank_a", "rank_b", "is_prompt", "step"};
-static const td_coltype TOKEN_TYPES[] = {TD_COL_I64, TD_COL_I32, TD_COL_I32, TD_COL_F64, TD_COL_F64, TD_COL_F64,
-    TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_I32, TD_COL_I32,
-    TD_COL_I32, TD_COL_I32, TD_COL_I8, TD_COL_I32};
-static const char *SEQ_NAMES[] = {"prompt_index", "batch", "prompt_len", "response_len", "token_offset",
-    "n_scored", "finish", "sum_dlogp", "mean_abs_dlogp", "max_abs_dlogp", "mean_kl_ba", "log_ratio", "tokens_offset"};
-static const td_coltype SEQ_TYPES[] = {TD_COL_I64, TD_COL_I64, TD_COL_I32, TD_COL_I32, TD_COL_I64, TD_COL_I32,
-    TD_COL_I8, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_F64, TD_COL_I64};
-
-static int64_t base_for(const char *path, const int64_t base[3])
+/* The rows of group g of the files joined so far: what a reference into g is shifted by. */
+static int64_t base_for(const td_colspec *c, const int64_t base[TD_GROUP_COUNT])
 {
-    for (size_t i = 0; i < sizeof SHIFTED / sizeof SHIFTED[0]; i++)
-        if (!strcmp(path, SHIFTED[i].path))
-            return !strcmp(SHIFTED[i].counts, "/seqs") ? base[0] : !strcmp(SHIFTED[i].counts, "/tokens") ? base[1] : base[2];
+    for (int g = 0; c->refers_to && g < TD_GROUP_COUNT; g++)
+        if (!strcmp(c->refers_to, td_schema_groups[g].name)) return base[g];
     return 0;
 }
 
 /* Copies one column of `in` (rows [0, rows)) to `out`, shifting row references. */
-static int copy_column(td_runfile *in, td_runfile *out, const char *path, td_coltype type, int64_t rows,
-                       const int64_t base[3], td_error *err)
+static int copy_column(td_runfile *in, td_runfile *out, const td_colspec *c, int64_t rows,
+                       const int64_t base[TD_GROUP_COUNT], td_error *err)
 {
+    const char *path = c->path;
+    td_coltype type = c->type;
     if (rows == 0) return td_runfile_append(out, path, type, 1, NULL, 0, err);
     void *buf = td_xmalloc((size_t)rows * 8);
     int rc = td_runfile_read(in, path, type, 0, rows, buf, err);
-    int64_t shift = base_for(path, base);
+    int64_t shift = base_for(c, base);
     if (rc == 0 && shift && type == TD_COL_I64)
         for (int64_t i = 0; i < rows; i++) ((int64_t *)buf)[i] += shift;
     if (rc == 0) rc = td_runfile_append(out, path, type, 1, buf, (size_t)rows, err);
     free(buf);
     return rc;
+}
+
+/* Optional columns (/tokens/logp_trainer, /text and its /seqs offsets) are joined when every
+ * part has them; a column some parts lack is left out, with a warning. */
+static int in_every(td_runfile *const *in, int n, const char *const *inputs, const char *path)
+{
+    int have = 0;
+    for (int i = 0; i < n; i++) have += td_runfile_exists(in[i], path) != 0;
+    if (have && have < n)
+        fprintf(stderr, "tidal-merge: warning: %s is in %d of the %d parts (%s %s it): left out\n", path, have, n,
+                inputs[0], td_runfile_exists(in[0], path) ? "has" : "lacks");
+    return have == n;
 }
 
 /* Did the part finish? Its /progress must hold every batch it planned (files written before
@@ -65,7 +63,7 @@ static int part_finished(td_runfile *in, const char *path, td_error *err)
 {
     int64_t planned;
     if (td_runfile_get_i64(in, "batches_planned", &planned, NULL)) return 0;
-    int64_t done = td_runfile_rows(in, "/progress/batch");
+    int64_t done = td_runfile_rows(in, td_schema_progress[TD_PRG_BATCH].path);
     if (done != planned)
         return td_fail(err, "%s: holds %lld of its %lld batches: the shard did not finish (finish it with "
                        "tidal-diff --resume, or merge anyway with --allow-partial)", path, (long long)done, (long long)planned);
@@ -169,25 +167,25 @@ int td_runfile_merge(const char *out_path, const char *const *inputs, int n, con
     int bad = td_runfile_set_str(out, "source_command_lines", cmds, err);
     free(joined); free(cmds);
     if (bad) goto done;
-    int64_t base[3] = {0, 0, 0};
+    int64_t base[TD_GROUP_COUNT] = {0};
+    unsigned char keep[TD_GROUP_COUNT][TD_TOK_COUNT + TD_SEQ_COUNT];   /* more than any group's columns */
+    for (int g = 0; g < TD_GROUP_COUNT; g++)
+        for (int c = 0; c < td_schema_groups[g].n_cols; c++) {
+            const td_colspec *col = &td_schema_groups[g].cols[c];
+            keep[g][c] = !col->optional || in_every(in, n, inputs, col->path);
+        }
     for (int i = 0; i < n; i++) {
-        int64_t seqs = td_runfile_rows(in[i], "/seqs/prompt_index"), toks = td_runfile_rows(in[i], "/tokens/seq");
-        int64_t pt = td_runfile_rows(in[i], "/prompts/tokens");
-        for (size_t c = 0; c < sizeof TOKEN_NAMES / sizeof TOKEN_NAMES[0]; c++) {
-            char path[64];
-            snprintf(path, sizeof path, "/tokens/%s", TOKEN_NAMES[c]);
-            if (copy_column(in[i], out, path, TOKEN_TYPES[c], toks, base, err)) goto done;
-        }
-        for (size_t c = 0; c < sizeof SEQ_NAMES / sizeof SEQ_NAMES[0]; c++) {
-            char path[64];
-            snprintf(path, sizeof path, "/seqs/%s", SEQ_NAMES[c]);
-            if (copy_column(in[i], out, path, SEQ_TYPES[c], seqs, base, err)) goto done;
-        }
-        if (copy_column(in[i], out, "/prompts/tokens", TD_COL_I32, pt, base, err)) goto done;
-        base[0] += seqs;
-        base[1] += toks;
-        base[2] += pt;
-        fprintf(stderr, "tidal-merge: %s: %lld sequences, %lld tokens\n", inputs[i], (long long)seqs, (long long)toks);
+        int64_t rows[TD_GROUP_COUNT];
+        for (int g = 0; g < TD_GROUP_COUNT; g++) rows[g] = td_runfile_rows(in[i], td_schema_groups[g].count_col->path);
+        for (int g = 0; g < TD_GROUP_COUNT; g++)
+            for (int c = 0; c < td_schema_groups[g].n_cols; c++) {
+                const td_colspec *col = &td_schema_groups[g].cols[c];
+                if (!keep[g][c]) continue;
+                if (copy_column(in[i], out, col, rows[g], base, err)) goto done;
+            }
+        for (int g = 0; g < TD_GROUP_COUNT; g++) base[g] += rows[g];
+        fprintf(stderr, "tidal-merge: %s: %lld sequences, %lld tokens\n", inputs[i], (long long)rows[TD_GROUP_SEQS],
+                (long long)rows[TD_GROUP_TOKENS]);
     }
     rc = td_runfile_flush(out, err);
 done:

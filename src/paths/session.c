@@ -2,6 +2,7 @@
  * chunks, then one token per slot per batched decode step. Every buffer is allocated here, at
  * creation; prefill and decode allocate nothing. */
 #include "../model/model_internal.h"
+#include "paths_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -167,6 +168,8 @@ int td_session_decode(td_session *s, int n, const int *slots, const int *tokens,
 }
 
 void td_session_set_raw_logits(td_session *s, int raw) { s->raw_logits = raw; }
+
+int session_vocab(const td_session *s) { return s->m->cfg.vocab_size; }
 
 int td_session_set_recipe(td_session *s, const td_recipe *r, td_error *err)
 {

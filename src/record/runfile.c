@@ -20,6 +20,7 @@ static hid_t h5type(td_coltype t)
 {
     switch (t) {
     case TD_COL_I8:  return H5T_NATIVE_INT8;
+    case TD_COL_U8:  return H5T_NATIVE_UINT8;
     case TD_COL_I32: return H5T_NATIVE_INT32;
     case TD_COL_I64: return H5T_NATIVE_INT64;
     case TD_COL_F32: return H5T_NATIVE_FLOAT;
@@ -32,6 +33,7 @@ static hid_t h5file_type(td_coltype t)
 {
     switch (t) {
     case TD_COL_I8:  return H5T_STD_I8LE;
+    case TD_COL_U8:  return H5T_STD_U8LE;
     case TD_COL_I32: return H5T_STD_I32LE;
     case TD_COL_I64: return H5T_STD_I64LE;
     case TD_COL_F32: return H5T_IEEE_F32LE;

@@ -45,17 +45,6 @@ void td_sampler_free(td_sampler *s)
     free(s);
 }
 
-void td_log_softmax(float *row, int V)
-{
-    float mx = -INFINITY;
-    for (int v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
-    if (mx == -INFINITY) return;
-    double sum = 0;
-    for (int v = 0; v < V; v++) sum += exp((double)row[v] - mx);
-    float lse = (float)(mx + log(sum));
-    for (int v = 0; v < V; v++) row[v] -= lse;
-}
-
 static int by_value_desc(const void *a, const void *b)
 {
     const ranked *x = a, *y = b;

@@ -4,7 +4,9 @@ Every HDF5 dataset of every run file (/tokens, /seqs, /prompts, /layers, ...) mu
 dtype, shape and bytes (NaN payloads included: the raw bytes are compared, not the values); the
 root attributes must match except those that name the time or the output path; every text
 output (tidal-diff summaries, tidal-logprobs) must be byte-identical (but for the throughput line). Exit status 0 only if all
-match. Usage: python tests/house/compare.py BEFORE_DIR AFTER_DIR
+match. Usage: python tests/house/compare.py BEFORE_DIR AFTER_DIR [--new PATH ...]
+--new names datasets (paths in the file, e.g. text/utf8) that a change adds on purpose: AFTER
+may hold them where BEFORE does not; everything BEFORE holds must still be identical.
 """
 import os
 import sys
@@ -43,6 +45,9 @@ def compare_h5(pa, pb):
     bad = []
     with h5py.File(pa, "r") as fa, h5py.File(pb, "r") as fb:
         da, db = datasets(fa), datasets(fb)
+        added = set(db) - set(da)
+        if added <= NEW:
+            db = {k: v for k, v in db.items() if k not in NEW}
         if set(da) != set(db):
             bad.append(f"datasets differ: only before {sorted(set(da) - set(db))}, only after {sorted(set(db) - set(da))}")
         for name in sorted(set(da) & set(db)):
@@ -62,6 +67,7 @@ def compare_h5(pa, pb):
 
 
 BEFORE, AFTER = sys.argv[1].rstrip("/"), sys.argv[2].rstrip("/")
+NEW = set(sys.argv[sys.argv.index("--new") + 1:]) if "--new" in sys.argv else set()
 names = sorted(n for n in os.listdir(BEFORE) if n.endswith((".h5", ".txt")))
 if not names:
     sys.exit(f"{BEFORE}: no run files")

@@ -76,6 +76,27 @@ for m in qwen3 llama mistral; do
   PROMPTS_FOR="$OUT/replay.jsonl" diffrun $m-replay "$MODELS/$m" fp16-train fp8-rollout
 done
 
+# the diff job's other ways through (issue 11's diff split, issue 14's run-file text): shards
+# joined by tidal-merge, a run resumed after its /progress was cut back to its first batch (as a
+# kill leaves it), replays whose dumps carry the trainer's log-probs, tidal-report's text
+for k in 0 1 2; do BATCH=3 diffrun shard$k-of-3 $DEMO bf16-train bf16-infer --shard $k/3 --score-prompt; done
+"$B/tidal-merge" -o "$OUT/merged.h5" --force "$OUT"/shard{0,1,2}-of-3.h5 >"$OUT/merged.txt" 2>/dev/null
+BATCH=3 diffrun resumed $DEMO fp16-train fp16-infer
+.venv/bin/python - "$OUT/resumed.h5" <<'PY'
+import h5py, sys
+with h5py.File(sys.argv[1], "r+") as f:
+    for name in f["progress"]:
+        f["progress"][name].resize((1,))
+PY
+"$B/tidal-diff" --model $DEMO --prompts $PROMPTS --recipe-a fp16-train --recipe-b fp16-infer \
+    --max-new-tokens 24 --batch 3 --seed 1 -o "$OUT/resumed.h5" --resume 2>/dev/null >"$OUT/resumed-2.txt"
+PROMPTS_FOR=datasets/rollouts/trl.jsonl diffrun replay-trl "$MODELS/qwen3" bf16-train fp8-rollout
+PROMPTS_FOR=datasets/rollouts/verl.jsonl diffrun replay-verl "$MODELS/qwen3" bf16-train fp8-rollout --rollout-logprobs processed --temperature 0.7
+for r in demo-bf16 merged resumed replay-trl fp32head; do
+  "$B/tidal-report" "$OUT/$r.h5" >"$OUT/report-$r.txt" 2>/dev/null
+done
+"$B/tidal-report" --json "$OUT/merged.h5" >"$OUT/report-merged-json.txt" 2>/dev/null
+
 # tidal-logprobs (teacher-forced and --decode) under several recipes
 TOK=$(seq -s, 5 3 200)
 for r in fp32 bf16-train bf16-infer fp16-infer fp8-rollout fp8-unified "$OUT/custom.json"; do

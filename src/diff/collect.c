@@ -1,0 +1,170 @@
+/* Metric collection (src/diff/job.h): the two paths' rows and residual streams come in by
+ * position; a finished batch goes out as run-file rows (the schema's columns). */
+#include "job.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Scored positions of a sequence: the response tokens, and prompt tokens 1..P-1 if asked. */
+static int scored(const batch_state *b, int s, int pos)
+{
+    if (pos < 1 || pos >= b->len[s]) return 0;
+    return pos >= b->plen[s] || b->score_prompt;
+}
+
+/* Training-path rows arrive here: row t predicts the token at t+1. */
+void on_row_a(void *user, int s, int t, const float *logp_a)
+{
+    batch_state *b = user;
+    int pos = t + 1;
+    if (!scored(b, s, pos)) return;
+    int y = b->seq[s][pos];
+    td_token_metrics *m = &b->m[s][pos];
+    if (b->replay_b) {
+        if (b->proc) {        /* the engine reported processed log-probs: compare like with like */
+            td_rng rng;
+            td_rng_stream(&rng, 0, 0);
+            td_sample(b->proc, b->sampling, logp_a, b->seq[s], pos, &rng, b->proc_row);
+            logp_a = b->proc_row;
+        }
+        td_token_metrics_replay(logp_a, b->V, y, b->replay_b[s][pos - b->plen[s]], m);
+    } else {
+        td_token_metrics_compute(logp_a, b->rows_b[s] + (size_t)pos * b->V, b->V, y, m);
+    }
+    b->have[s][pos] = 1;
+}
+
+/* Inference-path rows from the rollout (prompt rows with --score-prompt, then every generated
+ * token's), kept by position until the training path has scored the batch. */
+void on_row_b(void *user, int s, int pos, const float *logp_b, float logp_b_proc)
+{
+    batch_state *b = user;
+    memcpy(b->rows_b[s] + (size_t)pos * b->V, logp_b, (size_t)b->V * sizeof(float));
+    b->logp_b_proc[s][pos] = logp_b_proc;
+}
+
+/* --layers: the inference path's residual stream after each layer, kept by position. */
+void on_layer_b(void *user, int l, int N, const int *slot, const int *pos, const float *x)
+{
+    batch_state *b = user;
+    for (int i = 0; i < N; i++)
+        memcpy(b->res_b[slot[i]] + ((size_t)pos[i] * b->L + l) * b->C, x + (size_t)i * b->C,
+               (size_t)b->C * sizeof(float));
+}
+
+/* --layers: the training path's residual at position t against B's: ||h_a - h_b|| / ||h_a||,
+ * recorded for the token at t + 1 that this position predicts. */
+void on_layer_a(void *user, int l, int N, const int *seq, const int *pos, const float *x)
+{
+    batch_state *b = user;
+    for (int i = 0; i < N; i++) {
+        int s = seq[i], t = pos[i];
+        if (!scored(b, s, t + 1)) continue;
+        const float *ha = x + (size_t)i * b->C, *hb = b->res_b[s] + ((size_t)t * b->L + l) * b->C;
+        double num = 0, den = 0;
+        for (int c = 0; c < b->C; c++) {
+            double d = (double)ha[c] - hb[c];
+            num += d * d;
+            den += (double)ha[c] * ha[c];
+        }
+        b->rel[s][(size_t)(t + 1) * b->L + l] = (float)(den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0.0));
+    }
+}
+
+/* One scored token's /tokens row (and its /layers row). */
+static void push_token(job *J, const batch_state *b, const size_t *idx, int s, int pos, int64_t seq_row)
+{
+    const td_token_metrics *m = &b->m[s][pos];
+    td_column *c = J->tcols;
+    td_column_push_i64(&c[TD_TOK_SEQ], seq_row);
+    td_column_push_i32(&c[TD_TOK_POS], pos);
+    td_column_push_i32(&c[TD_TOK_TOKEN], b->seq[s][pos]);
+    td_column_push_f64(&c[TD_TOK_LOGP_A], m->logp_a);
+    td_column_push_f64(&c[TD_TOK_LOGP_B], m->logp_b);
+    td_column_push_f64(&c[TD_TOK_LOGP_B_PROC], b->replay_b ? NAN : b->logp_b_proc[s][pos]);
+    td_column_push_f64(&c[TD_TOK_DLOGP], m->logp_b - m->logp_a);
+    td_column_push_f64(&c[TD_TOK_KL_BA], m->kl_ba);
+    td_column_push_f64(&c[TD_TOK_KL_AB], m->kl_ab);
+    td_column_push_f64(&c[TD_TOK_K3], m->k3);
+    td_column_push_f64(&c[TD_TOK_TV], m->tv);
+    td_column_push_f64(&c[TD_TOK_ENTROPY_A], m->entropy_a);
+    td_column_push_f64(&c[TD_TOK_ENTROPY_B], m->entropy_b);
+    td_column_push_i32(&c[TD_TOK_TOP1_A], m->top1_a);
+    td_column_push_i32(&c[TD_TOK_TOP1_B], m->top1_b);
+    td_column_push_i32(&c[TD_TOK_RANK_A], m->rank_a);
+    td_column_push_i32(&c[TD_TOK_RANK_B], m->rank_b);
+    td_column_push_i8(&c[TD_TOK_IS_PROMPT], pos < b->plen[s]);
+    td_column_push_i32(&c[TD_TOK_STEP], pos - b->plen[s]);   /* generation step; < 0 in the prompt */
+    if (J->prompts.has_trainer_logp) {
+        const float *tr = J->prompts.items[idx[s]].trainer_logp;
+        td_column_push_f64(&c[TD_TOK_LOGP_TRAINER], tr && pos >= b->plen[s] ? tr[pos - b->plen[s]] : NAN);
+    }
+    if (b->L) {
+        if (J->n_layer_rows == J->cap_layer_rows) {
+            J->cap_layer_rows = J->cap_layer_rows ? 2 * J->cap_layer_rows : 1024;
+            J->layer_rows = td_xrealloc(J->layer_rows, J->cap_layer_rows * b->L * sizeof(float));
+        }
+        memcpy(J->layer_rows + J->n_layer_rows * b->L, b->rel[s] + (size_t)pos * b->L, b->L * sizeof(float));
+        J->n_layer_rows++;
+    }
+}
+
+/* A sequence's prompt and response, each decoded on its own (special tokens kept, as the
+ * model saw them), to /text; where they are to its /seqs row. */
+static void push_text(job *J, const batch_state *b, int s)
+{
+    td_column *c = J->scols;
+    td_column_push_i64(&c[TD_SEQ_TEXT_OFFSET], J->rows[TD_GROUP_TEXT] + (int64_t)J->xcols[TD_TXT_UTF8].n);
+    const int32_t *ids[2] = {b->seq[s], b->seq[s] + b->plen[s]};
+    size_t n[2] = {(size_t)b->plen[s], (size_t)(b->len[s] - b->plen[s])};
+    for (int k = 0; k < 2; k++) {
+        size_t len = 0;
+        char *text = td_tokenizer_decode(J->tok, ids[k], n[k], false, &len);
+        if (!text) len = 0;
+        if (len > INT32_MAX) len = INT32_MAX;
+        td_column_push_n(&J->xcols[TD_TXT_UTF8], text, len);
+        td_column_push_i32(&c[k ? TD_SEQ_RESPONSE_TEXT_LEN : TD_SEQ_PROMPT_TEXT_LEN], (int32_t)len);
+        free(text);
+    }
+}
+
+/* Appends a finished batch's rows to the column buffers. */
+void collect(job *J, batch_state *b, const size_t *idx, int64_t batch_no)
+{
+    for (int s = 0; s < b->n; s++) {
+        int64_t seq_row = J->rows[TD_GROUP_SEQS] + s;
+        int64_t first = J->rows[TD_GROUP_TOKENS] + (int64_t)J->tcols[TD_TOK_SEQ].n;
+        double sum = 0, sum_abs = 0, mx = 0, kl = 0, log_ratio = 0;
+        int ns = 0;
+        for (int pos = 1; pos < b->len[s]; pos++) {
+            if (!b->have[s][pos]) continue;
+            const td_token_metrics *m = &b->m[s][pos];
+            double d = m->logp_b - m->logp_a;
+            push_token(J, b, idx, s, pos, seq_row);
+            sum += d;
+            sum_abs += fabs(d);
+            if (fabs(d) > mx) mx = fabs(d);
+            kl += m->kl_ba;
+            if (pos >= b->plen[s]) log_ratio += m->logp_a - m->logp_b;
+            ns++;
+        }
+        td_column *c = J->scols;
+        td_column_push_i64(&c[TD_SEQ_PROMPT_INDEX], (int64_t)idx[s]);
+        td_column_push_i64(&c[TD_SEQ_BATCH], batch_no);
+        td_column_push_i32(&c[TD_SEQ_PROMPT_LEN], b->plen[s]);
+        td_column_push_i32(&c[TD_SEQ_RESPONSE_LEN], b->len[s] - b->plen[s]);
+        td_column_push_i64(&c[TD_SEQ_TOKEN_OFFSET], first);
+        td_column_push_i32(&c[TD_SEQ_N_SCORED], ns);
+        td_column_push_i8(&c[TD_SEQ_FINISH], (int8_t)b->finish[s]);
+        td_column_push_f64(&c[TD_SEQ_SUM_DLOGP], sum);
+        td_column_push_f64(&c[TD_SEQ_MEAN_ABS_DLOGP], ns ? sum_abs / ns : NAN);
+        td_column_push_f64(&c[TD_SEQ_MAX_ABS_DLOGP], mx);
+        td_column_push_f64(&c[TD_SEQ_MEAN_KL_BA], ns ? kl / ns : NAN);
+        td_column_push_f64(&c[TD_SEQ_LOG_RATIO], log_ratio);
+        td_column_push_i64(&c[TD_SEQ_TOKENS_OFFSET], J->rows[TD_GROUP_PROMPTS] + (int64_t)J->pcols[TD_PRM_TOKENS].n);
+        for (int t = 0; t < b->len[s]; t++) td_column_push_i32(&J->pcols[TD_PRM_TOKENS], b->seq[s][t]);
+        if (J->has_text) push_text(J, b, s);
+    }
+}

@@ -1,0 +1,106 @@
+/* The diff job's parts (internal to src/diff): the job, one batch's buffers, and the files
+ * that do each part of the work.
+ *   diff.c         the job: setup, the batch loop (td_diff_run)
+ *   batch.c        one batch's buffers
+ *   collect.c      metric collection: the paths' rows and layers in, run-file rows out
+ *   output.c       the output file: creation and its attributes, committing a batch, --force
+ *   resume.c       --resume: the same run, cut back to its last completed batch
+ *   fingerprint.c  the model's fingerprint
+ *   lora_report.c  a merged adapter's survival
+ *   summary.c      the end-of-run summary (td_diff_summarize)
+ * Generation itself is the paths layer's (src/paths/rollout.c); the columns are the schema's
+ * (src/record/schema.c). */
+#ifndef TIDAL_DIFF_JOB_H
+#define TIDAL_DIFF_JOB_H
+
+#include "tidal/checkpoint.h"
+#include "tidal/diff.h"
+#include "tidal/lora.h"
+#include "tidal/metrics.h"
+#include "tidal/model.h"
+#include "tidal/prompts.h"
+#include "tidal/rollout.h"
+#include "tidal/runschema.h"
+#include "tidal/tokenizer.h"
+#include "columns.h"
+
+/* ---------------------------------------------------------------- one batch */
+
+typedef struct {
+    int n;                    /* sequences in the batch                                   */
+    int V;
+    int **seq;                /* (n) prompt + response tokens                             */
+    int *len, *plen;          /* (n) full and prompt lengths                              */
+    int *finish;              /* (n)                                                      */
+    float **rows_b;           /* (n) B's raw log-softmax rows: (len, V) by position       */
+    float **logp_b_proc;      /* (n) processed log-prob of the token at each position     */
+    const float **replay_b;   /* (n) rollout mode: recorded log-probs of response tokens  */
+    td_sampler *proc;         /* replay of processed log-probs: A's row processed the same way */
+    const td_sampling *sampling;
+    float *proc_row;          /* (V) scratch for it                                       */
+    int score_prompt;
+    td_token_metrics **m;     /* (n) metrics by predicted position (len)                  */
+    unsigned char **have;     /* (n) which positions were scored                          */
+    int L, C;                 /* --layers: layers and hidden size, else L = 0             */
+    float **res_b;            /* (n) B's residual stream: (len, L, C) by position         */
+    float **rel;              /* (n) relative error at each scored position: (len, L)     */
+} batch_state;
+
+/* ---------------------------------------------------------------- the job */
+
+typedef struct {
+    const td_diff_opts *o;
+    td_model *model;
+    td_tokenizer *tok;
+    td_prompt_set prompts;
+    size_t *mine;            /* prompt indices of this shard, in order */
+    size_t n_mine;
+    td_forward *fa;
+    td_session *sb;
+    td_lora *lora;           /* --lora adapter, or NULL */
+    td_sampler *sampler;
+    td_runfile *rf;
+    int max_len;             /* longest prompt + max_new_tokens (context-bounded) */
+    int eos[TD_CONFIG_MAX_EOS];  /* ids that end a sequence: generation_config.json's list, else config.json's */
+    int n_eos;
+    td_column tcols[TD_TOK_COUNT], scols[TD_SEQ_COUNT], pcols[TD_PRM_COUNT], xcols[TD_TXT_COUNT];
+    int has_text;            /* /text: prompt and response text (a tokenizer; --resume: as the file) */
+    float *layer_rows;       /* --layers: (rows, L) of the batch being collected */
+    size_t n_layer_rows, cap_layer_rows;
+    int64_t rows[TD_GROUP_COUNT];   /* rows of each group in the file (completed batches) */
+    /* --force over a finished file: the new run is written to OUT.new.tmp and takes OUT's
+     * place only once it holds a completed batch (or is complete), so a mistake in the new
+     * command (a mistyped prompts file, a model that fails to load) keeps the old result. */
+    int replacing;
+    char write_path[4200];
+} job;
+
+/* batch.c */
+void batch_alloc(batch_state *b, const job *J, const size_t *idx, int n);
+void batch_free(batch_state *b);
+
+/* collect.c: observers of the two paths, and the rows of a finished batch */
+void on_row_a(void *user, int s, int t, const float *logp_a);
+void on_row_b(void *user, int s, int pos, const float *logp_b, float logp_b_proc);
+void on_layer_a(void *user, int l, int N, const int *seq, const int *pos, const float *x);
+void on_layer_b(void *user, int l, int N, const int *slot, const int *pos, const float *x);
+void collect(job *J, batch_state *b, const size_t *idx, int64_t batch_no);
+
+/* output.c */
+int open_output(job *J, td_error *err);
+int commit_batch(job *J, int64_t batch_no, td_error *err);
+int take_place(job *J, int reopen, td_error *err);
+char *sampling_json(const td_diff_opts *o);
+
+/* resume.c: the attributes --resume requires unchanged (keys[i] = vals[i]), then the groups
+ * cut back to the last completed batch; mark_done marks the prompts already in the file */
+int resume_output(job *J, const char *const *keys, const char *const *vals, size_t n, td_error *err);
+int mark_done(job *J, unsigned char *done, td_error *err);
+
+/* fingerprint.c: FNV-1a over config.json and the safetensors headers' bytes and sizes */
+void model_fingerprint(const char *dir, char out[32]);
+
+/* lora_report.c */
+int lora_report(job *J, char path, td_lora_merge_stats st, const td_recipe *r, td_error *err);
+
+#endif

@@ -1,0 +1,70 @@
+/* --resume (src/diff/job.h): the file must be of the same run; groups are cut back to the row
+ * counts /progress recorded after the last completed batch (dropping a batch that was being
+ * written when the run stopped), and the prompts already there are skipped. /text goes on if
+ * the file has it (/progress/text_rows), whatever the tokenizer now says. */
+#include "job.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The attributes that must match for --resume to continue a file. */
+static int check_same(td_runfile *rf, const char *name, const char *want, td_error *err)
+{
+    td_error e2;
+    char *have = td_runfile_get_str(rf, name, &e2);
+    int same = have && !strcmp(have, want);
+    free(have);
+    if (!same)
+        return td_fail(err, "%s: --resume with a different %s than the file was made with; use a new -o", td_runfile_path(rf), name);
+    return 0;
+}
+
+int resume_output(job *J, const char *const *keys, const char *const *vals, size_t n_keys, td_error *err)
+{
+    const char *out = J->o->out_path;
+    J->rf = td_runfile_open(out, 1, err);
+    if (!J->rf) return -1;
+    for (size_t i = 0; i < n_keys; i++)
+        if (check_same(J->rf, keys[i], vals[i], err)) return -1;
+    int64_t nb = td_runfile_rows(J->rf, td_schema_progress[TD_PRG_BATCH].path);
+    /* text as the file has it: a run that began without it goes on without it */
+    if (nb > 0) J->has_text = td_runfile_exists(J->rf, td_schema_progress[TD_PRG_TEXT_ROWS].path);
+    if (J->has_text && !J->tok)
+        return td_fail(err, "%s: the run stores prompt and response text (/text), but %s has no tokenizer.json now "
+                       "to decode the rest with", out, J->o->model_dir);
+    int64_t p[TD_GROUP_COUNT] = {0};
+    for (int g = 0; g < TD_GROUP_COUNT && nb > 0; g++)
+        if ((!td_schema_groups[g].optional || J->has_text) &&
+            td_runfile_read(J->rf, td_schema_groups[g].progress->path, TD_COL_I64, nb - 1, 1, &p[g], err)) return -1;
+    /* the counts come from the file: they must name rows the file holds (they size buffers) */
+    for (int g = 0; g < TD_GROUP_COUNT; g++) {
+        if (td_schema_groups[g].optional && !J->has_text) continue;   /* cut to 0 rows below */
+        const char *held = td_schema_groups[g].count_col->path;
+        int64_t have = td_runfile_rows(J->rf, held);
+        if (nb < 0 || have < 0)
+            return td_fail(err, "%s: %s claims more rows than its storage holds (corrupt file?)", out,
+                           nb < 0 ? td_schema_progress[TD_PRG_BATCH].path : held);
+        if (p[g] < 0 || p[g] > have)
+            return td_fail(err, "%s: /progress says %lld rows of %s are complete but the file holds %lld (corrupt file?)",
+                           out, (long long)p[g], held, (long long)have);
+    }
+    for (int g = 0; g < TD_GROUP_COUNT; g++) {
+        J->rows[g] = p[g];
+        if (td_runfile_truncate_group(J->rf, td_schema_groups[g].name, p[g], err)) return -1;
+        if (g == TD_GROUP_TOKENS && td_runfile_truncate_group(J->rf, TD_SCHEMA_LAYERS, p[g], err)) return -1;  /* rows aligned with /tokens */
+    }
+    return td_runfile_truncate_group(J->rf, TD_SCHEMA_PROGRESS, nb, err);
+}
+
+/* Prompt indices already in the file (resume), as a mark array over the prompts. */
+int mark_done(job *J, unsigned char *done, td_error *err)
+{
+    int64_t n = J->rows[TD_GROUP_SEQS];
+    if (n == 0) return 0;
+    int64_t *idx = td_xmalloc((size_t)n * sizeof(int64_t));
+    int rc = td_runfile_read(J->rf, td_schema_seqs[TD_SEQ_PROMPT_INDEX].path, TD_COL_I64, 0, n, idx, err);
+    for (int64_t i = 0; rc == 0 && i < n; i++)
+        if (idx[i] >= 0 && (size_t)idx[i] < J->prompts.n) done[idx[i]] = 1;
+    free(idx);
+    return rc;
+}
