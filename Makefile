@@ -34,6 +34,9 @@ TOOLS     := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)
 TEST_SRC  := $(wildcard tests/test_*.c)
 TESTS     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 NVTEST_SRC := $(wildcard tests/nv/*.cu)
+# drivers the Python checks and benches run (tests/helpers/NAME.c -> $(BUILD)/tests/helpers/NAME)
+HELPER_SRC := $(wildcard tests/helpers/*.c)
+HELPERS   := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/helpers/%)
 
 HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
 ifeq ($(HAVE_NVCC),1)
@@ -69,6 +72,10 @@ $(BUILD)/bin/%: tools/%.c $(LIB)
 	@mkdir -p $(dir $@) $(BUILD)/dep
 	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) -MF $(BUILD)/dep/$*.d $< -o $@ $(LIB) $(LDLIBS)
 
+$(BUILD)/tests/helpers/%: tests/helpers/%.c $(LIB)
+	@mkdir -p $(dir $@) $(BUILD)/dep
+	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) -MF $(BUILD)/dep/helper-$*.d $< -o $@ $(LIB) $(LDLIBS)
+
 $(BUILD)/tests/%: tests/%.c $(LIB)
 	@mkdir -p $(dir $@) $(BUILD)/dep
 	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) -MF $(BUILD)/dep/$*.d $< -o $@ $(LIB) $(LDLIBS) -lcmocka
@@ -79,7 +86,7 @@ $(BUILD)/tests/nv/%: tests/nv/%.cu $(LIB)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -Iinclude -Xcompiler -fopenmp$(SAN_NV) $< -o $@ $(LIB) -lcmocka -lm -Xlinker -lgomp$(if $(SAN), -Xcompiler $(subst $(space),$(comma),$(strip $(SAN))))
 
-tests: $(TESTS) $(NVTESTS) $(TOOLS)
+tests: $(TESTS) $(NVTESTS) $(TOOLS) $(HELPERS)
 
 check: deps
 	@$(MAKE) --no-print-directory tests
@@ -97,7 +104,7 @@ demo: deps
 	@bash datasets/demo.sh $(BUILD)
 
 bench: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory all $(HELPERS)
 	@BUILD=$(BUILD) bash tests/bench.sh
 
 clean:

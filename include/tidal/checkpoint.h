@@ -42,13 +42,16 @@
 TD_BEGIN_DECLS
 
 /* ---- tensor dtypes (safetensors names "F32", "F16", "BF16", "F8_E4M3") ---- */
-typedef enum { TD_DT_F32 = 0, TD_DT_F16, TD_DT_BF16, TD_DT_F8_E4M3, TD_DT_COUNT } td_dtype;
+typedef enum { TD_DT_F32 = 0, TD_DT_F16, TD_DT_BF16, TD_DT_F8_E4M3, TD_DT_COUNT,
+               /* written only (td_st_writer, raw little-endian int64): integer tensors beside
+                * weights, e.g. the input_ids of a gradient dump; the reader refuses it */
+               TD_DT_I64 = 16 } td_dtype;
 
 const char *td_dtype_name(td_dtype dt);         /* "F32", ...                          */
 int         td_dtype_from_name(const char *s);  /* safetensors name -> td_dtype, or -1 */
 /* Also accepts the tool spellings "f32", "fp32", "bf16", "f16", "fp16", "e4m3", "fp8"; -1 if unknown. */
 int         td_dtype_parse(const char *s);
-size_t      td_dtype_size(td_dtype dt);         /* bytes per element: 4, 2, 2, 1       */
+size_t      td_dtype_size(td_dtype dt);         /* bytes per element: 4, 2, 2, 1 (I64: 8) */
 td_format   td_dtype_format(td_dtype dt);       /* the td_format that decodes it       */
 
 #define TD_MAX_DIMS 8

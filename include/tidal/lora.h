@@ -85,6 +85,14 @@ int td_lora_init_random(const char *dir, const td_config *cfg, int rank, double 
                         unsigned modules, double std, uint64_t seed, const char *base_model,
                         const char *command, td_error *err);
 
+/* An adapter of rank r on `modules` of every layer, A and B zero (one allocation, pairs in
+ * layer, module order, A then B): for trainers and writers to fill. scale = alpha / r. */
+td_lora *td_lora_new(const td_config *cfg, int rank, double alpha, unsigned modules);
+/* Writes lo as PEFT's save_pretrained does (adapter_config.json, adapter_model.safetensors
+ * in F32); td_lora_load reads it back. Refuses adapters whose layers differ in what they adapt. */
+int td_lora_save(const td_lora *lo, const td_config *cfg, const char *dir, const char *base_model,
+                 const char *command, td_error *err);
+
 /* What a merge kept (see above); merged = 0 when the structure has no merged adapter. */
 typedef struct {
     int merged;

@@ -31,8 +31,8 @@
 
 static inline td_format act_of(const td_ops *ctx) { return ctx->recipe ? ctx->recipe->activations : TD_F32; }
 
-/* x rounded to the activations dtype (an op boundary) */
-static void act_round(const td_ops *ctx, float *x, size_t n)
+/* x rounded to the activations dtype (an op boundary; the backward's input gradients too) */
+void act_round(const td_ops *ctx, float *x, size_t n)
 {
     td_format f = act_of(ctx);
     if (f == TD_F32) return;
@@ -360,4 +360,12 @@ const td_backend td_backend_cpu = {
     .residual_forward = residual_cpu,
     .scale_forward = scale_cpu,
     .logsoftmax_forward = logsoftmax_cpu,
+    /* the backward (cpu_backward.c) */
+    .embedding_backward = embedding_backward_cpu,
+    .rmsnorm_backward = rmsnorm_backward_cpu,
+    .matmul_backward = matmul_backward_cpu,
+    .rope_backward = rope_backward_cpu,
+    .attention_backward = attention_backward_cpu,
+    .swiglu_backward = swiglu_backward_cpu,
+    .logsoftmax_backward = logsoftmax_backward_ref,  /* fp32 over fp32 log-probs */
 };

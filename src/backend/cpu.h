@@ -6,6 +6,36 @@
 
 #include "../model/ops.h"
 
+#include <stdint.h>
+
+/* e^x for x in any float range: 2^n * e^r with n = round(x/ln2), |r| <= ln2/2, and the Cephes
+ * expf minimax polynomial for e^r. Clamped to the normal range (e^-87.3 .. e^88.3). */
+static inline __attribute__((always_inline)) float td_expf(float x)
+{
+    x = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } scale;
+    scale.i = ((int32_t)n + 127) << 23;
+    return p * scale.f;
+}
+
+/* Inner loops of the elementwise ops, compiled twice (AVX2+FMA and the build's baseline) and
+ * picked at load time by the CPU: the build targets x86-64-v2, where these loops run at half
+ * width. FMA contraction makes the AVX2 results differ from the baseline's in the last bit. */
+#define TD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+
+/* Files whose loops call td_expf add #pragma GCC optimize("no-trapping-math") (cpu_ref.c says
+ * why). */
+
 void cpu_init(td_ops *ctx);   /* one OpenMP pool, OpenBLAS single-threaded inside it */
 
 void embedding_forward_ref(const td_ops *ctx, float *out, const int *tokens, const float *embed,
@@ -26,6 +56,64 @@ void residual_forward_ref(const td_ops *ctx, float *out, const float *inp1, cons
                           size_t n);
 void scale_forward_ref(const td_ops *ctx, float *x, float s, size_t n);
 void logsoftmax_forward_ref(const td_ops *ctx, float *x, int N, int V);
+
+/* The backward reference forms (cpu_backward_ref.c), and the pieces the recipe forms share:
+ * the same maths with a rounding format D for what the op feeds its GEMMs (F32: none). */
+void embedding_backward_ref(const td_ops *ctx, float *dembed, const float *dout,
+                            const int *tokens, int N, int C);
+void rmsnorm_backward_ref(const td_ops *ctx, float *dinp, float *dweight, const float *dout,
+                          const float *inp, const float *weight, const float *rstd, int N, int C);
+void matmul_backward_ref(const td_ops *ctx, float *dinp, float *dweight, float *dbias,
+                         const float *dout, const float *inp, const float *weight, int N, int IN,
+                         int OUT);
+void rope_backward_ref(const td_ops *ctx, float *dx, const int *pos, const float *inv_freq, int N,
+                       int nheads, int HD);
+void rope_backward_rounded(const td_ops *ctx, td_format D, float *dx, const int *pos,
+                           const float *inv_freq, int N, int nheads, int HD);
+void attention_backward_ref(const td_ops *ctx, float *dq, float *dk, float *dv, const float *dout,
+                            const float *q, const float *k, const float *v, const float *out,
+                            const float *lse, const int *pos, int N, int NH, int NKV, int HD,
+                            float *scratch, int max_keys);
+void attention_backward_rounded(const td_ops *ctx, td_format D, float *dq, float *dk, float *dv,
+                                const float *dout, const float *q, const float *k,
+                                const float *v, const float *out, const float *lse,
+                                const int *pos, int N, int NH, int NKV, int HD, float *scratch,
+                                int max_keys);
+void swiglu_backward_ref(const td_ops *ctx, float *dgate, float *dup, const float *dout,
+                         const float *gate, const float *up, int N, int F);
+void logsoftmax_backward_ref(const td_ops *ctx, float *dx, const float *logp, const int *target,
+                             const float *dlogp, int N, int V);
+/* Threaded accumulating GEMMs (row-major): C (M, N) += alpha * op(A) . op(B) with
+ *   nn: A (M, K), B (K, N);   tn: A (K, M) transposed;   nt: B (N, K) transposed. */
+void gemm_nn_acc(const td_ops *ctx, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float *C, int ldc);
+void gemm_tn_acc(const td_ops *ctx, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float *C, int ldc);
+void gemm_nt_acc(const td_ops *ctx, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float *C, int ldc);
+/* db (OUT) += column sums of dout (N, OUT) */
+void bias_grad_acc(const td_ops *ctx, float *db, const float *dout, int N, int OUT);
+
+/* x (n) rounded in place to the context recipe's activations dtype (cpu.c): what an op writes
+ * at a kernel boundary, forward or backward. */
+void act_round(const td_ops *ctx, float *x, size_t n);
+
+/* The recipe forms of the backward ops (cpu_backward.c), entries of td_backend_cpu. */
+void embedding_backward_cpu(const td_ops *ctx, float *dembed, const float *dout,
+                            const int *tokens, int N, int C);
+void rmsnorm_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, const float *dout,
+                          const float *inp, const float *weight, const float *rstd, int N, int C);
+void matmul_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, float *dbias,
+                         const float *dout, const float *inp, const float *weight, int N, int IN,
+                         int OUT);
+void rope_backward_cpu(const td_ops *ctx, float *dx, const int *pos, const float *inv_freq, int N,
+                       int nheads, int HD);
+void attention_backward_cpu(const td_ops *ctx, float *dq, float *dk, float *dv, const float *dout,
+                            const float *q, const float *k, const float *v, const float *out,
+                            const float *lse, const int *pos, int N, int NH, int NKV, int HD,
+                            float *scratch, int max_keys);
+void swiglu_backward_cpu(const td_ops *ctx, float *dgate, float *dup, const float *dout,
+                         const float *gate, const float *up, int N, int F);
 
 /* How GEMMs are cut for threads (fp32 and recipe GEMMs alike): the output columns, laid end
  * to end over the products of one call, are cut into fixed tiles of TD_GEMM_TILE columns, each

@@ -18,6 +18,10 @@
 #include <omp.h>
 #include <string.h>
 
+/* tidal never inspects floating-point exception flags; without this, GCC will not if-convert
+ * the clamp in td_expf (a comparison may raise "invalid") and leaves the exp loops scalar. */
+#pragma GCC optimize("no-trapping-math")
+
 void cpu_init(td_ops *ctx)
 {
     /* OpenBLAS threading is process-global; single-threaded BLAS called from OpenMP slices. */
@@ -25,35 +29,6 @@ void cpu_init(td_ops *ctx)
     ctx->nthreads = omp_get_max_threads();
     if (ctx->nthreads < 1) ctx->nthreads = 1;
 }
-
-/* e^x for x in any float range: 2^n * e^r with n = round(x/ln2), |r| <= ln2/2, and the Cephes
- * expf minimax polynomial for e^r. Clamped to the normal range (e^-87.3 .. e^88.3). */
-static inline __attribute__((always_inline)) float td_expf(float x)
-{
-    x = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union { int32_t i; float f; } scale;
-    scale.i = ((int32_t)n + 127) << 23;
-    return p * scale.f;
-}
-
-/* Inner loops of the elementwise ops, compiled twice (AVX2+FMA and the build's baseline) and
- * picked at load time by the CPU: the build targets x86-64-v2, where these loops run at half
- * width. FMA contraction makes the AVX2 results differ from the baseline's in the last bit. */
-#define TD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-
-/* tidal never inspects floating-point exception flags; without this, GCC will not if-convert
- * the clamp in td_expf (a comparison may raise "invalid") and leaves the exp loops scalar. */
-#pragma GCC optimize("no-trapping-math")
 
 TD_CLONES static float span_max(const float *x, size_t n)
 {

@@ -15,8 +15,16 @@ static const struct {
     [TD_DT_F8_E4M3] = {"F8_E4M3", 1, TD_E4M3},
 };
 
-const char *td_dtype_name(td_dtype dt) { return (unsigned)dt < TD_DT_COUNT ? dtypes[dt].name : "?"; }
-size_t td_dtype_size(td_dtype dt) { return (unsigned)dt < TD_DT_COUNT ? dtypes[dt].size : 0; }
+const char *td_dtype_name(td_dtype dt)
+{
+    if (dt == TD_DT_I64) return "I64";
+    return (unsigned)dt < TD_DT_COUNT ? dtypes[dt].name : "?";
+}
+size_t td_dtype_size(td_dtype dt)
+{
+    if (dt == TD_DT_I64) return 8;
+    return (unsigned)dt < TD_DT_COUNT ? dtypes[dt].size : 0;
+}
 td_format td_dtype_format(td_dtype dt) { return (unsigned)dt < TD_DT_COUNT ? dtypes[dt].format : TD_F32; }
 
 int td_dtype_from_name(const char *s)

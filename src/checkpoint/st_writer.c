@@ -57,7 +57,7 @@ int td_st_writer_declare(td_st_writer *w, const char *name, td_dtype dt, int ndi
                          td_error *err)
 {
     if (w->fd >= 0) return td_fail(err, "%s: tensor '%s' declared after writing started", w->path, name);
-    if ((unsigned)dt >= TD_DT_COUNT) return td_fail(err, "%s: tensor '%s': bad dtype", w->path, name);
+    if ((unsigned)dt >= TD_DT_COUNT && dt != TD_DT_I64) return td_fail(err, "%s: tensor '%s': bad dtype", w->path, name);
     if (ndim < 0 || ndim > TD_MAX_DIMS) return td_fail(err, "%s: tensor '%s': %d dimensions", w->path, name, ndim);
     if (strcmp(name, "__metadata__") == 0 || !*name) return td_fail(err, "%s: bad tensor name '%s'", w->path, name);
     for (size_t i = 0; i < w->n; i++)
@@ -98,13 +98,13 @@ int td_st_writer_begin(td_st_writer *w, td_error *err)
 {
     if (w->fd >= 0) return td_fail(err, "%s: begin called twice", w->path);
     /* Layout: widest element size first, declaration order within a size (a stable selection
-     * over the 3 sizes), contiguous: every tensor then starts at a multiple of its element
+     * over the 4 sizes), contiguous: every tensor then starts at a multiple of its element
      * size because everything before it is a multiple of that size. */
     size_t off = 0;
     json_t *h = json_object();
     json_object_set(h, "__metadata__", w->meta);
-    static const size_t sizes[] = {4, 2, 1};
-    for (int s = 0; s < 3; s++)
+    static const size_t sizes[] = {8, 4, 2, 1};
+    for (int s = 0; s < 4; s++)
         for (size_t i = 0; i < w->n; i++) {
             wtensor *t = &w->t[i];
             if (td_dtype_size(t->dtype) != sizes[s]) continue;
@@ -167,6 +167,7 @@ int td_st_writer_write_f32(td_st_writer *w, const char *name, const float *x, si
 {
     wtensor *t = lookup(w, name, err);
     if (!t) return -1;
+    if (t->dtype == TD_DT_I64) return td_fail(err, "%s: tensor '%s' is I64: write it raw", w->path, name);
     size_t es = td_dtype_size(t->dtype);
     enum { CH = 1 << 14 };
     uint32_t buf[CH];

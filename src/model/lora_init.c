@@ -39,58 +39,108 @@ static int write_config(const char *path, int rank, double alpha, unsigned modul
     return 0;
 }
 
+td_lora *td_lora_new(const td_config *cfg, int rank, double alpha, unsigned modules)
+{
+    int L = cfg->num_layers;
+    td_lora *lo = td_xcalloc(1, sizeof *lo);
+    lo->rank = rank;
+    lo->alpha = alpha;
+    lo->scale = (float)(alpha / rank);
+    lo->num_layers = L;
+    lo->modules = modules;
+    lo->pairs = td_xcalloc((size_t)L * TD_LORA_NMOD, sizeof *lo->pairs);
+    size_t total = 0;
+    for (int l = 0; l < L; l++)
+        for (int m = 0; m < TD_LORA_NMOD; m++)
+            if (modules & (1u << m)) {
+                int out, in;
+                td_lora_module_shape(cfg, m, &out, &in);
+                total += ((size_t)out + in) * rank;
+            }
+    lo->owned = td_xcalloc(total ? total : 1, sizeof(float));
+    float *p = lo->owned;
+    for (int l = 0; l < L; l++)
+        for (int m = 0; m < TD_LORA_NMOD; m++) {
+            if (!(modules & (1u << m))) continue;
+            td_lora_pair *pr = &lo->pairs[l * TD_LORA_NMOD + m];
+            td_lora_module_shape(cfg, m, &pr->out, &pr->in);
+            pr->a = p;
+            p += (size_t)rank * pr->in;
+            pr->b = p;
+            p += (size_t)pr->out * rank;
+            lo->n_adapted++;
+        }
+    return lo;
+}
+
+static void tensor_name(char *name, size_t size, int l, int m, int ab)
+{
+    snprintf(name, size, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l, module_parent(m),
+             td_lora_module_name(m), ab ? 'B' : 'A');
+}
+
+int td_lora_save(const td_lora *lo, const td_config *cfg, const char *dir, const char *base_model,
+                 const char *command, td_error *err)
+{
+    /* adapter_config.json names target modules for every layer: refuse a per-layer pattern */
+    for (int l = 0; l < lo->num_layers; l++)
+        for (int m = 0; m < TD_LORA_NMOD; m++)
+            if (!lo->pairs[l * TD_LORA_NMOD + m].a != !(lo->modules & (1u << m)))
+                return td_fail(err, "%s: adapter adapts %s in some layers only (layers_to_transform "
+                               "is not written)", dir, td_lora_module_name(m));
+    if (lo->rslora) return td_fail(err, "%s: use_rslora adapters are not written", dir);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return td_fail(err, "%s: cannot create directory: %s", dir, strerror(errno));
+    char path[4096], name[160];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    td_st_writer *w = td_st_writer_new(path);
+    int rc = -1;
+    if (td_st_writer_meta(w, "tidal_command", command ? command : "", err)) goto out;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && td_st_writer_begin(w, err)) goto out;
+        for (int l = 0; l < cfg->num_layers; l++)
+            for (int m = 0; m < TD_LORA_NMOD; m++) {
+                const td_lora_pair *pr = &lo->pairs[l * TD_LORA_NMOD + m];
+                if (!pr->a) continue;
+                for (int ab = 0; ab < 2; ab++) {
+                    tensor_name(name, sizeof name, l, m, ab);
+                    int64_t shape[2] = {ab ? pr->out : lo->rank, ab ? lo->rank : pr->in};
+                    if (pass == 0 ? td_st_writer_declare(w, name, TD_DT_F32, 2, shape, err)
+                                  : td_st_writer_write_f32(w, name, ab ? pr->b : pr->a,
+                                                           (size_t)shape[0] * shape[1], err))
+                        goto out;
+                }
+            }
+    }
+    if (td_st_writer_finish(w, err)) goto out;
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    rc = write_config(path, lo->rank, lo->alpha, lo->modules, base_model, err);
+out:
+    td_st_writer_free(w);
+    return rc;
+}
+
 int td_lora_init_random(const char *dir, const td_config *cfg, int rank, double alpha, unsigned modules,
                         double std, uint64_t seed, const char *base_model, const char *command, td_error *err)
 {
     if (rank < 1 || !(alpha > 0) || !(std >= 0) || modules == 0 || modules >= 1u << TD_LORA_NMOD)
         return td_fail(err, "%s: bad adapter parameters (rank %d, alpha %g, std %g, %s)", dir, rank, alpha, std,
                        modules ? "modules" : "no target modules");
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return td_fail(err, "%s: cannot create directory: %s", dir, strerror(errno));
-    char path[4096];
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-    td_st_writer *w = td_st_writer_new(path);
-    if (!w) return td_fail(err, "%s: cannot create: %s", path, strerror(errno));
-    int rc = -1;
-    float *buf = NULL;
-    char name[160];
-    if (td_st_writer_meta(w, "tidal_command", command ? command : "", err)) goto out;
-    size_t maxn = 0;
-    for (int l = 0; l < cfg->num_layers; l++)
-        for (int m = 0; m < TD_LORA_NMOD; m++) {
-            if (!(modules & (1u << m))) continue;
-            int out, in;
-            td_lora_module_shape(cfg, m, &out, &in);
-            int64_t sa[2] = {rank, in}, sb[2] = {out, rank};
-            snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", l, module_parent(m), td_lora_module_name(m));
-            if (td_st_writer_declare(w, name, TD_DT_F32, 2, sa, err)) goto out;
-            snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", l, module_parent(m), td_lora_module_name(m));
-            if (td_st_writer_declare(w, name, TD_DT_F32, 2, sb, err)) goto out;
-            size_t n = (size_t)(out > in ? out : in) * rank;
-            if (n > maxn) maxn = n;
-        }
-    if (td_st_writer_begin(w, err)) goto out;
-    buf = td_xmalloc(maxn * sizeof(float));
+    /* tensor t (layer, module, A then B) draws from td_rng_stream(seed, t) */
+    td_lora *lo = td_lora_new(cfg, rank, alpha, modules);
     uint64_t t = 0;
     for (int l = 0; l < cfg->num_layers; l++)
         for (int m = 0; m < TD_LORA_NMOD; m++) {
-            if (!(modules & (1u << m))) continue;
-            int out, in;
-            td_lora_module_shape(cfg, m, &out, &in);
+            td_lora_pair *pr = &lo->pairs[l * TD_LORA_NMOD + m];
+            if (!pr->a) continue;
             for (int ab = 0; ab < 2; ab++, t++) {
-                size_t n = (size_t)(ab ? out : in) * rank;
+                size_t n = (size_t)(ab ? pr->out : pr->in) * rank;
+                float *x = (float *)(ab ? pr->b : pr->a);
                 td_rng r;
                 td_rng_stream(&r, seed, t);
-                for (size_t i = 0; i < n; i++) buf[i] = (float)(std * td_rng_normal(&r));
-                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l, module_parent(m),
-                         td_lora_module_name(m), ab ? 'B' : 'A');
-                if (td_st_writer_write_f32(w, name, buf, n, err)) goto out;
+                for (size_t i = 0; i < n; i++) x[i] = (float)(std * td_rng_normal(&r));
             }
         }
-    if (td_st_writer_finish(w, err)) goto out;
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    rc = write_config(path, rank, alpha, modules, base_model, err);
-out:
-    td_st_writer_free(w);
-    free(buf);
+    int rc = td_lora_save(lo, cfg, dir, base_model, command, err);
+    td_lora_free(lo);
     return rc;
 }

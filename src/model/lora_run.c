@@ -82,3 +82,23 @@ void lora_forward(const td_ops *ops, int layer, int module, float *y, const floa
     scale_forward(ops, rt->u, rt->scale, n);    /* D(scale * u)          */
     residual_forward(ops, y, y, rt->u, n);      /* y = D(y + D(scale u)) */
 }
+
+void lora_backward(const td_ops *ops, int layer, int module, float *dx, const float *dy,
+                   const float *x, int N, const lora_grad *lg, float *scratch)
+{
+    const lora_rt *rt = ops->lora;
+    if (!rt) return;
+    const td_lora_pair *p = &rt->pairs[layer * TD_LORA_NMOD + module];
+    if (!p->a) return;
+    const lora_grad *g = &lg[layer * TD_LORA_NMOD + module];
+    td_ops lo = td_ops_gemm(ops, &rt->recipe, rt->qin, NULL);
+    int r = rt->rank;
+    size_t nr = (size_t)N * r, nout = (size_t)N * p->out;
+    float *t = scratch, *dt = scratch + nr, *du = scratch + 2 * nr;
+    matmul_forward(&lo, t, x, p->a, NULL, N, p->in, r);          /* t = D(A x), as the forward */
+    memcpy(du, dy, nout * sizeof(float));
+    scale_forward(ops, du, rt->scale, nout);                      /* du = D(scale dy)           */
+    memset(dt, 0, nr * sizeof(float));
+    matmul_backward(&lo, dt, g->db, NULL, du, t, p->b, N, r, p->out);
+    matmul_backward(&lo, dx, g->da, NULL, dt, x, p->a, N, p->in, r);
+}

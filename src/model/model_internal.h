@@ -91,6 +91,19 @@ const td_acts *forward_acts(const td_forward *f);
 /* Runs the ops through another backend table: an observer wrapping the CPU's op entries
  * (src/analysis/headroom.c), whose memory calls are the CPU's. */
 void forward_set_backend(td_forward *f, const td_backend *be);
+/* The rows of the micro-batch a trainer runs: how many, the ops context they ran under, and
+ * each row's token, position and sequence index (valid until the next call). */
+typedef struct {
+    int N;
+    const td_ops *ops;
+    const int *tok, *pos, *row_seq;
+} td_forward_rows;
+/* Packs sequences 0..nseq-1 (validated by the caller, total length <= max_tokens, each at most
+ * max_seq_len) into one micro-batch and runs the decoder (no lm_head): a->xn then holds the
+ * final-normed hidden states, and with forward_keep_activations every layer's activations.
+ * Returns the number of rows. */
+int forward_decoder(td_forward *f, int nseq, const int *const *tokens, const int *lens,
+                    td_forward_rows *rows);
 
 /* logits (N, V) = lm_head(h (N, C)), then log-softmax in place unless raw. */
 void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N,
@@ -114,6 +127,47 @@ void lora_rt_free(lora_rt *rt);
 /* y (N, out) += the LoRA branch of projection `module` of `layer` on its input x (N, in);
  * nothing when ops has no adapter or this projection is not adapted. */
 void lora_forward(const td_ops *ops, int layer, int module, float *y, const float *x, int N);
+
+/* The gradient of one LoRA pair: dA (r, in), dB (out, r); NULL when not adapted. */
+typedef struct {
+    float *da, *db;
+} lora_grad;
+
+/* y += scale B(A x) of projection `module` in `layer`, backwards (nothing without an adapter,
+ * or when this projection is not adapted): with t = D(A x) recomputed and du = D(scale dy),
+ *   dB += du^T t,   dt = du B,   dA += dt^T x,   dx += dt A.
+ * lg: (L, TD_LORA_NMOD) gradients; scratch: N * (2 r + max(out)) floats. */
+void lora_backward(const td_ops *ops, int layer, int module, float *dx, const float *dy,
+                   const float *x, int N, const lora_grad *lg, float *scratch);
+
+/* The backward's working buffers for up to cap rows (decoder_backward.c). */
+typedef struct {
+    const td_backend *be;
+    float *dx;          // (cap, C)   gradient of the residual stream
+    float *dxn;         // (cap, C)   gradient of a norm output (on entry: of the final norm's)
+    float *dq, *dq_raw; // (cap, NH*HD)   after RoPE, before q-norm
+    float *dk, *dk_raw; // (cap, NKV*HD)
+    float *dv;          // (cap, NKV*HD)
+    float *datt;        // (cap, NH*HD)   attention output
+    float *dact, *dgate, *dup;   // (cap, F)
+    float *att_scratch; // (nthreads, 2, ATT_BLOCK, max_keys)
+    float *lora;        // (cap, 2 r + max width)  LoRA backward scratch, NULL without LoRA
+    void *owned[16];
+    int nowned;
+} td_grad_acts;
+
+void grad_acts_alloc(td_grad_acts *g, const td_config *c, const td_ops *ops, int cap, int max_keys,
+                     int lora_rank);
+void grad_acts_free(td_grad_acts *g);
+
+/* The backward of decoder_forward over the N rows of the activations a kept (save = 1),
+ * tokens/pos as the forward had them: ga->dxn holds on entry the gradient of the final norm's
+ * output (N, C). Accumulates into grads (carved like td_model_weights, writable; NULL entries
+ * frozen) and, with an unmerged adapter in ops, into lg. Leaves the gradient of the embedding
+ * output in ga->dx. */
+void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td_grad_acts *ga,
+                      td_model_weights *grads, const lora_grad *lg, const int *tokens,
+                      const int *pos, int N);
 
 /* What a structure keeps for its recipe: the recipe, its rounded weights and GEMM scratch. */
 typedef struct {

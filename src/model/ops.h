@@ -14,6 +14,16 @@
  *
  * Optional outputs a backward needs (rstd of RMSNorm, log-sum-exp of attention) are pointers
  * that may be NULL: the forward-only paths pass NULL and pay nothing.
+ *
+ * Backward ops (`op_backward`, paired with `op_forward` as in llm.c): gradients of the inputs
+ * first, then the gradient of the output, then what the forward saw. Every input gradient is
+ * ACCUMULATED (+=, callers zero them), so a tensor read by several ops (the residual stream,
+ * the norm output read by q/k/v) collects each op's share, and a tied lm_head/embedding shares
+ * one buffer. A NULL gradient pointer is not computed (a frozen weight under LoRA).
+ * Under a recipe the backward mirrors the forward's precision (cpu_backward.c): GEMM operands
+ * (grad-outputs included) rounded to the GEMM input format, fp32 accumulation and reductions,
+ * input gradients rounded to the activations dtype where the op writes them, weight gradients
+ * accumulated in fp32.
  * Shapes use the letters of config.h; N is a number of token rows.
  */
 #ifndef TIDAL_MODEL_OPS_H
@@ -74,6 +84,25 @@ struct td_backend {
                              size_t n);
     void (*scale_forward)(const td_ops *ctx, float *x, float s, size_t n);
     void (*logsoftmax_forward)(const td_ops *ctx, float *x, int N, int V);
+
+    void (*embedding_backward)(const td_ops *ctx, float *dembed, const float *dout,
+                               const int *tokens, int N, int C);
+    void (*rmsnorm_backward)(const td_ops *ctx, float *dinp, float *dweight, const float *dout,
+                             const float *inp, const float *weight, const float *rstd, int N,
+                             int C);
+    void (*matmul_backward)(const td_ops *ctx, float *dinp, float *dweight, float *dbias,
+                            const float *dout, const float *inp, const float *weight, int N,
+                            int IN, int OUT);
+    void (*rope_backward)(const td_ops *ctx, float *dx, const int *pos, const float *inv_freq,
+                          int N, int nheads, int HD);
+    void (*attention_backward)(const td_ops *ctx, float *dq, float *dk, float *dv,
+                               const float *dout, const float *q, const float *k, const float *v,
+                               const float *out, const float *lse, const int *pos, int N, int NH,
+                               int NKV, int HD, float *scratch, int max_keys);
+    void (*swiglu_backward)(const td_ops *ctx, float *dgate, float *dup, const float *dout,
+                            const float *gate, const float *up, int N, int F);
+    void (*logsoftmax_backward)(const td_ops *ctx, float *dx, const float *logp,
+                                const int *target, const float *dlogp, int N, int V);
 };
 
 extern const td_backend td_backend_cpu;   /* src/backend/cpu.c */
@@ -188,6 +217,80 @@ static inline void scale_forward(const td_ops *ctx, float *x, float s, size_t n)
 static inline void logsoftmax_forward(const td_ops *ctx, float *x, int N, int V)
 {
     ctx->be->logsoftmax_forward(ctx, x, N, V);
+}
+
+/* ---- the backward ops (see the top of this file: input gradients accumulate) ------------- */
+
+/* dembed[tokens[i]] += dout[i], rows (N, C). */
+static inline void embedding_backward(const td_ops *ctx, float *dembed, const float *dout,
+                                      const int *tokens, int N, int C)
+{
+    ctx->be->embedding_backward(ctx, dembed, dout, tokens, N, C);
+}
+
+/* RMSNorm y = x * rstd * w with the forward's rstd: xhat = x * rstd, g = dy * w,
+ *   dinp += rstd * (g - xhat * mean_c(g * xhat)),   dweight += sum_rows dy * xhat. */
+static inline void rmsnorm_backward(const td_ops *ctx, float *dinp, float *dweight,
+                                    const float *dout, const float *inp, const float *weight,
+                                    const float *rstd, int N, int C)
+{
+    ctx->be->rmsnorm_backward(ctx, dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+
+/* out = inp @ weight^T + bias:  dinp (N, IN) += dout (N, OUT) @ weight (OUT, IN),
+ * dweight (OUT, IN) += dout^T @ inp, dbias (OUT) += sum_rows dout. Any of the three may be NULL.
+ * The weight is the one the forward multiplied (the recipe's rounded copy). */
+static inline void matmul_backward(const td_ops *ctx, float *dinp, float *dweight, float *dbias,
+                                   const float *dout, const float *inp, const float *weight,
+                                   int N, int IN, int OUT)
+{
+    ctx->be->matmul_backward(ctx, dinp, dweight, dbias, dout, inp, weight, N, IN, OUT);
+}
+
+/* RoPE is a rotation per pair (k, k + HD/2): its gradient is the inverse rotation, in place on
+ * dx (N, nheads, HD): dx[k] <- dx[k] cos a + dx[k+HD/2] sin a, dx[k+HD/2] <- dx[k+HD/2] cos a
+ * - dx[k] sin a. */
+static inline void rope_backward(const td_ops *ctx, float *dx, const int *pos,
+                                 const float *inv_freq, int N, int nheads, int HD)
+{
+    ctx->be->rope_backward(ctx, dx, pos, inv_freq, N, nheads, HD);
+}
+
+/* Causal GQA attention of packed whole sequences (teacher forcing: row i's own key/value at
+ * row i, rows of one sequence consecutive with positions 0, 1, ...). P is recomputed from the
+ * saved q, k and log-sum-exp (FlashAttention-2's backward): P = exp(q.k / sqrt(HD) - lse),
+ *   dv += P^T dout,  dP = dout v^T,  D_i = sum_c dout * out,  dS = P (dP - D_i),
+ *   dq += dS k / sqrt(HD),  dk += dS^T q / sqrt(HD)   (k/v gradients summed over the group).
+ * scratch: (nthreads, 2, ATT_BLOCK, max_keys) floats. */
+static inline void attention_backward(const td_ops *ctx, float *dq, float *dk, float *dv,
+                                      const float *dout, const float *q, const float *k,
+                                      const float *v, const float *out, const float *lse,
+                                      const int *pos, int N, int NH, int NKV, int HD,
+                                      float *scratch, int max_keys)
+{
+    ctx->be->attention_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse, pos, N, NH, NKV, HD,
+                                scratch, max_keys);
+}
+
+/* out = silu(g) * u: dgate += dout * u * s (1 + g (1 - s)) with s = sigmoid(g),
+ * dup += dout * silu(g). */
+static inline void swiglu_backward(const td_ops *ctx, float *dgate, float *dup,
+                                   const float *dout, const float *gate, const float *up, int N,
+                                   int F)
+{
+    ctx->be->swiglu_backward(ctx, dgate, dup, dout, gate, up, N, F);
+}
+
+/* The gradient of the logits (N, V) when the loss sees only each row's target log-prob:
+ * L = sum_i f_i(logp[i, target[i]]) with dlogp[i] = dL/dlogp[i, target[i]] (cross-entropy:
+ * -1 / #targets; a policy gradient: -advantage * weight / normaliser). Then
+ *   dx[i, j] = dlogp[i] * (1[j == target[i]] - exp(logp[i, j])).
+ * Writes (not accumulates) dx; dx == logp allowed (in place over the log-softmax rows).
+ * A row with dlogp 0 (no target, masked) gets zeros. */
+static inline void logsoftmax_backward(const td_ops *ctx, float *dx, const float *logp,
+                                       const int *target, const float *dlogp, int N, int V)
+{
+    ctx->be->logsoftmax_backward(ctx, dx, logp, target, dlogp, N, V);
 }
 
 #endif

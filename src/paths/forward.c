@@ -52,13 +52,11 @@ void td_forward_free(td_forward *f)
     free(f);
 }
 
-/* Sequences s0 .. s1-1 (already validated, total length <= max_tokens) in one micro-batch. */
-static void run_micro_batch(td_forward *f, int s0, int s1, const int *const *tokens,
-                            const int *lens, float *const *logp, td_row_fn row_fn, void *user)
+/* Sequences s0 .. s1-1 (already validated, total length <= max_tokens) packed row after row
+ * and run through the decoder; returns the number of rows. */
+static int decode_packed(td_forward *f, int s0, int s1, const int *const *tokens, const int *lens)
 {
-    const td_model *m = f->m;
-    int V = m->cfg.vocab_size;
-    size_t KVD = (size_t)m->cfg.num_kv_heads * m->cfg.head_dim;
+    size_t KVD = (size_t)f->m->cfg.num_kv_heads * f->m->cfg.head_dim;
     int N = 0;
     for (int s = s0; s < s1; s++) {
         for (int t = 0; t < lens[s]; t++) {
@@ -73,7 +71,17 @@ static void run_micro_batch(td_forward *f, int s0, int s1, const int *const *tok
     size_t stride = f->acts.save ? (size_t)f->acts.cap * KVD : 0;
     td_kv_store kv = {f->acts.k, f->acts.v, stride};
     f->ops.row_seq = f->row_seq;
-    decoder_forward(&f->ops, m, &f->acts, f->tok, f->pos, N, &kv);
+    decoder_forward(&f->ops, f->m, &f->acts, f->tok, f->pos, N, &kv);
+    return N;
+}
+
+/* Sequences s0 .. s1-1 (already validated, total length <= max_tokens) in one micro-batch. */
+static void run_micro_batch(td_forward *f, int s0, int s1, const int *const *tokens,
+                            const int *lens, float *const *logp, td_row_fn row_fn, void *user)
+{
+    const td_model *m = f->m;
+    int V = m->cfg.vocab_size;
+    int N = decode_packed(f, s0, s1, tokens, lens);
 
     for (int r0 = 0; r0 < N; r0 += f->logits_rows) {
         int R = N - r0 < f->logits_rows ? N - r0 : f->logits_rows;
@@ -121,6 +129,15 @@ void forward_keep_activations(td_forward *f, int keep)
 const td_acts *forward_acts(const td_forward *f) { return &f->acts; }
 
 void forward_set_backend(td_forward *f, const td_backend *be) { f->ops.be = be; }
+
+int forward_decoder(td_forward *f, int nseq, const int *const *tokens, const int *lens,
+                    td_forward_rows *rows)
+{
+    int N = decode_packed(f, 0, nseq, tokens, lens);
+    *rows = (td_forward_rows){.N = N, .ops = &f->ops, .tok = f->tok, .pos = f->pos,
+                              .row_seq = f->row_seq};
+    return N;
+}
 
 int td_forward_set_recipe(td_forward *f, const td_recipe *r, td_error *err)
 {

@@ -1,0 +1,128 @@
+/* tidal — the CPU backend's backward ops under a recipe: the fp32 reference maths
+ * (cpu_backward_ref.c) with the rounding points of mixed-precision training, mirroring the
+ * forward's (cpu.c). For activations dtype D and GEMM input format G (recipe.h):
+ *
+ *   GEMMs      dgrad  dX += G(dY) . W'         W' the weight the forward multiplied (rounded
+ *                                               to the recipe's weight format)
+ *              wgrad  dW += G(dY)^T . G(X)     fp32 accumulation straight into the fp32
+ *                                               gradient (Megatron / Transformer Engine
+ *                                               "main_grad" wgrad accumulation)
+ *              FP8 (Jet-RL's unified flow, DeepSeek-V3's recipe): the same quantisation as
+ *              the forward: dgrad's dY in 1x128 groups along its reduction (OUT), W' the
+ *              forward's 128x128-block weight; wgrad's dY and X both in groups of 128 along
+ *              their reduction (the tokens: 128x1 tiles of the row-major tensors), with the
+ *              recipe's act_scaling; fp32 accumulation.
+ *   attention  P and dS rounded to D before the GEMMs that read them (FlashAttention-2's
+ *              backward feeds both to the tensor cores in the input dtype), fp32 softmax
+ *              recomputation and row sums
+ *   RoPE       inverse rotation with cos/sin rounded to D for the HF (unfused) form
+ *   everywhere every input gradient an op accumulates is rounded to D after the op, as
+ *              autograd holds a bf16 model's gradients in bf16 (between ops, BF16 in the FP8
+ *              flow); norm-weight, bias and embedding gradients accumulate in fp32.
+ * Rounding goes through the numerics (td_round_row, td_fp8_fake_quant). FP16 overflows to
+ * Inf here, which is what dynamic loss scaling detects. */
+#include "cpu.h"
+#include "tidal/gemm.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline td_format act_of(const td_ops *ctx) { return ctx->recipe ? ctx->recipe->activations : TD_F32; }
+
+/* dst (cols, rows) = src (rows, cols)^T */
+static void transpose(const float *src, size_t rows, size_t cols, float *dst)
+{
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++) dst[j * rows + i] = src[i * cols + j];
+}
+
+/* x (rows, cols) as the recipe feeds an activation-like operand to a GEMM whose reduction runs
+ * along cols: fp8 groups of act_scaling along cols, else rounded to gemm_inputs */
+static void quant_operand(const td_recipe *r, const float *x, size_t rows, size_t cols, float *out)
+{
+    td_gemm_quant_input(r, x, (int)rows, (int)cols, out);
+}
+
+void embedding_backward_cpu(const td_ops *ctx, float *dembed, const float *dout,
+                                   const int *tokens, int N, int C)
+{
+    embedding_backward_ref(ctx, dembed, dout, tokens, N, C);   /* an fp32 gradient */
+}
+
+void rmsnorm_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, const float *dout,
+                                 const float *inp, const float *weight, const float *rstd, int N,
+                                 int C)
+{
+    rmsnorm_backward_ref(ctx, dinp, dweight, dout, inp, weight, rstd, N, C);
+    act_round(ctx, dinp, (size_t)N * C);
+}
+
+void matmul_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, float *dbias,
+                                const float *dout, const float *inp, const float *weight, int N,
+                                int IN, int OUT)
+{
+    const td_recipe *r = ctx->recipe;
+    if (td_recipe_is_plain_fp32(r)) {
+        matmul_backward_ref(ctx, dinp, dweight, dbias, dout, inp, weight, N, IN, OUT);
+        return;
+    }
+    if (dbias) bias_grad_acc(ctx, dbias, dout, N, OUT);
+    if (!dinp && !dweight) return;
+    size_t nmax = (size_t)N * (IN > OUT ? IN : OUT);
+    float *dy = td_xmalloc((size_t)N * OUT * sizeof(float));
+    int fp8 = td_recipe_fp8_gemm(r);
+    if (dinp || !fp8) quant_operand(r, dout, (size_t)N, (size_t)OUT, dy);   /* groups along OUT */
+    if (dinp) {
+        gemm_nn_acc(ctx, N, IN, OUT, 1.0f, dy, OUT, weight, IN, dinp, IN);
+        act_round(ctx, dinp, (size_t)N * IN);
+    }
+    if (dweight) {
+        float *x = td_xmalloc(nmax * sizeof(float));
+        if (fp8) {   /* both operands quantised along the tokens */
+            float *t = td_xmalloc(nmax * sizeof(float));
+            transpose(dout, (size_t)N, (size_t)OUT, t);
+            quant_operand(r, t, (size_t)OUT, (size_t)N, dy);     /* dY^T (OUT, N) */
+            transpose(inp, (size_t)N, (size_t)IN, t);
+            quant_operand(r, t, (size_t)IN, (size_t)N, x);       /* X^T (IN, N) */
+            free(t);
+            gemm_nt_acc(ctx, OUT, IN, N, 1.0f, dy, N, x, N, dweight, IN);
+        } else {   /* dy as rounded for dgrad: the same operand */
+            quant_operand(r, inp, (size_t)N, (size_t)IN, x);
+            gemm_tn_acc(ctx, OUT, IN, N, 1.0f, dy, OUT, x, IN, dweight, IN);
+        }
+        free(x);
+    }
+    free(dy);
+}
+
+void rope_backward_cpu(const td_ops *ctx, float *dx, const int *pos, const float *inv_freq,
+                              int N, int nheads, int HD)
+{
+    td_format D = act_of(ctx);
+    int fused = ctx->recipe && ctx->recipe->rope != TD_ROPE_UNFUSED;   /* trainers rotate as HF (unfused); others: fp32 rotation */
+    rope_backward_rounded(ctx, fused ? TD_F32 : D, dx, pos, inv_freq, N, nheads, HD);
+    act_round(ctx, dx, (size_t)N * nheads * HD);
+}
+
+void attention_backward_cpu(const td_ops *ctx, float *dq, float *dk, float *dv,
+                                   const float *dout, const float *q, const float *k,
+                                   const float *v, const float *out, const float *lse,
+                                   const int *pos, int N, int NH, int NKV, int HD, float *scratch,
+                                   int max_keys)
+{
+    td_format D = act_of(ctx);
+    attention_backward_rounded(ctx, D, dq, dk, dv, dout, q, k, v, out, lse, pos, N, NH, NKV, HD,
+                               scratch, max_keys);
+    act_round(ctx, dq, (size_t)N * NH * HD);
+    act_round(ctx, dk, (size_t)N * NKV * HD);
+    act_round(ctx, dv, (size_t)N * NKV * HD);
+}
+
+void swiglu_backward_cpu(const td_ops *ctx, float *dgate, float *dup, const float *dout,
+                                const float *gate, const float *up, int N, int F)
+{
+    swiglu_backward_ref(ctx, dgate, dup, dout, gate, up, N, F);
+    act_round(ctx, dgate, (size_t)N * F);
+    act_round(ctx, dup, (size_t)N * F);
+}

@@ -1,0 +1,287 @@
+/* tidal — the backward ops of the op list (src/model/ops.h) in fp32 on the CPU: the reference
+ * forms (`_ref`) that the CPU backend runs for the plain fp32 recipe, and the threaded GEMM
+ * helpers the recipe forms (cpu_backward.c) share. Names and argument order are the op list's;
+ * every input gradient is accumulated (+=).
+ *
+ * Determinism: no result depends on the thread count. Reductions over rows (a norm weight's
+ * or a bias's gradient) run one output column per thread, rows in order; GEMMs are cut into
+ * per-thread slices of output columns or rows, each a single-threaded sgemm over the whole
+ * reduction (as the forward's GEMMs); attention's key/value gradients are summed by the one
+ * task that owns their (sequence, key/value head).
+ */
+#include "cpu.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* see cpu_ref.c: lets GCC vectorise the td_expf loops */
+#pragma GCC optimize("no-trapping-math")
+
+/* ---------------------------------------------------------------- threaded GEMMs */
+
+/* C (M, N) += alpha * A (M, K) . B (K, N), threads over slices of C's columns. */
+void gemm_nn_acc(const td_ops *ctx, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float *C, int ldc)
+{
+    #pragma omp parallel num_threads(gemm_threads(ctx, M, K, N))
+    {
+        long c0, c1;
+        gemm_slice(N, omp_get_thread_num(), omp_get_num_threads(), &c0, &c1);
+        if (c0 < c1)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, (int)(c1 - c0), K, alpha,
+                        A, lda, B + c0, ldb, 1.0f, C + c0, ldc);
+    }
+}
+
+/* C (M, N) += alpha * A^T . B with A (K, M), B (K, N): threads over slices of C's rows. */
+void gemm_tn_acc(const td_ops *ctx, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float *C, int ldc)
+{
+    #pragma omp parallel num_threads(gemm_threads(ctx, N, K, M))
+    {
+        long r0, r1;
+        gemm_slice(M, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+        if (r0 < r1)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(r1 - r0), N, K, alpha,
+                        A + r0, lda, B, ldb, 1.0f, C + r0 * ldc, ldc);
+    }
+}
+
+/* C (M, N) += alpha * A . B^T with A (M, K), B (N, K): threads over slices of C's rows. */
+void gemm_nt_acc(const td_ops *ctx, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float *C, int ldc)
+{
+    #pragma omp parallel num_threads(gemm_threads(ctx, N, K, M))
+    {
+        long r0, r1;
+        gemm_slice(M, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+        if (r0 < r1)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), N, K, alpha,
+                        A + r0 * lda, lda, B, ldb, 1.0f, C + r0 * ldc, ldc);
+    }
+}
+
+/* db (OUT) += sum over the N rows of dout (N, OUT), rows in order, one column per thread */
+void bias_grad_acc(const td_ops *ctx, float *db, const float *dout, int N, int OUT)
+{
+    #pragma omp parallel for num_threads(ctx->nthreads) if ((long)N * OUT >= 65536)
+    for (int o = 0; o < OUT; o++) {
+        float s = 0.0f;
+        for (int i = 0; i < N; i++) s += dout[(size_t)i * OUT + o];
+        db[o] += s;
+    }
+}
+
+/* ---------------------------------------------------------------- ops */
+
+void embedding_backward_ref(const td_ops *ctx, float *dembed, const float *dout,
+                            const int *tokens, int N, int C)
+{
+    /* threads own column slices, so repeated tokens never race */
+    #pragma omp parallel num_threads(ctx->nthreads) if ((long)N * C >= 65536)
+    {
+        int t = omp_get_thread_num(), k = omp_get_num_threads();
+        int c0 = (int)((long)C * t / k), c1 = (int)((long)C * (t + 1) / k);
+        for (int i = 0; i < N; i++) {
+            float *d = dembed + (size_t)tokens[i] * C;
+            const float *g = dout + (size_t)i * C;
+            for (int c = c0; c < c1; c++) d[c] += g[c];
+        }
+    }
+}
+
+void rmsnorm_backward_ref(const td_ops *ctx, float *dinp, float *dweight, const float *dout,
+                          const float *inp, const float *weight, const float *rstd, int N, int C)
+{
+    /* dinp = rstd * (g - xhat * mean(g * xhat)), g = dy * w, xhat = x * rstd: the mean in
+     * double, as the forward's mean of squares */
+    #pragma omp parallel for num_threads(ctx->nthreads) if ((long)N * C >= 16384)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C, *dy = dout + (size_t)i * C;
+        float *dx = dinp + (size_t)i * C, rs = rstd[i];
+        double dot = 0.0;
+        for (int c = 0; c < C; c++) dot += (double)(dy[c] * weight[c]) * (x[c] * rs);
+        float m = (float)(dot / C);
+        for (int c = 0; c < C; c++) dx[c] += rs * (dy[c] * weight[c] - (x[c] * rs) * m);
+    }
+    if (!dweight) return;
+    #pragma omp parallel for num_threads(ctx->nthreads) if ((long)N * C >= 65536)
+    for (int c = 0; c < C; c++) {
+        float s = 0.0f;
+        for (int i = 0; i < N; i++) s += dout[(size_t)i * C + c] * (inp[(size_t)i * C + c] * rstd[i]);
+        dweight[c] += s;
+    }
+}
+
+void matmul_backward_ref(const td_ops *ctx, float *dinp, float *dweight, float *dbias,
+                         const float *dout, const float *inp, const float *weight, int N, int IN,
+                         int OUT)
+{
+    if (dinp) gemm_nn_acc(ctx, N, IN, OUT, 1.0f, dout, OUT, weight, IN, dinp, IN);
+    if (dweight) gemm_tn_acc(ctx, OUT, IN, N, 1.0f, dout, OUT, inp, IN, dweight, IN);
+    if (dbias) bias_grad_acc(ctx, dbias, dout, N, OUT);
+}
+
+/* the angles of rope_forward_ref (fp32 pos * inv_freq, cos/sin of it rounded to fp32), their
+ * cos and sin rounded to D */
+static void rope_angles(const int p, const float *inv_freq, int half, td_format D, float *cs, float *sn)
+{
+    for (int k = 0; k < half; k++) {
+        float a = (float)p * inv_freq[k];
+        cs[k] = td_round(D, (float)cos((double)a));
+        sn[k] = td_round(D, (float)sin((double)a));
+    }
+}
+
+/* the inverse rotation, with cos/sin rounded to D (F32: the reference) */
+void rope_backward_rounded(const td_ops *ctx, td_format D, float *dx, const int *pos,
+                           const float *inv_freq, int N, int nheads, int HD)
+{
+    int half = HD / 2;
+    #pragma omp parallel for num_threads(ctx->nthreads) if (N >= 64)
+    for (int i = 0; i < N; i++) {
+        float cs[512], sn[512];
+        rope_angles(pos[i], inv_freq, half, D, cs, sn);
+        for (int h = 0; h < nheads; h++) {
+            float *g = dx + ((size_t)i * nheads + h) * HD;
+            for (int k = 0; k < half; k++) {
+                float g0 = g[k], g1 = g[k + half];
+                g[k] = g0 * cs[k] + g1 * sn[k];
+                g[k + half] = g1 * cs[k] - g0 * sn[k];
+            }
+        }
+    }
+}
+
+void rope_backward_ref(const td_ops *ctx, float *dx, const int *pos, const float *inv_freq, int N,
+                       int nheads, int HD)
+{
+    rope_backward_rounded(ctx, TD_F32, dx, pos, inv_freq, N, nheads, HD);
+}
+
+/* One (sequence, key/value head) of the attention backward: the sequence's n rows start at
+ * row r0 (positions 0..n-1); blocks of ATT_BLOCK query rows of each query head of the group
+ * against the keys the block's last row sees. P and dS are rounded to D before the GEMMs
+ * that read them (FlashAttention's backward feeds P and dS to bf16 tensor cores). */
+static void attention_backward_task(float *dq, float *dk, float *dv, const float *dout,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out, const float *lse, int r0, int n, int kvh,
+                                    int NH, int NKV, int HD, td_format D, float *s, float *dp)
+{
+    int QD = NH * HD, KVD = NKV * HD, group = NH / NKV;
+    float scale = 1.0f / sqrtf((float)HD);
+    const float *kb = k + (size_t)r0 * KVD + (size_t)kvh * HD;
+    const float *vb = v + (size_t)r0 * KVD + (size_t)kvh * HD;
+    float *dkb = dk + (size_t)r0 * KVD + (size_t)kvh * HD;
+    float *dvb = dv + (size_t)r0 * KVD + (size_t)kvh * HD;
+    for (int h = kvh * group; h < (kvh + 1) * group; h++)
+        for (int b0 = 0; b0 < n; b0 += ATT_BLOCK) {
+            int bn = n - b0 < ATT_BLOCK ? n - b0 : ATT_BLOCK, S = b0 + bn;
+            size_t row = (size_t)(r0 + b0);
+            const float *qh = q + row * QD + (size_t)h * HD;
+            const float *doh = dout + row * QD + (size_t)h * HD;
+            const float *oh = out + row * QD + (size_t)h * HD;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bn, S, HD, scale, qh, QD, kb, KVD,
+                        0.0f, s, S);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bn, S, HD, 1.0f, doh, QD, vb, KVD,
+                        0.0f, dp, S);
+            for (int i = 0; i < bn; i++) {
+                float *si = s + (size_t)i * S, *dpi = dp + (size_t)i * S;
+                float l = lse[(row + i) * NH + h], Di = 0.0f;
+                for (int c = 0; c < HD; c++) Di += doh[(size_t)i * QD + c] * oh[(size_t)i * QD + c];
+                int nv = b0 + i + 1;   /* keys 0 .. b0+i are visible to this row */
+                for (int j = 0; j < nv; j++) {
+                    float p = td_expf(si[j] - l);
+                    dpi[j] = td_round(D, p * (dpi[j] - Di));
+                    si[j] = td_round(D, p);
+                }
+                for (int j = nv; j < S; j++) si[j] = dpi[j] = 0.0f;
+            }
+            /* dV += P^T dO,  dK += scale dS^T Q,  dQ += scale dS K */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, HD, bn, 1.0f, s, S, doh, QD,
+                        1.0f, dvb, KVD);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, HD, bn, scale, dp, S, qh, QD,
+                        1.0f, dkb, KVD);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bn, HD, S, scale, dp, S, kb, KVD,
+                        1.0f, dq + row * QD + (size_t)h * HD, QD);
+        }
+}
+
+void attention_backward_rounded(const td_ops *ctx, td_format D, float *dq, float *dk, float *dv,
+                                const float *dout, const float *q, const float *k,
+                                const float *v, const float *out, const float *lse,
+                                const int *pos, int N, int NH, int NKV, int HD, float *scratch,
+                                int max_keys)
+{
+    /* the sequences: runs of rows whose positions count up from 0 */
+    int nseq = 0;
+    for (int i = 0; i < N; i++) nseq += i == 0 || pos[i] != pos[i - 1] + 1;
+    int *start = malloc((size_t)(nseq + 1) * sizeof(int));
+    for (int i = 0, s = 0; i < N; i++)
+        if (i == 0 || pos[i] != pos[i - 1] + 1) start[s++] = i;
+    start[nseq] = N;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
+    for (int task = 0; task < nseq * NKV; task++) {
+        int sq = task / NKV, kvh = task % NKV;
+        float *s = scratch + (size_t)omp_get_thread_num() * 2 * ATT_BLOCK * max_keys;
+        attention_backward_task(dq, dk, dv, dout, q, k, v, out, lse, start[sq],
+                                start[sq + 1] - start[sq], kvh, NH, NKV, HD, D, s,
+                                s + (size_t)ATT_BLOCK * max_keys);
+    }
+    free(start);
+}
+
+void attention_backward_ref(const td_ops *ctx, float *dq, float *dk, float *dv, const float *dout,
+                            const float *q, const float *k, const float *v, const float *out,
+                            const float *lse, const int *pos, int N, int NH, int NKV, int HD,
+                            float *scratch, int max_keys)
+{
+    attention_backward_rounded(ctx, TD_F32, dq, dk, dv, dout, q, k, v, out, lse, pos, N, NH, NKV,
+                               HD, scratch, max_keys);
+}
+
+TD_CLONES static void span_swiglu_backward(float *dg, float *du, const float *dy, const float *g,
+                                           const float *u, size_t n)
+{
+    #pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        float sg = 1.0f / (1.0f + td_expf(-g[i]));
+        dg[i] += dy[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+        du[i] += dy[i] * (g[i] * sg);
+    }
+}
+
+void swiglu_backward_ref(const td_ops *ctx, float *dgate, float *dup, const float *dout,
+                         const float *gate, const float *up, int N, int F)
+{
+    size_t n = (size_t)N * F;
+    int nt = n >= 16384 ? ctx->nthreads : 1;
+    #pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num(), k = omp_get_num_threads();
+        size_t a = n * t / k, b = n * (t + 1) / k;
+        span_swiglu_backward(dgate + a, dup + a, dout + a, gate + a, up + a, b - a);
+    }
+}
+
+TD_CLONES static void span_logsoftmax_backward(float *dx, const float *logp, float c, size_t n)
+{
+    #pragma omp simd
+    for (size_t j = 0; j < n; j++) dx[j] = -c * td_expf(logp[j]);
+}
+
+void logsoftmax_backward_ref(const td_ops *ctx, float *dx, const float *logp, const int *target,
+                             const float *dlogp, int N, int V)
+{
+    #pragma omp parallel for num_threads(ctx->nthreads) if ((long)N * V >= 65536)
+    for (int i = 0; i < N; i++) {
+        float *d = dx + (size_t)i * V;
+        float c = dlogp[i];
+        if (c == 0.0f) { memset(d, 0, (size_t)V * sizeof(float)); continue; }
+        span_logsoftmax_backward(d, logp + (size_t)i * V, c, (size_t)V);
+        d[target[i]] += c;
+    }
+}

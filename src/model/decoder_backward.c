@@ -1,0 +1,128 @@
+/* tidal — the backward of the decoder body (decoder.c), layer by layer in reverse, over the
+ * op list's backward ops and the activations the forward kept (td_acts with save = 1):
+ *
+ *   final norm     dx  = rmsnorm_backward(dxn)                            (d of the last stream)
+ *   per layer l = L-1 .. 0, with dx the gradient of the stream leaving the layer:
+ *     MLP          dact = down^T dx;  dgate, dup = swiglu_backward(dact)
+ *                  dxn2 = gate^T dgate + up^T dup;  dx += rmsnorm_backward(dxn2)   (dx of x_mid)
+ *     attention    datt = o^T dx;  dq, dk, dv = attention_backward(datt)  (P from q, k, lse)
+ *                  dq, dk = rope_backward;  (Qwen3) dq_raw, dk_raw = rmsnorm_backward per head
+ *                  dxn1 = q^T dq + k^T dk + v^T dv (+ bias gradients);  dx += rmsnorm_backward(dxn1)
+ *   embedding      dembed[tok] += dx
+ * Weight gradients accumulate into the buffers given (NULL entries are frozen: not computed);
+ * an unmerged LoRA adapter's A/B gradients come from lora_backward beside each projection.
+ * The weights read are the ones the forward multiplied (the recipe's rounded copy). */
+#include "model_internal.h"
+
+#include <string.h>
+
+#define G(p) ((float *)(p))   /* gradient buffers are carved as td_model_weights: writable */
+
+static float *gbuf(td_grad_acts *g, size_t floats)
+{
+    float *p = g->be->alloc(floats * sizeof(float));
+    g->owned[g->nowned++] = p;
+    return p;
+}
+
+void grad_acts_alloc(td_grad_acts *g, const td_config *c, const td_ops *ops, int cap, int max_keys,
+                     int lora_rank)
+{
+    size_t n = (size_t)cap, C = c->hidden_size, F = c->intermediate_size;
+    size_t QD = (size_t)c->num_heads * c->head_dim, KVD = (size_t)c->num_kv_heads * c->head_dim;
+    memset(g, 0, sizeof *g);
+    g->be = ops->be;
+    g->dx = gbuf(g, n * C);
+    g->dxn = gbuf(g, n * C);
+    g->dq = gbuf(g, n * QD);
+    g->dq_raw = gbuf(g, n * QD);
+    g->dk = gbuf(g, n * KVD);
+    g->dk_raw = gbuf(g, n * KVD);
+    g->dv = gbuf(g, n * KVD);
+    g->datt = gbuf(g, n * QD);
+    g->dact = gbuf(g, n * F);
+    g->dgate = gbuf(g, n * F);
+    g->dup = gbuf(g, n * F);
+    g->att_scratch = gbuf(g, (size_t)ops->nthreads * 2 * ATT_BLOCK * max_keys);
+    if (lora_rank > 0) {
+        size_t wide = C > F ? C : F;
+        if (QD > wide) wide = QD;
+        g->lora = gbuf(g, n * (2 * (size_t)lora_rank + wide));
+    }
+}
+
+void grad_acts_free(td_grad_acts *g)
+{
+    for (int i = 0; i < g->nowned; i++) g->be->free(g->owned[i]);
+    memset(g, 0, sizeof *g);
+}
+
+static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
+
+void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td_grad_acts *ga,
+                      td_model_weights *grads, const lora_grad *lg, const int *tokens,
+                      const int *pos, int N)
+{
+    const td_config *c = &m->cfg;
+    int C = c->hidden_size, F = c->intermediate_size, NH = c->num_heads, NKV = c->num_kv_heads;
+    int HD = c->head_dim, QD = NH * HD, KVD = NKV * HD, L = c->num_layers;
+    const td_model_weights *W = ops->w ? ops->w : &m->w;
+    size_t nC = (size_t)N * C, nF = (size_t)N * F, nQ = (size_t)N * QD, nK = (size_t)N * KVD;
+    float *dx = ga->dx, *dxn = ga->dxn;
+
+    /* the final norm: dxn holds the gradient of its output (the lm_head's input) */
+    zero(dx, nC);
+    rmsnorm_backward(ops, dx, G(grads->final_norm), dxn, a->x + (size_t)L * a->cap * C, W->final_norm,
+                     a->rstd_f, N, C);
+    for (int l = L - 1; l >= 0; l--) {
+        const td_layer_weights *w = &W->layers[l];
+        const td_layer_weights *gw = &grads->layers[l];
+        td_layer_acts la = acts_layer(a, c, l);
+
+        /* MLP sub-block: x_out = x_mid + down(silu(gate(xn2)) * up(xn2)) */
+        zero(ga->dact, nF);
+        matmul_backward(ops, ga->dact, G(gw->w_down), NULL, dx, la.act, w->w_down, N, F, C);
+        lora_backward(ops, l, TD_LORA_DOWN, ga->dact, dx, la.act, N, lg, ga->lora);
+        zero(ga->dgate, nF);
+        zero(ga->dup, nF);
+        swiglu_backward(ops, ga->dgate, ga->dup, ga->dact, la.gate, la.up, N, F);
+        zero(dxn, nC);
+        matmul_backward(ops, dxn, G(gw->w_gate), NULL, ga->dgate, la.xn2, w->w_gate, N, C, F);
+        matmul_backward(ops, dxn, G(gw->w_up), NULL, ga->dup, la.xn2, w->w_up, N, C, F);
+        lora_backward(ops, l, TD_LORA_GATE, dxn, ga->dgate, la.xn2, N, lg, ga->lora);
+        lora_backward(ops, l, TD_LORA_UP, dxn, ga->dup, la.xn2, N, lg, ga->lora);
+        rmsnorm_backward(ops, dx, G(gw->mlp_norm), dxn, la.x_mid, w->mlp_norm, la.rstd2, N, C);
+
+        /* attention sub-block: x_mid = x_in + o(attention(rope(q), rope(k), v)) */
+        zero(ga->datt, nQ);
+        matmul_backward(ops, ga->datt, G(gw->wo), NULL, dx, la.att, w->wo, N, QD, C);
+        lora_backward(ops, l, TD_LORA_O, ga->datt, dx, la.att, N, lg, ga->lora);
+        zero(ga->dq, nQ);
+        zero(ga->dk, nK);
+        zero(ga->dv, nK);
+        attention_backward(ops, ga->dq, ga->dk, ga->dv, ga->datt, la.q, la.k, la.v, la.att, la.lse,
+                           pos, N, NH, NKV, HD, ga->att_scratch, a->max_keys);
+        rope_backward(ops, ga->dq, pos, m->inv_freq, N, NH, HD);
+        rope_backward(ops, ga->dk, pos, m->inv_freq, N, NKV, HD);
+        float *dq = ga->dq, *dk = ga->dk;
+        if (w->q_norm) {   /* Qwen3: per-head RMSNorm of the projections */
+            zero(ga->dq_raw, nQ);
+            zero(ga->dk_raw, nK);
+            rmsnorm_backward(ops, ga->dq_raw, G(gw->q_norm), dq, la.q_raw, w->q_norm, la.q_rstd,
+                             N * NH, HD);
+            rmsnorm_backward(ops, ga->dk_raw, G(gw->k_norm), dk, la.k_raw, w->k_norm, la.k_rstd,
+                             N * NKV, HD);
+            dq = ga->dq_raw;
+            dk = ga->dk_raw;
+        }
+        zero(dxn, nC);
+        matmul_backward(ops, dxn, G(gw->wq), G(gw->bq), dq, la.xn1, w->wq, N, C, QD);
+        matmul_backward(ops, dxn, G(gw->wk), G(gw->bk), dk, la.xn1, w->wk, N, C, KVD);
+        matmul_backward(ops, dxn, G(gw->wv), G(gw->bv), ga->dv, la.xn1, w->wv, N, C, KVD);
+        lora_backward(ops, l, TD_LORA_Q, dxn, dq, la.xn1, N, lg, ga->lora);
+        lora_backward(ops, l, TD_LORA_K, dxn, dk, la.xn1, N, lg, ga->lora);
+        lora_backward(ops, l, TD_LORA_V, dxn, ga->dv, la.xn1, N, lg, ga->lora);
+        rmsnorm_backward(ops, dx, G(gw->attn_norm), dxn, la.x_in, w->attn_norm, la.rstd1, N, C);
+    }
+    if (grads->embed) embedding_backward(ops, G(grads->embed), dx, tokens, N, C);
+}

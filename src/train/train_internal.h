@@ -1,0 +1,60 @@
+/* tidal — pieces of the training step shared by src/train/ (internal header). */
+#ifndef TIDAL_TRAIN_INTERNAL_H
+#define TIDAL_TRAIN_INTERNAL_H
+
+#include "tidal/checkpoint.h"
+#include "tidal/train.h"
+#include "../model/model_internal.h"
+
+/* GradScaler state (torch.cuda.amp.GradScaler) */
+typedef struct {
+    int on;
+    double scale, growth, backoff;
+    int interval, growth_tracker;
+} train_scaler;
+
+/* One trained tensor: its place in params/grads/moments, shape, name, and whether AdamW's
+ * weight decay applies (HF Trainer: not to biases and norm weights). */
+typedef struct {
+    char name[160];
+    size_t offset, numel;
+    int ndim;
+    int64_t shape[2];
+    int decay;
+} train_tensor;
+
+struct td_trainer {
+    td_train_opts o;
+    td_recipe recipe;
+    td_model *m;                  /* fp32 master weights, carved by the parameter table        */
+    td_param_spec *specs;         /* the table                                                  */
+    size_t nspecs;
+    td_lora *lora;                /* the adapter trained (its owned block is the parameters)   */
+    float *params;                /* trained parameters: m->owned, or lora->owned               */
+    size_t nparams;
+    float *grads, *m1, *m2;       /* (nparams) carved like params                               */
+    train_tensor *tensors;        /* the trained tensors, in table (or layer, module) order     */
+    size_t ntensors;
+    td_model_weights gw;          /* gradient views of the model (NULL entries under LoRA)     */
+    lora_grad *lg;                /* (L, NMOD) gradient views of A and B                        */
+    td_forward *f;                /* the training path, activations kept                        */
+    td_grad_acts ga;
+    int logits_rows;
+    float *logits;                /* (logits_rows, V)                                           */
+    float *tlogp, *dlogp;         /* (max_tokens) target log-prob / dL/dlogp per row            */
+    int *target;                  /* (max_tokens) the token each row predicts (0: none)         */
+    int step;                     /* optimiser steps taken                                      */
+    long skipped;
+    train_scaler scaler;
+};
+
+/* optim.c */
+int train_warmup_steps(const td_train_opts *o);
+void adamw_update(float *param, const float *grad, float *m1, float *m2, size_t n, double lr,
+                  double beta1, double beta2, double eps, double weight_decay, int step);
+double grad_sumsq(const float *g, size_t n);
+void grad_scale(float *g, size_t n, float k);
+float clip_coef(double total_norm, double max_norm);
+void scaler_update(train_scaler *s, int found_inf);
+
+#endif

@@ -1,0 +1,401 @@
+/* tidal — the training step (include/tidal/train.h): fp32 masters and their gradients and
+ * AdamW moments carved by the parameter table (or an adapter's A/B block under LoRA), the
+ * training path's forward with every activation kept, the loss on target log-probs, the
+ * lm_head and decoder backward, and the optimiser step.
+ *
+ * One micro-batch (whole sequences, at most max_tokens rows):
+ *   forward_decoder          the teacher-forced decoder of src/paths/forward.c, activations kept
+ *   head_forward             lm_head + log-softmax by chunks of logits_rows rows; each row's
+ *                            target log-prob (the very values td_forward_logprobs returns)
+ *   loss function            per sequence: its loss and dL/dlogp of each target (x loss scale)
+ *   logsoftmax_backward      dlogits in place of the log-softmax rows (recomputed per chunk
+ *                            when the micro-batch's logits do not all fit in the buffer)
+ *   matmul_backward          the lm_head under its own recipe (td_recipe_for_head)
+ *   decoder_backward         every layer back to the embedding
+ */
+#include "train_internal.h"
+#include "tidal/rng.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void td_train_opts_defaults(td_train_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->lr = 5e-5;
+    o->beta1 = 0.9;
+    o->beta2 = 0.999;
+    o->eps = 1e-8;
+    o->max_grad_norm = 1.0;
+    o->schedule = TD_SCHED_LINEAR;
+    o->max_steps = 1;
+    o->loss_scaling = -1;
+    o->init_scale = 65536.0;
+    o->growth_factor = 2.0;
+    o->backoff_factor = 0.5;
+    o->growth_interval = 2000;
+    o->lora_alpha = 16.0;
+    o->max_tokens = 2048;
+    o->max_seq_len = 512;
+}
+
+static int check_opts(const td_train_opts *o, td_error *err)
+{
+    if (!(o->lr >= 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) ||
+        !(o->eps >= 0) || !(o->weight_decay >= 0))
+        return td_fail(err, "training options: lr %g, betas (%g, %g), eps %g, weight_decay %g "
+                       "(expected lr, eps, weight_decay >= 0 and betas in [0, 1))", o->lr, o->beta1,
+                       o->beta2, o->eps, o->weight_decay);
+    if ((unsigned)o->schedule >= TD_SCHED_COUNT || o->max_steps < 1 || !(o->warmup_ratio >= 0) ||
+        o->warmup_ratio > 1 || o->warmup_steps < 0)
+        return td_fail(err, "training options: lr scheduler %d, max_steps %d, warmup_ratio %g, "
+                       "warmup_steps %d (expected a scheduler, max_steps >= 1, warmup_ratio in "
+                       "[0, 1])", (int)o->schedule, o->max_steps, o->warmup_ratio, o->warmup_steps);
+    if (!(o->init_scale > 0) || !(o->growth_factor >= 1) || !(o->backoff_factor > 0) ||
+        o->backoff_factor >= 1 || o->growth_interval < 1)
+        return td_fail(err, "loss scaling: init_scale %g, growth_factor %g, backoff_factor %g, "
+                       "growth_interval %d (expected > 0, >= 1, in (0, 1), >= 1)", o->init_scale,
+                       o->growth_factor, o->backoff_factor, o->growth_interval);
+    if (o->lora_r < 0 || (o->lora_r > 0 && !(o->lora_alpha > 0)) ||
+        o->lora_modules >= 1u << TD_LORA_NMOD)
+        return td_fail(err, "LoRA: r %d, alpha %g, modules 0x%x (expected r >= 0, alpha > 0, "
+                       "modules among q/k/v/o/gate/up/down)", o->lora_r, o->lora_alpha, o->lora_modules);
+    if (o->max_tokens < 1 || o->max_seq_len < 2 || o->max_seq_len > o->max_tokens)
+        return td_fail(err, "training options: max_tokens %d, max_seq_len %d (expected "
+                       "2 <= max_seq_len <= max_tokens)", o->max_tokens, o->max_seq_len);
+    return 0;
+}
+
+/* A fresh adapter as PEFT initialises it: A (r, in) from kaiming_uniform_(a = sqrt(5)), i.e.
+ * U(-1/sqrt(in), 1/sqrt(in)); B zero. Pair i draws from td_rng_stream(seed, i). */
+static td_lora *lora_fresh(const td_config *c, const td_train_opts *o)
+{
+    unsigned mods = o->lora_modules ? o->lora_modules : (1u << TD_LORA_Q) | (1u << TD_LORA_V);
+    td_lora *lo = td_lora_new(c, o->lora_r, o->lora_alpha, mods);
+    for (int i = 0; i < c->num_layers * TD_LORA_NMOD; i++) {
+        td_lora_pair *p = &lo->pairs[i];
+        if (!p->a) continue;
+        td_rng r;
+        td_rng_stream(&r, o->seed, (uint64_t)i);
+        float bound = 1.0f / sqrtf((float)p->in);
+        float *a = (float *)p->a;
+        for (size_t k = 0; k < (size_t)o->lora_r * p->in; k++)
+            a[k] = (float)((2.0 * td_rng_uniform(&r) - 1.0) * bound);
+    }
+    return lo;
+}
+
+static td_lora *lora_copy(const td_lora *src, const td_config *c, td_error *err)
+{
+    if (src->num_layers != c->num_layers)
+        return td_fail(err, "%s: adapter for %d layers, model has %d", src->dir ? src->dir : "adapter",
+                       src->num_layers, c->num_layers), NULL;
+    td_lora *lo = td_lora_new(c, src->rank, src->alpha, src->modules);
+    lo->rslora = src->rslora;
+    lo->scale = src->scale;
+    for (int i = 0; i < c->num_layers * TD_LORA_NMOD; i++) {
+        const td_lora_pair *s = &src->pairs[i];
+        td_lora_pair *d = &lo->pairs[i];
+        if (!s->a != !d->a) {
+            td_lora_free(lo);
+            return td_fail(err, "%s: adapts %s in some layers only: not trainable here",
+                           src->dir ? src->dir : "adapter", td_lora_module_name(i % TD_LORA_NMOD)), NULL;
+        }
+        if (!s->a) continue;
+        memcpy((float *)d->a, s->a, (size_t)lo->rank * d->in * sizeof(float));
+        memcpy((float *)d->b, s->b, (size_t)d->out * lo->rank * sizeof(float));
+    }
+    return lo;
+}
+
+/* the list of trained tensors: the parameter table, or each adapted pair's A and B */
+static void build_tensors(td_trainer *tr)
+{
+    const td_config *c = &tr->m->cfg;
+    if (!tr->lora) {
+        tr->ntensors = tr->nspecs;
+        tr->tensors = td_xcalloc(tr->ntensors, sizeof *tr->tensors);
+        for (size_t i = 0; i < tr->nspecs; i++) {
+            const td_param_spec *p = &tr->specs[i];
+            train_tensor *t = &tr->tensors[i];
+            snprintf(t->name, sizeof t->name, "%s", p->name);
+            t->offset = p->offset;
+            t->numel = p->numel;
+            t->ndim = p->ndim;
+            t->shape[0] = p->shape[0];
+            t->shape[1] = p->shape[1];
+            t->decay = tr->o.decay_all || p->kind == TD_PARAM_MATRIX || p->kind == TD_PARAM_EMBED;
+            *param_slot(&tr->gw, c->num_layers, p) = tr->grads + p->offset;
+        }
+        if (c->tie_word_embeddings) tr->gw.lm_head = tr->gw.embed;
+        return;
+    }
+    td_lora *lo = tr->lora;
+    tr->ntensors = 2 * (size_t)lo->n_adapted;
+    tr->tensors = td_xcalloc(tr->ntensors, sizeof *tr->tensors);
+    size_t k = 0;
+    for (int i = 0; i < c->num_layers * TD_LORA_NMOD; i++) {
+        const td_lora_pair *p = &lo->pairs[i];
+        if (!p->a) continue;
+        int l = i / TD_LORA_NMOD, mod = i % TD_LORA_NMOD;
+        for (int ab = 0; ab < 2; ab++, k++) {
+            train_tensor *t = &tr->tensors[k];
+            const float *x = ab ? p->b : p->a;
+            snprintf(t->name, sizeof t->name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l,
+                     mod <= TD_LORA_O ? "self_attn" : "mlp", td_lora_module_name(mod), ab ? 'B' : 'A');
+            t->offset = (size_t)(x - lo->owned);
+            t->ndim = 2;
+            t->shape[0] = ab ? p->out : lo->rank;
+            t->shape[1] = ab ? lo->rank : p->in;
+            t->numel = (size_t)t->shape[0] * t->shape[1];
+            t->decay = 1;   /* HF decays every Linear weight, LoRA's included */
+        }
+        tr->lg[i].da = tr->grads + (p->a - lo->owned);
+        tr->lg[i].db = tr->grads + (p->b - lo->owned);
+    }
+}
+
+td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_train_opts *opts,
+                              const td_lora *lora_init, td_error *err)
+{
+    if (check_opts(opts, err)) return NULL;
+    const td_config *c = &src->cfg;
+    if (td_config_check_len(c, opts->max_seq_len, err)) return NULL;
+    td_model *m = td_model_alloc(c, err);
+    if (!m) return NULL;
+    td_trainer *tr = td_xcalloc(1, sizeof *tr);
+    tr->o = *opts;
+    tr->m = m;
+    tr->recipe = r ? *r : *td_recipe_find_preset("fp32");
+    tr->specs = param_table(c, &tr->nspecs);
+    for (size_t i = 0; i < tr->nspecs; i++)   /* the masters: an fp32 copy of every tensor */
+        memcpy(m->owned + tr->specs[i].offset,
+               *param_slot((td_model_weights *)&src->w, c->num_layers, &tr->specs[i]),
+               tr->specs[i].numel * sizeof(float));
+    if (opts->lora_r > 0) {
+        tr->lora = lora_init ? lora_copy(lora_init, c, err) : lora_fresh(c, opts);
+        if (!tr->lora) goto fail;
+        size_t total = 0;
+        for (int i = 0; i < c->num_layers * TD_LORA_NMOD; i++)
+            if (tr->lora->pairs[i].a) total += ((size_t)tr->lora->pairs[i].in + tr->lora->pairs[i].out) * tr->lora->rank;
+        tr->params = tr->lora->owned;
+        tr->nparams = total;
+    } else {
+        tr->params = m->owned;
+        tr->nparams = m->owned_floats;
+    }
+    tr->grads = td_xcalloc(tr->nparams, sizeof(float));
+    tr->m1 = td_xcalloc(tr->nparams, sizeof(float));
+    tr->m2 = td_xcalloc(tr->nparams, sizeof(float));
+    tr->gw.layers = td_xcalloc((size_t)c->num_layers, sizeof *tr->gw.layers);
+    tr->lg = td_xcalloc((size_t)c->num_layers * TD_LORA_NMOD, sizeof *tr->lg);
+    build_tensors(tr);
+
+    size_t V = (size_t)c->vocab_size;
+    int rows = opts->logits_rows;
+    if (rows <= 0) rows = (size_t)opts->max_tokens * V <= (1u << 25) ? opts->max_tokens : 256;
+    tr->logits_rows = rows < opts->max_tokens ? rows : opts->max_tokens;
+    tr->f = td_forward_create(m, opts->max_tokens, opts->max_seq_len, tr->logits_rows, err);
+    if (!tr->f) goto fail;
+    forward_keep_activations(tr->f, 1);
+    if (td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err)) goto fail;
+    td_ops ops;
+    td_ops_init(&ops, &td_backend_cpu);
+    grad_acts_alloc(&tr->ga, c, &ops, opts->max_tokens, opts->max_seq_len, tr->lora ? tr->lora->rank : 0);
+    tr->logits = td_xmalloc((size_t)tr->logits_rows * V * sizeof(float));
+    tr->tlogp = td_xmalloc((size_t)opts->max_tokens * sizeof(float));
+    tr->dlogp = td_xmalloc((size_t)opts->max_tokens * sizeof(float));
+    tr->target = td_xmalloc((size_t)opts->max_tokens * sizeof(int));
+    tr->scaler = (train_scaler){
+        .on = opts->loss_scaling == 1 || (opts->loss_scaling < 0 && tr->recipe.activations == TD_F16),
+        .scale = opts->init_scale, .growth = opts->growth_factor, .backoff = opts->backoff_factor,
+        .interval = opts->growth_interval};
+    if (!tr->scaler.on) tr->scaler.scale = 1.0;
+    return tr;
+fail:
+    td_trainer_free(tr);
+    return NULL;
+}
+
+void td_trainer_free(td_trainer *tr)
+{
+    if (!tr) return;
+    td_forward_free(tr->f);
+    if (tr->ga.be) grad_acts_free(&tr->ga);
+    td_lora_free(tr->lora);
+    td_model_free(tr->m);
+    free(tr->specs);
+    free(tr->tensors);
+    free(tr->grads); free(tr->m1); free(tr->m2);
+    free(tr->gw.layers);
+    free(tr->lg);
+    free(tr->logits); free(tr->tlogp); free(tr->dlogp); free(tr->target);
+    free(tr);
+}
+
+/* ---------------------------------------------------------------- forward + backward */
+
+/* One micro-batch: sequences s0..s1-1. */
+static int micro_batch(td_trainer *tr, int s0, int s1, const int *const *tokens, const int *lens,
+                       td_loss_fn fn, void *user, double *loss, td_error *err)
+{
+    const td_model *m = tr->m;
+    int C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    td_forward_rows rows;
+    int N = forward_decoder(tr->f, s1 - s0, tokens + s0, lens + s0, &rows);
+    const td_ops *ops = rows.ops;
+    const td_acts *a = forward_acts(tr->f);
+    for (int i = 0; i < N; i++) {
+        int s = s0 + rows.row_seq[i], t = rows.pos[i];
+        tr->target[i] = t + 1 < lens[s] ? tokens[s][t + 1] : 0;
+    }
+    /* the target log-probs, chunk by chunk; the logits of the last chunk stay in the buffer */
+    for (int r0 = 0; r0 < N; r0 += tr->logits_rows) {
+        int R = N - r0 < tr->logits_rows ? N - r0 : tr->logits_rows;
+        head_forward(ops, m, tr->logits, a->xn + (size_t)r0 * C, R, 0);
+        for (int i = 0; i < R; i++) tr->tlogp[r0 + i] = tr->logits[(size_t)i * V + tr->target[r0 + i]];
+    }
+    /* the loss: each sequence's targets are its rows but the last */
+    double sum = 0.0;
+    for (int s = s0, row = 0; s < s1; row += lens[s], s++) {
+        double l = fn(user, s, lens[s] - 1, tr->tlogp + row, tr->dlogp + row);
+        if (!isfinite(l))
+            return td_fail(err, "training step %d: loss of sequence %d is %g", tr->step, s, l);
+        sum += l;
+        tr->dlogp[row + lens[s] - 1] = 0.0f;
+    }
+    *loss += sum;
+    float scale = (float)tr->scaler.scale;
+    if (tr->scaler.on)
+        for (int i = 0; i < N; i++) tr->dlogp[i] *= scale;
+    /* the lm_head backward (its own recipe), chunk by chunk, then the decoder's */
+    const td_model_weights *W = ops->w ? ops->w : &m->w;
+    td_ops head = td_ops_gemm(ops, ops->head, ops->qin, ops->gscratch);
+    memset(tr->ga.dxn, 0, (size_t)N * C * sizeof(float));
+    for (int r0 = 0; r0 < N; r0 += tr->logits_rows) {
+        int R = N - r0 < tr->logits_rows ? N - r0 : tr->logits_rows;
+        if (N > tr->logits_rows) head_forward(ops, m, tr->logits, a->xn + (size_t)r0 * C, R, 0);
+        logsoftmax_backward(ops, tr->logits, tr->logits, tr->target + r0, tr->dlogp + r0, R, V);
+        matmul_backward(&head, tr->ga.dxn + (size_t)r0 * C, (float *)tr->gw.lm_head, NULL, tr->logits,
+                        a->xn + (size_t)r0 * C, W->lm_head, R, C, V);
+    }
+    decoder_backward(ops, m, a, &tr->ga, &tr->gw, tr->lg, rows.tok, rows.pos, N);
+    return 0;
+}
+
+int td_trainer_accumulate(td_trainer *tr, int nseq, const int *const *tokens, const int *lens,
+                          td_loss_fn fn, void *user, double *loss, td_error *err)
+{
+    int V = tr->m->cfg.vocab_size;
+    for (int s = 0; s < nseq; s++) {
+        if (lens[s] < 2 || lens[s] > tr->o.max_seq_len)
+            return td_fail(err, "training batch: sequence %d has length %d (expected 2..%d)", s,
+                           lens[s], tr->o.max_seq_len);
+        for (int t = 0; t < lens[s]; t++)
+            if (tokens[s][t] < 0 || tokens[s][t] >= V)
+                return td_fail(err, "training batch: sequence %d position %d: token %d outside "
+                               "the vocabulary 0..%d", s, t, tokens[s][t], V - 1);
+    }
+    double total = 0.0;
+    for (int s0 = 0; s0 < nseq;) {   /* greedy packing of whole sequences, as td_forward */
+        int s1 = s0, rows = 0;
+        while (s1 < nseq && rows + lens[s1] <= tr->o.max_tokens) rows += lens[s1++];
+        if (micro_batch(tr, s0, s1, tokens, lens, fn, user, &total, err)) return -1;
+        s0 = s1;
+    }
+    if (loss) *loss = total;
+    return 0;
+}
+
+typedef struct {
+    const float *const *w;
+    double z;
+} sft_loss;
+
+static double sft_fn(void *user, int seq, int n, const float *logp, float *dlogp)
+{
+    const sft_loss *L = user;
+    double l = 0.0;
+    for (int t = 0; t < n; t++) {
+        double w = L->w ? L->w[seq][t] : 1.0;
+        l -= w * logp[t];
+        dlogp[t] = (float)(-w / L->z);
+    }
+    return l / L->z;
+}
+
+int td_trainer_accumulate_sft(td_trainer *tr, int nseq, const int *const *tokens,
+                              const int *lens, const float *const *weights, double normaliser,
+                              double *loss, td_error *err)
+{
+    sft_loss L = {weights, normaliser};
+    if (!(normaliser > 0)) {
+        L.z = 0.0;
+        for (int s = 0; s < nseq; s++)
+            for (int t = 0; t + 1 < lens[s]; t++) L.z += weights ? weights[s][t] : 1.0;
+        if (!(L.z > 0)) return td_fail(err, "training batch: no target token has a weight (loss mask all 0)");
+    }
+    return td_trainer_accumulate(tr, nseq, tokens, lens, sft_fn, &L, loss, err);
+}
+
+/* ---------------------------------------------------------------- optimiser step */
+
+int td_trainer_step(td_trainer *tr, td_step_info *info, td_error *err)
+{
+    td_step_info in = {.loss_scale = tr->scaler.scale, .nonfinite_param = -1};
+    size_t n = tr->nparams;
+    if (tr->scaler.on) grad_scale(tr->grads, n, (float)(1.0 / tr->scaler.scale));   /* unscale_ */
+    double sumsq = 0.0;
+    for (size_t i = 0; i < tr->ntensors; i++) {
+        double s = grad_sumsq(tr->grads + tr->tensors[i].offset, tr->tensors[i].numel);
+        if (!isfinite(s) && in.nonfinite_param < 0) in.nonfinite_param = (int)i;
+        sumsq += s;
+    }
+    in.grad_norm = sqrt(sumsq);
+    if (in.nonfinite_param >= 0) {
+        if (!tr->scaler.on)
+            return td_fail(err, "training step %d: gradient of %s is not finite (no loss scaling "
+                           "to skip the step)", tr->step, tr->tensors[in.nonfinite_param].name);
+        memset(tr->grads, 0, n * sizeof(float));   /* GradScaler: the step is skipped */
+        scaler_update(&tr->scaler, 1);
+        tr->skipped++;
+        in.skipped = 1;
+    } else {
+        if (tr->o.max_grad_norm > 0) {
+            float coef = clip_coef(in.grad_norm, tr->o.max_grad_norm);
+            if (coef < 1.0f) grad_scale(tr->grads, n, coef);
+        }
+        in.lr = tr->o.lr * td_lr_lambda(&tr->o, tr->step);
+        tr->step++;
+        for (size_t i = 0; i < tr->ntensors; i++) {
+            const train_tensor *t = &tr->tensors[i];
+            adamw_update(tr->params + t->offset, tr->grads + t->offset, tr->m1 + t->offset,
+                         tr->m2 + t->offset, t->numel, in.lr, tr->o.beta1, tr->o.beta2, tr->o.eps,
+                         t->decay ? tr->o.weight_decay : 0.0, tr->step);
+        }
+        memset(tr->grads, 0, n * sizeof(float));
+        if (tr->scaler.on) scaler_update(&tr->scaler, 0);
+        /* the recipe's rounded weights (and adapter copy) from the new masters */
+        if (td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err)) return -1;
+    }
+    in.step = tr->step;
+    in.skipped_total = tr->skipped;
+    if (info) *info = in;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- views */
+
+const td_model *td_trainer_model(const td_trainer *tr) { return tr->m; }
+const td_lora *td_trainer_lora(const td_trainer *tr) { return tr->lora; }
+size_t td_trainer_num_params(const td_trainer *tr) { return tr->nparams; }
+const float *td_trainer_grads(const td_trainer *tr) { return tr->grads; }
+float *td_trainer_params(td_trainer *tr) { return tr->params; }
+
+int td_trainer_params_changed(td_trainer *tr, td_error *err)
+{
+    return td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err);
+}
+
+double td_trainer_loss_scale(const td_trainer *tr) { return tr->scaler.scale; }

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Training throughput (forward + backward + AdamW step, tokens/s) of libtidal's training step
+# (tests/helpers/train_probe) against PyTorch autograd doing the same step
+# (tests/bench/torch_train.py: fp32 master weights, mean token cross-entropy over the mask,
+# clip_grad_norm_, torch.optim.AdamW), both on 2 threads, on the same checkpoint and batch:
+#   a small Qwen2-shaped random model (C=256 L=4 NH=8 NKV=4 HD=32 F=688 V=4096, q/k/v biases;
+#   tidal-init, cached in $BUILD/bench/), BATCH sequences of LEN random tokens, 90% of
+#   targets in the loss mask. Cases
+#     fp32   tidal's fp32 recipe vs torch fp32
+#     bf16   tidal's bf16-train recipe (emulated bf16 rounding at every kernel boundary, fp32
+#            masters) vs torch.autocast("cpu", bfloat16)
+# Each side runs SECONDS of steps after a warm-up step, ROUNDS times interleaved, best kept
+# (the machine is shared). Prints
+#   bench: train-fp32 tidal=X torch=Y ratio=R     (training tokens/s; R = tidal / torch)
+#   bench: train-bf16 tidal=X torch=Y ratio=R
+set -u
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build}
+ROUNDS=${ROUNDS:-2}; SECONDS_PER=${SECONDS_PER:-8}; BATCH=${BATCH:-4}; LEN=${LEN:-128}
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+DIR=$BUILD/bench/train-small
+PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
+PROBE=$BUILD/tests/helpers/train_probe
+[ -x "$PROBE" ] || { echo "train.sh: $PROBE missing (make tests)" >&2; exit 1; }
+mkdir -p "$(dirname "$DIR")"
+if [ ! -f "$DIR/model.safetensors" ] || [ ! -f "$DIR/config.json" ]; then
+  "$BUILD/bin/tidal-init" --arch qwen2 --hidden 256 --layers 4 --heads 8 --kv-heads 4 --head-dim 32 \
+      --intermediate 688 --vocab 4096 --no-tie --seed 1 --dtype f32 -o "$DIR" 2>/dev/null \
+    || { echo "train.sh: tidal-init failed" >&2; exit 1; }
+fi
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+"$PY" - "$BATCH" "$LEN" > "$tmp/batch.json" <<'PYEOF'
+import json, random, sys
+random.seed(1)
+b, n = int(sys.argv[1]), int(sys.argv[2])
+print(json.dumps({"tokens": [[random.randrange(4096) for _ in range(n)] for _ in range(b)],
+                  "mask": [[int(random.random() < 0.9) for _ in range(n - 1)] for _ in range(b)]}))
+PYEOF
+have_torch=1
+"$PY" -c "import torch, safetensors" 2>/dev/null || have_torch=0
+best() { sort -g | tail -n1; }
+for case in fp32 bf16; do
+  rec=$case; [ $case = bf16 ] && rec=bf16-train
+  tdt=float32; [ $case = bf16 ] && tdt=bfloat16
+  : > "$tmp/t"; : > "$tmp/p"
+  for r in $(seq "$ROUNDS"); do
+    "$PROBE" --model "$DIR" --batch "$tmp/batch.json" --recipe $rec --lr 1e-5 --bench-seconds "$SECONDS_PER" \
+      | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/t"
+    [ $have_torch = 1 ] && "$PY" tests/bench/torch_train.py --model "$DIR" --batch "$tmp/batch.json" \
+      --dtype $tdt --seconds "$SECONDS_PER" 2>/dev/null | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/p"
+  done
+  t=$(best < "$tmp/t"); p=$(best < "$tmp/p")
+  ratio=$(awk -v a="$t" -v b="$p" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }')
+  echo "bench: train-$case tidal=${t:-NA} torch=${p:-NA} ratio=$ratio"
+done
