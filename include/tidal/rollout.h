@@ -33,6 +33,13 @@ typedef struct {
     int stop_at_eos;         /* 0: run every sequence to its length limit                        */
     uint64_t seed;
     int prompt_rows;         /* also give row_fn the prompt's rows (positions 1 .. P-1)           */
+    double logit_noise;      /* > 0: a synthetic mismatch (tidal-rl's dose-response arm): every
+                                response row's raw logits get N(0, logit_noise^2) added per entry
+                                before sampling, drawn from td_rng_stream(noise_seed, stream[s])
+                                in position order, so the noise is the sequence's alone; the
+                                log-probs handed out are those of the noisy logits (the rollout
+                                policy is the noisy one)                                          */
+    uint64_t noise_seed;
 } td_rollout_opts;
 
 typedef struct {

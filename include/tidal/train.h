@@ -173,6 +173,20 @@ int td_trainer_params_changed(td_trainer *tr, td_error *err);
 /* The current loss scale (1 without loss scaling). */
 double td_trainer_loss_scale(const td_trainer *tr);
 
+/* The training path's rows become log-softmax(logits / T) (td_forward_set_temperature): an RL
+ * trainer scores sampled tokens at the sampling temperature, as TRL and verl do. */
+void td_trainer_set_temperature(td_trainer *tr, float T);
+
+/* Optimiser state for resuming (src/train/state.c): the trained parameters (fp32 masters, or
+ * the adapter's A and B), AdamW's two moments, the step and skipped counts and the GradScaler
+ * state, to one binary file (magic "TDTRST01", sizes, then raw little-endian arrays and an
+ * FNV-1a-64 checksum of everything before it), written to PATH.tmp and renamed. Loading
+ * checks the magic, the parameter count and the checksum, naming the file and what differs,
+ * and leaves the trainer unchanged on any error. A trainer resumed from a state file takes
+ * exactly the steps an uninterrupted one would (same bits). */
+int td_trainer_save_state(const td_trainer *tr, const char *path, td_error *err);
+int td_trainer_load_state(td_trainer *tr, const char *path, td_error *err);
+
 TD_END_DECLS
 
 #endif

@@ -53,6 +53,7 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
     float *proc = td_xmalloc((size_t)V * sizeof(float));
     int *slots = td_xmalloc((size_t)n_seq * sizeof(int)), *next = td_xmalloc((size_t)n_seq * sizeof(int));
     td_rng *rng = td_xmalloc((size_t)n_seq * sizeof(td_rng));
+    td_rng *noise = o->logit_noise > 0 ? td_xmalloc((size_t)n_seq * sizeof(td_rng)) : NULL;
     float *out = td_xmalloc((size_t)n_seq * V * sizeof(float));      /* one decode step's rows */
     int rc = -1;
     td_session_set_raw_logits(sess, 1);
@@ -60,6 +61,7 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
         b->len[s] = b->prompt_len[s];
         b->finish[s] = -1;
         td_rng_stream(&rng[s], o->seed, b->stream[s]);
+        if (noise) td_rng_stream(&noise[s], o->noise_seed, b->stream[s]);
         td_session_reset(sess, s);
         if (td_session_prefill(sess, s, b->tokens[s], b->prompt_len[s], logits + (size_t)s * V,
                                o->prompt_rows ? on_prefill_row : NULL, &r, err)) goto done;
@@ -70,7 +72,9 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
         for (int s = 0; s < n_seq; s++) {
             if (b->finish[s] >= 0) continue;
             if (b->len[s] >= o->max_len) { b->finish[s] = TD_FINISH_LENGTH; active--; continue; }  /* buffers hold max_len */
-            const float *lg = logits + (size_t)s * V;
+            float *lg = logits + (size_t)s * V;
+            if (noise)
+                for (int v = 0; v < V; v++) lg[v] += (float)(o->logit_noise * td_rng_normal(&noise[s]));
             int pos = b->len[s];                          /* position of the token drawn */
             int y = td_sample(smp, &o->sampling, lg, b->tokens[s], b->len[s], &rng[s], proc);
             b->tokens[s][pos] = y;
@@ -91,6 +95,6 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
     for (int s = 0; s < n_seq; s++) if (b->finish[s] < 0) b->finish[s] = TD_FINISH_LENGTH;
     rc = 0;
 done:
-    free(r.row); free(logits); free(proc); free(slots); free(next); free(rng); free(out);
+    free(r.row); free(logits); free(proc); free(slots); free(next); free(rng); free(noise); free(out);
     return rc;
 }

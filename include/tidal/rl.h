@@ -1,0 +1,307 @@
+/* tidal — GRPO-family RL with a training/inference mismatch (tidal-rl), over src/rl/.
+ *
+ * One step, as an RL framework with an inference engine and a trainer runs it:
+ *   1. P = B / G prompts from the dataset (a seeded permutation per epoch), B completions in
+ *      all (B = per_device_batch_size x gradient_accumulation_steps, TRL's generation batch);
+ *   2. rollout: G completions per prompt on the inference path (the rollout recipe, KV-cache
+ *      decode, engine-style sampling from per-sequence streams of seed and step): tokens and
+ *      mu, the rollout log-probs (processed: after temperature, as vLLM's processed_logprobs);
+ *   3. rewards from the task's grader (tasks.h) on the decoded completion;
+ *   4. pi_old: the training path (the training recipe, teacher-forced) recomputes every response
+ *      token's log-prob at the sampling temperature, without gradient; its full rows give the
+ *      entropy; with beta > 0 the reference model (the initial weights) is scored the same way;
+ *   5. advantages, IS weights, normalisers (below), then one optimiser step over the B
+ *      completions: td_trainer_accumulate with the per-token loss, td_trainer_step.
+ * One optimiser step per generation batch (TRL's num_iterations = 1, steps_per_generation =
+ * gradient_accumulation_steps): the policy pi_theta being differentiated equals pi_old, so the
+ * PPO ratio is exactly 1 at the step (ppo_kl = 0 is logged as a check), and the IS correction is
+ * the only off-policy weight — the mismatch between the two paths.
+ *
+ * ---- the formulas (each named after the framework it follows) ----
+ * Advantages (TRL grpo_trainer; verl compute_grpo_outcome_advantage): A = r - mean_group(r),
+ * divided by (std + 1e-4) with --scale-rewards group (the group's std) or batch (the whole
+ * batch's std; the mean stays per group), not divided with none (Dr.GRPO). std is torch.std's
+ * (Bessel-corrected). A group whose rewards are all equal gets A = 0 and is counted
+ * (frac_reward_zero_std). Broadcast over the sequence's tokens.
+ *
+ * IS ratio (decoupled, TRL vllm_importance_sampling_*, verl rollout_correction):
+ *   delta_t = pi_old_t - mu_t, clamped to +-20 (verl's safety clamp) before exp;
+ *   token   rho_t = exp(delta_t)
+ *   seq     rho_s = exp(clamp(sum_t m_t delta_t)) — a product of token ratios (TRL, verl)
+ *   geo     g_s   = exp(clamp(mean_t delta_t over m))   (verl seq_mean_k1, slime geometric)
+ * detached (a constant in the loss). Corrections (--is-correction; cap C = --is-cap, lower
+ * cap c = --is-cap-low, 0 = none):
+ *   none        w = 1
+ *   token-tis   w_t = clamp(rho_t, c, C)                 TRL token_truncate; verl token (c = 0)
+ *   token-mis   w_t = rho_t 1[c <= rho_t <= C]            TRL token_mask
+ *   seq-tis     w_t = clamp(rho_s, c, C)                  TRL sequence_truncate; verl sequence
+ *   seq-mis     w_t = rho_s 1[c <= rho_s <= C]            TRL sequence_mask (its default); Oat's
+ *                                                         ppo_use_seq_is (MIS)
+ *   geometric   w_t = g_s 1[c <= g_s <= C]                masked outside a band around 1
+ *   icepop      w_t = rho_t 1[c <= rho_t <= C]            two-sided token mask (Ring-1T IcePop)
+ * Default caps: token modes C = 2 (TRL PR #3867, verl, slime, SkyRL); sequence modes C = 3 (TRL's
+ * default); geometric [0.999, 1.001] (verl preset); icepop [0.5, 5] (Ring-1T, TRL's test).
+ * A masked token (weight 0 by a mask mode) either stays in the loss mask and the normaliser —
+ * TRL, the default (--is-masked-normaliser keep): the PG term is 0 but the KL term still
+ * applies — or leaves both — verl's rejection sampling zeroes response_mask (drop).
+ *
+ * Per-token loss (TRL _compute_loss; verl compute_policy_loss_vanilla), r = exp(logp - pi_old)
+ * (log clamped +-20):
+ *   ppo  L_t = max(-A r, -A clip(r, 1 - eps, 1 + eps_high));  with --dual-clip c (verl
+ *        clip_ratio_c, > 1) and A < 0: L_t = min(L_t, -A c)
+ *   pg   L_t = -A r (no clipping: REINFORCE with the ratio, gradient -A at r = 1)
+ *   then L_t *= w_t (after the clip, before the KL: TRL, verl), and with beta > 0
+ *   L_t += beta k3_t, k3_t = exp(ref - logp) - (ref - logp) - 1 (TRL: not IS-weighted).
+ * Aggregation (TRL loss_type), m = the loss mask, micro-batch = per_device_batch_size
+ * sequences in order, GA = gradient_accumulation_steps:
+ *   grpo     mean over the micro-batch's sequences of sum_t L m / max(sum_t m, 1), / GA
+ *            (a fully masked sequence counts in the mean with 0, as in TRL)
+ *   bnpo     sum L m / max(sum m over the micro-batch, 1), / GA
+ *   dr_grpo  sum L m / (micro-batch size x max_completion_length), / GA
+ *   dapo     sum L m / (sum m over the whole generation batch)   (TRL's default; verl token-mean)
+ * --mask-truncated-completions (TRL): a completion that ended without EOS gets m = 0 (out of
+ * the loss and of every token count) but its reward still enters its group's mean and std.
+ */
+#ifndef TIDAL_RL_H
+#define TIDAL_RL_H
+
+#include "tidal/common.h"
+
+#include <stdint.h>
+
+TD_BEGIN_DECLS
+
+typedef enum { TD_RLIS_NONE = 0, TD_RLIS_TOKEN_TIS, TD_RLIS_TOKEN_MIS, TD_RLIS_SEQ_TIS,
+               TD_RLIS_SEQ_MIS, TD_RLIS_GEOMETRIC, TD_RLIS_ICEPOP, TD_RLIS_COUNT } td_rl_is;
+typedef enum { TD_ADVS_GROUP = 0, TD_ADVS_BATCH, TD_ADVS_NONE } td_rl_scale;
+typedef enum { TD_LOSS_GRPO = 0, TD_LOSS_BNPO, TD_LOSS_DR_GRPO, TD_LOSS_DAPO } td_rl_loss_type;
+typedef enum { TD_PL_PPO = 0, TD_PL_PG } td_rl_policy_loss;
+
+#define TD_RL_IS_NAMES "none|token-tis|token-mis|seq-tis|seq-mis|geometric|icepop"
+#define TD_RL_LOSS_NAMES "grpo|bnpo|dr_grpo|dapo"
+#define TD_RL_SCALE_NAMES "group|batch|none"
+#define TD_RL_LOG_CLAMP 20.0
+#define TD_RL_ADV_EPS 1e-4
+
+const char *td_rl_is_name(td_rl_is m);
+/* -1 + err listing the names when unknown. */
+int td_rl_is_from_name(const char *name, td_error *err);
+/* The default caps of a correction (above). */
+void td_rl_is_default_caps(td_rl_is m, double *lo, double *hi);
+
+/* What the loss needs to know. */
+typedef struct {
+    td_rl_policy_loss policy_loss;
+    double epsilon, epsilon_high;      /* 0.2, 0.2 */
+    double dual_clip;                  /* 0 = off; > 1 */
+    td_rl_loss_type loss_type;         /* dapo */
+    double beta;                       /* 0 */
+    td_rl_is is_mode;
+    double is_cap, is_cap_low;         /* resolved caps (td_rl_is_default_caps unless given) */
+    int is_drop_masked;                /* 1: masked tokens leave the loss mask (verl) */
+    td_rl_scale scale_rewards;         /* group */
+    int num_generations;               /* G */
+    int micro_batch;                   /* per_device_batch_size (sequences) */
+    int grad_accum;
+    int max_completion_length;
+} td_rl_loss_cfg;
+
+void td_rl_loss_cfg_defaults(td_rl_loss_cfg *c);
+
+/* A generation batch: B sequences, sequence s's response tokens at [off[s], off[s+1]). */
+typedef struct {
+    int B;
+    const int64_t *off;    /* (B + 1) */
+    const float *old;      /* (N) pi_old of each response token            */
+    const float *mu;       /* (N) rollout log-prob                         */
+    const float *mask;     /* (N) 1 in the loss (0: truncated and masked)  */
+    const double *reward;  /* (B) */
+} td_rl_batch;
+
+/* What the corrections and normalisers make of a batch. */
+typedef struct {
+    double *adv;           /* (B) */
+    float *w;              /* (N) IS weight */
+    float *m;              /* (N) the loss mask the loss uses (mask, minus dropped tokens) */
+    double *coef;          /* (B) sequence s's loss = coef[s] * sum_t L_t m_t */
+    int zero_std_groups;
+    int64_t n_clipped;     /* loss tokens whose weight a truncation changed */
+    int64_t n_masked;      /* loss tokens a mask mode zeroed */
+    int n_seq_masked;      /* sequences with every loss token masked */
+    int64_t n_loss_tokens; /* tokens with mask = 1 */
+} td_rl_prep;
+
+/* Advantages (above); zero_std (may be NULL) gets the groups whose rewards are all equal.
+ * B must be a multiple of G. */
+void td_rl_advantages(const td_rl_loss_cfg *c, int B, const double *reward, double *adv,
+                      int *zero_std);
+/* Fills prep (caller-allocated arrays) from a batch: advantages, IS weights, the effective mask
+ * and each sequence's normaliser. */
+void td_rl_prepare(const td_rl_loss_cfg *c, const td_rl_batch *b, td_rl_prep *p);
+
+/* PPO-clip statistics of a loss evaluation (token counts over m). */
+typedef struct {
+    double n_tokens, clipped, clipped_lower, ratio_log_sum;   /* ratio_log_sum: sum (pi_old - logp) */
+} td_rl_clip_stats;
+
+/* One sequence's loss and dL/dlogp (T response tokens): logp = the current policy's, old, ref
+ * (NULL when beta = 0), w and m from td_rl_prepare, adv its advantage, coef its normaliser.
+ * dlogp[t] receives the derivative; st (may be NULL) accumulates the clip counts. */
+double td_rl_seq_loss(const td_rl_loss_cfg *c, int T, const float *logp, const float *old,
+                      const float *ref, const float *w, const float *m, double adv, double coef,
+                      float *dlogp, td_rl_clip_stats *st);
+
+/* ---- per-step metrics: one column of /steps each (reports/SCHEMA.md, "RL runs") ---- */
+#define TD_RL_METRICS(X) \
+    X(step, "optimiser step (0-based)") \
+    X(epoch, "epoch of the step's first prompt") \
+    X(lr, "learning rate used") \
+    X(loss, "loss of the step (sum over micro-batches)") \
+    X(reward, "mean reward (TRL reward)") \
+    X(reward_std, "std of rewards over the batch") \
+    X(accuracy, "share of completions with an exact answer") \
+    X(frac_reward_zero_std, "share of groups whose rewards are all equal (TRL)") \
+    X(zero_std_groups, "groups whose rewards are all equal") \
+    X(entropy, "mean token entropy of pi_old over response tokens (nats)") \
+    X(grad_norm, "global gradient norm before clipping (nan/inf on overflow)") \
+    X(loss_scale, "the loss scale the step's gradients carried (1 without)") \
+    X(skipped, "1 when the step was skipped (fp16 overflow)") \
+    X(skipped_total, "skipped steps so far") \
+    X(nonfinite, "non-finite log-probs or losses seen this step") \
+    X(pg_clipfrac, "share of loss tokens where PPO's clip is active (verl)") \
+    X(pg_clipfrac_lower, "share where the dual clip is active (verl)") \
+    X(ppo_kl, "mean (pi_old - pi_theta) over loss tokens (0 on policy)") \
+    X(response_length_mean, "mean response tokens") \
+    X(response_length_max, "longest response") \
+    X(response_length_clip_ratio, "share of completions without EOS (truncated)") \
+    X(kl, "verl rollout_corr/kl: mean (mu - pi_old) over response tokens (k1)") \
+    X(k3_kl, "verl k3_kl: mean (rho - log rho - 1)") \
+    X(chi2_token, "verl chi2_token: mean rho^2 - 1") \
+    X(chi2_seq, "verl chi2_seq: mean rho_seq^2 - 1") \
+    X(logp_diff_mean, "TRL sampling_logp_difference/mean: mean |pi_old - mu|") \
+    X(logp_diff_max, "TRL sampling_logp_difference/max") \
+    X(probs_diff_mean, "verl training/rollout_probs_diff_mean: mean |p_old - p_mu|") \
+    X(probs_diff_max, "verl training/rollout_probs_diff_max") \
+    X(probs_pearson, "verl training/rollout_actor_probs_pearson_corr") \
+    X(training_ppl, "verl training_ppl") \
+    X(rollout_ppl, "verl rollout_ppl") \
+    X(ppl_ratio, "verl ppl_ratio (mean over sequences of PPL_train / PPL_rollout)") \
+    X(log_ppl_abs_diff, "verl log_ppl_abs_diff") \
+    X(rollout_is_mean, "raw token rho: mean") \
+    X(rollout_is_std, "raw token rho: std") \
+    X(rollout_is_min, "raw token rho: min") \
+    X(rollout_is_max, "raw token rho: max") \
+    X(rollout_is_eff_sample_size, "raw token rho: ESS fraction 1/mean((rho/mean rho)^2)") \
+    X(rollout_is_seq_mean, "raw sequence rho: mean") \
+    X(rollout_is_seq_min, "raw sequence rho: min") \
+    X(rollout_is_seq_max, "raw sequence rho: max") \
+    X(rollout_is_seq_eff_sample_size, "raw sequence rho: ESS fraction") \
+    X(rollout_is_clipped_fraction, "share of loss tokens whose weight a truncation changed") \
+    X(rollout_rs_masked_fraction, "share of loss tokens a mask mode zeroed") \
+    X(rollout_rs_seq_masked_fraction, "share of sequences entirely masked") \
+    X(time_rollout, "seconds: generation on the inference path") \
+    X(time_reward, "seconds: decoding and grading") \
+    X(time_old, "seconds: pi_old (and reference) on the training path") \
+    X(time_update, "seconds: loss, backward, optimiser step") \
+    X(time_step, "seconds: the whole step")
+
+#define TD_RL_X_ENUM(name, doc) TD_RLM_##name,
+enum { TD_RL_METRICS(TD_RL_X_ENUM) TD_RLM_COUNT };
+#undef TD_RL_X_ENUM
+extern const char *const td_rl_metric_names[TD_RLM_COUNT];
+extern const char *const td_rl_metric_docs[TD_RLM_COUNT];
+/* "/steps/<name>"; -1 if not a metric. */
+int td_rl_metric_index(const char *name);
+
+/* ---- the collapse detector ----
+ * Signals, each with a first step and configurable thresholds (defaults: issue 13 /
+ * shared/RL.md section 5; recorded in the run file):
+ *   reward_drop   EMA(alpha) of the reward falls >= drop_abs below its best so far, or
+ *                 >= drop_rel x (best - initial) when best - initial >= min_gain, and stays
+ *                 so for hold steps. The step marked is the first of those hold steps.
+ *                 Confirms a collapse.
+ *   grad_spike    grad_norm > spike_factor x the median of the previous spike_window steps
+ *                 (at least spike_min_history of them), or non-finite, on 2 of 3
+ *                 consecutive steps; marked at the first of the two.
+ *   entropy       entropy > entropy_hi x or < entropy_lo x its step-0 value for hold steps;
+ *                 marked at the first.
+ *   mismatch      k3_kl > k3_factor x the median of its first k3_baseline steps (after them),
+ *                 or a verl alarm: |kl| > kl_abs, chi2_token > chi2_max, ESS < ess_min.
+ *   length        response_length_clip_ratio > trunc_max.
+ * Precursors (all but reward_drop) are recorded; a collapse is a reward_drop. */
+typedef enum { TD_CLP_REWARD = 0, TD_CLP_GRAD, TD_CLP_ENTROPY, TD_CLP_MISMATCH, TD_CLP_LENGTH,
+               TD_CLP_NSIGNALS } td_collapse_signal;
+extern const char *const td_collapse_signal_names[TD_CLP_NSIGNALS];
+
+typedef struct {
+    double ema_alpha, drop_abs, drop_rel, min_gain;
+    int hold;
+    double spike_factor;
+    int spike_window, spike_min_history;
+    double entropy_hi, entropy_lo;
+    int entropy_hold;
+    double k3_factor;
+    int k3_baseline;
+    double kl_abs, chi2_max, ess_min;
+    double trunc_max;
+} td_collapse_cfg;
+
+void td_collapse_cfg_defaults(td_collapse_cfg *c);
+/* Applies "key=value,key=value" (the field names above) onto c; -1 + err naming the key. */
+int td_collapse_cfg_parse(td_collapse_cfg *c, const char *spec, td_error *err);
+/* The configuration as a JSON object (caller frees). */
+char *td_collapse_cfg_json(const td_collapse_cfg *c);
+
+typedef struct td_collapse td_collapse;
+td_collapse *td_collapse_new(const td_collapse_cfg *c);
+void td_collapse_free(td_collapse *d);
+/* Feeds step k's metrics (steps in order from 0). Returns the bit mask of signals that fired
+ * for the first time at this call (bit = td_collapse_signal). */
+unsigned td_collapse_push(td_collapse *d, const double *metrics);
+/* The step a signal was first marked at, -1 if never. */
+int td_collapse_first(const td_collapse *d, td_collapse_signal s);
+/* A bit mask of signals active (their condition true) at the last pushed step. */
+unsigned td_collapse_active(const td_collapse *d);
+
+/* ---- the run ---- */
+typedef struct {
+    const char *model_path, *dataset_path, *output_dir;
+    const char *train_recipe, *rollout_recipe;   /* names or JSON files */
+    int exact_match;           /* control: mu := pi_old scored by the training path itself */
+    double rollout_logit_noise;/* synthetic mismatch (dose-response arm); 0 = none */
+    td_rl_loss_cfg loss;
+    int is_cap_given, is_cap_low_given;
+    int mask_truncated;
+    double learning_rate, warmup_ratio, weight_decay, max_grad_norm;
+    int lr_schedule;           /* td_lr_schedule */
+    int lora_r;
+    double lora_alpha;
+    double temperature, top_p, repetition_penalty;
+    int top_k;
+    int max_steps;             /* 0: from epochs */
+    double epochs;
+    int max_seq_length, max_completion_length;
+    int n_jobs;
+    uint64_t seed;
+    int resume, overwrite;
+    int save_steps;
+    int log_completions;       /* sequences per step written to /tokens /seqs /prompts */
+    td_collapse_cfg collapse;
+    int stop_on_collapse;
+    const char *command_line;
+    int quiet;                 /* no progress lines */
+} td_rl_opts;
+
+void td_rl_opts_defaults(td_rl_opts *o);
+/* Checks ranges and combinations (a batch not divisible by G, contradictory flags); 0 or -1 +
+ * err naming the flags. */
+int td_rl_opts_check(const td_rl_opts *o, td_error *err);
+/* Runs (or resumes) the run; writes OUTPUT_DIR/rl.h5, checkpoint-K/ and model/. 0, 1 when it
+ * stopped on a collapse (--stop-on-collapse), -1 + err. */
+int td_rl_run(const td_rl_opts *o, td_error *err);
+
+#define TD_RL_RUNFILE "rl.h5"
+
+TD_END_DECLS
+
+#endif

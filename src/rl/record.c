@@ -1,0 +1,302 @@
+/* tidal-rl's run file (OUTPUT_DIR/rl.h5; reports/SCHEMA.md, "RL runs"):
+ *   /steps/<metric>        one row per step, float64, the names of TD_RL_METRICS (verl/TRL's)
+ *   /steps/collapse_fired  int32: bit mask of detector signals first marked by this step's push
+ *   /steps/collapse_active int32: bit mask of signals whose condition holds at this step
+ *   /seqs /tokens /prompts the first --log-completions completions of every step, in the
+ *                          tidal-diff layout (A = training path pi_old, B = rollout), /seqs/batch
+ *                          = the step: tidal-report and tidal-heatmap read them
+ *   /progress              one row per step: the row counts after it (what --resume cuts to)
+ * Checkpoints: OUTPUT_DIR/checkpoint-K/trainer_state.bin (td_trainer_save_state) after step K-1,
+ * then the root attribute checkpoint_step = K; only the latest is kept. --resume cuts every
+ * group back to checkpoint_step rows and continues: each step's rollouts depend on the seed and
+ * the step only, and the trainer state is restored bit for bit, so the rows come out the same. */
+#include "rl_internal.h"
+#include "tidal/opts.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static void file_path(const rl_run *R, char *buf, size_t n, const char *name)
+{
+    snprintf(buf, n, "%s/%s", R->o->output_dir, name);
+}
+
+char *rl_config_json(const rl_run *R)
+{
+    const td_rl_opts *o = R->o;
+    const td_rl_loss_cfg *c = &R->lc;
+    json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:b, s:f, s:s, s:f, s:f, s:f, s:s, s:f, s:s, s:i, s:f}",
+                          "model_path", o->model_path, "dataset_path", o->dataset_path,
+                          "train_recipe", R->rtrain.name, "rollout_recipe", R->rroll.name,
+                          "exact_match", o->exact_match, "rollout_logit_noise", o->rollout_logit_noise,
+                          "policy_loss", c->policy_loss == TD_PL_PG ? "pg" : "ppo",
+                          "epsilon", c->epsilon, "epsilon_high", c->epsilon_high, "dual_clip", c->dual_clip,
+                          "loss_type", (const char *[]){"grpo", "bnpo", "dr_grpo", "dapo"}[c->loss_type],
+                          "beta", c->beta, "is_correction", td_rl_is_name(c->is_mode),
+                          "is_drop_masked", c->is_drop_masked, "is_cap", c->is_cap);
+    json_object_set_new(j, "is_cap_low", json_real(c->is_cap_low));
+    json_object_set_new(j, "scale_rewards", json_string((const char *[]){"group", "batch", "none"}[c->scale_rewards]));
+    json_object_set_new(j, "num_generations", json_integer(c->num_generations));
+    json_object_set_new(j, "per_device_batch_size", json_integer(c->micro_batch));
+    json_object_set_new(j, "gradient_accumulation_steps", json_integer(c->grad_accum));
+    json_object_set_new(j, "mask_truncated_completions", json_boolean(o->mask_truncated));
+    json_object_set_new(j, "learning_rate", json_real(o->learning_rate));
+    json_object_set_new(j, "lr_scheduler_type", json_string(td_lr_schedule_name((td_lr_schedule)o->lr_schedule)));
+    json_object_set_new(j, "warmup_ratio", json_real(o->warmup_ratio));
+    json_object_set_new(j, "weight_decay", json_real(o->weight_decay));
+    json_object_set_new(j, "max_grad_norm", json_real(o->max_grad_norm));
+    json_object_set_new(j, "lora_r", json_integer(o->lora_r));
+    json_object_set_new(j, "lora_alpha", json_real(o->lora_alpha));
+    json_object_set_new(j, "temperature", json_real(o->temperature));
+    json_object_set_new(j, "top_p", json_real(o->top_p));
+    json_object_set_new(j, "top_k", json_integer(o->top_k));
+    json_object_set_new(j, "repetition_penalty", json_real(o->repetition_penalty));
+    json_object_set_new(j, "max_steps", json_integer(R->total_steps));
+    json_object_set_new(j, "max_completion_length", json_integer(o->max_completion_length));
+    json_object_set_new(j, "seed", json_integer((json_int_t)o->seed));
+    json_object_set_new(j, "log_completions", json_integer(R->nlog));
+    char *s = json_dumps(j, JSON_SORT_KEYS | JSON_COMPACT);
+    json_decref(j);
+    return s;
+}
+
+static int write_attrs(rl_run *R, td_error *err)
+{
+    const td_rl_opts *o = R->o;
+    char created[64], *cfg = rl_config_json(R), *col = td_collapse_cfg_json(&o->collapse);
+    char *ra = td_recipe_to_json(&R->rtrain), *rb = td_recipe_to_json(&R->rroll);
+    time_t now = time(NULL);
+    strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    int rc = td_runfile_set_str(R->rf, "tool", "tidal-rl", err) ||
+             td_runfile_set_str(R->rf, "command_line", o->command_line ? o->command_line : "", err) ||
+             td_runfile_set_str(R->rf, "created", created, err) ||
+             td_runfile_set_str(R->rf, "mode", "rl", err) ||
+             td_runfile_set_str(R->rf, "model_path", o->model_path, err) ||
+             td_runfile_set_str(R->rf, "dataset_path", o->dataset_path, err) ||
+             td_runfile_set_i64(R->rf, "seed", (int64_t)o->seed, err) ||
+             td_runfile_set_str(R->rf, "recipe_a_name", R->rtrain.name, err) ||
+             td_runfile_set_str(R->rf, "recipe_b_name", o->exact_match ? R->rtrain.name : R->rroll.name, err) ||
+             td_runfile_set_str(R->rf, "recipe_a", ra, err) || td_runfile_set_str(R->rf, "recipe_b", rb, err) ||
+             td_runfile_set_str(R->rf, "rl_config", cfg, err) ||
+             td_runfile_set_str(R->rf, "collapse_config", col, err) ||
+             td_runfile_set_i64(R->rf, "max_steps", R->total_steps, err) ||
+             td_runfile_set_i64(R->rf, "checkpoint_step", 0, err) ||
+             td_runfile_set_i64(R->rf, "finished", 0, err) ? -1 : 0;
+    free(cfg); free(col); free(ra); free(rb);
+    return rc;
+}
+
+static void columns_init(rl_run *R)
+{
+    td_columns_init(R->tcols, td_schema_tokens, TD_TOK_LOGP_TRAINER);   /* the optional last one left out */
+    td_columns_init(R->scols, td_schema_seqs, TD_SEQ_TEXT_OFFSET);
+    td_columns_init(R->pcols, td_schema_prompts, TD_PRM_COUNT);
+}
+
+/* The state after `steps` completed steps: /steps rows replayed through the detector. */
+static int replay(rl_run *R, int steps, td_error *err)
+{
+    double *col = td_xmalloc((size_t)(steps ? steps : 1) * sizeof(double));
+    double *rows = td_xcalloc((size_t)(steps ? steps : 1) * TD_RLM_COUNT, sizeof(double));
+    for (int i = 0; i < TD_RLM_COUNT; i++) {
+        char p[128];
+        snprintf(p, sizeof p, "/steps/%s", td_rl_metric_names[i]);
+        if (steps && td_runfile_read(R->rf, p, TD_COL_F64, 0, steps, col, err)) { free(col); free(rows); return -1; }
+        for (int k = 0; k < steps; k++) rows[(size_t)k * TD_RLM_COUNT + i] = col[k];
+    }
+    R->skipped_extra = 0;
+    for (int k = 0; k < steps; k++) {
+        const double *M = rows + (size_t)k * TD_RLM_COUNT;
+        td_collapse_push(R->det, M);
+        if (M[TD_RLM_skipped] == 1 && M[TD_RLM_loss_scale] == 1) R->skipped_extra++;
+    }
+    free(col);
+    free(rows);
+    return 0;
+}
+
+static int cut_back(rl_run *R, int steps, td_error *err)
+{
+    const char *groups[3] = {"/seqs", "/tokens", "/prompts"};
+    const char *cols[3] = {"/progress/seq_rows", "/progress/token_rows", "/progress/prompt_rows"};
+    for (int g = 0; g < 3; g++) {
+        int64_t n = 0;
+        if (steps > 0 && td_runfile_read(R->rf, cols[g], TD_COL_I64, steps - 1, 1, &n, err)) return -1;
+        if (td_runfile_exists(R->rf, groups[g]) && td_runfile_truncate_group(R->rf, groups[g], n, err)) return -1;
+        R->rows[g] = n;
+    }
+    if ((td_runfile_exists(R->rf, "/progress") && td_runfile_truncate_group(R->rf, "/progress", steps, err)) ||
+        (td_runfile_exists(R->rf, "/steps") && td_runfile_truncate_group(R->rf, "/steps", steps, err)))
+        return -1;
+    return replay(R, steps, err);
+}
+
+int rl_file_open(rl_run *R, int *start, td_error *err)
+{
+    const td_rl_opts *o = R->o;
+    char path[4200];
+    file_path(R, path, sizeof path, TD_RL_RUNFILE);
+    columns_init(R);
+    *start = 0;
+    struct stat st;
+    int exists = stat(path, &st) == 0;
+    if (exists && !o->resume && !o->overwrite)
+        return td_fail(err, "%s exists: --resume continues that run, --overwrite-output-dir "
+                       "replaces it", path);
+    if (!exists || o->overwrite) {
+        if (td_make_parent_dirs(path, err)) return -1;
+        R->rf = td_runfile_create(path, 1, err);
+        if (!R->rf || write_attrs(R, err) || td_runfile_flush(R->rf, err)) return -1;
+        return 0;
+    }
+    R->rf = td_runfile_open(path, 1, err);
+    if (!R->rf) return -1;
+    char *tool = td_runfile_get_str(R->rf, "tool", NULL), *cfg = td_runfile_get_str(R->rf, "rl_config", NULL);
+    char *mine = rl_config_json(R);
+    int same = tool && !strcmp(tool, "tidal-rl") && cfg && !strcmp(cfg, mine);
+    if (!same)
+        td_fail(err, "%s: --resume with another configuration than the file's (%s) — this command "
+                "gives %s", path, cfg ? cfg : tool ? tool : "not a tidal-rl run", mine);
+    free(tool); free(cfg); free(mine);
+    if (!same) return -1;
+    int64_t ck = 0;
+    if (td_runfile_get_i64(R->rf, "checkpoint_step", &ck, err)) return -1;
+    if (ck > 0) {
+        char sp[4300];
+        snprintf(sp, sizeof sp, "%s/checkpoint-%lld/trainer_state.bin", o->output_dir, (long long)ck);
+        if (td_trainer_load_state(R->tr, sp, err)) return -1;
+    }
+    if (cut_back(R, (int)ck, err) || td_runfile_set_i64(R->rf, "finished", 0, err) || td_runfile_flush(R->rf, err))
+        return -1;
+    *start = (int)ck;
+    return 0;
+}
+
+/* the logged sequences of step k in the tidal-diff layout */
+static void push_sample(rl_run *R, int k)
+{
+    for (int s = 0; s < R->nlog; s++) {
+        int64_t seq_row = R->rows[0] + s, first = R->rows[1] + (int64_t)R->tcols[TD_TOK_SEQ].n;
+        double sum = 0, sum_abs = 0, mx = 0, kl = 0, lr = 0;
+        int ns = 0;
+        td_column *c = R->tcols;
+        for (int pos = R->plen[s]; pos < R->len[s]; pos++) {
+            const td_token_metrics *m = &R->tm[(size_t)s * R->max_len + pos];
+            double d = m->logp_b - m->logp_a;
+            td_column_push_i64(&c[TD_TOK_SEQ], seq_row);
+            td_column_push_i32(&c[TD_TOK_POS], pos);
+            td_column_push_i32(&c[TD_TOK_TOKEN], R->tok[s][pos]);
+            td_column_push_f64(&c[TD_TOK_LOGP_A], m->logp_a);
+            td_column_push_f64(&c[TD_TOK_LOGP_B], m->logp_b);
+            td_column_push_f64(&c[TD_TOK_LOGP_B_PROC], R->o->exact_match ? m->logp_a : R->mu_pos[s][pos]);
+            td_column_push_f64(&c[TD_TOK_DLOGP], d);
+            td_column_push_f64(&c[TD_TOK_KL_BA], m->kl_ba);
+            td_column_push_f64(&c[TD_TOK_KL_AB], m->kl_ab);
+            td_column_push_f64(&c[TD_TOK_K3], m->k3);
+            td_column_push_f64(&c[TD_TOK_TV], m->tv);
+            td_column_push_f64(&c[TD_TOK_ENTROPY_A], m->entropy_a);
+            td_column_push_f64(&c[TD_TOK_ENTROPY_B], m->entropy_b);
+            td_column_push_i32(&c[TD_TOK_TOP1_A], m->top1_a);
+            td_column_push_i32(&c[TD_TOK_TOP1_B], m->top1_b);
+            td_column_push_i32(&c[TD_TOK_RANK_A], m->rank_a);
+            td_column_push_i32(&c[TD_TOK_RANK_B], m->rank_b);
+            td_column_push_i8(&c[TD_TOK_IS_PROMPT], 0);
+            td_column_push_i32(&c[TD_TOK_STEP], pos - R->plen[s]);
+            sum += d;
+            sum_abs += fabs(d);
+            mx = fmax(mx, fabs(d));
+            kl += m->kl_ba;
+            lr -= d;
+            ns++;
+        }
+        c = R->scols;
+        td_column_push_i64(&c[TD_SEQ_PROMPT_INDEX], (int64_t)R->item[s]);
+        td_column_push_i64(&c[TD_SEQ_BATCH], k);
+        td_column_push_i32(&c[TD_SEQ_PROMPT_LEN], R->plen[s]);
+        td_column_push_i32(&c[TD_SEQ_RESPONSE_LEN], R->len[s] - R->plen[s]);
+        td_column_push_i64(&c[TD_SEQ_TOKEN_OFFSET], first);
+        td_column_push_i32(&c[TD_SEQ_N_SCORED], ns);
+        td_column_push_i8(&c[TD_SEQ_FINISH], (int8_t)R->finish[s]);
+        td_column_push_f64(&c[TD_SEQ_SUM_DLOGP], sum);
+        td_column_push_f64(&c[TD_SEQ_MEAN_ABS_DLOGP], ns ? sum_abs / ns : NAN);
+        td_column_push_f64(&c[TD_SEQ_MAX_ABS_DLOGP], mx);
+        td_column_push_f64(&c[TD_SEQ_MEAN_KL_BA], ns ? kl / ns : NAN);
+        td_column_push_f64(&c[TD_SEQ_LOG_RATIO], lr);
+        td_column_push_i64(&c[TD_SEQ_TOKENS_OFFSET], R->rows[2] + (int64_t)R->pcols[TD_PRM_TOKENS].n);
+        for (int t = 0; t < R->len[s]; t++) td_column_push_i32(&R->pcols[TD_PRM_TOKENS], R->tok[s][t]);
+    }
+}
+
+int rl_file_commit(rl_run *R, int k, const double *M, td_error *err)
+{
+    unsigned fired = td_collapse_push(R->det, M);
+    int32_t f = (int32_t)fired, a = (int32_t)td_collapse_active(R->det);
+    for (int i = 0; i < TD_RLM_COUNT; i++) {
+        char p[128];
+        snprintf(p, sizeof p, "/steps/%s", td_rl_metric_names[i]);
+        if (td_runfile_append(R->rf, p, TD_COL_F64, 1, &M[i], 1, err)) return -1;
+    }
+    if (td_runfile_append(R->rf, "/steps/collapse_fired", TD_COL_I32, 1, &f, 1, err) ||
+        td_runfile_append(R->rf, "/steps/collapse_active", TD_COL_I32, 1, &a, 1, err))
+        return -1;
+    push_sample(R, k);
+    size_t ns = R->scols[0].n, nt = R->tcols[0].n, np = R->pcols[0].n;
+    if (td_columns_write(R->rf, R->scols, TD_SEQ_TEXT_OFFSET, err) ||
+        td_columns_write(R->rf, R->tcols, TD_TOK_LOGP_TRAINER, err) ||
+        td_columns_write(R->rf, R->pcols, TD_PRM_COUNT, err))
+        return -1;
+    R->rows[0] += (int64_t)ns;
+    R->rows[1] += (int64_t)nt;
+    R->rows[2] += (int64_t)np;
+    td_columns_clear(R->scols, TD_SEQ_TEXT_OFFSET);
+    td_columns_clear(R->tcols, TD_TOK_LOGP_TRAINER);
+    td_columns_clear(R->pcols, TD_PRM_COUNT);
+    int64_t prog[4] = {k, R->rows[0], R->rows[1], R->rows[2]};
+    const char *pc[4] = {"/progress/batch", "/progress/seq_rows", "/progress/token_rows", "/progress/prompt_rows"};
+    for (int i = 0; i < 4; i++)
+        if (td_runfile_append(R->rf, pc[i], TD_COL_I64, 1, &prog[i], 1, err)) return -1;
+    return td_runfile_flush(R->rf, err);
+}
+
+int rl_checkpoint_save(rl_run *R, int steps, td_error *err)
+{
+    char dir[4300], path[4400];
+    snprintf(dir, sizeof dir, "%s/checkpoint-%d", R->o->output_dir, steps);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/trainer_state.bin", dir);
+    int64_t prev = 0;
+    td_runfile_get_i64(R->rf, "checkpoint_step", &prev, NULL);
+    if (td_trainer_save_state(R->tr, path, err) || td_runfile_set_i64(R->rf, "checkpoint_step", steps, err) ||
+        td_runfile_flush(R->rf, err))
+        return -1;
+    if (prev > 0 && prev != steps) {   /* only the latest is kept (save_total_limit = 1) */
+        snprintf(dir, sizeof dir, "%s/checkpoint-%lld", R->o->output_dir, (long long)prev);
+        snprintf(path, sizeof path, "%s/trainer_state.bin", dir);
+        remove(path);
+        rmdir(dir);
+    }
+    return 0;
+}
+
+int rl_file_finish(rl_run *R, int steps_done, int stopped, td_error *err)
+{
+    int cs = td_collapse_first(R->det, TD_CLP_REWARD);
+    if (td_runfile_set_i64(R->rf, "steps_done", steps_done, err) ||
+        td_runfile_set_i64(R->rf, "finished", steps_done >= R->total_steps || stopped, err) ||
+        td_runfile_set_i64(R->rf, "stopped_on_collapse", stopped, err) ||
+        td_runfile_set_i64(R->rf, "collapse_step", cs, err) ||
+        td_runfile_set_str(R->rf, "collapse_cause", cs >= 0 ? "reward_drop" : "", err))
+        return -1;
+    for (int i = 0; i < TD_CLP_NSIGNALS; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "first_%s", td_collapse_signal_names[i]);
+        if (td_runfile_set_i64(R->rf, name, td_collapse_first(R->det, (td_collapse_signal)i), err)) return -1;
+    }
+    return td_runfile_flush(R->rf, err);
+}

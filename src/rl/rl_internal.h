@@ -1,0 +1,74 @@
+/* tidal-rl's parts (internal to src/rl):
+ *   loss.c      advantages, IS weights, normalisers, the per-token loss (pure functions)
+ *   collapse.c  the collapse detector
+ *   opts.c      defaults, checks, metric names
+ *   run.c       the run: setup, resume, the step loop, progress
+ *   step.c      one step: rollout, rewards, pi_old, update, metrics
+ *   record.c    the run file: attributes, /steps rows, the /tokens sample, checkpoints */
+#ifndef TIDAL_RL_INTERNAL_H
+#define TIDAL_RL_INTERNAL_H
+
+#include "tidal/metrics.h"
+#include "tidal/model.h"
+#include "tidal/recipe.h"
+#include "tidal/rl.h"
+#include "tidal/rollout.h"
+#include "tidal/runfile.h"
+#include "tidal/tasks.h"
+#include "tidal/tokenizer.h"
+#include "tidal/train.h"
+#include "../diff/columns.h"
+
+typedef struct {
+    const td_rl_opts *o;
+    td_model *model;              /* the initial weights (and the reference policy)           */
+    td_tokenizer *tkz;
+    td_task_item *items;
+    size_t n_items;
+    int **prompt_ids, *prompt_len;/* (n_items) tokenized prompts                              */
+    td_recipe rtrain, rroll;
+    td_trainer *tr;
+    td_forward *fold, *fref;      /* pi_old on the trainer's weights; the reference           */
+    td_session *sess;
+    td_sampler *smp;
+    int B, G, P, V, max_len, nlog;
+    int eos[8], n_eos;
+    int total_steps;
+    /* one step's buffers */
+    int **tok;                    /* (B) max_len                                              */
+    int *len, *plen, *finish;
+    size_t *item;                 /* (B) dataset record of each sequence                      */
+    float **mu_pos, **old_pos;    /* (B) max_len: by position (mu: processed rollout log-prob) */
+    float *rows_b;                /* (nlog, max_len, V) rollout rows of the logged sequences  */
+    td_token_metrics *tm;         /* (nlog, max_len) token metrics of the logged sequences    */
+    int64_t *off;                 /* (B + 1) response token offsets                           */
+    float *old, *mu, *ref, *mask, *w, *m;   /* (B * max_completion) flattened response tokens */
+    double *reward, *adv, *coef;
+    int *exact;
+    double entropy_sum, entropy_n;
+    td_rl_loss_cfg lc;
+    td_rl_clip_stats clip;
+    int nonfinite;
+    long skipped_extra;           /* steps skipped for a non-finite gradient without loss scaling */
+    /* the run file */
+    td_runfile *rf;
+    td_column tcols[TD_TOK_COUNT], scols[TD_SEQ_COUNT], pcols[TD_PRM_COUNT];
+    int64_t rows[3];              /* /seqs, /tokens, /prompts rows in the file               */
+    td_collapse *det;
+    int collapse_step;
+} rl_run;
+
+/* step.c: step k into metrics (TD_RLM_COUNT values); -1 + err */
+int rl_step(rl_run *R, int k, double *metrics, td_error *err);
+/* the epoch and dataset record of the j-th prompt of step k */
+size_t rl_prompt_of(const rl_run *R, int k, int j, int *epoch);
+
+/* record.c */
+int rl_file_open(rl_run *R, int *start_step, td_error *err);
+int rl_file_commit(rl_run *R, int k, const double *metrics, td_error *err);
+int rl_checkpoint_save(rl_run *R, int k, td_error *err);
+int rl_file_finish(rl_run *R, int steps_done, int stopped, td_error *err);
+/* the configuration a resumed run must share with the file (JSON; caller frees) */
+char *rl_config_json(const rl_run *R);
+
+#endif

@@ -1,0 +1,213 @@
+/* tidal — the tidal-rl run (include/tidal/rl.h): setup, resume, the step loop with progress
+ * and checkpoints, the end. */
+#include "rl_internal.h"
+#include "tidal/checkpoint.h"
+#include "tidal/sampling.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int load_inputs(rl_run *R, td_error *err)
+{
+    const td_rl_opts *o = R->o;
+    char tp[4200];
+    snprintf(tp, sizeof tp, "%s/tokenizer.json", o->model_path);
+    R->tkz = td_tokenizer_load(tp, err);
+    if (!R->tkz) return td_fail(err, "%s (tidal-rl decodes completions for the reward: the model "
+                                "directory needs its tokenizer.json)", err->msg);
+    if (td_task_read_jsonl(o->dataset_path, &R->items, &R->n_items, err)) return -1;
+    if (R->n_items == 0) return td_fail(err, "%s: no records", o->dataset_path);
+    R->prompt_ids = td_xcalloc(R->n_items, sizeof(int *));
+    R->prompt_len = td_xcalloc(R->n_items, sizeof(int));
+    int longest = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < R->n_items; i++) {
+        int32_t *ids;
+        size_t n;
+        const char *p = R->items[i].prompt;
+        if (td_tokenizer_encode(R->tkz, p, strlen(p), false, true, &ids, &n, err))
+            return td_fail(err, "%s:%ld: prompt: %s", o->dataset_path, R->items[i].line, err->msg);
+        R->prompt_ids[i] = td_xmalloc((n ? n : 1) * sizeof(int));
+        for (size_t t = 0; t < n; t++) R->prompt_ids[i][t] = ids[t];
+        R->prompt_len[i] = (int)n;
+        free(ids);
+        if (n == 0) return td_fail(err, "%s:%ld: empty prompt", o->dataset_path, R->items[i].line);
+        if ((int)n > longest) { longest = (int)n; at = i; }
+    }
+    R->max_len = longest + o->max_completion_length;
+    if (R->max_len > o->max_seq_length)
+        return td_fail(err, "%s:%ld: the prompt's %d tokens + --max-completion-length %d exceed "
+                       "--max-seq-length %d", o->dataset_path, R->items[at].line, longest,
+                       o->max_completion_length, o->max_seq_length);
+    R->model = td_model_load(o->model_path, err);
+    if (!R->model) return -1;
+    R->V = R->model->cfg.vocab_size;
+    int ids[TD_CONFIG_MAX_EOS];
+    int n = td_config_eos_list(&R->model->cfg, ids);
+    R->n_eos = 0;
+    for (int i = 0; i < n && R->n_eos < 8; i++) R->eos[R->n_eos++] = ids[i];
+    if (!R->n_eos && td_tokenizer_eos_id(R->tkz) >= 0) R->eos[R->n_eos++] = td_tokenizer_eos_id(R->tkz);
+    if (!R->n_eos)
+        return td_fail(err, "%s: no EOS token (config.json eos_token_id or tokenizer_config.json "
+                       "eos_token): completions could not end", o->model_path);
+    if (td_recipe_resolve(o->train_recipe, &R->rtrain, err)) return -1;
+    if (td_recipe_resolve(o->exact_match ? o->train_recipe : o->rollout_recipe, &R->rroll, err)) return -1;
+    return 0;
+}
+
+static int build(rl_run *R, td_error *err)
+{
+    const td_rl_opts *o = R->o;
+    R->lc = o->loss;
+    R->lc.max_completion_length = o->max_completion_length;
+    if (!o->is_cap_given || !o->is_cap_low_given) {
+        double lo, hi;
+        td_rl_is_default_caps(R->lc.is_mode, &lo, &hi);
+        if (!o->is_cap_given) R->lc.is_cap = hi;
+        if (!o->is_cap_low_given) R->lc.is_cap_low = lo;
+    }
+    R->G = R->lc.num_generations;
+    R->B = R->lc.micro_batch * R->lc.grad_accum;
+    R->P = R->B / R->G;
+    R->total_steps = o->max_steps > 0 ? o->max_steps : (int)ceil(o->epochs * (double)R->n_items / R->P);
+    R->nlog = o->log_completions < R->B ? o->log_completions : R->B;
+    td_train_opts t;
+    td_train_opts_defaults(&t);
+    t.lr = o->learning_rate;
+    t.weight_decay = o->weight_decay;
+    t.max_grad_norm = o->max_grad_norm;
+    t.schedule = (td_lr_schedule)o->lr_schedule;
+    t.max_steps = R->total_steps;
+    t.warmup_ratio = o->warmup_ratio;
+    t.lora_r = o->lora_r;
+    t.lora_alpha = o->lora_alpha;
+    t.seed = o->seed;
+    t.max_seq_len = R->max_len;
+    t.max_tokens = R->lc.micro_batch * R->max_len;
+    R->tr = td_trainer_create(R->model, &R->rtrain, &t, NULL, err);
+    if (!R->tr) return -1;
+    td_trainer_set_temperature(R->tr, (float)o->temperature);
+    R->fold = td_forward_create(td_trainer_model(R->tr), t.max_tokens, R->max_len, 0, err);
+    if (!R->fold) return -1;
+    td_forward_set_temperature(R->fold, (float)o->temperature);
+    if (R->lc.beta > 0) {
+        R->fref = td_forward_create(R->model, t.max_tokens, R->max_len, 0, err);
+        if (!R->fref || td_forward_set_recipe(R->fref, &R->rtrain, err)) return -1;
+        td_forward_set_temperature(R->fref, (float)o->temperature);
+    }
+    R->sess = td_session_create(td_trainer_model(R->tr), R->B, R->max_len, 0, err);
+    if (!R->sess) return -1;
+    R->smp = td_sampler_create(R->V);
+    int B = R->B, L = R->max_len;
+    size_t N = (size_t)B * o->max_completion_length;
+    R->tok = td_xcalloc((size_t)B, sizeof(int *));
+    R->mu_pos = td_xcalloc((size_t)B, sizeof(float *));
+    R->old_pos = td_xcalloc((size_t)B, sizeof(float *));
+    for (int s = 0; s < B; s++) {
+        R->tok[s] = td_xcalloc((size_t)L, sizeof(int));
+        R->mu_pos[s] = td_xcalloc((size_t)L, sizeof(float));
+        R->old_pos[s] = td_xcalloc((size_t)L, sizeof(float));
+    }
+    R->len = td_xcalloc((size_t)B, sizeof(int));
+    R->plen = td_xcalloc((size_t)B, sizeof(int));
+    R->finish = td_xcalloc((size_t)B, sizeof(int));
+    R->exact = td_xcalloc((size_t)B, sizeof(int));
+    R->item = td_xcalloc((size_t)B, sizeof(size_t));
+    R->rows_b = td_xcalloc((size_t)(R->nlog ? R->nlog : 1) * L * R->V, sizeof(float));
+    R->tm = td_xcalloc((size_t)(R->nlog ? R->nlog : 1) * L, sizeof(td_token_metrics));
+    R->off = td_xcalloc((size_t)B + 1, sizeof(int64_t));
+    float **f[] = {&R->old, &R->mu, &R->ref, &R->mask, &R->w, &R->m};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) *f[i] = td_xcalloc(N, sizeof(float));
+    R->reward = td_xcalloc((size_t)B, sizeof(double));
+    R->adv = td_xcalloc((size_t)B, sizeof(double));
+    R->coef = td_xcalloc((size_t)B, sizeof(double));
+    R->det = td_collapse_new(&o->collapse);
+    return 0;
+}
+
+static void teardown(rl_run *R)
+{
+    if (R->rf) td_runfile_close(R->rf, NULL);
+    td_columns_free(R->tcols, TD_TOK_LOGP_TRAINER);
+    td_columns_free(R->scols, TD_SEQ_TEXT_OFFSET);
+    td_columns_free(R->pcols, TD_PRM_COUNT);
+    for (int s = 0; R->tok && s < R->B; s++) { free(R->tok[s]); free(R->mu_pos[s]); free(R->old_pos[s]); }
+    free(R->tok); free(R->mu_pos); free(R->old_pos);
+    free(R->len); free(R->plen); free(R->finish); free(R->exact); free(R->item);
+    free(R->rows_b); free(R->tm); free(R->off);
+    free(R->old); free(R->mu); free(R->ref); free(R->mask); free(R->w); free(R->m);
+    free(R->reward); free(R->adv); free(R->coef);
+    td_collapse_free(R->det);
+    td_sampler_free(R->smp);
+    td_session_free(R->sess);
+    td_forward_free(R->fold);
+    td_forward_free(R->fref);
+    td_trainer_free(R->tr);
+    td_model_free(R->model);
+    for (size_t i = 0; R->prompt_ids && i < R->n_items; i++) free(R->prompt_ids[i]);
+    free(R->prompt_ids); free(R->prompt_len);
+    if (R->items) td_task_items_free(R->items, R->n_items);
+    td_tokenizer_free(R->tkz);
+}
+
+static void fmt_secs(char *buf, size_t n, double s)
+{
+    if (!isfinite(s) || s < 0) snprintf(buf, n, "?");
+    else if (s < 3600) snprintf(buf, n, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else snprintf(buf, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
+}
+
+int td_rl_run(const td_rl_opts *o, td_error *err)
+{
+    if (td_rl_opts_check(o, err)) return -1;
+    if (o->n_jobs > 0) omp_set_num_threads(o->n_jobs);
+    rl_run R;
+    memset(&R, 0, sizeof R);
+    R.o = o;
+    int rc = -1, start = 0, stopped = 0, k;
+    if (load_inputs(&R, err) || build(&R, err) || rl_file_open(&R, &start, err)) goto done;
+    double M[TD_RLM_COUNT], t0 = omp_get_wtime();
+    if (!o->quiet && start > 0)
+        fprintf(stderr, "tidal-rl: resuming %s/%s at step %d of %d\n", o->output_dir, TD_RL_RUNFILE, start, R.total_steps);
+    for (k = start; k < R.total_steps; k++) {
+        if (rl_step(&R, k, M, err) || rl_file_commit(&R, k, M, err)) goto done;
+        if (o->save_steps > 0 && (k + 1) % o->save_steps == 0 && k + 1 < R.total_steps &&
+            rl_checkpoint_save(&R, k + 1, err))
+            goto done;
+        if (!o->quiet) {
+            double el = omp_get_wtime() - t0, per = el / (k + 1 - start);
+            char eta[32];
+            fmt_secs(eta, sizeof eta, per * (R.total_steps - k - 1));
+            fprintf(stderr, "tidal-rl: step %d/%d reward %.3f acc %.3f kl %.2e k3 %.2e grad_norm %.3g "
+                    "entropy %.3f len %.1f | %.2f s/step, ETA %s\n", k + 1, R.total_steps,
+                    M[TD_RLM_reward], M[TD_RLM_accuracy], M[TD_RLM_kl], M[TD_RLM_k3_kl],
+                    M[TD_RLM_grad_norm], M[TD_RLM_entropy], M[TD_RLM_response_length_mean], per, eta);
+        }
+        if (o->stop_on_collapse && td_collapse_first(R.det, TD_CLP_REWARD) >= 0) {
+            stopped = 1;
+            k++;
+            if (!o->quiet)
+                fprintf(stderr, "tidal-rl: collapse (reward_drop from step %d): stopping (--stop-on-collapse)\n",
+                        td_collapse_first(R.det, TD_CLP_REWARD));
+            break;
+        }
+    }
+    char mp[4200];
+    snprintf(mp, sizeof mp, "%s/model", o->output_dir);
+    if (rl_file_finish(&R, k, stopped, err) ||
+        td_trainer_save(R.tr, mp, TD_DT_F32, o->command_line ? o->command_line : "tidal-rl", err))
+        goto done;
+    rc = stopped;
+done:
+    teardown(&R);
+    if (rc >= 0) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", o->output_dir, TD_RL_RUNFILE);
+        td_error e2;
+        if (td_runfile_compact(path, &e2) && !o->quiet) fprintf(stderr, "tidal-rl: %s\n", e2.msg);
+    }
+    return rc;
+}

@@ -1,0 +1,328 @@
+/* tidal — one tidal-rl step (include/tidal/rl.h has the sequence and the formulas). */
+#include "rl_internal.h"
+#include "tidal/analysis.h"
+#include "tidal/logprob.h"
+#include "tidal/metrics.h"
+
+#include <gsl/gsl_statistics_double.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A per-step seed from the run's seed: rollouts of step k are the same whatever ran before. */
+static uint64_t step_seed(uint64_t seed, int k, uint64_t salt)
+{
+    uint64_t h = seed ^ 0x9e3779b97f4a7c15ull * (uint64_t)(k + 1) ^ salt * 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 31;
+    h *= 0x94d049bb133111ebull;
+    return h ^ (h >> 29);
+}
+
+/* Prompts: epoch e visits the dataset in a permutation drawn from td_rng_stream(seed, e). */
+size_t rl_prompt_of(const rl_run *R, int k, int j, int *epoch)
+{
+    size_t n = R->n_items, i = (size_t)k * (size_t)R->P + (size_t)j, e = i / n, pos = i % n;
+    if (epoch) *epoch = (int)e;
+    td_rng r;
+    td_rng_stream(&r, R->o->seed, 1000003u + e);
+    size_t *perm = td_xmalloc(n * sizeof *perm);
+    for (size_t a = 0; a < n; a++) perm[a] = a;
+    for (size_t a = n - 1; a > 0; a--) {
+        size_t b = (size_t)td_rng_below(&r, a + 1), t = perm[a];
+        perm[a] = perm[b];
+        perm[b] = t;
+    }
+    size_t out = perm[pos];
+    free(perm);
+    return out;
+}
+
+/* rollout rows of the logged sequences (at the training temperature, so A and B compare) */
+static void on_rollout_row(void *user, int seq, int pos, const float *logp, float logp_proc)
+{
+    rl_run *R = user;
+    if (seq >= R->nlog) return;
+    float *dst = R->rows_b + ((size_t)seq * R->max_len + pos) * R->V;
+    double T = R->o->temperature;
+    for (int v = 0; v < R->V; v++) dst[v] = T == 1.0 ? logp[v] : (float)(logp[v] / T);
+    if (T != 1.0) td_log_softmax(dst, R->V);
+}
+
+/* pi_old rows: entropy over response positions; the logged sequences' token metrics */
+static void on_old_row(void *user, int seq, int pos, const float *row)
+{
+    rl_run *R = user;
+    if (pos + 1 < R->plen[seq] || pos + 1 >= R->len[seq]) return;
+    double h = 0.0;
+    for (int v = 0; v < R->V; v++) {
+        double p = exp((double)row[v]);
+        if (p > 0) h -= p * row[v];
+    }
+    R->entropy_sum += h;
+    R->entropy_n += 1;
+    if (seq < R->nlog) {
+        float *b = R->rows_b + ((size_t)seq * R->max_len + pos + 1) * R->V;
+        if (R->o->exact_match) memcpy(b, row, (size_t)R->V * sizeof(float));
+        td_token_metrics_compute(row, b, R->V, R->tok[seq][pos + 1], &R->tm[(size_t)seq * R->max_len + pos + 1]);
+    }
+}
+
+static double loss_fn(void *user, int s, int n, const float *logp, float *dlogp)
+{
+    rl_run *R = user;
+    int P = R->plen[s];
+    for (int t = 0; t < P - 1; t++) dlogp[t] = 0.0f;
+    int64_t o = R->off[s];
+    int T = (int)(R->off[s + 1] - o);
+    for (int t = 0; t < T; t++) if (!isfinite(logp[P - 1 + t])) R->nonfinite++;
+    return td_rl_seq_loss(&R->lc, T, logp + P - 1, R->old + o, R->lc.beta > 0 ? R->ref + o : NULL, R->w + o,
+                          R->m + o, R->adv[s], R->coef[s], dlogp + P - 1, &R->clip);
+    (void)n;
+}
+
+static void response_metrics(rl_run *R, double *M)
+{
+    int64_t N = R->off[R->B];
+    double *la = td_xmalloc((size_t)(N ? N : 1) * sizeof(double)), *lb = td_xmalloc((size_t)(N ? N : 1) * sizeof(double));
+    double *dl = td_xmalloc((size_t)(N ? N : 1) * sizeof(double)), *k3 = td_xmalloc((size_t)(N ? N : 1) * sizeof(double));
+    double *pa = td_xmalloc((size_t)(N ? N : 1) * sizeof(double)), *pb = td_xmalloc((size_t)(N ? N : 1) * sizeof(double));
+    int64_t *seq = td_xmalloc((size_t)(N ? N : 1) * sizeof(int64_t));
+    int8_t *isp = td_xcalloc((size_t)(N ? N : 1), 1);
+    double dmax = 0, dsum = 0, pmax = 0, psum = 0;
+    for (int s = 0; s < R->B; s++)
+        for (int64_t t = R->off[s]; t < R->off[s + 1]; t++) {
+            la[t] = R->old[t];
+            lb[t] = R->mu[t];
+            dl[t] = lb[t] - la[t];
+            k3[t] = td_k3(la[t], lb[t]);
+            pa[t] = exp(la[t]);
+            pb[t] = exp(lb[t]);
+            seq[t] = s;
+            dsum += fabs(dl[t]);
+            dmax = fmax(dmax, fabs(dl[t]));
+            psum += fabs(pa[t] - pb[t]);
+            pmax = fmax(pmax, fabs(pa[t] - pb[t]));
+            if (!isfinite(dl[t])) R->nonfinite++;
+        }
+    td_run run;
+    memset(&run, 0, sizeof run);
+    run.n = (size_t)N;
+    run.nseq = (size_t)R->B;
+    run.logp_a = la; run.logp_b = lb; run.dlogp = dl; run.k3 = k3; run.seq = seq; run.is_prompt = isp;
+    td_verl_metrics v;
+    td_verl_metrics_compute(&run, &v);
+    M[TD_RLM_kl] = v.kl;
+    M[TD_RLM_k3_kl] = v.k3_kl;
+    M[TD_RLM_training_ppl] = v.training_ppl;
+    M[TD_RLM_rollout_ppl] = v.rollout_ppl;
+    M[TD_RLM_ppl_ratio] = v.ppl_ratio;
+    M[TD_RLM_log_ppl_abs_diff] = v.log_ppl_abs_diff;
+    M[TD_RLM_logp_diff_mean] = N ? dsum / N : NAN;
+    M[TD_RLM_logp_diff_max] = dmax;
+    M[TD_RLM_probs_diff_mean] = N ? psum / N : NAN;
+    M[TD_RLM_probs_diff_max] = pmax;
+    M[TD_RLM_probs_pearson] = N > 1 ? gsl_stats_correlation(pa, 1, pb, 1, (size_t)N) : NAN;
+    for (int level = 0; level < 2; level++) {
+        double *lw;
+        size_t n;
+        td_is_log_weights(&run, level ? TD_IS_SEQUENCE : TD_IS_TOKEN, &lw, &n);
+        td_is_raw r;
+        td_is_raw_stats(lw, n, level ? TD_IS_SEQUENCE : TD_IS_TOKEN, &r);
+        if (!level) {
+            double s2 = 0;
+            for (size_t i = 0; i < n; i++) {
+                double x = exp(fmax(fmin(lw[i], TD_RL_LOG_CLAMP), -TD_RL_LOG_CLAMP)) - r.w_mean;
+                s2 += x * x;
+            }
+            M[TD_RLM_chi2_token] = r.chi2;
+            M[TD_RLM_rollout_is_mean] = r.w_mean;
+            M[TD_RLM_rollout_is_std] = n > 1 ? sqrt(s2 / (double)(n - 1)) : NAN;
+            M[TD_RLM_rollout_is_min] = r.w_min;
+            M[TD_RLM_rollout_is_max] = r.w_max;
+            M[TD_RLM_rollout_is_eff_sample_size] = r.ess_frac;
+        } else {
+            M[TD_RLM_chi2_seq] = r.chi2;
+            M[TD_RLM_rollout_is_seq_mean] = r.w_mean;
+            M[TD_RLM_rollout_is_seq_min] = r.w_min;
+            M[TD_RLM_rollout_is_seq_max] = r.w_max;
+            M[TD_RLM_rollout_is_seq_eff_sample_size] = r.ess_frac;
+        }
+        free(lw);
+    }
+    free(la); free(lb); free(dl); free(k3); free(pa); free(pb); free(seq); free(isp);
+}
+
+/* generation: the step's prompts, G completions each, on the inference path */
+static int rollout(rl_run *R, int k, double *M, td_error *err)
+{
+    const td_rl_opts *o = R->o;
+    int epoch0 = 0;
+    for (int j = 0; j < R->P; j++) {
+        int ep;
+        size_t it = rl_prompt_of(R, k, j, &ep);
+        if (j == 0) epoch0 = ep;
+        for (int g = 0; g < R->G; g++) {
+            int s = j * R->G + g;
+            R->item[s] = it;
+            R->plen[s] = R->prompt_len[it];
+            memcpy(R->tok[s], R->prompt_ids[it], (size_t)R->plen[s] * sizeof(int));
+        }
+    }
+    M[TD_RLM_epoch] = epoch0;
+    uint64_t *stream = td_xmalloc((size_t)R->B * sizeof(uint64_t));
+    for (int s = 0; s < R->B; s++) stream[s] = (uint64_t)s;
+    td_rollout_opts ro = {.sampling = {.temperature = o->temperature, .top_p = o->top_p, .top_k = o->top_k,
+                                       .min_p = 0.0, .repetition_penalty = o->repetition_penalty},
+                          .max_new_tokens = o->max_completion_length, .max_len = R->max_len,
+                          .eos = R->eos, .n_eos = R->n_eos, .stop_at_eos = 1,
+                          .seed = step_seed(o->seed, k, 1), .logit_noise = o->rollout_logit_noise,
+                          .noise_seed = step_seed(o->seed, k, 2)};
+    td_rollout_batch b = {.n = R->B, .tokens = R->tok, .prompt_len = R->plen, .stream = stream,
+                          .len = R->len, .finish = R->finish, .logp_proc = R->mu_pos};
+    int rc = td_rollout_generate(R->sess, R->smp, &ro, &b, R->nlog ? on_rollout_row : NULL, R, err);
+    free(stream);
+    return rc;
+}
+
+/* rewards from the task's grader on the decoded response (special tokens kept: the grader
+ * cuts at the first <eos>) */
+static int rewards(rl_run *R, double *M, td_error *err)
+{
+    double sum = 0, sum2 = 0, acc = 0;
+    for (int s = 0; s < R->B; s++) {
+        const td_task_item *it = &R->items[R->item[s]];
+        size_t n;
+        int32_t *ids = td_xmalloc((size_t)R->len[s] * sizeof(int32_t));
+        for (int t = R->plen[s]; t < R->len[s]; t++) ids[t - R->plen[s]] = R->tok[s][t];
+        char *text = td_tokenizer_decode(R->tkz, ids, (size_t)(R->len[s] - R->plen[s]), false, &n);
+        free(ids);
+        td_reward_info info;
+        int rc = td_task_reward(it->task, it->prompt, it->answer, text, n, &R->reward[s], &info, err);
+        free(text);
+        if (rc) return -1;
+        R->exact[s] = info.exact;
+        sum += R->reward[s];
+        sum2 += R->reward[s] * R->reward[s];
+        acc += info.exact;
+    }
+    double mean = sum / R->B;
+    M[TD_RLM_reward] = mean;
+    M[TD_RLM_reward_std] = R->B > 1 ? sqrt(fmax(0.0, (sum2 - R->B * mean * mean) / (R->B - 1))) : 0.0;
+    M[TD_RLM_accuracy] = acc / R->B;
+    return 0;
+}
+
+/* pi_old (and the reference): the training path over prompt + response, no gradient */
+static int score_old(rl_run *R, td_error *err)
+{
+    const td_lora *lora = td_trainer_lora(R->tr);
+    if (td_forward_set_recipe_lora(R->fold, &R->rtrain, lora, 0, err)) return -1;
+    R->entropy_sum = R->entropy_n = 0;
+    if (td_forward_logprobs(R->fold, R->B, (const int *const *)R->tok, R->len, R->old_pos, on_old_row, R, err))
+        return -1;
+    int64_t o = 0;
+    for (int s = 0; s < R->B; s++) {
+        R->off[s] = o;
+        for (int t = R->plen[s]; t < R->len[s]; t++, o++) {
+            R->old[o] = R->old_pos[s][t - 1];
+            R->mu[o] = R->o->exact_match ? R->old[o] : R->mu_pos[s][t];
+            R->mask[o] = R->o->mask_truncated && R->finish[s] != TD_FINISH_EOS ? 0.0f : 1.0f;
+        }
+    }
+    R->off[R->B] = o;
+    if (R->fref) {
+        if (td_forward_logprobs(R->fref, R->B, (const int *const *)R->tok, R->len, R->old_pos, NULL, NULL, err))
+            return -1;
+        for (int s = 0; s < R->B; s++)
+            for (int t = R->plen[s]; t < R->len[s]; t++) R->ref[R->off[s] + t - R->plen[s]] = R->old_pos[s][t - 1];
+    }
+    return 0;
+}
+
+/* verl: a non-finite gradient norm skips the optimiser step; with loss scaling the trainer
+ * does it itself (GradScaler) */
+static int grads_finite(const rl_run *R)
+{
+    const float *g = td_trainer_grads(R->tr);
+    size_t n = td_trainer_num_params(R->tr);
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+    return isfinite(s);
+}
+
+static int update(rl_run *R, double *M, td_error *err)
+{
+    td_rl_batch b = {R->B, R->off, R->old, R->mu, R->mask, R->reward};
+    td_rl_prep p = {.adv = R->adv, .w = R->w, .m = R->m, .coef = R->coef};
+    td_rl_prepare(&R->lc, &b, &p);
+    memset(&R->clip, 0, sizeof R->clip);
+    double loss = 0;
+    if (td_trainer_accumulate(R->tr, R->B, (const int *const *)R->tok, R->len, loss_fn, R, &loss, err)) return -1;
+    td_step_info info;
+    double scaled = td_trainer_loss_scale(R->tr);
+    if (scaled == 1.0 && !grads_finite(R)) {
+        memset((float *)td_trainer_grads(R->tr), 0, td_trainer_num_params(R->tr) * sizeof(float));
+        info = (td_step_info){.grad_norm = NAN, .loss_scale = 1.0, .skipped = 1, .lr = NAN};
+        R->nonfinite++;
+        R->skipped_extra++;
+        info.skipped_total = R->skipped_extra;
+    } else {
+        if (td_trainer_step(R->tr, &info, err)) return -1;
+        info.skipped_total += R->skipped_extra;
+    }
+    double G = (double)R->B / R->G, nt = R->clip.n_tokens;
+    M[TD_RLM_loss] = loss;
+    M[TD_RLM_lr] = info.lr;
+    M[TD_RLM_grad_norm] = info.grad_norm;
+    M[TD_RLM_loss_scale] = info.loss_scale;
+    M[TD_RLM_skipped] = info.skipped;
+    M[TD_RLM_skipped_total] = (double)info.skipped_total;
+    M[TD_RLM_zero_std_groups] = p.zero_std_groups;
+    M[TD_RLM_frac_reward_zero_std] = p.zero_std_groups / G;
+    M[TD_RLM_pg_clipfrac] = nt > 0 ? R->clip.clipped / nt : 0.0;
+    M[TD_RLM_pg_clipfrac_lower] = nt > 0 ? R->clip.clipped_lower / nt : 0.0;
+    M[TD_RLM_ppo_kl] = nt > 0 ? R->clip.ratio_log_sum / nt : 0.0;
+    double lt = (double)p.n_loss_tokens;
+    M[TD_RLM_rollout_is_clipped_fraction] = lt > 0 ? p.n_clipped / lt : 0.0;
+    M[TD_RLM_rollout_rs_masked_fraction] = lt > 0 ? p.n_masked / lt : 0.0;
+    M[TD_RLM_rollout_rs_seq_masked_fraction] = (double)p.n_seq_masked / R->B;
+    return 0;
+}
+
+int rl_step(rl_run *R, int k, double *M, td_error *err)
+{
+    for (int i = 0; i < TD_RLM_COUNT; i++) M[i] = NAN;
+    R->nonfinite = 0;
+    M[TD_RLM_step] = k;
+    double t0 = omp_get_wtime();
+    /* the current policy on the inference path (an engine syncs the weights; LoRA merged) */
+    if (td_session_set_recipe_lora(R->sess, &R->rroll, td_trainer_lora(R->tr), 1, err)) return -1;
+    if (rollout(R, k, M, err)) return -1;
+    double t1 = omp_get_wtime();
+    if (rewards(R, M, err)) return -1;
+    double t2 = omp_get_wtime();
+    if (score_old(R, err)) return -1;
+    double t3 = omp_get_wtime();
+    if (update(R, M, err)) return -1;
+    double t4 = omp_get_wtime();
+    response_metrics(R, M);
+    double lsum = 0, lmax = 0, trunc = 0;
+    for (int s = 0; s < R->B; s++) {
+        int T = R->len[s] - R->plen[s];
+        lsum += T;
+        lmax = fmax(lmax, T);
+        trunc += R->finish[s] != TD_FINISH_EOS;
+    }
+    M[TD_RLM_response_length_mean] = lsum / R->B;
+    M[TD_RLM_response_length_max] = lmax;
+    M[TD_RLM_response_length_clip_ratio] = trunc / R->B;
+    M[TD_RLM_entropy] = R->entropy_n > 0 ? R->entropy_sum / R->entropy_n : NAN;
+    M[TD_RLM_nonfinite] = R->nonfinite;
+    M[TD_RLM_time_rollout] = t1 - t0;
+    M[TD_RLM_time_reward] = t2 - t1;
+    M[TD_RLM_time_old] = t3 - t2;
+    M[TD_RLM_time_update] = t4 - t3;
+    M[TD_RLM_time_step] = omp_get_wtime() - t0;
+    return 0;
+}

@@ -1,0 +1,137 @@
+/* tidal-rl — GRPO with the rollouts on the inference path and the gradients on the training
+ * path, each in its own precision recipe, with importance-sampling corrections and a collapse
+ * detector (include/tidal/rl.h has the formulas and which framework each follows).
+ *
+ *   tidal-rl --model-path DIR --dataset-path FILE --output-dir DIR --dtype bf16 \
+ *            --num-generations 8 --per-device-batch-size 16 --learning-rate 1e-5 --max-steps 100
+ */
+#include "tidal/opts.h"
+#include "tidal/rl.h"
+#include "tidal/train.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const DTYPE_TRAIN[] = {"fp32", "bf16-train", "fp16-train", "fp8-unified-train"};
+static const char *const DTYPE_INFER[] = {"fp32", "bf16-infer", "fp16-infer", "fp8-unified-infer"};
+
+static int parse_is(void *dest, const char *v, char *why, size_t n)
+{
+    int m = td_rl_is_from_name(v, NULL);
+    if (m < 0) return -1;
+    *(td_rl_is *)dest = (td_rl_is)m;
+    return 0;
+}
+
+static int parse_collapse(void *dest, const char *v, char *why, size_t n)
+{
+    td_error err;
+    if (td_collapse_cfg_parse(dest, v, &err)) { snprintf(why, n, "%s", err.msg); return -1; }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    td_rl_opts o;
+    td_rl_opts_defaults(&o);
+    int dtype = -1, scale = 0, loss_type = 3, policy = 0, masknorm = 0, sched = TD_SCHED_CONSTANT;
+    int gave_train = 0, gave_roll = 0, gave_alpha = 0, gave_eps_high = 0;
+    unsigned long long seed = o.seed;
+    td_opt opts[] = {
+        TD_OPT_S("model-path", 0, &o.model_path, "DIR", "the policy to start from (config.json, safetensors,\ntokenizer.json)"),
+        TD_OPT_S("dataset-path", 0, &o.dataset_path, "FILE", "task records JSONL (prompt, answer, task: datasets/tasks)"),
+        TD_OPT_S("output-dir", 'o', &o.output_dir, "DIR", "where rl.h5, checkpoint-K/ and model/ go"),
+        TD_OPT_C("dtype", 0, &dtype, "fp32|bf16|fp16|fp8", "both paths at once: bf16 = bf16-train + bf16-infer,\n"
+                 "fp16 = fp16-train + fp16-infer (loss scaling on),\nfp8 = fp8-unified-train + fp8-unified-infer"),
+        TD_OPT_S("train-recipe", 0, &o.train_recipe, "NAME|FILE", "the training path's recipe (default bf16-train)"),
+        TD_OPT_S("rollout-recipe", 0, &o.rollout_recipe, "NAME|FILE", "the inference path's recipe (default bf16-infer)"),
+        TD_OPT_F("exact-match", 0, &o.exact_match, 1, "control: mu is scored by the training path itself (one\n"
+                 "recipe, one structure: the mismatch is exactly 0)"),
+        TD_OPT_D("rollout-logit-noise", 0, &o.rollout_logit_noise, "SIGMA", 0, 100, "synthetic mismatch: N(0, SIGMA^2) on every rollout\n"
+                 "logit (the dose-response arm; 0 = off)"),
+        TD_OPT_I("num-generations", 0, &o.loss.num_generations, "G", 1, 4096, "completions per prompt (default 8)"),
+        TD_OPT_I("per-device-batch-size", 0, &o.loss.micro_batch, "N", 1, 65536, "completions per micro-batch (default 8)"),
+        TD_OPT_I("gradient-accumulation-steps", 0, &o.loss.grad_accum, "N", 1, 65536, "micro-batches per optimiser step (default 1);\n"
+                 "completions per step = the two multiplied"),
+        TD_OPT_D("learning-rate", 0, &o.learning_rate, "LR", 0, 1, "AdamW learning rate (default 1e-6)"),
+        TD_OPT_C("lr-scheduler-type", 0, &sched, "constant|constant_with_warmup|linear|cosine", "schedule (default constant)"),
+        TD_OPT_D("warmup-ratio", 0, &o.warmup_ratio, "R", 0, 1, "warmup share of the steps (default 0)"),
+        TD_OPT_D("weight-decay", 0, &o.weight_decay, "W", 0, 10, "AdamW weight decay (default 0)"),
+        TD_OPT_D("max-grad-norm", 0, &o.max_grad_norm, "N", 0, 1e9, "gradient clipping (default 1; 0 = off)"),
+        TD_OPT_I("lora-r", 0, &o.lora_r, "R", 0, 4096, "LoRA rank (default 0 = full fine-tuning)"),
+        TD_OPT_D("lora-alpha", 0, &o.lora_alpha, "A", 0, 1e6, "LoRA alpha (default 16)"),
+        TD_OPT_D("beta", 0, &o.loss.beta, "B", 0, 1e6, "k3 KL to the reference policy (default 0 = none)"),
+        TD_OPT_C("loss-type", 0, &loss_type, TD_RL_LOSS_NAMES, "aggregation as TRL (default dapo)"),
+        TD_OPT_C("scale-rewards", 0, &scale, TD_RL_SCALE_NAMES, "advantage scaling (default group; none = Dr.GRPO)"),
+        TD_OPT_C("policy-loss", 0, &policy, "ppo|pg", "PPO-clip (default) or plain policy gradient"),
+        TD_OPT_D("epsilon", 0, &o.loss.epsilon, "E", 0, 1, "PPO clip (default 0.2)"),
+        TD_OPT_D("epsilon-high", 0, &o.loss.epsilon_high, "E", 0, 100, "upper clip (default --epsilon; DAPO 0.28)"),
+        TD_OPT_D("dual-clip", 0, &o.loss.dual_clip, "C", 0, 1e6, "verl dual-clip for A < 0 (clip_ratio_c, e.g. 3; default off)"),
+        TD_OPT_F("mask-truncated-completions", 0, &o.mask_truncated, 1, "completions without EOS leave the loss (TRL)"),
+        TD_OPT_FUN("is-correction", 0, &o.loss.is_mode, "NAME", parse_is, TD_RL_IS_NAMES,
+                   "rollout/trainer IS correction (default none):\n" TD_RL_IS_NAMES),
+        TD_OPT_D("is-cap", 0, &o.loss.is_cap, "C", 0, 1e12, "upper cap (default: token 2, seq 3, geometric 1.001,\nicepop 5)"),
+        TD_OPT_D("is-cap-low", 0, &o.loss.is_cap_low, "C", 0, 1e12, "lower cap (default: 0; geometric 0.999, icepop 0.5)"),
+        TD_OPT_C("is-masked-normaliser", 0, &masknorm, "keep|drop", "tokens a mask mode zeroes stay in the loss mask and\n"
+                 "normaliser (keep: TRL, default) or leave them (drop: verl)"),
+        TD_OPT_D("temperature", 0, &o.temperature, "T", 0, 100, "sampling temperature (default 1)"),
+        TD_OPT_D("top-p", 0, &o.top_p, "P", 0, 1, "nucleus sampling (default 1)"),
+        TD_OPT_I("top-k", 0, &o.top_k, "K", -1, 1 << 30, "top-k (default 0 = off)"),
+        TD_OPT_D("repetition-penalty", 0, &o.repetition_penalty, "R", 0, 100, "repetition penalty (default 1)"),
+        TD_OPT_D("epochs", 0, &o.epochs, "E", 0, 1e6, "passes over the prompts when --max-steps is 0 (default 1)"),
+        TD_OPT_I("max-steps", 0, &o.max_steps, "N", 0, 1 << 30, "optimiser steps (default 0: from --epochs)"),
+        TD_OPT_I("max-seq-length", 0, &o.max_seq_length, "N", 2, 1 << 20, "prompt + completion at most (default 1024)"),
+        TD_OPT_I("max-completion-length", 0, &o.max_completion_length, "N", 1, 1 << 20, "tokens generated at most (default 256)"),
+        TD_OPT_I("n-jobs", 0, &o.n_jobs, "N", 1, 1024, "threads (default 1; results do not depend on it)"),
+        TD_OPT_U("seed", 0, &seed, "S", "seed of prompts order, sampling and LoRA init (default 42)"),
+        TD_OPT_F("resume", 0, &o.resume, 1, "continue OUTPUT_DIR from its last checkpoint"),
+        TD_OPT_F("overwrite-output-dir", 0, &o.overwrite, 1, "replace an existing run in OUTPUT_DIR"),
+        TD_OPT_I("save-steps", 0, &o.save_steps, "N", 0, 1 << 30, "checkpoint every N steps (default 0 = never)"),
+        TD_OPT_I("log-completions", 0, &o.log_completions, "N", 0, 1 << 20, "completions per step kept in /tokens (default 4)"),
+        TD_OPT_FUN("collapse", 0, &o.collapse, "K=V,...", parse_collapse, "KEY=VALUE pairs of the detector",
+                   "collapse detector settings (rl.h: hold, drop_abs,\nspike_factor, k3_factor, ...)"),
+        TD_OPT_F("stop-on-collapse", 0, &o.stop_on_collapse, 1, "stop at a confirmed collapse (reward_drop)"),
+        TD_OPT_F("quiet", 'q', &o.quiet, 1, "no progress lines"),
+        {0}};
+    td_opt_get(opts, "train-recipe")->given = &gave_train;
+    td_opt_get(opts, "rollout-recipe")->given = &gave_roll;
+    td_opt_get(opts, "lora-alpha")->given = &gave_alpha;
+    td_opt_get(opts, "epsilon-high")->given = &gave_eps_high;
+    td_opt_get(opts, "is-cap")->given = &o.is_cap_given;
+    td_opt_get(opts, "is-cap-low")->given = &o.is_cap_low_given;
+    td_opt_get(opts, "per-device-batch-size")->aliases = "per-device-train-batch-size";
+    td_opt_get(opts, "model-path")->required = 1;
+    td_opt_get(opts, "dataset-path")->required = 1;
+    td_opt_get(opts, "output-dir")->required = 1;
+    td_cli cli = {"tidal-rl", "--model-path DIR --dataset-path FILE --output-dir DIR [options]",
+                  "GRPO on a verifiable task: rollouts on the inference path (--rollout-recipe), log-probs\n"
+                  "and gradients on the training path (--train-recipe), IS corrections for the mismatch,\n"
+                  "per-step metrics (verl/TRL names) in OUTPUT_DIR/rl.h5 and a collapse detector.",
+                  "Exit status: 0 done, 1 failed (or --stop-on-collapse stopped it: 3), 2 usage error.\n"
+                  "Formulas and their sources: include/tidal/rl.h. Run file: reports/SCHEMA.md.",
+                  opts, 0, 0};
+    int nargs, rc = td_cli_parse(&cli, argc, argv, NULL, &nargs);
+    if (rc >= 0) return rc;
+    o.seed = seed;
+    if (dtype >= 0 && (gave_train || gave_roll))
+        return td_cli_bad(&cli, "--dtype", NULL, "sets both recipes: give it or --train-recipe/--rollout-recipe, not both");
+    if (dtype >= 0) { o.train_recipe = DTYPE_TRAIN[dtype]; o.rollout_recipe = DTYPE_INFER[dtype]; }
+    if (o.exact_match && gave_roll)
+        return td_cli_bad(&cli, "--exact-match", NULL, "scores mu with the training path: --rollout-recipe contradicts it");
+    if (!gave_eps_high) o.loss.epsilon_high = o.loss.epsilon;
+    if (!gave_alpha && o.lora_r == 0) o.lora_alpha = 16.0;
+    if (o.top_k < 0) o.top_k = 0;
+    o.loss.scale_rewards = (td_rl_scale)scale;
+    o.loss.loss_type = (td_rl_loss_type)loss_type;
+    o.loss.policy_loss = policy ? TD_PL_PG : TD_PL_PPO;
+    o.loss.is_drop_masked = masknorm;
+    o.lr_schedule = sched;
+    td_error err;
+    if (td_rl_opts_check(&o, &err)) return td_cli_bad(&cli, "options", NULL, "%s", err.msg);
+    o.command_line = td_command_line(argc, argv);
+    rc = td_rl_run(&o, &err);
+    if (rc < 0) fprintf(stderr, "tidal-rl: %s\n", err.msg);
+    free((char *)o.command_line);
+    return rc < 0 ? 1 : rc == 1 ? 3 : 0;
+}
