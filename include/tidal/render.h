@@ -62,6 +62,27 @@ typedef struct {
 /* Draws one figure of n runs (panels share one colour scale, or one histogram overlays all). */
 td_canvas *td_plot(const td_run *runs, size_t n, td_font *font, const td_plot_opts *o, td_error *err);
 
+/* ---------------------------------------------------------------- line plots against a step */
+
+/* One line: n points (x[i], y[i]); non-finite y (or y <= 0 on a log axis) leaves a gap.
+ * marker >= 0: a ring at point index marker (e.g. the step a collapse was marked). */
+typedef struct {
+    const char *label;
+    const double *x, *y;
+    size_t n;
+    int colour;            // index into a 12-colour palette
+    int dash;              // 0 solid, else dash length in pixels
+    int marker;            // -1 none
+} td_line;
+
+typedef struct {
+    const char *title, *subtitle, *xlabel, *ylabel;
+    int log_y;
+} td_lines_opts;
+
+/* A figure of lines over a shared x axis with a legend below (tidal-sweep's reports). */
+td_canvas *td_plot_lines(const td_line *lines, size_t n, td_font *font, const td_lines_opts *o);
+
 TD_END_DECLS
 
 #endif

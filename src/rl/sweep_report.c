@@ -1,0 +1,245 @@
+/* tidal-sweep's comparison report (include/tidal/sweep.h): every run's /steps, averaged over
+ * the seeds of a configuration, as line plots and a Markdown table. */
+#include "tidal/analysis.h"
+#include "tidal/render.h"
+#include "tidal/rl.h"
+#include "tidal/runfile.h"
+#include "tidal/sweep.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+enum { M_REWARD, M_ACC, M_K3, M_DLOGP, M_GNORM, M_ENT, M_ESS, M_CHI2, M_N };
+static const int METRIC[M_N] = {TD_RLM_reward, TD_RLM_accuracy, TD_RLM_k3_kl, TD_RLM_logp_diff_mean,
+                                TD_RLM_grad_norm, TD_RLM_entropy, TD_RLM_rollout_is_eff_sample_size,
+                                TD_RLM_chi2_token};
+
+typedef struct {
+    const td_sweep_run *run;
+    int n;                   /* steps */
+    double *m[M_N];          /* (n) */
+    int collapse;            /* first reward_drop step, -1 */
+    int first[TD_CLP_NSIGNALS];
+} run_data;
+
+static int load_run(const td_sweep_run *r, run_data *d)
+{
+    memset(d, 0, sizeof *d);
+    d->run = r;
+    d->collapse = -1;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", r->dir, TD_RL_RUNFILE);
+    td_runfile *rf = td_runfile_open(p, 0, NULL);
+    if (!rf) return -1;
+    char col[128];
+    snprintf(col, sizeof col, "/steps/%s", td_rl_metric_names[TD_RLM_reward]);
+    int64_t n = td_runfile_rows(rf, col);
+    if (n <= 0) { td_runfile_close(rf, NULL); return -1; }
+    d->n = (int)n;
+    for (int i = 0; i < M_N; i++) {
+        d->m[i] = td_xmalloc((size_t)n * sizeof(double));
+        snprintf(col, sizeof col, "/steps/%s", td_rl_metric_names[METRIC[i]]);
+        if (td_runfile_read(rf, col, TD_COL_F64, 0, n, d->m[i], NULL))
+            for (int k = 0; k < n; k++) d->m[i][k] = NAN;
+    }
+    td_runfile_close(rf, NULL);
+    return 0;
+}
+
+static void free_run(run_data *d)
+{
+    for (int i = 0; i < M_N; i++) free(d->m[i]);
+}
+
+/* the marks, replayed through the detector with the file's configuration */
+static void marks(const td_sweep_run *r, run_data *d)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", r->dir, TD_RL_RUNFILE);
+    td_runfile *rf = td_runfile_open(p, 0, NULL);
+    if (!rf) return;
+    td_collapse_cfg cfg;
+    td_collapse_cfg_defaults(&cfg);
+    char *js = td_runfile_get_str(rf, "collapse_config", NULL);
+    if (js) {   /* {"k":v,...} -> k=v,... */
+        char spec[1024] = "";
+        for (char *q = js; *q; q++)
+            if (*q != '{' && *q != '}' && *q != '"') {
+                size_t l = strlen(spec);
+                if (l + 2 < sizeof spec) { spec[l] = *q == ':' ? '=' : *q; spec[l + 1] = 0; }
+            }
+        td_collapse_cfg_parse(&cfg, spec, NULL);
+        free(js);
+    }
+    double *rows = td_xmalloc((size_t)d->n * TD_RLM_COUNT * sizeof(double)), *col = td_xmalloc((size_t)d->n * sizeof(double));
+    for (int i = 0; i < TD_RLM_COUNT; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "/steps/%s", td_rl_metric_names[i]);
+        if (td_runfile_read(rf, name, TD_COL_F64, 0, d->n, col, NULL)) for (int k = 0; k < d->n; k++) col[k] = NAN;
+        for (int k = 0; k < d->n; k++) rows[(size_t)k * TD_RLM_COUNT + i] = col[k];
+    }
+    td_runfile_close(rf, NULL);
+    td_collapse *det = td_collapse_new(&cfg);
+    for (int k = 0; k < d->n; k++) td_collapse_push(det, rows + (size_t)k * TD_RLM_COUNT);
+    for (int s = 0; s < TD_CLP_NSIGNALS; s++) d->first[s] = td_collapse_first(det, (td_collapse_signal)s);
+    d->collapse = d->first[TD_CLP_REWARD];
+    td_collapse_free(det);
+    free(rows);
+    free(col);
+}
+
+/* mean over a config's seeds at each step (NaN where no seed has the step), smoothed by a
+ * trailing moving average of `win` steps */
+static double *config_mean(run_data *rd, int nr, int metric, int steps, int win)
+{
+    double *y = td_xmalloc((size_t)steps * sizeof(double)), *out = td_xmalloc((size_t)steps * sizeof(double));
+    for (int k = 0; k < steps; k++) {
+        double s = 0;
+        int c = 0;
+        for (int i = 0; i < nr; i++)
+            if (k < rd[i].n && isfinite(rd[i].m[metric][k])) { s += rd[i].m[metric][k]; c++; }
+        y[k] = c ? s / c : NAN;
+    }
+    for (int k = 0; k < steps; k++) {
+        double s = 0;
+        int c = 0;
+        for (int j = k - win + 1; j <= k; j++) if (j >= 0 && isfinite(y[j])) { s += y[j]; c++; }
+        out[k] = c ? s / c : NAN;
+    }
+    free(y);
+    return out;
+}
+
+static double window_mean(const double *x, int n, int from, int to)
+{
+    double s = 0;
+    int c = 0;
+    for (int k = from < 0 ? 0 : from; k < to && k < n; k++) if (isfinite(x[k])) { s += x[k]; c++; }
+    return c ? s / c : NAN;
+}
+
+int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
+{
+    run_data *rd = td_xcalloc(s->n ? s->n : 1, sizeof *rd);
+    int *have = td_xcalloc(s->n ? s->n : 1, sizeof(int)), steps = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        have[i] = load_run(&s->runs[i], &rd[i]) == 0;
+        if (have[i]) { marks(&s->runs[i], &rd[i]); if (rd[i].n > steps) steps = rd[i].n; }
+    }
+    /* configurations in first-seen order */
+    const char **cfg = td_xcalloc(s->n ? s->n : 1, sizeof(char *));
+    int ncfg = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        if (!have[i]) continue;
+        int seen = 0;
+        for (int c = 0; c < ncfg; c++) seen |= !strcmp(cfg[c], s->runs[i].config);
+        if (!seen) cfg[ncfg++] = s->runs[i].config;
+    }
+    if (!ncfg) { free(rd); free(have); free(cfg); return td_fail(err, "%s: no run has an rl.h5 yet", s->output_dir); }
+    if (mkdir(s->report_dir, 0755) && errno != EEXIST) {
+        free(rd); free(have); free(cfg);
+        return td_fail(err, "%s: cannot create: %s", s->report_dir, strerror(errno));
+    }
+    td_font *font = td_font_open(NULL, err);
+    if (!font) { free(rd); free(have); free(cfg); return -1; }
+    static const struct { int metric; const char *file, *title, *ylabel; int log_y; } FIGS[] = {
+        {M_REWARD, "reward.png", "Reward against step", "mean reward", 0},
+        {M_ACC, "accuracy.png", "Exact-answer accuracy against step", "accuracy", 0},
+        {M_K3, "mismatch.png", "Training/rollout mismatch (verl k3_kl) against step", "k3_kl (nats)", 1},
+        {M_GNORM, "grad_norm.png", "Gradient norm (pre-clip) against step", "grad_norm", 1},
+        {M_ENT, "entropy.png", "Policy entropy against step", "entropy (nats)", 0},
+        {M_ESS, "is_ess.png", "Token IS-weight ESS fraction against step", "ESS fraction", 0}};
+    double *xs = td_xmalloc((size_t)steps * sizeof(double));
+    for (int k = 0; k < steps; k++) xs[k] = k;
+    int rc = 0;
+    for (size_t f = 0; f < sizeof FIGS / sizeof FIGS[0] && !rc; f++) {
+        td_line *lines = td_xcalloc((size_t)ncfg, sizeof *lines);
+        run_data *sub = td_xmalloc(s->n * sizeof *sub);
+        for (int c = 0; c < ncfg; c++) {
+            int nr = 0, mark = -1;
+            for (size_t i = 0; i < s->n; i++)
+                if (have[i] && !strcmp(s->runs[i].config, cfg[c])) {
+                    sub[nr++] = rd[i];
+                    if (rd[i].collapse >= 0 && (mark < 0 || rd[i].collapse < mark)) mark = rd[i].collapse;
+                }
+            lines[c] = (td_line){cfg[c], xs, config_mean(sub, nr, FIGS[f].metric, steps, 5), (size_t)steps,
+                                 c % 12, c >= 12 ? 6 : 0, mark};
+        }
+        char sub_t[256];
+        snprintf(sub_t, sizeof sub_t, "mean over seeds, 5-step trailing average; ring = first collapse (reward_drop) of any seed");
+        td_lines_opts lo = {FIGS[f].title, sub_t, "step", FIGS[f].ylabel, FIGS[f].log_y};
+        td_canvas *cv = td_plot_lines(lines, (size_t)ncfg, font, &lo);
+        char path[4300];
+        snprintf(path, sizeof path, "%s/%s", s->report_dir, FIGS[f].file);
+        const char *kv[2] = {"sweep", s->path};
+        rc = td_canvas_write_png(cv, path, kv, 1, err);
+        td_canvas_free(cv);
+        for (int c = 0; c < ncfg; c++) free((double *)lines[c].y);
+        free(lines);
+        free(sub);
+    }
+    /* the table */
+    char mdp[4300];
+    snprintf(mdp, sizeof mdp, "%s/table.md", s->report_dir);
+    FILE *md = rc ? NULL : fopen(mdp, "w");
+    if (!rc && !md) rc = td_fail(err, "%s: cannot write", mdp);
+    FILE *outs[2] = {md, out};
+    for (int o = 0; o < 2 && !rc; o++) {
+        FILE *F = outs[o];
+        if (!F) continue;
+        fprintf(F, "| configuration | seeds | steps | collapse step (reward_drop) per seed | first precursor | "
+                "final acc | best acc | final reward | k3_kl step 0 | k3_kl last | mean abs dlogp step 0 | "
+                "mean abs dlogp last | min IS ESS | median grad norm |\n");
+        fprintf(F, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for (int c = 0; c < ncfg; c++) {
+            char col[256] = "", pre[256] = "";
+            double fa = 0, ba = 0, fr = 0, k0 = 0, k1 = 0, d0 = 0, d1 = 0, ess = INFINITY, gmed = 0;
+            int nr = 0, n = 0;
+            for (size_t i = 0; i < s->n; i++) {
+                if (!have[i] || strcmp(s->runs[i].config, cfg[c])) continue;
+                run_data *d = &rd[i];
+                char one[32];
+                snprintf(one, sizeof one, "%s%s", nr ? " / " : "", d->collapse >= 0 ? "" : "—");
+                if (d->collapse >= 0) snprintf(one, sizeof one, "%s%d", nr ? " / " : "", d->collapse);
+                strncat(col, one, sizeof col - strlen(col) - 1);
+                int best_sig = -1, best_at = -1;
+                for (int sg = 1; sg < TD_CLP_NSIGNALS; sg++)
+                    if (d->first[sg] >= 0 && (best_at < 0 || d->first[sg] < best_at)) { best_at = d->first[sg]; best_sig = sg; }
+                snprintf(one, sizeof one, "%s%s", nr ? " / " : "", best_sig >= 0 ? "" : "—");
+                if (best_sig >= 0) snprintf(one, sizeof one, "%s%s@%d", nr ? " / " : "", td_collapse_signal_names[best_sig], best_at);
+                strncat(pre, one, sizeof pre - strlen(pre) - 1);
+                fa += window_mean(d->m[M_ACC], d->n, d->n - 10, d->n);
+                fr += window_mean(d->m[M_REWARD], d->n, d->n - 10, d->n);
+                double b = 0;
+                for (int k = 0; k < d->n; k++) b = fmax(b, window_mean(d->m[M_ACC], d->n, k - 9, k + 1));
+                ba += b;
+                k0 += d->m[M_K3][0];
+                k1 += window_mean(d->m[M_K3], d->n, d->n - 10, d->n);
+                d0 += d->m[M_DLOGP][0];
+                d1 += window_mean(d->m[M_DLOGP], d->n, d->n - 10, d->n);
+                for (int k = 0; k < d->n; k++) if (isfinite(d->m[M_ESS][k])) ess = fmin(ess, d->m[M_ESS][k]);
+                double *g = td_xmalloc((size_t)d->n * sizeof(double));
+                memcpy(g, d->m[M_GNORM], (size_t)d->n * sizeof(double));
+                int m = 0;
+                for (int k = 0; k < d->n; k++) if (isfinite(g[k])) g[m++] = g[k];
+                if (m) gmed += td_quantile_select(g, (size_t)m, 0.5);
+                free(g);
+                n = n > d->n ? n : d->n;
+                nr++;
+            }
+            fprintf(F, "| %s | %d | %d | %s | %s | %.3f | %.3f | %.3f | %.2e | %.2e | %.2e | %.2e | %.3f | %.3g |\n",
+                    cfg[c], nr, n, col, pre, fa / nr, ba / nr, fr / nr, k0 / nr, k1 / nr, d0 / nr, d1 / nr, ess, gmed / nr);
+        }
+        fprintf(F, "\nfinal = mean of the last 10 steps; best acc = best 10-step mean; mismatch 'last' = mean of the last "
+                "10 steps; values averaged over seeds; collapse and precursors: the detector's marks "
+                "(include/tidal/rl.h).\n");
+    }
+    if (md) fclose(md);
+    td_font_close(font);
+    for (size_t i = 0; i < s->n; i++) if (have[i]) free_run(&rd[i]);
+    free(rd); free(have); free(cfg); free(xs);
+    return rc;
+}
