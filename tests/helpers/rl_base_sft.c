@@ -5,12 +5,13 @@
  *
  *   rl_base_sft --model DIR --dataset-path FILE.jsonl --output-dir DIR
  *               [--skip N] [--max-steps N] [--batch B] [--lr X] [--recipe NAME] [--seed S]
- *               [--save-every N]
+ *               [--save-every N] [--stop-after N]
  *
  * Records are taken in a seeded shuffled order, --skip N first lines left out (so the RL
  * prompts, the file's first lines, are not trained on). The tokenizer.json next to --model is
  * copied into the output (with tokenizer_config.json). Prints "step K loss L" every 25 steps.
- * --save-every N: also saves DIR/step-K every N steps (an under-trained base for RL). */
+ * --save-every N: also saves DIR/step-K every N steps (an under-trained base for RL).
+ * --stop-after N: ends after step N (the schedule still spans --max-steps). */
 #include "tidal/checkpoint.h"
 #include "tidal/rng.h"
 #include "tidal/tasks.h"
@@ -56,7 +57,7 @@ static int save(td_trainer *tr, const char *model, const char *dir, td_error *er
 int main(int argc, char **argv)
 {
     const char *model = NULL, *data = NULL, *out = NULL, *recipe = "fp32";
-    int skip = 0, steps = 1000, batch = 32, save_every = 0;
+    int skip = 0, steps = 1000, batch = 32, save_every = 0, stop_after = 0;
     double lr = 1e-3;
     unsigned long long seed = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -69,6 +70,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--max-steps")) steps = atoi(v);
         else if (!strcmp(a, "--batch")) batch = atoi(v);
         else if (!strcmp(a, "--save-every")) save_every = atoi(v);
+        else if (!strcmp(a, "--stop-after")) stop_after = atoi(v);
         else if (!strcmp(a, "--lr")) lr = atof(v);
         else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
         else return usage("unknown option");
@@ -163,6 +165,7 @@ int main(int argc, char **argv)
             snprintf(d, sizeof d, "%s/step-%d", out, k + 1);
             if (save(tr, model, d, &err)) { fprintf(stderr, "rl_base_sft: %s\n", err.msg); return 1; }
         }
+        if (stop_after > 0 && k + 1 >= stop_after) return 0;
     }
     if (save(tr, model, out, &err)) { fprintf(stderr, "rl_base_sft: %s\n", err.msg); return 1; }
     td_trainer_free(tr);
