@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole experiment in the order it ran (each sweep skips finished runs and resumes the others,
+# so this can be interrupted and started again). Base models: reports/rl/make_base.sh.
+set -u
+cd "$(dirname "$0")/../.."
+export OMP_WAIT_POLICY=PASSIVE
+for c in lrscan grid lr0 dose lr2x long; do
+  build/bin/tidal-sweep reports/rl/$c.json --workers ${WORKERS:-2} || exit 1
+done
