@@ -40,6 +40,8 @@ typedef struct {
                                 log-probs handed out are those of the noisy logits (the rollout
                                 policy is the noisy one)                                          */
     uint64_t noise_seed;
+    float row_temperature;   /* rows and logp are log-softmax(logits / T) (fp32 division, as
+                                vLLM's sampler does it); 0 or 1 = raw logits                     */
 } td_rollout_opts;
 
 typedef struct {
