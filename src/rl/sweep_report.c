@@ -181,6 +181,38 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
         free(lines);
         free(sub);
     }
+    /* outcome against mismatch: one point per configuration (seeds averaged): x = log10 of the
+     * run-mean |dlogp|, y = the final reward; the exact-match control (0) has no place on it */
+    if (!rc) {
+        td_line *pts = td_xcalloc((size_t)ncfg, sizeof *pts);
+        double *px = td_xcalloc((size_t)ncfg, sizeof(double)), *py = td_xcalloc((size_t)ncfg, sizeof(double));
+        size_t np = 0;
+        for (int c = 0; c < ncfg; c++) {
+            double mx = 0, fr = 0;
+            int nr = 0;
+            for (size_t i = 0; i < s->n; i++)
+                if (have[i] && !strcmp(s->runs[i].config, cfg[c])) {
+                    mx += window_mean(rd[i].m[M_DLOGP], rd[i].n, 0, rd[i].n);
+                    fr += window_mean(rd[i].m[M_REWARD], rd[i].n, rd[i].n - 10, rd[i].n);
+                    nr++;
+                }
+            if (!(mx > 0)) continue;
+            px[np] = log10(mx / nr);
+            py[np] = fr / nr;
+            pts[np] = (td_line){cfg[c], &px[np], &py[np], 1, c % 12, 0, 0};
+            np++;
+        }
+        td_lines_opts lo = {"Final reward against the mismatch", "one ring per configuration: x = log10 of the mean |Δlogp| "
+                            "over the run, y = mean reward of the last 10 steps (seeds averaged)",
+                            "log10 mean |Δlogp| (nats)", "final reward", 0};
+        td_canvas *cv = td_plot_lines(pts, np, font, &lo);
+        char path[4300];
+        snprintf(path, sizeof path, "%s/outcome.png", s->report_dir);
+        const char *kv[2] = {"sweep", s->path};
+        rc = td_canvas_write_png(cv, path, kv, 1, err);
+        td_canvas_free(cv);
+        free(pts); free(px); free(py);
+    }
     /* the table */
     char mdp[4300];
     snprintf(mdp, sizeof mdp, "%s/table.md", s->report_dir);
