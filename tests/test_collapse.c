@@ -128,7 +128,7 @@ static void test_entropy(void **state)
     td_collapse_free(det);
 }
 
-/* mismatch: k3 at 12x its early median from step 45; separately, verl's alarms each fire at
+/* mismatch: k3 at 12x its early median from step 45 (quiet with a k3_min floor above it); separately, verl's alarms each fire at
  * their step: chi2_token > 1, ESS < 0.3, |kl| > 0.1. */
 static void test_mismatch(void **state)
 {
@@ -138,6 +138,12 @@ static void test_mismatch(void **state)
     for (int k = 45; k < STEPS; k++) m[k][TD_RLM_k3_kl] = 1.5e-4;
     td_collapse *det = feed(m, STEPS, NULL);
     expect_only(det, TD_CLP_MISMATCH, 45);
+    td_collapse_free(det);
+    td_collapse_cfg floor;   /* an absolute floor above the planted k3: the relative rule is quiet */
+    td_collapse_cfg_defaults(&floor);
+    floor.k3_min = 1e-3;
+    det = feed(m, STEPS, &floor);
+    expect_only(det, -1, -1);
     td_collapse_free(det);
     const int col[3] = {TD_RLM_chi2_token, TD_RLM_rollout_is_eff_sample_size, TD_RLM_kl};
     const double val[3] = {1.5, 0.2, -0.15};

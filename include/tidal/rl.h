@@ -225,8 +225,10 @@ int td_rl_metric_index(const char *name);
  *                 consecutive steps; marked at the first of the two.
  *   entropy       entropy > entropy_hi x or < entropy_lo x its step-0 value for hold steps;
  *                 marked at the first.
- *   mismatch      k3_kl > k3_factor x the median of its first k3_baseline steps (after them),
- *                 or a verl alarm: |kl| > kl_abs, chi2_token > chi2_max, ESS < ess_min.
+ *   mismatch      k3_kl > k3_factor x the median of its first k3_baseline steps (after them)
+ *                 and k3_kl > k3_min (0 by default: the issue's rule; a floor such as 1e-4 keeps
+ *                 a k3 at the 1e-7 noise level, fp16's, from tripping it), or a verl alarm:
+ *                 |kl| > kl_abs, chi2_token > chi2_max, ESS < ess_min.
  *   length        response_length_clip_ratio > trunc_max.
  * Precursors (all but reward_drop) are recorded; a collapse is a reward_drop. */
 typedef enum { TD_CLP_REWARD = 0, TD_CLP_GRAD, TD_CLP_ENTROPY, TD_CLP_MISMATCH, TD_CLP_LENGTH,
@@ -240,7 +242,7 @@ typedef struct {
     int spike_window, spike_min_history;
     double entropy_hi, entropy_lo;
     int entropy_hold;
-    double k3_factor;
+    double k3_factor, k3_min;
     int k3_baseline;
     double kl_abs, chi2_max, ess_min;
     double trunc_max;

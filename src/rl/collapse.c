@@ -27,7 +27,7 @@ typedef struct { const char *name; size_t off; int is_int; } cfg_field;
 static const cfg_field FIELDS[] = {F(ema_alpha), F(drop_abs), F(drop_rel), F(min_gain), I(hold),
                                    F(spike_factor), I(spike_window), I(spike_min_history),
                                    F(entropy_hi), F(entropy_lo), I(entropy_hold), F(k3_factor),
-                                   I(k3_baseline), F(kl_abs), F(chi2_max), F(ess_min), F(trunc_max)};
+                                   F(k3_min), I(k3_baseline), F(kl_abs), F(chi2_max), F(ess_min), F(trunc_max)};
 #undef F
 #undef I
 enum { NFIELDS = sizeof FIELDS / sizeof FIELDS[0] };
@@ -188,7 +188,8 @@ unsigned td_collapse_push(td_collapse *d, const double *m)
     double k3 = m[TD_RLM_k3_kl];
     if (k < c->k3_baseline) d->k3[k] = k3;
     if (k == c->k3_baseline - 1) d->k3_median = median(d->k3, c->k3_baseline);
-    int mis = (k >= c->k3_baseline && isfinite(d->k3_median) && k3 > c->k3_factor * d->k3_median) ||
+    int mis = (k >= c->k3_baseline && isfinite(d->k3_median) && k3 > c->k3_factor * d->k3_median &&
+               k3 > c->k3_min) ||
               fabs(m[TD_RLM_kl]) > c->kl_abs || m[TD_RLM_chi2_token] > c->chi2_max ||
               m[TD_RLM_rollout_is_eff_sample_size] < c->ess_min;
     if (mis) {
