@@ -4,6 +4,6 @@
 set -u
 cd "$(dirname "$0")/../.."
 export OMP_WAIT_POLICY=PASSIVE
-for c in lrscan grid lr0 dose lr2x long; do
+for c in lrscan grid lr0 dose long lr2x; do
   build/bin/tidal-sweep reports/rl/$c.json --workers ${WORKERS:-2} || exit 1
 done

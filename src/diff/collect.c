@@ -78,25 +78,7 @@ static void push_token(job *J, const batch_state *b, const size_t *idx, int s, i
 {
     const td_token_metrics *m = &b->m[s][pos];
     td_column *c = J->tcols;
-    td_column_push_i64(&c[TD_TOK_SEQ], seq_row);
-    td_column_push_i32(&c[TD_TOK_POS], pos);
-    td_column_push_i32(&c[TD_TOK_TOKEN], b->seq[s][pos]);
-    td_column_push_f64(&c[TD_TOK_LOGP_A], m->logp_a);
-    td_column_push_f64(&c[TD_TOK_LOGP_B], m->logp_b);
-    td_column_push_f64(&c[TD_TOK_LOGP_B_PROC], b->replay_b ? NAN : b->logp_b_proc[s][pos]);
-    td_column_push_f64(&c[TD_TOK_DLOGP], m->logp_b - m->logp_a);
-    td_column_push_f64(&c[TD_TOK_KL_BA], m->kl_ba);
-    td_column_push_f64(&c[TD_TOK_KL_AB], m->kl_ab);
-    td_column_push_f64(&c[TD_TOK_K3], m->k3);
-    td_column_push_f64(&c[TD_TOK_TV], m->tv);
-    td_column_push_f64(&c[TD_TOK_ENTROPY_A], m->entropy_a);
-    td_column_push_f64(&c[TD_TOK_ENTROPY_B], m->entropy_b);
-    td_column_push_i32(&c[TD_TOK_TOP1_A], m->top1_a);
-    td_column_push_i32(&c[TD_TOK_TOP1_B], m->top1_b);
-    td_column_push_i32(&c[TD_TOK_RANK_A], m->rank_a);
-    td_column_push_i32(&c[TD_TOK_RANK_B], m->rank_b);
-    td_column_push_i8(&c[TD_TOK_IS_PROMPT], pos < b->plen[s]);
-    td_column_push_i32(&c[TD_TOK_STEP], pos - b->plen[s]);   /* generation step; < 0 in the prompt */
+    td_columns_push_token(c, seq_row, pos, b->seq[s][pos], m, b->replay_b ? NAN : b->logp_b_proc[s][pos], b->plen[s]);
     if (J->prompts.has_trainer_logp) {
         const float *tr = J->prompts.items[idx[s]].trainer_logp;
         td_column_push_f64(&c[TD_TOK_LOGP_TRAINER], tr && pos >= b->plen[s] ? tr[pos - b->plen[s]] : NAN);
@@ -150,20 +132,11 @@ void collect(job *J, batch_state *b, const size_t *idx, int64_t batch_no)
             if (pos >= b->plen[s]) log_ratio += m->logp_a - m->logp_b;
             ns++;
         }
-        td_column *c = J->scols;
-        td_column_push_i64(&c[TD_SEQ_PROMPT_INDEX], (int64_t)idx[s]);
-        td_column_push_i64(&c[TD_SEQ_BATCH], batch_no);
-        td_column_push_i32(&c[TD_SEQ_PROMPT_LEN], b->plen[s]);
-        td_column_push_i32(&c[TD_SEQ_RESPONSE_LEN], b->len[s] - b->plen[s]);
-        td_column_push_i64(&c[TD_SEQ_TOKEN_OFFSET], first);
-        td_column_push_i32(&c[TD_SEQ_N_SCORED], ns);
-        td_column_push_i8(&c[TD_SEQ_FINISH], (int8_t)b->finish[s]);
-        td_column_push_f64(&c[TD_SEQ_SUM_DLOGP], sum);
-        td_column_push_f64(&c[TD_SEQ_MEAN_ABS_DLOGP], ns ? sum_abs / ns : NAN);
-        td_column_push_f64(&c[TD_SEQ_MAX_ABS_DLOGP], mx);
-        td_column_push_f64(&c[TD_SEQ_MEAN_KL_BA], ns ? kl / ns : NAN);
-        td_column_push_f64(&c[TD_SEQ_LOG_RATIO], log_ratio);
-        td_column_push_i64(&c[TD_SEQ_TOKENS_OFFSET], J->rows[TD_GROUP_PROMPTS] + (int64_t)J->pcols[TD_PRM_TOKENS].n);
+        td_seq_row row = {(int64_t)idx[s], batch_no, first,
+                          J->rows[TD_GROUP_PROMPTS] + (int64_t)J->pcols[TD_PRM_TOKENS].n, b->plen[s],
+                          b->len[s] - b->plen[s], ns, (int8_t)b->finish[s], sum, ns ? sum_abs / ns : NAN, mx,
+                          ns ? kl / ns : NAN, log_ratio};
+        td_columns_push_seq(J->scols, &row);
         for (int t = 0; t < b->len[s]; t++) td_column_push_i32(&J->pcols[TD_PRM_TOKENS], b->seq[s][t]);
         if (J->has_text) push_text(J, b, s);
     }

@@ -185,29 +185,11 @@ static void push_sample(rl_run *R, int k)
         int64_t seq_row = R->rows[0] + s, first = R->rows[1] + (int64_t)R->tcols[TD_TOK_SEQ].n;
         double sum = 0, sum_abs = 0, mx = 0, kl = 0, lr = 0;
         int ns = 0;
-        td_column *c = R->tcols;
         for (int pos = R->plen[s]; pos < R->len[s]; pos++) {
             const td_token_metrics *m = &R->tm[(size_t)s * R->max_len + pos];
             double d = m->logp_b - m->logp_a;
-            td_column_push_i64(&c[TD_TOK_SEQ], seq_row);
-            td_column_push_i32(&c[TD_TOK_POS], pos);
-            td_column_push_i32(&c[TD_TOK_TOKEN], R->tok[s][pos]);
-            td_column_push_f64(&c[TD_TOK_LOGP_A], m->logp_a);
-            td_column_push_f64(&c[TD_TOK_LOGP_B], m->logp_b);
-            td_column_push_f64(&c[TD_TOK_LOGP_B_PROC], R->o->exact_match ? m->logp_a : R->mu_pos[s][pos]);
-            td_column_push_f64(&c[TD_TOK_DLOGP], d);
-            td_column_push_f64(&c[TD_TOK_KL_BA], m->kl_ba);
-            td_column_push_f64(&c[TD_TOK_KL_AB], m->kl_ab);
-            td_column_push_f64(&c[TD_TOK_K3], m->k3);
-            td_column_push_f64(&c[TD_TOK_TV], m->tv);
-            td_column_push_f64(&c[TD_TOK_ENTROPY_A], m->entropy_a);
-            td_column_push_f64(&c[TD_TOK_ENTROPY_B], m->entropy_b);
-            td_column_push_i32(&c[TD_TOK_TOP1_A], m->top1_a);
-            td_column_push_i32(&c[TD_TOK_TOP1_B], m->top1_b);
-            td_column_push_i32(&c[TD_TOK_RANK_A], m->rank_a);
-            td_column_push_i32(&c[TD_TOK_RANK_B], m->rank_b);
-            td_column_push_i8(&c[TD_TOK_IS_PROMPT], 0);
-            td_column_push_i32(&c[TD_TOK_STEP], pos - R->plen[s]);
+            td_columns_push_token(R->tcols, seq_row, pos, R->tok[s][pos], m,
+                                  R->o->exact_match ? m->logp_a : R->mu_pos[s][pos], R->plen[s]);
             sum += d;
             sum_abs += fabs(d);
             mx = fmax(mx, fabs(d));
@@ -215,20 +197,10 @@ static void push_sample(rl_run *R, int k)
             lr -= d;
             ns++;
         }
-        c = R->scols;
-        td_column_push_i64(&c[TD_SEQ_PROMPT_INDEX], (int64_t)R->item[s]);
-        td_column_push_i64(&c[TD_SEQ_BATCH], k);
-        td_column_push_i32(&c[TD_SEQ_PROMPT_LEN], R->plen[s]);
-        td_column_push_i32(&c[TD_SEQ_RESPONSE_LEN], R->len[s] - R->plen[s]);
-        td_column_push_i64(&c[TD_SEQ_TOKEN_OFFSET], first);
-        td_column_push_i32(&c[TD_SEQ_N_SCORED], ns);
-        td_column_push_i8(&c[TD_SEQ_FINISH], (int8_t)R->finish[s]);
-        td_column_push_f64(&c[TD_SEQ_SUM_DLOGP], sum);
-        td_column_push_f64(&c[TD_SEQ_MEAN_ABS_DLOGP], ns ? sum_abs / ns : NAN);
-        td_column_push_f64(&c[TD_SEQ_MAX_ABS_DLOGP], mx);
-        td_column_push_f64(&c[TD_SEQ_MEAN_KL_BA], ns ? kl / ns : NAN);
-        td_column_push_f64(&c[TD_SEQ_LOG_RATIO], lr);
-        td_column_push_i64(&c[TD_SEQ_TOKENS_OFFSET], R->rows[2] + (int64_t)R->pcols[TD_PRM_TOKENS].n);
+        td_seq_row row = {(int64_t)R->item[s], k, first, R->rows[2] + (int64_t)R->pcols[TD_PRM_TOKENS].n, R->plen[s],
+                          R->len[s] - R->plen[s], ns, (int8_t)R->finish[s], sum, ns ? sum_abs / ns : NAN, mx,
+                          ns ? kl / ns : NAN, lr};
+        td_columns_push_seq(R->scols, &row);
         for (int t = 0; t < R->len[s]; t++) td_column_push_i32(&R->pcols[TD_PRM_TOKENS], R->tok[s][t]);
     }
 }
