@@ -5,7 +5,9 @@
  *      all (B = per_device_batch_size x gradient_accumulation_steps, TRL's generation batch);
  *   2. rollout: G completions per prompt on the inference path (the rollout recipe, KV-cache
  *      decode, engine-style sampling from per-sequence streams of seed and step): tokens and
- *      mu, the rollout log-probs (processed: after temperature, as vLLM's processed_logprobs);
+ *      mu, the rollout log-probs (processed: after temperature, as vLLM's processed_logprobs;
+ *      with --top-p < 1 or --top-k, mu is the truncated distribution's, so the IS ratio also
+ *      carries the support mismatch TRL #6789 describes — leave them off to measure precision);
  *   3. rewards from the task's grader (tasks.h) on the decoded completion;
  *   4. pi_old: the training path (the training recipe, teacher-forced) recomputes every response
  *      token's log-prob at the sampling temperature, without gradient; its full rows give the

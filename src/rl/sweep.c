@@ -262,7 +262,7 @@ int td_sweep_execute(const td_sweep *s, int workers, int dry_run, td_error *err)
                 pids[w] = 0;
                 int ok = rc == 0 || rc == 3;
                 failed += !ok;
-                double el = omp_get_wtime() - t0, eta = el / done * (ntodo - done) / (workers < (int)ntodo ? 1 : 1);
+                double el = omp_get_wtime() - t0, eta = el / done * (ntodo - done);   /* wall per finished run */
                 fprintf(stderr, "tidal-sweep: [%zu/%zu] %s %s%s (%.0f s elapsed, ETA %.0f min)\n", done, ntodo,
                         s->runs[slot_run[w]].name, ok ? "done" : "FAILED, see ", ok ? (rc == 3 ? " (stopped on collapse)" : "") : s->runs[slot_run[w]].dir,
                         el, eta / 60);
