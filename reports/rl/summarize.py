@@ -42,6 +42,12 @@ def runs(pattern):
     return out
 
 
+def clean(sweep, run):
+    """the final policy scored on a clean path (eval_final.sh): reward, accuracy"""
+    r = load(os.path.join("build", "rl", "eval", sweep, run))
+    return (w(r[0]["reward"], 0, None), w(r[0]["accuracy"], 0, None)) if r else (float("nan"), float("nan"))
+
+
 RECIPES = ["bf16", "fp16", "fp8roll", "fp8uni"]
 g = runs("build/rl/grid/*")
 bf = [g[n][0] for n in g if n.startswith("bf16-")]
@@ -77,8 +83,8 @@ for rc in RECIPES:
                   f"{np.mean([np.nanmean(s['rollout_rs_seq_masked_fraction']) for s in ss]):.2e} |")
 
 print("\n### Outcomes (grid): per seed, final = last 10 steps\n")
-print("| configuration | final acc per seed | best 10-step acc per seed | final reward per seed | collapse (first reward_drop) |")
-print("|---|---|---|---|---|")
+print("| configuration | final acc per seed | best 10-step acc per seed | final reward per seed | final policy on a clean path: acc per seed | collapse (first reward_drop) |")
+print("|---|---|---|---|---|---|")
 cfgs = sorted({n.rsplit("-", 1)[0] for n in g if not n.startswith("noise")})
 for c in cfgs:
     ss = [(n, g[n]) for n in sorted(g) if n.rsplit("-", 1)[0] == c]
@@ -86,7 +92,8 @@ for c in cfgs:
     ba = " / ".join(f"{max(w(s['accuracy'], k, k + 10) for k in range(max(1, len(s['accuracy']) - 9))):.3f}" for _, (s, a) in ss)
     fr = " / ".join(f"{w(s['reward'], -10, None):.3f}" for _, (s, a) in ss)
     co = " / ".join(str(a.get("collapse_step", "?")) for _, (s, a) in ss)
-    print(f"| {c} | {fa} | {ba} | {fr} | {co} |")
+    ce = " / ".join(f"{clean('grid', n)[1]:.3f}" for n, _ in ss)
+    print(f"| {c} | {fa} | {ba} | {fr} | {ce} | {co} |")
 
 z = runs("build/rl/lr0/*")
 if z:
@@ -100,17 +107,19 @@ if z:
 dose = {n: g[n] for n in g if n.startswith("noise")}
 if dose:
     print("\n### SYNTHETIC dose-response arm (bf16 paths + rollout-logit noise; seed 1)\n")
-    print("| noise sigma | correction | mean abs dlogp step 0 | x bf16 | k3 step 0 | ESS min | final reward | best 10-step reward | "
-          "collapse step | first precursor |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| noise sigma | correction | mean abs dlogp step 0 | x bf16 | k3 step 0 | ESS min | rollout reward first 10 | "
+          "rollout reward last 10 | final policy, clean path: reward / acc | collapse step | first precursor |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    base_clean = clean("grid", "bf16-none-s1")
+    print(f"| (base model) | | | | | | | | {load('build/rl/eval/base/base-short')[0]['reward'].mean() if load('build/rl/eval/base/base-short') else float('nan'):.3f} | | |")
     for n, (s, a) in sorted(dose.items(), key=lambda kv: (float(kv[0].split("-")[0][5:]), kv[0])):
         sig, corr = n.split("-")[0][5:], n.split("-")[1]
         pre = min(((a.get(f"first_{k}", -1), k) for k in ("grad_spike", "entropy", "mismatch", "length")
                    if a.get(f"first_{k}", -1) >= 0), default=(-1, "—"))
+        cr, ca = clean("grid", n)
         print(f"| {sig} | {corr} | {s['logp_diff_mean'][0]:.2e} | {s['logp_diff_mean'][0] / bf16_level:.0f} | {s['k3_kl'][0]:.2e} | "
-              f"{np.nanmin(s['rollout_is_eff_sample_size']):.3f} | {w(s['reward'], -10, None):.3f} | "
-              f"{max(w(s['reward'], k, k + 10) for k in range(max(1, len(s['reward']) - 9))):.3f} | "
-              f"{a.get('collapse_step', '?')} | {pre[1]}@{pre[0]} |")
+              f"{np.nanmin(s['rollout_is_eff_sample_size']):.3f} | {w(s['reward'], 0, 10):.3f} | {w(s['reward'], -10, None):.3f} | "
+              f"{cr:.3f} / {ca:.3f} | {a.get('collapse_step', '?')} | {pre[1]}@{pre[0]} |")
 
 for tag, pat in (("2x learning rate (4e-4)", "build/rl/lr2x/*"), ("long responses (add-long, 40 steps)", "build/rl/long/*")):
     rr = runs(pat)

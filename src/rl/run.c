@@ -2,6 +2,7 @@
  * and checkpoints, the end. */
 #include "rl_internal.h"
 #include "tidal/checkpoint.h"
+#include "tidal/io.h"
 #include "tidal/sampling.h"
 
 #include <math.h>
@@ -153,6 +154,27 @@ static void teardown(rl_run *R)
     td_tokenizer_free(R->tkz);
 }
 
+/* The final policy directory loads like the starting one: the tokenizer files beside it (TRL
+ * saves the tokenizer with the model). */
+static int copy_tokenizer(const char *from, const char *to, td_error *err)
+{
+    static const char *const FILES[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json"};
+    for (size_t i = 0; i < sizeof FILES / sizeof FILES[0]; i++) {
+        char a[4200], b[4400];
+        snprintf(a, sizeof a, "%s/%s", from, FILES[i]);
+        snprintf(b, sizeof b, "%s/%s", to, FILES[i]);
+        size_t n;
+        char *text = td_read_file(a, 64u << 20, &n, NULL);
+        if (!text) continue;   /* absent in the source: nothing to copy */
+        FILE *f = fopen(b, "wb");
+        int ok = f && fwrite(text, 1, n, f) == n;
+        if (f && fclose(f)) ok = 0;
+        free(text);
+        if (!ok) return td_fail(err, "%s: cannot write", b);
+    }
+    return 0;
+}
+
 static void fmt_secs(char *buf, size_t n, double s)
 {
     if (!isfinite(s) || s < 0) snprintf(buf, n, "?");
@@ -195,10 +217,11 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
             break;
         }
     }
-    char mp[4200];
+    char mp[4100];
     snprintf(mp, sizeof mp, "%s/model", o->output_dir);
     if (rl_file_finish(&R, k, stopped, err) ||
-        td_trainer_save(R.tr, mp, TD_DT_F32, o->command_line ? o->command_line : "tidal-rl", err))
+        td_trainer_save(R.tr, mp, TD_DT_F32, o->command_line ? o->command_line : "tidal-rl", err) ||
+        (o->lora_r == 0 && copy_tokenizer(o->model_path, mp, err)))
         goto done;
     rc = stopped;
 done:
