@@ -50,6 +50,10 @@ td_session *td_session_create(const td_model *m, int nslots, int max_len, int pr
     s->pos = td_xmalloc((size_t)cap * sizeof(int));
     s->tok = td_xmalloc((size_t)cap * sizeof(int));
     s->row_slot = td_xmalloc((size_t)cap * sizeof(int));
+    if (recipe_state_set(&s->rs, &s->ops, m, td_recipe_find_preset("fp32"), NULL, 0, cap, 0, err)) {
+        td_session_free(s);
+        return NULL;
+    }
     return s;
 }
 
@@ -180,7 +184,7 @@ int td_session_set_recipe_lora(td_session *s, const td_recipe *r, const td_lora 
                                td_error *err)
 {
     int cap = s->chunk > s->nslots ? s->chunk : s->nslots;
-    if (recipe_state_set(&s->rs, &s->ops, s->m, r, lora, merged, cap, err)) return -1;
+    if (recipe_state_set(&s->rs, &s->ops, s->m, r, lora, merged, cap, 0, err)) return -1;
     s->ops.cache = 1;
     return 0;
 }

@@ -169,10 +169,9 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     tr->m = m;
     tr->recipe = r ? *r : *td_recipe_find_preset("fp32");
     tr->specs = param_table(c, &tr->nspecs);
-    for (size_t i = 0; i < tr->nspecs; i++)   /* the masters: an fp32 copy of every tensor */
-        memcpy(m->owned + tr->specs[i].offset,
-               *param_slot((td_model_weights *)&src->w, c->num_layers, &tr->specs[i]),
-               tr->specs[i].numel * sizeof(float));
+    for (size_t i = 0; i < tr->nspecs; i++)   /* the masters: an fp32 copy of every tensor (widened) */
+        model_param_rows_f32(src, i, &tr->specs[i], 0, tr->specs[i].ndim == 2 ? (size_t)tr->specs[i].shape[0] : 1,
+                             m->owned + tr->specs[i].offset);
     if (opts->lora_r > 0) {
         tr->lora = lora_init ? lora_copy(lora_init, c, err) : lora_fresh(c, opts);
         if (!tr->lora) goto fail;
