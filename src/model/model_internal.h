@@ -229,5 +229,8 @@ typedef struct {
 int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const td_recipe *r,
                      const td_lora *lora, int merged, int cap, int f32, td_error *err);
 void recipe_state_free(td_recipe_state *st);
+/* The recipe state of a structure (tests: what it shares, what it copied). */
+const td_recipe_state *forward_recipe_state(const td_forward *f);
+const td_recipe_state *session_recipe_state(const td_session *s);
 
 #endif

@@ -186,3 +186,5 @@ int td_forward_set_recipe_lora(td_forward *f, const td_recipe *r, const td_lora 
 }
 
 td_lora_merge_stats td_forward_lora_stats(const td_forward *f) { return f->rs.merge; }
+
+const td_recipe_state *forward_recipe_state(const td_forward *f) { return &f->rs; }

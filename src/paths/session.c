@@ -195,3 +195,5 @@ void td_session_set_layer_fn(td_session *s, td_layer_fn fn, void *user)
     s->ops.layer_user = user;
 }
 td_lora_merge_stats td_session_lora_stats(const td_session *s) { return s->rs.merge; }
+
+const td_recipe_state *session_recipe_state(const td_session *s) { return &s->rs; }
