@@ -175,6 +175,8 @@ void td_session_set_raw_logits(td_session *s, int raw) { s->raw_logits = raw; }
 
 int session_vocab(const td_session *s) { return s->m->cfg.vocab_size; }
 
+FILE *session_progress(const td_session *s) { return s->m->progress; }
+
 int td_session_set_recipe(td_session *s, const td_recipe *r, td_error *err)
 {
     return td_session_set_recipe_lora(s, r, NULL, 0, err);
