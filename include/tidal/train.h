@@ -173,6 +173,20 @@ int td_trainer_params_changed(td_trainer *tr, td_error *err);
 /* The current loss scale (1 without loss scaling). */
 double td_trainer_loss_scale(const td_trainer *tr);
 
+/* Resumable state (src/train/state.c): the fp32 masters of the trained tensors and both AdamW
+ * moments (safetensors: param.NAME, exp_avg.NAME, exp_avg_sq.NAME under the HF / PEFT names),
+ * the optimiser step, the skipped-step count and the GradScaler's scale and growth tracker (in
+ * the metadata). Loading it into a trainer created with the same model, recipe and options
+ * continues bit for bit where the saved one stood; gradients are zeroed. 0 or -1 + err (a file
+ * of another model, rank or shape, non-finite values). */
+int td_trainer_save_state(const td_trainer *tr, const char *path, td_error *err);
+int td_trainer_load_state(td_trainer *tr, const char *path, td_error *err);
+
+/* Token accuracy (TRL's mean_token_accuracy): of the targets with a non-zero dL/dlogp seen by
+ * td_trainer_accumulate since the last reset, how many were their row's most probable token
+ * (argmax of the training path's log-softmax). reset: zero the counters after reading. */
+void td_trainer_token_accuracy(td_trainer *tr, long *correct, long *total, int reset);
+
 TD_END_DECLS
 
 #endif
