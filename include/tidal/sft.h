@@ -85,6 +85,12 @@ typedef struct {
  * step, a stop by signal after its checkpoint was written). */
 int td_sft_run(const td_sft_opts *o, td_sft_result *res, td_error *err);
 
+/* A task prompt's ids as tidal-sft trains on them and evaluates them (the character vocabulary:
+ * <bos> then one id per character): td_tokenizer_encode with add_special_tokens=True, refusing
+ * characters that encode to <unk> and ids past vocab. RL on the shipped task models must feed
+ * prompts this way. *ids malloc'd. 0 or -1 + err. */
+int td_sft_encode_prompt(const td_tokenizer *tok, const char *text, int vocab, int **ids, int *n, td_error *err);
+
 /* Evaluation only (no training): o's model (model_path, no adapter) on o's evaluation records
  * (eval_dataset_path, or dataset_path's test.jsonl; eval_max_samples), completions as in
  * td_sft_evaluate. res gets eval_accuracy, eval_reward, eval_n, seconds. */

@@ -22,7 +22,7 @@ static int check_ids(const td_tokenizer *tok, const int32_t *ids, size_t n, int 
     return 0;
 }
 
-int sft_encode_prompt(const td_tokenizer *tok, const char *text, int vocab, int **ids, int *n, td_error *err)
+int td_sft_encode_prompt(const td_tokenizer *tok, const char *text, int vocab, int **ids, int *n, td_error *err)
 {
     int32_t *raw = NULL;
     size_t k = 0;
@@ -40,7 +40,7 @@ static int encode_record(const td_tokenizer *tok, const td_task_item *it, int vo
 {
     td_error why;
     int *p = NULL, np = 0;
-    if (sft_encode_prompt(tok, it->prompt, vocab, &p, &np, &why))
+    if (td_sft_encode_prompt(tok, it->prompt, vocab, &p, &np, &why))
         return td_fail(err, "%s: %s", where, why.msg);
     int32_t *c = NULL;
     size_t nc = 0;

@@ -21,7 +21,7 @@ int td_sft_evaluate(const td_model *m, const td_lora *lora, const td_tokenizer *
     int max_prompt = 0, max_ref = 0, rc = -1;
     for (size_t i = 0; i < n; i++) {
         td_error why;
-        if (sft_encode_prompt(tok, items[i].prompt, V, &prompt[i], &plen[i], &why)) {
+        if (td_sft_encode_prompt(tok, items[i].prompt, V, &prompt[i], &plen[i], &why)) {
             td_fail(err, "evaluation record %s (line %ld): %s", items[i].id, items[i].line, why.msg);
             goto out0;
         }

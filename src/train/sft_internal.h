@@ -28,8 +28,6 @@ int sft_data_load(sft_data *d, const char *path, const td_tokenizer *tok, int vo
                   td_error *err);
 void sft_data_free(sft_data *d);
 
-/* A prompt's ids as SFT and evaluation both feed it (add_special_tokens=True). */
-int sft_encode_prompt(const td_tokenizer *tok, const char *text, int vocab, int **ids, int *n, td_error *err);
 
 /* checkpoints (sft_save.c) */
 typedef struct {
