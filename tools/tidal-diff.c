@@ -127,12 +127,15 @@ int main(int argc, char **argv)
         TD_OPT_C("rollout-logprobs", 0, &rollout_processed, "raw|processed", "replays: the engine's log-probs are raw (vLLM's\n"
                  "default logprobs_mode) or processed (after its temperature,\ntop-p, top-k, min-p, penalty: give those "
                  "flags too, and\ntidal processes the training path's rows the same way)"),
+        TD_OPT_D("logprob-temperature", 0, &o.logprob_temperature, "T", 0, 1e6, "score both paths' log-probs at logits / T, as TRL and verl\n"
+                 "compute old log-probs at the sampling temperature (pass\nthe --temperature value); default 1 = raw logits"),
         TD_OPT_F("json", 0, &json, 1, "the end-of-run summary as JSON on stdout"),
         {0}};
     /* what users bring from vLLM (max_tokens) and HF/TRL (underscores, read by the parser) */
     td_opt_get(opts, "max-new-tokens")->aliases = "max-tokens";
     td_opt_get(opts, "top-p")->lo_open = 1;
     td_opt_get(opts, "repetition-penalty")->lo_open = 1;
+    td_opt_get(opts, "logprob-temperature")->lo_open = 1;
     td_opt_get(opts, "temperature")->given = &set_temp;
     td_opt_get(opts, "top-p")->given = &set_topp;
     td_opt_get(opts, "top-k")->given = &set_topk;
@@ -149,6 +152,9 @@ int main(int argc, char **argv)
     td_error err;
     if (list) { list_recipes(); return 0; }
     o.rollout_logprobs = rollout_processed ? "processed" : "raw";
+    if (rollout_processed && o.logprob_temperature > 0 && o.logprob_temperature != 1)
+        return td_cli_bad(&cli, "--logprob-temperature", NULL, "contradicts --rollout-logprobs processed (which already applies\n"
+                          "--temperature to the training path's rows)");
     if (!o.model_dir) return td_cli_bad(&cli, "--model", NULL, "required (DIR)");
     if (!o.prompts_path) return td_cli_bad(&cli, "--prompts", NULL, "required (FILE)");
     if (!o.out_path) return td_cli_bad(&cli, "--output", NULL, "required (-o OUT.h5)");

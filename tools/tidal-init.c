@@ -172,13 +172,12 @@ int main(int argc, char **argv)
     }
 
     /* the command line, recorded in the checkpoint */
-    char *cmd = td_command_line(argc, argv);
-    if (!cmd) return 2;
-
     if (init.embed_std < 0) init.embed_std = init.std;
     init.outlier_site = outlier_site ? TD_OUTLIER_EMBED : TD_OUTLIER_NORM;
     if (init.outlier_channels > cfg.hidden_size)
         return td_cli_bad(&cli, "--outlier-channels", NULL, "at most the hidden size (%d), got %d", cfg.hidden_size, init.outlier_channels);
+    char *cmd = td_command_line(argc, argv);
+    if (!cmd) return 2;
     snprintf(tmp_path, sizeof tmp_path, "%s/model.safetensors.tmp", out);
     signal(SIGINT, on_stop_signal);
     signal(SIGTERM, on_stop_signal);

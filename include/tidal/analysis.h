@@ -32,6 +32,8 @@ typedef struct {
     size_t n;                 // scored tokens (rows of /tokens)
     size_t nseq;              // sequences (rows of /seqs, or 1 + max /tokens/seq)
     double *logp_a, *logp_b;  // (n)
+    double *logp_trainer;     // (n) the trainer's own log-probs a replayed dump carried (verl
+                              //     old_log_probs, TRL old_per_token_logps); NULL when absent
     double *dlogp;            // (n) logp_b − logp_a
     double *kl_ba, *k3, *tv;  // (n) NaN where the run could not compute them (replay)
     double *entropy_a;        // (n)

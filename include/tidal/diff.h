@@ -37,6 +37,8 @@ typedef struct {
     const char *lora_dir;      /* PEFT adapter applied by both paths (NULL: none)        */
     int lora_merge_a, lora_merge_b;  /* merge it into that path's weights, else unmerged */
     const char *rollout_logprobs;    /* replays: "raw" (NULL) or "processed" (by sampling)  */
+    double logprob_temperature;      /* both paths' scored rows at logits / T, as TRL and verl
+                                        score (T = the sampling temperature); 0 or 1 = raw rows */
     /* Checked between batches (may be NULL): once non-zero (a SIGINT/SIGTERM handler sets it),
      * the run stops after the batch in flight, closes the file cleanly and returns -1 with
      * TD_DIFF_INTERRUPTED in err.msg and how to --resume. */

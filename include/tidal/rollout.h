@@ -33,6 +33,8 @@ typedef struct {
     int stop_at_eos;         /* 0: run every sequence to its length limit                        */
     uint64_t seed;
     int prompt_rows;         /* also give row_fn the prompt's rows (positions 1 .. P-1)           */
+    float row_temperature;   /* rows and logp are log-softmax(logits / T) (fp32 division, as
+                                vLLM's sampler does it); 0 or 1 = raw logits                     */
 } td_rollout_opts;
 
 typedef struct {

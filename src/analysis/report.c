@@ -245,6 +245,34 @@ static json_t *verl_json(const td_run *r)
     return o;
 }
 
+/* A replay whose dump carried the trainer's own log-probs: the three pairwise gaps, so a user
+ * sees engine vs trainer (their real mismatch), tidal's recipe A vs the trainer (how well the
+ * recipe models their trainer) and engine vs tidal (abs_dlogp). Signed means are x − y. */
+static json_t *pair_json(const double *x, const double *y, size_t n)
+{
+    double *d = td_xmalloc(n * sizeof(double)), sum = 0;
+    size_t fin = 0;
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i] - y[i];
+        d[i] = fabs(v);
+        if (isfinite(v)) { sum += v; fin++; }
+    }
+    json_t *o = summary_json(d, n);
+    json_object_set_new(o, "signed_mean", num(fin ? sum / (double)fin : NAN));
+    free(d);
+    return o;
+}
+
+static json_t *three_way_json(const td_run *r)
+{
+    if (!r->logp_trainer) return json_null();
+    json_t *o = json_object();
+    json_object_set_new(o, "engine_vs_trainer", pair_json(r->logp_b, r->logp_trainer, r->n));
+    json_object_set_new(o, "tidal_vs_trainer", pair_json(r->logp_a, r->logp_trainer, r->n));
+    json_object_set_new(o, "engine_vs_tidal", pair_json(r->logp_b, r->logp_a, r->n));
+    return o;
+}
+
 static json_t *layers_json(const td_run *r)
 {
     if (!r->layer_err) return json_null();
@@ -334,6 +362,7 @@ json_t *td_report_run(const td_run *r, const td_report_opts *o, td_error *err)
     json_object_set_new(j, "worst_tokens", worst_tokens_json(r, absd, o));
     json_object_set_new(j, "worst_seqs", worst_seqs_json(r, absd, o));
     json_object_set_new(j, "verl", verl_json(r));
+    json_object_set_new(j, "three_way", three_way_json(r));
     json_object_set_new(j, "is", is_json(r, o));
     json_object_set_new(j, "layers", layers_json(r));
     free(absd); free(pa); free(pos); free(pdiff);

@@ -85,6 +85,21 @@ static void headline(FILE *f, json_t *const *reps, size_t n, int md)
         {"verl.kl", "verl kl = mean Δlogp (signed, k1)"}, {"verl.log_ppl_diff", "verl log_ppl_diff"},
         {"verl.log_ppl_abs_diff", "verl log_ppl_abs_diff"}, {"verl.ppl_ratio", "verl ppl_ratio"}};
     for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) row_path(&t, reps, n, v[k].name, NULL, v[k].key);
+    int any_trainer = 0;
+    for (size_t i = 0; i < n; i++) any_trainer |= json_is_object(json_object_get(reps[i], "three_way"));
+    if (any_trainer) {   /* replays of dumps that carried the trainer's own log-probs */
+        static const struct { const char *key, *name; } tw[] = {
+            {"three_way.engine_vs_trainer", "|Δ| engine vs trainer"},
+            {"three_way.tidal_vs_trainer", "|Δ| tidal A vs trainer"},
+            {"three_way.engine_vs_tidal", "|Δ| engine vs tidal A"}};
+        static const char *tws[] = {"mean", "p99", "max", "signed_mean"};
+        for (size_t k = 0; k < 3; k++)
+            for (size_t s2 = 0; s2 < 4; s2++) {
+                snprintf(label, sizeof label, "%s %s", tw[k].name, tws[s2]);
+                snprintf(path, sizeof path, "%s.%s", tw[k].key, tws[s2]);
+                row_path(&t, reps, n, label, NULL, path);
+            }
+    }
     static const char *bands[] = {"0.1%", "1%", "5%"};
     for (size_t b = 0; b < 3; b++) {
         snprintf(label, sizeof label, "share p_b/p_a within ±%s", bands[b]);

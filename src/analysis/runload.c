@@ -183,6 +183,7 @@ int td_run_load(td_run *run, const char *path, int flags, td_error *err)
         run->is_prompt = read_col(rf, &td_schema_tokens[TD_TOK_IS_PROMPT], n, file_bytes, 0, &failed, err);
     }
     run->step = read_col(rf, &td_schema_tokens[TD_TOK_STEP], n, file_bytes, 0, &failed, err);
+    if (full) run->logp_trainer = read_col(rf, &td_schema_tokens[TD_TOK_LOGP_TRAINER], n, file_bytes, 0, &failed, err);
     if (failed) goto fail;
     /* Columns a writer may leave out are derived (dlogp, k3) or filled with "unknown". */
     if (!run->dlogp) {
@@ -269,7 +270,7 @@ fail:
 void td_run_free(td_run *run)
 {
     free(run->path); free(run->label); free(run->recipe_a); free(run->recipe_b); free(run->model_path);
-    free(run->logp_a); free(run->logp_b); free(run->dlogp); free(run->kl_ba); free(run->k3); free(run->tv);
+    free(run->logp_a); free(run->logp_b); free(run->logp_trainer); free(run->dlogp); free(run->kl_ba); free(run->k3); free(run->tv);
     free(run->entropy_a); free(run->seq); free(run->pos); free(run->token); free(run->is_prompt); free(run->step);
     free(run->layer_err); free(run->ids); free(run->ids_offset); free(run->seq_len); free(run->prompt_len);
     free(run->text); free(run->text_offset); free(run->prompt_text_len); free(run->response_text_len);

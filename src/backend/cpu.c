@@ -328,8 +328,8 @@ static void logsoftmax_cpu(const td_ops *ctx, float *x, int N, int V)
     const td_recipe *r = ctx->recipe;
     float T = ctx->temperature > 0 ? ctx->temperature : 1.0f;
     size_t n = (size_t)N * V;
-    if (r && T != 1.0f) {
-        td_format L = r->temp_in_act ? act_of(ctx) : TD_F32;   /* the logits' dtype */
+    if (T != 1.0f) {   /* also under the fp32 reference recipe (r == NULL) */
+        td_format L = r && r->temp_in_act ? act_of(ctx) : TD_F32;   /* the logits' dtype */
         #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 65536)
         for (size_t i = 0; i < n; i++) x[i] = td_round(L, x[i] / T);
     }

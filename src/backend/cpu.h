@@ -24,7 +24,7 @@ static inline __attribute__((always_inline)) float td_expf(float x)
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
     union { int32_t i; float f; } scale;
-    scale.i = ((int32_t)n + 127) << 23;
+    scale.i = (int32_t)((uint32_t)((int32_t)n + 127) << 23);   /* unsigned: NaN inputs give INT_MIN here */
     return p * scale.f;
 }
 

@@ -21,7 +21,7 @@ static int generate(job *J, batch_state *b, const size_t *idx, td_error *err)
     const td_diff_opts *o = J->o;
     td_rollout_opts ro = {.sampling = o->sampling, .max_new_tokens = o->max_new_tokens, .max_len = J->max_len,
                           .eos = J->eos, .n_eos = J->n_eos, .stop_at_eos = o->stop_at_eos, .seed = o->seed,
-                          .prompt_rows = o->score_prompt};
+                          .prompt_rows = o->score_prompt, .row_temperature = (float)o->logprob_temperature};
     uint64_t *stream = td_xmalloc((size_t)b->n * sizeof(uint64_t));
     for (int s = 0; s < b->n; s++) stream[s] = idx[s];   /* a prompt's draws follow its index */
     td_rollout_batch rb = {.n = b->n, .tokens = b->seq, .prompt_len = b->plen, .stream = stream,
@@ -158,6 +158,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     J.fa = td_forward_create(J.model, J.max_len * (o->batch < 4 ? o->batch : 4), J.max_len, 0, err);
     if (!J.fa || td_forward_set_recipe_lora(J.fa, &o->recipe_a, J.lora, o->lora_merge_a, err)) goto out;
     if (lora_report(&J, 'a', td_forward_lora_stats(J.fa), &o->recipe_a, err)) goto out;
+    if (o->logprob_temperature > 0 && o->logprob_temperature != 1) td_forward_set_temperature(J.fa, (float)o->logprob_temperature);
     if (!J.prompts.has_rollouts) {
         J.sb = td_session_create(J.model, o->batch, J.max_len, 0, err);
         if (!J.sb || td_session_set_recipe_lora(J.sb, &o->recipe_b, J.lora, o->lora_merge_b, err)) goto out;

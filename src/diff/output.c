@@ -83,8 +83,10 @@ int open_output(job *J, td_error *err)
     const char *mode_b = !o->lora_dir || J->prompts.has_rollouts ? "none" : o->lora_merge_b ? "merged" : "unmerged";
     /* what --resume requires unchanged */
     const char *keys[] = {"model_fingerprint", "recipe_a", "recipe_b", "sampling", "seed_str", "shard", "batch", "score_prompt", "prompts_file",
-                          "layers", "lora_path", "lora_mode_a", "lora_mode_b"};
-    const char *vals[] = {fp, ra, rb, sj, seed, shard, batch, score, o->prompts_path, layers, o->lora_dir ? o->lora_dir : "", mode_a, mode_b};
+                          "layers", "lora_path", "lora_mode_a", "lora_mode_b", "logprob_temperature"};
+    char lt[32];
+    snprintf(lt, sizeof lt, "%.17g", o->logprob_temperature > 0 ? o->logprob_temperature : 1.0);
+    const char *vals[] = {fp, ra, rb, sj, seed, shard, batch, score, o->prompts_path, layers, o->lora_dir ? o->lora_dir : "", mode_a, mode_b, lt};
     size_t n_keys = sizeof keys / sizeof keys[0];
     int rc;
     if (o->resume) {

@@ -55,6 +55,14 @@ td_rescorer *td_rescorer_open(const char *run_path, const char *model_dir, td_re
         goto done;
     }
     if (lora && *lora) { td_fail(err, "%s: a run with a LoRA adapter (%s): attribution does not model adapters yet", run_path, lora); goto done; }
+    td_error e2;
+    char *lt = td_runfile_get_str(rf, "logprob_temperature", &e2);   /* absent in older runs: 1 */
+    int scaled = lt && strtod(lt, NULL) != 1.0;
+    free(lt);
+    if (scaled) {
+        td_fail(err, "%s: a run scored at --logprob-temperature != 1: attribution rescores raw rows (T = 1) only", run_path);
+        goto done;
+    }
     if (td_recipe_from_json(ra, strlen(ra), "recipe_a of the run", a, err) ||
         td_recipe_from_json(rb, strlen(rb), "recipe_b of the run", b, err)) goto done;
     r->batch = atoi(bs);

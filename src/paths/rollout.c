@@ -29,7 +29,11 @@ static void deliver(rollout *r, int s, int pos, const float *lg, const float *pr
     td_rollout_batch *b = r->b;
     if (!r->row_fn && !(b->logp && b->logp[s]) && !(b->logp_proc && b->logp_proc[s])) return;
     int y = b->tokens[s][pos];
-    memcpy(r->row, lg, (size_t)r->V * sizeof(float));
+    float T = r->o->row_temperature;
+    if (T > 0 && T != 1.0f)
+        for (int v = 0; v < r->V; v++) r->row[v] = lg[v] / T;
+    else
+        memcpy(r->row, lg, (size_t)r->V * sizeof(float));
     td_log_softmax(r->row, r->V);
     float lp = proc ? proc[y] : r->row[y];
     if (b->logp && b->logp[s]) b->logp[s][pos] = r->row[y];

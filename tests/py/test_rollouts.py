@@ -149,6 +149,21 @@ for name, path in formats.items():
             check(g.attrs["trainer_logprobs"] == "yes", f"{name}: trainer_logprobs attribute")
         else:
             check(not has, f"{name}: no /tokens/logp_trainer (the dump has no trainer log-probs)")
+    # tidal-report's three-way summary (engine, trainer, tidal A) against numpy on the same columns
+    j = json.loads(run("tidal-report", out, "--json").stdout)
+    j = j["runs"][0] if isinstance(j, dict) and "runs" in j else (j[0] if isinstance(j, list) else j)
+    tw = j.get("three_way")
+    if name in ("trl", "verl"):
+        with h5py.File(out) as g:
+            la, lb, lt = g["tokens/logp_a"][:], g["tokens/logp_b"][:], g["tokens/logp_trainer"][:]
+        ok3 = isinstance(tw, dict)
+        for key, x, y in (("engine_vs_trainer", lb, lt), ("tidal_vs_trainer", la, lt), ("engine_vs_tidal", lb, la)):
+            ok3 = ok3 and abs(tw[key]["mean"] - np.abs(x - y).mean()) <= 1e-12 * max(1.0, np.abs(x - y).mean()) \
+                and abs(tw[key]["max"] - np.abs(x - y).max()) <= 1e-15 and abs(tw[key]["signed_mean"] - (x - y).mean()) <= 1e-12
+        check(ok3, f"{name}: tidal-report three_way (engine/trainer/tidal A) equals numpy's |Δ| mean, max, signed mean")
+        check("engine vs trainer" in run("tidal-report", out).stdout, f"{name}: the text report prints the three-way rows")
+    else:
+        check(tw is None, f"{name}: no three_way without trainer log-probs")
     rep = run("tidal-report", out)
     check("replay" in rep.stdout and "n/a (replay)" in rep.stdout and " nan" not in rep.stdout.lower(),
           f"{name}: tidal-report says replay and n/a (replay), never nan")
