@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 WORK=${WORK:-out/models-work}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
-declare -A STEPS=([add]=250 [sort]=800 [countdown]=1200)
+declare -A STEPS=([add]=250 [sort]=800 [countdown]=1600)
 mkdir -p "$WORK"
 INIT="$WORK/init"
 if [ ! -f "$INIT/model.safetensors" ]; then
