@@ -131,8 +131,11 @@ typedef struct {
 
 /* Checks the gradients (Inf/NaN), unscales, clips, updates (AdamW at the schedule's lr),
  * zeroes the gradients and prepares the recipe's weights from the new masters. With loss
- * scaling an overflowing step is skipped and reported; without it a non-finite gradient is an
- * error naming the first tensor (nothing is updated). */
+ * scaling an overflowing step is skipped and reported (a non-finite loss in a micro-batch counts
+ * as an overflow: td_trainer_accumulate then skips that micro-batch's backward, as GradScaler
+ * skips the step an inf loss makes); without it a non-finite gradient is an error naming the
+ * first tensor (nothing is updated), and a non-finite loss an error of td_trainer_accumulate
+ * naming the first non-finite weight, or saying the weights are finite (the forward overflowed). */
 int td_trainer_step(td_trainer *tr, td_step_info *info, td_error *err);
 
 /* Learning-rate multiplier of optimiser step k (0-based) for these options (HF get_scheduler). */
