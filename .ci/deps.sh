@@ -17,6 +17,10 @@ DEBS=(build-essential pkg-config libhdf5-dev hdf5-tools libgsl-dev libopenblas-d
 # module:pip-spec. numpy<2 keeps pip from shadowing Debian's numpy 1.x, which h5py and torch
 # from Debian are built against; ml_dtypes 0.4 is the last series that runs on numpy 1.x.
 PYPI=("ml_dtypes:ml_dtypes<0.5" "safetensors:safetensors" "tokenizers:tokenizers" "jinja2:jinja2")
+# optional, installed on its own so a failure costs only the checks that use it (they skip):
+# transformers 4.46 is the last series that runs on Debian's torch 1.13 (test_sft.py and
+# test_model_transformers.py load tidal's checkpoints in it)
+PYPI_OPTIONAL=("transformers:transformers==4.46.*")
 
 missing=()
 for p in "${DEBS[@]}"; do
@@ -41,4 +45,10 @@ if ((${#need[@]})); then
   .venv/bin/python -m pip install -q --disable-pip-version-check "numpy<2" "${need[@]}" \
     || echo "deps: warning: could not install ${need[*]}; tests that need them will be skipped" >&2
 fi
+for m in "${PYPI_OPTIONAL[@]}"; do
+  .venv/bin/python -c "import ${m%%:*}" 2>/dev/null && continue
+  echo "deps: installing optional PyPI test helper: ${m#*:}" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check "numpy<2" "${m#*:}" \
+    || echo "deps: note: could not install ${m#*:}; the checks that need it will be skipped" >&2
+done
 exit 0

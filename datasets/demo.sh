@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# make demo: tidal's main job on the shipped demo checkpoint and prompts. The training path
-# (recipe A) and the inference path (recipe B) replay the same prompts in bf16 and in fp16;
-# per-token divergence goes to HDF5 run files under out/demo/, then tidal-report compares the
-# two runs and tidal-heatmap draws them.
+# make demo: tidal's main job on the shipped demo model, the SFT-trained addition model
+# (datasets/models/add, made by tidal-sft), and 32 prompts of its test split. The training path
+# (recipe A) and the inference path (recipe B) see the same prompts in bf16 and in fp16; the
+# inference path samples the completions; per-token divergence goes to HDF5 run files under
+# out/demo/, then tidal-report compares the two runs and tidal-heatmap draws them.
 set -euo pipefail
 BUILD=${1:-build}
 OUT=out/demo
 mkdir -p "$OUT"
 for p in bf16 fp16; do
   echo "== $p: training path $p-train vs inference path $p-infer"
-  "$BUILD/bin/tidal-diff" --model datasets/demo-model --prompts datasets/demo-prompts.jsonl \
-      --recipe-a "$p-train" --recipe-b "$p-infer" --max-new-tokens 48 --batch 8 --seed 1 \
+  "$BUILD/bin/tidal-diff" --model datasets/models/add --prompts datasets/demo-task-prompts.jsonl \
+      --recipe-a "$p-train" --recipe-b "$p-infer" --max-new-tokens 40 --batch 8 --seed 1 \
       -o "$OUT/$p.h5" --force
 done
 echo

@@ -9,18 +9,48 @@
  *   decode1    1 slot: prefill `prompt` tokens, then `steps` decode steps (full log-softmax rows)
  *   decodeB    decode-batch slots the same way, one batched step per token of every slot
  * Prints "case NAME tokens_per_s X seconds S" per case and "peak_rss_mb X" (getrusage).
+ * --bandwidth also measures this machine's memory bandwidth in the same run (a streaming read of
+ * a 2 GiB buffer by every OpenMP thread, best of 3 passes) and prints "bandwidth_gbs X" and
+ * "decode_bytes_per_step X": the weight bytes one decode step reads (every tensor in its stored
+ * dtype but the embedding, of which a step gathers a row per slot).
  */
+#include "tidal/checkpoint.h"
 #include "tidal/model.h"
 #include "tidal/opts.h"
 #include "tidal/rng.h"
 
 #include <omp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 
 static double now(void) { return omp_get_wtime(); }
+
+/* GB/s of a streaming read of a 2 GiB buffer (summed as 64-bit integers by every thread, a
+ * vectorised reduction with no dependency chain to wait on), best of 3 passes. */
+static double bandwidth_gbs(void)
+{
+    size_t n = (size_t)1 << 28;   /* 64-bit words: 2 GiB */
+    uint64_t *x = malloc(n * sizeof *x);
+    if (!x) return 0;
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) x[i] = i & 7;
+    double best = 0;
+    uint64_t sink = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        double t0 = now();
+        uint64_t sum = 0;
+        #pragma omp parallel for simd reduction(+ : sum)
+        for (size_t i = 0; i < n; i++) sum += x[i];
+        double dt = now() - t0, gbs = n * sizeof *x / dt / 1e9;
+        sink += sum;
+        if (gbs > best) best = gbs;
+    }
+    free(x);
+    return sink > 0 ? best : 0;
+}
 
 /* Prefill every slot with `prompt` random tokens, then `steps` batched decode steps feeding
  * random tokens; returns the seconds of the decode steps. */
@@ -55,7 +85,7 @@ static double run_decode(const td_model *m, int B, int prompt, int steps, td_rng
 int main(int argc, char **argv)
 {
     const char *dir = NULL;
-    int tfB = 2, tfT = 512, prompt = 32, steps = 32, decB = 16, only = -1;
+    int tfB = 2, tfT = 512, prompt = 32, steps = 32, decB = 16, only = -1, bw = 0;
     unsigned long long seed = 1;
     td_opt opts[] = {
         TD_OPT_S("model", 0, &dir, "DIR", "checkpoint directory"),
@@ -66,6 +96,7 @@ int main(int argc, char **argv)
         TD_OPT_I("decode-batch", 0, &decB, "B", 1, 4096, "slots of the batched decode case (default 16)"),
         TD_OPT_U("seed", 0, &seed, "N", "seed of the random tokens (default 1)"),
         TD_OPT_C("only", 0, &only, "tf|decode1|decodeB", "run one case"),
+        TD_OPT_F("bandwidth", 0, &bw, 1, "also measure the memory bandwidth (2 GiB streaming read)"),
         {0}};
     td_opt_get(opts, "model")->required = 1;
     td_cli cli = {"tidal-bench-model", "--model DIR [--tf-batch N] [--tf-len T] [--prompt P] [--steps S] "
@@ -75,7 +106,7 @@ int main(int argc, char **argv)
     int nargs, rc0 = td_cli_parse(&cli, argc, argv, NULL, &nargs);
     if (rc0 >= 0) return rc0;
     td_error err;
-    td_model *m = td_model_load(dir, &err);
+    td_model *m = td_model_load_progress(dir, stderr, &err);
     if (!m) { fprintf(stderr, "tidal-bench-model: %s\n", err.msg); return 1; }
     int V = m->cfg.vocab_size;
     td_rng r;
@@ -115,6 +146,15 @@ int main(int argc, char **argv)
                        (double)decB * steps / dt, dt);
     }
     if (!ok) { fprintf(stderr, "tidal-bench-model: %s\n", err.msg); td_model_free(m); return 1; }
+    if (bw) {
+        size_t bytes = 0;
+        for (size_t i = 0; i < td_checkpoint_num_tensors(m->ck); i++) {
+            const td_tensor *t = td_checkpoint_tensor(m->ck, i);
+            if (strcmp(t->name, "model.embed_tokens.weight") || m->cfg.tie_word_embeddings) bytes += t->nbytes;
+        }
+        printf("decode_bytes_per_step %zu\n", bytes);
+        printf("bandwidth_gbs %.3f\n", bandwidth_gbs());
+    }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     printf("peak_rss_mb %.1f\n", ru.ru_maxrss / 1024.0);

@@ -14,14 +14,19 @@
 #ifndef TIDAL_MODEL_H
 #define TIDAL_MODEL_H
 
+#include <stdio.h>
+
 #include "tidal/common.h"
 #include "tidal/config.h"
 #include "tidal/recipe.h"
 
 TD_BEGIN_DECLS
 
-/* One decoder layer's parameters. Pointers either map the checkpoint (F32 tensors) or point
- * into the model's one owned allocation. Matrices are row-major (out, in), as HF stores them. */
+/* One decoder layer's parameters in fp32. Pointers either map the checkpoint (F32 tensors) or
+ * point into the model's one owned allocation. Matrices are row-major (out, in), as HF stores
+ * them. A model loaded from a bf16/fp16 checkpoint keeps its matrices, embedding and lm_head in
+ * that dtype (mapped, see td_model_load): their pointers here are NULL; td_model_param_f32
+ * widens any tensor. */
 typedef struct {
     const float *attn_norm;  // (C)            input_layernorm.weight
     const float *wq;         // (NH*HD, C)     self_attn.q_proj.weight
@@ -55,6 +60,8 @@ typedef struct {
     float *owned;            // the one allocation holding every non-mapped parameter
     size_t owned_floats;
     struct td_checkpoint *ck;// kept open while mapped tensors are in use (NULL if none)
+    struct td_wstore *store; // tensors in their storage dtype (loaded models; NULL: all in w)
+    FILE *progress;          // long work on this model reports here (NULL: silent)
 } td_model;
 
 /* Checks a configuration for what the forward needs (positive sizes, NH % NKV == 0,
@@ -65,9 +72,20 @@ int td_model_check_config(const td_config *cfg, const char *what, td_error *err)
  * callers that fill weights themselves (tests, synthetic models). NULL + err on bad config. */
 td_model *td_model_alloc(const td_config *cfg, td_error *err);
 
-/* Loads a HF checkpoint directory (config.json + safetensors): F32 tensors are mapped without
- * copying, others are converted into the owned allocation. Shapes are checked against config. */
+/* Loads a HF checkpoint directory (config.json + safetensors). Nothing is widened: F32 tensors
+ * are mapped without copying (the pointers of w); BF16 and F16 matrices, embedding and lm_head
+ * are mapped in their dtype (an 8B bf16 checkpoint takes its 16 GB of page cache, no more),
+ * copied only when misaligned in the file; norms, biases and F8 tensors are converted to fp32
+ * into the owned allocation. Each 16-bit tensor is scanned once for NaN. Shapes are checked
+ * against config. td_model_load_progress also reports the scan on `progress` (with an ETA) and
+ * keeps `progress` as m->progress for the paths' long work (prefill, decode steps, teacher-
+ * forced micro-batches, recipe weight preparation). */
 td_model *td_model_load(const char *dir, td_error *err);
+td_model *td_model_load_progress(const char *dir, FILE *progress, td_error *err);
+
+/* Entry i of the model's parameter table (td_config_params) widened to fp32 into dst (its
+ * numel floats), exactly: the fp32 path for trainers of a bf16 checkpoint (they copy). */
+void td_model_param_f32(const td_model *m, size_t i, float *dst);
 
 void td_model_free(td_model *m);
 

@@ -56,6 +56,15 @@ extern const td_colspec td_schema_text[TD_TXT_COUNT];
 enum { TD_PRG_BATCH, TD_PRG_SEQ_ROWS, TD_PRG_TOKEN_ROWS, TD_PRG_PROMPT_ROWS, TD_PRG_TEXT_ROWS, TD_PRG_COUNT };
 extern const td_colspec td_schema_progress[TD_PRG_COUNT];
 
+/* /steps: one row per optimiser step of a training run (tidal-sft), appended and flushed after
+ * each step; skipped steps (fp16 loss scaling) have rows too. eval_* are NaN on the steps
+ * without an evaluation. */
+enum { TD_STP_STEP, TD_STP_EPOCH, TD_STP_LOSS, TD_STP_TOKEN_ACCURACY, TD_STP_GRAD_NORM, TD_STP_LR,
+       TD_STP_LOSS_SCALE, TD_STP_SKIPPED, TD_STP_SKIPPED_TOTAL, TD_STP_TARGET_TOKENS, TD_STP_EVAL_ACCURACY,
+       TD_STP_EVAL_REWARD, TD_STP_SECONDS, TD_STP_COUNT };
+extern const td_colspec td_schema_steps[TD_STP_COUNT];
+#define TD_SCHEMA_STEPS "/steps"
+
 /* /layers/rel_err: rows aligned with /tokens, one float32 column per layer (--layers). */
 #define TD_SCHEMA_LAYERS "/layers"
 extern const td_colspec td_schema_layers_rel_err;

@@ -131,8 +131,11 @@ typedef struct {
 
 /* Checks the gradients (Inf/NaN), unscales, clips, updates (AdamW at the schedule's lr),
  * zeroes the gradients and prepares the recipe's weights from the new masters. With loss
- * scaling an overflowing step is skipped and reported; without it a non-finite gradient is an
- * error naming the first tensor (nothing is updated). */
+ * scaling an overflowing step is skipped and reported (a non-finite loss in a micro-batch counts
+ * as an overflow: td_trainer_accumulate then skips that micro-batch's backward, as GradScaler
+ * skips the step an inf loss makes); without it a non-finite gradient is an error naming the
+ * first tensor (nothing is updated), and a non-finite loss an error of td_trainer_accumulate
+ * naming the first non-finite weight, or saying the weights are finite (the forward overflowed). */
 int td_trainer_step(td_trainer *tr, td_step_info *info, td_error *err);
 
 /* Learning-rate multiplier of optimiser step k (0-based) for these options (HF get_scheduler). */
@@ -173,19 +176,23 @@ int td_trainer_params_changed(td_trainer *tr, td_error *err);
 /* The current loss scale (1 without loss scaling). */
 double td_trainer_loss_scale(const td_trainer *tr);
 
+/* Resumable state (src/train/state.c): the fp32 masters of the trained tensors and both AdamW
+ * moments (safetensors: param.NAME, exp_avg.NAME, exp_avg_sq.NAME under the HF / PEFT names),
+ * the optimiser step, the skipped-step count and the GradScaler's scale and growth tracker (in
+ * the metadata). Loading it into a trainer created with the same model, recipe and options
+ * continues bit for bit where the saved one stood; gradients are zeroed. 0 or -1 + err (a file
+ * of another model, rank or shape, non-finite values). */
+int td_trainer_save_state(const td_trainer *tr, const char *path, td_error *err);
+int td_trainer_load_state(td_trainer *tr, const char *path, td_error *err);
+
+/* Token accuracy (TRL's mean_token_accuracy): of the targets with a non-zero dL/dlogp seen by
+ * td_trainer_accumulate since the last reset, how many were their row's most probable token
+ * (argmax of the training path's log-softmax). reset: zero the counters after reading. */
+void td_trainer_token_accuracy(td_trainer *tr, long *correct, long *total, int reset);
+
 /* The training path's rows become log-softmax(logits / T) (td_forward_set_temperature): an RL
  * trainer scores sampled tokens at the sampling temperature, as TRL and verl do. */
 void td_trainer_set_temperature(td_trainer *tr, float T);
-
-/* Optimiser state for resuming (src/train/state.c): the trained parameters (fp32 masters, or
- * the adapter's A and B), AdamW's two moments, the step and skipped counts and the GradScaler
- * state, to one binary file (magic "TDTRST01", sizes, then raw little-endian arrays and an
- * FNV-1a-64 checksum of everything before it), written to PATH.tmp and renamed. Loading
- * checks the magic, the parameter count and the checksum, naming the file and what differs,
- * and leaves the trainer unchanged on any error. A trainer resumed from a state file takes
- * exactly the steps an uninterrupted one would (same bits). */
-int td_trainer_save_state(const td_trainer *tr, const char *path, td_error *err);
-int td_trainer_load_state(td_trainer *tr, const char *path, td_error *err);
 
 TD_END_DECLS
 

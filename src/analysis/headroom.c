@@ -51,7 +51,7 @@ static void count(td_headroom_row *r, const float *x, size_t n)
     r->max_abs = mx;
 }
 
-static void ob_embedding(const td_ops *ctx, float *out, const int *tokens, const float *embed, int N, int C)
+static void ob_embedding(const td_ops *ctx, float *out, const int *tokens, const td_wmat *embed, int N, int C)
 {
     observer *o = obs_of(ctx);
     td_backend_cpu.embedding_forward(ctx, out, tokens, embed, N, C);
@@ -91,7 +91,7 @@ static void ob_rmsnorm(const td_ops *ctx, float *out, float *rstd, const float *
     count(row, out, (size_t)N * C);
 }
 
-static void ob_matmul(const td_ops *ctx, int n, float *const *out, const float *inp, const float *const *weight,
+static void ob_matmul(const td_ops *ctx, int n, float *const *out, const float *inp, const td_wmat *weight,
                       const float *const *bias, int N, int IN, const int *OUT)
 {
     observer *o = obs_of(ctx);
@@ -148,11 +148,9 @@ static void weights_rows(const td_model *m, td_headroom_row *rows, size_t *n)
 {
     size_t np;
     td_param_spec *specs = param_table(&m->cfg, &np);
-    td_model_weights w = m->w;
-    size_t k0 = *n;
+    size_t k0 = *n, chunk = 1u << 20;
+    float *buf = td_xmalloc(chunk * sizeof(float));
     for (size_t i = 0; i < np; i++) {
-        const float **slot = param_slot(&w, m->cfg.num_layers, &specs[i]);
-        if (!slot || !*slot) continue;
         /* one row per tensor kind: "model.layers.3.self_attn.q_proj.weight" -> "self_attn.q_proj.weight" */
         const char *nm = specs[i].name, *p = strstr(nm, "layers.");
         if (p) { p = strchr(p + 7, '.'); nm = p ? p + 1 : nm; }
@@ -165,8 +163,18 @@ static void weights_rows(const td_model *m, td_headroom_row *rows, size_t *n)
             snprintf(rows[k].name, sizeof rows[k].name, "%s", nm);
             (*n)++;
         }
-        count(&rows[k], *slot, specs[i].numel);
+        /* the tensor as stored, widened by rows in chunks of about 2^20 values */
+        size_t cols = specs[i].ndim == 2 ? (size_t)specs[i].shape[1] : specs[i].numel;
+        size_t nrows = specs[i].numel / cols, step = cols < chunk ? chunk / cols : 1;
+        float *big = step == 1 && cols > chunk ? td_xmalloc(cols * sizeof(float)) : NULL;
+        for (size_t r0 = 0; r0 < nrows; r0 += step) {
+            size_t nr = nrows - r0 < step ? nrows - r0 : step;
+            model_param_rows_f32(m, i, &specs[i], r0, nr, big ? big : buf);
+            count(&rows[k], big ? big : buf, nr * cols);
+        }
+        free(big);
     }
+    free(buf);
     free(specs);
 }
 

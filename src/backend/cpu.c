@@ -128,7 +128,7 @@ static void scale_cpu(const td_ops *ctx, float *x, float s, size_t n)
 
 /* One product under the context's recipe: operand quantisation, the recipe's accumulation,
  * bias and output rounding (gemm.h), threads over output columns. */
-static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const float *weight,
+static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const td_wmat *weight,
                           const float *bias, int N, int IN, int OUT)
 {
     const td_recipe *r = ctx->recipe;
@@ -150,9 +150,11 @@ static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const
                 size_t fit = ctx->gscratch_per_thread / (2 * (size_t)N);
                 if (fit < (size_t)cols) cols = fit > 0 ? (int)fit : 1;
             }
+            float *tile = wtile_scratch(ctx, t);
             for (int c0 = o0; c0 < o1; c0 += cols) {
                 int nc = c0 + cols <= o1 ? cols : o1 - c0;
-                td_gemm_accumulate(r, qin, N, IN, weight + (size_t)c0 * IN, IN, nc, out + c0, OUT, scratch);
+                const float *wt = wmat_rows(weight, c0, nc, IN, tile);   /* widened to fp32 */
+                td_gemm_accumulate(r, qin, N, IN, wt, IN, nc, out + c0, OUT, scratch);
                 td_gemm_finish(r, out + c0, N, nc, OUT, bias ? bias + c0 : NULL);
             }
         }
@@ -162,7 +164,7 @@ static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const
 /* The fp32 reference does all n products in one parallel region (few barriers per layer);
  * under a recipe each product is quantised and accumulated on its own. */
 static void matmul_cpu(const td_ops *ctx, int n, float *const *out, const float *inp,
-                       const float *const *weight, const float *const *bias, int N, int IN,
+                       const td_wmat *weight, const float *const *bias, int N, int IN,
                        const int *OUT)
 {
     if (td_recipe_is_plain_fp32(ctx->recipe)) {
@@ -170,7 +172,7 @@ static void matmul_cpu(const td_ops *ctx, int n, float *const *out, const float 
         return;
     }
     for (int j = 0; j < n; j++)
-        matmul_recipe(ctx, out[j], inp, weight[j], bias ? bias[j] : NULL, N, IN, OUT[j]);
+        matmul_recipe(ctx, out[j], inp, &weight[j], bias ? bias[j] : NULL, N, IN, OUT[j]);
 }
 
 /* ---------------------------------------------------------------- attention */

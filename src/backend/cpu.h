@@ -38,12 +38,12 @@ static inline __attribute__((always_inline)) float td_expf(float x)
 
 void cpu_init(td_ops *ctx);   /* one OpenMP pool, OpenBLAS single-threaded inside it */
 
-void embedding_forward_ref(const td_ops *ctx, float *out, const int *tokens, const float *embed,
+void embedding_forward_ref(const td_ops *ctx, float *out, const int *tokens, const td_wmat *embed,
                            int N, int C);
 void rmsnorm_forward_ref(const td_ops *ctx, float *out, float *rstd, const float *inp,
                          const float *weight, int N, int C, float eps);
 void matmul_forward_ref(const td_ops *ctx, int n, float *const *out, const float *inp,
-                        const float *const *weight, const float *const *bias, int N, int IN,
+                        const td_wmat *weight, const float *const *bias, int N, int IN,
                         const int *OUT);
 void rope_forward_ref(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
                       int nheads, int HD);
@@ -94,6 +94,10 @@ void gemm_nt_acc(const td_ops *ctx, int M, int N, int K, float alpha, const floa
 /* db (OUT) += column sums of dout (N, OUT) */
 void bias_grad_acc(const td_ops *ctx, float *db, const float *dout, int N, int OUT);
 
+/* Thread t's weight tile scratch of ctx (TD_GEMM_TILE rows of the widest GEMM input; NULL
+ * when every weight is fp32). */
+float *wtile_scratch(const td_ops *ctx, int t);
+
 /* x (n) rounded in place to the context recipe's activations dtype (cpu.c): what an op writes
  * at a kernel boundary, forward or backward. */
 void act_round(const td_ops *ctx, float *x, size_t n);
@@ -123,7 +127,7 @@ void swiglu_backward_cpu(const td_ops *ctx, float *dgate, float *dup, const floa
  * slices as threads). gemm_threads: the threads worth using for an (N, IN) x (IN, total)
  * product (one below 2^16 multiply-adds, at most one per tile); gemm_slice: thread t of k's
  * columns [c0, c1), a run of whole tiles. */
-#define TD_GEMM_TILE 128
+/* TD_GEMM_TILE (128) is defined in ops.h */
 
 static inline int gemm_threads(const td_ops *ctx, int N, int IN, long total)
 {

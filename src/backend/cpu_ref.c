@@ -66,12 +66,15 @@ TD_CLONES static void span_swiglu(float *out, const float *g, const float *u, si
     for (size_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + td_expf(-g[i])) * u[i];
 }
 
-void embedding_forward_ref(const td_ops *ctx, float *out, const int *tokens, const float *embed,
-                       int N, int C)
+void embedding_forward_ref(const td_ops *ctx, float *out, const int *tokens, const td_wmat *embed,
+                           int N, int C)
 {
     (void)ctx;
-    for (int i = 0; i < N; i++)
-        memcpy(out + (size_t)i * C, embed + (size_t)tokens[i] * C, (size_t)C * sizeof(float));
+    for (int i = 0; i < N; i++) {   /* each row widened straight into its place */
+        float *o = out + (size_t)i * C;
+        const float *row = wmat_rows(embed, tokens[i], 1, C, o);
+        if (row != o) memcpy(o, row, (size_t)C * sizeof(float));
+    }
 }
 
 void rmsnorm_forward_ref(const td_ops *ctx, float *out, float *rstd, const float *inp,
@@ -111,25 +114,28 @@ static void gemm_f32(const td_ops *ctx, int b_trans, int M, int N, int K, float 
 }
 
 void matmul_forward_ref(const td_ops *ctx, int n, float *const *out, const float *inp,
-                        const float *const *weight, const float *const *bias, int N, int IN,
+                        const td_wmat *weight, const float *const *bias, int N, int IN,
                         const int *OUT)
 {
     /* The outputs' columns, laid end to end, are cut into fixed tiles (cpu.h), whole tiles per
-     * thread; a tile may span two outputs, each piece one GEMM. One parallel region for all n
-     * products keeps the barriers per layer few (they hurt most in decode). */
+     * thread; a tile may span two outputs, each piece one GEMM over its weight rows widened to
+     * fp32 (in place when stored fp32). One parallel region for all n products keeps the
+     * barriers per layer few (they hurt most in decode). */
     long total = 0;
     for (int j = 0; j < n; j++) total += OUT[j];
     #pragma omp parallel num_threads(gemm_threads(ctx, N, IN, total))
     {
         long s0, s1;
         gemm_slice(total, omp_get_thread_num(), omp_get_num_threads(), &s0, &s1);
+        float *tile = wtile_scratch(ctx, omp_get_thread_num());
         for (long c0 = s0; c0 < s1; c0 += TD_GEMM_TILE) {
             long c1 = c0 + TD_GEMM_TILE < s1 ? c0 + TD_GEMM_TILE : s1, base = 0;
             for (int j = 0; j < n; base += OUT[j], j++) {
                 long o0 = c0 > base ? c0 - base : 0, o1 = c1 - base < OUT[j] ? c1 - base : OUT[j];
                 if (o0 >= o1) continue;
-                gemm_f32(ctx, 1, N, (int)(o1 - o0), IN, 1.0f, inp, IN, weight[j] + o0 * IN, IN,
-                         0.0f, out[j] + o0, OUT[j]);
+                const float *wt = wmat_rows(&weight[j], o0, o1 - o0, IN, tile);
+                gemm_f32(ctx, 1, N, (int)(o1 - o0), IN, 1.0f, inp, IN, wt, IN, 0.0f, out[j] + o0,
+                         OUT[j]);
                 if (bias && bias[j])
                     for (int i = 0; i < N; i++) {
                         float *y = out[j] + (size_t)i * OUT[j];

@@ -95,7 +95,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
         remove(J.write_path);
     }
     fprintf(stderr, "tidal-diff: loading %s\n", o->model_dir);
-    J.model = td_model_load(o->model_dir, err);
+    J.model = td_model_load_progress(o->model_dir, stderr, err);   /* progress of long work: stderr */
     if (!J.model) goto out;
     const td_config *cfg = &J.model->cfg;
     if (o->lora_dir && !(J.lora = td_lora_load(o->lora_dir, cfg, err))) goto out;

@@ -6,6 +6,7 @@
  * (teacher forcing) and one new token per KV-cache slot (decode). An unmerged LoRA adapter adds
  * its branch right after each projection it adapts (lora_run.c). */
 #include "model_internal.h"
+#include "tidal/progress.h"
 
 #include <omp.h>
 #include <stdlib.h>
@@ -127,8 +128,9 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
     int HD = c->head_dim, QD = NH * HD, KVD = NKV * HD;
     float eps = (float)c->rms_norm_eps;
 
-    const td_model_weights *W = ops->w ? ops->w : &m->w;   /* the recipe's rounded weights */
-    embedding_forward(ops, a->x, tokens, W->embed, N, C);
+    const td_model_weights *W = ops->w ? ops->w : &m->w;   /* the recipe's norms and biases */
+    const td_wset *ws = ops->ws;                            /* its matrices (td_wmat) */
+    embedding_forward(ops, a->x, tokens, &ws->embed, N, C);
     /* each layer's first norm is done by the previous layer's last residual add (or here) */
     td_layer_acts first = acts_layer(a, c, 0);
     rmsnorm_forward(ops, first.xn1, first.rstd1, first.x_in, W->layers[0].attn_norm, N, C, eps);
@@ -140,7 +142,8 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
 
         /* attention sub-block (la.xn1 = rmsnorm(la.x_in) already) */
         float *qkv_out[] = {la.q_raw, la.k_raw, la.v};
-        const float *qkv_w[] = {w->wq, w->wk, w->wv}, *qkv_b[] = {w->bq, w->bk, w->bv};
+        td_wmat qkv_w[] = {*wset_mat(ws, l, TD_LORA_Q), *wset_mat(ws, l, TD_LORA_K), *wset_mat(ws, l, TD_LORA_V)};
+        const float *qkv_b[] = {w->bq, w->bk, w->bv};
         int qkv_dim[] = {QD, KVD, KVD};
         matmul_forward_multi(ops, 3, qkv_out, la.xn1, qkv_w, qkv_b, N, C, qkv_dim);
         lora_forward(ops, l, TD_LORA_Q, la.q_raw, la.xn1, N);   /* unmerged adapters, if any */
@@ -156,19 +159,19 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
         kv_write(ops, vl, la.v, a->kv_off, pos, N, KVD);
         attention_forward(ops, la.att, la.lse, la.q, kl, vl, a->kv_off, pos, N, NH, NKV, HD,
                           a->scores, a->max_keys);
-        matmul_forward(ops, a->proj, la.att, w->wo, NULL, N, QD, C);
+        matmul_forward(ops, a->proj, la.att, wset_mat(ws, l, TD_LORA_O), NULL, N, QD, C);
         lora_forward(ops, l, TD_LORA_O, a->proj, la.att, N);
         add_then_norm(ops, la.x_mid, la.x_in, a->proj, la.xn2, la.rstd2, w->mlp_norm, N, C, eps);
 
         /* MLP sub-block */
         float *gu_out[] = {la.gate, la.up};
-        const float *gu_w[] = {w->w_gate, w->w_up};
+        td_wmat gu_w[] = {*wset_mat(ws, l, TD_LORA_GATE), *wset_mat(ws, l, TD_LORA_UP)};
         int gu_dim[] = {F, F};
         matmul_forward_multi(ops, 2, gu_out, la.xn2, gu_w, NULL, N, C, gu_dim);
         lora_forward(ops, l, TD_LORA_GATE, la.gate, la.xn2, N);
         lora_forward(ops, l, TD_LORA_UP, la.up, la.xn2, N);
         swiglu_forward(ops, la.act, la.gate, la.up, N, F);
-        matmul_forward(ops, a->proj, la.act, w->w_down, NULL, N, F, C);
+        matmul_forward(ops, a->proj, la.act, wset_mat(ws, l, TD_LORA_DOWN), NULL, N, F, C);
         lora_forward(ops, l, TD_LORA_DOWN, a->proj, la.act, N);
         if (l + 1 < c->num_layers) {   /* the next layer's first norm */
             td_layer_acts nx = acts_layer(a, c, l + 1);
@@ -179,14 +182,14 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
                           eps);
         }
         if (ops->layer_fn) ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, la.x_out);
+        if (ops->progress) td_progress_add(ops->progress, N, "token-layers");
     }
 }
 
 void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N,
                   int raw)
 {
-    const td_model_weights *W = ops->w ? ops->w : &m->w;
     td_ops head = td_ops_gemm(ops, ops->head, ops->qin, ops->gscratch);   /* the lm_head's recipe */
-    matmul_forward(&head, logits, h, W->lm_head, NULL, N, m->cfg.hidden_size, m->cfg.vocab_size);
+    matmul_forward(&head, logits, h, &ops->ws->lm_head, NULL, N, m->cfg.hidden_size, m->cfg.vocab_size);
     if (!raw) logsoftmax_forward(&head, logits, N, m->cfg.vocab_size);   /* in the logits' dtype */
 }

@@ -76,8 +76,9 @@ void lora_forward(const td_ops *ops, int layer, int module, float *y, const floa
     if (!p->a) return;
     td_ops lo = td_ops_gemm(ops, &rt->recipe, rt->qin, NULL);   /* the LoRA GEMMs' recipe */
     int r = rt->rank;
-    matmul_forward(&lo, rt->t, x, p->a, NULL, N, p->in, r);
-    matmul_forward(&lo, rt->u, rt->t, p->b, NULL, N, r, p->out);
+    td_wmat a = td_wmat_f32(p->a), b = td_wmat_f32(p->b);
+    matmul_forward(&lo, rt->t, x, &a, NULL, N, p->in, r);
+    matmul_forward(&lo, rt->u, rt->t, &b, NULL, N, r, p->out);
     size_t n = (size_t)N * p->out;
     scale_forward(ops, rt->u, rt->scale, n);    /* D(scale * u)          */
     residual_forward(ops, y, y, rt->u, n);      /* y = D(y + D(scale u)) */
@@ -95,7 +96,8 @@ void lora_backward(const td_ops *ops, int layer, int module, float *dx, const fl
     int r = rt->rank;
     size_t nr = (size_t)N * r, nout = (size_t)N * p->out;
     float *t = scratch, *dt = scratch + nr, *du = scratch + 2 * nr;
-    matmul_forward(&lo, t, x, p->a, NULL, N, p->in, r);          /* t = D(A x), as the forward */
+    td_wmat a = td_wmat_f32(p->a);
+    matmul_forward(&lo, t, x, &a, NULL, N, p->in, r);            /* t = D(A x), as the forward */
     memcpy(du, dy, nout * sizeof(float));
     scale_forward(ops, du, rt->scale, nout);                      /* du = D(scale dy)           */
     memset(dt, 0, nr * sizeof(float));

@@ -100,6 +100,12 @@ void td_model_free(td_model *m)
     free(m->w.layers);
     free(m->inv_freq);
     free(m->owned);
+    if (m->store) {
+        free(m->store->t);
+        free(m->store->nan);
+        free(m->store->owned);
+        free(m->store);
+    }
     if (m->ck) td_checkpoint_close(m->ck);   /* the maps the mapped tensors point into */
     free(m);
 }

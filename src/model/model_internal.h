@@ -10,6 +10,38 @@
 /* A model with config, inv_freq and an empty layer table, nothing else. */
 td_model *model_new(const td_config *cfg, const char *what, td_error *err);
 
+/* Weights as the forward reads them (td_wmat, ops.h): the GEMM matrices of every layer in
+ * lora.h's module order (q k v o gate up down), the embedding and the lm_head. Norms and
+ * biases are read from a td_model_weights (fp32: they are small). */
+typedef struct td_wset {
+    td_wmat embed, lm_head;
+    td_wmat *mat;              // (L * TD_LORA_NMOD)
+} td_wset;
+
+static inline td_wmat *wset_mat(const td_wset *ws, int layer, int module)
+{
+    return &ws->mat[(size_t)layer * TD_LORA_NMOD + module];
+}
+
+/* A loaded model's tensors in their storage dtype (load.c): entry i of the parameter table is
+ * t[i] (mapped from the checkpoint, or owned); nan[i] says whether it holds a NaN (scanned at
+ * load for 16-bit tensors: rounding a NaN canonicalises it, so such a tensor is never shared
+ * as "already rounded"). */
+struct td_wstore {
+    size_t n;
+    td_wmat *t;
+    unsigned char *nan;
+    void *owned;               /* 16-bit tensors that could not be mapped (misaligned) */
+};
+
+/* Entry i (spec p) of the model's parameter table in its storage: the store's, or the fp32
+ * tensor of m->w (td_model_alloc, fp32 checkpoints). *has_nan: 1 if it may hold a NaN that a
+ * rounding would change (unknown counts as 1 for non-fp32 storage). */
+td_wmat model_param_wmat(const td_model *m, size_t i, const td_param_spec *p, int *has_nan);
+/* Rows [r0, r0 + nr) of entry i as fp32 into dst (nr * cols floats). */
+void model_param_rows_f32(const td_model *m, size_t i, const td_param_spec *p, size_t r0, size_t nr,
+                          float *dst);
+
 /* ---- the parameter table (params.c; the table itself is td_config_params) ---- */
 /* The config's table (caller frees), n entries. */
 td_param_spec *param_table(const td_config *c, size_t *n);
@@ -169,20 +201,36 @@ void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td
                       td_model_weights *grads, const lora_grad *lg, const int *tokens,
                       const int *pos, int N);
 
-/* What a structure keeps for its recipe: the recipe, its rounded weights and GEMM scratch. */
+/* What a structure keeps for its recipe: the recipe, its weights and GEMM scratch.
+ *   ws      every GEMM matrix, the embedding and the lm_head as the recipe's kernels read them:
+ *           the model's own storage wherever the recipe's rounding leaves it unchanged (a bf16
+ *           checkpoint under bf16 recipes, anything under fp32), else a copy in the narrowest
+ *           storage that holds the rounded values exactly (fp8: 1-byte codes + block scales;
+ *           bf16/fp16: 2 bytes) — or fp32 copies when f32 is set (a backward reads w).
+ *   w       fp32 view: norms and biases (rounded copies, or the model's), and the GEMM
+ *           matrices, embedding and lm_head where ws holds them in fp32 (NULL elsewhere).
+ *   bytes   what the copies take (weights only), by the storage they are in. */
 typedef struct {
     td_recipe recipe, head;
     td_model_weights w;
-    float *owned;          /* the rounded weights' storage (NULL for fp32)   */
-    float *qin, *gscratch;
-    lora_rt *lora;         /* unmerged adapter, or NULL                      */
-    td_lora_merge_stats merge;  /* what a merged adapter kept                */
+    td_wset ws;
+    void **owned;          /* the copies' allocations                                       */
+    size_t nowned;
+    size_t bytes[TD_FORMAT_COUNT];
+    int f32;               /* copies in fp32 with a full fp32 view (trainers)              */
+    float *qin, *gscratch, *wtile;
+    lora_rt *lora;         /* unmerged adapter, or NULL                                     */
+    td_lora_merge_stats merge;  /* what a merged adapter kept                               */
 } td_recipe_state;
 
 /* Sets ops up for recipe r (copied into st) for batches of up to cap rows, with an adapter
- * (lora may be NULL) folded into the prepared weights (merged) or run beside them. */
+ * (lora may be NULL) folded into the prepared weights (merged) or run beside them. f32: keep
+ * every weight the recipe reads in fp32 too (w complete: decoder_backward needs it). */
 int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const td_recipe *r,
-                     const td_lora *lora, int merged, int cap, td_error *err);
+                     const td_lora *lora, int merged, int cap, int f32, td_error *err);
 void recipe_state_free(td_recipe_state *st);
+/* The recipe state of a structure (tests: what it shares, what it copied). */
+const td_recipe_state *forward_recipe_state(const td_forward *f);
+const td_recipe_state *session_recipe_state(const td_session *s);
 
 #endif

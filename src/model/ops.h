@@ -34,13 +34,46 @@
 #include "tidal/model.h"
 
 typedef struct td_backend td_backend;
+struct td_wset;
+
+/* A weight matrix (rows, cols) as a path keeps it: in its storage dtype, never widened in
+ * memory. The GEMMs widen it to fp32 one tile of TD_GEMM_TILE rows at a time (src/backend/
+ * cpu.h), into per-thread scratch, then run the fp32 kernel on the tile; F32 is used in place.
+ *   TD_F32, TD_BF16, TD_F16   the values themselves (a bf16/f16 checkpoint mapped as it is)
+ *   TD_E4M3, TD_E5M2          1-byte codes; value = decode(code) * scale[block], blocks of
+ *                             (sr, sc) elements, nbc blocks per row (td_fp8_dequantize's formula,
+ *                             so the values are those td_fp8_fake_quant gives) */
+typedef struct td_wmat {
+    const void *data;
+    td_format dtype;
+    const float *scale;           /* fp8 only                                                  */
+    int sr, sc, nbc;              /* fp8 scale blocks: rows, columns, blocks per row           */
+} td_wmat;
+
+static inline td_wmat td_wmat_f32(const float *p)
+{
+    td_wmat w = {.data = p, .dtype = TD_F32};
+    return w;
+}
+
+/* GEMMs are cut into fixed tiles of this many output columns (weight rows), whatever the
+ * thread count (src/backend/cpu.h says why); a weight tile is widened to fp32 as a whole. */
+#define TD_GEMM_TILE 128
+
+/* Rows [r0, r0 + nr) of w (cols wide) as fp32 (src/backend/cpu_wmat.c): w's own memory when it
+ * is fp32, else widened into dst (nr * cols floats), exactly. Host memory. */
+const float *wmat_rows(const td_wmat *w, long r0, long nr, int cols, float *dst);
 
 typedef struct td_ops {
     const td_backend *be;         /* who runs the ops (td_backend_cpu)                         */
     int nthreads;                 /* threads the ops may use (>= 1)                            */
     const td_recipe *recipe;      /* the recipe the ops run under, NULL = fp32 reference       */
     const td_recipe *head;        /* the recipe of the lm_head GEMM (td_recipe_for_head)       */
-    const td_model_weights *w;    /* the recipe's rounded weights, NULL = the model's own      */
+    const td_model_weights *w;    /* the recipe's fp32 weights (norms, biases; every tensor for
+                                     a backward), NULL = the model's own                      */
+    const struct td_wset *ws;     /* the recipe's GEMM weights, embedding, lm_head (td_wmat)  */
+    float *wtile;                 /* weight tiles widened to fp32: nthreads * wtile_per_thread */
+    size_t wtile_per_thread;      /* TD_GEMM_TILE * the widest GEMM input                     */
     int decode;                   /* this step is a decode step (split-KV attention applies)   */
     int cache;                    /* keys/values are stored in a KV cache (kv_cache rounding)  */
     float temperature;            /* logits / T before log-softmax (0 or 1: none; recipe.h)    */
@@ -52,6 +85,8 @@ typedef struct td_ops {
     void *layer_user;
     const int *row_seq;           /* (rows) sequence / slot of each row, for layer_fn         */
     const struct lora_rt *lora;   /* unmerged LoRA adapter (lora_run.c), NULL = none           */
+    struct td_progress_s *progress; /* long work (tidal/progress.h): decoder_forward adds N rows
+                                       per layer                                               */
 } td_ops;
 
 /* The backend function table. Each op entry has the signature of the op-list function of the
@@ -64,12 +99,12 @@ struct td_backend {
     void (*upload)(void *dst, const void *src, size_t bytes);     /* host -> backend buffer */
     void (*download)(void *dst, const void *src, size_t bytes);   /* backend buffer -> host */
 
-    void (*embedding_forward)(const td_ops *ctx, float *out, const int *tokens, const float *embed,
-                              int N, int C);
+    void (*embedding_forward)(const td_ops *ctx, float *out, const int *tokens,
+                              const td_wmat *embed, int N, int C);
     void (*rmsnorm_forward)(const td_ops *ctx, float *out, float *rstd, const float *inp,
                             const float *weight, int N, int C, float eps);
     void (*matmul_forward)(const td_ops *ctx, int n, float *const *out, const float *inp,
-                           const float *const *weight, const float *const *bias, int N, int IN,
+                           const td_wmat *weight, const float *const *bias, int N, int IN,
                            const int *OUT);
     void (*rope_forward)(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
                          int nheads, int HD);
@@ -123,9 +158,9 @@ static inline td_ops td_ops_gemm(const td_ops *ctx, const td_recipe *r, float *q
 
 /* ---- the op list ------------------------------------------------------------------------- */
 
-/* out (N, C) = embed[tokens[i]] */
+/* out (N, C) = embed[tokens[i]] (widened to fp32) */
 static inline void embedding_forward(const td_ops *ctx, float *out, const int *tokens,
-                                     const float *embed, int N, int C)
+                                     const td_wmat *embed, int N, int C)
 {
     ctx->be->embedding_forward(ctx, out, tokens, embed, N, C);
 }
@@ -139,9 +174,10 @@ static inline void rmsnorm_forward(const td_ops *ctx, float *out, float *rstd, c
 }
 
 /* n products of the same input in one go: out[j] (N, OUT[j]) = inp (N, IN) @ weight[j]^T
- * + bias[j] (bias or bias[j] may be NULL). Every projection and the lm_head go through here. */
+ * + bias[j] (bias or bias[j] may be NULL); weight: n matrices (td_wmat, widened per tile).
+ * Every projection and the lm_head go through here. */
 static inline void matmul_forward_multi(const td_ops *ctx, int n, float *const *out,
-                                        const float *inp, const float *const *weight,
+                                        const float *inp, const td_wmat *weight,
                                         const float *const *bias, int N, int IN, const int *OUT)
 {
     ctx->be->matmul_forward(ctx, n, out, inp, weight, bias, N, IN, OUT);
@@ -149,9 +185,9 @@ static inline void matmul_forward_multi(const td_ops *ctx, int n, float *const *
 
 /* out (N, OUT) = inp (N, IN) @ weight (OUT, IN)^T + bias (OUT, may be NULL). */
 static inline void matmul_forward(const td_ops *ctx, float *out, const float *inp,
-                                  const float *weight, const float *bias, int N, int IN, int OUT)
+                                  const td_wmat *weight, const float *bias, int N, int IN, int OUT)
 {
-    ctx->be->matmul_forward(ctx, 1, &out, inp, &weight, &bias, N, IN, &OUT);
+    ctx->be->matmul_forward(ctx, 1, &out, inp, weight, &bias, N, IN, &OUT);
 }
 
 /* HF rotate-half RoPE in place on x (N, nheads, HD), row i at position pos[i]:

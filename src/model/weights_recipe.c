@@ -1,5 +1,5 @@
-/* A recipe's view of the model's weights: every parameter rounded once, at set-up, to what
- * the recipe's kernels would read (see recipe.h):
+/* A recipe's view of the model's weights: every parameter as the recipe's kernels would read it
+ * (see recipe.h), prepared once at set-up:
  *   GEMM weights (q/k/v/o, gate/up/down)   the recipe's weight format (fp8: fake-quantised
  *                                           with its weight scaling, e.g. 128x128 blocks)
  *   embedding, norms, biases                the activations dtype (HF casts the whole model);
@@ -7,17 +7,27 @@
  *   lm_head                                 fp32 master weights with lm_head_fp32; else the
  *                                           weight format, but the activations dtype when that
  *                                           is fp8 (engines keep the lm_head out of FP8 GEMMs)
- * The fp32 recipe uses the model's own weights (nothing is copied), except the matrices a
- * merged LoRA adapter changes.
+ *
+ * Memory: nothing is copied that the rounding leaves as it is. A matrix, embedding or lm_head
+ * whose rounding is the identity on its storage (anything under fp32; a bf16 tensor without
+ * NaN under a bf16 rounding; fp16 likewise) is the model's own storage, shared by every path
+ * whose recipe rounds it that way: a bf16 checkpoint under bf16 recipes copies nothing. What a
+ * recipe changes is kept in the narrowest storage that holds the rounded values exactly, never
+ * widened: fp8 as 1-byte codes + the weight scaling's block scales (td_fp8_quantize: its
+ * dequantisation, lut[code] * scale, is td_fp8_fake_quant's value), bf16/fp16 as 2-byte codes
+ * (td_encode_row: decode(encode(x)) is td_round_row's value). The GEMMs widen per tile
+ * (src/backend/cpu_wmat.c). Norms and biases are small: fp32 copies. A trainer asks for fp32
+ * copies (f32): its backward reads the fp32 view.
  *
  * Merged LoRA: an adapted GEMM weight becomes prepare(W + scale B A), the product and the sum
  * in fp32, then the recipe's rounding, as a rollout engine merges an update into its weights.
  * What survives the rounding is measured against the same rounding without the update:
  *   survival = |prepare(W + dW) - prepare(W)|_F / |dW|_F, changed = #{prepare(W + dW) != prepare(W)},
- *   aligned  = <prepare(W + dW) - prepare(W), dW> / |dW|^2 (the update's own component). 
+ *   aligned  = <prepare(W + dW) - prepare(W), dW> / |dW|^2 (the update's own component).
  * Unmerged adapters are set up in lora_run.c. */
 #include "model_internal.h"
 #include "tidal/gemm.h"
+#include "tidal/progress.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -27,38 +37,134 @@
 /* Running sums of a merge: sum of squares of the kept and of the intended change. */
 typedef struct {
     const td_lora *lora;       /* NULL: no merge                                  */
-    float *scratch;            /* 2 * the largest adapted matrix                  */
     double kept2, delta2, dot;
     int64_t elements, changed;
 } merge_ctx;
 
-/* dst (N, K) = prepare(W + scale B A) when (layer, module) is adapted, else prepare(W). */
-static void prepare_merged(merge_ctx *mc, const td_recipe *r, const float *W, int layer, int module,
-                           int N, int K, float *dst)
+typedef struct {
+    td_recipe_state *st;
+    const td_model *m;
+    merge_ctx mc;
+    float *scratch;            /* fp32 scratch, grown on demand                   */
+    size_t scratch_floats;
+    td_error *err;
+} prep;
+
+static float *scratch(prep *P, size_t floats)
 {
-    const td_lora_pair *p = mc->lora ? &mc->lora->pairs[layer * TD_LORA_NMOD + module] : NULL;
-    if (!p || !p->a) { td_gemm_prepare_weight(r, W, N, K, dst); return; }
+    if (floats > P->scratch_floats) {
+        free(P->scratch);
+        P->scratch = malloc(floats * sizeof(float));
+        P->scratch_floats = P->scratch ? floats : 0;
+    }
+    return P->scratch;
+}
+
+/* A copy's allocation, counted in bytes[storage]. NULL + err when out of memory. */
+static void *own(prep *P, size_t bytes, td_format storage)
+{
+    td_recipe_state *st = P->st;
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        td_fail(P->err, "recipe %s: out of memory for %zu MB of prepared weights (%zu MB held)", st->recipe.name,
+                bytes >> 20, (st->bytes[TD_F32] + st->bytes[TD_BF16] + st->bytes[TD_F16] + st->bytes[TD_E4M3] +
+                              st->bytes[TD_E5M2]) >> 20);
+        return NULL;
+    }
+    st->owned = td_xrealloc(st->owned, (st->nowned + 1) * sizeof *st->owned);
+    st->owned[st->nowned++] = p;
+    st->bytes[storage] += bytes;
+    return p;
+}
+
+/* sum = W + scale B A of the adapted (layer, module) W (n = N*K floats at w), and the merge's
+ * statistics; buf: 3n floats of scratch. */
+static void merge_sum(merge_ctx *mc, const td_recipe *r, const td_lora_pair *p, const float *w, int N,
+                      int K, float *sum, float *buf)
+{
     size_t n = (size_t)N * K;
-    float *dw = mc->scratch, *base = mc->scratch + n;
+    float *dw = buf, *merged = buf + n, *base = buf + 2 * n;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, K, mc->lora->rank, mc->lora->scale,
                 p->b, mc->lora->rank, p->a, K, 0.0f, dw, K);
-    for (size_t i = 0; i < n; i++) dst[i] = W[i] + dw[i];
-    td_gemm_prepare_weight(r, dst, N, K, dst);
-    td_gemm_prepare_weight(r, W, N, K, base);
+    for (size_t i = 0; i < n; i++) sum[i] = w[i] + dw[i];
+    td_gemm_prepare_weight(r, sum, N, K, merged);
+    td_gemm_prepare_weight(r, w, N, K, base);
     double kept2 = 0, delta2 = 0, dot = 0;
     int64_t changed = 0;
     for (size_t i = 0; i < n; i++) {
-        double d = (double)dst[i] - base[i];
+        double d = (double)merged[i] - base[i];
         kept2 += d * d;
         delta2 += (double)dw[i] * dw[i];
         dot += d * dw[i];
-        changed += dst[i] != base[i];
+        changed += merged[i] != base[i];
     }
     mc->kept2 += kept2;
     mc->delta2 += delta2;
     mc->dot += dot;
     mc->elements += (int64_t)n;
     mc->changed += changed;
+}
+
+/* out: what r's GEMMs multiply for src (rows, cols) — r->weights (fp8 with weight_scaling) —
+ * with the adapter pair ad (NULL: none) merged. Shared when the rounding leaves src as it is. */
+static int prep_wmat(prep *P, const td_recipe *r, td_wmat src, int has_nan, const td_lora_pair *ad,
+                     size_t rows, size_t cols, td_wmat *out)
+{
+    td_recipe_state *st = P->st;
+    td_format f = r->weights;
+    int fp8 = f == TD_E4M3 || f == TD_E5M2;
+    size_t n = rows * cols;
+    if (!ad && (f == TD_F32 || (f == src.dtype && !has_nan)) && (!st->f32 || src.dtype == TD_F32)) {
+        *out = src;   /* already on the recipe's grid */
+        return 0;
+    }
+    td_format storage = st->f32 || f == TD_F32 ? TD_F32 : f;
+    const float *vals = NULL;   /* the values before rounding, when a whole-matrix pass needs them */
+    if (ad || storage == TD_F32 || fp8) {
+        float *buf = scratch(P, (ad ? 5 : 1) * n);
+        if (!buf) return td_fail(P->err, "recipe %s: out of memory for %zu MB of scratch", r->name, (ad ? 5 : 1) * n * 4 >> 20);
+        const float *w = wmat_rows(&src, 0, (long)rows, (int)cols, buf);
+        if (ad) {
+            merge_sum(&P->mc, r, ad, w, (int)rows, (int)cols, buf + n, buf + 2 * n);
+            vals = buf + n;
+        } else {
+            vals = w;
+        }
+    }
+    if (storage == TD_F32) {
+        float *dst = own(P, n * sizeof(float), TD_F32);
+        if (!dst) return -1;
+        td_gemm_prepare_weight(r, vals, (int)rows, (int)cols, dst);
+        *out = td_wmat_f32(dst);
+    } else if (fp8) {
+        td_fp8_scheme s = r->weight_scaling;
+        s.fmt = f;
+        size_t br, bc, ns = td_fp8_num_scales(&s, rows, cols);
+        td_fp8_block_shape(&s, rows, cols, &br, &bc);
+        uint8_t *codes = own(P, n, f);
+        float *scales = codes ? own(P, ns * sizeof(float), f) : NULL;
+        if (!scales) return -1;
+        td_fp8_quantize(&s, vals, rows, cols, codes, scales);
+        *out = (td_wmat){.data = codes, .dtype = f, .scale = scales, .sr = (int)br, .sc = (int)bc,
+                         .nbc = (int)((cols + bc - 1) / bc)};
+    } else {   /* bf16 / fp16 codes */
+        uint16_t *codes = own(P, n * 2, f);
+        if (!codes) return -1;
+        if (vals) {
+            td_encode_row(f, vals, codes, n, TD_SATFINITE);
+        } else {   /* row chunks of ~1M values, widened then encoded */
+            size_t step = cols < (1u << 20) ? (1u << 20) / cols : 1;
+            float *buf = scratch(P, step * cols);
+            if (!buf) return td_fail(P->err, "recipe %s: out of memory for scratch", r->name);
+            for (size_t r0 = 0; r0 < rows; r0 += step) {
+                size_t nr = rows - r0 < step ? rows - r0 : step;
+                const float *w = wmat_rows(&src, (long)r0, (long)nr, (int)cols, buf);
+                td_encode_row(f, w, codes + r0 * cols, nr * cols, TD_SATFINITE);
+            }
+        }
+        *out = (td_wmat){.data = codes, .dtype = f};
+    }
+    return 0;
 }
 
 /* Embedding and norm weights an autocast trainer keeps in fp32 (residual fp32: they are no
@@ -70,123 +176,93 @@ static int param_keeps_fp32(const td_recipe *r, int role)
                                 role == TD_ROLE_Q_NORM || role == TD_ROLE_K_NORM);
 }
 
-static void put(float *dst, const float *src, size_t n, td_format f)
+static int weights_prepare(prep *P, const td_recipe *r)
 {
-    if (f == TD_F32) memcpy(dst, src, n * sizeof(float));
-    else td_round_row(f, src, dst, n, TD_SATFINITE);
-}
-
-/* fp32 with a merged adapter: the model's weights, but each adapted matrix a merged copy,
- * the copies end to end in table order. */
-static int weights_merge_fp32(const td_model *m, const td_recipe *r, merge_ctx *mc, td_model_weights *w,
-                              float **owned, td_error *err)
-{
-    const td_lora *lo = mc->lora;
-    int L = m->cfg.num_layers;
-    size_t n, total = 0;
-    td_param_spec *specs = param_table(&m->cfg, &n);
-    for (size_t i = 0; i < n; i++) {
-        int mo = param_lora_module(specs[i].role);
-        if (mo >= 0 && lo->pairs[specs[i].layer * TD_LORA_NMOD + mo].a) total += specs[i].numel;
-    }
-    float *buf = malloc((total ? total : 1) * sizeof(float));
-    if (!buf) {
-        free(specs);
-        return td_fail(err, "recipe %s: out of memory for %zu MB of merged weights", r->name, total * 4 >> 20);
-    }
-    *w = m->w;
-    w->layers = td_xmalloc((size_t)L * sizeof *w->layers);
-    memcpy(w->layers, m->w.layers, (size_t)L * sizeof *w->layers);
-    float *p = buf;
-    for (size_t i = 0; i < n; i++) {
-        int mo = param_lora_module(specs[i].role);
-        if (mo < 0 || !lo->pairs[specs[i].layer * TD_LORA_NMOD + mo].a) continue;
-        const float **slot = param_slot(w, L, &specs[i]);
-        prepare_merged(mc, r, *slot, specs[i].layer, mo, (int)specs[i].shape[0], (int)specs[i].shape[1], p);
-        *slot = p;
-        p += specs[i].numel;
-    }
-    free(specs);
-    *owned = buf;
-    return 0;
-}
-
-static int weights_prepare(const td_model *m, const td_recipe *r, merge_ctx *mc, td_model_weights *w,
-                           float **owned, td_error *err)
-{
-    *owned = NULL;
-    if (td_recipe_is_plain_fp32(r)) {
-        if (mc->lora) return weights_merge_fp32(m, r, mc, w, owned, err);
-        *w = m->w;
-        w->layers = NULL;
-        return 0;
-    }
-    /* Carved by the parameter table: every tensor at its table offset, rounded; the lm_head
-     * (last in the table, or absent when tied) right after model.norm, and only when the head
-     * recipe rounds it; an fp32 head reads the master weights themselves. */
+    const td_model *m = P->m;
+    td_recipe_state *st = P->st;
     const td_config *c = &m->cfg;
+    int L = c->num_layers, plain = td_recipe_is_plain_fp32(r);
     size_t n;
     td_param_spec *specs = param_table(c, &n);
-    td_recipe head = td_recipe_for_head(r);
-    int head_copy = head.weights != TD_F32;
-    size_t VC = (size_t)c->vocab_size * c->hidden_size;
-    size_t head_at = specs[n - 1].offset + (c->tie_word_embeddings ? specs[n - 1].numel : 0);
-    size_t total = head_at + (head_copy ? VC : 0);
-    float *buf = malloc(total * sizeof(float));
-    if (!buf) {
-        free(specs);
-        return td_fail(err, "recipe %s: out of memory for %zu MB of rounded weights", r->name, total * 4 >> 20);
-    }
-    w->layers = td_xcalloc((size_t)c->num_layers, sizeof *w->layers);
-    for (size_t i = 0; i < n; i++) {
+    td_recipe head = td_recipe_for_head(r), emb = *r;
+    emb.weights = plain || param_keeps_fp32(r, TD_ROLE_EMBED) ? TD_F32 : r->activations;
+    /* the fp32 view starts as the model's (norms, biases, fp32 tensors) */
+    st->w = m->w;
+    st->w.layers = td_xmalloc((size_t)L * sizeof *st->w.layers);
+    memcpy(st->w.layers, m->w.layers, (size_t)L * sizeof *st->w.layers);
+    st->ws.mat = td_xcalloc((size_t)L * TD_LORA_NMOD, sizeof *st->ws.mat);
+    td_progress pr;
+    td_progress_start(&pr, m->progress, "preparing weights");
+    size_t total = 0, done = 0, embed_i = 0;
+    for (size_t i = 0; i < n; i++) total += specs[i].numel;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
         const td_param_spec *p = &specs[i];
-        if (p->role == TD_ROLE_LM_HEAD) continue;
-        const float *src = *param_slot((td_model_weights *)&m->w, c->num_layers, p);
-        float *dst = buf + p->offset;
-        int module = param_lora_module(p->role);
-        if (module >= 0) prepare_merged(mc, r, src, p->layer, module, (int)p->shape[0], (int)p->shape[1], dst);
-        else put(dst, src, p->numel, param_keeps_fp32(r, p->role) ? TD_F32 : r->activations);
-        *param_slot(w, c->num_layers, p) = dst;
+        const float **slot = param_slot(&st->w, L, p);
+        int nan;
+        td_wmat src = model_param_wmat(m, i, p, &nan), *out = NULL;
+        if (p->kind == TD_PARAM_NORM || p->kind == TD_PARAM_BIAS) {
+            if (!plain) {   /* small: an fp32 copy rounded to the activations dtype */
+                float *dst = own(P, p->numel * sizeof(float), TD_F32);
+                if (!dst) { rc = -1; break; }
+                td_round_row(param_keeps_fp32(r, p->role) ? TD_F32 : r->activations, *slot, dst, p->numel, TD_SATFINITE);
+                *slot = dst;
+            }
+            continue;
+        }
+        size_t rows = (size_t)p->shape[0], cols = (size_t)p->shape[1];
+        if (p->role == TD_ROLE_EMBED) {
+            out = &st->ws.embed;
+            embed_i = i;
+            rc = prep_wmat(P, &emb, src, nan, NULL, rows, cols, out);
+        } else if (p->role == TD_ROLE_LM_HEAD) {
+            out = &st->ws.lm_head;
+            rc = prep_wmat(P, &head, src, nan, NULL, rows, cols, out);
+        } else {
+            int mo = param_lora_module(p->role);
+            const td_lora_pair *ad = P->mc.lora ? &P->mc.lora->pairs[p->layer * TD_LORA_NMOD + mo] : NULL;
+            out = wset_mat(&st->ws, p->layer, mo);
+            rc = prep_wmat(P, r, src, nan, ad && ad->a ? ad : NULL, rows, cols, out);
+        }
+        if (!rc) *slot = out->dtype == TD_F32 ? out->data : NULL;
+        done += p->numel;
+        td_progress_update(&pr, (double)done / 1e9, (double)total / 1e9, "G weights");
     }
+    if (!rc && c->tie_word_embeddings) {   /* the lm_head is the embedding, under the head's rounding */
+        int nan;
+        td_wmat src = model_param_wmat(m, embed_i, &specs[embed_i], &nan);
+        rc = prep_wmat(P, &head, src, nan, NULL, (size_t)c->vocab_size, (size_t)c->hidden_size, &st->ws.lm_head);
+        if (!rc) st->w.lm_head = st->ws.lm_head.dtype == TD_F32 ? st->ws.lm_head.data : NULL;
+    }
+    td_progress_end(&pr);
     free(specs);
-    if (head_copy) {
-        merge_ctx none = {0};
-        prepare_merged(&none, &head, m->w.lm_head, -1, 0, c->vocab_size, c->hidden_size, buf + head_at);
-        w->lm_head = buf + head_at;
-    } else {
-        w->lm_head = m->w.lm_head;   /* fp32 head: the master weights themselves */
-    }
-    *owned = buf;
-    return 0;
-}
-
-static void weights_release(td_model_weights *w, float *owned)
-{
-    free(w->layers);
-    free(owned);
-    memset(w, 0, sizeof *w);
+    return rc;
 }
 
 void recipe_state_free(td_recipe_state *st)
 {
-    if (st->w.layers || st->owned) weights_release(&st->w, st->owned);
+    for (size_t i = 0; i < st->nowned; i++) free(st->owned[i]);
+    free(st->owned);
+    free(st->w.layers);
+    free(st->ws.mat);
     lora_rt_free(st->lora);
     free(st->qin);
     free(st->gscratch);
+    free(st->wtile);
     memset(st, 0, sizeof *st);
 }
 
-/* Scratch of a merge: the update and the unmerged rounding of the largest adapted matrix. */
-static float *merge_scratch(const td_lora *lo)
+/* Whether any weight the forward reads is stored narrower than fp32 (GEMMs then widen tiles). */
+static int wset_narrow(const td_wset *ws, int L)
 {
-    size_t mx = 1;
-    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++)
-        if (lo->pairs[i].a && (size_t)lo->pairs[i].out * lo->pairs[i].in > mx) mx = (size_t)lo->pairs[i].out * lo->pairs[i].in;
-    return td_xmalloc(2 * mx * sizeof(float));
+    if (ws->embed.dtype != TD_F32 || ws->lm_head.dtype != TD_F32) return 1;
+    for (int i = 0; i < L * TD_LORA_NMOD; i++)
+        if (ws->mat[i].data && ws->mat[i].dtype != TD_F32) return 1;
+    return 0;
 }
 
 int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const td_recipe *r,
-                     const td_lora *lora, int merged, int cap, td_error *err)
+                     const td_lora *lora, int merged, int cap, int f32, td_error *err)
 {
     if (td_recipe_check(r, r->name, err)) return -1;
     if (lora && lora->num_layers != m->cfg.num_layers)
@@ -198,52 +274,58 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
             return td_fail(err, "%s: layer %d %s is (%d, %d), the model's is (%d, %d)", lora->dir, i / TD_LORA_NMOD,
                            td_lora_module_name(i % TD_LORA_NMOD), lora->pairs[i].out, lora->pairs[i].in, out, in);
     }
+    td_recipe rc = *r;   /* r may be st->recipe itself */
     recipe_state_free(st);
     ops->recipe = NULL;
     ops->head = NULL;
     ops->w = NULL;
-    ops->qin = ops->gscratch = NULL;
+    ops->ws = NULL;
+    ops->qin = ops->gscratch = ops->wtile = NULL;
     ops->lora = NULL;
-    st->recipe = *r;
-    st->head = td_recipe_for_head(r);
+    st->recipe = rc;
+    st->head = td_recipe_for_head(&rc);
+    st->f32 = f32;
     if (lora && !merged) {
-        st->lora = lora_rt_create(lora, r, cap);
+        st->lora = lora_rt_create(lora, &rc, cap);
         ops->lora = st->lora;
     }
-    merge_ctx mc = {0};
-    if (lora && merged) {
-        mc.lora = lora;
-        mc.scratch = merge_scratch(lora);
-    }
-    int prep = weights_prepare(m, r, &mc, &st->w, &st->owned, err);
-    free(mc.scratch);
-    if (prep) {
+    prep P = {.st = st, .m = m, .err = err};
+    if (lora && merged) P.mc.lora = lora;
+    int bad = weights_prepare(&P, &rc);
+    free(P.scratch);
+    if (bad) {
         recipe_state_free(st);
         ops->lora = NULL;
         return -1;
     }
-    if (mc.lora) {
+    if (P.mc.lora) {
+        merge_ctx *mc = &P.mc;
         st->merge.merged = 1;
-        st->merge.survival = mc.delta2 > 0 ? sqrt(mc.kept2 / mc.delta2) : 1.0;
-        st->merge.aligned = mc.delta2 > 0 ? mc.dot / mc.delta2 : 1.0;
-        st->merge.elements = mc.elements;
-        st->merge.changed = mc.changed;
-        st->merge.changed_frac = mc.elements ? (double)mc.changed / mc.elements : 0.0;
+        st->merge.survival = mc->delta2 > 0 ? sqrt(mc->kept2 / mc->delta2) : 1.0;
+        st->merge.aligned = mc->delta2 > 0 ? mc->dot / mc->delta2 : 1.0;
+        st->merge.elements = mc->elements;
+        st->merge.changed = mc->changed;
+        st->merge.changed_frac = mc->elements ? (double)mc->changed / mc->elements : 0.0;
     }
-    ops->w = st->w.layers ? &st->w : NULL;
-    if (td_recipe_is_plain_fp32(r)) return 0;   /* the fp32 reference ops (model's weights unless merged) */
     const td_config *c = &m->cfg;
     size_t width = (size_t)c->hidden_size;
     if ((size_t)c->intermediate_size > width) width = (size_t)c->intermediate_size;
     if ((size_t)c->num_heads * c->head_dim > width) width = (size_t)c->num_heads * c->head_dim;
+    ops->w = &st->w;
+    ops->ws = &st->ws;
+    if (wset_narrow(&st->ws, c->num_layers)) {   /* one tile of the widest GEMM input per thread */
+        ops->wtile_per_thread = (size_t)TD_GEMM_TILE * width;
+        st->wtile = td_xmalloc((size_t)ops->nthreads * ops->wtile_per_thread * sizeof(float));
+        ops->wtile = st->wtile;
+    }
+    if (td_recipe_is_plain_fp32(&rc)) return 0;   /* the fp32 reference ops */
     st->qin = td_xmalloc((size_t)cap * width * sizeof(float));
-    if (r->accumulate == TD_ACC_FP8_FAST) {
+    if (rc.accumulate == TD_ACC_FP8_FAST) {
         ops->gscratch_per_thread = 2 * (size_t)cap * 256;
         st->gscratch = td_xmalloc((size_t)ops->nthreads * ops->gscratch_per_thread * sizeof(float));
     }
     ops->recipe = &st->recipe;
     ops->head = &st->head;
-    ops->w = st->w.layers ? &st->w : NULL;
     ops->qin = st->qin;
     ops->gscratch = st->gscratch;
     return 0;

@@ -3,6 +3,7 @@
  * then the lm_head and log-softmax in chunks of logits_rows rows, so the (tokens, V) logits
  * of a micro-batch never exist at once. */
 #include "../model/model_internal.h"
+#include "tidal/progress.h"
 
 #include <stdlib.h>
 
@@ -15,7 +16,9 @@ struct td_forward {
     int *tok;                // (max_tokens) packed tokens of the micro-batch
     int *pos;                // (max_tokens) position of each row in its sequence
     int *row_seq;            // (max_tokens) sequence index of each row
-    td_recipe_state rs;      // the recipe (default: none = fp32 reference)
+    td_recipe_state rs;      // the recipe (default: fp32 reference)
+    const td_lora *lora;     // the adapter given with the recipe, and how
+    int merged;
 };
 
 td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len,
@@ -40,6 +43,10 @@ td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len
     f->tok = td_xmalloc((size_t)max_tokens * sizeof(int));
     f->pos = td_xmalloc((size_t)max_tokens * sizeof(int));
     f->row_seq = td_xmalloc((size_t)max_tokens * sizeof(int));
+    if (recipe_state_set(&f->rs, &f->ops, m, td_recipe_find_preset("fp32"), NULL, 0, max_tokens, 0, err)) {
+        td_forward_free(f);
+        return NULL;
+    }
     return f;
 }
 
@@ -109,13 +116,20 @@ int td_forward_logprobs(td_forward *f, int nseq, const int *const *tokens, const
                 return td_fail(err, "td_forward_logprobs: sequence %d position %d: token %d "
                                "outside the vocabulary 0..%d", s, t, tokens[s][t], V - 1);
     }
-    /* Greedy packing of consecutive whole sequences into micro-batches of <= max_tokens. */
+    /* Greedy packing of consecutive whole sequences into micro-batches of <= max_tokens;
+     * progress in token-layers (decoder_forward counts them) */
+    td_progress pr;
+    td_progress_start(&pr, f->m->progress, "teacher-forced forward");
+    f->ops.progress = &pr;
+    for (int s = 0; s < nseq; s++) pr.total += (double)lens[s] * f->m->cfg.num_layers;
     for (int s0 = 0; s0 < nseq;) {
         int s1 = s0, total = 0;
         while (s1 < nseq && total + lens[s1] <= f->max_tokens) total += lens[s1++];
         run_micro_batch(f, s0, s1, tokens, lens, logp, row_fn, user);
         s0 = s1;
     }
+    f->ops.progress = NULL;
+    td_progress_end(&pr);
     return 0;
 }
 
@@ -124,6 +138,14 @@ void forward_keep_activations(td_forward *f, int keep)
     if (f->acts.save == keep) return;
     acts_free(&f->acts);
     acts_alloc(&f->acts, &f->m->cfg, &f->ops, f->max_tokens, f->max_seq_len, keep);
+    /* a backward reads the fp32 view of every weight: prepare the recipe again in fp32 (the
+     * model is a trainer's, fp32, small); the recipe was prepared once already, so this cannot
+     * fail for want of anything but memory */
+    td_error err;
+    if (recipe_state_set(&f->rs, &f->ops, f->m, &f->rs.recipe, f->lora, f->merged, f->max_tokens, keep, &err)) {
+        fprintf(stderr, "tidal: %s\n", err.msg);
+        abort();
+    }
 }
 
 const td_acts *forward_acts(const td_forward *f) { return &f->acts; }
@@ -158,7 +180,11 @@ void td_forward_set_layer_fn(td_forward *f, td_layer_fn fn, void *user)
 int td_forward_set_recipe_lora(td_forward *f, const td_recipe *r, const td_lora *lora, int merged,
                                td_error *err)
 {
-    return recipe_state_set(&f->rs, &f->ops, f->m, r, lora, merged, f->max_tokens, err);
+    f->lora = lora;
+    f->merged = merged;
+    return recipe_state_set(&f->rs, &f->ops, f->m, r, lora, merged, f->max_tokens, f->acts.save, err);
 }
 
 td_lora_merge_stats td_forward_lora_stats(const td_forward *f) { return f->rs.merge; }
+
+const td_recipe_state *forward_recipe_state(const td_forward *f) { return &f->rs; }

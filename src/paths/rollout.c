@@ -2,6 +2,7 @@
  * with the EOS stop set. */
 #include "tidal/rollout.h"
 #include "paths_internal.h"
+#include "tidal/progress.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,9 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
     float *out = td_xmalloc((size_t)n_seq * V * sizeof(float));      /* one decode step's rows */
     int rc = -1;
     td_session_set_raw_logits(sess, 1);
+    td_progress pr;   /* prefill in prompt tokens, then decode in steps (quiet when short) */
+    td_progress_start(&pr, session_progress(sess), "rollout prefill");
+    for (int s = 0; s < n_seq; s++) pr.total += b->prompt_len[s];
     for (int s = 0; s < n_seq; s++) {
         b->len[s] = b->prompt_len[s];
         b->finish[s] = -1;
@@ -69,7 +73,11 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
         td_session_reset(sess, s);
         if (td_session_prefill(sess, s, b->tokens[s], b->prompt_len[s], logits + (size_t)s * V,
                                o->prompt_rows ? on_prefill_row : NULL, &r, err)) goto done;
+        td_progress_add(&pr, b->prompt_len[s], "prompt tokens");
     }
+    td_progress_end(&pr);
+    td_progress_start(&pr, session_progress(sess), "rollout decode");
+    pr.total = o->max_new_tokens;
     int active = n_seq;
     for (int step = 0; step < o->max_new_tokens && active > 0; step++) {
         int n = 0;
@@ -95,7 +103,9 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
         if (n == 0) break;
         if (td_session_decode(sess, n, slots, next, out, err)) goto done;
         for (int i = 0; i < n; i++) memcpy(logits + (size_t)slots[i] * V, out + (size_t)i * V, (size_t)V * sizeof(float));
+        td_progress_add(&pr, 1, "decode steps");
     }
+    td_progress_end(&pr);
     for (int s = 0; s < n_seq; s++) if (b->finish[s] < 0) b->finish[s] = TD_FINISH_LENGTH;
     rc = 0;
 done:

@@ -50,6 +50,10 @@ td_session *td_session_create(const td_model *m, int nslots, int max_len, int pr
     s->pos = td_xmalloc((size_t)cap * sizeof(int));
     s->tok = td_xmalloc((size_t)cap * sizeof(int));
     s->row_slot = td_xmalloc((size_t)cap * sizeof(int));
+    if (recipe_state_set(&s->rs, &s->ops, m, td_recipe_find_preset("fp32"), NULL, 0, cap, 0, err)) {
+        td_session_free(s);
+        return NULL;
+    }
     return s;
 }
 
@@ -171,6 +175,8 @@ void td_session_set_raw_logits(td_session *s, int raw) { s->raw_logits = raw; }
 
 int session_vocab(const td_session *s) { return s->m->cfg.vocab_size; }
 
+FILE *session_progress(const td_session *s) { return s->m->progress; }
+
 int td_session_set_recipe(td_session *s, const td_recipe *r, td_error *err)
 {
     return td_session_set_recipe_lora(s, r, NULL, 0, err);
@@ -180,7 +186,7 @@ int td_session_set_recipe_lora(td_session *s, const td_recipe *r, const td_lora 
                                td_error *err)
 {
     int cap = s->chunk > s->nslots ? s->chunk : s->nslots;
-    if (recipe_state_set(&s->rs, &s->ops, s->m, r, lora, merged, cap, err)) return -1;
+    if (recipe_state_set(&s->rs, &s->ops, s->m, r, lora, merged, cap, 0, err)) return -1;
     s->ops.cache = 1;
     return 0;
 }
@@ -191,3 +197,5 @@ void td_session_set_layer_fn(td_session *s, td_layer_fn fn, void *user)
     s->ops.layer_user = user;
 }
 td_lora_merge_stats td_session_lora_stats(const td_session *s) { return s->rs.merge; }
+
+const td_recipe_state *session_recipe_state(const td_session *s) { return &s->rs; }

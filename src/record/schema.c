@@ -61,6 +61,22 @@ const td_colspec td_schema_progress[TD_PRG_COUNT] = {
     [TD_PRG_TEXT_ROWS]   = {"/progress/text_rows", TD_COL_I64, "rows of /text", NULL, 1},
 };
 
+const td_colspec td_schema_steps[TD_STP_COUNT] = {
+    [TD_STP_STEP]           = {"/steps/step", TD_COL_I32, "optimiser steps done after this one (1-based)", NULL, 0},
+    [TD_STP_EPOCH]          = {"/steps/epoch", TD_COL_F64, "epochs of the training set consumed", NULL, 0},
+    [TD_STP_LOSS]           = {"/steps/loss", TD_COL_F64, "nats (mean token cross-entropy over the step's masked targets)", NULL, 0},
+    [TD_STP_TOKEN_ACCURACY] = {"/steps/token_accuracy", TD_COL_F64, "fraction of masked targets that are their row's argmax", NULL, 0},
+    [TD_STP_GRAD_NORM]      = {"/steps/grad_norm", TD_COL_F64, "global L2 norm before clipping (unscaled)", NULL, 0},
+    [TD_STP_LR]             = {"/steps/lr", TD_COL_F64, "learning rate used (0 on a skipped step)", NULL, 0},
+    [TD_STP_LOSS_SCALE]     = {"/steps/loss_scale", TD_COL_F64, "loss scale the gradients carried (1 without scaling)", NULL, 0},
+    [TD_STP_SKIPPED]        = {"/steps/skipped", TD_COL_I8, "flag: non-finite gradients, step skipped", NULL, 0},
+    [TD_STP_SKIPPED_TOTAL]  = {"/steps/skipped_total", TD_COL_I64, "steps skipped so far", NULL, 0},
+    [TD_STP_TARGET_TOKENS]  = {"/steps/target_tokens", TD_COL_I64, "tokens in the step's loss", NULL, 0},
+    [TD_STP_EVAL_ACCURACY]  = {"/steps/eval_accuracy", TD_COL_F64, "greedy exact-answer rate on the eval split (NaN: not evaluated)", NULL, 0},
+    [TD_STP_EVAL_REWARD]    = {"/steps/eval_reward", TD_COL_F64, "greedy mean task reward on the eval split (NaN: not evaluated)", NULL, 0},
+    [TD_STP_SECONDS]        = {"/steps/seconds", TD_COL_F64, "wall seconds of the step (evaluation included)", NULL, 0},
+};
+
 const td_colspec td_schema_layers_rel_err = {"/layers/rel_err", TD_COL_F32, "relative L2 error per layer", NULL, 1};
 
 const td_schema_group td_schema_groups[TD_GROUP_COUNT] = {

@@ -1,99 +1,126 @@
-/* tidal — the trainer's optimiser state on disk, for resuming (include/tidal/train.h). */
+/* tidal — a trainer's resumable state (include/tidal/train.h: td_trainer_save_state /
+ * td_trainer_load_state): every trained tensor's fp32 master and both AdamW moments as one
+ * safetensors file, with the optimiser step, the skipped-step count and the GradScaler state in
+ * its metadata, so a run continued from it takes exactly the steps the uninterrupted run takes
+ * (the masters are kept in fp32 whatever dtype the checkpoint beside it stores).
+ *
+ *   param.<name>  exp_avg.<name>  exp_avg_sq.<name>    F32, the tensor's shape
+ *   metadata: tidal_state_step, tidal_state_skipped, tidal_state_scale (%.17g, exact),
+ *             tidal_state_growth_tracker, tidal_state_recipe, tidal_state_lora_r
+ */
 #include "train_internal.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char MAGIC[8] = {'T', 'D', 'T', 'R', 'S', 'T', '0', '1'};
+static const char *const PART[3] = {"param", "exp_avg", "exp_avg_sq"};
 
-typedef struct {
-    char magic[8];
-    uint64_t nparams;
-    int64_t step, skipped;
-    double scale;
-    int64_t growth_tracker;
-} state_header;
-
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+static float *part_buf(const td_trainer *tr, int k)
 {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
+    return k == 0 ? tr->params : k == 1 ? tr->m1 : tr->m2;
 }
-
-void td_trainer_set_temperature(td_trainer *tr, float T) { td_forward_set_temperature(tr->f, T); }
 
 int td_trainer_save_state(const td_trainer *tr, const char *path, td_error *err)
 {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return td_fail(err, "%s: cannot write (does the folder exist and is it writable?)", tmp);
-    state_header h;
-    memset(&h, 0, sizeof h);
-    memcpy(h.magic, MAGIC, 8);
-    h.nparams = tr->nparams;
-    h.step = tr->step;
-    h.skipped = tr->skipped;
-    h.scale = tr->scaler.scale;
-    h.growth_tracker = tr->scaler.growth_tracker;
-    uint64_t sum = fnv1a(14695981039346656037ull, &h, sizeof h);
-    const float *arr[3] = {tr->params, tr->m1, tr->m2};
-    int ok = fwrite(&h, sizeof h, 1, f) == 1;
-    for (int i = 0; i < 3 && ok; i++) {
-        ok = fwrite(arr[i], sizeof(float), tr->nparams, f) == tr->nparams;
-        sum = fnv1a(sum, arr[i], tr->nparams * sizeof(float));
-    }
-    ok = ok && fwrite(&sum, sizeof sum, 1, f) == 1;
-    if (fclose(f) || !ok || rename(tmp, path)) {
-        remove(tmp);
-        return td_fail(err, "%s: write failed (disk full?)", path);
-    }
+    td_st_writer *w = td_st_writer_new(path);
+    char v[64], name[200];
+    int rc = -1;
+    snprintf(v, sizeof v, "%d", tr->step);
+    if (td_st_writer_meta(w, "tidal_state_step", v, err)) goto out;
+    snprintf(v, sizeof v, "%ld", tr->skipped);
+    if (td_st_writer_meta(w, "tidal_state_skipped", v, err)) goto out;
+    snprintf(v, sizeof v, "%.17g", tr->scaler.scale);
+    if (td_st_writer_meta(w, "tidal_state_scale", v, err)) goto out;
+    snprintf(v, sizeof v, "%d", tr->scaler.growth_tracker);
+    if (td_st_writer_meta(w, "tidal_state_growth_tracker", v, err)) goto out;
+    snprintf(v, sizeof v, "%d", tr->lora ? tr->lora->rank : 0);
+    if (td_st_writer_meta(w, "tidal_state_lora_r", v, err) ||
+        td_st_writer_meta(w, "tidal_state_recipe", tr->recipe.name, err))
+        goto out;
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < tr->ntensors; i++) {
+            snprintf(name, sizeof name, "%s.%s", PART[k], tr->tensors[i].name);
+            if (td_st_writer_declare(w, name, TD_DT_F32, tr->tensors[i].ndim, tr->tensors[i].shape, err))
+                goto out;
+        }
+    if (td_st_writer_begin(w, err)) goto out;
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < tr->ntensors; i++) {
+            snprintf(name, sizeof name, "%s.%s", PART[k], tr->tensors[i].name);
+            if (td_st_writer_write_f32(w, name, part_buf(tr, k) + tr->tensors[i].offset,
+                                       tr->tensors[i].numel, err))
+                goto out;
+        }
+    rc = td_st_writer_finish(w, err);
+out:
+    td_st_writer_free(w);
+    return rc;
+}
+
+static int meta_num(const td_checkpoint *ck, const char *path, const char *key, double *out, td_error *err)
+{
+    const char *s = td_checkpoint_metadata(ck, key);
+    char *end = NULL;
+    if (s) *out = strtod(s, &end);
+    if (!s || end == s || *end)
+        return td_fail(err, "%s: metadata %s is %s (not a trainer state file?)", path, key,
+                       s ? "not a number" : "missing");
     return 0;
 }
 
 int td_trainer_load_state(td_trainer *tr, const char *path, td_error *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return td_fail(err, "%s: cannot open the trainer state", path);
-    state_header h;
+    td_checkpoint *ck = td_checkpoint_open(path, err);
+    if (!ck) return -1;
     int rc = -1;
-    float *buf = NULL;
-    if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, MAGIC, 8)) {
-        td_fail(err, "%s: not a tidal trainer state (magic)", path);
-        goto done;
+    double step, skipped, scale, tracker, lora_r;
+    if (meta_num(ck, path, "tidal_state_step", &step, err) ||
+        meta_num(ck, path, "tidal_state_skipped", &skipped, err) ||
+        meta_num(ck, path, "tidal_state_scale", &scale, err) ||
+        meta_num(ck, path, "tidal_state_growth_tracker", &tracker, err) ||
+        meta_num(ck, path, "tidal_state_lora_r", &lora_r, err))
+        goto out;
+    int r = tr->lora ? tr->lora->rank : 0;
+    if ((int)lora_r != r) {
+        td_fail(err, "%s: state of a run with LoRA rank %d, this run has %d", path, (int)lora_r, r);
+        goto out;
     }
-    if (h.nparams != tr->nparams) {
-        td_fail(err, "%s: %llu trained parameters, this trainer has %zu (another model, or LoRA "
-                "settings?)", path, (unsigned long long)h.nparams, tr->nparams);
-        goto done;
+    if (td_checkpoint_num_tensors(ck) != 3 * tr->ntensors) {
+        td_fail(err, "%s: %zu tensors, a state of this model holds %zu", path,
+                td_checkpoint_num_tensors(ck), 3 * tr->ntensors);
+        goto out;
     }
-    buf = td_xmalloc(3 * tr->nparams * sizeof(float));
-    uint64_t sum = fnv1a(14695981039346656037ull, &h, sizeof h), stored;
-    if (fread(buf, sizeof(float), 3 * tr->nparams, f) != 3 * tr->nparams ||
-        fread(&stored, sizeof stored, 1, f) != 1) {
-        td_fail(err, "%s: truncated trainer state", path);
-        goto done;
-    }
-    sum = fnv1a(sum, buf, 3 * tr->nparams * sizeof(float));
-    if (sum != stored) {
-        td_fail(err, "%s: checksum mismatch (corrupt trainer state)", path);
-        goto done;
-    }
-    memcpy(tr->params, buf, tr->nparams * sizeof(float));
-    memcpy(tr->m1, buf + tr->nparams, tr->nparams * sizeof(float));
-    memcpy(tr->m2, buf + 2 * tr->nparams, tr->nparams * sizeof(float));
-    memset(tr->grads, 0, tr->nparams * sizeof(float));
-    tr->step = (int)h.step;
-    tr->skipped = (long)h.skipped;
+    char name[200];
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < tr->ntensors; i++) {
+            const train_tensor *t = &tr->tensors[i];
+            size_t bad = 0;
+            snprintf(name, sizeof name, "%s.%s", PART[k], t->name);
+            if (td_checkpoint_read_f32(ck, name, t->ndim, t->shape, part_buf(tr, k) + t->offset, &bad, err))
+                goto out;
+            if (bad) {
+                td_fail(err, "%s: %s holds %zu non-finite values", path, name, bad);
+                goto out;
+            }
+        }
+    tr->step = (int)step;
+    tr->skipped = (long)skipped;
     if (tr->scaler.on) {
-        tr->scaler.scale = h.scale;
-        tr->scaler.growth_tracker = (int)h.growth_tracker;
+        tr->scaler.scale = scale;
+        tr->scaler.growth_tracker = (int)tracker;
     }
+    memset(tr->grads, 0, tr->nparams * sizeof(float));
     rc = td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err);
-done:
-    free(buf);
-    fclose(f);
+out:
+    td_checkpoint_close(ck);
     return rc;
+}
+
+void td_trainer_token_accuracy(td_trainer *tr, long *correct, long *total, int reset)
+{
+    if (correct) *correct = tr->acc_correct;
+    if (total) *total = tr->acc_total;
+    if (reset) tr->acc_correct = tr->acc_total = 0;
 }

@@ -46,6 +46,9 @@ struct td_trainer {
     int step;                     /* optimiser steps taken                                      */
     long skipped;
     train_scaler scaler;
+    int *top1;                    /* (max_tokens) each row's most probable token                */
+    long acc_correct, acc_total;
+    int loss_overflow;            /* loss scaling: a micro-batch's loss was not finite          */  /* targets in the loss whose row's top token is the target    */
 };
 
 /* optim.c */

@@ -169,10 +169,9 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     tr->m = m;
     tr->recipe = r ? *r : *td_recipe_find_preset("fp32");
     tr->specs = param_table(c, &tr->nspecs);
-    for (size_t i = 0; i < tr->nspecs; i++)   /* the masters: an fp32 copy of every tensor */
-        memcpy(m->owned + tr->specs[i].offset,
-               *param_slot((td_model_weights *)&src->w, c->num_layers, &tr->specs[i]),
-               tr->specs[i].numel * sizeof(float));
+    for (size_t i = 0; i < tr->nspecs; i++)   /* the masters: an fp32 copy of every tensor (widened) */
+        model_param_rows_f32(src, i, &tr->specs[i], 0, tr->specs[i].ndim == 2 ? (size_t)tr->specs[i].shape[0] : 1,
+                             m->owned + tr->specs[i].offset);
     if (opts->lora_r > 0) {
         tr->lora = lora_init ? lora_copy(lora_init, c, err) : lora_fresh(c, opts);
         if (!tr->lora) goto fail;
@@ -207,6 +206,7 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     tr->tlogp = td_xmalloc((size_t)opts->max_tokens * sizeof(float));
     tr->dlogp = td_xmalloc((size_t)opts->max_tokens * sizeof(float));
     tr->target = td_xmalloc((size_t)opts->max_tokens * sizeof(int));
+    tr->top1 = td_xmalloc((size_t)opts->max_tokens * sizeof(int));
     tr->scaler = (train_scaler){
         .on = opts->loss_scaling == 1 || (opts->loss_scaling < 0 && tr->recipe.activations == TD_F16),
         .scale = opts->init_scale, .growth = opts->growth_factor, .backoff = opts->backoff_factor,
@@ -230,11 +230,19 @@ void td_trainer_free(td_trainer *tr)
     free(tr->grads); free(tr->m1); free(tr->m2);
     free(tr->gw.layers);
     free(tr->lg);
-    free(tr->logits); free(tr->tlogp); free(tr->dlogp); free(tr->target);
+    free(tr->logits); free(tr->tlogp); free(tr->dlogp); free(tr->target); free(tr->top1);
     free(tr);
 }
 
 /* ---------------------------------------------------------------- forward + backward */
+
+/* The first trained tensor whose master holds a non-finite value, or -1. */
+static int first_nonfinite_tensor(const td_trainer *tr)
+{
+    for (size_t i = 0; i < tr->ntensors; i++)
+        if (!isfinite(grad_sumsq(tr->params + tr->tensors[i].offset, tr->tensors[i].numel))) return (int)i;
+    return -1;
+}
 
 /* One micro-batch: sequences s0..s1-1. */
 static int micro_batch(td_trainer *tr, int s0, int s1, const int *const *tokens, const int *lens,
@@ -254,18 +262,37 @@ static int micro_batch(td_trainer *tr, int s0, int s1, const int *const *tokens,
     for (int r0 = 0; r0 < N; r0 += tr->logits_rows) {
         int R = N - r0 < tr->logits_rows ? N - r0 : tr->logits_rows;
         head_forward(ops, m, tr->logits, a->xn + (size_t)r0 * C, R, 0);
-        for (int i = 0; i < R; i++) tr->tlogp[r0 + i] = tr->logits[(size_t)i * V + tr->target[r0 + i]];
+        for (int i = 0; i < R; i++) {
+            const float *row = tr->logits + (size_t)i * V;
+            int best = 0;
+            for (int v = 1; v < V; v++) best = row[v] > row[best] ? v : best;
+            tr->tlogp[r0 + i] = row[tr->target[r0 + i]];
+            tr->top1[r0 + i] = best;
+        }
     }
     /* the loss: each sequence's targets are its rows but the last */
     double sum = 0.0;
     for (int s = s0, row = 0; s < s1; row += lens[s], s++) {
         double l = fn(user, s, lens[s] - 1, tr->tlogp + row, tr->dlogp + row);
-        if (!isfinite(l))
-            return td_fail(err, "training step %d: loss of sequence %d is %g", tr->step, s, l);
+        if (!isfinite(l) && !tr->scaler.on) {
+            int bad = first_nonfinite_tensor(tr);
+            return td_fail(err, "training step %d: loss of sequence %d is %g (%s%s)", tr->step, s, l,
+                           bad >= 0 ? "first non-finite weight: " : "the weights are finite: the forward "
+                           "overflowed", bad >= 0 ? tr->tensors[bad].name : "");
+        }
         sum += l;
         tr->dlogp[row + lens[s] - 1] = 0.0f;
     }
     *loss += sum;
+    if (!isfinite(sum)) {   /* loss scaling: an overflowing forward skips the step, as GradScaler */
+        tr->loss_overflow = 1;
+        return 0;
+    }
+    for (int i = 0; i < N; i++)   /* token accuracy over the targets in the loss */
+        if (tr->dlogp[i] != 0.0f) {
+            tr->acc_total++;
+            tr->acc_correct += tr->top1[i] == tr->target[i];
+        }
     float scale = (float)tr->scaler.scale;
     if (tr->scaler.on)
         for (int i = 0; i < N; i++) tr->dlogp[i] *= scale;
@@ -352,14 +379,15 @@ int td_trainer_step(td_trainer *tr, td_step_info *info, td_error *err)
         if (!isfinite(s) && in.nonfinite_param < 0) in.nonfinite_param = (int)i;
         sumsq += s;
     }
-    in.grad_norm = sqrt(sumsq);
-    if (in.nonfinite_param >= 0) {
+    in.grad_norm = tr->loss_overflow ? NAN : sqrt(sumsq);
+    if (in.nonfinite_param >= 0 || tr->loss_overflow) {
         if (!tr->scaler.on)
             return td_fail(err, "training step %d: gradient of %s is not finite (no loss scaling "
                            "to skip the step)", tr->step, tr->tensors[in.nonfinite_param].name);
         memset(tr->grads, 0, n * sizeof(float));   /* GradScaler: the step is skipped */
         scaler_update(&tr->scaler, 1);
         tr->skipped++;
+        tr->loss_overflow = 0;
         in.skipped = 1;
     } else {
         if (tr->o.max_grad_norm > 0) {
@@ -399,3 +427,4 @@ int td_trainer_params_changed(td_trainer *tr, td_error *err)
 }
 
 double td_trainer_loss_scale(const td_trainer *tr) { return tr->scaler.scale; }
+void td_trainer_set_temperature(td_trainer *tr, float T) { td_forward_set_temperature(tr->f, T); }

@@ -1,0 +1,70 @@
+/* tidal — weight matrices widened to fp32 on the fly (td_wmat, src/model/ops.h): the GEMMs of
+ * the CPU backend take one tile of TD_GEMM_TILE rows (output columns) at a time, widen it into
+ * the thread's scratch and hand that to the same fp32 kernel as before, with the same leading
+ * dimension, so a product's bits do not depend on how its weights are stored. bf16 widens by
+ * a shift; fp16 through td_decode_row (what the loader used); fp8 codes as
+ * td_fp8_dequantize does, lut[code] * scale of its block. */
+#include "cpu.h"
+
+#include <pthread.h>
+#include <string.h>
+
+static float LUT[2][256];   /* e4m3, e5m2 */
+static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
+
+static void lut_init(void)
+{
+    for (int c = 0; c < 256; c++) {
+        LUT[0][c] = td_decode(TD_E4M3, (uint32_t)c);
+        LUT[1][c] = td_decode(TD_E5M2, (uint32_t)c);
+    }
+}
+
+TD_CLONES static void widen_bf16(const uint16_t *src, float *dst, size_t n)
+{
+    uint32_t *o = (uint32_t *)dst;
+    #pragma omp simd
+    for (size_t i = 0; i < n; i++) o[i] = (uint32_t)src[i] << 16;
+}
+
+TD_CLONES static void widen_fp8_row(const uint8_t *codes, const float *lut, const float *srow,
+                                    int sc, int cols, float *dst)
+{
+    for (int c0 = 0, b = 0; c0 < cols; c0 += sc, b++) {
+        int c1 = c0 + sc < cols ? c0 + sc : cols;
+        float s = srow[b];
+        for (int c = c0; c < c1; c++) dst[c] = lut[codes[c]] * s;
+    }
+}
+
+const float *wmat_rows(const td_wmat *w, long r0, long nr, int cols, float *dst)
+{
+    size_t n = (size_t)nr * cols, at = (size_t)r0 * cols;
+    switch (w->dtype) {
+    case TD_F32:
+        return (const float *)w->data + at;
+    case TD_BF16:
+        widen_bf16((const uint16_t *)w->data + at, dst, n);
+        return dst;
+    case TD_F16:
+        td_decode_row(TD_F16, (const uint16_t *)w->data + at, dst, n);
+        return dst;
+    case TD_E4M3:
+    case TD_E5M2: {
+        pthread_once(&lut_once, lut_init);
+        const float *lut = LUT[w->dtype == TD_E5M2];
+        const uint8_t *codes = (const uint8_t *)w->data + at;
+        for (long r = 0; r < nr; r++)
+            widen_fp8_row(codes + (size_t)r * cols, lut, w->scale + (size_t)((r0 + r) / w->sr) * w->nbc,
+                          w->sc, cols, dst + (size_t)r * cols);
+        return dst;
+    }
+    default:
+        return NULL;   /* no other storage is made (weights_recipe.c, load.c) */
+    }
+}
+
+float *wtile_scratch(const td_ops *ctx, int t)
+{
+    return ctx->wtile ? ctx->wtile + (size_t)t * ctx->wtile_per_thread : NULL;
+}
