@@ -8,9 +8,8 @@
 #   fp32   tidal fp32 recipes on both paths vs torch fp32
 #   bf16   tidal bf16-train / bf16-infer (emulated bf16 rounding at every kernel boundary) vs
 #          torch.autocast("cpu", bfloat16)
-# Debian's torch 1.13 is built with BLAS_INFO=generic: its fp32 GEMMs run on the reference BLAS,
-# its bf16 ones through oneDNN, so the bf16 pair is the like-for-like comparison (the fp32 ratio
-# mostly measures that build's BLAS).
+# On a loaded machine the peer suffers far more than tidal (measured: torch fp32 0.09-0.28 steps/s
+# at load average 8-10 against 5.5 on a quiet machine): compare ratios taken when it is quiet.
 # tidal: steps/s = 1 / mean time_step, rollout tokens/s = response tokens / time_rollout, from
 # /steps of a --max-steps STEPS run (the first step left out as warm-up). A random-init model does
 # not stop at EOS by itself: responses then run to --max-completion-length 32, the peer's length.
