@@ -184,6 +184,11 @@ void td_gen_config_defaults(td_gen_config *g);
 /* Parses generation_config.json; keys absent keep defaults; cfg (may be NULL) supplies
  * bos/eos when the file lacks them, as transformers does. */
 int td_gen_config_parse(const char *path, const td_config *cfg, td_gen_config *g, td_error *err);
+/* The ids that end a generated sequence for the checkpoint in `dir`, as transformers decides:
+ * generation_config.json's eos list when the file has one, else config.json's (cfg), else
+ * tok_eos (the tokenizer's eos; -1 for none). Returns the count (0..TD_GEN_MAX_EOS) or -1 + err
+ * when generation_config.json is unreadable. */
+int td_checkpoint_stop_ids(const char *dir, const td_config *cfg, int tok_eos, int *ids, td_error *err);
 int td_gen_config_write(const char *path, const td_gen_config *g, td_error *err);
 /* One line: "generation: temperature=0.7 top_p=0.8 top_k=20 repetition_penalty=1.05 (...)"
  * plus a warning when repetition_penalty != 1 comes from the file (a sampler that ignores it,

@@ -99,6 +99,19 @@ done:
     return rc;
 }
 
+int td_checkpoint_stop_ids(const char *dir, const td_config *cfg, int tok_eos, int *ids, td_error *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (f) fclose(f);
+    td_gen_config g;
+    if (td_gen_config_parse(f ? path : NULL, cfg, &g, err)) return -1;
+    memcpy(ids, g.eos_token_ids, (size_t)g.n_eos * sizeof *ids);
+    if (g.n_eos == 0 && tok_eos >= 0) ids[g.n_eos++] = tok_eos;
+    return g.n_eos;
+}
+
 int td_gen_config_write(const char *path, const td_gen_config *g, td_error *err)
 {
     json_t *j = json_object();

@@ -107,13 +107,8 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
         if (!J.tok) goto out;
     }
     /* the stop set: generation_config.json's eos list wins over config.json's, as in transformers */
-    char gen_path[4096];
-    snprintf(gen_path, sizeof gen_path, "%s/generation_config.json", o->model_dir);
-    td_gen_config gen;
-    if (td_gen_config_parse(stat(gen_path, &st) == 0 ? gen_path : NULL, cfg, &gen, err)) goto out;
-    J.n_eos = gen.n_eos;
-    memcpy(J.eos, gen.eos_token_ids, sizeof J.eos);
-    if (J.n_eos == 0 && J.tok && td_tokenizer_eos_id(J.tok) >= 0) J.eos[J.n_eos++] = td_tokenizer_eos_id(J.tok);
+    J.n_eos = td_checkpoint_stop_ids(o->model_dir, cfg, J.tok ? td_tokenizer_eos_id(J.tok) : -1, J.eos, err);
+    if (J.n_eos < 0) goto out;
     int ctx = cfg->max_position > 0 ? cfg->max_position : 1 << 20;
     td_prompt_reader reader = {.tokenize = J.tok ? tokenize_cb : NULL, .tok_user = J.tok, .vocab_size = cfg->vocab_size,
                                .max_len = ctx, .skip_bad = o->skip_bad_lines};

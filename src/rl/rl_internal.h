@@ -32,7 +32,7 @@ typedef struct {
     td_session *sess;
     td_sampler *smp;
     int B, G, P, V, max_len, nlog;
-    int eos[8], n_eos;
+    int eos[TD_CONFIG_MAX_EOS], n_eos;
     int total_steps;
     /* one step's buffers */
     int **tok;                    /* (B) max_len                                              */

@@ -46,11 +46,9 @@ static int load_inputs(rl_run *R, td_error *err)
     R->model = td_model_load(o->model_path, err);
     if (!R->model) return -1;
     R->V = R->model->cfg.vocab_size;
-    int ids[TD_CONFIG_MAX_EOS];
-    int n = td_config_eos_list(&R->model->cfg, ids);
-    R->n_eos = 0;
-    for (int i = 0; i < n && R->n_eos < 8; i++) R->eos[R->n_eos++] = ids[i];
-    if (!R->n_eos && td_tokenizer_eos_id(R->tkz) >= 0) R->eos[R->n_eos++] = td_tokenizer_eos_id(R->tkz);
+    /* the same stop set as tidal-diff: generation_config.json's list, else config.json's */
+    R->n_eos = td_checkpoint_stop_ids(o->model_path, &R->model->cfg, td_tokenizer_eos_id(R->tkz), R->eos, err);
+    if (R->n_eos < 0) return -1;
     if (!R->n_eos)
         return td_fail(err, "%s: no EOS token (config.json eos_token_id or tokenizer_config.json "
                        "eos_token): completions could not end", o->model_path);
