@@ -1,0 +1,133 @@
+/* tidal — the CUDA backend's shared pieces (internal header of src/backend/cuda/*.cu).
+ *
+ * The CUDA backend is the op list of src/model/ops.h run on an NVIDIA GPU: one `op.cu` per op
+ * family, each op carrying the CPU op's name and argument order with the suffix `_cuda`
+ * (rmsnorm_forward_cuda <-> rmsnorm_cpu / rmsnorm_forward_ref), and the same rounding points
+ * as src/backend/cpu.c under the same recipe. GEMMs run on cuBLASLt (matmul.cu), everything
+ * else on tidal's own kernels. Activations are fp32 buffers holding the rounded values, as on
+ * the CPU, so the model code, the recipes and the tools do not know which device runs them.
+ *
+ * Every source here compiles two ways:
+ *   nvcc                     the real backend (libtidal when nvcc is found; `--device cuda`)
+ *   g++ -DTD_CUDASIM         against tests/cudasim/cudasim.h, a CPU simulator of the CUDA
+ *                            subset these kernels use (threads as fibers, __syncthreads, warp
+ *                            shuffles, shared memory): the kernels' logic is tested against
+ *                            the CPU ops on every machine, GPU or not (tests/test_cuda_sim_*.c).
+ * Hence three rules for kernel code: launch with TD_LAUNCH (no <<< >>>), declare dynamic shared
+ * memory with TD_DYN_SMEM, and use only what cudasim.h provides (cuda_bf16.h / cuda_fp8.h
+ * intrinsics are not used: the roundings are tidal's own bit arithmetic below, bit-identical
+ * to formats.h, which tests/nv checks against NVIDIA's host functions).
+ */
+#ifndef TIDAL_CUDA_INTERNAL_CUH
+#define TIDAL_CUDA_INTERNAL_CUH
+
+#ifdef TD_CUDASIM
+#include "cudasim.h"          /* tests/cudasim: the CPU simulator */
+#else
+#include <cuda_runtime.h>
+#endif
+
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../../model/ops.h"
+#include "tidal/scaling.h"
+}
+
+/* ---- launching ---------------------------------------------------------------------------- */
+
+#ifdef TD_CUDASIM
+#define TD_LAUNCH(kernel, grid, block, smem, stream, ...) \
+    cudasim_launch((kernel), dim3(grid), dim3(block), (size_t)(smem), (stream), __VA_ARGS__)
+#define TD_DYN_SMEM(type, name) type *name = (type *)cudasim_dyn_smem()
+#else
+#define TD_LAUNCH(kernel, grid, block, smem, stream, ...) \
+    (kernel)<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#define TD_DYN_SMEM(type, name) extern __shared__ __align__(16) unsigned char name##_raw_[]; \
+    type *name = (type *)name##_raw_
+#endif
+
+/* ---- checking ------------------------------------------------------------------------------ */
+
+/* A failed CUDA / cuBLAS call inside an op is fatal (the ops return nothing): the message names
+ * the file, the line, the call, the library's own error string and a hint, then exit(1). */
+#define CUDA_CHECK(call) tdc_check_cuda((call), #call, __FILE__, __LINE__)
+#define CUDA_CHECK_LAUNCH() tdc_check_cuda(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+void tdc_check_cuda(cudaError_t e, const char *what, const char *file, int line);
+
+/* ---- memory: host or device pointers at the seam (backend.cu) -------------------------------
+ * The model code hands the ops pointers from be->alloc (device memory: cudaMallocManaged, so
+ * the host may read logits and write row tables between steps) and pointers into host memory:
+ * the prepared weights (td_wmat data and scales, norm weights, biases, inv_freq) and per-call
+ * tables (tokens, pos). An op turns each into a device pointer with these:
+ *   tdc_const  a host array that stays as it is while the recipe is set (weights): uploaded once
+ *              and kept (a cache keyed by host address, dropped by be->forget); a device
+ *              pointer is returned as it is
+ *   tdc_in     a per-call host input: copied to a staging buffer of this op call
+ *   tdc_out    an output (or in-place) host buffer: a staging buffer, copied in first when
+ *              copy_in, and back to the host by tdc_done; device pointers pass through
+ *   tdc_done   ends an op call: copies staged outputs back, frees the staging buffers
+ * All on the backend's one stream (tdc_stream); be->sync waits for it. */
+const void *tdc_const(const void *p, size_t bytes);
+const void *tdc_in(const void *p, size_t bytes);
+void *tdc_out(void *p, size_t bytes, int copy_in);
+void tdc_done(void);
+cudaStream_t tdc_stream(void);
+/* Grow-only device scratch, one buffer per slot (slots 0..7; the op files number theirs in
+ * their header comment). Valid until the next call with the same slot. */
+void *tdc_scratch(int slot, size_t bytes);
+enum { TDC_SLOT_GEMM_A = 0, TDC_SLOT_GEMM_SCALES = 1, TDC_SLOT_GEMM_OUT = 2, TDC_SLOT_WORKSPACE = 3,
+       TDC_SLOT_ATTN = 4, TDC_SLOT_MISC = 5 };
+
+/* ---- roundings: formats.h, on the device ------------------------------------------------- */
+
+/* td_round(f, x): x rounded to format f and back (SATFINITE), bit for bit the CPU's.
+ * Implemented in round.cuh (__host__ __device__). */
+#include "round.cuh"
+
+/* Recipe fields the kernels need, flattened (a td_recipe is host data). */
+typedef struct {
+    int act;            /* td_format of activations (TD_F32 = no rounding) */
+    int norm;           /* 0 D(D(x rs) w), 1 D(x rs w), 2 (x rs) w fp32 (residual fp32) */
+    int rope;           /* td_rope_form */
+    int residual_fp32;
+} tdc_recipe;
+
+static inline tdc_recipe tdc_recipe_of(const td_ops *ctx)
+{
+    tdc_recipe k = {TD_F32, 0, TD_ROPE_UNFUSED, 0};
+    const td_recipe *r = ctx->recipe;
+    if (!r) return k;
+    k.act = r->activations;
+    k.norm = r->residual_fp32 ? 2 : r->norm == TD_NORM_UNFUSED ? 0 : 1;
+    k.rope = r->rope;
+    k.residual_fp32 = r->residual_fp32;
+    return k;
+}
+
+/* ---- the ops (one .cu per family), names and arguments of ops.h + _cuda -------------------- */
+extern "C" {
+void embedding_forward_cuda(const td_ops *ctx, float *out, const int *tokens, const td_wmat *embed,
+                            int N, int C);
+void rmsnorm_forward_cuda(const td_ops *ctx, float *out, float *rstd, const float *inp,
+                          const float *weight, int N, int C, float eps);
+void matmul_forward_cuda(const td_ops *ctx, int n, float *const *out, const float *inp,
+                         const td_wmat *weight, const float *const *bias, int N, int IN,
+                         const int *OUT);
+void rope_forward_cuda(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
+                       int nheads, int HD);
+void kv_write_cuda(const td_ops *ctx, float *store, const float *rows, const size_t *kv_off,
+                   const int *pos, int N, int KVD);
+void attention_forward_cuda(const td_ops *ctx, float *out, float *lse, const float *q,
+                            const float *k, const float *v, const size_t *kv_off, const int *pos,
+                            int N, int NH, int NKV, int HD, float *scratch, int max_keys);
+void swiglu_forward_cuda(const td_ops *ctx, float *out, const float *gate, const float *up, int N,
+                         int F);
+void residual_forward_cuda(const td_ops *ctx, float *out, const float *inp1, const float *inp2,
+                           size_t n);
+void scale_forward_cuda(const td_ops *ctx, float *x, float s, size_t n);
+void logsoftmax_forward_cuda(const td_ops *ctx, float *x, int N, int V);
+}
+
+#endif
