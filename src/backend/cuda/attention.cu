@@ -1,0 +1,373 @@
+/* tidal — kv_write_cuda and attention_forward_cuda (ops.h kv_write, attention_forward; CPU:
+ * kv_write_cpu and attention_cpu in cpu.c, the fp32 reference attention_forward_ref in
+ * cpu_ref.c).
+ *
+ * kv_write: row i of rows (N, KVD) to store + kv_off[i] + pos[i] * KVD, one block per row,
+ * rounded there to the recipe's kv_cache format when the context is a KV cache's and that
+ * format is not the activations': fp8 as q(x / s) * s (s = kv_scale, 1.0 when 0).
+ *
+ * attention: one kernel, attn_rows, for the three forms of the CPU, and attn_merge for split-KV.
+ * A block is (a group of up to 8 query rows, a head, a split part); each warp owns one query row
+ * and the lanes own columns c = lane + 32 t of its output (HD <= 256: 8 registers per lane).
+ * The rows of a group are consecutive rows of one sequence (same kv_off, consecutive positions:
+ * a prefill run), so they read the same keys: K and V pass through shared memory in tiles of
+ * TK keys (32, or 16 when HD > 128), loaded once per block for the group's 8 rows. Per tile a
+ * lane scores one key; the P.V products run over the tile's keys in key order for every
+ * column, as the CPU's loop does, so o carries the CPU's fp32 sums term for term.
+ *   reference (no recipe, or full fp32 non-batch-invariant: attention_forward_ref) and
+ *   full (HF eager, eager_head): three passes over the keys (max, sum of e^(s - max), P.V),
+ *     scores recomputed in each (the same bits each time): no (N, NH, keys) score buffer.
+ *     eager: s = D(D(q.k) scale), e = expf(s - max) summed in double, p = D(e * (float)(1 / sum)),
+ *     out D(sum p v), lse = max + (float)log(sum); reference: s = q.k scale, td_expf, fp32 sum,
+ *     p = e * (1 / sum), out unrounded, lse = max + logf(sum).
+ *   flash (flash_part): keys in blocks of attn_block from the part's first key, each block in
+ *     segments of at most 256 (the CPU's score buffer), an online softmax per segment: scores
+ *     q.k scale in fp32, m_new = max(m, segment max), l and o scaled by expf(m - m_new), then per
+ *     key p = expf(s - m_new), l += p (fp32, key order), o += D(p) v; out = D(o / l),
+ *     lse = m + logf(l). The segments are the CPU's, so every rounding of P is at its point.
+ *   split-KV decode (ctx->decode, decode_splits > 1): row i's nk keys in parts of
+ *     ceil(nk / splits), each part a flash pass over its keys (one row per block, part = grid z),
+ *     its (o, m, l) to scratch slot TDC_SLOT_ATTN; attn_merge then folds the parts in order by
+ *     log-sum-exp exactly as attention_cpu does (log1pf form), out = D(acc).
+ * The dot products q.k: fp32, four interleaved partial sums combined (p0 + p2) + (p1 + p3), the
+ * order GCC's 4-lane SSE reduction of the CPU's `omp simd reduction` loop gives (x86-64-v2).
+ * Exponentials: tdc_expf (glibc's expf), td_expf for the reference form (kern.cuh).
+ * Causal by pos: row i sees keys 0..pos[i]. GQA: head h reads kv head h / (NH / NKV). */
+#include "kern.cuh"
+
+#define ATT_ROWS 8     /* query rows (warps) per block for prefill runs */
+#define ATT_SEG 256    /* the CPU's score buffer: flash segments of at most 256 keys */
+
+enum { ATT_REF = 0, ATT_EAGER = 1, ATT_FLASH = 2 };
+
+typedef struct {
+    float *out, *lse;        /* (N, NH * HD), (N, NH) or NULL */
+    float *part;             /* split-KV: (N, NH, splits, HD + 2): o, then m, l */
+    const float *q, *k, *v;
+    const size_t *kv_off;
+    const int *pos, *gstart; /* groups: rows gstart[g] .. gstart[g + 1] - 1 */
+    int NH, group, HD, KVD, mode, D, block, splits, TK;
+    float scale;
+} attn_args;
+
+/* q . k over HD in the CPU's order (see the header) */
+__device__ static inline float attn_dot(const float *q, const float *k, int HD)
+{
+    float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
+    int c = 0;
+    for (; c + 4 <= HD; c += 4) {
+        p0 = tdc_add(p0, tdc_mul(q[c], k[c]));
+        p1 = tdc_add(p1, tdc_mul(q[c + 1], k[c + 1]));
+        p2 = tdc_add(p2, tdc_mul(q[c + 2], k[c + 2]));
+        p3 = tdc_add(p3, tdc_mul(q[c + 3], k[c + 3]));
+    }
+    float d = (p0 + p2) + (p1 + p3);
+    for (; c < HD; c++) d = tdc_add(d, tdc_mul(q[c], k[c]));
+    return d;
+}
+
+/* keys/values j0 .. j0 + nt - 1 of a head (rows KVD apart) into the tile (rows HD + 1 apart) */
+__device__ static inline void attn_load(float *t, const float *base, int j0, int nt, int HD, int KVD)
+{
+    for (int e = threadIdx.x; e < nt * HD; e += blockDim.x) {
+        int j = e / HD, c = e - j * HD;
+        t[j * (HD + 1) + c] = base[(size_t)(j0 + j) * KVD + c];
+    }
+}
+
+/* the score of key row kr for query qs in the full forms */
+__device__ static inline float attn_score_full(const attn_args *a, const float *qs, const float *kr)
+{
+    float d = attn_dot(qs, kr, a->HD);
+    if (a->mode == ATT_EAGER) return tdc_round(a->D, tdc_mul(tdc_round(a->D, d), a->scale));
+    return tdc_mul(d, a->scale);
+}
+
+__device__ static inline float attn_exp(const attn_args *a, float x)
+{
+    return a->mode == ATT_REF ? tdc_td_expf(x) : tdc_expf(x);
+}
+
+/* o += p_j v_j over the tile's keys [t0, jn) (p in ps at j - p0), columns of this lane */
+__device__ static inline void attn_pv(const attn_args *a, float *o, const float *vt, const float *ps,
+                                      int p0, int t0, int jn, int round_p)
+{
+    int lane = threadIdx.x & 31, HD = a->HD;
+    for (int j = t0; j < jn; j++) {
+        float p = ps[j - p0];
+        if (round_p) p = tdc_round(a->D, p);
+        const float *vr = vt + (j - t0) * (HD + 1);
+        for (int t = 0; t < 8 && lane + 32 * t < HD; t++)
+            o[t] = tdc_add(o[t], tdc_mul(p, vr[lane + 32 * t]));
+    }
+}
+
+/* The part of keys row i works on: [0, nk), or split part z of it (empty past the end). */
+__device__ static inline void attn_range(const attn_args *a, int i, int z, int *j0, int *j1)
+{
+    int nk = a->pos[i] + 1;
+    if (a->splits == 1) { *j0 = 0; *j1 = nk; return; }
+    int per = (nk + a->splits - 1) / a->splits;
+    *j0 = z * per < nk ? z * per : nk;
+    *j1 = *j0 + per < nk ? *j0 + per : nk;
+}
+
+__global__ static void attn_rows(attn_args a)
+{
+    TD_DYN_SMEM(float, sm);
+    const int R = blockDim.x >> 5, HD = a.HD, TK = a.TK, QD = a.NH * HD;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = blockIdx.y, z = blockIdx.z, r0 = a.gstart[blockIdx.x];
+    const int cnt = a.gstart[blockIdx.x + 1] - r0;
+    float *qs = sm + warp * HD, *kt = sm + R * HD, *ps = kt + TK * (HD + 1) + warp * ATT_SEG;
+    const int act = warp < cnt, i = r0 + (act ? warp : 0);
+    const float *kb = a.k + a.kv_off[r0] + (size_t)(h / a.group) * HD;
+    const float *vb = a.v + a.kv_off[r0] + (size_t)(h / a.group) * HD;
+    /* this warp's keys [j0, j1); the block's [J0, J1) (the group's rows share their start) */
+    int j0, j1, J0 = 0x7fffffff, J1 = 0;
+    attn_range(&a, i, z, &j0, &j1);
+    for (int r = r0; r < r0 + cnt; r++) {
+        int b0, b1;
+        attn_range(&a, r, z, &b0, &b1);
+        if (b0 < b1) { J0 = b0 < J0 ? b0 : J0; J1 = b1 > J1 ? b1 : J1; }
+    }
+    if (act) for (int c = lane; c < HD; c += 32) qs[c] = a.q[(size_t)i * QD + (size_t)h * HD + c];
+    float o[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float m = -INFINITY, l = 0.0f;
+
+    if (a.mode == ATT_FLASH) {
+        for (int b0 = J0; b0 < J1; b0 += a.block) {
+            int b1 = b0 + a.block < J1 ? b0 + a.block : J1;
+            for (int c0 = b0; c0 < b1; c0 += ATT_SEG) {
+                int c1 = c0 + ATT_SEG < b1 ? c0 + ATT_SEG : b1;
+                int e1 = c1 < j1 ? c1 : j1;            /* this row's end in the segment */
+                int live = act && c0 < e1;
+                for (int t0 = c0; t0 < c1; t0 += TK) {  /* scores of the segment */
+                    int nt = c1 - t0 < TK ? c1 - t0 : TK;
+                    __syncthreads();
+                    attn_load(kt, kb, t0, nt, HD, a.KVD);
+                    __syncthreads();
+                    if (live && lane < nt && t0 + lane < e1)
+                        ps[t0 - c0 + lane] = tdc_mul(attn_dot(qs, kt + lane * (HD + 1), HD), a.scale);
+                }
+                __syncthreads();
+                float m_new = m;
+                if (live) {
+                    float bm = -INFINITY;
+                    for (int j = c0 + lane; j < e1; j += 32) bm = ps[j - c0] > bm ? ps[j - c0] : bm;
+                    bm = tdc_warp_max(bm);
+                    m_new = bm > m ? bm : m;
+                    float alpha = tdc_expf(m - m_new);
+                    l = tdc_mul(l, alpha);
+                    for (int t = 0; t < 8; t++) o[t] = tdc_mul(o[t], alpha);
+                    for (int j = c0 + lane; j < e1; j += 32) ps[j - c0] = tdc_expf(ps[j - c0] - m_new);
+                }
+                __syncthreads();
+                if (live) for (int j = c0; j < e1; j++) l = tdc_add(l, ps[j - c0]);
+                for (int t0 = c0; t0 < c1; t0 += TK) {  /* o += D(p) v */
+                    int nt = c1 - t0 < TK ? c1 - t0 : TK;
+                    __syncthreads();
+                    attn_load(kt, vb, t0, nt, HD, a.KVD);
+                    __syncthreads();
+                    if (live) attn_pv(&a, o, kt, ps, c0, t0, t0 + nt < e1 ? t0 + nt : e1, 1);
+                }
+                m = m_new;
+            }
+        }
+        if (!act) return;
+        size_t oi = (size_t)i * QD + (size_t)h * HD;
+        if (a.splits == 1) {
+            for (int t = 0; t < 8 && lane + 32 * t < HD; t++)
+                a.out[oi + lane + 32 * t] = tdc_round(a.D, o[t] / l);
+            if (a.lse && lane == 0) a.lse[(size_t)i * a.NH + h] = m + tdc_logf(l);
+        } else {
+            float *pp = a.part + (((size_t)i * a.NH + h) * a.splits + z) * (HD + 2);
+            for (int t = 0; t < 8 && lane + 32 * t < HD; t++) pp[lane + 32 * t] = o[t];
+            if (lane == 0) { pp[HD] = m; pp[HD + 1] = l; }
+        }
+        return;
+    }
+
+    /* the full forms: pass 1 the maximum, pass 2 the sum, pass 3 P.V */
+    double sumd = 0.0;
+    float sumf = 0.0f, inv = 0.0f;
+    for (int pass = 0; pass < 3; pass++) {
+        for (int t0 = J0; t0 < J1; t0 += TK) {
+            int nt = J1 - t0 < TK ? J1 - t0 : TK;
+            __syncthreads();
+            attn_load(kt, kb, t0, nt, HD, a.KVD);
+            __syncthreads();
+            int mine = act && lane < nt && t0 + lane < j1;
+            float s = mine ? attn_score_full(&a, qs, kt + lane * (HD + 1)) : 0.0f;
+            if (pass == 0) {
+                if (mine) m = s > m ? s : m;
+            } else if (pass == 1) {
+                if (mine) { float e = attn_exp(&a, s - m); sumd += e; sumf = tdc_add(sumf, e); }
+            } else {
+                if (mine) {
+                    float p = tdc_mul(attn_exp(&a, s - m), inv);
+                    ps[lane] = a.mode == ATT_EAGER ? tdc_round(a.D, p) : p;
+                }
+                __syncthreads();
+                attn_load(kt, vb, t0, nt, HD, a.KVD);
+                __syncthreads();
+                if (act) attn_pv(&a, o, kt, ps, t0, t0, t0 + nt < j1 ? t0 + nt : j1, 0);
+            }
+        }
+        if (!act) continue;
+        if (pass == 0) {
+            m = tdc_warp_max(m);
+        } else if (pass == 1) {
+            sumd = tdc_warp_sum_d(sumd);
+            sumf = tdc_warp_sum(sumf);
+            if (a.mode == ATT_EAGER) { l = m + (float)log(sumd); inv = (float)(1.0 / sumd); }
+            else { l = m + tdc_logf(sumf); inv = 1.0f / sumf; }
+        }
+    }
+    if (!act) return;
+    size_t oi = (size_t)i * QD + (size_t)h * HD;
+    for (int t = 0; t < 8 && lane + 32 * t < HD; t++)
+        a.out[oi + lane + 32 * t] = a.mode == ATT_EAGER ? tdc_round(a.D, o[t]) : o[t];
+    if (a.lse && lane == 0) a.lse[(size_t)i * a.NH + h] = l;
+}
+
+/* split-KV: fold row i's parts (in order) by log-sum-exp, one block of 32 per (row, head) */
+__global__ static void attn_merge(attn_args a)
+{
+    int i = blockIdx.x, h = blockIdx.y, HD = a.HD, lane = threadIdx.x;
+    int nk = a.pos[i] + 1, per = (nk + a.splits - 1) / a.splits;
+    const float *pp = a.part + ((size_t)i * a.NH + h) * a.splits * (HD + 2);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, lse_acc = -INFINITY;
+    for (int z = 0; z * per < nk; z++, pp += HD + 2) {
+        float m = pp[HD], l = pp[HD + 1];
+        float lse_p = m + tdc_logf(l);
+        float lse_new = lse_p > lse_acc ? lse_p + tdc_log1pf(tdc_expf(lse_acc - lse_p))
+                                        : lse_acc + tdc_log1pf(tdc_expf(lse_p - lse_acc));
+        float keep = tdc_expf(lse_acc - lse_new), add = tdc_expf(lse_p - lse_new) / l;
+        for (int t = 0; t < 8 && lane + 32 * t < HD; t++)
+            acc[t] = tdc_add(tdc_mul(acc[t], keep), tdc_mul(add, pp[lane + 32 * t]));
+        lse_acc = lse_new;
+    }
+    size_t oi = (size_t)i * a.NH * HD + (size_t)h * HD;
+    for (int t = 0; t < 8 && lane + 32 * t < HD; t++) a.out[oi + lane + 32 * t] = tdc_round(a.D, acc[t]);
+    if (a.lse && lane == 0) a.lse[(size_t)i * a.NH + h] = lse_acc;
+}
+
+/* floats of a K/V store the rows reach: keys 0..pos[i] at kv_off[i] */
+static size_t kv_extent(const size_t *kv_off, const int *pos, int N, int KVD)
+{
+    size_t hi = 0;
+    for (int i = 0; i < N; i++) {
+        size_t e = kv_off[i] + (size_t)(pos[i] + 1) * KVD;
+        hi = e > hi ? e : hi;
+    }
+    return hi;
+}
+
+extern "C" void attention_forward_cuda(const td_ops *ctx, float *out, float *lse, const float *q,
+                                       const float *k, const float *v, const size_t *kv_off,
+                                       const int *pos, int N, int NH, int NKV, int HD,
+                                       float *scratch, int max_keys)
+{
+    (void)scratch; (void)max_keys;   /* the CPU's score buffer: the kernels need none */
+    if (N <= 0) return;
+    if (HD > 256 || NH % NKV) {
+        fprintf(stderr, "tidal: attention_forward_cuda: head dim %d (at most 256) or %d heads over "
+                "%d kv heads not supported by the CUDA kernels\n", HD, NH, NKV);
+        exit(1);
+    }
+    const td_recipe *r = ctx->recipe;
+    attn_args a;
+    a.NH = NH; a.group = NH / NKV; a.HD = HD; a.KVD = NKV * HD;
+    a.D = r ? (int)r->activations : (int)TD_F32;
+    a.mode = (!r || (r->attention == TD_ATTN_FULL && r->activations == TD_F32 && !r->batch_invariant))
+                 ? ATT_REF : r->attention == TD_ATTN_FULL ? ATT_EAGER : ATT_FLASH;
+    a.block = r ? r->attn_block : 64;
+    a.splits = a.mode == ATT_FLASH && ctx->decode && r->decode_splits > 1 ? r->decode_splits : 1;
+    a.TK = HD <= 128 ? 32 : 16;
+    a.scale = 1.0f / sqrtf((float)HD);
+
+    /* row groups: runs of one sequence at consecutive positions, at most ATT_ROWS rows (single
+     * rows under split-KV, whose parts differ per row) */
+    static int *gs;
+    static int gcap;
+    if (N + 1 > gcap) {
+        CUDA_CHECK(cudaStreamSynchronize(tdc_stream()));
+        free(gs);
+        gs = (int *)malloc((size_t)(N + 1) * sizeof(int));
+        if (!gs) { fprintf(stderr, "tidal: attention_forward_cuda: out of host memory\n"); exit(1); }
+        gcap = N + 1;
+    }
+    int ng = 0, widest = 1;
+    for (int i = 0; i < N;) {
+        int n = 1;
+        while (a.splits == 1 && n < ATT_ROWS && i + n < N && kv_off[i + n] == kv_off[i] &&
+               pos[i + n] == pos[i] + n)
+            n++;
+        gs[ng++] = i;
+        widest = n > widest ? n : widest;
+        i += n;
+    }
+    gs[ng] = N;
+    int R = widest > 1 ? ATT_ROWS : 1;   /* decode: a warp per block */
+
+    size_t kvn = kv_extent(kv_off, pos, N, a.KVD) * sizeof(float);
+    a.q = (const float *)tdc_in(q, (size_t)N * NH * HD * sizeof(float));
+    a.k = (const float *)tdc_in(k, kvn);
+    a.v = (const float *)tdc_in(v, kvn);
+    a.kv_off = (const size_t *)tdc_in(kv_off, (size_t)N * sizeof(size_t));
+    a.pos = (const int *)tdc_in(pos, (size_t)N * sizeof(int));
+    a.gstart = (const int *)tdc_in(gs, (size_t)(ng + 1) * sizeof(int));
+    a.out = (float *)tdc_out(out, (size_t)N * NH * HD * sizeof(float), 0);
+    a.lse = lse ? (float *)tdc_out(lse, (size_t)N * NH * sizeof(float), 0) : NULL;
+    a.part = a.splits > 1 ? (float *)tdc_scratch(TDC_SLOT_ATTN, (size_t)N * NH * a.splits * (HD + 2) * sizeof(float))
+                          : NULL;
+    size_t smem = ((size_t)R * HD + (size_t)a.TK * (HD + 1) + (size_t)R * ATT_SEG) * sizeof(float);
+    TD_LAUNCH(attn_rows, dim3(ng, NH, a.splits), 32 * R, smem, tdc_stream(), a);
+    CUDA_CHECK_LAUNCH();
+    if (a.splits > 1) {
+        TD_LAUNCH(attn_merge, dim3(N, NH), 32, 0, tdc_stream(), a);
+        CUDA_CHECK_LAUNCH();
+    }
+    tdc_done();
+}
+
+/* ---------------------------------------------------------------- KV write */
+
+__global__ static void kv_rows(float *store, const float *rows, const size_t *kv_off, const int *pos,
+                               int KVD, int fmt, float s)
+{
+    int i = blockIdx.x;
+    float *d = store + kv_off[i] + (size_t)pos[i] * KVD;
+    const float *src = rows + (size_t)i * KVD;
+    for (int c = threadIdx.x; c < KVD; c += blockDim.x) {
+        float x = src[c];
+        d[c] = fmt == TD_F32 ? x : tdc_round(fmt, x / s) * s;
+    }
+}
+
+extern "C" void kv_write_cuda(const td_ops *ctx, float *store, const float *rows,
+                              const size_t *kv_off, const int *pos, int N, int KVD)
+{
+    if (N <= 0) return;
+    const td_recipe *r = ctx->recipe;
+    int round = r && ctx->cache && r->kv_cache != r->activations && r->kv_cache != TD_F32;
+    float s = round && r->kv_scale > 0 ? r->kv_scale : 1.0f;
+    int moved = 0;   /* a row not already in its place */
+    for (int i = 0; i < N && !moved; i++)
+        moved = store + kv_off[i] + (size_t)pos[i] * KVD != rows + (size_t)i * KVD;
+    if (!moved && !round) return;   /* teacher forcing: the rows are the store */
+    size_t hi = kv_extent(kv_off, pos, N, KVD);
+    float *d_store = (float *)tdc_out(store, hi * sizeof(float), 1);
+    const float *d_rows;
+    if (!moved)                      /* in place: the rows are inside the staged store */
+        d_rows = d_store + (rows - store);
+    else
+        d_rows = (const float *)tdc_in(rows, (size_t)N * KVD * sizeof(float));
+    const size_t *d_off = (const size_t *)tdc_in(kv_off, (size_t)N * sizeof(size_t));
+    const int *d_pos = (const int *)tdc_in(pos, (size_t)N * sizeof(int));
+    TD_LAUNCH(kv_rows, N, 128, 0, tdc_stream(), d_store, d_rows, d_off, d_pos, KVD,
+              round ? (int)r->kv_cache : (int)TD_F32, s);
+    CUDA_CHECK_LAUNCH();
+    tdc_done();
+}

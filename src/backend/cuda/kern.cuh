@@ -1,0 +1,140 @@
+/* tidal — device helpers shared by the CUDA op kernels (embedding.cu, rmsnorm.cu, rope.cu,
+ * attention.cu, swiglu.cu, residual.cu, logsoftmax.cu): fp32 arithmetic without contraction,
+ * the CPU's exponentials, warp and block reductions. Within the simulator's subset
+ * (tests/cudasim/cudasim.h): warp shuffles of 32-bit values, dynamic shared memory,
+ * __syncthreads.
+ *
+ * Why explicit roundings: the CPU build is ISO C (-std=c11), where GCC never contracts a * b + c
+ * into an FMA; nvcc contracts by default (--fmad=true). Where the CPU has separate products
+ * (RoPE, the o += p v of attention, the split-KV merge) the kernels use tdc_mul / tdc_add
+ * (__fmul_rn / __fadd_rn, never contracted), so the sequence of fp32 roundings is the CPU's.
+ * Division and sqrtf are IEEE (nvcc's defaults -prec-div=true -prec-sqrt=true; no fast-math).
+ */
+#ifndef TIDAL_CUDA_KERN_CUH
+#define TIDAL_CUDA_KERN_CUH
+
+#include "cuda_internal.cuh"
+
+#include <math.h>
+
+#define TDC_DEV __device__ static inline
+
+#ifdef TD_CUDASIM          /* g++ in ISO mode: no contraction, a * b is one rounding */
+TDC_DEV float tdc_mul(float a, float b) { return a * b; }
+TDC_DEV float tdc_add(float a, float b) { return a + b; }
+TDC_DEV float tdc_sub(float a, float b) { return a - b; }
+#else
+TDC_DEV float tdc_mul(float a, float b) { return __fmul_rn(a, b); }
+TDC_DEV float tdc_add(float a, float b) { return __fadd_rn(a, b); }
+TDC_DEV float tdc_sub(float a, float b) { return __fsub_rn(a, b); }
+#endif
+
+/* libm's expf / logf / log1pf as the CPU's glibc gives them: glibc's float functions are
+ * correctly rounded but for rare near-halfway cases, and so is a double evaluation rounded to
+ * float; CUDA's own expf (2 ulp) would differ in the last bit far more often. */
+TDC_DEV float tdc_expf(float x) { return (float)exp((double)x); }
+TDC_DEV float tdc_logf(float x) { return (float)log((double)x); }
+TDC_DEV float tdc_log1pf(float x) { return (float)log1p((double)x); }
+
+/* td_expf (src/backend/cpu.h, the reference forms' vectorisable exponential), the same fp32
+ * operations in the same order, uncontracted. */
+TDC_DEV float tdc_td_expf(float x)
+{
+    x = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+    float n = tdc_sub(tdc_add(tdc_mul(x, 1.44269504088896341f), 12582912.0f), 12582912.0f);
+    float r = tdc_sub(x, tdc_mul(n, 0.693359375f));
+    r = tdc_add(r, tdc_mul(n, 2.12194440e-4f));
+    float p = 1.9875691500e-4f;
+    p = tdc_add(tdc_mul(p, r), 1.3981999507e-3f);
+    p = tdc_add(tdc_mul(p, r), 8.3334519073e-3f);
+    p = tdc_add(tdc_mul(p, r), 4.1665795894e-2f);
+    p = tdc_add(tdc_mul(p, r), 1.6666665459e-1f);
+    p = tdc_add(tdc_mul(p, r), 5.0000001201e-1f);
+    p = tdc_add(tdc_add(tdc_mul(tdc_mul(p, r), r), r), 1.0f);
+    float scale = tdc_float((uint32_t)((int32_t)n + 127) << 23);
+    return tdc_mul(p, scale);
+}
+
+/* ---- reductions (warps of 32; blocks a multiple of 32 threads) ---------------------------- */
+
+#define TDC_FULL 0xffffffffu
+
+TDC_DEV float tdc_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_xor_sync(TDC_FULL, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+TDC_DEV float tdc_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(TDC_FULL, v, o);
+    return v;
+}
+
+/* a double through two 32-bit shuffles (the simulator shuffles 32-bit values) */
+TDC_DEV double tdc_shfl_xor_d(double v, int o)
+{
+    union { double d; unsigned int u[2]; } a;
+    a.d = v;
+    a.u[0] = __shfl_xor_sync(TDC_FULL, a.u[0], o);
+    a.u[1] = __shfl_xor_sync(TDC_FULL, a.u[1], o);
+    return a.d;
+}
+
+TDC_DEV double tdc_warp_sum_d(double v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += tdc_shfl_xor_d(v, o);
+    return v;
+}
+
+/* Block-wide sum in double (every thread gets it); red: blockDim.x / 32 doubles of shared
+ * memory. The order is fixed by the thread layout: the same result every run. */
+TDC_DEV double tdc_block_sum_d(double v, double *red)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = tdc_warp_sum_d(v);
+    __syncthreads();                     /* red may still be read from a previous call */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int w = 0; w < nw; w++) s += red[w];
+    return s;
+}
+
+/* Block-wide max in fp32 (every thread gets it); red: blockDim.x / 32 floats. */
+TDC_DEV float tdc_block_max(float v, float *red)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = tdc_warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float m = red[0];
+    for (int w = 1; w < nw; w++) m = red[w] > m ? red[w] : m;
+    return m;
+}
+
+/* An output that may be one of the op's inputs (in place): out staged with its contents when
+ * it is the input itself (*d_in then points at it), else the input staged on its own. */
+static inline float *tdc_out_in(float *out, const float *in, size_t bytes, const float **d_in)
+{
+    if (out == in) {
+        float *d = (float *)tdc_out(out, bytes, 1);
+        *d_in = d;
+        return d;
+    }
+    *d_in = (const float *)tdc_in(in, bytes);
+    return (float *)tdc_out(out, bytes, 0);
+}
+
+/* blocks for n elements at `threads` per block, grid-stride beyond 65535 * 16 blocks */
+static inline unsigned tdc_blocks(size_t n, int threads)
+{
+    size_t b = (n + (size_t)threads - 1) / (size_t)threads;
+    return (unsigned)(b < 1 ? 1 : b > 1048560 ? 1048560 : b);
+}
+
+#endif
