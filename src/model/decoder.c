@@ -181,9 +181,13 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
             add_then_norm(ops, la.x_out, la.x_mid, a->proj, a->xn, a->rstd_f, W->final_norm, N, C,
                           eps);
         }
-        if (ops->layer_fn) ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, la.x_out);
+        if (ops->layer_fn) {
+            td_ops_sync(ops);   /* the observer reads the stream on the host */
+            ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, la.x_out);
+        }
         if (ops->progress) td_progress_add(ops->progress, N, "token-layers");
     }
+    td_ops_sync(ops);   /* the host writes the row tables of the next step after this */
 }
 
 void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N,
@@ -192,4 +196,5 @@ void head_forward(const td_ops *ops, const td_model *m, float *logits, const flo
     td_ops head = td_ops_gemm(ops, ops->head, ops->qin, ops->gscratch);   /* the lm_head's recipe */
     matmul_forward(&head, logits, h, &ops->ws->lm_head, NULL, N, m->cfg.hidden_size, m->cfg.vocab_size);
     if (!raw) logsoftmax_forward(&head, logits, N, m->cfg.vocab_size);   /* in the logits' dtype */
+    td_ops_sync(ops);   /* the caller reads the rows on the host */
 }

@@ -34,12 +34,12 @@ td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len
     if (logits_rows > max_tokens) logits_rows = max_tokens;
     td_forward *f = td_xcalloc(1, sizeof *f);
     f->m = m;
-    td_ops_init(&f->ops, &td_backend_cpu);
+    td_ops_init(&f->ops, m->backend ? m->backend : &td_backend_cpu);
     f->max_tokens = max_tokens;
     f->max_seq_len = max_seq_len;
     f->logits_rows = logits_rows;
     acts_alloc(&f->acts, &m->cfg, &f->ops, max_tokens, max_seq_len, 0);
-    f->logits = td_xmalloc((size_t)logits_rows * m->cfg.vocab_size * sizeof(float));
+    f->logits = f->ops.be->alloc((size_t)logits_rows * m->cfg.vocab_size * sizeof(float));
     f->tok = td_xmalloc((size_t)max_tokens * sizeof(int));
     f->pos = td_xmalloc((size_t)max_tokens * sizeof(int));
     f->row_seq = td_xmalloc((size_t)max_tokens * sizeof(int));
@@ -55,7 +55,9 @@ void td_forward_free(td_forward *f)
     if (!f) return;
     acts_free(&f->acts);
     recipe_state_free(&f->rs);
-    free(f->logits); free(f->tok); free(f->pos); free(f->row_seq);
+    td_backend_forget(f->ops.be);
+    f->ops.be->free(f->logits);
+    free(f->tok); free(f->pos); free(f->row_seq);
     free(f);
 }
 

@@ -33,7 +33,7 @@ td_session *td_session_create(const td_model *m, int nslots, int max_len, int pr
     const td_config *c = &m->cfg;
     td_session *s = td_xcalloc(1, sizeof *s);
     s->m = m;
-    td_ops_init(&s->ops, &td_backend_cpu);
+    td_ops_init(&s->ops, m->backend ? m->backend : &td_backend_cpu);
     s->nslots = nslots;
     s->max_len = max_len;
     s->chunk = prefill_chunk ? prefill_chunk : 128;
@@ -42,11 +42,11 @@ td_session *td_session_create(const td_model *m, int nslots, int max_len, int pr
     acts_alloc(&s->acts, c, &s->ops, cap, max_len, 0);
     size_t KVD = (size_t)c->num_kv_heads * c->head_dim;
     size_t cache = (size_t)c->num_layers * nslots * max_len * KVD;
-    s->kcache = td_xmalloc(cache * sizeof(float));
-    s->vcache = td_xmalloc(cache * sizeof(float));
+    s->kcache = s->ops.be->alloc(cache * sizeof(float));
+    s->vcache = s->ops.be->alloc(cache * sizeof(float));
     s->len = td_xcalloc((size_t)nslots, sizeof(int));
     s->logits_rows = s->chunk < 64 ? s->chunk : 64;
-    s->logits = td_xmalloc((size_t)s->logits_rows * c->vocab_size * sizeof(float));
+    s->logits = s->ops.be->alloc((size_t)s->logits_rows * c->vocab_size * sizeof(float));
     s->pos = td_xmalloc((size_t)cap * sizeof(int));
     s->tok = td_xmalloc((size_t)cap * sizeof(int));
     s->row_slot = td_xmalloc((size_t)cap * sizeof(int));
@@ -62,7 +62,11 @@ void td_session_free(td_session *s)
     if (!s) return;
     acts_free(&s->acts);
     recipe_state_free(&s->rs);
-    free(s->kcache); free(s->vcache); free(s->len); free(s->logits); free(s->pos);
+    td_backend_forget(s->ops.be);
+    s->ops.be->free(s->kcache);
+    s->ops.be->free(s->vcache);
+    s->ops.be->free(s->logits);
+    free(s->len); free(s->pos);
     free(s->tok);
     free(s->row_slot);
     free(s);
