@@ -1,4 +1,4 @@
-/* tidal — the CUDA backend's shared pieces (internal header of src/backend/cuda/*.cu).
+/* tidal — the CUDA backend's shared pieces (internal header of the .cu files of src/backend/cuda).
  *
  * The CUDA backend is the op list of src/model/ops.h run on an NVIDIA GPU: one `op.cu` per op
  * family, each op carrying the CPU op's name and argument order with the suffix `_cuda`
