@@ -1,8 +1,8 @@
 /* tidal — device helpers shared by the CUDA op kernels (embedding.cu, rmsnorm.cu, rope.cu,
  * attention.cu, swiglu.cu, residual.cu, logsoftmax.cu): fp32 arithmetic without contraction,
  * the CPU's exponentials, warp and block reductions. Within the simulator's subset
- * (tests/cudasim/cudasim.h): warp shuffles of 32-bit values, dynamic shared memory,
- * __syncthreads.
+ * (tests/cudasim/cudasim.h): warp shuffles, dynamic shared memory, __syncthreads, _rn
+ * intrinsics.
  *
  * Why explicit roundings: the CPU build is ISO C (-std=c11), where GCC never contracts a * b + c
  * into an FMA; nvcc contracts by default (--fmad=true). Where the CPU has separate products
@@ -19,15 +19,9 @@
 
 #define TDC_DEV __device__ static inline
 
-#ifdef TD_CUDASIM          /* g++ in ISO mode: no contraction, a * b is one rounding */
-TDC_DEV float tdc_mul(float a, float b) { return a * b; }
-TDC_DEV float tdc_add(float a, float b) { return a + b; }
-TDC_DEV float tdc_sub(float a, float b) { return a - b; }
-#else
 TDC_DEV float tdc_mul(float a, float b) { return __fmul_rn(a, b); }
 TDC_DEV float tdc_add(float a, float b) { return __fadd_rn(a, b); }
 TDC_DEV float tdc_sub(float a, float b) { return __fsub_rn(a, b); }
-#endif
 
 /* libm's expf / logf / log1pf as the CPU's glibc gives them: glibc's float functions are
  * correctly rounded but for rare near-halfway cases, and so is a double evaluation rounded to
@@ -74,19 +68,9 @@ TDC_DEV float tdc_warp_sum(float v)
     return v;
 }
 
-/* a double through two 32-bit shuffles (the simulator shuffles 32-bit values) */
-TDC_DEV double tdc_shfl_xor_d(double v, int o)
-{
-    union { double d; unsigned int u[2]; } a;
-    a.d = v;
-    a.u[0] = __shfl_xor_sync(TDC_FULL, a.u[0], o);
-    a.u[1] = __shfl_xor_sync(TDC_FULL, a.u[1], o);
-    return a.d;
-}
-
 TDC_DEV double tdc_warp_sum_d(double v)
 {
-    for (int o = 16; o > 0; o >>= 1) v += tdc_shfl_xor_d(v, o);
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(TDC_FULL, v, o);
     return v;
 }
 
