@@ -5,7 +5,8 @@
  * and RoPE, flash 128), bf16-autocast (fp32 residual, fused RoPE), vllm-bf16 (vLLM RoPE, flash
  * 64, split-KV decode 4), sglang-bf16 (fused norm and RoPE), fp16-train / fp16-infer, and
  * variants built here: HF eager attention in bf16 and in batch-invariant fp32, an fp8 e4m3 KV
- * cache (kv_scale 1 and 1/16), temperature and log-softmax in the activations dtype.
+ * cache (kv_scale 1 and 1/16), flash blocks of 512 keys (two 256-key segments each) with
+ * split-KV decode in 2, temperature and log-softmax in the activations dtype.
  *
  * Every op runs four ways: host buffers (staged by tdc_in / tdc_out) and device buffers
  * (cudaMalloc), each under CUDASIM_ORDER=forward and reverse (the simulator's order of threads
@@ -83,6 +84,10 @@ static std::vector<rcase> recipes(void)
     v.push_back({"kv-e4m3", k, 0});
     k.kv_scale = 0.0625f;
     v.push_back({"kv-e4m3-s16", k, 0});
+    td_recipe fb = preset("vllm-bf16");   /* blocks beyond the CPU's 256-score segments */
+    fb.attn_block = 512;
+    fb.decode_splits = 2;
+    v.push_back({"flash-b512-s2", fb, 0});
     td_recipe l = preset("bf16-train");
     l.temp_in_act = true;
     l.logsoftmax_act = true;
@@ -377,6 +382,13 @@ static void test_kv_write(void **state)
                 b.get(dst, s, store.size());
             });
             exact(cache ? "kv_write(c)" : "kv_write", rc.name, gpu.data(), cpu.data(), store.size());
+            if (cache && rc.r.kv_cache == TD_E4M3) {   /* the fp8 rounding did happen */
+                long rounded = 0;
+                for (int i = 0; i < N; i++)
+                    for (int c = 0; c < KVD; c++)
+                        rounded += cpu[off[i] + (size_t)pos[i] * KVD + c] != rows[(size_t)i * KVD + c];
+                assert_true(rounded > N * KVD / 2);
+            }
             /* teacher forcing: the rows are the store itself (rows i at position i) */
             const size_t off0[N] = {0, 0, 0, 0, 0};
             const int pos0[N] = {0, 1, 2, 3, 4};
