@@ -7,7 +7,8 @@
  *   form 0 (unfused, HF / vLLM)        D(D(x rs) w)
  *   form 1 (fused, fused-add)          D(x rs w)          (x rs then * w: two fp32 products)
  *   form 2 (residual fp32, or D fp32)  (x rs) w
- * In place (out == inp) is allowed: a row is read whole before it is written. Scratch: none. */
+ * In place (out == inp) is allowed: a thread writes only the elements it read itself.
+ * Scratch: none. */
 #include "kern.cuh"
 
 #define RMS_THREADS 256
@@ -23,7 +24,6 @@ __global__ static void rmsnorm_rows(float *out, float *rstd, const float *inp, c
     ss = tdc_block_sum_d(ss, red);
     float rs = 1.0f / sqrtf((float)(ss / (double)C) + eps);
     if (rstd && threadIdx.x == 0) rstd[blockIdx.x] = rs;
-    __syncthreads();   /* in place: every thread has read its x before any is overwritten */
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float xr = x[c] * rs;
         if (form == 0) y[c] = tdc_round(D, tdc_round(D, xr) * weight[c]);
