@@ -65,6 +65,13 @@ else
   CUDA_OBJ :=
 endif
 
+# GPU-side programs, run by tests/gpu/run.sh on a machine with an NVIDIA GPU: the CUDA backend's
+# tests of tests/cudasim built against the real backend (the simulator's own test excepted) and
+# the benchmarks' peer. With CUDA=1 `make tests` builds them too (CI compiles them; nothing runs
+# them without a GPU).
+GPUTESTS := $(patsubst tests/cudasim/%.cpp,$(BUILD)/gpu/%,$(filter-out tests/cudasim/test_cudasim.cpp,$(wildcard tests/cudasim/test_*.cpp)))
+GPUPROGS := $(if $(filter 1,$(CUDA)),$(GPUTESTS) $(BUILD)/gpu/peer)
+
 DEPDIR_FLAGS = -MMD -MP
 comma := ,
 space := $(subst ,, )
@@ -107,7 +114,22 @@ $(BUILD)/tests/nv/%: tests/nv/%.cu $(LIB)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -Iinclude -Xcompiler -fopenmp$(SAN_NV) $< -o $@ $(LIB) -lcmocka -lm -Xlinker -lgomp$(if $(SAN), -Xcompiler $(subst $(space),$(comma),$(strip $(SAN))))
 
-tests: $(TESTS) $(NVTESTS) $(TOOLS) $(HELPERS)
+tests: $(TESTS) $(NVTESTS) $(TOOLS) $(HELPERS) $(GPUPROGS)
+
+.PHONY: gpu-tests
+gpu-tests: $(TOOLS) $(GPUTESTS) $(BUILD)/gpu/peer
+
+$(BUILD)/gpu/peer: tests/gpu/peer.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) $< -o $@ -lcublasLt
+
+$(BUILD)/gpu/%.o: tests/cudasim/%.cpp $(wildcard src/backend/cuda/*.cuh)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -x cu -Isrc/backend/cuda -c $< -o $@
+
+$(BUILD)/gpu/%: $(BUILD)/gpu/%.o $(LIB)
+	$(CXX) $< -o $@ $(LIB) $(LDLIBS) -lcmocka
+
 -include tests/cudasim/sim.mk
 
 check: deps
