@@ -16,6 +16,8 @@
  * device index come back as a td_error for the tool to print (exit 1). */
 #include "cuda_internal.cuh"
 
+#include <omp.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,7 +163,6 @@ void *tdc_scratch(int slot, size_t bytes)
 static void cuda_init(td_ops *ctx)
 {
     /* host-side loops beside the GPU (metrics, sampling) keep OpenMP's thread count */
-    extern int omp_get_max_threads(void);
     ctx->nthreads = omp_get_max_threads();
     if (ctx->nthreads < 1) ctx->nthreads = 1;
 }
