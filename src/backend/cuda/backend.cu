@@ -264,7 +264,7 @@ extern "C" const td_backend *td_cuda_backend_open(int index, char *desc, size_t 
                     prop.major, prop.minor);
             return NULL;
         }
-        snprintf(G.name, sizeof G.name, "cuda:%d (%s, sm_%d%d, %.0f GiB)", index, prop.name,
+        snprintf(G.name, sizeof G.name, "cuda:%d (%.200s, sm_%d%d, %.0f GiB)", index, prop.name,
                  prop.major, prop.minor, (double)prop.totalGlobalMem / (1 << 30));
         G.device = index;
         G.open = 1;
