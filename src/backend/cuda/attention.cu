@@ -29,8 +29,11 @@
  *     ceil(nk / splits), each part a flash pass over its keys (one row per block, part = grid z),
  *     its (o, m, l) to scratch slot TDC_SLOT_ATTN; attn_merge then folds the parts in order by
  *     log-sum-exp exactly as attention_cpu does (log1pf form), out = D(acc).
- * The dot products q.k: fp32, four interleaved partial sums combined (p0 + p2) + (p1 + p3), the
- * order GCC's 4-lane SSE reduction of the CPU's `omp simd reduction` loop gives (x86-64-v2).
+ * The dot products q.k: fp32, in the order of the CPU's `omp simd reduction` loop as GCC builds
+ * it for x86-64-v2 (cpu.c is no target clone): four lanes of partial sums over c = l mod 4, the
+ * tail of HD mod 4 into lane 0, then 0 + p0 + p1 + p2 + p3 in that order (checked against the
+ * generated code; a build of cpu.c with other vector widths or -O1 sums in another order, and
+ * the attention test's tolerances cover that).
  * Exponentials: tdc_expf (glibc's expf), td_expf for the reference form (kern.cuh).
  * Causal by pos: row i sees keys 0..pos[i]. GQA: head h reads kv head h / (NH / NKV). */
 #include "kern.cuh"
@@ -61,9 +64,8 @@ __device__ static inline float attn_dot(const float *q, const float *k, int HD)
         p2 = tdc_add(p2, tdc_mul(q[c + 2], k[c + 2]));
         p3 = tdc_add(p3, tdc_mul(q[c + 3], k[c + 3]));
     }
-    float d = (p0 + p2) + (p1 + p3);
-    for (; c < HD; c++) d = tdc_add(d, tdc_mul(q[c], k[c]));
-    return d;
+    for (; c < HD; c++) p0 = tdc_add(p0, tdc_mul(q[c], k[c]));   /* the tail: lane 0 */
+    return (((0.0f + p0) + p1) + p2) + p3;
 }
 
 /* keys/values j0 .. j0 + nt - 1 of a head (rows KVD apart) into the tile (rows HD + 1 apart) */
