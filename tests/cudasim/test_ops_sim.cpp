@@ -18,11 +18,17 @@
  *     below fp32's resolution), rope (the CPU's fp32 angle, double cos/sin rounded to float,
  *     uncontracted products), swiglu (the reference's td_expf step by step; glibc's expf as a
  *     double exp rounded to float under a recipe);
- *   attention: normalised error max|gpu - cpu| / max|cpu| <= 1e-5 in fp32 (the CPU's reference
- *     sums scores by sgemm in its own order), and within 2 units of the activations dtype's last
- *     place (of max|cpu|) under bf16 / fp16 recipes: one score differing in its last fp32 bit
- *     can move a rounding of P or of the output by one unit; lse within 1e-5 (absolute, scores
- *     are O(1));
+ *   attention: the same arithmetic in the same order as the CPU's flash / eager / split-KV forms
+ *     (q.k in the order of cpu.c's 4-lane SSE reduction, then every product, sum and rounding
+ *     as cpu.c has them), exponentials excepted: glibc's expf is not correctly rounded for about
+ *     1e-4 of its inputs, where the device's double exp rounded to float differs in the last bit.
+ *     Hence, under every recipe but the reference: at most 0.5% of the outputs differ in any bit
+ *     under bf16 / fp16 (a rounding of P or of the output hides most such bits), at most 5% in
+ *     fp32 (one p moves a whole row); and for all: normalised error max|gpu - cpu| / max|cpu|
+ *     <= 1e-5 in fp32 (the reference sums scores by sgemm in OpenBLAS's order), within two units
+ *     in the last place of D (of max|cpu|) under D = bf16 / fp16 (one flipped rounding of P or
+ *     of the output); lse within 1e-5, or two units of D at |lse| under D (a score rounded to D
+ *     one unit apart moves it as much);
  *   logsoftmax: |gpu - cpu| <= 2e-6 (1 + |cpu|) in fp32 (the 1024-block sums are fp32 sums in
  *     another order than the CPU's vector lanes), within one unit of the last place of bf16
  *     when the result is rounded to it.
@@ -458,7 +464,10 @@ static void attention_case(const rcase &rc, att_shape sh, int decode)
         double u = 2 * ulp_of(D, fabs(cpu[no + j]) > 1 ? fabs(cpu[no + j]) : 1.0);
         llim = u > llim ? u : llim;
     }
-    if (nerr > lim || dl.max_abs > llim)
+    /* bits: every form but the reference (sgemm order) is the CPU's arithmetic, expf aside */
+    int reference = rc.none || (rc.r.attention == TD_ATTN_FULL && D == TD_F32 && !rc.r.batch_invariant);
+    double frac = (double)d.ndiff / no, flim = reference ? 1.0 : D == TD_F32 ? 0.05 : 0.005;
+    if (nerr > lim || dl.max_abs > llim || frac > flim)
         fail_msg("attention under %s (%s, HD %d): beyond the tolerance", rc.name,
                  decode ? "decode" : "prefill", HD);
 }
