@@ -34,7 +34,9 @@
  * tail of HD mod 4 into lane 0, then 0 + p0 + p1 + p2 + p3 in that order (checked against the
  * generated code; a build of cpu.c with other vector widths or -O1 sums in another order, and
  * the attention test's tolerances cover that).
- * Exponentials: tdc_expf (glibc's expf), td_expf for the reference form (kern.cuh).
+ * Exponentials: tdc_expf (glibc's expf but for ~1e-4 of its inputs), td_expf for the reference
+ * form (kern.cuh). Under the simulator every form but the reference (whose sums are OpenBLAS's)
+ * gives the CPU's bits except where such an expf last bit shows (tests/cudasim/test_ops_sim.cpp).
  * Causal by pos: row i sees keys 0..pos[i]. GQA: head h reads kv head h / (NH / NKV). */
 #include "kern.cuh"
 

@@ -23,9 +23,10 @@ TDC_DEV float tdc_mul(float a, float b) { return __fmul_rn(a, b); }
 TDC_DEV float tdc_add(float a, float b) { return __fadd_rn(a, b); }
 TDC_DEV float tdc_sub(float a, float b) { return __fsub_rn(a, b); }
 
-/* libm's expf / logf / log1pf as the CPU's glibc gives them: glibc's float functions are
- * correctly rounded but for rare near-halfway cases, and so is a double evaluation rounded to
- * float; CUDA's own expf (2 ulp) would differ in the last bit far more often. */
+/* libm's expf / logf / log1pf as near as the device gets to glibc's: the double function
+ * rounded to float, the correctly rounded result but for rare double roundings. glibc's expf
+ * differs from it for 8.7e-5 of the inputs in [-88, 0] (every 7th float measured); CUDA's own
+ * expf (2 ulp) would differ far more often. */
 TDC_DEV float tdc_expf(float x) { return (float)exp((double)x); }
 TDC_DEV float tdc_logf(float x) { return (float)log((double)x); }
 TDC_DEV float tdc_log1pf(float x) { return (float)log1p((double)x); }
