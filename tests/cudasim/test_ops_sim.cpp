@@ -509,7 +509,7 @@ static void attention_case(const rcase &rc, att_shape sh, int decode)
 static void test_attention(void **state)
 {
     (void)state;
-    const att_shape shapes[] = {{4, 2, 64}, {2, 1, 256}, {3, 3, 40}};
+    const att_shape shapes[] = {{4, 2, 64}, {2, 1, 256}, {3, 3, 38}};   /* 38: a tail of HD mod 4 */
     for (const rcase &rc : recipes())
         for (att_shape sh : shapes)
             for (int decode = 0; decode < 2; decode++) attention_case(rc, sh, decode);
