@@ -9,7 +9,7 @@
 
 SIM_CXX      ?= g++
 SIM_CXXFLAGS := -std=c++20 -DTD_CUDASIM -Itests/cudasim -Iinclude $(PKG_CFLAGS) -O1 -g -fopenmp \
-                -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-comment $(SAN)
+                -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-comment -Wno-unknown-pragmas $(SAN)
 SIM_CU       := $(sort $(wildcard src/backend/cuda/*.cu))
 SIM_CPP      := tests/cudasim/cudasim.cpp $(sort $(wildcard tests/cudasim/*_sim.cpp))
 SIM_OBJ      := $(SIM_CU:src/backend/cuda/%.cu=$(BUILD)/sim/cu/%.o) \

@@ -150,6 +150,59 @@ static void test_shfl_broadcast_scan(void **state)
     cudaFree(b), cudaFree(sb), cudaFree(scan), cudaFree(xf);
 }
 
+/* ---- lanes under different masks: two half-warp groups, __syncwarp, a source outside the mask */
+
+__global__ void half_warps(float *a, int *b)
+{
+    TD_DYN_SMEM(int, s);
+    const int lane = threadIdx.x;
+    if (lane < 16) a[lane] = __shfl_sync(0x0000ffffu, (float)lane, 3);
+    else a[lane] = __shfl_sync(0xffff0000u, (float)lane, 20);
+    if (lane < 16) a[32 + lane] = __shfl_sync(0x0000ffffu, (float)lane, 20);   /* lane 20 is not in the mask */
+    s[lane] = 100 + lane;
+    __syncwarp();
+    b[lane] = s[31 - lane];
+}
+
+static void test_half_warps_and_syncwarp(void **state)
+{
+    float *a = sim_managed<float>(48);
+    int *b = sim_managed<int>(32);
+    const char *orders[] = {"forward", "reverse"};
+    for (const char *o : orders) {
+        set_order(o);
+        cudasim_launch(half_warps, 1, 32, 32 * sizeof(int), 0, a, b);
+        for (int l = 0; l < 32; l++) {
+            assert_true(a[l] == (l < 16 ? 3.0f : 20.0f));
+            assert_int_equal(b[l], 100 + 31 - l);
+        }
+        for (int l = 0; l < 16; l++) assert_true(isnan(a[32 + l]));   /* undefined in CUDA: NaN here */
+    }
+    set_order("forward");
+    cudaFree(a), cudaFree(b);
+}
+
+/* ---- block order follows CUDASIM_ORDER too ----------------------------------------------------- */
+
+__global__ void arrival(int *counter, int *slot)
+{
+    if (threadIdx.x == 0) slot[blockIdx.x] = atomicAdd(counter, 1);
+}
+
+static void test_block_order(void **state)
+{
+    int *counter = sim_managed<int>(1), *slot = sim_managed<int>(8);
+    const char *orders[] = {"forward", "reverse"};
+    for (int k = 0; k < 2; k++) {
+        set_order(orders[k]);
+        *counter = 0;
+        cudasim_launch(arrival, 8, 4, 0, 0, counter, slot);
+        for (int b = 0; b < 8; b++) assert_int_equal(slot[b], k == 0 ? b : 7 - b);
+    }
+    set_order("forward");
+    cudaFree(counter), cudaFree(slot);
+}
+
 /* ---- votes --------------------------------------------------------------------------------- */
 
 __global__ void votes(unsigned *ballot, int *any, int *all, unsigned *partial, int *counts)
@@ -431,6 +484,8 @@ int main(void)
         cmocka_unit_test(test_builtin_variables),
         cmocka_unit_test(test_warp_sums),
         cmocka_unit_test(test_shfl_broadcast_scan),
+        cmocka_unit_test(test_half_warps_and_syncwarp),
+        cmocka_unit_test(test_block_order),
         cmocka_unit_test(test_votes),
         cmocka_unit_test(test_dyn_smem),
         cmocka_unit_test(test_atomics),
