@@ -539,12 +539,13 @@ void cudasim_detail::launch(const char *name, const char *file, int line, const 
     gridDim = grid, blockDim = block;
     const unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z;
     std::vector<int> perm, bperm;
-    /* block order: one permutation of the linear block index (grids beyond 2^31 blocks run in
-     * forward order) */
-    const bool permute = nblocks <= (unsigned long long)INT_MAX;
-    if (permute) make_order(bperm, (int)nblocks);
+    /* block order: forward, reverse, or one permutation of the linear block index (a shuffled
+     * grid of more than 2^24 blocks runs forward rather than holding a permutation that long) */
+    const bool shuffle = order_mode == ORDER_SHUFFLE && nblocks <= (1u << 24);
+    if (shuffle) make_order(bperm, (int)nblocks);
     for (unsigned long long k = 0; k < nblocks; k++) {
-        unsigned long long b = permute ? (unsigned long long)bperm[k] : k;
+        unsigned long long b = shuffle ? (unsigned long long)bperm[k]
+                             : order_mode == ORDER_REVERSE ? nblocks - 1 - k : k;
         run_block(uint3{(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y),
                         (unsigned)(b / ((unsigned long long)grid.x * grid.y))}, perm);
     }

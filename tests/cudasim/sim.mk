@@ -11,7 +11,8 @@ SIM_CXX      ?= g++
 SIM_CXXFLAGS := -std=c++20 -DTD_CUDASIM -Itests/cudasim -Iinclude $(PKG_CFLAGS) -O1 -g -fopenmp \
                 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-comment -Wno-unknown-pragmas $(SAN)
 SIM_CU       := $(sort $(wildcard src/backend/cuda/*.cu))
-SIM_CPP      := tests/cudasim/cudasim.cpp $(sort $(wildcard tests/cudasim/*_sim.cpp))
+SIM_CPP      := tests/cudasim/cudasim.cpp \
+                $(sort $(filter-out tests/cudasim/test_%,$(wildcard tests/cudasim/*_sim.cpp)))
 SIM_OBJ      := $(SIM_CU:src/backend/cuda/%.cu=$(BUILD)/sim/cu/%.o) \
                 $(SIM_CPP:tests/cudasim/%.cpp=$(BUILD)/sim/obj/%.o)
 SIM_LIB      := $(BUILD)/sim/libtdcuda_sim.a
@@ -26,9 +27,14 @@ $(BUILD)/sim/obj/%.o: tests/cudasim/%.cpp
 	@mkdir -p $(dir $@)
 	$(SIM_CXX) $(SIM_CXXFLAGS) -MMD -MP -c $< -o $@
 
-$(SIM_LIB): $(SIM_OBJ)
+# the member list, rewritten when a source appears or goes, so the archive never keeps a stale one
+$(BUILD)/sim/members: FORCE_SIM
+	@mkdir -p $(dir $@)
+	@echo '$(SIM_OBJ)' | cmp -s - $@ || echo '$(SIM_OBJ)' > $@
+
+$(SIM_LIB): $(SIM_OBJ) $(BUILD)/sim/members
 	@rm -f $@
-	ar rcs $@ $^
+	ar rcs $@ $(SIM_OBJ)
 
 # the sim library and libtidal refer to each other (ops call back into the CPU code): one group
 $(BUILD)/sim/test_%: tests/cudasim/test_%.cpp $(SIM_LIB) $(LIB)
@@ -36,6 +42,6 @@ $(BUILD)/sim/test_%: tests/cudasim/test_%.cpp $(SIM_LIB) $(LIB)
 	$(SIM_CXX) $(SIM_CXXFLAGS) -MMD -MP -MF $@.d $< -o $@ \
 	    -Wl,--start-group $(SIM_LIB) $(LIB) -Wl,--end-group $(LDLIBS) -lcmocka -lstdc++
 
-.PHONY: sim
+.PHONY: sim FORCE_SIM
 sim: $(SIMTESTS)
 tests: $(SIMTESTS)
