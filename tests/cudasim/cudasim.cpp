@@ -402,15 +402,18 @@ namespace {
 
 bool is_shuffle(int kind) { return kind <= CUDASIM_SHFL_XOR; }
 
-/* the source lane of lane l (PTX shfl.sync: c = ((32 - width) << 8) | clamp) */
+/* the source lane of lane l, as PTX defines shfl.sync (cuda's headers pass c = (32 - width) << 8,
+ * | 0x1f except for .up): b[4:0] is used, the segment is [l & ~(width-1), + width - 1], and a
+ * source past the segment's end (.down .bfly .idx) or before its start (.up) is l itself */
 int shuffle_source(int kind, int l, int arg, int width)
 {
-    long long seg = l & ~(width - 1), last = seg + width - 1, j;
+    const int b = arg & 31, seg = l & ~(width - 1), last = seg + width - 1;
+    int j;
     switch (kind) {
-    case CUDASIM_SHFL_IDX: return (int)(seg + (arg & (width - 1)));
-    case CUDASIM_SHFL_UP: j = (long long)l - (unsigned)arg; return j >= seg ? (int)j : l;
-    case CUDASIM_SHFL_DOWN: j = (long long)l + (unsigned)arg; return j <= last ? (int)j : l;
-    default: j = (long long)((unsigned)l ^ (unsigned)arg); return j <= last ? (int)j : l;
+    case CUDASIM_SHFL_IDX: return seg | (b & (width - 1));
+    case CUDASIM_SHFL_UP: j = l - b; return j >= seg ? j : l;
+    case CUDASIM_SHFL_DOWN: j = l + b; return j <= last ? j : l;
+    default: j = l ^ b; return j <= last ? j : l;
     }
 }
 

@@ -6,6 +6,11 @@
 # CUDA libraries: cudart_sim.cpp, cublaslt_sim.cpp, ...). Each tests/cudasim/test_NAME.cpp is a
 # test program $(BUILD)/sim/test_NAME linked with that library and libtidal; SIMTESTS lists them
 # for `make check`. No GPU and no nvcc are needed. $(SAN) instruments it for check-asan.
+#
+# A sim test: tests/cudasim/test_NAME.cpp includes "../../src/backend/cuda/cuda_internal.cuh"
+# (or "cudasim.h") and "simtest.h" (cmocka, sim_managed<T>(n)), calls the _cuda ops and compares
+# them with the CPU ops of libtidal. Run a test under another thread order to catch a missing
+# barrier: CUDASIM_ORDER=reverse build/sim/test_NAME (or shuffle:SEED).
 
 SIM_CXX      ?= g++
 SIM_CXXFLAGS := -std=c++20 -DTD_CUDASIM -Itests/cudasim -Iinclude $(PKG_CFLAGS) -O1 -g -fopenmp \
