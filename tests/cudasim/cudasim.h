@@ -1,31 +1,37 @@
 /* tidal — cudasim: a CPU simulator of the CUDA subset tidal's kernels use (C++20, g++ 12).
  *
- * the sources in src/backend/cuda compile with `g++ -x c++ -DTD_CUDASIM -Itests/cudasim` against this
- * header (cuda_internal.cuh includes it instead of cuda_runtime.h), so the kernels' logic runs
- * and is tested on any machine. What it models:
+ * The sources in src/backend/cuda compile with `g++ -x c++ -DTD_CUDASIM -Itests/cudasim` against
+ * this header (cuda_internal.cuh includes it instead of cuda_runtime.h), so the kernels' logic
+ * runs and is tested on any machine (tests/cudasim/sim.mk builds them). What it models:
  *   - a launch (TD_LAUNCH -> cudasim_launch) runs the grid's blocks one after another, at the
- *     launch, on the calling thread; the threads of a block are fibers (ucontext) that switch
- *     only at a barrier: __syncthreads (block), __syncwarp and the warp intrinsics (__shfl_*,
+ *     launch, on the calling thread; the threads of a block are fibers that switch only at a
+ *     barrier: __syncthreads (block), __syncwarp and the warp intrinsics (__shfl_*_sync,
  *     __ballot_sync, __any_sync, __all_sync, __reduce_*_sync: the lanes of the caller's warp
  *     named in the mask exchange values and wait for each other, as on the GPU);
- *   - __shared__ is `static`: the blocks run one at a time, so a static local is the block's
- *     shared memory; dynamic shared memory (TD_DYN_SMEM) is the launch's smem bytes, 16-byte
- *     aligned, filled with 0xFF bytes (NaN floats) at each block's start;
- *   - a barrier that cannot complete (a __syncthreads in divergent code, a thread that returned
- *     while others wait, lanes of one warp at different warp intrinsics) aborts with a message
- *     naming the kernel, its launch site and the waiting threads: it never hangs;
- *   - CUDASIM_ORDER=forward|reverse|shuffle[:seed] (default forward) sets the order in which the
- *     runnable threads of a block run between barriers, and the order of the blocks. A kernel
- *     with a missing barrier (a race) gives different results under forward and reverse;
+ *   - __shared__ is `static` (write `__shared__ T x[N]`, not `static __shared__`): the blocks
+ *     run one at a time, so a static local is the block's shared memory; dynamic shared memory
+ *     (TD_DYN_SMEM) is the launch's smem bytes, 16-byte aligned, filled with 0xFF bytes (NaN
+ *     floats, -1 ints) at each block's start;
+ *   - CUDA's rules made strict, so that what passes here is defined behaviour on a GPU: a barrier
+ *     that cannot complete (__syncthreads in divergent code or after some threads returned, a
+ *     warp intrinsic whose mask names a lane that returned or waits elsewhere, lanes of a mask at
+ *     different intrinsics) aborts with a message naming the kernel, its launch site, the block
+ *     and the threads: it never hangs. A shuffle reading a lane outside the mask, or a lane that
+ *     does not exist (blockDim not a multiple of 32), gets all-ones bits (NaN, -1): undefined on
+ *     the GPU. __activemask() is every lane that has not returned;
+ *   - CUDASIM_ORDER=forward|reverse|shuffle[:seed] (default forward; read at each launch) sets
+ *     the order in which the runnable threads of a block run between barriers, and the order of
+ *     the blocks. A kernel with a missing barrier (a race) gives different results under
+ *     forward and reverse; a correct one gives the same (up to the order of float atomics);
  *   - the runtime API subset of cudasim_runtime.h, and the math of cudasim_math.h.
  * Not modelled: concurrency between blocks or streams (blocks are sequential: a kernel that
- * spins waiting for another block deadlocks), memory ordering (every write is visible at once),
- * bounds of device memory inside kernels (use check-asan: ASan sees device buffers), dynamic
- * parallelism, cooperative groups, textures, fp16/bf16/fp8 CUDA types (tidal rounds with its
- * own bit arithmetic, round.cuh). Static __shared__ arrays keep the previous block's values
- * (only dynamic shared memory is poisoned). Fiber stacks are CUDASIM_STACK bytes (default 64K,
- * 256K under ASan) with a guard page: a kernel that overflows it gets SIGSEGV.
- * One launch runs at a time (a mutex); a kernel may not launch kernels. */
+ * spins waiting for another block hangs), memory ordering (every write is visible at once),
+ * bounds of device memory inside kernels (check-asan: ASan sees every device buffer and the
+ * dynamic shared memory), dynamic parallelism, cooperative groups, textures, the fp16/bf16/fp8
+ * CUDA types (tidal rounds with its own bit arithmetic, round.cuh). Static __shared__ arrays
+ * keep the previous block's values (only dynamic shared memory is poisoned). Fiber stacks are
+ * CUDASIM_STACK bytes (default 64K, 256K under ASan) above a guard page: a kernel that
+ * overflows one gets SIGSEGV. One launch runs at a time (a mutex); a kernel may not launch. */
 #ifndef TIDAL_CUDASIM_H
 #define TIDAL_CUDASIM_H
 
