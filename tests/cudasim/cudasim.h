@@ -25,7 +25,8 @@
  *     forward and reverse; a correct one gives the same (up to the order of float atomics);
  *   - the runtime API subset of cudasim_runtime.h, and the math of cudasim_math.h.
  * Not modelled: concurrency between blocks or streams (blocks are sequential: a kernel that
- * spins waiting for another block hangs), memory ordering (every write is visible at once),
+ * spins waiting for another block, or a thread spinning on a flag another thread of its block
+ * sets without a barrier, hangs: fibers switch only at barriers), memory ordering (every write is visible at once),
  * bounds of device memory inside kernels (check-asan: ASan sees every device buffer and the
  * dynamic shared memory), dynamic parallelism, cooperative groups, textures, the fp16/bf16/fp8
  * CUDA types (tidal rounds with its own bit arithmetic, round.cuh). Static __shared__ arrays
