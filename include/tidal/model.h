@@ -62,6 +62,7 @@ typedef struct {
     struct td_checkpoint *ck;// kept open while mapped tensors are in use (NULL if none)
     struct td_wstore *store; // tensors in their storage dtype (loaded models; NULL: all in w)
     FILE *progress;          // long work on this model reports here (NULL: silent)
+    const struct td_backend *backend;  // what runs its forward (td_model_set_device; NULL: CPU)
 } td_model;
 
 /* Checks a configuration for what the forward needs (positive sizes, NH % NKV == 0,
@@ -88,6 +89,25 @@ td_model *td_model_load_progress(const char *dir, FILE *progress, td_error *err)
 void td_model_param_f32(const td_model *m, size_t i, float *dst);
 
 void td_model_free(td_model *m);
+
+/* Where the model's forward runs (both paths, every tool): "cpu" (the default) or "cuda" /
+ * "cuda:N" (src/backend/cuda: weights uploaded in their storage dtype on first use, GEMMs on
+ * cuBLASLt, the recipes' rounding points in tidal's kernels). 0, or -1 + err: an unknown name,
+ * a tidal built without nvcc, no driver or GPU, a bad index (the message says which).
+ * Trainers run on the CPU only (the CUDA backend has no backward). */
+int td_model_set_device(td_model *m, const char *device, td_error *err);
+/* The device the forward runs on, as set: "cpu" or "cuda:0 (NVIDIA H100 ..., sm_90, 79 GiB)". */
+const char *td_model_device(const td_model *m);
+/* Whether `device` names a device this build knows ("cpu", "cuda", "cuda:N"): the CLI's usage
+ * check (exit 2) before any model is loaded. */
+int td_device_name_ok(const char *device);
+/* The --device option of every tool that runs the forward (tidal/opts.h TD_OPT_FN form): stores
+ * the name in *(const char **)dest after td_device_name_ok; a bad name is a usage error. */
+int td_opt_device(void *dest, const char *value, char *why, size_t whylen);
+#define TD_OPT_DEVICE(dest) \
+    TD_OPT_FUN("device", 0, dest, "DEV", td_opt_device, "cpu, cuda or cuda:N", \
+               "where the forward runs: cpu (default), cuda or cuda:N (an NVIDIA\n" \
+               "GPU: GEMMs on cuBLASLt, the recipe's roundings in tidal's kernels)")
 
 /* Called with the full log-softmax row (V) of the next-token distribution after position
  * `pos` of sequence/slot `seq`; the row is only valid during the call. */

@@ -10,7 +10,8 @@
  *   CPU   src/backend/cpu.c: an op under a plain fp32 recipe is the fp32 reference form
  *         (`_ref`, src/backend/cpu_ref.c, the ggml name for the obvious form); under any other
  *         recipe the same maths with the recipe's rounding points (src/backend/cpu.c).
- *   CUDA  (next) the same table; ops carry these names in `op.cu` files.
+ *   CUDA  src/backend/cuda/backend.cu: the same table, forward ops only; each op carries the
+ *         name here + `_cuda`, one `op.cu` file per family (cuda_internal.cuh).
  *
  * Optional outputs a backward needs (rstd of RMSNorm, log-sum-exp of attention) are pointers
  * that may be NULL: the forward-only paths pass NULL and pay nothing.
@@ -138,9 +139,32 @@ struct td_backend {
                             const float *gate, const float *up, int N, int F);
     void (*logsoftmax_backward)(const td_ops *ctx, float *dx, const float *logp,
                                 const int *target, const float *dlogp, int N, int V);
+
+    /* A backend whose ops run asynchronously (CUDA): sync waits until they are done, so the
+     * host may read what they wrote; forget drops the device copies of host weights (a recipe
+     * is prepared again, a path is freed). NULL on the CPU. */
+    void (*sync)(void);
+    void (*forget)(void);
 };
 
 extern const td_backend td_backend_cpu;   /* src/backend/cpu.c */
+extern const td_backend td_backend_cuda;  /* src/backend/cuda/backend.cu (built with nvcc) */
+
+static inline void td_ops_sync(const td_ops *ctx)
+{
+    if (ctx->be->sync) ctx->be->sync();
+}
+
+static inline void td_backend_forget(const td_backend *be)
+{
+    if (be->forget) be->forget();
+}
+
+/* Whether the backend runs the backward ops (trainers need them; the CUDA backend has none). */
+static inline int td_backend_has_backward(const td_backend *be)
+{
+    return be->matmul_backward != NULL;
+}
 
 /* A context for backend be with no recipe (the fp32 reference); be->init sets threads. */
 void td_ops_init(td_ops *ctx, const td_backend *be);

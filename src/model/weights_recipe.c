@@ -276,6 +276,7 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
     }
     td_recipe rc = *r;   /* r may be st->recipe itself */
     recipe_state_free(st);
+    td_backend_forget(ops->be);   /* device copies of the weights just freed (CUDA) */
     ops->recipe = NULL;
     ops->head = NULL;
     ops->w = NULL;

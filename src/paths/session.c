@@ -15,7 +15,8 @@ struct td_session {
     float *kcache;           // (L, nslots, max_len, NKV*HD)
     float *vcache;           // (L, nslots, max_len, NKV*HD)
     int *len;                // (nslots) tokens held per slot
-    float *logits;           // (logits_rows, V) for prefill row callbacks
+    float *logits;           // (logits_rows, V) for prefill row callbacks, backend memory
+    float *logits_host;      // the rows the host reads: logits itself on the CPU, a copy else
     int *pos;                // (cap)
     int *tok;                // (cap)
     int raw_logits;          // rows are raw logits instead of log-softmax
@@ -33,7 +34,7 @@ td_session *td_session_create(const td_model *m, int nslots, int max_len, int pr
     const td_config *c = &m->cfg;
     td_session *s = td_xcalloc(1, sizeof *s);
     s->m = m;
-    td_ops_init(&s->ops, &td_backend_cpu);
+    td_ops_init(&s->ops, m->backend ? m->backend : &td_backend_cpu);
     s->nslots = nslots;
     s->max_len = max_len;
     s->chunk = prefill_chunk ? prefill_chunk : 128;
@@ -42,11 +43,12 @@ td_session *td_session_create(const td_model *m, int nslots, int max_len, int pr
     acts_alloc(&s->acts, c, &s->ops, cap, max_len, 0);
     size_t KVD = (size_t)c->num_kv_heads * c->head_dim;
     size_t cache = (size_t)c->num_layers * nslots * max_len * KVD;
-    s->kcache = td_xmalloc(cache * sizeof(float));
-    s->vcache = td_xmalloc(cache * sizeof(float));
+    s->kcache = s->ops.be->alloc(cache * sizeof(float));
+    s->vcache = s->ops.be->alloc(cache * sizeof(float));
     s->len = td_xcalloc((size_t)nslots, sizeof(int));
     s->logits_rows = s->chunk < 64 ? s->chunk : 64;
-    s->logits = td_xmalloc((size_t)s->logits_rows * c->vocab_size * sizeof(float));
+    s->logits = s->ops.be->alloc((size_t)s->logits_rows * c->vocab_size * sizeof(float));
+    s->logits_host = paths_host_mirror(&s->ops, s->logits, (size_t)s->logits_rows * c->vocab_size);
     s->pos = td_xmalloc((size_t)cap * sizeof(int));
     s->tok = td_xmalloc((size_t)cap * sizeof(int));
     s->row_slot = td_xmalloc((size_t)cap * sizeof(int));
@@ -62,7 +64,12 @@ void td_session_free(td_session *s)
     if (!s) return;
     acts_free(&s->acts);
     recipe_state_free(&s->rs);
-    free(s->kcache); free(s->vcache); free(s->len); free(s->logits); free(s->pos);
+    td_backend_forget(s->ops.be);
+    s->ops.be->free(s->kcache);
+    s->ops.be->free(s->vcache);
+    if (s->logits_host != s->logits) free(s->logits_host);
+    s->ops.be->free(s->logits);
+    free(s->len); free(s->pos);
     free(s->tok);
     free(s->row_slot);
     free(s);
@@ -120,13 +127,14 @@ int td_session_prefill(td_session *s, int slot, const int *tokens, int n, float 
             for (int r0 = 0; r0 < N; r0 += s->logits_rows) {
                 int R = N - r0 < s->logits_rows ? N - r0 : s->logits_rows;
                 head_forward(&s->ops, m, s->logits, s->acts.xn + (size_t)r0 * C, R, s->raw_logits);
+                s->ops.be->download(s->logits_host, s->logits, (size_t)R * V * sizeof(float));
                 for (int r = 0; r < R; r++)
-                    row_fn(user, slot, s->pos[r0 + r], s->logits + (size_t)r * V);
+                    row_fn(user, slot, s->pos[r0 + r], s->logits_host + (size_t)r * V);
             }
         s->len[slot] += N;
         if (i0 + N == n && last_row) {
             if (row_fn)  /* the last row is still in the logits buffer */
-                memcpy(last_row, s->logits + (size_t)((N - 1) % s->logits_rows) * V,
+                memcpy(last_row, s->logits_host + (size_t)((N - 1) % s->logits_rows) * V,
                        (size_t)V * sizeof(float));
             else
                 head_forward(&s->ops, m, last_row, s->acts.xn + (size_t)(N - 1) * C, 1, s->raw_logits);

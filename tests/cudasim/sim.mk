@@ -7,7 +7,7 @@
 # test program $(BUILD)/sim/test_NAME linked with that library and libtidal; SIMTESTS lists them
 # for `make check`. No GPU and no nvcc are needed. $(SAN) instruments it for check-asan.
 #
-# A sim test: tests/cudasim/test_NAME.cpp includes "../../src/backend/cuda/cuda_internal.cuh"
+# A sim test: tests/cudasim/test_NAME.cpp includes "cuda_internal.cuh" (-Isrc/backend/cuda)
 # (or "cudasim.h") and "simtest.h" (cmocka, sim_managed<T>(n)), calls the _cuda ops and compares
 # them with the CPU ops of libtidal. Run a test under another thread order to catch a missing
 # barrier: CUDASIM_ORDER=reverse build/sim/test_NAME (or shuffle:SEED).
@@ -17,7 +17,7 @@ SIM_CXXFLAGS := -std=c++20 -DTD_CUDASIM -Itests/cudasim -Iinclude $(PKG_CFLAGS) 
                 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-comment -Wno-unknown-pragmas $(SAN)
 SIM_CU       := $(sort $(wildcard src/backend/cuda/*.cu))
 SIM_CPP      := tests/cudasim/cudasim.cpp \
-                $(sort $(filter-out tests/cudasim/test_%,$(wildcard tests/cudasim/*_sim.cpp)))
+                $(filter-out tests/cudasim/test_%,$(sort $(wildcard tests/cudasim/*_sim.cpp)))
 SIM_OBJ      := $(SIM_CU:src/backend/cuda/%.cu=$(BUILD)/sim/cu/%.o) \
                 $(SIM_CPP:tests/cudasim/%.cpp=$(BUILD)/sim/obj/%.o)
 SIM_LIB      := $(BUILD)/sim/libtdcuda_sim.a
@@ -44,7 +44,7 @@ $(SIM_LIB): $(SIM_OBJ) $(BUILD)/sim/members
 # the sim library and libtidal refer to each other (ops call back into the CPU code): one group
 $(BUILD)/sim/test_%: tests/cudasim/test_%.cpp $(SIM_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(SIM_CXX) $(SIM_CXXFLAGS) -MMD -MP -MF $@.d $< -o $@ \
+	$(SIM_CXX) $(SIM_CXXFLAGS) -Isrc/backend/cuda -MMD -MP -MF $@.d $< -o $@ \
 	    -Wl,--start-group $(SIM_LIB) $(LIB) -Wl,--end-group $(LDLIBS) -lcmocka -lstdc++
 
 .PHONY: sim FORCE_SIM

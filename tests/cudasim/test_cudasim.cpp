@@ -4,7 +4,7 @@
  * is computed independently here (closed forms or a host loop), with integer-valued floats so
  * sums are exact in any order. Also: a race caught by running forward vs reverse, deadlocks that
  * abort with a message naming the kernel (checked in a forked child), launch-time refusals. */
-#include "../../src/backend/cuda/cuda_internal.cuh"   /* the contract: TD_LAUNCH, TD_DYN_SMEM */
+#include "cuda_internal.cuh"   /* the contract: TD_LAUNCH, TD_DYN_SMEM */
 
 #include "simtest.h"
 

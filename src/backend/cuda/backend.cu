@@ -1,0 +1,275 @@
+/* tidal — the CUDA backend's table (td_backend_cuda) and its memory at the seam.
+ *
+ *   alloc/free        cudaMalloc: activations, KV caches and logits live on the GPU only (plain
+ *                     device memory, never managed: oversubscribed managed memory can hang a
+ *                     GPU); the host reads logits rows through be->download, and the row tables
+ *                     it fills (tokens, pos, kv_off) are host memory the ops copy in (tdc_in)
+ *   tdc_const         host arrays that stay put while a recipe is set (prepared weights in their
+ *                     storage dtype, norm weights, biases, inv_freq): uploaded on first use and
+ *                     kept, keyed by host address range; be->forget drops them (a recipe is set
+ *                     again, a path is freed: the host memory may be reused)
+ *   tdc_in / tdc_out  per-call host tables and host outputs: staged through stream-ordered
+ *                     allocations, copied back (and the stream synchronised) by tdc_done
+ * Errors in here are fatal with file, line, call and a hint (tdc_check_cuda): the op list has
+ * no error returns, and a failed CUDA call leaves the context unusable anyway. Opening the
+ * backend (td_cuda_backend_open) is the one place that fails softly: no driver, no GPU, a bad
+ * device index come back as a td_error for the tool to print (exit 1). */
+#include "cuda_internal.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct centry { const char *host; size_t bytes; char *dev; };          /* a weight's device copy */
+struct stage { void *host; void *dev; size_t bytes; int out; };         /* a staged host buffer */
+
+static struct {
+    int open;
+    int device;
+    char name[256];
+    cudaStream_t stream;
+    centry *cache;
+    size_t ncache, capcache;
+    stage *staged;
+    size_t nstaged, capstaged;
+    void *scratch[8];
+    size_t scratch_bytes[8];
+} G;
+
+static const char *hint_for(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorMemoryAllocation:
+        return "the GPU is out of memory: lower --max-num-batched-tokens / --max-num-seqs, or use a "
+               "GPU with more memory";
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+        return "no usable NVIDIA GPU or driver on this machine: run without --device cuda";
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+        return "a kernel accessed memory outside its buffers (a tidal bug): rerun under "
+               "compute-sanitizer and report it";
+    case cudaErrorInvalidConfiguration:
+    case cudaErrorInvalidValue:
+        return "a launch or copy got an impossible size (a shape this kernel does not support?)";
+    default:
+        return "rerun with CUDA_LAUNCH_BLOCKING=1 to stop at the failing kernel";
+    }
+}
+
+void tdc_check_cuda(cudaError_t e, const char *what, const char *file, int line)
+{
+    if (e == cudaSuccess) return;
+    fprintf(stderr, "tidal: CUDA error at %s:%d: %s: %s (%s)\n  hint: %s\n", file, line, what,
+            cudaGetErrorString(e), cudaGetErrorName(e), hint_for(e));
+    exit(1);
+}
+
+cudaStream_t tdc_stream(void) { return G.stream; }
+
+/* Whether p is host memory a kernel cannot read (malloc, mmap): the runtime reports it as
+ * unregistered. Device, managed and pinned host memory are all reachable from kernels. */
+static int is_host(const void *p)
+{
+    cudaPointerAttributes a;
+    cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();   /* older runtimes: cudaErrorInvalidValue for host memory */
+        return 1;
+    }
+    return a.type == cudaMemoryTypeUnregistered;
+}
+
+const void *tdc_const(const void *p, size_t bytes)
+{
+    if (!p || !is_host(p)) return p;
+    const char *h = (const char *)p;
+    for (size_t i = 0; i < G.ncache; i++) {
+        centry *c = &G.cache[i];
+        if (h >= c->host && h + bytes <= c->host + c->bytes) return c->dev + (h - c->host);
+    }
+    if (G.ncache == G.capcache) {
+        G.capcache = G.capcache ? 2 * G.capcache : 256;
+        G.cache = (centry *)realloc(G.cache, G.capcache * sizeof *G.cache);
+        if (!G.cache) { fprintf(stderr, "tidal: out of host memory\n"); exit(1); }
+    }
+    char *d = NULL;
+    CUDA_CHECK(cudaMalloc((void **)&d, bytes ? bytes : 1));
+    CUDA_CHECK(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, G.stream));
+    G.cache[G.ncache++] = centry{h, bytes, d};
+    return d;
+}
+
+static void *stage_buf(void *host, size_t bytes, int copy_in, int out)
+{
+    if (G.nstaged == G.capstaged) {
+        G.capstaged = G.capstaged ? 2 * G.capstaged : 32;
+        G.staged = (stage *)realloc(G.staged, G.capstaged * sizeof *G.staged);
+        if (!G.staged) { fprintf(stderr, "tidal: out of host memory\n"); exit(1); }
+    }
+    void *d = NULL;
+    CUDA_CHECK(cudaMallocAsync(&d, bytes ? bytes : 1, G.stream));
+    if (copy_in) CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, G.stream));
+    G.staged[G.nstaged++] = stage{host, d, bytes, out};
+    return d;
+}
+
+const void *tdc_in(const void *p, size_t bytes)
+{
+    if (!p || !is_host(p)) return p;
+    return stage_buf((void *)p, bytes, 1, 0);
+}
+
+void *tdc_out(void *p, size_t bytes, int copy_in)
+{
+    if (!p || !is_host(p)) return p;
+    return stage_buf(p, bytes, copy_in, 1);
+}
+
+void tdc_done(void)
+{
+    int any_out = 0;
+    for (size_t i = 0; i < G.nstaged; i++) {
+        stage *s = &G.staged[i];
+        if (s->out) {
+            CUDA_CHECK(cudaMemcpyAsync(s->host, s->dev, s->bytes, cudaMemcpyDeviceToHost, G.stream));
+            any_out = 1;
+        }
+        CUDA_CHECK(cudaFreeAsync(s->dev, G.stream));
+    }
+    G.nstaged = 0;
+    if (any_out) CUDA_CHECK(cudaStreamSynchronize(G.stream));
+}
+
+void *tdc_scratch(int slot, size_t bytes)
+{
+    if (slot < 0 || slot >= 8) { fprintf(stderr, "tidal: tdc_scratch: bad slot %d\n", slot); abort(); }
+    if (bytes > G.scratch_bytes[slot]) {
+        if (G.scratch[slot]) {
+            CUDA_CHECK(cudaStreamSynchronize(G.stream));
+            CUDA_CHECK(cudaFree(G.scratch[slot]));
+        }
+        size_t grow = bytes + bytes / 4;
+        CUDA_CHECK(cudaMalloc(&G.scratch[slot], grow));
+        G.scratch_bytes[slot] = grow;
+    }
+    return G.scratch[slot];
+}
+
+/* ---- the table's memory entries ---------------------------------------------------------- */
+
+static void cuda_init(td_ops *ctx)
+{
+    /* host-side loops beside the GPU (metrics, sampling) keep OpenMP's thread count */
+    extern int omp_get_max_threads(void);
+    ctx->nthreads = omp_get_max_threads();
+    if (ctx->nthreads < 1) ctx->nthreads = 1;
+}
+
+static void *cuda_alloc(size_t bytes)
+{
+    void *p = NULL;
+    CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+    return p;
+}
+
+static void cuda_free(void *p)
+{
+    if (!p) return;
+    CUDA_CHECK(cudaStreamSynchronize(G.stream));
+    CUDA_CHECK(cudaFree(p));
+}
+
+static void cuda_copy(void *dst, const void *src, size_t bytes)
+{
+    if (dst == src || !bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, G.stream));
+    CUDA_CHECK(cudaStreamSynchronize(G.stream));
+}
+
+static void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(G.stream)); }
+
+static void cuda_forget(void)
+{
+    CUDA_CHECK(cudaStreamSynchronize(G.stream));
+    for (size_t i = 0; i < G.ncache; i++) CUDA_CHECK(cudaFree(G.cache[i].dev));
+    G.ncache = 0;
+}
+
+extern "C" const td_backend td_backend_cuda = {
+    .name = "cuda",
+    .init = cuda_init,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .upload = cuda_copy,
+    .download = cuda_copy,
+    .embedding_forward = embedding_forward_cuda,
+    .rmsnorm_forward = rmsnorm_forward_cuda,
+    .matmul_forward = matmul_forward_cuda,
+    .rope_forward = rope_forward_cuda,
+    .kv_write = kv_write_cuda,
+    .attention_forward = attention_forward_cuda,
+    .swiglu_forward = swiglu_forward_cuda,
+    .residual_forward = residual_forward_cuda,
+    .scale_forward = scale_forward_cuda,
+    .logsoftmax_forward = logsoftmax_forward_cuda,
+    /* no backward on the GPU yet: trainers run on the CPU (td_backend_has_backward) */
+    .embedding_backward = NULL,
+    .rmsnorm_backward = NULL,
+    .matmul_backward = NULL,
+    .rope_backward = NULL,
+    .attention_backward = NULL,
+    .swiglu_backward = NULL,
+    .logsoftmax_backward = NULL,
+    .sync = cuda_sync,
+    .forget = cuda_forget,
+};
+
+/* Opens device `index` (once per process; a second open must name the same device). */
+extern "C" const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err)
+{
+    if (G.open) {
+        if (index != G.device) {
+            td_fail(err, "--device cuda:%d: this process already runs on cuda:%d", index, G.device);
+            return NULL;
+        }
+    } else {
+        int n = 0;
+        cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess || n == 0) {
+            (void)cudaGetLastError();
+            td_fail(err, "--device cuda: no CUDA device can be used here (%s%s%s): run on the CPU "
+                    "(--device cpu) or on a machine with an NVIDIA GPU and driver",
+                    e != cudaSuccess ? "cudaGetDeviceCount: " : "",
+                    e != cudaSuccess ? cudaGetErrorString(e) : "0 devices", "");
+            return NULL;
+        }
+        if (index < 0 || index >= n) {
+            td_fail(err, "--device cuda:%d: this machine has %d CUDA device%s (cuda:0..cuda:%d)", index,
+                    n, n == 1 ? "" : "s", n - 1);
+            return NULL;
+        }
+        cudaDeviceProp prop;
+        if ((e = cudaSetDevice(index)) != cudaSuccess ||
+            (e = cudaGetDeviceProperties(&prop, index)) != cudaSuccess ||
+            (e = cudaStreamCreateWithFlags(&G.stream, cudaStreamNonBlocking)) != cudaSuccess) {
+            (void)cudaGetLastError();
+            td_fail(err, "--device cuda:%d: %s", index, cudaGetErrorString(e));
+            return NULL;
+        }
+        if (prop.major < 8) {
+            td_fail(err, "--device cuda:%d: %s is compute capability %d.%d; tidal's CUDA backend needs "
+                    "8.0 or newer (bf16 tensor cores; FP8 recipes need 8.9)", index, prop.name,
+                    prop.major, prop.minor);
+            return NULL;
+        }
+        snprintf(G.name, sizeof G.name, "cuda:%d (%s, sm_%d%d, %.0f GiB)", index, prop.name,
+                 prop.major, prop.minor, (double)prop.totalGlobalMem / (1 << 30));
+        G.device = index;
+        G.open = 1;
+    }
+    if (desc) snprintf(desc, desc_len, "%s", G.name);
+    return &td_backend_cuda;
+}
+
+extern "C" const char *td_cuda_backend_desc(void) { return G.open ? G.name : "cuda"; }
