@@ -200,6 +200,13 @@ size_t cudasim_detail::env_bytes(const char *name, size_t dflt)
     return (size_t)v << shift;
 }
 
+bool cudasim_detail::device_addressable(const void *p)
+{
+    if (!p) return true;
+    std::lock_guard<std::mutex> lock(mu);
+    return find(p) != allocs.end() || find((const char *)p - 1) != allocs.end();
+}
+
 cudaError_t cudasim_detail::check_launch(const void *func, unsigned gx, unsigned gy, unsigned gz,
                                          unsigned bx, unsigned by, unsigned bz, size_t smem,
                                          cudaStream_t stream)

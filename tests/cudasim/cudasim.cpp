@@ -517,7 +517,7 @@ void cudasim_trap(const char *file, int line)
 
 void cudasim_detail::launch(const char *name, const char *file, int line, const void *func,
                             dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                            void (*body)(void *), void *ctx)
+                            const PtrArg *ptrs, int nptrs, void (*body)(void *), void *ctx)
 {
     if (cur) die("kernel %s launched from inside a kernel (dynamic parallelism is not simulated)", name);
     cudaError_t e = check_launch(func, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem, stream);
@@ -525,6 +525,16 @@ void cudasim_detail::launch(const char *name, const char *file, int line, const 
         set_error(e);
         return;
     }
+    const char *lax = getenv("CUDASIM_HOST_POINTERS");
+    for (int i = 0; i < nptrs && !(lax && !strcmp(lax, "1")); i++)
+        if (!device_addressable(ptrs[i].p)) {
+            fprintf(stderr, "cudasim: kernel %s launched at %s:%d: argument %d is %p, host memory that no "
+                    "cudaMalloc / cudaMallocManaged / cudaMallocHost / cudaHostRegister covers: a GPU "
+                    "faults on it (cudaErrorIllegalAddress). Pass device memory (tdc_in / tdc_out / "
+                    "tdc_const stage host arrays), or set CUDASIM_HOST_POINTERS=1 if the kernel never "
+                    "reads it\n", name, file, line, ptrs[i].index, ptrs[i].p);
+            abort();
+        }
     std::lock_guard<std::mutex> lock(launch_mutex);
     std::string n = name;
     while (n.size() >= 2 && n.front() == '(' && n.back() == ')') n = n.substr(1, n.size() - 2);

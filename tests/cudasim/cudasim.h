@@ -218,10 +218,20 @@ template <class T> static inline void __stcs(T *p, T v) { *p = v; }
 
 /* ---- launching ---------------------------------------------------------------------------- */
 namespace cudasim_detail {
-/* checks the configuration (cudaGetLastError reports a refusal) and runs every block */
+struct PtrArg { int index; const void *p; };   /* a pointer argument of a launch (1-based) */
+/* checks the configuration (cudaGetLastError reports a refusal) and the pointer arguments (a
+ * pointer to host memory no allocation of the runtime covers aborts, naming the kernel and the
+ * argument: the GPU faults on it; CUDASIM_HOST_POINTERS=1 lets such pointers through), then
+ * runs every block */
 void launch(const char *name, const char *file, int line, const void *func, dim3 grid, dim3 block,
-            size_t smem, cudaStream_t stream, void (*body)(void *), void *ctx);
+            size_t smem, cudaStream_t stream, const PtrArg *ptrs, int nptrs, void (*body)(void *),
+            void *ctx);
 template <class F> void call_body(void *f) { (*(F *)f)(); }
+template <class T> void add_pointer(PtrArg *ptrs, int &n, int index, const T &v)
+{
+    if constexpr (std::is_pointer_v<T> && !std::is_function_v<std::remove_pointer_t<T>>)
+        ptrs[n++] = PtrArg{index, (const void *)v};
+}
 }
 
 /* cudasim_launch(kernel, grid, block, smem, stream, args...): the macro records the kernel's
@@ -233,9 +243,14 @@ void cudasim_launch_at(const char *name, const char *file, int line, void (*kern
 {
     static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
     std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+    cudasim_detail::PtrArg ptrs[sizeof...(P) + 1];
+    int nptrs = 0;
+    [&]<size_t... I>(std::index_sequence<I...>) {
+        (cudasim_detail::add_pointer(ptrs, nptrs, (int)I + 1, std::get<I>(params)), ...);
+    }(std::index_sequence_for<P...>{});
     auto body = [&]() { std::apply(kernel, params); };
-    cudasim_detail::launch(name, file, line, (const void *)kernel, grid, block, smem, stream,
-                           &cudasim_detail::call_body<decltype(body)>, &body);
+    cudasim_detail::launch(name, file, line, (const void *)kernel, grid, block, smem, stream, ptrs,
+                           nptrs, &cudasim_detail::call_body<decltype(body)>, &body);
 }
 #define cudasim_launch(kernel, ...) cudasim_launch_at(#kernel, __FILE__, __LINE__, kernel, __VA_ARGS__)
 

@@ -241,6 +241,9 @@ cudaError_t check_launch(const void *func, unsigned gx, unsigned gy, unsigned gz
                          unsigned by, unsigned bz, size_t smem, cudaStream_t stream);
 /* a size from the environment: digits with an optional K, M or G; exits 2 on anything else */
 size_t env_bytes(const char *name, size_t dflt);
+/* p is null, or inside (or one past the end of) an allocation of the runtime's: the GPU can
+ * address it */
+bool device_addressable(const void *p);
 }
 
 #endif

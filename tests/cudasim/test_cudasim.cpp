@@ -449,6 +449,34 @@ static void test_deadlocks_abort(void **state)
     expect_in(e, "shfl_vs_barrier");
 }
 
+/* ---- a host pointer handed to a kernel: the GPU faults on it, the sim stops at the launch ----- */
+
+__global__ void add_one(int n, int *x)
+{
+    if (threadIdx.x < (unsigned)n) x[threadIdx.x] += 1;
+}
+
+static void test_host_pointer_argument(void **state)
+{
+    std::string e = child_abort([](int *) {
+        static int host[4];
+        cudasim_launch(add_one, 1, 4, 0, 0, 4, host);
+    });
+    expect_in(e, "kernel add_one launched at");
+    expect_in(e, "argument 2 is");
+    expect_in(e, "host memory");
+    int *dev = sim_managed<int>(4), host[4] = {0, 0, 0, 0};
+    memset(dev, 0, 4 * sizeof(int));
+    cudasim_launch(add_one, 1, 4, 0, 0, 0, dev + 4);   /* one past the end: a valid pointer */
+    cudasim_launch(add_one, 1, 4, 0, 0, 0, (int *)nullptr);
+    setenv("CUDASIM_HOST_POINTERS", "1", 1);         /* let through (the kernel reads it here) */
+    cudasim_launch(add_one, 1, 4, 0, 0, 4, host);
+    unsetenv("CUDASIM_HOST_POINTERS");
+    assert_int_equal(host[3], 1);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    cudaFree(dev);
+}
+
 /* ---- launch configuration ------------------------------------------------------------------ */
 
 __global__ void mark(int *flag, long long big, double x) { *flag = (int)big + (int)x; }
@@ -491,6 +519,7 @@ int main(void)
         cmocka_unit_test(test_atomics),
         cmocka_unit_test(test_race_shows_under_orders),
         cmocka_unit_test(test_deadlocks_abort),
+        cmocka_unit_test(test_host_pointer_argument),
         cmocka_unit_test(test_launch_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
