@@ -7,11 +7,13 @@
  * Barrier semantics (CUDA's, made strict so that a kernel correct here is correct on a GPU):
  *   __syncthreads   every thread of the block, at the same call site; a thread that returned
  *                   while another waits (or waits while another returned) is a deadlock.
- *   warp intrinsics every lane named in the mask (restricted to lanes that exist: a partial
- *                   last warp), at the same intrinsic with the same mask; the calling lane must
- *                   be in its mask. Shuffles follow PTX shfl.sync: the source lane is computed
- *                   within the lane's `width` segment; an out-of-segment source gives the lane's
- *                   own value; a source outside the mask gives all-ones bits (undefined in CUDA).
+ *   warp intrinsics every lane named in the mask that has not returned (PTX: "all non-exited
+ *                   threads in membermask"; lanes past blockDim leave the mask too), at the same
+ *                   intrinsic with the same mask; the calling lane must be in its mask. Shuffles
+ *                   follow PTX shfl.sync: the source lane is computed within the lane's `width`
+ *                   segment; an out-of-segment source gives the lane's own value; a source that
+ *                   is not taking part (outside the mask, returned, absent) gives all-ones bits
+ *                   (undefined in CUDA); votes count the lanes taking part.
  * Anything else that cannot complete aborts with the kernel's name, launch site and block.
  * Under AddressSanitizer every switch is announced (__sanitizer_start/finish_switch_fiber).
  *
@@ -236,6 +238,8 @@ void to_scheduler(bool finished)
     switch_finish(f->fake_stack, &sched_bottom, &sched_size);
 }
 
+void try_complete_warp(Fiber *f, int w0);
+
 void thread_exit(void)
 {
     Fiber *f = cur;
@@ -247,11 +251,10 @@ void thread_exit(void)
                 die("deadlock: %s returned while %s waits at %s: the barrier can never complete "
                     "(__syncthreads after an early return, or in divergent code)",
                     thread_name(f).c_str(), thread_name(pool[i]).c_str(), site(pool[i]).c_str());
+    /* lanes waiting for this one at a warp intrinsic now wait for one lane fewer */
     int w0 = f->lin & ~31, lane = f->lin & 31;
     for (int i = w0; i < w0 + 32 && i < L.nthreads; i++)
-        if (pool[i]->state == F_WARP && (pool[i]->mask >> lane & 1u))
-            die("deadlock: %s returned while %s waits for it at %s (mask 0x%08x)", thread_name(f).c_str(),
-                thread_name(pool[i]).c_str(), site(pool[i]).c_str(), pool[i]->mask);
+        if (pool[i]->state == F_WARP && (pool[i]->mask >> lane & 1u)) try_complete_warp(pool[i], w0);
     to_scheduler(true);
     abort(); /* a finished fiber is never resumed */
 }
@@ -417,7 +420,16 @@ int shuffle_source(int kind, int l, int arg, int width)
     }
 }
 
-void complete_warp(Fiber *f, int w0, unsigned mask)
+/* the lanes of the warp at w0 that exist and have not returned */
+unsigned live_lanes(int w0)
+{
+    unsigned m = 0;
+    for (int l = 0; l < 32 && w0 + l < L.nthreads; l++)
+        if (pool[w0 + l]->state != F_DONE) m |= 1u << l;
+    return m;
+}
+
+void complete_warp(Fiber *f, int w0, unsigned mask, unsigned live)
 {
     unsigned long long bits = 0, sum = 0;
     int imin = INT_MAX, imax = INT_MIN;
@@ -425,9 +437,9 @@ void complete_warp(Fiber *f, int w0, unsigned mask)
     for (int l = 0; l < 32; l++) {
         if (!(mask >> l & 1u)) continue;
         Fiber *g = pool[w0 + l];
-        if (g->kind != f->kind || g->mask != mask)
+        if (g->kind != f->kind || (g->mask & live) != mask)
             die("lanes of warp %d disagree: %s is at %s with mask 0x%08x, %s at %s with mask 0x%08x",
-                w0 / 32, thread_name(f).c_str(), site(f).c_str(), mask, thread_name(g).c_str(),
+                w0 / 32, thread_name(f).c_str(), site(f).c_str(), f->mask, thread_name(g).c_str(),
                 site(g).c_str(), g->mask);
         unsigned v = (unsigned)g->value;
         bits |= (unsigned long long)(g->value != 0) << l;
@@ -460,6 +472,15 @@ void complete_warp(Fiber *f, int w0, unsigned mask)
     restart = true;
 }
 
+/* completes f's exchange when every live lane of its mask is waiting at a warp intrinsic */
+void try_complete_warp(Fiber *f, int w0)
+{
+    const unsigned live = live_lanes(w0), mask = f->mask & live;
+    for (int l = 0; l < 32; l++)
+        if ((mask >> l & 1u) && pool[w0 + l]->state != F_WARP) return;
+    complete_warp(f, w0, mask, live);
+}
+
 } // namespace
 
 unsigned long long cudasim_warp_op(int kind, unsigned mask, unsigned long long value, int arg,
@@ -478,27 +499,14 @@ unsigned long long cudasim_warp_op(int kind, unsigned mask, unsigned long long v
     mask &= n == 32 ? ~0u : (1u << n) - 1u;
     f->kind = kind, f->mask = mask, f->value = value, f->arg = arg, f->width = width;
     f->state = F_WARP;
-    bool all = true;
-    for (int l = 0; l < 32; l++) {
-        if (!(mask >> l & 1u)) continue;
-        Fiber *g = pool[w0 + l];
-        if (g->state == F_DONE)
-            die("deadlock: %s waits at %s (mask 0x%08x) for %s, which has returned",
-                thread_name(f).c_str(), site(f).c_str(), mask, thread_name(g).c_str());
-        all = all && g->state == F_WARP;
-    }
-    if (all) complete_warp(f, w0, mask);
+    try_complete_warp(f, w0);
     to_scheduler(false);
     return cur->result;
 }
 
 unsigned cudasim_activemask(void)
 {
-    Fiber *f = need_fiber("__activemask");
-    unsigned m = 0;
-    for (int l = 0, w0 = f->lin & ~31; l < 32 && w0 + l < L.nthreads; l++)
-        if (pool[w0 + l]->state != F_DONE) m |= 1u << l;
-    return m;
+    return live_lanes(need_fiber("__activemask")->lin & ~31);
 }
 
 void *cudasim_dyn_smem(void)

@@ -14,11 +14,13 @@
  *     floats, -1 ints) at each block's start;
  *   - CUDA's rules made strict, so that what passes here is defined behaviour on a GPU: a barrier
  *     that cannot complete (__syncthreads in divergent code or after some threads returned, a
- *     warp intrinsic whose mask names a lane that returned or waits elsewhere, lanes of a mask at
- *     different intrinsics) aborts with a message naming the kernel, its launch site, the block
- *     and the threads: it never hangs. A shuffle reading a lane outside the mask, or a lane that
- *     does not exist (blockDim not a multiple of 32), gets all-ones bits (NaN, -1): undefined on
- *     the GPU. __activemask() is every lane that has not returned;
+ *     warp intrinsic whose mask names a lane that waits elsewhere, lanes of a mask at different
+ *     intrinsics) aborts with a message naming the kernel, its launch site, the block and the
+ *     threads: it never hangs. A warp intrinsic waits for the lanes of its mask that have not
+ *     returned (PTX: "non-exited threads"); a shuffle reading a lane that does not take part
+ *     (outside the mask, returned, or past blockDim when it is not a multiple of 32) gets
+ *     all-ones bits (NaN, -1): undefined on the GPU. __activemask() is every lane that has not
+ *     returned;
  *   - CUDASIM_ORDER=forward|reverse|shuffle[:seed] (default forward; read at each launch) sets
  *     the order in which the runnable threads of a block run between barriers, and the order of
  *     the blocks. A kernel with a missing barrier (a race) gives different results under
@@ -112,7 +114,8 @@ enum cudasim_warp_kind {
 int cudasim_block_op(int kind, int pred, const char *file, int line);
 /* One warp-wide exchange: this lane gives `value` (up to 64 bits) and `arg` (the source lane,
  * delta or xor mask), waits for every lane of `mask`, and gets its result. Lanes that do not
- * exist (a partial last warp) leave the mask; reading one gives all-ones bits (NaN, -1). */
+ * exist (a partial last warp) or have returned leave the mask; reading one gives all-ones bits
+ * (NaN, -1). */
 unsigned long long cudasim_warp_op(int kind, unsigned mask, unsigned long long value, int arg,
                                    int width, const char *what, const char *file, int line);
 void *cudasim_dyn_smem(void);

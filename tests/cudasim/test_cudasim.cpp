@@ -182,6 +182,36 @@ static void test_half_warps_and_syncwarp(void **state)
     cudaFree(a), cudaFree(b);
 }
 
+/* ---- returned lanes: a warp intrinsic waits for the non-exited lanes of its mask (PTX
+ * shfl.sync / vote.sync / bar.warp.sync); reading a returned lane is undefined: all-ones here */
+
+__global__ void after_exit(int *x, unsigned *votes)
+{
+    const int lane = threadIdx.x;
+    if (lane >= 24) return;
+    x[lane] = __shfl_sync(0xffffffffu, 100 + lane, (lane + 4) % 32);
+    votes[lane] = __ballot_sync(0xffffffffu, 1);
+    __syncwarp();
+}
+
+static void test_returned_lanes(void **state)
+{
+    int *x = sim_managed<int>(32);
+    unsigned *votes = sim_managed<unsigned>(32);
+    const char *orders[] = {"forward", "reverse"};
+    for (const char *o : orders) {
+        set_order(o);
+        cudasim_launch(after_exit, 1, 32, 0, 0, x, votes);
+        assert_int_equal(cudaGetLastError(), cudaSuccess);
+        for (int l = 0; l < 24; l++) {
+            assert_int_equal(x[l], l + 4 < 24 ? 100 + l + 4 : -1);   /* lanes 24..31 returned */
+            assert_int_equal(votes[l], 0x00FFFFFFu);
+        }
+    }
+    set_order("forward");
+    cudaFree(x), cudaFree(votes);
+}
+
 /* ---- block order follows CUDASIM_ORDER too ----------------------------------------------------- */
 
 __global__ void arrival(int *counter, int *slot)
@@ -383,10 +413,10 @@ __global__ void split_barrier(int *x)
     }
 }
 
-__global__ void shfl_after_exit(int *x)
+__global__ void syncwarp_vs_shfl(int *x)
 {
-    if (threadIdx.x > 0) return;
-    x[0] = __shfl_sync(0xffffffffu, 7, 3);
+    if (threadIdx.x == 0) __syncwarp();
+    else x[threadIdx.x] = __shfl_sync(0xffffffffu, 1, 0);
 }
 
 __global__ void shfl_vs_barrier(int *x)
@@ -441,9 +471,10 @@ static void test_deadlocks_abort(void **state)
     e = child_abort([](int *x) { cudasim_launch(split_barrier, 1, 64, 0, 0, x); });
     expect_in(e, "__syncthreads in divergent code");
     expect_in(e, "split_barrier");
-    e = child_abort([](int *x) { cudasim_launch(shfl_after_exit, 1, 32, 0, 0, x); });
+    e = child_abort([](int *x) { cudasim_launch(syncwarp_vs_shfl, 1, 32, 0, 0, x); });
+    expect_in(e, "lanes of warp 0 disagree");
+    expect_in(e, "__syncwarp");
     expect_in(e, "__shfl_sync");
-    expect_in(e, "returned");
     e = child_abort([](int *x) { cudasim_launch(shfl_vs_barrier, 1, 64, 0, 0, x); });
     expect_in(e, "deadlock: no thread can run");
     expect_in(e, "shfl_vs_barrier");
@@ -513,6 +544,7 @@ int main(void)
         cmocka_unit_test(test_warp_sums),
         cmocka_unit_test(test_shfl_broadcast_scan),
         cmocka_unit_test(test_half_warps_and_syncwarp),
+        cmocka_unit_test(test_returned_lanes),
         cmocka_unit_test(test_block_order),
         cmocka_unit_test(test_votes),
         cmocka_unit_test(test_dyn_smem),
