@@ -1,5 +1,5 @@
 /* tidal — cudasim's execution engine: a launch's blocks run one after another; a block's threads
- * are fibers (ucontext) that run until they reach a barrier or return. The scheduler (on the
+ * are fibers that run until they reach a barrier or return. The scheduler (on the
  * launching thread's own stack) runs the runnable fibers in the order CUDASIM_ORDER names; the
  * last thread to arrive at a barrier releases the others, and the scheduler starts a new pass in
  * that order, so "forward" means: after each barrier, threads resume in increasing index.
@@ -7,13 +7,19 @@
  * Barrier semantics (CUDA's, made strict so that a kernel correct here is correct on a GPU):
  *   __syncthreads   every thread of the block, at the same call site; a thread that returned
  *                   while another waits (or waits while another returned) is a deadlock.
- *   warp intrinsics every lane named in the mask (restricted to lanes that exist: a partial
- *                   last warp), at the same intrinsic with the same mask; the calling lane must
- *                   be in its mask. Shuffles follow PTX shfl.sync: the source lane is computed
- *                   within the lane's `width` segment; an out-of-segment source gives the lane's
- *                   own value; a source outside the mask gives all-ones bits (undefined in CUDA).
+ *   warp intrinsics every lane named in the mask that has not returned (PTX: "all non-exited
+ *                   threads in membermask"; lanes past blockDim leave the mask too), at the same
+ *                   intrinsic with the same mask; the calling lane must be in its mask. Shuffles
+ *                   follow PTX shfl.sync: the source lane is computed within the lane's `width`
+ *                   segment; an out-of-segment source gives the lane's own value; a source that
+ *                   is not taking part (outside the mask, returned, absent) gives all-ones bits
+ *                   (undefined in CUDA); votes count the lanes taking part.
  * Anything else that cannot complete aborts with the kernel's name, launch site and block.
- * Under AddressSanitizer every switch is announced (__sanitizer_start/finish_switch_fiber). */
+ * Under AddressSanitizer every switch is announced (__sanitizer_start/finish_switch_fiber).
+ *
+ * A switch is ~20 instructions on x86-64 (below); elsewhere, or with -DCUDASIM_UCONTEXT, it is
+ * ucontext's swapcontext, which also saves the signal mask: a system call per switch, ~30x
+ * slower (a launch of 2^20 one-line threads: 0.9 s with swapcontext). */
 #include "cudasim.h"
 
 #include <algorithm>
@@ -25,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -41,10 +46,77 @@ dim3 blockDim, gridDim;
 
 namespace {
 
+/* ---- contexts: a saved stack pointer (x86-64) or a ucontext ------------------------------- */
+#if defined(__x86_64__) && !defined(CUDASIM_UCONTEXT)
+/* cudasim_switch(&from_sp, to_sp): pushes the callee-saved registers of the System V ABI (rbx,
+ * rbp, r12-r15) and the MXCSR / x87 control words on the current stack, saves the stack pointer,
+ * and pops the same from the other stack. A new stack is laid out as if it had switched away
+ * just before entering its entry function. */
+extern "C" void cudasim_switch(void **from_sp, void *to_sp);
+asm(R"(
+    .text
+    .p2align 4
+    .globl cudasim_switch
+    .hidden cudasim_switch
+    .type cudasim_switch, @function
+cudasim_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size cudasim_switch, .-cudasim_switch
+)");
+struct Context { void *sp = nullptr; };
+inline void ctx_switch(Context *from, Context *to) { cudasim_switch(&from->sp, to->sp); }
+void ctx_make(Context *c, char *stack, size_t size, void (*entry)(void))
+{
+    uint64_t *p = (uint64_t *)(((uintptr_t)stack + size) & ~(uintptr_t)15);
+    *--p = 0;                        /* entry's return address (it never returns): rsp = 8 mod 16 */
+    *--p = (uint64_t)entry;          /* where cudasim_switch's ret goes */
+    for (int i = 0; i < 6; i++) *--p = 0;
+    uint32_t mxcsr;
+    uint16_t fcw;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fcw));
+    *--p = (uint64_t)mxcsr | (uint64_t)fcw << 32;
+    c->sp = p;
+}
+void ctx_init(Context *) {}
+#else
+#include <ucontext.h>
+struct Context { ucontext_t uc; };
+inline void ctx_switch(Context *from, Context *to) { swapcontext(&from->uc, &to->uc); }
+void ctx_make(Context *c, char *stack, size_t size, void (*entry)(void))
+{
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = size;
+    c->uc.uc_link = nullptr;
+    makecontext(&c->uc, entry, 0);
+}
+void ctx_init(Context *c) { getcontext(&c->uc); }
+#endif
+
 enum { F_RUN, F_BLOCK, F_WARP, F_DONE };
 
 struct Fiber {
-    ucontext_t ctx;
+    Context ctx;
     char *stack = nullptr;           /* usable stack (a PROT_NONE guard page lies below) */
     void *fake_stack = nullptr;      /* ASan's fake stack of this fiber while it is switched out */
     int state = F_DONE;
@@ -74,10 +146,13 @@ enum { ORDER_FORWARD, ORDER_REVERSE, ORDER_SHUFFLE };
 
 std::mutex launch_mutex;
 Launch L;
-std::vector<Fiber *> pool;           /* pool[i] runs linear thread i; grows, stacks reused */
+/* pool[i] runs linear thread i; grows, stacks reused, never freed (a plain array: no exit-time
+ * destructor hides the fibers from LeakSanitizer) */
+Fiber *pool[1024];
+int pool_n;
 size_t stack_bytes;
 thread_local Fiber *cur;             /* the running fiber, null on the scheduler */
-ucontext_t sched_ctx;
+Context sched_ctx;
 void *sched_fake;
 const void *sched_bottom;
 size_t sched_size;
@@ -149,7 +224,7 @@ void run_fiber(Fiber *f)
     cur = f;
     threadIdx = f->tid;
     switch_start(&sched_fake, f->stack, stack_bytes);
-    swapcontext(&sched_ctx, &f->ctx);
+    ctx_switch(&sched_ctx, &f->ctx);
     switch_finish(sched_fake, nullptr, nullptr);
     cur = nullptr;
 }
@@ -159,9 +234,11 @@ void to_scheduler(bool finished)
 {
     Fiber *f = cur;
     switch_start(finished ? nullptr : &f->fake_stack, sched_bottom, sched_size);
-    swapcontext(&f->ctx, &sched_ctx);
+    ctx_switch(&f->ctx, &sched_ctx);
     switch_finish(f->fake_stack, &sched_bottom, &sched_size);
 }
+
+void try_complete_warp(Fiber *f, int w0);
 
 void thread_exit(void)
 {
@@ -174,11 +251,10 @@ void thread_exit(void)
                 die("deadlock: %s returned while %s waits at %s: the barrier can never complete "
                     "(__syncthreads after an early return, or in divergent code)",
                     thread_name(f).c_str(), thread_name(pool[i]).c_str(), site(pool[i]).c_str());
+    /* lanes waiting for this one at a warp intrinsic now wait for one lane fewer */
     int w0 = f->lin & ~31, lane = f->lin & 31;
     for (int i = w0; i < w0 + 32 && i < L.nthreads; i++)
-        if (pool[i]->state == F_WARP && (pool[i]->mask >> lane & 1u))
-            die("deadlock: %s returned while %s waits for it at %s (mask 0x%08x)", thread_name(f).c_str(),
-                thread_name(pool[i]).c_str(), site(pool[i]).c_str(), pool[i]->mask);
+        if (pool[i]->state == F_WARP && (pool[i]->mask >> lane & 1u)) try_complete_warp(pool[i], w0);
     to_scheduler(true);
     abort(); /* a finished fiber is never resumed */
 }
@@ -236,7 +312,7 @@ void grow_pool(int n)
         stack_bytes = (stack_bytes + page - 1) / page * page;
     }
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    while ((int)pool.size() < n) {
+    while (pool_n < n) {
         void *m = mmap(nullptr, stack_bytes + page, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (m == MAP_FAILED || mprotect(m, page, PROT_NONE)) {
@@ -245,8 +321,8 @@ void grow_pool(int n)
         }
         Fiber *f = new Fiber;
         f->stack = (char *)m + page;
-        getcontext(&f->ctx);
-        pool.push_back(f);
+        ctx_init(&f->ctx);
+        pool[pool_n++] = f;
     }
 }
 
@@ -264,14 +340,11 @@ void run_block(uint3 bid, std::vector<int> &perm)
 #if CUDASIM_ASAN
         ASAN_UNPOISON_MEMORY_REGION(f->stack, stack_bytes);
 #endif
-        f->ctx.uc_stack.ss_sp = f->stack;
-        f->ctx.uc_stack.ss_size = stack_bytes;
-        f->ctx.uc_link = nullptr;
-        makecontext(&f->ctx, fiber_main, 0);
+        ctx_make(&f->ctx, f->stack, stack_bytes, fiber_main);
     }
     n_done = n_block_wait = 0;
     while (n_done < L.nthreads) {
-        make_order(perm, L.nthreads);
+        if (order_mode == ORDER_SHUFFLE || (int)perm.size() != L.nthreads) make_order(perm, L.nthreads);
         restart = false;
         bool ran = false;
         for (int i : perm) {
@@ -332,19 +405,31 @@ namespace {
 
 bool is_shuffle(int kind) { return kind <= CUDASIM_SHFL_XOR; }
 
-/* the source lane of lane l (PTX shfl.sync: c = ((32 - width) << 8) | clamp) */
+/* the source lane of lane l, as PTX defines shfl.sync (cuda's headers pass c = (32 - width) << 8,
+ * | 0x1f except for .up): b[4:0] is used, the segment is [l & ~(width-1), + width - 1], and a
+ * source past the segment's end (.down .bfly .idx) or before its start (.up) is l itself */
 int shuffle_source(int kind, int l, int arg, int width)
 {
-    long long seg = l & ~(width - 1), last = seg + width - 1, j;
+    const int b = arg & 31, seg = l & ~(width - 1), last = seg + width - 1;
+    int j;
     switch (kind) {
-    case CUDASIM_SHFL_IDX: return (int)(seg + (arg & (width - 1)));
-    case CUDASIM_SHFL_UP: j = (long long)l - (unsigned)arg; return j >= seg ? (int)j : l;
-    case CUDASIM_SHFL_DOWN: j = (long long)l + (unsigned)arg; return j <= last ? (int)j : l;
-    default: j = (long long)((unsigned)l ^ (unsigned)arg); return j <= last ? (int)j : l;
+    case CUDASIM_SHFL_IDX: return seg | (b & (width - 1));
+    case CUDASIM_SHFL_UP: j = l - b; return j >= seg ? j : l;
+    case CUDASIM_SHFL_DOWN: j = l + b; return j <= last ? j : l;
+    default: j = l ^ b; return j <= last ? j : l;
     }
 }
 
-void complete_warp(Fiber *f, int w0, unsigned mask)
+/* the lanes of the warp at w0 that exist and have not returned */
+unsigned live_lanes(int w0)
+{
+    unsigned m = 0;
+    for (int l = 0; l < 32 && w0 + l < L.nthreads; l++)
+        if (pool[w0 + l]->state != F_DONE) m |= 1u << l;
+    return m;
+}
+
+void complete_warp(Fiber *f, int w0, unsigned mask, unsigned live)
 {
     unsigned long long bits = 0, sum = 0;
     int imin = INT_MAX, imax = INT_MIN;
@@ -352,9 +437,9 @@ void complete_warp(Fiber *f, int w0, unsigned mask)
     for (int l = 0; l < 32; l++) {
         if (!(mask >> l & 1u)) continue;
         Fiber *g = pool[w0 + l];
-        if (g->kind != f->kind || g->mask != mask)
+        if (g->kind != f->kind || (g->mask & live) != mask)
             die("lanes of warp %d disagree: %s is at %s with mask 0x%08x, %s at %s with mask 0x%08x",
-                w0 / 32, thread_name(f).c_str(), site(f).c_str(), mask, thread_name(g).c_str(),
+                w0 / 32, thread_name(f).c_str(), site(f).c_str(), f->mask, thread_name(g).c_str(),
                 site(g).c_str(), g->mask);
         unsigned v = (unsigned)g->value;
         bits |= (unsigned long long)(g->value != 0) << l;
@@ -387,6 +472,15 @@ void complete_warp(Fiber *f, int w0, unsigned mask)
     restart = true;
 }
 
+/* completes f's exchange when every live lane of its mask is waiting at a warp intrinsic */
+void try_complete_warp(Fiber *f, int w0)
+{
+    const unsigned live = live_lanes(w0), mask = f->mask & live;
+    for (int l = 0; l < 32; l++)
+        if ((mask >> l & 1u) && pool[w0 + l]->state != F_WARP) return;
+    complete_warp(f, w0, mask, live);
+}
+
 } // namespace
 
 unsigned long long cudasim_warp_op(int kind, unsigned mask, unsigned long long value, int arg,
@@ -405,27 +499,14 @@ unsigned long long cudasim_warp_op(int kind, unsigned mask, unsigned long long v
     mask &= n == 32 ? ~0u : (1u << n) - 1u;
     f->kind = kind, f->mask = mask, f->value = value, f->arg = arg, f->width = width;
     f->state = F_WARP;
-    bool all = true;
-    for (int l = 0; l < 32; l++) {
-        if (!(mask >> l & 1u)) continue;
-        Fiber *g = pool[w0 + l];
-        if (g->state == F_DONE)
-            die("deadlock: %s waits at %s (mask 0x%08x) for %s, which has returned",
-                thread_name(f).c_str(), site(f).c_str(), mask, thread_name(g).c_str());
-        all = all && g->state == F_WARP;
-    }
-    if (all) complete_warp(f, w0, mask);
+    try_complete_warp(f, w0);
     to_scheduler(false);
     return cur->result;
 }
 
 unsigned cudasim_activemask(void)
 {
-    Fiber *f = need_fiber("__activemask");
-    unsigned m = 0;
-    for (int l = 0, w0 = f->lin & ~31; l < 32 && w0 + l < L.nthreads; l++)
-        if (pool[w0 + l]->state != F_DONE) m |= 1u << l;
-    return m;
+    return live_lanes(need_fiber("__activemask")->lin & ~31);
 }
 
 void *cudasim_dyn_smem(void)
@@ -444,7 +525,7 @@ void cudasim_trap(const char *file, int line)
 
 void cudasim_detail::launch(const char *name, const char *file, int line, const void *func,
                             dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                            void (*body)(void *), void *ctx)
+                            const PtrArg *ptrs, int nptrs, void (*body)(void *), void *ctx)
 {
     if (cur) die("kernel %s launched from inside a kernel (dynamic parallelism is not simulated)", name);
     cudaError_t e = check_launch(func, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem, stream);
@@ -452,6 +533,16 @@ void cudasim_detail::launch(const char *name, const char *file, int line, const 
         set_error(e);
         return;
     }
+    const char *lax = getenv("CUDASIM_HOST_POINTERS");
+    for (int i = 0; i < nptrs && !(lax && !strcmp(lax, "1")); i++)
+        if (!device_addressable(ptrs[i].p)) {
+            fprintf(stderr, "cudasim: kernel %s launched at %s:%d: argument %d is %p, host memory that no "
+                    "cudaMalloc / cudaMallocManaged / cudaMallocHost / cudaHostRegister covers: a GPU "
+                    "faults on it (cudaErrorIllegalAddress). Pass device memory (tdc_in / tdc_out / "
+                    "tdc_const stage host arrays), or set CUDASIM_HOST_POINTERS=1 if the kernel never "
+                    "reads it\n", name, file, line, ptrs[i].index, ptrs[i].p);
+            abort();
+        }
     std::lock_guard<std::mutex> lock(launch_mutex);
     std::string n = name;
     while (n.size() >= 2 && n.front() == '(' && n.back() == ')') n = n.substr(1, n.size() - 2);
@@ -469,12 +560,13 @@ void cudasim_detail::launch(const char *name, const char *file, int line, const 
     gridDim = grid, blockDim = block;
     const unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z;
     std::vector<int> perm, bperm;
-    /* block order: one permutation of the linear block index (grids beyond 2^31 blocks run in
-     * forward order) */
-    const bool permute = nblocks <= (unsigned long long)INT_MAX;
-    if (permute) make_order(bperm, (int)nblocks);
+    /* block order: forward, reverse, or one permutation of the linear block index (a shuffled
+     * grid of more than 2^24 blocks runs forward rather than holding a permutation that long) */
+    const bool shuffle = order_mode == ORDER_SHUFFLE && nblocks <= (1u << 24);
+    if (shuffle) make_order(bperm, (int)nblocks);
     for (unsigned long long k = 0; k < nblocks; k++) {
-        unsigned long long b = permute ? (unsigned long long)bperm[k] : k;
+        unsigned long long b = shuffle ? (unsigned long long)bperm[k]
+                             : order_mode == ORDER_REVERSE ? nblocks - 1 - k : k;
         run_block(uint3{(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y),
                         (unsigned)(b / ((unsigned long long)grid.x * grid.y))}, perm);
     }
