@@ -1,0 +1,753 @@
+/* tidal — the GEMMs of the CUDA backend on cuBLASLt: matmul_forward_cuda, the CUDA form of
+ * matmul_cpu / matmul_recipe (src/backend/cpu.c) with the semantics of include/tidal/gemm.h:
+ *
+ *   out[j] (N, OUT[j]) = round_act( acc( quant_in(inp) . W_j^T ) + bias_j )
+ *
+ * Layout. tidal's buffers are row-major, cuBLASLt's column-major: a row-major (R, C) matrix is a
+ * column-major (C, R) one with ld C. So out^T (OUT, N) = W (OUT, IN) . inp^T is computed with
+ *   A = the weight, (IN x OUT) column-major, op T;  B = the activations, (IN x N), op N;
+ *   D = (OUT x N) column-major with ld OUT, which is out (N, OUT) row-major.
+ * That is the TN layout FP8 GEMMs require.
+ *
+ * Per recipe (its gemm_inputs; no recipe or plain fp32 = the reference):
+ *   fp32        A = the weight as fp32 (bf16/fp16/fp8 storage widened once into a cached device
+ *               copy, matmul_forget_cuda drops it), B = inp; CUBLAS_COMPUTE_32F (not TF32).
+ *   bf16, fp16  B = inp rounded to gemm_inputs as 16-bit codes by a kernel (exact: the values are
+ *               on that grid already, and where they are not this is the CPU's rounding), A = the
+ *               td_wmat's codes resident as they are (tdc_const); COMPUTE_32F, D fp32. If the
+ *               weight's storage is not gemm_inputs (an fp32 copy of rounded weights), both
+ *               operands are widened to fp32 and an fp32 GEMM multiplies the same values:
+ *               products of 16-bit values are exact in fp32 either way; only the summation order
+ *               differs from the tensor-core kernel.
+ *   fp8         activations quantised by fp8_quantize_cuda (td_fp8_quantize's arithmetic, bit for
+ *               bit), weights the td_wmat's E4M3 codes and block scales; cuBLASLt FP8 with
+ *                 weight one block, act per-tensor       SCALAR_32F scale pointers on A and B
+ *                 weight one block or per-row, act per-tensor or per-token
+ *                                                        OUTER_VEC_32F on both (scalars repeated)
+ *                 weight 128x128 (or one block), act 1x128, K % 128 == 0
+ *                                                        BLK128x128_32F on A, VEC128_32F on B
+ *                                                        (cuBLAS >= 12.9, Hopper)
+ *               FAST_ACCUM = 1 when the recipe accumulates fp8-fast, but not in the block-scaled
+ *               modes: cuBLASLt refuses fast accumulation there (as PyTorch's scaled_gemm states),
+ *               and those kernels promote into fp32 at each 128-wide K block when they apply the
+ *               scales, which is the recipe's fp8-fast with promote_every 128 (fp8-rollout).
+ *               The token dimension is zero-padded to a multiple of 16 (codes 0), so a decode
+ *               step (N = 1) takes the same kernels.
+ *               FALLBACK (the CPU's emulation semantics): what cuBLASLt cannot take — MX and other
+ *               granularities, K not a multiple of 16 (of 128 for the block modes), OUT not a
+ *               multiple of 16, e5m2 x e5m2, split_k > 1, a cuBLAS or GPU without the mode (the
+ *               heuristic refuses; noted once on stderr) — multiplies the dequantised operands:
+ *               an fp32 GEMM for fp32 accumulation, or for fp8-fast a kernel walking K in steps
+ *               of 32 products with the truncated partial sum and promotion of gemm.h.
+ *   split_k > 1 (not fp8)  the heuristic's algorithms with CUBLASLT_ALGO_CONFIG_SPLITK_NUM =
+ *               split_k and an fp32 reduction scheme (COMPUTE_TYPE, else OUTPUT_TYPE: D is fp32),
+ *               checked by cublasLtMatmulAlgoCheck; if none takes it, explicit K slices of
+ *               ceil(K / split_k) as the CPU cuts them, each slice's GEMM adding onto D in fp32
+ *               (beta = 1): ((p0 + p1) + p2)..., the CPU's order of the partial sums.
+ * Epilogue (a kernel): bias added in fp32, then rounded to the activations dtype (td_gemm_finish).
+ *
+ * Scratch slots (cuda_internal.cuh): GEMM_A the activation operand (16-bit or fp8 codes),
+ * GEMM_SCALES the activation scales (tidal's order, then cuBLASLt's) and the weight's scale
+ * tensor in cuBLASLt's layout, GEMM_OUT the padded fp32 D and the widened activations, WORKSPACE
+ * cuBLASLt's 32 MiB, MISC fp8_quantize_cuda's block maxima and factors. One cuBLASLt handle,
+ * made on first use, serves the backend's one stream. */
+#include "matmul.cuh"
+
+#ifdef TD_CUDASIM
+#include "cublasLt_sim.h"      /* tests/cudasim: a CPU model of the cuBLASLt subset used here */
+#else
+#include <cublasLt.h>
+#endif
+
+#include <float.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#if defined(TD_CUDASIM) || CUBLAS_VERSION >= 120900
+#define HAVE_SCALE_MODES 1     /* CUBLASLT_MATMUL_DESC_{A,B}_SCALE_MODE and their modes */
+#else
+#define HAVE_SCALE_MODES 0
+#endif
+
+#define TPB 256
+#define WORKSPACE_BYTES ((size_t)32 << 20)
+
+static unsigned nblk(size_t n) { return (unsigned)((n + TPB - 1) / TPB); }
+static size_t up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+/* ---- checking ------------------------------------------------------------------------------ */
+
+static const char *cublas_hint(cublasStatus_t s)
+{
+    switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+        return "cuBLASLt could not start: is the NVIDIA driver loaded and a GPU visible?";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+        return "the GPU is out of memory: lower --max-num-batched-tokens / --max-num-seqs";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+        return "this GPU lacks the feature (FP8 needs sm_89+, block-scaled FP8 Hopper)";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+    case CUBLAS_STATUS_INVALID_VALUE:
+        return "no cuBLASLt kernel for this shape, type, alignment or scaling here (a tidal bug "
+               "for bf16/fp16/fp32 GEMMs: report the shape)";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+        return "the GEMM kernel failed: rerun under compute-sanitizer and report it";
+    default:
+        return "rerun with CUBLASLT_LOG_LEVEL=5 to see cuBLASLt's own account";
+    }
+}
+
+static void check_cublas(cublasStatus_t s, const char *what, const char *file, int line)
+{
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    fprintf(stderr, "tidal: cuBLASLt error at %s:%d: %s: %s\n  hint: %s\n", file, line, what,
+            cublasLtGetStatusString(s), cublas_hint(s));
+    exit(1);
+}
+#define CUBLAS_CHECK(call) check_cublas((call), #call, __FILE__, __LINE__)
+
+static cublasLtHandle_t lt_handle(void)
+{
+    static cublasLtHandle_t h = [] {   /* a function-local static: made once, thread-safe */
+        cublasLtHandle_t x = NULL;
+        CUBLAS_CHECK(cublasLtCreate(&x));
+        return x;
+    }();
+    return h;
+}
+
+/* ---- kernels ------------------------------------------------------------------------------- */
+
+#define GTID ((size_t)blockIdx.x * blockDim.x + threadIdx.x)
+
+/* y = x rounded to fmt (bf16 / fp16) as codes */
+__global__ void codes16_kernel(const float *x, uint16_t *y, size_t n, int fmt)
+{
+    size_t i = GTID;
+    if (i < n) y[i] = fmt == TD_BF16 ? tdc_bf16_enc(x[i]) : tdc_f16_enc(x[i]);
+}
+
+/* y = x rounded to fmt, as fp32 */
+__global__ void round_kernel(const float *x, float *y, size_t n, int fmt)
+{
+    size_t i = GTID;
+    if (i < n) y[i] = tdc_round(fmt, x[i]);
+}
+
+/* dst (rows, cols) fp32 = src in dtype; fp8: decode(code) * scale[(r / sr) * nbc + c / sc]
+ * (td_fp8_dequantize's and wmat_rows's formula) */
+__global__ void widen_kernel(const void *src, int dtype, const float *scale, int sr, int sc, int nbc,
+                             int rows, int cols, float *dst)
+{
+    size_t i = GTID;
+    if (i >= (size_t)rows * cols) return;
+    float v;
+    if (dtype == TD_BF16) v = tdc_bf16_dec(((const uint16_t *)src)[i]);
+    else if (dtype == TD_F16) v = tdc_f16_dec(((const uint16_t *)src)[i]);
+    else {
+        uint8_t c = ((const uint8_t *)src)[i];
+        size_t r = i / cols, k = i % cols;
+        v = (dtype == TD_E4M3 ? tdc_e4m3_dec(c) : tdc_e5m2_dec(c)) * scale[(r / sr) * nbc + k / sc];
+    }
+    dst[i] = v;
+}
+
+/* out (N, O) = round_act(D (N rows of ld ldd) + bias); in place when D == out */
+__global__ void finish_kernel(const float *D, int ldd, float *out, const float *bias, int N, int O,
+                              int act)
+{
+    size_t i = GTID;
+    if (i >= (size_t)N * O) return;
+    size_t n = i / O, o = i % O;
+    float v = D[n * ldd + o];
+    if (bias) v += bias[o];
+    out[i] = tdc_round(act, v);
+}
+
+/* td_trunc_fraction on the device */
+__device__ static inline float trunc_fraction(float x, int bits)
+{
+    return tdc_float(tdc_bits(x) & ~((1u << (23 - bits)) - 1u));
+}
+
+/* The fp8-fast accumulation of gemm.h over dequantised operands: out (N, O) = a (N, K) . w^T,
+ * K walked in promotion groups, each summed in steps of 32 products whose running partial keeps
+ * `bits` fraction bits, every group's partial added into an fp32 total. One thread per output. */
+__global__ void fp8_fast_kernel(const float *a, const float *w, float *out, int N, int O, int K,
+                                int promote, int bits)
+{
+    size_t i = GTID;
+    if (i >= (size_t)N * O) return;
+    const float *ar = a + (i / O) * K, *wr = w + (i % O) * K;
+    float total = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += promote) {
+        int k1 = k0 + promote < K ? k0 + promote : K;
+        float part = 0.0f;
+        for (int s0 = k0; s0 < k1; s0 += 32) {
+            int s1 = s0 + 32 < k1 ? s0 + 32 : k1;
+            float step = 0.0f;
+            for (int k = s0; k < s1; k++) step = fmaf(ar[k], wr[k], step);
+            part = trunc_fraction(part + step, bits);
+        }
+        total += part;
+    }
+    out[i] = total;
+}
+
+/* ---- FP8 quantisation: td_fp8_quantize, bit for bit ------------------------------------------ */
+
+typedef struct { int fmt, gran, arith, pow2, sat; } qscheme;
+
+/* td_f32_to_e8m0(x, TD_SATFINITE, TD_ROUND_UP) and td_e8m0_to_f32 */
+__device__ static inline uint8_t e8m0_up(float x)
+{
+    uint32_t a = tdc_bits(x) & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return 0xFF;
+    if (a == 0x7F800000u) return 0xFE;
+    int e = (int)(a >> 23);
+    uint32_t mant = a & 0x7FFFFFu;
+    if (e == 0) return mant == 0 ? 0 : (mant > 0x400000u ? 1 : 0);
+    int p = e + (mant != 0);
+    return (uint8_t)(p > 254 ? 0xFE : p);
+}
+__device__ static inline float e8m0_dec(uint8_t c)
+{
+    return c == 0xFF ? tdc_float(0x7FFF0000u) : c == 0 ? tdc_float(0x00400000u) : tdc_float((uint32_t)c << 23);
+}
+
+/* block_scale_from_amax of scaling.c: the block's dequantisation scale, and x * mul (mul != 0)
+ * or x / div as the quantisation step */
+__device__ static void block_factors(qscheme s, float amax, float *scale, float *mul, float *div)
+{
+    const float fmax = s.fmt == TD_E4M3 ? 448.0f : 57344.0f;
+    *mul = 0.0f;
+    *div = 1.0f;
+    if (s.gran == TD_SCALE_MX) {
+        *scale = *div = e8m0_dec(e8m0_up(amax * (1.0f / fmax)));
+        return;
+    }
+    if (s.arith == TD_ARITH_DIV) {
+        float a = amax > 1e-10f ? amax : 1e-10f;
+        float sc = a / fmax;
+        if (s.pow2) sc = e8m0_dec(e8m0_up(sc));
+        *scale = *div = sc;
+        return;
+    }
+    uint32_t ab = tdc_bits(amax) & 0x7FFFFFFFu;
+    float k = 1.0f;
+    if (!(ab >= 0x7F800000u || amax == 0.0f)) {     /* not Inf, NaN or zero */
+        k = fmax / amax;
+        if ((tdc_bits(k) & 0x7FFFFFFFu) == 0x7F800000u) k = FLT_MAX;
+    }
+    if (s.pow2) k = tdc_float(tdc_bits(k) & 0xFF800000u);
+    *mul = k;
+    *scale = 1.0f / k;
+}
+
+/* cam[r * nch + cc] = max |x| over row r, columns [cc * ch, cc * ch + ch) */
+__global__ void chunk_amax_kernel(const float *x, int rows, int cols, int ch, int nch, float *cam)
+{
+    size_t i = GTID;
+    if (i >= (size_t)rows * nch) return;
+    size_t r = i / nch;
+    int c0 = (int)(i % nch) * ch, c1 = c0 + ch < cols ? c0 + ch : cols;
+    float m = 0.0f;
+    for (int c = c0; c < c1; c++) m = fmaxf(m, fabsf(x[r * cols + c]));
+    cam[i] = m;
+}
+
+/* one CUDA block per scale block: amax over its chunk maxima, then its scale and step */
+__global__ void block_scale_kernel(const float *cam, int rows, int cols, int ch, int nch, int br,
+                                   int bc, int nbc, qscheme s, float *scales, float *qmul,
+                                   float *qdiv)
+{
+    TD_DYN_SMEM(float, red);
+    int bi = blockIdx.x, t = threadIdx.x;
+    int r0 = bi / nbc * br, r1 = r0 + br < rows ? r0 + br : rows;
+    int c0 = bi % nbc * bc, c1 = c0 + bc < cols ? c0 + bc : cols;
+    int cc0 = c0 / ch, ncc = (c1 + ch - 1) / ch - cc0;
+    long count = (long)(r1 - r0) * ncc;
+    float m = 0.0f;
+    for (long e = t; e < count; e += blockDim.x) m = fmaxf(m, cam[(size_t)(r0 + e / ncc) * nch + cc0 + e % ncc]);
+    red[t] = m;
+    __syncthreads();
+    for (int h = blockDim.x / 2; h > 0; h /= 2) {
+        if (t < h) red[t] = fmaxf(red[t], red[t + h]);
+        __syncthreads();
+    }
+    if (t == 0) block_factors(s, red[0], &scales[bi], &qmul[bi], &qdiv[bi]);
+}
+
+__global__ void fp8_encode_kernel(const float *x, int rows, int cols, int br, int bc, int nbc,
+                                  qscheme s, const float *qmul, const float *qdiv, uint8_t *codes)
+{
+    size_t i = GTID;
+    if (i >= (size_t)rows * cols) return;
+    size_t b = (i / cols) / br * nbc + (i % cols) / bc;
+    float v = qmul[b] != 0.0f ? x[i] * qmul[b] : x[i] / qdiv[b];
+    codes[i] = (uint8_t)(s.fmt == TD_E4M3 ? tdc_narrow_enc(v, 3, 7, 0x80u, 0x7Eu, 0x7Fu, 0x7Fu, s.sat == TD_SATFINITE)
+                                          : tdc_narrow_enc(v, 2, 15, 0x80u, 0x7Bu, 0x7Fu, 0x7Cu, s.sat == TD_SATFINITE));
+}
+
+extern "C" void fp8_quantize_cuda(const td_fp8_scheme *s, const float *x, int rows, int cols,
+                                  uint8_t *codes, float *scales)
+{
+    size_t br, bc;
+    td_fp8_block_shape(s, (size_t)rows, (size_t)cols, &br, &bc);
+    int nbr = (int)((rows + br - 1) / br), nbc = (int)((cols + bc - 1) / bc);
+    /* chunks of a row never straddle two column blocks: a block's own width, or 128 columns when
+     * a row is one block */
+    int ch = bc < (size_t)cols ? (int)bc : cols > 128 ? 128 : cols;
+    int nch = (cols + ch - 1) / ch;
+    size_t nb = (size_t)nbr * nbc;
+    float *cam = (float *)tdc_scratch(TDC_SLOT_MISC, ((size_t)rows * nch + 2 * nb) * sizeof(float));
+    float *qmul = cam + (size_t)rows * nch, *qdiv = qmul + nb;
+    qscheme q = {s->fmt, s->gran, s->arith, s->pow2, s->sat};
+    cudaStream_t st = tdc_stream();
+    TD_LAUNCH(chunk_amax_kernel, nblk((size_t)rows * nch), TPB, 0, st, x, rows, cols, ch, nch, cam);
+    CUDA_CHECK_LAUNCH();
+    TD_LAUNCH(block_scale_kernel, (unsigned)nb, TPB, TPB * sizeof(float), st, cam, rows, cols, ch,
+              nch, (int)br, (int)bc, nbc, q, scales, qmul, qdiv);
+    CUDA_CHECK_LAUNCH();
+    TD_LAUNCH(fp8_encode_kernel, nblk((size_t)rows * cols), TPB, 0, st, x, rows, cols, (int)br,
+              (int)bc, nbc, q, qmul, qdiv, codes);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- cuBLASLt's FP8 scale layouts ---------------------------------------------------------
+ * (cuBLAS documentation, cublasLtMatmulMatrixScale_t; PyTorch's scaled_gemm checks the same):
+ *   OUTER_VEC_32F    A: one scale per row of op(A) (an output column), B: one per column of
+ *                    op(B) (a token); D(i, j) = sA[i] sB[j] sum_k A B
+ *   VEC128_32F       B (K x Nc, K inner): scale (k / 128, j) at [(k / 128) * Nc + j]
+ *   BLK128x128_32F   A (K x M stored, K inner): scale (k / 128, i / 128) at
+ *                    [(i / 128) * ldk + k / 128], ldk = ceil(K / 128) rounded up to 4
+ * Padded entries (tokens past N, K blocks past K) get 1.0: they multiply zero codes or nothing. */
+
+/* act scales in tidal's order (N rows, nbc per row; one value when `single`) -> B's layout */
+__global__ void act_scales_lt_kernel(const float *sc, int single, int N, int Np, int nbc, int vec128,
+                                     float *lt)
+{
+    size_t i = GTID;
+    if (i >= (size_t)Np * nbc) return;
+    size_t kb = i / Np, n = i % Np;
+    lt[i] = n >= (size_t)N ? 1.0f : single ? sc[0] : vec128 ? sc[n * nbc + kb] : sc[n];
+}
+
+/* weight scales (blocks sr x sc, nbc per row; one value when `single`) -> A's layout: OUT values
+ * (outer vector) or (nob, ldk) 128x128 blocks */
+__global__ void w_scales_lt_kernel(const float *ws, int single, int O, int nbc, int nob, int nkb,
+                                   int ldk, int blk, float *lt)
+{
+    size_t i = GTID;
+    if (!blk) {
+        if (i < (size_t)O) lt[i] = single ? ws[0] : ws[i];
+        return;
+    }
+    if (i >= (size_t)nob * ldk) return;
+    size_t ob = i / ldk, kb = i % ldk;
+    lt[i] = kb >= (size_t)nkb ? 1.0f : single ? ws[0] : ws[ob * nbc + kb];
+}
+
+/* ---- cuBLASLt ------------------------------------------------------------------------------ */
+
+enum { MODE_NONE = -1, MODE_SCALAR = 0, MODE_OUTER = 3, MODE_VEC128 = 4, MODE_BLK128 = 5 };
+
+typedef struct {
+    int M, Nc, K;                  /* D is (M x Nc); K products per element                     */
+    const void *A; cudaDataType_t ta; int lda;   /* the weight, op T                          */
+    const void *B; cudaDataType_t tb; int ldb;   /* the activations, op N                     */
+    float *D; int ldd;             /* fp32; C = D                                                */
+    float beta;
+    int amode, bmode;              /* cublasLtMatmulMatrixScale_t, MODE_NONE: no scale pointer  */
+    const float *ascale, *bscale;
+    int fast;                      /* CUBLASLT_MATMUL_DESC_FAST_ACCUM                           */
+    int split_k;                   /* > 1: CUBLASLT_ALGO_CONFIG_SPLITK_NUM                      */
+} lt_gemm;
+
+/* where an lt_matmul failed, for the fatal message */
+static const char *lt_failed_call = "";
+static int lt_failed_line;
+#define LT_TRY(call) do { if ((s = (call)) != CUBLAS_STATUS_SUCCESS) { \
+        lt_failed_call = #call; lt_failed_line = __LINE__; goto done; } } while (0)
+
+static uint32_t align_of(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 1 && a % al) al /= 2;
+    return al;
+}
+
+/* Picks an algorithm whose split-K takes g->split_k parts with an fp32 reduction. */
+static cublasStatus_t pick_splitk(const lt_gemm *g, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t ad,
+                                  cublasLtMatrixLayout_t bd, cublasLtMatrixLayout_t dd,
+                                  const cublasLtMatmulHeuristicResult_t *res, int nres,
+                                  cublasLtMatmulAlgo_t *algo)
+{
+    for (int i = 0; i < nres; i++) {
+        int32_t splitk_ok = 0;
+        uint32_t schemes = 0;
+        size_t w;
+        if (cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splitk_ok,
+                                              sizeof splitk_ok, &w) != CUBLAS_STATUS_SUCCESS || !splitk_ok)
+            continue;
+        if (cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes,
+                                              sizeof schemes, &w) != CUBLAS_STATUS_SUCCESS)
+            continue;
+        const uint32_t want[2] = {CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE};
+        for (int k = 0; k < 2; k++) {
+            if (!(schemes & want[k])) continue;
+            cublasLtMatmulAlgo_t a = res[i].algo;
+            int32_t parts = g->split_k;
+            uint32_t scheme = want[k];
+            cublasLtMatmulHeuristicResult_t chk;
+            if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &parts, sizeof parts) ||
+                cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) ||
+                cublasLtMatmulAlgoCheck(lt_handle(), op, ad, bd, dd, dd, &a, &chk) != CUBLAS_STATUS_SUCCESS ||
+                chk.workspaceSize > WORKSPACE_BYTES)
+                continue;
+            *algo = a;
+            return CUBLAS_STATUS_SUCCESS;
+        }
+    }
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+/* D = op(A) op(B) (+ D when beta = 1) on cuBLASLt. Returns the first failing status (the
+ * heuristic finding no algorithm is CUBLAS_STATUS_NOT_SUPPORTED); the caller falls back or dies. */
+static cublasStatus_t lt_matmul(const lt_gemm *g)
+{
+    cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t ad = NULL, bd = NULL, dd = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res[8];
+    cublasLtMatmulAlgo_t algo;
+    int nres = 0;
+    const float alpha = 1.0f;
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const size_t ws_bytes = WORKSPACE_BYTES;
+    void *ws = tdc_scratch(TDC_SLOT_WORKSPACE, WORKSPACE_BYTES);
+    uint32_t al[4] = {align_of(g->A), align_of(g->B), align_of(g->D), align_of(g->D)};
+
+    LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (g->amode != MODE_NONE) {
+#if HAVE_SCALE_MODES
+        int32_t am = g->amode, bm = g->bmode;
+        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
+        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
+#else
+        if (g->amode != MODE_SCALAR || g->bmode != MODE_SCALAR) { s = CUBLAS_STATUS_NOT_SUPPORTED; goto done; }
+#endif
+        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->ascale, sizeof g->ascale));
+        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->bscale, sizeof g->bscale));
+        int8_t fast = (int8_t)g->fast;
+        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+    }
+    LT_TRY(cublasLtMatrixLayoutCreate(&ad, g->ta, (uint64_t)g->K, (uint64_t)g->M, g->lda));
+    LT_TRY(cublasLtMatrixLayoutCreate(&bd, g->tb, (uint64_t)g->K, (uint64_t)g->Nc, g->ldb));
+    LT_TRY(cublasLtMatrixLayoutCreate(&dd, CUDA_R_32F, (uint64_t)g->M, (uint64_t)g->Nc, g->ldd));
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof al[1]));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof al[2]));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], sizeof al[3]));
+    LT_TRY(cublasLtMatmulAlgoGetHeuristic(lt_handle(), op, ad, bd, dd, dd, pref, 8, res, &nres));
+    if (nres == 0) {
+        s = CUBLAS_STATUS_NOT_SUPPORTED;
+        lt_failed_call = "cublasLtMatmulAlgoGetHeuristic (no algorithm)";
+        lt_failed_line = __LINE__;
+        goto done;
+    }
+    algo = res[0].algo;
+    if (g->split_k > 1) LT_TRY(pick_splitk(g, op, ad, bd, dd, res, nres, &algo));
+    LT_TRY(cublasLtMatmul(lt_handle(), op, &alpha, g->A, ad, g->B, bd, &g->beta, g->D, dd, g->D, dd, &algo, ws,
+                          WORKSPACE_BYTES, tdc_stream()));
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (dd) cublasLtMatrixLayoutDestroy(dd);
+    if (bd) cublasLtMatrixLayoutDestroy(bd);
+    if (ad) cublasLtMatrixLayoutDestroy(ad);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return s;
+}
+
+static void lt_matmul_or_die(const lt_gemm *g)
+{
+    cublasStatus_t s = lt_matmul(g);
+    if (s != CUBLAS_STATUS_SUCCESS) check_cublas(s, lt_failed_call, __FILE__, lt_failed_line);
+}
+
+static size_t type_size(cudaDataType_t t)
+{
+    return t == CUDA_R_32F ? 4 : t == CUDA_R_16BF || t == CUDA_R_16F ? 2 : 1;
+}
+
+/* A non-fp8 GEMM with the recipe's split_k: cuBLASLt's split-K, else K slices (see the top). */
+static void gemm_split(lt_gemm g, int split)
+{
+    if (split >= g.K) split = 1;   /* the CPU's rule: parts = split_k < K ? split_k : 1 */
+    if (split <= 1) { lt_matmul_or_die(&g); return; }
+    g.split_k = split;
+    if (lt_matmul(&g) == CUBLAS_STATUS_SUCCESS) return;
+    int K = g.K, per = (K + split - 1) / split;
+    g.split_k = 1;
+    for (int p = 0, k0 = 0; p < split && k0 < K; p++, k0 += per) {
+        lt_gemm s = g;
+        s.K = k0 + per <= K ? per : K - k0;
+        s.A = (const char *)g.A + (size_t)k0 * type_size(g.ta);
+        s.B = (const char *)g.B + (size_t)k0 * type_size(g.tb);
+        s.beta = p ? 1.0f : 0.0f;
+        lt_matmul_or_die(&s);
+    }
+}
+
+/* ---- weights widened to fp32, cached -------------------------------------------------------- */
+
+struct wcopy { const void *host; size_t n; float *dev; };
+static wcopy *WC;
+static size_t NWC, CAPWC;
+
+static size_t dtype_size(int dtype) { return dtype == TD_F32 ? 4 : dtype == TD_BF16 || dtype == TD_F16 ? 2 : 1; }
+
+/* w (rows, cols) as fp32 device memory: resident as it is when fp32, else widened once and kept */
+static const float *widened(const td_wmat *w, int rows, int cols)
+{
+    size_t n = (size_t)rows * cols;
+    if (w->dtype == TD_F32) return (const float *)tdc_const(w->data, n * sizeof(float));
+    for (size_t i = 0; i < NWC; i++)
+        if (WC[i].host == w->data && WC[i].n == n) return WC[i].dev;
+    const void *src = tdc_const(w->data, n * dtype_size(w->dtype));
+    const float *sc = NULL;
+    if (w->dtype == TD_E4M3 || w->dtype == TD_E5M2)
+        sc = (const float *)tdc_const(w->scale, (size_t)((rows + w->sr - 1) / w->sr) * w->nbc * sizeof(float));
+    float *dst = NULL;
+    CUDA_CHECK(cudaMalloc((void **)&dst, n * sizeof(float)));
+    TD_LAUNCH(widen_kernel, nblk(n), TPB, 0, tdc_stream(), src, (int)w->dtype, sc, w->sr, w->sc, w->nbc,
+              rows, cols, dst);
+    CUDA_CHECK_LAUNCH();
+    if (NWC == CAPWC) {
+        CAPWC = CAPWC ? 2 * CAPWC : 64;
+        WC = (wcopy *)realloc(WC, CAPWC * sizeof *WC);
+        if (!WC) { fprintf(stderr, "tidal: out of host memory\n"); exit(1); }
+    }
+    WC[NWC++] = wcopy{w->data, n, dst};
+    return dst;
+}
+
+extern "C" void matmul_forget_cuda(void)
+{
+    if (!NWC) return;
+    CUDA_CHECK(cudaStreamSynchronize(tdc_stream()));
+    for (size_t i = 0; i < NWC; i++) CUDA_CHECK(cudaFree(WC[i].dev));
+    NWC = 0;
+}
+
+/* ---- the op ---------------------------------------------------------------------------------- */
+
+static cudaDataType_t lt_type(int fmt)
+{
+    switch (fmt) {
+    case TD_BF16: return CUDA_R_16BF;
+    case TD_F16: return CUDA_R_16F;
+    case TD_E4M3: return CUDA_R_8F_E4M3;
+    case TD_E5M2: return CUDA_R_8F_E5M2;
+    default: return CUDA_R_32F;
+    }
+}
+
+static void note_fallback(const char *why)
+{
+    static int noted;
+    if (noted++) return;
+    fprintf(stderr, "tidal: note: an FP8 GEMM runs emulated on the GPU (dequantised operands, the "
+            "CPU's accumulation model): %s\n", why);
+}
+
+/* The activations of one matmul_forward_cuda call, prepared once for its n products. */
+typedef struct {
+    const td_recipe *r;
+    int fin, N, Np, K;
+    const float *x;                /* inp on the device                                        */
+    const void *b;                 /* fin's operand: x, 16-bit codes or fp8 codes (Np rows)   */
+    const float *x32;              /* x rounded to fin as fp32 (16-bit: when a weight needs it) */
+    td_fp8_scheme as;              /* fp8: the activation scheme, its block shape and scales   */
+    size_t abr, abc;
+    int anbc;
+    float *ascales, *alt, *wlt;    /* tidal's order; cuBLASLt's layout (alt_mode); weight's    */
+    int alt_mode;
+    float *dpad, *deq;             /* fp8: padded D; dequantised activations (when needed)      */
+} acts;
+
+static void finish(const float *D, int ldd, float *out, const float *bias, int N, int O, int act)
+{
+    TD_LAUNCH(finish_kernel, nblk((size_t)N * O), TPB, 0, tdc_stream(), D, ldd, out, bias, N, O, act);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* One FP8 product through cuBLASLt; 0 when it cannot take it (the caller falls back). */
+static int fp8_lt(acts *a, const td_wmat *w, int O, float *out, const float *bias)
+{
+    const td_recipe *r = a->r;
+    int K = a->K, g = a->as.group ? a->as.group : 128;
+    int wsingle = w->sr >= O && w->sc >= K, wrow = w->sr == 1 && w->nbc == 1;
+    int wblk = w->sr == 128 && w->sc == 128;
+    int ag = a->as.gran, mode;
+    if ((w->dtype != TD_E4M3 && w->dtype != TD_E5M2) || (w->dtype == TD_E5M2 && a->fin == TD_E5M2) ||
+        K % 16 || O % 16 || r->split_k > 1 || align_of(w->data) < 16) return 0;
+    if (wsingle && ag == TD_SCALE_TENSOR) mode = MODE_SCALAR;
+    else if ((wsingle || wrow) && (ag == TD_SCALE_TENSOR || ag == TD_SCALE_ROW)) mode = MODE_OUTER;
+    else if ((wsingle || wblk) && ag == TD_SCALE_GROUP && g == 128 && K % 128 == 0) mode = MODE_BLK128;
+    else return 0;
+    cudaStream_t st = tdc_stream();
+    const uint8_t *wc = (const uint8_t *)tdc_const(w->data, (size_t)O * K);
+    int nob = (O + w->sr - 1) / w->sr;
+    const float *ws = (const float *)tdc_const(w->scale, (size_t)nob * w->nbc * sizeof(float));
+    lt_gemm gm = {};
+    gm.M = O; gm.Nc = a->Np; gm.K = K;
+    gm.A = wc; gm.ta = lt_type(w->dtype); gm.lda = K;
+    gm.B = a->b; gm.tb = lt_type(a->fin); gm.ldb = K;
+    gm.D = a->Np == a->N ? out : a->dpad; gm.ldd = O;
+    gm.fast = r->accumulate == TD_ACC_FP8_FAST && mode != MODE_BLK128;
+    if (mode == MODE_SCALAR) {
+        gm.amode = gm.bmode = MODE_SCALAR;
+        gm.ascale = ws;
+        gm.bscale = a->ascales;
+    } else {
+        int blk = mode == MODE_BLK128, nkb = K / 128, ldk = (int)up((size_t)nkb, 4), nob128 = (O + 127) / 128;
+        int want = blk ? MODE_VEC128 : MODE_OUTER, nbc = blk ? nkb : 1;
+        if (a->alt_mode != want) {   /* the activations' scales in B's layout, once per call */
+            TD_LAUNCH(act_scales_lt_kernel, nblk((size_t)a->Np * nbc), TPB, 0, st, a->ascales,
+                      ag == TD_SCALE_TENSOR, a->N, a->Np, nbc, blk, a->alt);
+            CUDA_CHECK_LAUNCH();
+            a->alt_mode = want;
+        }
+        TD_LAUNCH(w_scales_lt_kernel, nblk(blk ? (size_t)nob128 * ldk : (size_t)O), TPB, 0, st, ws, wsingle,
+                  O, w->nbc, nob128, nkb, ldk, blk, a->wlt);
+        CUDA_CHECK_LAUNCH();
+        gm.amode = blk ? MODE_BLK128 : MODE_OUTER;
+        gm.bmode = want;
+        gm.ascale = a->wlt;
+        gm.bscale = a->alt;
+    }
+    cublasStatus_t s = lt_matmul(&gm);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        char why[256];
+        snprintf(why, sizeof why, "cuBLASLt refused %s scaling here (%s: %s)",
+                 mode == MODE_SCALAR ? "per-tensor" : mode == MODE_OUTER ? "outer-vector" : "block",
+                 lt_failed_call, cublasLtGetStatusString(s));
+        note_fallback(why);
+        return 0;
+    }
+    finish(gm.D, O, out, bias, a->N, O, r->activations);
+    return 1;
+}
+
+/* One FP8 product emulated over the dequantised operands (see the top). */
+static void fp8_emulated(acts *a, const td_wmat *w, int O, float *out, const float *bias)
+{
+    const td_recipe *r = a->r;
+    int N = a->N, K = a->K;
+    if (!a->x32) {
+        TD_LAUNCH(widen_kernel, nblk((size_t)N * K), TPB, 0, tdc_stream(), a->b, a->fin, a->ascales,
+                  (int)a->abr, (int)a->abc, a->anbc, N, K, a->deq);
+        CUDA_CHECK_LAUNCH();
+        a->x32 = a->deq;
+    }
+    const float *wf = widened(w, O, K);
+    if (r->accumulate == TD_ACC_FP8_FAST) {
+        int promote = r->promote_every < 32 ? 32 : r->promote_every;
+        TD_LAUNCH(fp8_fast_kernel, nblk((size_t)N * O), TPB, 0, tdc_stream(), a->x32, wf, out, N, O, K,
+                  promote, r->acc_fraction_bits);
+        CUDA_CHECK_LAUNCH();
+    } else {
+        lt_gemm gm = {};
+        gm.M = O; gm.Nc = N; gm.K = K;
+        gm.A = wf; gm.ta = CUDA_R_32F; gm.lda = K;
+        gm.B = a->x32; gm.tb = CUDA_R_32F; gm.ldb = K;
+        gm.D = out; gm.ldd = O;
+        gm.amode = gm.bmode = MODE_NONE;
+        gemm_split(gm, r->split_k);
+    }
+    finish(out, O, out, bias, N, O, r->activations);
+}
+
+extern "C" void matmul_forward_cuda(const td_ops *ctx, int n, float *const *out, const float *inp,
+                                    const td_wmat *weight, const float *const *bias, int N, int IN,
+                                    const int *OUT)
+{
+    const td_recipe *r = td_recipe_is_plain_fp32(ctx->recipe) ? NULL : ctx->recipe;
+    cudaStream_t st = tdc_stream();
+    acts a = {};
+    a.r = r;
+    a.fin = r ? r->gemm_inputs : TD_F32;
+    a.N = a.Np = N;
+    a.K = IN;
+    a.x = (const float *)tdc_in(inp, (size_t)N * IN * sizeof(float));
+    a.b = a.x;
+    a.alt_mode = MODE_NONE;
+    int fp8 = r && td_recipe_fp8_gemm(r), maxo = 0;
+    for (int j = 0; j < n; j++) maxo = OUT[j] > maxo ? OUT[j] : maxo;
+    if (fp8) {
+        a.Np = (int)up((size_t)N, 16);
+        a.as = r->act_scaling;
+        a.as.fmt = (td_format)a.fin;
+        td_fp8_block_shape(&a.as, (size_t)N, (size_t)IN, &a.abr, &a.abc);
+        a.anbc = (int)((IN + a.abc - 1) / a.abc);
+        size_t nas = td_fp8_num_scales(&a.as, (size_t)N, (size_t)IN);
+        size_t nkb = (IN + 127) / 128, nalt = (size_t)a.Np * (nkb > 1 ? nkb : 1);
+        size_t nwlt = (size_t)maxo > ((maxo + 127) / 128) * up(nkb, 4) ? (size_t)maxo : ((maxo + 127) / 128) * up(nkb, 4);
+        uint8_t *codes = (uint8_t *)tdc_scratch(TDC_SLOT_GEMM_A, (size_t)a.Np * IN);
+        a.ascales = (float *)tdc_scratch(TDC_SLOT_GEMM_SCALES, (up(nas, 64) + up(nalt, 64) + nwlt) * sizeof(float));
+        a.alt = a.ascales + up(nas, 64);
+        a.wlt = a.alt + up(nalt, 64);
+        a.deq = (float *)tdc_scratch(TDC_SLOT_GEMM_OUT, (up((size_t)N * IN, 64) + (size_t)a.Np * maxo) * sizeof(float));
+        a.dpad = a.deq + up((size_t)N * IN, 64);
+        fp8_quantize_cuda(&a.as, a.x, N, IN, codes, a.ascales);
+        if (a.Np > N) CUDA_CHECK(cudaMemsetAsync(codes + (size_t)N * IN, 0, (size_t)(a.Np - N) * IN, st));
+        a.b = codes;
+    } else if (a.fin == TD_BF16 || a.fin == TD_F16) {
+        uint16_t *codes = (uint16_t *)tdc_scratch(TDC_SLOT_GEMM_A, (size_t)N * IN * sizeof(uint16_t));
+        TD_LAUNCH(codes16_kernel, nblk((size_t)N * IN), TPB, 0, st, a.x, codes, (size_t)N * IN, a.fin);
+        CUDA_CHECK_LAUNCH();
+        a.b = codes;
+    } else {
+        a.x32 = a.x;
+    }
+    for (int j = 0; j < n; j++) {
+        const td_wmat *w = &weight[j];
+        int O = OUT[j];
+        float *o = (float *)tdc_out(out[j], (size_t)N * O * sizeof(float), 0);
+        const float *b = bias && bias[j] ? (const float *)tdc_const(bias[j], (size_t)O * sizeof(float)) : NULL;
+        if (fp8) {
+            if (!fp8_lt(&a, w, O, o, b)) fp8_emulated(&a, w, O, o, b);
+            continue;
+        }
+        lt_gemm gm = {};
+        gm.M = O; gm.Nc = N; gm.K = IN;
+        gm.lda = gm.ldb = IN;
+        gm.D = o; gm.ldd = O;
+        gm.amode = gm.bmode = MODE_NONE;
+        if (a.fin != TD_F32 && w->dtype == a.fin) {   /* 16-bit operands on the tensor cores */
+            gm.A = tdc_const(w->data, (size_t)O * IN * sizeof(uint16_t));
+            gm.ta = gm.tb = lt_type(a.fin);
+            gm.B = a.b;
+        } else {                                        /* fp32 operands holding the same values */
+            if (!a.x32) {
+                float *x32 = (float *)tdc_scratch(TDC_SLOT_GEMM_OUT, (size_t)N * IN * sizeof(float));
+                TD_LAUNCH(round_kernel, nblk((size_t)N * IN), TPB, 0, st, a.x, x32, (size_t)N * IN, a.fin);
+                CUDA_CHECK_LAUNCH();
+                a.x32 = x32;
+            }
+            gm.A = widened(w, O, IN);
+            gm.ta = gm.tb = CUDA_R_32F;
+            gm.B = a.x32;
+        }
+        gemm_split(gm, r ? r->split_k : 1);
+        finish(o, O, o, b, N, O, r ? r->activations : TD_F32);
+    }
+    tdc_done();
+}
