@@ -40,6 +40,7 @@ int cublaslt_sim_refuse_splitk;
 int cublaslt_sim_refuse_scale_modes;
 long cublaslt_sim_calls_fp8[6];
 long cublaslt_sim_calls_splitk;
+long cublaslt_sim_calls_fast;
 
 struct cublasLtContext { int alive; };
 struct cublaslt_sim_desc {
@@ -297,6 +298,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     }
     int fp8 = is_fp8(ad->type), am = op->amode, bm = op->bmode, blk = fp8 && is_block(am);
     if (fp8) cublaslt_sim_calls_fp8[am]++;
+    if (fp8 && op->fast) cublaslt_sim_calls_fast++;
     if (parts > 1) cublaslt_sim_calls_splitk++;
     if (parts > p.K) parts = p.K ? p.K : 1;
     float al, be;

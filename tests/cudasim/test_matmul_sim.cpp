@@ -28,10 +28,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+extern "C" {
 #include <cmocka.h>
+}
 
 #include "cublasLt_sim.h"
-#include "matmul.cuh"
+#include "../../src/backend/cuda/matmul.cuh"
 
 extern "C" {
 #include "tidal/gemm.h"
@@ -224,7 +226,7 @@ static void run_case(const mcase *c)
     cc.be->matmul_forward(&cc, n, cpu, inp, w, bias, N, IN, c->OUT);
 
     /* the CUDA backend in the simulator */
-    long before[6], split_before = cublaslt_sim_calls_splitk;
+    long before[6], split_before = cublaslt_sim_calls_splitk, fast_before = cublaslt_sim_calls_fast;
     memcpy(before, cublaslt_sim_calls_fp8, sizeof before);
     cublaslt_sim_refuse_splitk = c->refuse_splitk;
     cublaslt_sim_refuse_scale_modes = c->refuse_modes;
@@ -235,6 +237,9 @@ static void run_case(const mcase *c)
     if (c->mode >= 0) assert_true(cublaslt_sim_calls_fp8[c->mode] >= before[c->mode] + n);
     else for (int m = 0; m < 6; m++) assert_int_equal(cublaslt_sim_calls_fp8[m], before[m]);
     if (c->splitk) assert_true(cublaslt_sim_calls_splitk > split_before);
+    /* FAST_ACCUM exactly when the recipe accumulates fp8-fast, except in the block modes */
+    int want_fast = c->mode >= 0 && c->mode != CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F && r->accumulate == TD_ACC_FP8_FAST;
+    assert_int_equal(cublaslt_sim_calls_fast - fast_before, want_fast ? n : 0);
 
     /* element by element within the stated bound */
     const td_recipe *rr = r && !td_recipe_is_plain_fp32(r) ? r : NULL;
@@ -243,7 +248,8 @@ static void run_case(const mcase *c)
     float *q = (float *)malloc((size_t)N * IN * sizeof(float));
     if (rr) td_gemm_quant_input(rr, inp, N, IN, q);
     else memcpy(q, inp, (size_t)N * IN * sizeof(float));
-    double worst = 0.0, u = ldexp(1, -24);
+    double worst = 0.0, worst_ulps = 0.0, u = ldexp(1, -24);
+    long differ = 0, total = 0;
     for (int j = 0; j < n; j++) {
         int O = c->OUT[j];
         float *wv = (float *)malloc((size_t)O * IN * sizeof(float));
@@ -261,14 +267,20 @@ static void run_case(const mcase *c)
                              c->recipe ? c->recipe : "fp32 reference", c->head ? " (head)" : "", N, IN, j, i, o, g, e,
                              d, bound);
                 if (S > 0 && d / S > worst) worst = d / S;
+                if (act != TD_F32 && d / ulp_of(act, fmax(fabs(g), fabs(e))) > worst_ulps)
+                    worst_ulps = d / ulp_of(act, fmax(fabs(g), fabs(e)));
+                differ += d > 0;
+                total++;
                 nz += fabs(e);
             }
         assert_true(nz > 0.0);   /* not a vacuous comparison */
         free(wv);
     }
-    printf("  matmul %-20s%s N=%-3d IN=%-4d OUT=%d%s%s: max |gpu - cpu| / S = %.3g\n",
-           c->recipe ? c->recipe : "fp32 reference", c->head ? " (head)" : "", N, IN, c->OUT[0],
-           n > 1 ? " (+n)" : "", c->refuse_splitk || c->refuse_modes ? " [fallback]" : "", worst);
+    char ulps[48] = "";
+    if (act != TD_F32) snprintf(ulps, sizeof ulps, " (at most %.3g ulp)", worst_ulps);
+    printf("  matmul %-20s%s N=%-3d IN=%-4d OUT=%-3d%s%s: max |gpu - cpu| / S = %.3g, %ld of %ld differ%s\n",
+           c->recipe ? c->recipe : "fp32 reference", c->head ? " (head)" : "", N, IN, c->OUT[0], n > 1 ? " (+n)" : "",
+           c->refuse_splitk || c->refuse_modes ? " [fallback]" : "", worst, differ, total, ulps);
     for (int j = 0; j < n; j++) {
         free(p[j].data); free(p[j].scale); free(cpu[j]); free(gpu[j]); free(bias[j]);
     }
