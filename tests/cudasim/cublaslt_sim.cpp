@@ -7,7 +7,8 @@
  *   op(X) = X (CUBLAS_OP_N) or X^T (CUBLAS_OP_T); A is (M x K) after op, B (K x N), C = D (M x N)
  *   types: fp32 x fp32, bf16 x bf16, fp16 x fp16, and FP8 (e4m3 x e4m3, e4m3 x e5m2, e5m2 x e4m3)
  *   with the FP8 rules: TN layout only (op(A) = A^T, op(B) = B), K, lda, ldb multiples of 16;
- *   compute type CUBLAS_COMPUTE_32F, scale type fp32, D fp32 (all matmul.cu asks for)
+ *   compute type CUBLAS_COMPUTE_32F, scale type fp32; D (= C) fp32, or bf16 / fp16: the fp32
+ *   result rounded to nearest even (what matmul.cu asks for)
  *   scales (FP8 only; a scale pointer on another type is CUBLAS_STATUS_INVALID_VALUE):
  *     SCALAR_32F     one fp32 each for A and B (NULL = 1): D = alpha sA sB sum_k a b
  *     OUTER_VEC_32F  on both: sA[i] for row i of op(A), sB[j] for column j of op(B)
@@ -38,6 +39,7 @@ extern "C" {
 
 int cublaslt_sim_refuse_splitk;
 int cublaslt_sim_refuse_scale_modes;
+int cublaslt_sim_refuse_fp8_f32_out;
 long cublaslt_sim_calls_fp8[6];
 long cublaslt_sim_calls_splitk;
 long cublaslt_sim_calls_fast;
@@ -159,8 +161,10 @@ static cublasStatus_t validate(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a
     uint64_t M = op->transa == CUBLAS_OP_N ? a->rows : a->cols, K = op->transa == CUBLAS_OP_N ? a->cols : a->rows;
     uint64_t Kb = op->transb == CUBLAS_OP_N ? b->rows : b->cols, N = op->transb == CUBLAS_OP_N ? b->cols : b->rows;
     if (K != Kb || d->rows != M || d->cols != N || c->rows != M || c->cols != N) return CUBLAS_STATUS_INVALID_VALUE;
-    if (d->type != CUDA_R_32F || c->type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (c->type != d->type || (d->type != CUDA_R_32F && d->type != CUDA_R_16BF && d->type != CUDA_R_16F))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     int fp8 = is_fp8(a->type) || is_fp8(b->type);
+    if (fp8 && d->type == CUDA_R_32F && cublaslt_sim_refuse_fp8_f32_out) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (fp8) {
         if (!is_fp8(a->type) || !is_fp8(b->type) || (a->type == CUDA_R_8F_E5M2 && b->type == CUDA_R_8F_E5M2))
             return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -329,10 +333,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                 if (am == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) total *= sa[i] * sb[j];
                 else total *= (sa ? sa[0] : 1.0f) * (sb ? sb[0] : 1.0f);
             }
-            float c = be != 0.0f ? ((const float *)C)[(size_t)j * cd->ld + i] : 0.0f;
+            float c = be != 0.0f ? load(C, cd->type, cd->ld, i, j) : 0.0f;
             out[(size_t)j * p.M + i] = al * total + be * c;
         }
     for (uint64_t j = 0; j < p.N; j++)
-        for (uint64_t i = 0; i < p.M; i++) ((float *)D)[(size_t)j * dd->ld + i] = out[(size_t)j * p.M + i];
+        for (uint64_t i = 0; i < p.M; i++) {
+            float v = out[(size_t)j * p.M + i];
+            size_t at = (size_t)j * dd->ld + i;
+            if (dd->type == CUDA_R_32F) ((float *)D)[at] = v;         /* else rounded to nearest even */
+            else ((uint16_t *)D)[at] = (uint16_t)td_encode(dd->type == CUDA_R_16BF ? TD_BF16 : TD_F16, v, TD_SATFINITE);
+        }
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -134,7 +134,8 @@ typedef struct {
     int N, IN, n, OUT[3];
     int bias;              /* bias on product 0                                                 */
     int store;             /* -1: the recipe's weight storage; else this td_format (no fp8)     */
-    int refuse_splitk, refuse_modes;
+    int refuse_splitk;
+    int refuse;            /* model knobs: 1 no FP8 scale modes, 2 no fp32 D for FP8             */
     int mode;              /* the FP8 A scale mode cuBLASLt must run (-1: no FP8 cuBLASLt call)  */
     int splitk;            /* cuBLASLt split-K must run                                         */
 } mcase;
@@ -229,11 +230,12 @@ static void run_case(const mcase *c)
     long before[6], split_before = cublaslt_sim_calls_splitk, fast_before = cublaslt_sim_calls_fast;
     memcpy(before, cublaslt_sim_calls_fp8, sizeof before);
     cublaslt_sim_refuse_splitk = c->refuse_splitk;
-    cublaslt_sim_refuse_scale_modes = c->refuse_modes;
+    cublaslt_sim_refuse_scale_modes = c->refuse & 1;
+    cublaslt_sim_refuse_fp8_f32_out = (c->refuse & 2) != 0;
     td_ops gc = cc;
     gc.be = &td_backend_cuda;
     matmul_forward_cuda(&gc, n, gpu, inp, w, bias, N, IN, c->OUT);
-    cublaslt_sim_refuse_splitk = cublaslt_sim_refuse_scale_modes = 0;
+    cublaslt_sim_refuse_splitk = cublaslt_sim_refuse_scale_modes = cublaslt_sim_refuse_fp8_f32_out = 0;
     if (c->mode >= 0) assert_true(cublaslt_sim_calls_fp8[c->mode] >= before[c->mode] + n);
     else for (int m = 0; m < 6; m++) assert_int_equal(cublaslt_sim_calls_fp8[m], before[m]);
     if (c->splitk) assert_true(cublaslt_sim_calls_splitk > split_before);
@@ -280,7 +282,7 @@ static void run_case(const mcase *c)
     if (act != TD_F32) snprintf(ulps, sizeof ulps, " (at most %.3g ulp)", worst_ulps);
     printf("  matmul %-20s%s N=%-3d IN=%-4d OUT=%-3d%s%s: max |gpu - cpu| / S = %.3g, %ld of %ld differ%s\n",
            c->recipe ? c->recipe : "fp32 reference", c->head ? " (head)" : "", N, IN, c->OUT[0], n > 1 ? " (+n)" : "",
-           c->refuse_splitk || c->refuse_modes ? " [fallback]" : "", worst, differ, total, ulps);
+           c->refuse_splitk || c->refuse ? " [refused]" : "", worst, differ, total, ulps);
     for (int j = 0; j < n; j++) {
         free(p[j].data); free(p[j].scale); free(cpu[j]); free(gpu[j]); free(bias[j]);
     }
@@ -337,6 +339,9 @@ static void test_matmul_fp8(void **state)
         {"vllm-fp8-per-token", 0, 5, 192, 1, {64}, 1, -1, 0, 0, OUTV, 0},
         {"vllm-fp8-per-token", 0, 3, 100, 1, {64}, 0, -1, 0, 0, NOM, 0}, /* K % 16: emulated */
         {"vllm-fp8-per-token", 0, 3, 128, 1, {64}, 0, -1, 0, 1, NOM, 0}, /* no outer vectors: emulated */
+        {"fp8-rollout", 0, 5, 256, 2, {64, 32}, 0, -1, 0, 2, BLK, 0},    /* no fp32 D: bf16 D, no bias */
+        {"vllm-fp8", 0, 3, 128, 1, {48}, 0, -1, 0, 2, SCAL, 0},
+        {"fp8-rollout", 0, 2, 256, 1, {64}, 1, -1, 0, 2, NOM, 0},        /* ... with a bias: emulated */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i]);
 }

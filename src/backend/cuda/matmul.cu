@@ -32,7 +32,9 @@
  *               and those kernels promote into fp32 at each 128-wide K block when they apply the
  *               scales, which is the recipe's fp8-fast with promote_every 128 (fp8-rollout).
  *               The token dimension is zero-padded to a multiple of 16 (codes 0), so a decode
- *               step (N = 1) takes the same kernels.
+ *               step (N = 1) takes the same kernels. D is fp32; where an FP8 mode has no fp32
+ *               output and the product has no bias, D is written in the activations dtype (bf16
+ *               / fp16: the fp32 sum rounded once, the same value as round_act(acc)) and widened.
  *               FALLBACK (the CPU's emulation semantics): what cuBLASLt cannot take — MX and other
  *               granularities, K not a multiple of 16 (of 128 for the block modes), OUT not a
  *               multiple of 16, e5m2 x e5m2, split_k > 1, a cuBLAS or GPU without the mode (the
@@ -356,7 +358,8 @@ typedef struct {
     int M, Nc, K;                  /* D is (M x Nc); K products per element                     */
     const void *A; cudaDataType_t ta; int lda;   /* the weight, op T                          */
     const void *B; cudaDataType_t tb; int ldb;   /* the activations, op N                     */
-    float *D; int ldd;             /* fp32; C = D                                                */
+    void *D; int ldd;              /* C = D                                                      */
+    cudaDataType_t td;             /* D's type: fp32 (0 = CUDA_R_32F), or bf16/fp16 (see fp8_lt) */
     float beta;
     int amode, bmode;              /* cublasLtMatmulMatrixScale_t, MODE_NONE: no scale pointer  */
     const float *ascale, *bscale;
@@ -448,7 +451,7 @@ static cublasStatus_t lt_matmul(const lt_gemm *g)
     }
     LT_TRY(cublasLtMatrixLayoutCreate(&ad, g->ta, (uint64_t)g->K, (uint64_t)g->M, g->lda));
     LT_TRY(cublasLtMatrixLayoutCreate(&bd, g->tb, (uint64_t)g->K, (uint64_t)g->Nc, g->ldb));
-    LT_TRY(cublasLtMatrixLayoutCreate(&dd, CUDA_R_32F, (uint64_t)g->M, (uint64_t)g->Nc, g->ldd));
+    LT_TRY(cublasLtMatrixLayoutCreate(&dd, g->td, (uint64_t)g->M, (uint64_t)g->Nc, g->ldd));
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]));
@@ -634,6 +637,18 @@ static int fp8_lt(acts *a, const td_wmat *w, int O, float *out, const float *bia
         gm.bscale = a->alt;
     }
     cublasStatus_t s = lt_matmul(&gm);
+    if (s != CUBLAS_STATUS_SUCCESS && !bias && (r->activations == TD_BF16 || r->activations == TD_F16)) {
+        /* no fp32 output for this FP8 mode here: D in the activations dtype is the same value
+         * (the fp32 sum rounded once, round_act(acc) of gemm.h, when there is no bias), widened */
+        gm.td = lt_type(r->activations);
+        gm.D = a->dpad;
+        if ((s = lt_matmul(&gm)) == CUBLAS_STATUS_SUCCESS) {
+            TD_LAUNCH(widen_kernel, nblk((size_t)a->N * O), TPB, 0, st, (const void *)a->dpad, r->activations,
+                      (const float *)NULL, 1, 1, 1, a->N, O, out);
+            CUDA_CHECK_LAUNCH();
+            return 1;
+        }
+    }
     if (s != CUBLAS_STATUS_SUCCESS) {
         char why[256];
         snprintf(why, sizeof why, "cuBLASLt refused %s scaling here (%s: %s)",
@@ -642,7 +657,7 @@ static int fp8_lt(acts *a, const td_wmat *w, int O, float *out, const float *bia
         note_fallback(why);
         return 0;
     }
-    finish(gm.D, O, out, bias, a->N, O, r->activations);
+    finish((const float *)gm.D, O, out, bias, a->N, O, r->activations);
     return 1;
 }
 
