@@ -1,4 +1,4 @@
-/* tidal — what matmul.cu offers besides matmul_forward_cuda (internal header). */
+/* tidal — what matmul.cu and fp8_quant.cu offer besides matmul_forward_cuda (internal header). */
 #ifndef TIDAL_CUDA_MATMUL_CUH
 #define TIDAL_CUDA_MATMUL_CUH
 
