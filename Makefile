@@ -48,6 +48,30 @@ else
   $(info ✗ nvcc not found: NVIDIA reference tests and CUDA sources are skipped)
 endif
 
+# The CUDA backend (src/backend/cuda/*.cu, `--device cuda`) is part of libtidal when nvcc is
+# found (CUDA=0 leaves it out: then --device cuda says the build has none). Kernels for Hopper
+# (sm_90, H100/H200) and PTX for anything newer; cudart static, cuBLASLt shared (rpath).
+# No fast-math: the kernels' roundings need IEEE fp32 with denormals (round.cuh).
+CUDA      ?= 0
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+NVFLAGS   ?= -O2 -g -std=c++20 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+             -Iinclude -Xcompiler -fopenmp,-Wall -Werror all-warnings
+ifeq ($(CUDA),1)
+  CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
+  CFLAGS   += -DTD_HAVE_CUDA
+  LDLIBS   += -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt -lpthread -lstdc++ \
+              -Wl,-rpath,$(CUDA_HOME)/lib64
+else
+  CUDA_OBJ :=
+endif
+
+# GPU-side programs, run by tests/gpu/run.sh on a machine with an NVIDIA GPU: the CUDA backend's
+# tests of tests/cudasim built against the real backend (the simulator's own test excepted) and
+# the benchmarks' peer. With CUDA=1 `make tests` builds them too (CI compiles them; nothing runs
+# them without a GPU).
+GPUTESTS := $(patsubst tests/cudasim/%.cpp,$(BUILD)/gpu/%,$(filter-out tests/cudasim/test_cudasim.cpp,$(wildcard tests/cudasim/test_*.cpp)))
+GPUPROGS := $(if $(filter 1,$(CUDA)),$(GPUTESTS) $(BUILD)/gpu/peer)
+
 DEPDIR_FLAGS = -MMD -MP
 comma := ,
 space := $(subst ,, )
@@ -64,7 +88,11 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) -c $< -o $@
 
-$(LIB): $(LIB_OBJ)
+$(BUILD)/%.cu.o: %.cu $(wildcard src/backend/cuda/*.cuh)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ) $(CUDA_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
@@ -86,7 +114,21 @@ $(BUILD)/tests/nv/%: tests/nv/%.cu $(LIB)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -Iinclude -Xcompiler -fopenmp$(SAN_NV) $< -o $@ $(LIB) -lcmocka -lm -Xlinker -lgomp$(if $(SAN), -Xcompiler $(subst $(space),$(comma),$(strip $(SAN))))
 
-tests: $(TESTS) $(NVTESTS) $(TOOLS) $(HELPERS)
+tests: $(TESTS) $(NVTESTS) $(TOOLS) $(HELPERS) $(GPUPROGS)
+
+.PHONY: gpu-tests
+gpu-tests: $(TOOLS) $(GPUTESTS) $(BUILD)/gpu/peer
+
+$(BUILD)/gpu/peer: tests/gpu/peer.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) $< -o $@ -lcublasLt
+
+$(BUILD)/gpu/%.o: tests/cudasim/%.cpp $(wildcard src/backend/cuda/*.cuh)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -x cu -Isrc/backend/cuda -c $< -o $@
+
+$(BUILD)/gpu/%: $(BUILD)/gpu/%.o $(LIB)
+	$(CXX) $< -o $@ $(LIB) $(LDLIBS) -lcmocka
 
 check: deps
 	@$(MAKE) --no-print-directory tests
@@ -94,7 +136,7 @@ check: deps
 
 # Sanitizer build lives in its own tree so it never mixes objects with the normal build.
 check-asan: deps
-	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer" \
+	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 OPT="-O1 -fno-omit-frame-pointer" \
 	    SAN="-fsanitize=address -fsanitize=undefined -fno-sanitize-recover=undefined" tests
 	@BUILD=build-asan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    bash tests/run.sh $(TESTS:$(BUILD)/%=build-asan/%) $(NVTESTS:$(BUILD)/%=build-asan/%)

@@ -1,7 +1,8 @@
-/* tidal-bench-model — throughput of the fp32 CPU forward on a checkpoint (tests/bench/model.sh).
+/* tidal-bench-model — throughput of the forward on a checkpoint (tests/bench/model.sh; on a GPU
+ * tests/bench/gpu.sh): fp32 on the CPU by default, any recipe (--recipe) and device (--device).
  *
  *   tidal-bench-model --model DIR [--tf-batch 2] [--tf-len 512] [--prompt 32] [--steps 32]
- *                     [--decode-batch 16] [--seed 1]
+ *                     [--decode-batch 16] [--seed 1] [--recipe fp32] [--device cpu]
  *
  * Cases (random tokens from --seed; one untimed warm-up pass each, which also faults the
  * mapped weights in):
@@ -54,11 +55,15 @@ static double bandwidth_gbs(void)
 
 /* Prefill every slot with `prompt` random tokens, then `steps` batched decode steps feeding
  * random tokens; returns the seconds of the decode steps. */
-static double run_decode(const td_model *m, int B, int prompt, int steps, td_rng *r,
-                         td_error *err, int *ok)
+static double run_decode(const td_model *m, const td_recipe *rc, int B, int prompt, int steps,
+                         td_rng *r, td_error *err, int *ok)
 {
     int V = m->cfg.vocab_size;
     td_session *s = td_session_create(m, B, prompt + steps, 64, err);
+    if (s && td_session_set_recipe(s, rc, err)) {
+        td_session_free(s);
+        s = NULL;
+    }
     float *rows = malloc((size_t)B * V * sizeof(float));
     int *toks = malloc((size_t)(prompt > B ? prompt : B) * sizeof(int));
     int *slots = malloc((size_t)B * sizeof(int));
@@ -84,7 +89,7 @@ static double run_decode(const td_model *m, int B, int prompt, int steps, td_rng
 
 int main(int argc, char **argv)
 {
-    const char *dir = NULL;
+    const char *dir = NULL, *recipe_arg = "fp32", *device = "cpu";
     int tfB = 2, tfT = 512, prompt = 32, steps = 32, decB = 16, only = -1, bw = 0;
     unsigned long long seed = 1;
     td_opt opts[] = {
@@ -97,17 +102,26 @@ int main(int argc, char **argv)
         TD_OPT_U("seed", 0, &seed, "N", "seed of the random tokens (default 1)"),
         TD_OPT_C("only", 0, &only, "tf|decode1|decodeB", "run one case"),
         TD_OPT_F("bandwidth", 0, &bw, 1, "also measure the memory bandwidth (2 GiB streaming read)"),
+        TD_OPT_S("recipe", 0, &recipe_arg, "NAME|FILE", "precision recipe of every case (default fp32)"),
+        TD_OPT_DEVICE(&device),
         {0}};
     td_opt_get(opts, "model")->required = 1;
     td_cli cli = {"tidal-bench-model", "--model DIR [--tf-batch N] [--tf-len T] [--prompt P] [--steps S] "
                   "[--decode-batch B] [--seed N] [--only CASE]",
-                  "Throughput of the fp32 CPU forward: prints \"case NAME tokens_per_s X seconds S\" per case\n"
+                  "Throughput of the forward (default fp32 on the CPU): prints \"case NAME tokens_per_s X seconds S\" per case\n"
                   "and \"peak_rss_mb X\".", NULL, opts, 0, 0};
     int nargs, rc0 = td_cli_parse(&cli, argc, argv, NULL, &nargs);
     if (rc0 >= 0) return rc0;
     td_error err;
+    td_recipe recipe;
+    if (td_recipe_resolve(recipe_arg, &recipe, &err)) { fprintf(stderr, "tidal-bench-model: %s\n", err.msg); return 2; }
     td_model *m = td_model_load_progress(dir, stderr, &err);
-    if (!m) { fprintf(stderr, "tidal-bench-model: %s\n", err.msg); return 1; }
+    if (!m || td_model_set_device(m, device, &err)) {
+        fprintf(stderr, "tidal-bench-model: %s\n", err.msg);
+        td_model_free(m);
+        return 1;
+    }
+    printf("device %s recipe %s\n", td_model_device(m), recipe.name);
     int V = m->cfg.vocab_size;
     td_rng r;
     td_rng_seed(&r, seed);
@@ -115,6 +129,10 @@ int main(int argc, char **argv)
 
     if (only < 0 || only == 0) {
         td_forward *f = td_forward_create(m, tfB * tfT, tfT, 0, &err);
+        if (f && td_forward_set_recipe(f, &recipe, &err)) {
+            td_forward_free(f);
+            f = NULL;
+        }
         int **tok = calloc(tfB, sizeof *tok), *lens = calloc(tfB, sizeof(int));
         float **lp = calloc(tfB, sizeof *lp);
         for (int b = 0; b < tfB; b++) {
@@ -136,12 +154,12 @@ int main(int argc, char **argv)
         td_forward_free(f);
     }
     if (ok && (only < 0 || only == 1)) {
-        run_decode(m, 1, 4, 2, &r, &err, &ok);  /* warm-up */
-        double dt = ok ? run_decode(m, 1, prompt, steps, &r, &err, &ok) : 0;
+        run_decode(m, &recipe, 1, 4, 2, &r, &err, &ok);  /* warm-up */
+        double dt = ok ? run_decode(m, &recipe, 1, prompt, steps, &r, &err, &ok) : 0;
         if (ok) printf("case decode1 tokens_per_s %.3f seconds %.3f\n", steps / dt, dt);
     }
     if (ok && (only < 0 || only == 2)) {
-        double dt = run_decode(m, decB, prompt, steps, &r, &err, &ok);
+        double dt = run_decode(m, &recipe, decB, prompt, steps, &r, &err, &ok);
         if (ok) printf("case decode%d tokens_per_s %.3f seconds %.3f\n", decB,
                        (double)decB * steps / dt, dt);
     }

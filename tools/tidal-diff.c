@@ -10,6 +10,7 @@
  */
 #include "tidal/checkpoint.h"
 #include "tidal/diff.h"
+#include "tidal/model.h"
 #include "tidal/opts.h"
 
 #include <jansson.h>
@@ -33,13 +34,6 @@ static int parse_shard(void *dest, const char *v, char *why, size_t n)
     if (sscanf(v, "%d/%d%n", &k, &nn, &used) != 2 || v[used] || nn < 1 || k < 0 || k >= nn) return -1;
     o->shard_k = k;
     o->shard_n = nn;
-    return 0;
-}
-
-static int parse_device(void *dest, const char *v, char *why, size_t n)
-{
-    (void)dest;
-    if (strcmp(v, "cpu") != 0) { snprintf(why, n, "cpu (this build runs on the CPU only)"); return -1; }
     return 0;
 }
 
@@ -118,7 +112,7 @@ int main(int argc, char **argv)
         TD_OPT_F("resume", 0, &o.resume, 1, "continue OUT.h5 after an interruption"),
         TD_OPT_F("force", 0, &o.force, 1, "replace an existing OUT.h5 (kept until the new run has\ncompleted a batch)"),
         TD_OPT_F("skip-bad-lines", 0, &o.skip_bad_lines, 1, "skip malformed prompt lines (warning each) instead of stopping"),
-        TD_OPT_FUN("device", 0, NULL, "cpu", parse_device, "cpu", "backend (only cpu in this build)"),
+        TD_OPT_DEVICE(&o.device),
         TD_OPT_S("lora", 0, &o.lora_dir, "DIR", "PEFT LoRA adapter (adapter_config.json +\nadapter_model.safetensors), applied by both paths,\n"
                  "unmerged (the LoRA branch beside each projection, in the\npath's dtype) unless merged:"),
         TD_OPT_F("lora-merge-a", 0, &o.lora_merge_a, 1, "merge it into path A's weights in A's weight format"),

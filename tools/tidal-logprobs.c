@@ -41,7 +41,7 @@ static int *parse_tokens(const char *s, int *n)
 
 int main(int argc, char **argv)
 {
-    const char *dir = NULL, *toks = NULL, *recipe_arg = "fp32";
+    const char *dir = NULL, *toks = NULL, *recipe_arg = "fp32", *device = "cpu";
     int decode = 0, top = 0;
     td_opt opts[] = {
         TD_OPT_S("model", 0, &dir, "DIR", "checkpoint directory"),
@@ -51,11 +51,12 @@ int main(int argc, char **argv)
         TD_OPT_I("top-logprobs", 0, &top, "K", 0, 1 << 20, "also print the K most likely tokens after the last\n"
                  "position (OpenAI/vLLM top_logprobs)"),
         TD_OPT_S("recipe", 0, &recipe_arg, "NAME|FILE", "precision recipe (default fp32)"),
+        TD_OPT_DEVICE(&device),
         TD_OPT_I("top", 0, &top, "K", 0, 1 << 20, NULL),   /* the old spelling, unlisted */
         {0}};
     td_opt_get(opts, "model")->required = 1;
     td_opt_get(opts, "tokens")->required = 1;
-    td_cli cli = {"tidal-logprobs", "--model DIR --tokens 1,2,3 [--decode] [--top-logprobs K] [--recipe NAME|FILE]",
+    td_cli cli = {"tidal-logprobs", "--model DIR --tokens 1,2,3 [--decode] [--top-logprobs K] [--recipe NAME|FILE] [--device cpu|cuda]",
                   "Per-position next-token log-probs of one token sequence under a checkpoint: one line per\n"
                   "position t >= 1, \"t token logp\" with logp = log p(token_t | tokens_<t). Default: the\n"
                   "teacher-forced structure (training path).", NULL, opts, 0, 0};
@@ -68,7 +69,12 @@ int main(int argc, char **argv)
     td_recipe recipe;
     if (td_recipe_resolve(recipe_arg, &recipe, &err)) { fprintf(stderr, "tidal-logprobs: %s\n", err.msg); free(ids); return 2; }
     td_model *m = td_model_load(dir, &err);
-    if (!m) { fprintf(stderr, "tidal-logprobs: %s\n", err.msg); free(ids); return 1; }
+    if (!m || td_model_set_device(m, device, &err)) {
+        fprintf(stderr, "tidal-logprobs: %s\n", err.msg);
+        td_model_free(m);
+        free(ids);
+        return 1;
+    }
     int V = m->cfg.vocab_size, rc = 0;
     float *logp = malloc((size_t)n * sizeof(float));
     float *row = malloc((size_t)V * sizeof(float));

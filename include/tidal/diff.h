@@ -35,6 +35,7 @@ typedef struct {
     int stop_at_eos;           /* stop a sequence at the checkpoint's EOS token          */
     const char *command_line;  /* recorded in the file                                   */
     const char *lora_dir;      /* PEFT adapter applied by both paths (NULL: none)        */
+    const char *device;        /* where both paths run: "cpu" (NULL) or "cuda[:N]"       */
     int lora_merge_a, lora_merge_b;  /* merge it into that path's weights, else unmerged */
     const char *rollout_logprobs;    /* replays: "raw" (NULL) or "processed" (by sampling)  */
     double logprob_temperature;      /* both paths' scored rows at logits / T, as TRL and verl

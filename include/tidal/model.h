@@ -101,6 +101,13 @@ const char *td_model_device(const td_model *m);
 /* Whether `device` names a device this build knows ("cpu", "cuda", "cuda:N"): the CLI's usage
  * check (exit 2) before any model is loaded. */
 int td_device_name_ok(const char *device);
+/* The --device option of every tool that runs the forward (tidal/opts.h TD_OPT_FN form): stores
+ * the name in *(const char **)dest after td_device_name_ok; a bad name is a usage error. */
+int td_opt_device(void *dest, const char *value, char *why, size_t whylen);
+#define TD_OPT_DEVICE(dest) \
+    TD_OPT_FUN("device", 0, dest, "DEV", td_opt_device, "cpu, cuda or cuda:N", \
+               "where the forward runs: cpu (default), cuda or cuda:N (an NVIDIA\n" \
+               "GPU: GEMMs on cuBLASLt, the recipe's roundings in tidal's kernels)")
 
 /* Called with the full log-softmax row (V) of the next-token distribution after position
  * `pos` of sequence/slot `seq`; the row is only valid during the call. */

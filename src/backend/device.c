@@ -33,6 +33,14 @@ int td_device_name_ok(const char *device)
     return parse_device(device, &i) == 0;
 }
 
+int td_opt_device(void *dest, const char *value, char *why, size_t whylen)
+{
+    (void)why; (void)whylen;
+    if (!td_device_name_ok(value)) return -1;   /* the table's `expect` says what is wanted */
+    *(const char **)dest = value;
+    return 0;
+}
+
 int td_model_set_device(td_model *m, const char *device, td_error *err)
 {
     int index;

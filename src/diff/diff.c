@@ -96,7 +96,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     }
     fprintf(stderr, "tidal-diff: loading %s\n", o->model_dir);
     J.model = td_model_load_progress(o->model_dir, stderr, err);   /* progress of long work: stderr */
-    if (!J.model) goto out;
+    if (!J.model || td_model_set_device(J.model, o->device ? o->device : "cpu", err)) goto out;
     const td_config *cfg = &J.model->cfg;
     if (o->lora_dir && !(J.lora = td_lora_load(o->lora_dir, cfg, err))) goto out;
     char tok_path[4096];

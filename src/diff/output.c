@@ -43,6 +43,7 @@ static int write_attributes(job *J, const char *const *keys, const char *const *
         td_runfile_set_i64(J->rf, "seed", (int64_t)o->seed, err) ||
         td_runfile_set_str(J->rf, "recipe_a_name", o->recipe_a.name, err) ||
         td_runfile_set_str(J->rf, "recipe_b_name", o->recipe_b.name, err) ||
+        td_runfile_set_str(J->rf, "device", td_model_device(J->model), err) ||
         td_runfile_set_str(J->rf, "mode", J->prompts.has_rollouts ? "replay" : "generate", err) ||
         td_runfile_set_i64(J->rf, "batches_planned", (int64_t)((J->n_mine + (size_t)o->batch - 1) / (size_t)o->batch), err))
         goto done;

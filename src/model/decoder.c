@@ -41,8 +41,7 @@ void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int 
     a->gate = acts_buf(a, per * n * F);
     a->up = acts_buf(a, per * n * F);
     a->scores = acts_buf(a, (size_t)ops->nthreads * ATT_BLOCK * max_keys);
-    a->kv_off = a->be->alloc(n * sizeof(size_t));
-    a->owned[a->nowned++] = a->kv_off;
+    a->kv_off = td_xmalloc(n * sizeof(size_t));   /* a host table the paths fill (ops copy it) */
     if (!save) return;
     a->x_mid = acts_buf(a, L * n * C);
     a->xn1 = acts_buf(a, L * n * C);
@@ -63,6 +62,7 @@ void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int 
 void acts_free(td_acts *a)
 {
     for (int i = 0; i < a->nowned; i++) a->be->free(a->owned[i]);
+    free(a->kv_off);
     memset(a, 0, sizeof *a);
 }
 
@@ -118,6 +118,21 @@ static void add_then_norm(const td_ops *ops, float *x_out, const float *x_in, co
         residual_forward(ops, x_out, x_in, y, n);
         rmsnorm_forward(ops, nout, rstd, x_out, w, N, C, eps);
     }
+}
+
+/* The per-layer observer reads the stream on the host: a device backend's rows are copied
+ * down first (host memory on the CPU: as it is). */
+static void layer_observe(const td_ops *ops, int l, int N, const int *pos, const float *x, int C)
+{
+    if (!ops->be->sync) {
+        ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, x);
+        return;
+    }
+    size_t bytes = (size_t)N * C * sizeof(float);
+    float *h = td_xmalloc(bytes);
+    ops->be->download(h, x, bytes);
+    ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, h);
+    free(h);
 }
 
 void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int *tokens,
@@ -181,10 +196,7 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
             add_then_norm(ops, la.x_out, la.x_mid, a->proj, a->xn, a->rstd_f, W->final_norm, N, C,
                           eps);
         }
-        if (ops->layer_fn) {
-            td_ops_sync(ops);   /* the observer reads the stream on the host */
-            ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, la.x_out);
-        }
+        if (ops->layer_fn) layer_observe(ops, l, N, pos, la.x_out, C);
         if (ops->progress) td_progress_add(ops->progress, N, "token-layers");
     }
     td_ops_sync(ops);   /* the host writes the row tables of the next step after this */

@@ -3,6 +3,7 @@
  * then the lm_head and log-softmax in chunks of logits_rows rows, so the (tokens, V) logits
  * of a micro-batch never exist at once. */
 #include "../model/model_internal.h"
+#include "paths_internal.h"
 #include "tidal/progress.h"
 
 #include <stdlib.h>
@@ -12,7 +13,8 @@ struct td_forward {
     td_ops ops;
     td_acts acts;            // cap = max_tokens, max_keys = max_seq_len
     int max_tokens, max_seq_len, logits_rows;
-    float *logits;           // (logits_rows, V)
+    float *logits;           // (logits_rows, V) in backend memory
+    float *logits_host;      // the rows the host reads: logits itself on the CPU, a copy else
     int *tok;                // (max_tokens) packed tokens of the micro-batch
     int *pos;                // (max_tokens) position of each row in its sequence
     int *row_seq;            // (max_tokens) sequence index of each row
@@ -40,6 +42,7 @@ td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len
     f->logits_rows = logits_rows;
     acts_alloc(&f->acts, &m->cfg, &f->ops, max_tokens, max_seq_len, 0);
     f->logits = f->ops.be->alloc((size_t)logits_rows * m->cfg.vocab_size * sizeof(float));
+    f->logits_host = paths_host_mirror(&f->ops, f->logits, (size_t)logits_rows * m->cfg.vocab_size);
     f->tok = td_xmalloc((size_t)max_tokens * sizeof(int));
     f->pos = td_xmalloc((size_t)max_tokens * sizeof(int));
     f->row_seq = td_xmalloc((size_t)max_tokens * sizeof(int));
@@ -56,6 +59,7 @@ void td_forward_free(td_forward *f)
     acts_free(&f->acts);
     recipe_state_free(&f->rs);
     td_backend_forget(f->ops.be);
+    if (f->logits_host != f->logits) free(f->logits_host);
     f->ops.be->free(f->logits);
     free(f->tok); free(f->pos); free(f->row_seq);
     free(f);
@@ -96,9 +100,10 @@ static void run_micro_batch(td_forward *f, int s0, int s1, const int *const *tok
         int R = N - r0 < f->logits_rows ? N - r0 : f->logits_rows;
         head_forward(&f->ops, m, f->logits,
                      f->acts.xn + (size_t)r0 * m->cfg.hidden_size, R, 0);
+        f->ops.be->download(f->logits_host, f->logits, (size_t)R * V * sizeof(float));
         for (int r = 0; r < R; r++) {
             int s = f->row_seq[r0 + r], t = f->pos[r0 + r];
-            const float *row = f->logits + (size_t)r * V;
+            const float *row = f->logits_host + (size_t)r * V;
             if (logp && logp[s] && t + 1 < lens[s]) logp[s][t] = row[tokens[s][t + 1]];
             if (row_fn) row_fn(user, s, t, row);
         }

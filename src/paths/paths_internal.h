@@ -5,6 +5,14 @@
 #include <stdio.h>
 
 #include "tidal/model.h"
+#include "../model/ops.h"
+
+/* Where the host reads n floats of a backend buffer (logits rows, after be->download): the
+ * buffer itself on the CPU, whose buffers are host memory; a host allocation on a device. */
+static inline float *paths_host_mirror(const td_ops *ops, float *buf, size_t n)
+{
+    return ops->be->sync ? td_xmalloc(n * sizeof(float)) : buf;
+}
 
 /* The vocabulary size of the session's model: the length of its rows. */
 int session_vocab(const td_session *s);

@@ -15,7 +15,8 @@ struct td_session {
     float *kcache;           // (L, nslots, max_len, NKV*HD)
     float *vcache;           // (L, nslots, max_len, NKV*HD)
     int *len;                // (nslots) tokens held per slot
-    float *logits;           // (logits_rows, V) for prefill row callbacks
+    float *logits;           // (logits_rows, V) for prefill row callbacks, backend memory
+    float *logits_host;      // the rows the host reads: logits itself on the CPU, a copy else
     int *pos;                // (cap)
     int *tok;                // (cap)
     int raw_logits;          // rows are raw logits instead of log-softmax
@@ -47,6 +48,7 @@ td_session *td_session_create(const td_model *m, int nslots, int max_len, int pr
     s->len = td_xcalloc((size_t)nslots, sizeof(int));
     s->logits_rows = s->chunk < 64 ? s->chunk : 64;
     s->logits = s->ops.be->alloc((size_t)s->logits_rows * c->vocab_size * sizeof(float));
+    s->logits_host = paths_host_mirror(&s->ops, s->logits, (size_t)s->logits_rows * c->vocab_size);
     s->pos = td_xmalloc((size_t)cap * sizeof(int));
     s->tok = td_xmalloc((size_t)cap * sizeof(int));
     s->row_slot = td_xmalloc((size_t)cap * sizeof(int));
@@ -65,6 +67,7 @@ void td_session_free(td_session *s)
     td_backend_forget(s->ops.be);
     s->ops.be->free(s->kcache);
     s->ops.be->free(s->vcache);
+    if (s->logits_host != s->logits) free(s->logits_host);
     s->ops.be->free(s->logits);
     free(s->len); free(s->pos);
     free(s->tok);
@@ -124,13 +127,14 @@ int td_session_prefill(td_session *s, int slot, const int *tokens, int n, float 
             for (int r0 = 0; r0 < N; r0 += s->logits_rows) {
                 int R = N - r0 < s->logits_rows ? N - r0 : s->logits_rows;
                 head_forward(&s->ops, m, s->logits, s->acts.xn + (size_t)r0 * C, R, s->raw_logits);
+                s->ops.be->download(s->logits_host, s->logits, (size_t)R * V * sizeof(float));
                 for (int r = 0; r < R; r++)
-                    row_fn(user, slot, s->pos[r0 + r], s->logits + (size_t)r * V);
+                    row_fn(user, slot, s->pos[r0 + r], s->logits_host + (size_t)r * V);
             }
         s->len[slot] += N;
         if (i0 + N == n && last_row) {
             if (row_fn)  /* the last row is still in the logits buffer */
-                memcpy(last_row, s->logits + (size_t)((N - 1) % s->logits_rows) * V,
+                memcpy(last_row, s->logits_host + (size_t)((N - 1) % s->logits_rows) * V,
                        (size_t)V * sizeof(float));
             else
                 head_forward(&s->ops, m, last_row, s->acts.xn + (size_t)(N - 1) * C, 1, s->raw_logits);

@@ -1,9 +1,9 @@
 /* tidal — the CUDA backend's table (td_backend_cuda) and its memory at the seam.
  *
- *   alloc/free        cudaMallocManaged: activations, KV caches, logits live on the GPU, and the
- *                     host may still read a logits row or write the row tables (kv_off) between
- *                     forward steps (decoder_forward and head_forward end with be->sync, so the
- *                     host never touches a buffer a kernel is using)
+ *   alloc/free        cudaMalloc: activations, KV caches and logits live on the GPU only (plain
+ *                     device memory, never managed: oversubscribed managed memory can hang a
+ *                     GPU); the host reads logits rows through be->download, and the row tables
+ *                     it fills (tokens, pos, kv_off) are host memory the ops copy in (tdc_in)
  *   tdc_const         host arrays that stay put while a recipe is set (prepared weights in their
  *                     storage dtype, norm weights, biases, inv_freq): uploaded on first use and
  *                     kept, keyed by host address range; be->forget drops them (a recipe is set
@@ -169,7 +169,7 @@ static void cuda_init(td_ops *ctx)
 static void *cuda_alloc(size_t bytes)
 {
     void *p = NULL;
-    CUDA_CHECK(cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal));
+    CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
     return p;
 }
 

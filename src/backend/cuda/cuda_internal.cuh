@@ -57,10 +57,10 @@ extern "C" {
 void tdc_check_cuda(cudaError_t e, const char *what, const char *file, int line);
 
 /* ---- memory: host or device pointers at the seam (backend.cu) -------------------------------
- * The model code hands the ops pointers from be->alloc (device memory: cudaMallocManaged, so
- * the host may read logits and write row tables between steps) and pointers into host memory:
- * the prepared weights (td_wmat data and scales, norm weights, biases, inv_freq) and per-call
- * tables (tokens, pos). An op turns each into a device pointer with these:
+ * The model code hands the ops pointers from be->alloc (device memory, cudaMalloc) and pointers
+ * into host memory: the prepared weights (td_wmat data and scales, norm weights, biases,
+ * inv_freq), per-call tables (tokens, pos, kv_off) and a few host outputs (a caller's logits
+ * rows). An op turns each into a device pointer with these:
  *   tdc_const  a host array that stays as it is while the recipe is set (weights): uploaded once
  *              and kept (a cache keyed by host address, dropped by be->forget); a device
  *              pointer is returned as it is
