@@ -130,16 +130,19 @@ $(BUILD)/gpu/%.o: tests/cudasim/%.cpp $(wildcard src/backend/cuda/*.cuh)
 $(BUILD)/gpu/%: $(BUILD)/gpu/%.o $(LIB)
 	$(CXX) $< -o $@ $(LIB) $(LDLIBS) -lcmocka
 
+-include tests/cudasim/sim.mk
+
 check: deps
 	@$(MAKE) --no-print-directory tests
-	@BUILD=$(BUILD) bash tests/run.sh $(TESTS) $(NVTESTS)
+	@BUILD=$(BUILD) bash tests/run.sh $(TESTS) $(NVTESTS) $(SIMTESTS)
 
 # Sanitizer build lives in its own tree so it never mixes objects with the normal build.
 check-asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 OPT="-O1 -fno-omit-frame-pointer" \
 	    SAN="-fsanitize=address -fsanitize=undefined -fno-sanitize-recover=undefined" tests
 	@BUILD=build-asan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	    bash tests/run.sh $(TESTS:$(BUILD)/%=build-asan/%) $(NVTESTS:$(BUILD)/%=build-asan/%)
+	    bash tests/run.sh $(TESTS:$(BUILD)/%=build-asan/%) $(NVTESTS:$(BUILD)/%=build-asan/%) \
+	    $(SIMTESTS:$(BUILD)/%=build-asan/%)
 
 demo: deps
 	@$(MAKE) --no-print-directory all

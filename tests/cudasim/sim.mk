@@ -1,0 +1,41 @@
+# tidal — the CUDA simulator build (included by the top Makefile: `-include tests/cudasim/sim.mk`).
+#
+# Every src/backend/cuda/*.cu is compiled a second time by g++ against tests/cudasim/cudasim.h
+# (-DTD_CUDASIM: threads as fibers, see cudasim.h) into $(BUILD)/sim/libtdcuda_sim.a, together
+# with the sim's runtime (cudasim.cpp, the engine) and every tests/cudasim/*_sim.cpp (shims of
+# CUDA libraries: cudart_sim.cpp, cublaslt_sim.cpp, ...). Each tests/cudasim/test_NAME.cpp is a
+# test program $(BUILD)/sim/test_NAME linked with that library and libtidal; SIMTESTS lists them
+# for `make check`. No GPU and no nvcc are needed. $(SAN) instruments it for check-asan.
+
+SIM_CXX      ?= g++
+SIM_CXXFLAGS := -std=c++20 -DTD_CUDASIM -Itests/cudasim -Iinclude $(PKG_CFLAGS) -O1 -g -fopenmp \
+                -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-comment $(SAN)
+SIM_CU       := $(sort $(wildcard src/backend/cuda/*.cu))
+SIM_CPP      := tests/cudasim/cudasim.cpp $(sort $(wildcard tests/cudasim/*_sim.cpp))
+SIM_OBJ      := $(SIM_CU:src/backend/cuda/%.cu=$(BUILD)/sim/cu/%.o) \
+                $(SIM_CPP:tests/cudasim/%.cpp=$(BUILD)/sim/obj/%.o)
+SIM_LIB      := $(BUILD)/sim/libtdcuda_sim.a
+SIMTEST_SRC  := $(sort $(wildcard tests/cudasim/test_*.cpp))
+SIMTESTS     := $(SIMTEST_SRC:tests/cudasim/%.cpp=$(BUILD)/sim/%)
+
+$(BUILD)/sim/cu/%.o: src/backend/cuda/%.cu
+	@mkdir -p $(dir $@)
+	$(SIM_CXX) $(SIM_CXXFLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -x c++ -c $< -o $@
+
+$(BUILD)/sim/obj/%.o: tests/cudasim/%.cpp
+	@mkdir -p $(dir $@)
+	$(SIM_CXX) $(SIM_CXXFLAGS) -MMD -MP -c $< -o $@
+
+$(SIM_LIB): $(SIM_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+# the sim library and libtidal refer to each other (ops call back into the CPU code): one group
+$(BUILD)/sim/test_%: tests/cudasim/test_%.cpp $(SIM_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(SIM_CXX) $(SIM_CXXFLAGS) -MMD -MP -MF $@.d $< -o $@ \
+	    -Wl,--start-group $(SIM_LIB) $(LIB) -Wl,--end-group $(LDLIBS) -lcmocka -lstdc++
+
+.PHONY: sim
+sim: $(SIMTESTS)
+tests: $(SIMTESTS)
