@@ -9,9 +9,10 @@
 
 SIM_CXX      ?= g++
 SIM_CXXFLAGS := -std=c++20 -DTD_CUDASIM -Itests/cudasim -Iinclude $(PKG_CFLAGS) -O1 -g -fopenmp \
-                -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-comment $(SAN)
+                -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-comment -Wno-unknown-pragmas $(SAN)
 SIM_CU       := $(sort $(wildcard src/backend/cuda/*.cu))
-SIM_CPP      := tests/cudasim/cudasim.cpp $(sort $(wildcard tests/cudasim/*_sim.cpp))
+SIM_CPP      := tests/cudasim/cudasim.cpp \
+                $(filter-out tests/cudasim/test_%,$(sort $(wildcard tests/cudasim/*_sim.cpp)))
 SIM_OBJ      := $(SIM_CU:src/backend/cuda/%.cu=$(BUILD)/sim/cu/%.o) \
                 $(SIM_CPP:tests/cudasim/%.cpp=$(BUILD)/sim/obj/%.o)
 SIM_LIB      := $(BUILD)/sim/libtdcuda_sim.a
@@ -33,7 +34,7 @@ $(SIM_LIB): $(SIM_OBJ)
 # the sim library and libtidal refer to each other (ops call back into the CPU code): one group
 $(BUILD)/sim/test_%: tests/cudasim/test_%.cpp $(SIM_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(SIM_CXX) $(SIM_CXXFLAGS) -MMD -MP -MF $@.d $< -o $@ \
+	$(SIM_CXX) $(SIM_CXXFLAGS) -Isrc/backend/cuda -MMD -MP -MF $@.d $< -o $@ \
 	    -Wl,--start-group $(SIM_LIB) $(LIB) -Wl,--end-group $(LDLIBS) -lcmocka -lstdc++
 
 .PHONY: sim

@@ -20,20 +20,21 @@
  *                          another order, in the emulated fallback)
  *   + 1 ulp of the result's activations dtype: two values that close may round apart once.
  * The measured maximum of |gpu - cpu| / S is printed per case. */
+#include "../../src/backend/cuda/matmul.cuh"
+#include "simtest.h"
+
 #include <math.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-extern "C" {
-#include <cmocka.h>
-}
 
-#include "cublasLt_sim.h"
-#include "../../src/backend/cuda/matmul.cuh"
+#ifdef TD_CUDASIM
+#include "cublasLt_sim.h"   /* the model's knobs and counters */
+#define ON_GPU 0
+#else
+#include <cublasLt.h>
+#define ON_GPU 1
+#endif
 
 extern "C" {
 #include "tidal/gemm.h"
@@ -191,6 +192,7 @@ static double ulp_of(int fmt, double x)
 
 static void run_case(const mcase *c)
 {
+    if (ON_GPU && (c->refuse_splitk || c->refuse)) return;   /* model knobs: the simulator only */
     td_recipe head;
     const td_recipe *r = c->recipe ? td_recipe_find_preset(c->recipe) : NULL;
     assert_true(!c->recipe || r);
@@ -198,7 +200,7 @@ static void run_case(const mcase *c)
     int N = c->N, IN = c->IN, n = c->n;
     float *inp = (float *)malloc((size_t)N * IN * sizeof(float));
     fill(inp, N, IN);
-    pw p[3];
+    pw p[3] = {};
     float *cpu[3], *gpu[3], *bias[3] = {NULL, NULL, NULL};
     for (int j = 0; j < n; j++) {
         int O = c->OUT[j];
@@ -226,22 +228,28 @@ static void run_case(const mcase *c)
     cc.gscratch = (float *)malloc(cc.nthreads * cc.gscratch_per_thread * sizeof(float));
     cc.be->matmul_forward(&cc, n, cpu, inp, w, bias, N, IN, c->OUT);
 
-    /* the CUDA backend in the simulator */
+    /* the CUDA backend: in the simulator, with the model's knobs and counters; on a GPU, the
+     * real cuBLASLt decides (cases that need a knob are skipped there) */
+    td_ops gc = cc;
+    gc.be = &td_backend_cuda;
+#ifdef TD_CUDASIM
     long before[6], split_before = cublaslt_sim_calls_splitk, fast_before = cublaslt_sim_calls_fast;
     memcpy(before, cublaslt_sim_calls_fp8, sizeof before);
     cublaslt_sim_refuse_splitk = c->refuse_splitk;
     cublaslt_sim_refuse_scale_modes = c->refuse & 1;
     cublaslt_sim_refuse_fp8_f32_out = (c->refuse & 2) != 0;
-    td_ops gc = cc;
-    gc.be = &td_backend_cuda;
     matmul_forward_cuda(&gc, n, gpu, inp, w, bias, N, IN, c->OUT);
     cublaslt_sim_refuse_splitk = cublaslt_sim_refuse_scale_modes = cublaslt_sim_refuse_fp8_f32_out = 0;
     if (c->mode >= 0) assert_true(cublaslt_sim_calls_fp8[c->mode] >= before[c->mode] + n);
     else for (int m = 0; m < 6; m++) assert_int_equal(cublaslt_sim_calls_fp8[m], before[m]);
     if (c->splitk) assert_true(cublaslt_sim_calls_splitk > split_before);
     /* FAST_ACCUM exactly when the recipe accumulates fp8-fast, except in the block modes */
-    int want_fast = c->mode >= 0 && c->mode != CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F && r->accumulate == TD_ACC_FP8_FAST;
+    int want_fast = c->mode >= 0 && c->mode != CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F &&
+                    r->accumulate == TD_ACC_FP8_FAST;
     assert_int_equal(cublaslt_sim_calls_fast - fast_before, want_fast ? n : 0);
+#else
+    matmul_forward_cuda(&gc, n, gpu, inp, w, bias, N, IN, c->OUT);
+#endif
 
     /* element by element within the stated bound */
     const td_recipe *rr = r && !td_recipe_is_plain_fp32(r) ? r : NULL;
