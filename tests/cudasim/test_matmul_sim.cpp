@@ -295,9 +295,8 @@ static void run_case(const mcase *c)
         free(p[j].data); free(p[j].scale); free(cpu[j]); free(gpu[j]); free(bias[j]);
     }
     free(inp); free(q); free(cc.qin); free(cc.wtile); free(cc.gscratch);
-    /* the host weights are freed: drop their device copies (be->forget) */
+    /* the host weights are freed: drop their device copies, widened ones included (be->forget) */
     td_backend_cuda.forget();
-    matmul_forget_cuda();
 }
 
 enum { NOM = -1, SCAL = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, OUTV = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F,

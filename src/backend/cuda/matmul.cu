@@ -479,13 +479,14 @@ static int fp8_lt(acts *a, const td_wmat *w, int O, float *out, const float *bia
     int wblk = w->sr == 128 && w->sc == 128;
     int ag = a->as.gran, mode;
     if ((w->dtype != TD_E4M3 && w->dtype != TD_E5M2) || (w->dtype == TD_E5M2 && a->fin == TD_E5M2) ||
-        K % 16 || O % 16 || r->split_k > 1 || align_of(w->data) < 16) return 0;
+        K % 16 || O % 16 || r->split_k > 1) return 0;
     if (wsingle && ag == TD_SCALE_TENSOR) mode = MODE_SCALAR;
     else if ((wsingle || wrow) && (ag == TD_SCALE_TENSOR || ag == TD_SCALE_ROW)) mode = MODE_OUTER;
     else if ((wsingle || wblk) && ag == TD_SCALE_GROUP && g == 128 && K % 128 == 0) mode = MODE_BLK128;
     else return 0;
     cudaStream_t st = tdc_stream();
     const uint8_t *wc = (const uint8_t *)tdc_const(w->data, (size_t)O * K);
+    if (align_of(wc) < 16) return 0;   /* FP8 operands need 16-byte alignment */
     int nob = (O + w->sr - 1) / w->sr;
     const float *ws = (const float *)tdc_const(w->scale, (size_t)nob * w->nbc * sizeof(float));
     lt_gemm gm = {};
