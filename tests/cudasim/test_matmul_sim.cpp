@@ -139,6 +139,7 @@ typedef struct {
     int refuse;            /* model knobs: 1 no FP8 scale modes, 2 no fp32 D for FP8             */
     int mode;              /* the FP8 A scale mode cuBLASLt must run (-1: no FP8 cuBLASLt call)  */
     int splitk;            /* cuBLASLt split-K must run                                         */
+    int exact;             /* bit for bit (batch-invariant recipes: td_gemm_fixed's order)      */
 } mcase;
 
 typedef struct {
@@ -193,9 +194,17 @@ static double ulp_of(int fmt, double x)
 static void run_case(const mcase *c)
 {
     if (ON_GPU && (c->refuse_splitk || c->refuse)) return;   /* model knobs: the simulator only */
-    td_recipe head;
-    const td_recipe *r = c->recipe ? td_recipe_find_preset(c->recipe) : NULL;
-    assert_true(!c->recipe || r);
+    td_recipe head, parsed;
+    const td_recipe *r = NULL;
+    if (c->recipe && c->recipe[0] == '{') {   /* a recipe file's JSON */
+        td_error err;
+        if (td_recipe_from_json(c->recipe, strlen(c->recipe), c->recipe, &parsed, &err)) fail_msg("%s", err.msg);
+        r = &parsed;
+    } else if (c->recipe) {
+        r = td_recipe_find_preset(c->recipe);
+        assert_non_null(r);
+    }
+    const char *label = r ? r->name : "fp32 reference";
     if (c->head) { head = td_recipe_for_head(r); r = &head; }
     int N = c->N, IN = c->IN, n = c->n;
     float *inp = (float *)malloc((size_t)N * IN * sizeof(float));
@@ -272,9 +281,10 @@ static void run_case(const mcase *c)
                 double g = gpu[j][(size_t)i * O + o], e = cpu[j][(size_t)i * O + o], d = fabs(g - e);
                 double bound = (2.0 * IN + 16) * u * S + ulp_of(act, fmax(fabs(g), fabs(e)));
                 if (fast) bound += 2.0 * ((IN + 31) / 32) * ldexp(1, -rr->acc_fraction_bits) * S;
+                if (c->exact) bound = 0.0;
                 if (!(d <= bound))
                     fail_msg("%s%s N=%d IN=%d out %d (%d, %d): gpu %.9g cpu %.9g |d| %.3g > bound %.3g",
-                             c->recipe ? c->recipe : "fp32 reference", c->head ? " (head)" : "", N, IN, j, i, o, g, e,
+                             label, c->head ? " (head)" : "", N, IN, j, i, o, g, e,
                              d, bound);
                 if (S > 0 && d / S > worst) worst = d / S;
                 if (act != TD_F32 && d / ulp_of(act, fmax(fabs(g), fabs(e))) > worst_ulps)
@@ -289,7 +299,7 @@ static void run_case(const mcase *c)
     char ulps[48] = "";
     if (act != TD_F32) snprintf(ulps, sizeof ulps, " (at most %.3g ulp)", worst_ulps);
     printf("  matmul %-20s%s N=%-3d IN=%-4d OUT=%-3d%s%s: max |gpu - cpu| / S = %.3g, %ld of %ld differ%s\n",
-           c->recipe ? c->recipe : "fp32 reference", c->head ? " (head)" : "", N, IN, c->OUT[0], n > 1 ? " (+n)" : "",
+           label, c->head ? " (head)" : "", N, IN, c->OUT[0], n > 1 ? " (+n)" : "",
            c->refuse_splitk || c->refuse ? " [refused]" : "", worst, differ, total, ulps);
     for (int j = 0; j < n; j++) {
         free(p[j].data); free(p[j].scale); free(cpu[j]); free(gpu[j]); free(bias[j]);
@@ -353,6 +363,20 @@ static void test_matmul_fp8(void **state)
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i]);
 }
 
+/* batch-invariant recipes: the CPU's td_gemm_fixed order on the GPU too, so the same bits */
+static void test_matmul_invariant(void **state)
+{
+    (void)state;
+    const mcase cs[] = {
+        {"{\"base\": \"bf16-infer\", \"batch_invariant\": true}", 0, 5, 300, 2, {70, 32}, 1, -1, 0, 0, NOM, 0, 1},
+        {"{\"base\": \"fp32\", \"batch_invariant\": true}", 0, 1, 200, 1, {48}, 1, -1, 0, 0, NOM, 0, 1},
+        {"{\"base\": \"fp8-rollout\", \"batch_invariant\": true}", 0, 3, 256, 1, {64}, 0, -1, 0, 0, NOM, 0, 1},
+        {"{\"base\": \"vllm-fp8-per-token\", \"batch_invariant\": true}", 0, 4, 192, 1, {32}, 1, -1, 0, 0, NOM, 0, 1},
+        {"{\"base\": \"fp16-train\", \"batch_invariant\": true, \"split_k\": 3}", 0, 2, 100, 1, {40}, 0, -1, 0, 0, NOM, 0, 1},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i]);
+}
+
 static void test_matmul_heads(void **state)
 {
     (void)state;
@@ -371,6 +395,7 @@ int main(void)
         cmocka_unit_test(test_matmul_fp32),
         cmocka_unit_test(test_matmul_16bit),
         cmocka_unit_test(test_matmul_fp8),
+        cmocka_unit_test(test_matmul_invariant),
         cmocka_unit_test(test_matmul_heads),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

@@ -46,6 +46,10 @@
  *               checked by cublasLtMatmulAlgoCheck; if none takes it, explicit K slices of
  *               ceil(K / split_k) as the CPU cuts them, each slice's GEMM adding onto D in fp32
  *               (beta = 1): ((p0 + p1) + p2)..., the CPU's order of the partial sums.
+ *   batch_invariant  never cuBLASLt (its algorithm, hence its order, follows the shape): fp32
+ *               operands (rounded / dequantised values), fixed_kernel in td_gemm_fixed's order over
+ *               the CPU's K slices, or fp8_fast_kernel with that order per step: the CPU's bits,
+ *               whatever the batch. A plain kernel, one thread per output: slow, but exact.
  * Epilogue (a kernel): bias added in fp32, then rounded to the activations dtype (td_gemm_finish).
  *
  * Scratch slots (cuda_internal.cuh): GEMM_A the activation operand (16-bit or fp8 codes),
@@ -171,11 +175,34 @@ __device__ static inline float trunc_fraction(float x, int bits)
     return tdc_float(tdc_bits(x) & ~((1u << (23 - bits)) - 1u));
 }
 
+/* td_gemm_fixed's order for one element (gemm_fixed.c): eight lane sums of fused multiply-adds,
+ * k = l mod 8 from the start of the slice, then ((s0+s4) + (s2+s6)) + ((s1+s5) + (s3+s7)) */
+__device__ static inline float dot_fixed(const float *a, const float *w, int K)
+{
+    float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k = 0; k < K; k += 8)
+        for (int l = 0; l < 8; l++)
+            s[l] = k + l < K ? fmaf(a[k + l], w[k + l], s[l]) : fmaf(0.0f, 0.0f, s[l]);
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+/* The batch-invariant GEMM: out (N, O) (+)= a[:, k0:k0+kn] . w[:, k0:k0+kn]^T in td_gemm_fixed's
+ * order, one thread per element (the same bits as the CPU's, whatever the batch) */
+__global__ void fixed_kernel(const float *a, const float *w, float *out, int N, int O, int K, int k0,
+                             int kn, int add)
+{
+    size_t i = GTID;
+    if (i >= (size_t)N * O) return;
+    float d = dot_fixed(a + (i / O) * K + k0, w + (i % O) * K + k0, kn);
+    out[i] = add ? out[i] + d : d;
+}
+
 /* The fp8-fast accumulation of gemm.h over dequantised operands: out (N, O) = a (N, K) . w^T,
  * K walked in promotion groups, each summed in steps of 32 products whose running partial keeps
- * `bits` fraction bits, every group's partial added into an fp32 total. One thread per output. */
+ * `bits` fraction bits, every group's partial added into an fp32 total. One thread per output;
+ * a step is an fma chain, or td_gemm_fixed's order for a batch-invariant recipe (the CPU's). */
 __global__ void fp8_fast_kernel(const float *a, const float *w, float *out, int N, int O, int K,
-                                int promote, int bits)
+                                int promote, int bits, int invariant)
 {
     size_t i = GTID;
     if (i >= (size_t)N * O) return;
@@ -187,7 +214,8 @@ __global__ void fp8_fast_kernel(const float *a, const float *w, float *out, int 
         for (int s0 = k0; s0 < k1; s0 += 32) {
             int s1 = s0 + 32 < k1 ? s0 + 32 : k1;
             float step = 0.0f;
-            for (int k = s0; k < s1; k++) step = fmaf(ar[k], wr[k], step);
+            if (invariant) step = dot_fixed(ar + s0, wr + s0, s1 - s0);
+            else for (int k = s0; k < s1; k++) step = fmaf(ar[k], wr[k], step);
             part = trunc_fraction(part + step, bits);
         }
         total += part;
@@ -542,6 +570,29 @@ static int fp8_lt(acts *a, const td_wmat *w, int O, float *out, const float *bia
     return 1;
 }
 
+/* out (N, O) = a . w^T over fp32 operands with the recipe's split_k: cuBLASLt, or for a
+ * batch-invariant recipe fixed_kernel over the CPU's K slices (the CPU's bits) */
+static void gemm_f32(const td_recipe *r, const float *a, const float *w, float *out, int N, int O, int K)
+{
+    int split = r && r->split_k < K ? r->split_k : 1;
+    if (r && r->batch_invariant) {
+        int per = (K + split - 1) / split;
+        for (int p = 0, k0 = 0; p < split && k0 < K; p++, k0 += per) {
+            TD_LAUNCH(fixed_kernel, nblk((size_t)N * O), TPB, 0, tdc_stream(), a, w, out, N, O, K, k0,
+                      k0 + per <= K ? per : K - k0, p > 0);
+            CUDA_CHECK_LAUNCH();
+        }
+        return;
+    }
+    lt_gemm gm = {};
+    gm.M = O; gm.Nc = N; gm.K = K;
+    gm.A = w; gm.ta = CUDA_R_32F; gm.lda = K;
+    gm.B = a; gm.tb = CUDA_R_32F; gm.ldb = K;
+    gm.D = out; gm.ldd = O;
+    gm.amode = gm.bmode = MODE_NONE;
+    gemm_split(gm, split);
+}
+
 /* One FP8 product emulated over the dequantised operands (see the top). */
 static void fp8_emulated(acts *a, const td_wmat *w, int O, float *out, const float *bias)
 {
@@ -557,16 +608,10 @@ static void fp8_emulated(acts *a, const td_wmat *w, int O, float *out, const flo
     if (r->accumulate == TD_ACC_FP8_FAST) {
         int promote = r->promote_every < 32 ? 32 : r->promote_every;
         TD_LAUNCH(fp8_fast_kernel, nblk((size_t)N * O), TPB, 0, tdc_stream(), a->x32, wf, out, N, O, K,
-                  promote, r->acc_fraction_bits);
+                  promote, r->acc_fraction_bits, (int)r->batch_invariant);
         CUDA_CHECK_LAUNCH();
     } else {
-        lt_gemm gm = {};
-        gm.M = O; gm.Nc = N; gm.K = K;
-        gm.A = wf; gm.ta = CUDA_R_32F; gm.lda = K;
-        gm.B = a->x32; gm.tb = CUDA_R_32F; gm.ldb = K;
-        gm.D = out; gm.ldd = O;
-        gm.amode = gm.bmode = MODE_NONE;
-        gemm_split(gm, r->split_k);
+        gemm_f32(r, a->x32, wf, out, N, O, K);
     }
     finish(out, O, out, bias, N, O, r->activations);
 }
@@ -618,31 +663,29 @@ extern "C" void matmul_forward_cuda(const td_ops *ctx, int n, float *const *out,
         int O = OUT[j];
         float *o = (float *)tdc_out(out[j], (size_t)N * O * sizeof(float), 0);
         const float *b = bias && bias[j] ? (const float *)tdc_const(bias[j], (size_t)O * sizeof(float)) : NULL;
-        if (fp8) {
-            if (!fp8_lt(&a, w, O, o, b)) fp8_emulated(&a, w, O, o, b);
+        if (fp8) {   /* a batch-invariant recipe never takes cuBLASLt: its order depends on the shape */
+            if (r->batch_invariant || !fp8_lt(&a, w, O, o, b)) fp8_emulated(&a, w, O, o, b);
             continue;
         }
-        lt_gemm gm = {};
-        gm.M = O; gm.Nc = N; gm.K = IN;
-        gm.lda = gm.ldb = IN;
-        gm.D = o; gm.ldd = O;
-        gm.amode = gm.bmode = MODE_NONE;
-        if (a.fin != TD_F32 && w->dtype == a.fin) {   /* 16-bit operands on the tensor cores */
+        if (a.fin != TD_F32 && w->dtype == a.fin && !r->batch_invariant) {   /* 16-bit, tensor cores */
+            lt_gemm gm = {};
+            gm.M = O; gm.Nc = N; gm.K = IN;
             gm.A = tdc_const(w->data, (size_t)O * IN * sizeof(uint16_t));
             gm.ta = gm.tb = lt_type(a.fin);
+            gm.lda = gm.ldb = IN;
             gm.B = a.b;
-        } else {                                        /* fp32 operands holding the same values */
+            gm.D = o; gm.ldd = O;
+            gm.amode = gm.bmode = MODE_NONE;
+            gemm_split(gm, r->split_k);
+        } else {                                  /* fp32 operands holding the same values */
             if (!a.x32) {
                 float *x32 = (float *)tdc_scratch(TDC_SLOT_GEMM_OUT, (size_t)N * IN * sizeof(float));
                 TD_LAUNCH(round_kernel, nblk((size_t)N * IN), TPB, 0, st, a.x, x32, (size_t)N * IN, a.fin);
                 CUDA_CHECK_LAUNCH();
                 a.x32 = x32;
             }
-            gm.A = widened(w, O, IN);
-            gm.ta = gm.tb = CUDA_R_32F;
-            gm.B = a.x32;
+            gemm_f32(r, a.x32, widened(w, O, IN), o, N, O, IN);
         }
-        gemm_split(gm, r ? r->split_k : 1);
         finish(o, O, o, b, N, O, r ? r->activations : TD_F32);
     }
     tdc_done();
