@@ -337,6 +337,7 @@ static void test_matmul_16bit(void **state)
         {"bf16-infer", 0, 6, 384, 1, {80}, 1, -1, 0, 0, NOM, 1},         /* split_k 2 on cuBLASLt */
         {"bf16-infer", 0, 1, 257, 1, {40}, 0, -1, 1, 0, NOM, 0},         /* refused: K slices */
         {"fp16-infer", 0, 3, 130, 2, {64, 32}, 1, -1, 0, 0, NOM, 1},
+        {"bf16-train", 0, 16, 2048, 1, {256}, 0, -1, 0, 0, NOM, 0},      /* a model-sized K */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i]);
 }
@@ -359,6 +360,8 @@ static void test_matmul_fp8(void **state)
         {"fp8-rollout", 0, 5, 256, 2, {64, 32}, 0, -1, 0, 2, BLK, 0},    /* no fp32 D: bf16 D, no bias */
         {"vllm-fp8", 0, 3, 128, 1, {48}, 0, -1, 0, 2, SCAL, 0},
         {"fp8-rollout", 0, 2, 256, 1, {64}, 1, -1, 0, 2, NOM, 0},        /* ... with a bias: emulated */
+        {"fp8-rollout", 0, 16, 2048, 1, {256}, 0, -1, 0, 0, BLK, 0},     /* a model-sized K */
+        {"vllm-fp8", 0, 16, 2048, 1, {256}, 0, -1, 0, 0, SCAL, 0},
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i]);
 }
