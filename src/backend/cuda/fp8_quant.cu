@@ -114,6 +114,7 @@ __global__ void fp8_encode_kernel(const float *x, int rows, int cols, int br, in
 extern "C" void fp8_quantize_cuda(const td_fp8_scheme *s, const float *x, int rows, int cols,
                                   uint8_t *codes, float *scales)
 {
+    if (rows <= 0 || cols <= 0) return;
     size_t br, bc;
     td_fp8_block_shape(s, (size_t)rows, (size_t)cols, &br, &bc);
     int nbr = (int)((rows + br - 1) / br), nbc = (int)((cols + bc - 1) / bc);

@@ -620,6 +620,7 @@ extern "C" void matmul_forward_cuda(const td_ops *ctx, int n, float *const *out,
                                     const td_wmat *weight, const float *const *bias, int N, int IN,
                                     const int *OUT)
 {
+    if (N <= 0 || IN <= 0) return;   /* nothing to multiply (an empty launch is an error) */
     const td_recipe *r = td_recipe_is_plain_fp32(ctx->recipe) ? NULL : ctx->recipe;
     cudaStream_t st = tdc_stream();
     acts a = {};
@@ -661,6 +662,7 @@ extern "C" void matmul_forward_cuda(const td_ops *ctx, int n, float *const *out,
     for (int j = 0; j < n; j++) {
         const td_wmat *w = &weight[j];
         int O = OUT[j];
+        if (O <= 0) continue;
         float *o = (float *)tdc_out(out[j], (size_t)N * O * sizeof(float), 0);
         const float *b = bias && bias[j] ? (const float *)tdc_const(bias[j], (size_t)O * sizeof(float)) : NULL;
         if (fp8) {   /* a batch-invariant recipe never takes cuBLASLt: its order depends on the shape */
