@@ -67,6 +67,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #if defined(TD_CUDASIM) || CUBLAS_VERSION >= 120900
 #define HAVE_SCALE_MODES 1     /* CUBLASLT_MATMUL_DESC_{A,B}_SCALE_MODE and their modes */
@@ -274,9 +275,7 @@ typedef struct {
     int split_k;                   /* > 1: CUBLASLT_ALGO_CONFIG_SPLITK_NUM                      */
 } lt_gemm;
 
-/* where an lt_matmul failed, for the fatal message */
-static const char *lt_failed_call = "";
-static int lt_failed_line;
+/* s = call; on failure, record it in lt_failed_call / lt_failed_line (in scope) and leave */
 #define LT_TRY(call) do { if ((s = (call)) != CUBLAS_STATUS_SUCCESS) { \
         lt_failed_call = #call; lt_failed_line = __LINE__; goto done; } } while (0)
 
@@ -323,65 +322,145 @@ static cublasStatus_t pick_splitk(const lt_gemm *g, cublasLtMatmulDesc_t op, cub
     return CUBLAS_STATUS_NOT_SUPPORTED;
 }
 
-/* D = op(A) op(B) (+ D when beta = 1) on cuBLASLt. Returns the first failing status (the
- * heuristic finding no algorithm is CUBLAS_STATUS_NOT_SUPPORTED); the caller falls back or dies. */
-static cublasStatus_t lt_matmul(const lt_gemm *g)
+/* A cuBLASLt plan: the descriptors and the algorithm for one problem, found once. Everything the
+ * heuristic looks at is in the key (shapes, types, scale modes, fast accumulation, split-K, the
+ * operands' alignments); the pointers (operands, D, scales) are set per call. A refusal is kept
+ * too, so a fallback does not query the heuristic again at every call. Per call the cost is a
+ * key lookup and two attribute sets: a decode step makes hundreds of GEMM calls. */
+typedef struct {
+    int M, Nc, K, lda, ldb, ldd, ta, tb, td, amode, bmode, fast, split_k;
+    uint32_t al[3];
+} plan_key;
+typedef struct {
+    plan_key key;
+    cublasStatus_t status;         /* CUBLAS_STATUS_SUCCESS or why the plan cannot run        */
+    const char *failed;            /* the call that refused, and its line                     */
+    int line;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t ad, bd, dd;
+    cublasLtMatmulAlgo_t algo;
+} lt_plan;
+
+enum { MAX_PLANS = 1024 };
+static lt_plan *PLANS;
+static int NPLANS;
+
+static void plan_free(lt_plan *p)
+{
+    if (p->dd) cublasLtMatrixLayoutDestroy(p->dd);
+    if (p->bd) cublasLtMatrixLayoutDestroy(p->bd);
+    if (p->ad) cublasLtMatrixLayoutDestroy(p->ad);
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+}
+
+/* Builds the plan of key k (descriptors, heuristic, split-K algorithm) into p. */
+static void plan_make(const lt_gemm *g, lt_plan *p)
 {
     cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t ad = NULL, bd = NULL, dd = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t res[8];
-    cublasLtMatmulAlgo_t algo;
     int nres = 0;
-    const float alpha = 1.0f;
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     const size_t ws_bytes = WORKSPACE_BYTES;
-    void *ws = tdc_scratch(TDC_SLOT_WORKSPACE, WORKSPACE_BYTES);
-    uint32_t al[4] = {align_of(g->A), align_of(g->B), align_of(g->D), align_of(g->D)};
+    const char *lt_failed_call = "";
+    int lt_failed_line = 0;
 
-    LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT_TRY(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     if (g->amode != MODE_NONE) {
 #if HAVE_SCALE_MODES
         int32_t am = g->amode, bm = g->bmode;
-        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
-        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
 #else
-        if (g->amode != MODE_SCALAR || g->bmode != MODE_SCALAR) { s = CUBLAS_STATUS_NOT_SUPPORTED; goto done; }
+        if (g->amode != MODE_SCALAR || g->bmode != MODE_SCALAR) {
+            s = CUBLAS_STATUS_NOT_SUPPORTED;
+            lt_failed_call = "scale modes (cuBLAS < 12.9 at build time)";
+            goto done;
+        }
 #endif
-        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->ascale, sizeof g->ascale));
-        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->bscale, sizeof g->bscale));
+        /* the heuristic sees scale pointers set (their values are the call's) */
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->ascale, sizeof g->ascale));
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->bscale, sizeof g->bscale));
         int8_t fast = (int8_t)g->fast;
-        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
     }
-    LT_TRY(cublasLtMatrixLayoutCreate(&ad, g->ta, (uint64_t)g->K, (uint64_t)g->M, g->lda));
-    LT_TRY(cublasLtMatrixLayoutCreate(&bd, g->tb, (uint64_t)g->K, (uint64_t)g->Nc, g->ldb));
-    LT_TRY(cublasLtMatrixLayoutCreate(&dd, g->td, (uint64_t)g->M, (uint64_t)g->Nc, g->ldd));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->ad, g->ta, (uint64_t)g->K, (uint64_t)g->M, g->lda));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->bd, g->tb, (uint64_t)g->K, (uint64_t)g->Nc, g->ldb));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->dd, g->td, (uint64_t)g->M, (uint64_t)g->Nc, g->ldd));
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]));
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof al[1]));
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof al[2]));
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], sizeof al[3]));
-    LT_TRY(cublasLtMatmulAlgoGetHeuristic(lt_handle(), op, ad, bd, dd, dd, pref, 8, res, &nres));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &p->key.al[0], sizeof(uint32_t)));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &p->key.al[1], sizeof(uint32_t)));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &p->key.al[2], sizeof(uint32_t)));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &p->key.al[2], sizeof(uint32_t)));
+    LT_TRY(cublasLtMatmulAlgoGetHeuristic(lt_handle(), p->op, p->ad, p->bd, p->dd, p->dd, pref, 8, res, &nres));
     if (nres == 0) {
         s = CUBLAS_STATUS_NOT_SUPPORTED;
         lt_failed_call = "cublasLtMatmulAlgoGetHeuristic (no algorithm)";
         lt_failed_line = __LINE__;
         goto done;
     }
-    algo = res[0].algo;
-    if (g->split_k > 1) LT_TRY(pick_splitk(g, op, ad, bd, dd, res, nres, &algo));
-    LT_TRY(cublasLtMatmul(lt_handle(), op, &alpha, g->A, ad, g->B, bd, &g->beta, g->D, dd, g->D, dd, &algo, ws,
-                          WORKSPACE_BYTES, tdc_stream()));
+    p->algo = res[0].algo;
+    if (g->split_k > 1) LT_TRY(pick_splitk(g, p->op, p->ad, p->bd, p->dd, res, nres, &p->algo));
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (dd) cublasLtMatrixLayoutDestroy(dd);
-    if (bd) cublasLtMatrixLayoutDestroy(bd);
-    if (ad) cublasLtMatrixLayoutDestroy(ad);
-    if (op) cublasLtMatmulDescDestroy(op);
+    p->status = s;
+    p->failed = lt_failed_call;
+    p->line = lt_failed_line;
+}
+
+/* the plan of g: found, or made (the cache is emptied when full) */
+static lt_plan *plan_of(const lt_gemm *g)
+{
+    plan_key k;
+    memset(&k, 0, sizeof k);   /* keys are compared as bytes */
+    k.M = g->M; k.Nc = g->Nc; k.K = g->K; k.lda = g->lda; k.ldb = g->ldb; k.ldd = g->ldd;
+    k.ta = g->ta; k.tb = g->tb; k.td = g->td; k.amode = g->amode; k.bmode = g->bmode;
+    k.fast = g->fast; k.split_k = g->split_k;
+    k.al[0] = align_of(g->A); k.al[1] = align_of(g->B); k.al[2] = align_of(g->D);
+    for (int i = NPLANS - 1; i >= 0; i--)
+        if (!memcmp(&PLANS[i].key, &k, sizeof k)) return &PLANS[i];
+    if (!PLANS) {
+        PLANS = (lt_plan *)calloc(MAX_PLANS, sizeof *PLANS);
+        if (!PLANS) { fprintf(stderr, "tidal: out of host memory\n"); exit(1); }
+    }
+    if (NPLANS == MAX_PLANS) {
+        for (int i = 0; i < NPLANS; i++) plan_free(&PLANS[i]);
+        memset(PLANS, 0, MAX_PLANS * sizeof *PLANS);
+        NPLANS = 0;
+    }
+    lt_plan *p = &PLANS[NPLANS++];
+    p->key = k;
+    plan_make(g, p);
+    return p;
+}
+
+/* where an lt_matmul failed, for the messages */
+static const char *lt_failed_call = "";
+static int lt_failed_line;
+
+/* D = op(A) op(B) (+ D when beta = 1) on cuBLASLt. Returns the first failing status (the
+ * heuristic finding no algorithm is CUBLAS_STATUS_NOT_SUPPORTED); the caller falls back or dies. */
+static cublasStatus_t lt_matmul(const lt_gemm *g)
+{
+    cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+    const float alpha = 1.0f;
+    void *ws = tdc_scratch(TDC_SLOT_WORKSPACE, WORKSPACE_BYTES);
+    lt_plan *p = plan_of(g);
+    if ((s = p->status) != CUBLAS_STATUS_SUCCESS) {
+        lt_failed_call = p->failed;
+        lt_failed_line = p->line;
+        return s;
+    }
+    if (g->amode != MODE_NONE) {
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->ascale, sizeof g->ascale));
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->bscale, sizeof g->bscale));
+    }
+    LT_TRY(cublasLtMatmul(lt_handle(), p->op, &alpha, g->A, p->ad, g->B, p->bd, &g->beta, g->D, p->dd, g->D, p->dd,
+                          &p->algo, ws, WORKSPACE_BYTES, tdc_stream()));
+done:
     return s;
 }
 
