@@ -529,6 +529,9 @@ static const float *widened(const td_wmat *w, int rows, int cols)
 
 extern "C" void matmul_forget_cuda(void)
 {
+    for (int i = 0; i < NPLANS; i++) plan_free(&PLANS[i]);   /* cheap to find again */
+    if (PLANS) memset(PLANS, 0, MAX_PLANS * sizeof *PLANS);
+    NPLANS = 0;
     if (!NWC) return;
     CUDA_CHECK(cudaStreamSynchronize(tdc_stream()));
     for (size_t i = 0; i < NWC; i++) CUDA_CHECK(cudaFree(WC[i].dev));

@@ -12,7 +12,7 @@ void fp8_quantize_cuda(const td_fp8_scheme *s, const float *x, int rows, int col
                        float *scales);
 
 /* Drops the fp32 copies matmul.cu widens non-fp32 weights into (keyed by host address, as
- * tdc_const's cache is): be->forget must call it with tdc_const's cache. */
+ * tdc_const's cache is) and its cuBLASLt plans: be->forget calls it with tdc_const's cache. */
 void matmul_forget_cuda(void);
 }
 
