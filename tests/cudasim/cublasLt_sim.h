@@ -143,13 +143,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
  * > 1 (cublasLtMatmulAlgoCheck says NOT_SUPPORTED); refuse_scale_modes: the heuristic finds no
  * algorithm for FP8 scale modes other than SCALAR_32F (cuBLAS < 12.9, or not Hopper);
  * refuse_fp8_f32_out: no FP8 algorithm writes an fp32 D (bf16 / fp16 D only).
- * The counters: FP8 matmuls run per A scale mode, those with FAST_ACCUM set, and split-K runs,
- * so tests see which path ran. */
+ * The counters: FP8 matmuls run per A scale mode, those with FAST_ACCUM set, split-K runs and
+ * heuristic queries, so tests see which path ran and that plans are reused. */
 extern int cublaslt_sim_refuse_splitk;
 extern int cublaslt_sim_refuse_scale_modes;
 extern int cublaslt_sim_refuse_fp8_f32_out;
 extern long cublaslt_sim_calls_fp8[6];
 extern long cublaslt_sim_calls_splitk;
 extern long cublaslt_sim_calls_fast;
+extern long cublaslt_sim_calls_heuristic;
 
 #endif

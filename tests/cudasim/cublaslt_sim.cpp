@@ -43,6 +43,7 @@ int cublaslt_sim_refuse_fp8_f32_out;
 long cublaslt_sim_calls_fp8[6];
 long cublaslt_sim_calls_splitk;
 long cublaslt_sim_calls_fast;
+long cublaslt_sim_calls_heuristic;
 
 struct cublasLtContext { int alive; };
 struct cublaslt_sim_desc {
@@ -191,6 +192,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
                                               cublasLtMatmulHeuristicResult_t results[], int *returned)
 {
     problem p;
+    cublaslt_sim_calls_heuristic++;
     if (!h || !pref || requested < 1 || !returned) return CUBLAS_STATUS_INVALID_VALUE;
     cublasStatus_t s = validate(op, a, b, c, d, &p);
     *returned = 0;

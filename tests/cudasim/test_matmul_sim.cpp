@@ -391,6 +391,38 @@ static void test_matmul_heads(void **state)
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i]);
 }
 
+#ifdef TD_CUDASIM
+/* the same product twice: the second call reuses the cuBLASLt plans (no heuristic query) and
+ * gives the same bits; after be->forget the plans are found again */
+static void test_matmul_plans(void **state)
+{
+    (void)state;
+    const td_recipe *r = td_recipe_find_preset("bf16-infer");   /* split_k 2: a split-K plan */
+    const int N = 4, IN = 128, OUT = 64;
+    float *inp = (float *)malloc(N * IN * sizeof(float)), *W = (float *)malloc(OUT * IN * sizeof(float));
+    float *o1 = (float *)malloc(N * OUT * sizeof(float)), *o2 = (float *)malloc(N * OUT * sizeof(float));
+    fill(inp, N, IN);
+    fill(W, OUT, IN);
+    pw p = prepare(r, W, OUT, IN, -1);
+    td_ops gc;
+    memset(&gc, 0, sizeof gc);
+    gc.be = &td_backend_cuda;
+    gc.recipe = r;
+    long h0 = cublaslt_sim_calls_heuristic;
+    matmul_forward_cuda(&gc, 1, &o1, inp, &p.w, NULL, N, IN, &OUT);
+    long h1 = cublaslt_sim_calls_heuristic;
+    matmul_forward_cuda(&gc, 1, &o2, inp, &p.w, NULL, N, IN, &OUT);
+    assert_true(h1 > h0);
+    assert_int_equal(cublaslt_sim_calls_heuristic, h1);
+    assert_memory_equal(o1, o2, N * OUT * sizeof(float));
+    td_backend_cuda.forget();
+    matmul_forward_cuda(&gc, 1, &o2, inp, &p.w, NULL, N, IN, &OUT);
+    assert_true(cublaslt_sim_calls_heuristic > h1);
+    td_backend_cuda.forget();
+    free(inp); free(W); free(o1); free(o2); free(p.data);
+}
+#endif
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -400,6 +432,9 @@ int main(void)
         cmocka_unit_test(test_matmul_fp8),
         cmocka_unit_test(test_matmul_invariant),
         cmocka_unit_test(test_matmul_heads),
+#ifdef TD_CUDASIM
+        cmocka_unit_test(test_matmul_plans),
+#endif
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
