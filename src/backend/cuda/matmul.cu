@@ -20,7 +20,8 @@
  *               products of 16-bit values are exact in fp32 either way; only the summation order
  *               differs from the tensor-core kernel.
  *   fp8         activations quantised by fp8_quantize_cuda (fp8_quant.cu: td_fp8_quantize's
- *               arithmetic, bit for bit), weights the td_wmat's E4M3 codes and block scales; cuBLASLt FP8 with
+ *               arithmetic, bit for bit), weights the td_wmat's E4M3 codes and block scales
+ *               (converted to cuBLASLt's scale layouts, see below); cuBLASLt FP8 with
  *                 weight one block, act per-tensor       SCALAR_32F scale pointers on A and B
  *                 weight one block or per-row, act per-tensor or per-token
  *                                                        OUTER_VEC_32F on both (scalars repeated)
@@ -55,8 +56,9 @@
  * Scratch slots (cuda_internal.cuh): GEMM_A the activation operand (16-bit or fp8 codes),
  * GEMM_SCALES the activation scales (tidal's order, then cuBLASLt's) and the weight's scale
  * tensor in cuBLASLt's layout, GEMM_OUT the padded fp32 D and the widened activations, WORKSPACE
- * cuBLASLt's 32 MiB (MISC: fp8_quantize_cuda, fp8_quant.cu). One cuBLASLt handle,
- * made on first use, serves the backend's one stream. */
+ * cuBLASLt's 32 MiB (MISC: fp8_quantize_cuda, fp8_quant.cu). One cuBLASLt handle, made on first
+ * use, serves the backend's one stream; plans (descriptors and algorithm per problem) are cached.
+ * The fp32 weight copies and the plans are dropped by matmul_forget_cuda (be->forget). */
 #include "matmul.cuh"
 
 #ifdef TD_CUDASIM
