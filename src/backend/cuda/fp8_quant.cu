@@ -4,10 +4,11 @@
  * arithmetic, power-of-two scales, saturation or not.
  *
  * Three kernels: (1) the maximum |x| of each chunk of a row (a chunk never straddles two column
- * blocks), (2) one CUDA block per scale block reduces its chunks' maxima (fmaxf, which ignores
- * NaN as the CPU's loop does; the maximum is exact in any order) and computes the scale and the
- * quantisation step with scaling.c's fp32 arithmetic (IEEE division: nvcc's default
- * -prec-div=true), (3) every element encoded as enc(x * mul) or enc(x / div), saturating as the
+ * blocks); (2) per scale block, the maximum of its chunks' maxima (a CUDA block reduces it, or one
+ * thread when there are at most 64: 1 x 128 groups, MX; fmaxf ignores NaN as the CPU's loop does,
+ * and a maximum is exact in any order), then the scale and the quantisation step with scaling.c's
+ * fp32 arithmetic (IEEE division: nvcc's default -prec-div=true); (3) every element encoded as
+ * enc(x * mul) or enc(x / div), saturating as the
  * scheme says. Scratch slot MISC holds the chunk maxima and the steps. */
 #include "matmul.cuh"
 
@@ -100,6 +101,22 @@ __global__ void block_scale_kernel(const float *cam, int rows, int cols, int ch,
     if (t == 0) block_factors(s, red[0], &scales[bi], &qmul[bi], &qdiv[bi]);
 }
 
+/* the same for small blocks (a few chunks each: 1 x 128 groups, MX): one thread per scale block */
+__global__ void block_scale_serial_kernel(const float *cam, int rows, int cols, int ch, int nch, int br,
+                                          int bc, int nbc, int nb, qscheme s, float *scales,
+                                          float *qmul, float *qdiv)
+{
+    size_t bi = GTID;
+    if (bi >= (size_t)nb) return;
+    int r0 = (int)(bi / nbc) * br, r1 = r0 + br < rows ? r0 + br : rows;
+    int c0 = (int)(bi % nbc) * bc, c1 = c0 + bc < cols ? c0 + bc : cols;
+    int cc0 = c0 / ch, cc1 = (c1 + ch - 1) / ch;
+    float m = 0.0f;
+    for (int r = r0; r < r1; r++)
+        for (int cc = cc0; cc < cc1; cc++) m = fmaxf(m, cam[(size_t)r * nch + cc]);
+    block_factors(s, m, &scales[bi], &qmul[bi], &qdiv[bi]);
+}
+
 __global__ void fp8_encode_kernel(const float *x, int rows, int cols, int br, int bc, int nbc,
                                   qscheme s, const float *qmul, const float *qdiv, uint8_t *codes)
 {
@@ -129,8 +146,13 @@ extern "C" void fp8_quantize_cuda(const td_fp8_scheme *s, const float *x, int ro
     cudaStream_t st = tdc_stream();
     TD_LAUNCH(chunk_amax_kernel, nblk((size_t)rows * nch), TPB, 0, st, x, rows, cols, ch, nch, cam);
     CUDA_CHECK_LAUNCH();
-    TD_LAUNCH(block_scale_kernel, (unsigned)nb, TPB, TPB * sizeof(float), st, cam, rows, cols, ch,
-              nch, (int)br, (int)bc, nbc, q, scales, qmul, qdiv);
+    size_t per_block = (br < (size_t)rows ? br : (size_t)rows) * (((bc < (size_t)cols ? bc : (size_t)cols) + ch - 1) / ch);
+    if (per_block <= 64)   /* few chunk maxima per scale block: a thread each */
+        TD_LAUNCH(block_scale_serial_kernel, nblk(nb), TPB, 0, st, cam, rows, cols, ch, nch, (int)br, (int)bc,
+                  nbc, (int)nb, q, scales, qmul, qdiv);
+    else                   /* many (per-tensor, per-row, 128 x 128): a CUDA block each */
+        TD_LAUNCH(block_scale_kernel, (unsigned)nb, TPB, TPB * sizeof(float), st, cam, rows, cols, ch,
+                  nch, (int)br, (int)bc, nbc, q, scales, qmul, qdiv);
     CUDA_CHECK_LAUNCH();
     TD_LAUNCH(fp8_encode_kernel, nblk((size_t)rows * cols), TPB, 0, st, x, rows, cols, (int)br,
               (int)bc, nbc, q, qmul, qdiv, codes);
