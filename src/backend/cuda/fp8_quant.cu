@@ -8,8 +8,8 @@
  * thread when there are at most 64: 1 x 128 groups, MX; fmaxf ignores NaN as the CPU's loop does,
  * and a maximum is exact in any order), then the scale and the quantisation step with scaling.c's
  * fp32 arithmetic (IEEE division: nvcc's default -prec-div=true); (3) every element encoded as
- * enc(x * mul) or enc(x / div), saturating as the
- * scheme says. Scratch slot MISC holds the chunk maxima and the steps. */
+ * enc(x * mul) or enc(x / div), saturating as the scheme says. Scratch slot MISC holds the chunk
+ * maxima and the steps. */
 #include "matmul.cuh"
 
 #include <float.h>
