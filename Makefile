@@ -66,10 +66,10 @@ else
 endif
 
 # GPU-side programs, run by tests/gpu/run.sh on a machine with an NVIDIA GPU: the CUDA backend's
-# tests of tests/cudasim built against the real backend (the simulator's own test excepted) and
-# the benchmarks' peer. With CUDA=1 `make tests` builds them too (CI compiles them; nothing runs
-# them without a GPU).
-GPUTESTS := $(patsubst tests/cudasim/%.cpp,$(BUILD)/gpu/%,$(filter-out tests/cudasim/test_cudasim.cpp,$(wildcard tests/cudasim/test_*.cpp)))
+# tests of tests/cudasim built against the real backend (the simulator's own tests,
+# test_cudasim*.cpp, excepted) and the benchmarks' peer. With CUDA=1 `make tests` builds them
+# too (CI compiles them; nothing runs them without a GPU).
+GPUTESTS := $(patsubst tests/cudasim/%.cpp,$(BUILD)/gpu/%,$(filter-out tests/cudasim/test_cudasim%.cpp,$(wildcard tests/cudasim/test_*.cpp)))
 GPUPROGS := $(if $(filter 1,$(CUDA)),$(GPUTESTS) $(BUILD)/gpu/peer)
 
 DEPDIR_FLAGS = -MMD -MP

@@ -5,6 +5,7 @@
  * it). Error names and strings are libcudart 13's. */
 #include "cudasim.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -197,6 +198,13 @@ size_t cudasim_detail::env_bytes(const char *name, size_t dflt)
         exit(2);
     }
     return (size_t)v << shift;
+}
+
+bool cudasim_detail::device_addressable(const void *p)
+{
+    if (!p) return true;
+    std::lock_guard<std::mutex> lock(mu);
+    return find(p) != allocs.end() || find((const char *)p - 1) != allocs.end();
 }
 
 cudaError_t cudasim_detail::check_launch(const void *func, unsigned gx, unsigned gy, unsigned gz,
@@ -401,6 +409,18 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
     return set_error(cudaErrorInvalidValue);
 }
 
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, const void *func,
+                                                          int blockSize, size_t dynamicSMemSize)
+{
+    if (!numBlocks || !func || blockSize <= 0 || blockSize > 1024) return set_error(cudaErrorInvalidValue);
+    cudaError_t e = device_status();
+    if (e != cudaSuccess) return set_error(e);
+    const int warps = (blockSize + 31) / 32;
+    size_t by_smem = (size_t)(228 << 10) / (dynamicSMemSize + 1024);
+    *numBlocks = (int)std::min(std::min((size_t)32, (size_t)(64 / warps)), by_smem);
+    return cudaSuccess;
+}
+
 /* ---- memory -------------------------------------------------------------------------------- */
 
 cudaError_t cudaMalloc(void **p, size_t size) { return set_error(allocate(p, size, cudaMemoryTypeDevice)); }
@@ -463,6 +483,19 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void
     a->device = it == allocs.end() ? cudaInvalidDeviceId : current_device;
     a->devicePointer = it == allocs.end() ? nullptr : (void *)ptr;
     a->hostPointer = (a->type == cudaMemoryTypeHost || a->type == cudaMemoryTypeManaged) ? (void *)ptr : nullptr;
+    return cudaSuccess;
+}
+
+/* mapped host memory has the same address on the device (unified addressing) */
+cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags)
+{
+    if (!pDevice || flags) return set_error(cudaErrorInvalidValue);
+    cudaError_t e = device_status();
+    if (e != cudaSuccess) return set_error(e);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = find(pHost);
+    if (it == allocs.end() || it->second.type != cudaMemoryTypeHost) return set_error(cudaErrorInvalidValue);
+    *pDevice = pHost;
     return cudaSuccess;
 }
 

@@ -7,11 +7,13 @@
  * Barrier semantics (CUDA's, made strict so that a kernel correct here is correct on a GPU):
  *   __syncthreads   every thread of the block, at the same call site; a thread that returned
  *                   while another waits (or waits while another returned) is a deadlock.
- *   warp intrinsics every lane named in the mask (restricted to lanes that exist: a partial
- *                   last warp), at the same intrinsic with the same mask; the calling lane must
- *                   be in its mask. Shuffles follow PTX shfl.sync: the source lane is computed
- *                   within the lane's `width` segment; an out-of-segment source gives the lane's
- *                   own value; a source outside the mask gives all-ones bits (undefined in CUDA).
+ *   warp intrinsics every lane named in the mask that has not returned (PTX: "all non-exited
+ *                   threads in membermask"; lanes past blockDim leave the mask too), at the same
+ *                   intrinsic with the same mask; the calling lane must be in its mask. Shuffles
+ *                   follow PTX shfl.sync: the source lane is computed within the lane's `width`
+ *                   segment; an out-of-segment source gives the lane's own value; a source that
+ *                   is not taking part (outside the mask, returned, absent) gives all-ones bits
+ *                   (undefined in CUDA); votes count the lanes taking part.
  * Anything else that cannot complete aborts with the kernel's name, launch site and block.
  * Under AddressSanitizer every switch is announced (__sanitizer_start/finish_switch_fiber).
  *
@@ -236,6 +238,8 @@ void to_scheduler(bool finished)
     switch_finish(f->fake_stack, &sched_bottom, &sched_size);
 }
 
+void try_complete_warp(Fiber *f, int w0);
+
 void thread_exit(void)
 {
     Fiber *f = cur;
@@ -247,11 +251,10 @@ void thread_exit(void)
                 die("deadlock: %s returned while %s waits at %s: the barrier can never complete "
                     "(__syncthreads after an early return, or in divergent code)",
                     thread_name(f).c_str(), thread_name(pool[i]).c_str(), site(pool[i]).c_str());
+    /* lanes waiting for this one at a warp intrinsic now wait for one lane fewer */
     int w0 = f->lin & ~31, lane = f->lin & 31;
     for (int i = w0; i < w0 + 32 && i < L.nthreads; i++)
-        if (pool[i]->state == F_WARP && (pool[i]->mask >> lane & 1u))
-            die("deadlock: %s returned while %s waits for it at %s (mask 0x%08x)", thread_name(f).c_str(),
-                thread_name(pool[i]).c_str(), site(pool[i]).c_str(), pool[i]->mask);
+        if (pool[i]->state == F_WARP && (pool[i]->mask >> lane & 1u)) try_complete_warp(pool[i], w0);
     to_scheduler(true);
     abort(); /* a finished fiber is never resumed */
 }
@@ -402,19 +405,31 @@ namespace {
 
 bool is_shuffle(int kind) { return kind <= CUDASIM_SHFL_XOR; }
 
-/* the source lane of lane l (PTX shfl.sync: c = ((32 - width) << 8) | clamp) */
+/* the source lane of lane l, as PTX defines shfl.sync (cuda's headers pass c = (32 - width) << 8,
+ * | 0x1f except for .up): b[4:0] is used, the segment is [l & ~(width-1), + width - 1], and a
+ * source past the segment's end (.down .bfly .idx) or before its start (.up) is l itself */
 int shuffle_source(int kind, int l, int arg, int width)
 {
-    long long seg = l & ~(width - 1), last = seg + width - 1, j;
+    const int b = arg & 31, seg = l & ~(width - 1), last = seg + width - 1;
+    int j;
     switch (kind) {
-    case CUDASIM_SHFL_IDX: return (int)(seg + (arg & (width - 1)));
-    case CUDASIM_SHFL_UP: j = (long long)l - (unsigned)arg; return j >= seg ? (int)j : l;
-    case CUDASIM_SHFL_DOWN: j = (long long)l + (unsigned)arg; return j <= last ? (int)j : l;
-    default: j = (long long)((unsigned)l ^ (unsigned)arg); return j <= last ? (int)j : l;
+    case CUDASIM_SHFL_IDX: return seg | (b & (width - 1));
+    case CUDASIM_SHFL_UP: j = l - b; return j >= seg ? j : l;
+    case CUDASIM_SHFL_DOWN: j = l + b; return j <= last ? j : l;
+    default: j = l ^ b; return j <= last ? j : l;
     }
 }
 
-void complete_warp(Fiber *f, int w0, unsigned mask)
+/* the lanes of the warp at w0 that exist and have not returned */
+unsigned live_lanes(int w0)
+{
+    unsigned m = 0;
+    for (int l = 0; l < 32 && w0 + l < L.nthreads; l++)
+        if (pool[w0 + l]->state != F_DONE) m |= 1u << l;
+    return m;
+}
+
+void complete_warp(Fiber *f, int w0, unsigned mask, unsigned live)
 {
     unsigned long long bits = 0, sum = 0;
     int imin = INT_MAX, imax = INT_MIN;
@@ -422,9 +437,9 @@ void complete_warp(Fiber *f, int w0, unsigned mask)
     for (int l = 0; l < 32; l++) {
         if (!(mask >> l & 1u)) continue;
         Fiber *g = pool[w0 + l];
-        if (g->kind != f->kind || g->mask != mask)
+        if (g->kind != f->kind || (g->mask & live) != mask)
             die("lanes of warp %d disagree: %s is at %s with mask 0x%08x, %s at %s with mask 0x%08x",
-                w0 / 32, thread_name(f).c_str(), site(f).c_str(), mask, thread_name(g).c_str(),
+                w0 / 32, thread_name(f).c_str(), site(f).c_str(), f->mask, thread_name(g).c_str(),
                 site(g).c_str(), g->mask);
         unsigned v = (unsigned)g->value;
         bits |= (unsigned long long)(g->value != 0) << l;
@@ -457,6 +472,15 @@ void complete_warp(Fiber *f, int w0, unsigned mask)
     restart = true;
 }
 
+/* completes f's exchange when every live lane of its mask is waiting at a warp intrinsic */
+void try_complete_warp(Fiber *f, int w0)
+{
+    const unsigned live = live_lanes(w0), mask = f->mask & live;
+    for (int l = 0; l < 32; l++)
+        if ((mask >> l & 1u) && pool[w0 + l]->state != F_WARP) return;
+    complete_warp(f, w0, mask, live);
+}
+
 } // namespace
 
 unsigned long long cudasim_warp_op(int kind, unsigned mask, unsigned long long value, int arg,
@@ -475,27 +499,14 @@ unsigned long long cudasim_warp_op(int kind, unsigned mask, unsigned long long v
     mask &= n == 32 ? ~0u : (1u << n) - 1u;
     f->kind = kind, f->mask = mask, f->value = value, f->arg = arg, f->width = width;
     f->state = F_WARP;
-    bool all = true;
-    for (int l = 0; l < 32; l++) {
-        if (!(mask >> l & 1u)) continue;
-        Fiber *g = pool[w0 + l];
-        if (g->state == F_DONE)
-            die("deadlock: %s waits at %s (mask 0x%08x) for %s, which has returned",
-                thread_name(f).c_str(), site(f).c_str(), mask, thread_name(g).c_str());
-        all = all && g->state == F_WARP;
-    }
-    if (all) complete_warp(f, w0, mask);
+    try_complete_warp(f, w0);
     to_scheduler(false);
     return cur->result;
 }
 
 unsigned cudasim_activemask(void)
 {
-    Fiber *f = need_fiber("__activemask");
-    unsigned m = 0;
-    for (int l = 0, w0 = f->lin & ~31; l < 32 && w0 + l < L.nthreads; l++)
-        if (pool[w0 + l]->state != F_DONE) m |= 1u << l;
-    return m;
+    return live_lanes(need_fiber("__activemask")->lin & ~31);
 }
 
 void *cudasim_dyn_smem(void)
@@ -514,7 +525,7 @@ void cudasim_trap(const char *file, int line)
 
 void cudasim_detail::launch(const char *name, const char *file, int line, const void *func,
                             dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                            void (*body)(void *), void *ctx)
+                            const PtrArg *ptrs, int nptrs, void (*body)(void *), void *ctx)
 {
     if (cur) die("kernel %s launched from inside a kernel (dynamic parallelism is not simulated)", name);
     cudaError_t e = check_launch(func, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem, stream);
@@ -522,6 +533,16 @@ void cudasim_detail::launch(const char *name, const char *file, int line, const 
         set_error(e);
         return;
     }
+    const char *lax = getenv("CUDASIM_HOST_POINTERS");
+    for (int i = 0; i < nptrs && !(lax && !strcmp(lax, "1")); i++)
+        if (!device_addressable(ptrs[i].p)) {
+            fprintf(stderr, "cudasim: kernel %s launched at %s:%d: argument %d is %p, host memory that no "
+                    "cudaMalloc / cudaMallocManaged / cudaMallocHost / cudaHostRegister covers: a GPU "
+                    "faults on it (cudaErrorIllegalAddress). Pass device memory (tdc_in / tdc_out / "
+                    "tdc_const stage host arrays), or set CUDASIM_HOST_POINTERS=1 if the kernel never "
+                    "reads it\n", name, file, line, ptrs[i].index, ptrs[i].p);
+            abort();
+        }
     std::lock_guard<std::mutex> lock(launch_mutex);
     std::string n = name;
     while (n.size() >= 2 && n.front() == '(' && n.back() == ')') n = n.substr(1, n.size() - 2);
@@ -539,12 +560,13 @@ void cudasim_detail::launch(const char *name, const char *file, int line, const 
     gridDim = grid, blockDim = block;
     const unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z;
     std::vector<int> perm, bperm;
-    /* block order: one permutation of the linear block index (grids beyond 2^31 blocks run in
-     * forward order) */
-    const bool permute = nblocks <= (unsigned long long)INT_MAX;
-    if (permute) make_order(bperm, (int)nblocks);
+    /* block order: forward, reverse, or one permutation of the linear block index (a shuffled
+     * grid of more than 2^24 blocks runs forward rather than holding a permutation that long) */
+    const bool shuffle = order_mode == ORDER_SHUFFLE && nblocks <= (1u << 24);
+    if (shuffle) make_order(bperm, (int)nblocks);
     for (unsigned long long k = 0; k < nblocks; k++) {
-        unsigned long long b = permute ? (unsigned long long)bperm[k] : k;
+        unsigned long long b = shuffle ? (unsigned long long)bperm[k]
+                             : order_mode == ORDER_REVERSE ? nblocks - 1 - k : k;
         run_block(uint3{(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y),
                         (unsigned)(b / ((unsigned long long)grid.x * grid.y))}, perm);
     }

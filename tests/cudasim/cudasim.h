@@ -1,31 +1,40 @@
 /* tidal — cudasim: a CPU simulator of the CUDA subset tidal's kernels use (C++20, g++ 12).
  *
- * the sources in src/backend/cuda compile with `g++ -x c++ -DTD_CUDASIM -Itests/cudasim` against this
- * header (cuda_internal.cuh includes it instead of cuda_runtime.h), so the kernels' logic runs
- * and is tested on any machine. What it models:
+ * The sources in src/backend/cuda compile with `g++ -x c++ -DTD_CUDASIM -Itests/cudasim` against
+ * this header (cuda_internal.cuh includes it instead of cuda_runtime.h), so the kernels' logic
+ * runs and is tested on any machine (tests/cudasim/sim.mk builds them). What it models:
  *   - a launch (TD_LAUNCH -> cudasim_launch) runs the grid's blocks one after another, at the
- *     launch, on the calling thread; the threads of a block are fibers (ucontext) that switch
- *     only at a barrier: __syncthreads (block), __syncwarp and the warp intrinsics (__shfl_*,
+ *     launch, on the calling thread; the threads of a block are fibers that switch only at a
+ *     barrier: __syncthreads (block), __syncwarp and the warp intrinsics (__shfl_*_sync,
  *     __ballot_sync, __any_sync, __all_sync, __reduce_*_sync: the lanes of the caller's warp
  *     named in the mask exchange values and wait for each other, as on the GPU);
- *   - __shared__ is `static`: the blocks run one at a time, so a static local is the block's
- *     shared memory; dynamic shared memory (TD_DYN_SMEM) is the launch's smem bytes, 16-byte
- *     aligned, filled with 0xFF bytes (NaN floats) at each block's start;
- *   - a barrier that cannot complete (a __syncthreads in divergent code, a thread that returned
- *     while others wait, lanes of one warp at different warp intrinsics) aborts with a message
- *     naming the kernel, its launch site and the waiting threads: it never hangs;
- *   - CUDASIM_ORDER=forward|reverse|shuffle[:seed] (default forward) sets the order in which the
- *     runnable threads of a block run between barriers, and the order of the blocks. A kernel
- *     with a missing barrier (a race) gives different results under forward and reverse;
+ *   - __shared__ is `static` (write `__shared__ T x[N]`, not `static __shared__`): the blocks
+ *     run one at a time, so a static local is the block's shared memory; dynamic shared memory
+ *     (TD_DYN_SMEM) is the launch's smem bytes, 16-byte aligned, filled with 0xFF bytes (NaN
+ *     floats, -1 ints) at each block's start;
+ *   - CUDA's rules made strict, so that what passes here is defined behaviour on a GPU: a barrier
+ *     that cannot complete (__syncthreads in divergent code or after some threads returned, a
+ *     warp intrinsic whose mask names a lane that waits elsewhere, lanes of a mask at different
+ *     intrinsics) aborts with a message naming the kernel, its launch site, the block and the
+ *     threads: it never hangs. A warp intrinsic waits for the lanes of its mask that have not
+ *     returned (PTX: "non-exited threads"); a shuffle reading a lane that does not take part
+ *     (outside the mask, returned, or past blockDim when it is not a multiple of 32) gets
+ *     all-ones bits (NaN, -1): undefined on the GPU. __activemask() is every lane that has not
+ *     returned;
+ *   - CUDASIM_ORDER=forward|reverse|shuffle[:seed] (default forward; read at each launch) sets
+ *     the order in which the runnable threads of a block run between barriers, and the order of
+ *     the blocks. A kernel with a missing barrier (a race) gives different results under
+ *     forward and reverse; a correct one gives the same (up to the order of float atomics);
  *   - the runtime API subset of cudasim_runtime.h, and the math of cudasim_math.h.
  * Not modelled: concurrency between blocks or streams (blocks are sequential: a kernel that
- * spins waiting for another block deadlocks), memory ordering (every write is visible at once),
- * bounds of device memory inside kernels (use check-asan: ASan sees device buffers), dynamic
- * parallelism, cooperative groups, textures, fp16/bf16/fp8 CUDA types (tidal rounds with its
- * own bit arithmetic, round.cuh). Static __shared__ arrays keep the previous block's values
- * (only dynamic shared memory is poisoned). Fiber stacks are CUDASIM_STACK bytes (default 64K,
- * 256K under ASan) with a guard page: a kernel that overflows it gets SIGSEGV.
- * One launch runs at a time (a mutex); a kernel may not launch kernels. */
+ * spins waiting for another block, or a thread spinning on a flag another thread of its block
+ * sets without a barrier, hangs: fibers switch only at barriers), memory ordering (every write is visible at once),
+ * bounds of device memory inside kernels (check-asan: ASan sees every device buffer and the
+ * dynamic shared memory), dynamic parallelism, cooperative groups, textures, the fp16/bf16/fp8
+ * CUDA types (tidal rounds with its own bit arithmetic, round.cuh). Static __shared__ arrays
+ * keep the previous block's values (only dynamic shared memory is poisoned). Fiber stacks are
+ * CUDASIM_STACK bytes (default 64K, 256K under ASan) above a guard page: a kernel that
+ * overflows one gets SIGSEGV. One launch runs at a time (a mutex); a kernel may not launch. */
 #ifndef TIDAL_CUDASIM_H
 #define TIDAL_CUDASIM_H
 
@@ -105,7 +114,8 @@ enum cudasim_warp_kind {
 int cudasim_block_op(int kind, int pred, const char *file, int line);
 /* One warp-wide exchange: this lane gives `value` (up to 64 bits) and `arg` (the source lane,
  * delta or xor mask), waits for every lane of `mask`, and gets its result. Lanes that do not
- * exist (a partial last warp) leave the mask; reading one gives all-ones bits (NaN, -1). */
+ * exist (a partial last warp) or have returned leave the mask; reading one gives all-ones bits
+ * (NaN, -1). */
 unsigned long long cudasim_warp_op(int kind, unsigned mask, unsigned long long value, int arg,
                                    int width, const char *what, const char *file, int line);
 void *cudasim_dyn_smem(void);
@@ -211,10 +221,20 @@ template <class T> static inline void __stcs(T *p, T v) { *p = v; }
 
 /* ---- launching ---------------------------------------------------------------------------- */
 namespace cudasim_detail {
-/* checks the configuration (cudaGetLastError reports a refusal) and runs every block */
+struct PtrArg { int index; const void *p; };   /* a pointer argument of a launch (1-based) */
+/* checks the configuration (cudaGetLastError reports a refusal) and the pointer arguments (a
+ * pointer to host memory no allocation of the runtime covers aborts, naming the kernel and the
+ * argument: the GPU faults on it; CUDASIM_HOST_POINTERS=1 lets such pointers through), then
+ * runs every block */
 void launch(const char *name, const char *file, int line, const void *func, dim3 grid, dim3 block,
-            size_t smem, cudaStream_t stream, void (*body)(void *), void *ctx);
+            size_t smem, cudaStream_t stream, const PtrArg *ptrs, int nptrs, void (*body)(void *),
+            void *ctx);
 template <class F> void call_body(void *f) { (*(F *)f)(); }
+template <class T> void add_pointer(PtrArg *ptrs, int &n, int index, const T &v)
+{
+    if constexpr (std::is_pointer_v<T> && !std::is_function_v<std::remove_pointer_t<T>>)
+        ptrs[n++] = PtrArg{index, (const void *)v};
+}
 }
 
 /* cudasim_launch(kernel, grid, block, smem, stream, args...): the macro records the kernel's
@@ -226,9 +246,14 @@ void cudasim_launch_at(const char *name, const char *file, int line, void (*kern
 {
     static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
     std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+    cudasim_detail::PtrArg ptrs[sizeof...(P) + 1];
+    int nptrs = 0;
+    [&]<size_t... I>(std::index_sequence<I...>) {
+        (cudasim_detail::add_pointer(ptrs, nptrs, (int)I + 1, std::get<I>(params)), ...);
+    }(std::index_sequence_for<P...>{});
     auto body = [&]() { std::apply(kernel, params); };
-    cudasim_detail::launch(name, file, line, (const void *)kernel, grid, block, smem, stream,
-                           &cudasim_detail::call_body<decltype(body)>, &body);
+    cudasim_detail::launch(name, file, line, (const void *)kernel, grid, block, smem, stream, ptrs,
+                           nptrs, &cudasim_detail::call_body<decltype(body)>, &body);
 }
 #define cudasim_launch(kernel, ...) cudasim_launch_at(#kernel, __FILE__, __LINE__, kernel, __VA_ARGS__)
 

@@ -179,6 +179,7 @@ cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream);
 cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags);
 cudaError_t cudaHostUnregister(void *ptr);
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr);
+cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream = 0);
@@ -215,6 +216,13 @@ cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value);
 template <class T> cudaError_t cudaFuncSetAttribute(T *entry, enum cudaFuncAttribute attr, int value)
 { return cudaFuncSetAttribute((const void *)entry, attr, value); }
+/* an H100's residency limits: 2048 threads, 32 blocks, 228 KiB shared memory (1 KiB reserved
+ * per block) per multiprocessor */
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, const void *func,
+                                                          int blockSize, size_t dynamicSMemSize);
+template <class T> cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, T *func,
+                                                                            int blockSize, size_t smem)
+{ return cudaOccupancyMaxActiveBlocksPerMultiprocessor(numBlocks, (const void *)func, blockSize, smem); }
 /* __constant__ / __device__ variables are plain globals in the sim */
 template <class T> cudaError_t cudaMemcpyToSymbol(const T &symbol, const void *src, size_t count,
                                                   size_t offset = 0,
@@ -233,6 +241,9 @@ cudaError_t check_launch(const void *func, unsigned gx, unsigned gy, unsigned gz
                          unsigned by, unsigned bz, size_t smem, cudaStream_t stream);
 /* a size from the environment: digits with an optional K, M or G; exits 2 on anything else */
 size_t env_bytes(const char *name, size_t dflt);
+/* p is null, or inside (or one past the end of) an allocation of the runtime's: the GPU can
+ * address it */
+bool device_addressable(const void *p);
 }
 
 #endif

@@ -6,6 +6,11 @@
 # CUDA libraries: cudart_sim.cpp, cublaslt_sim.cpp, ...). Each tests/cudasim/test_NAME.cpp is a
 # test program $(BUILD)/sim/test_NAME linked with that library and libtidal; SIMTESTS lists them
 # for `make check`. No GPU and no nvcc are needed. $(SAN) instruments it for check-asan.
+#
+# A sim test: tests/cudasim/test_NAME.cpp includes "cuda_internal.cuh" (-Isrc/backend/cuda)
+# (or "cudasim.h") and "simtest.h" (cmocka, sim_managed<T>(n)), calls the _cuda ops and compares
+# them with the CPU ops of libtidal. Run a test under another thread order to catch a missing
+# barrier: CUDASIM_ORDER=reverse build/sim/test_NAME (or shuffle:SEED).
 
 SIM_CXX      ?= g++
 SIM_CXXFLAGS := -std=c++20 -DTD_CUDASIM -Itests/cudasim -Iinclude $(PKG_CFLAGS) -O1 -g -fopenmp \
@@ -27,9 +32,14 @@ $(BUILD)/sim/obj/%.o: tests/cudasim/%.cpp
 	@mkdir -p $(dir $@)
 	$(SIM_CXX) $(SIM_CXXFLAGS) -MMD -MP -c $< -o $@
 
-$(SIM_LIB): $(SIM_OBJ)
+# the member list, rewritten when a source appears or goes, so the archive never keeps a stale one
+$(BUILD)/sim/members: FORCE_SIM
+	@mkdir -p $(dir $@)
+	@echo '$(SIM_OBJ)' | cmp -s - $@ || echo '$(SIM_OBJ)' > $@
+
+$(SIM_LIB): $(SIM_OBJ) $(BUILD)/sim/members
 	@rm -f $@
-	ar rcs $@ $^
+	ar rcs $@ $(SIM_OBJ)
 
 # the sim library and libtidal refer to each other (ops call back into the CPU code): one group
 $(BUILD)/sim/test_%: tests/cudasim/test_%.cpp $(SIM_LIB) $(LIB)
@@ -37,6 +47,6 @@ $(BUILD)/sim/test_%: tests/cudasim/test_%.cpp $(SIM_LIB) $(LIB)
 	$(SIM_CXX) $(SIM_CXXFLAGS) -Isrc/backend/cuda -MMD -MP -MF $@.d $< -o $@ \
 	    -Wl,--start-group $(SIM_LIB) $(LIB) -Wl,--end-group $(LDLIBS) -lcmocka -lstdc++
 
-.PHONY: sim
+.PHONY: sim FORCE_SIM
 sim: $(SIMTESTS)
 tests: $(SIMTESTS)

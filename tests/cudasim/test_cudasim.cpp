@@ -4,7 +4,7 @@
  * is computed independently here (closed forms or a host loop), with integer-valued floats so
  * sums are exact in any order. Also: a race caught by running forward vs reverse, deadlocks that
  * abort with a message naming the kernel (checked in a forked child), launch-time refusals. */
-#include "../../src/backend/cuda/cuda_internal.cuh"   /* the contract: TD_LAUNCH, TD_DYN_SMEM */
+#include "cuda_internal.cuh"   /* the contract: TD_LAUNCH, TD_DYN_SMEM */
 
 #include "simtest.h"
 
@@ -148,6 +148,89 @@ static void test_shfl_broadcast_scan(void **state)
         assert_true(xf[l] == (float)(src <= (l | 7) ? src : l));
     }
     cudaFree(b), cudaFree(sb), cudaFree(scan), cudaFree(xf);
+}
+
+/* ---- lanes under different masks: two half-warp groups, __syncwarp, a source outside the mask */
+
+__global__ void half_warps(float *a, int *b)
+{
+    TD_DYN_SMEM(int, s);
+    const int lane = threadIdx.x;
+    if (lane < 16) a[lane] = __shfl_sync(0x0000ffffu, (float)lane, 3);
+    else a[lane] = __shfl_sync(0xffff0000u, (float)lane, 20);
+    if (lane < 16) a[32 + lane] = __shfl_sync(0x0000ffffu, (float)lane, 20);   /* lane 20 is not in the mask */
+    s[lane] = 100 + lane;
+    __syncwarp();
+    b[lane] = s[31 - lane];
+}
+
+static void test_half_warps_and_syncwarp(void **state)
+{
+    float *a = sim_managed<float>(48);
+    int *b = sim_managed<int>(32);
+    const char *orders[] = {"forward", "reverse"};
+    for (const char *o : orders) {
+        set_order(o);
+        cudasim_launch(half_warps, 1, 32, 32 * sizeof(int), 0, a, b);
+        for (int l = 0; l < 32; l++) {
+            assert_true(a[l] == (l < 16 ? 3.0f : 20.0f));
+            assert_int_equal(b[l], 100 + 31 - l);
+        }
+        for (int l = 0; l < 16; l++) assert_true(isnan(a[32 + l]));   /* undefined in CUDA: NaN here */
+    }
+    set_order("forward");
+    cudaFree(a), cudaFree(b);
+}
+
+/* ---- returned lanes: a warp intrinsic waits for the non-exited lanes of its mask (PTX
+ * shfl.sync / vote.sync / bar.warp.sync); reading a returned lane is undefined: all-ones here */
+
+__global__ void after_exit(int *x, unsigned *votes)
+{
+    const int lane = threadIdx.x;
+    if (lane >= 24) return;
+    x[lane] = __shfl_sync(0xffffffffu, 100 + lane, (lane + 4) % 32);
+    votes[lane] = __ballot_sync(0xffffffffu, 1);
+    __syncwarp();
+}
+
+static void test_returned_lanes(void **state)
+{
+    int *x = sim_managed<int>(32);
+    unsigned *votes = sim_managed<unsigned>(32);
+    const char *orders[] = {"forward", "reverse"};
+    for (const char *o : orders) {
+        set_order(o);
+        cudasim_launch(after_exit, 1, 32, 0, 0, x, votes);
+        assert_int_equal(cudaGetLastError(), cudaSuccess);
+        for (int l = 0; l < 24; l++) {
+            assert_int_equal(x[l], l + 4 < 24 ? 100 + l + 4 : -1);   /* lanes 24..31 returned */
+            assert_int_equal(votes[l], 0x00FFFFFFu);
+        }
+    }
+    set_order("forward");
+    cudaFree(x), cudaFree(votes);
+}
+
+/* ---- block order follows CUDASIM_ORDER too ----------------------------------------------------- */
+
+__global__ void arrival(int *counter, int *slot)
+{
+    if (threadIdx.x == 0) slot[blockIdx.x] = atomicAdd(counter, 1);
+}
+
+static void test_block_order(void **state)
+{
+    int *counter = sim_managed<int>(1), *slot = sim_managed<int>(8);
+    const char *orders[] = {"forward", "reverse"};
+    for (int k = 0; k < 2; k++) {
+        set_order(orders[k]);
+        *counter = 0;
+        cudasim_launch(arrival, 8, 4, 0, 0, counter, slot);
+        for (int b = 0; b < 8; b++) assert_int_equal(slot[b], k == 0 ? b : 7 - b);
+    }
+    set_order("forward");
+    cudaFree(counter), cudaFree(slot);
 }
 
 /* ---- votes --------------------------------------------------------------------------------- */
@@ -330,10 +413,10 @@ __global__ void split_barrier(int *x)
     }
 }
 
-__global__ void shfl_after_exit(int *x)
+__global__ void syncwarp_vs_shfl(int *x)
 {
-    if (threadIdx.x > 0) return;
-    x[0] = __shfl_sync(0xffffffffu, 7, 3);
+    if (threadIdx.x == 0) __syncwarp();
+    else x[threadIdx.x] = __shfl_sync(0xffffffffu, 1, 0);
 }
 
 __global__ void shfl_vs_barrier(int *x)
@@ -388,12 +471,41 @@ static void test_deadlocks_abort(void **state)
     e = child_abort([](int *x) { cudasim_launch(split_barrier, 1, 64, 0, 0, x); });
     expect_in(e, "__syncthreads in divergent code");
     expect_in(e, "split_barrier");
-    e = child_abort([](int *x) { cudasim_launch(shfl_after_exit, 1, 32, 0, 0, x); });
+    e = child_abort([](int *x) { cudasim_launch(syncwarp_vs_shfl, 1, 32, 0, 0, x); });
+    expect_in(e, "lanes of warp 0 disagree");
+    expect_in(e, "__syncwarp");
     expect_in(e, "__shfl_sync");
-    expect_in(e, "returned");
     e = child_abort([](int *x) { cudasim_launch(shfl_vs_barrier, 1, 64, 0, 0, x); });
     expect_in(e, "deadlock: no thread can run");
     expect_in(e, "shfl_vs_barrier");
+}
+
+/* ---- a host pointer handed to a kernel: the GPU faults on it, the sim stops at the launch ----- */
+
+__global__ void add_one(int n, int *x)
+{
+    if (threadIdx.x < (unsigned)n) x[threadIdx.x] += 1;
+}
+
+static void test_host_pointer_argument(void **state)
+{
+    std::string e = child_abort([](int *) {
+        static int host[4];
+        cudasim_launch(add_one, 1, 4, 0, 0, 4, host);
+    });
+    expect_in(e, "kernel add_one launched at");
+    expect_in(e, "argument 2 is");
+    expect_in(e, "host memory");
+    int *dev = sim_managed<int>(4), host[4] = {0, 0, 0, 0};
+    memset(dev, 0, 4 * sizeof(int));
+    cudasim_launch(add_one, 1, 4, 0, 0, 0, dev + 4);   /* one past the end: a valid pointer */
+    cudasim_launch(add_one, 1, 4, 0, 0, 0, (int *)nullptr);
+    setenv("CUDASIM_HOST_POINTERS", "1", 1);         /* let through (the kernel reads it here) */
+    cudasim_launch(add_one, 1, 4, 0, 0, 4, host);
+    unsetenv("CUDASIM_HOST_POINTERS");
+    assert_int_equal(host[3], 1);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    cudaFree(dev);
 }
 
 /* ---- launch configuration ------------------------------------------------------------------ */
@@ -431,11 +543,15 @@ int main(void)
         cmocka_unit_test(test_builtin_variables),
         cmocka_unit_test(test_warp_sums),
         cmocka_unit_test(test_shfl_broadcast_scan),
+        cmocka_unit_test(test_half_warps_and_syncwarp),
+        cmocka_unit_test(test_returned_lanes),
+        cmocka_unit_test(test_block_order),
         cmocka_unit_test(test_votes),
         cmocka_unit_test(test_dyn_smem),
         cmocka_unit_test(test_atomics),
         cmocka_unit_test(test_race_shows_under_orders),
         cmocka_unit_test(test_deadlocks_abort),
+        cmocka_unit_test(test_host_pointer_argument),
         cmocka_unit_test(test_launch_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

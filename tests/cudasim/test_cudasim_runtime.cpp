@@ -67,6 +67,14 @@ static void test_device_properties(void **state)
     assert_int_equal(v, p.multiProcessorCount);
     assert_int_equal(cudaGetDeviceProperties(&p, 1), cudaErrorInvalidDevice);
     cudaGetLastError();
+    /* residency per SM: 64 warps, 32 blocks, 228 KiB of shared memory with 1 KiB reserved per block */
+    int blocks = 0;
+    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)&p, 256, 0), cudaSuccess);
+    assert_int_equal(blocks, 8);
+    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)&p, 32, 0), cudaSuccess);
+    assert_int_equal(blocks, 32);
+    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)&p, 128, 100 << 10), cudaSuccess);
+    assert_int_equal(blocks, 2);
 }
 
 static void test_pointer_attributes(void **state)
@@ -97,6 +105,10 @@ static void test_pointer_attributes(void **state)
     assert_int_equal(cudaPointerGetAttributes(&a, plain + 10), cudaSuccess);
     assert_int_equal(a.type, cudaMemoryTypeHost);
     assert_int_equal(cudaHostRegister(plain + 10, 10, 0), cudaErrorHostMemoryAlreadyRegistered);
+    void *mapped = nullptr;
+    assert_int_equal(cudaHostGetDevicePointer(&mapped, plain + 10, 0), cudaSuccess);
+    assert_ptr_equal(mapped, plain + 10);
+    assert_int_equal(cudaHostGetDevicePointer(&mapped, man, 0), cudaErrorInvalidValue);
     assert_int_equal(cudaHostUnregister(plain), cudaSuccess);
     assert_int_equal(cudaHostUnregister(plain), cudaErrorHostMemoryNotRegistered);
     /* freed memory is unregistered; frees must match their allocator */
