@@ -246,7 +246,7 @@ void cudasim_launch_at(const char *name, const char *file, int line, void (*kern
 {
     static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
     std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
-    cudasim_detail::PtrArg ptrs[sizeof...(P) + 1];
+    cudasim_detail::PtrArg ptrs[sizeof...(P) + 1] = {};
     int nptrs = 0;
     [&]<size_t... I>(std::index_sequence<I...>) {
         (cudasim_detail::add_pointer(ptrs, nptrs, (int)I + 1, std::get<I>(params)), ...);

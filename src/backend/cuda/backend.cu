@@ -15,6 +15,7 @@
  * backend (td_cuda_backend_open) is the one place that fails softly: no driver, no GPU, a bad
  * device index come back as a td_error for the tool to print (exit 1). */
 #include "cuda_internal.cuh"
+#include "matmul.cuh"
 
 #include <omp.h>
 
@@ -192,6 +193,7 @@ static void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(G.stream)); }
 
 static void cuda_forget(void)
 {
+    matmul_forget_cuda();   /* matmul.cu's fp32 copies of non-fp32 weights, keyed by host address too */
     CUDA_CHECK(cudaStreamSynchronize(G.stream));
     for (size_t i = 0; i < G.ncache; i++) CUDA_CHECK(cudaFree(G.cache[i].dev));
     G.ncache = 0;
