@@ -52,7 +52,7 @@ endif
 # found (CUDA=0 leaves it out: then --device cuda says the build has none). Kernels for Hopper
 # (sm_90, H100/H200) and PTX for anything newer; cudart static, cuBLASLt shared (rpath).
 # No fast-math: the kernels' roundings need IEEE fp32 with denormals (round.cuh).
-CUDA      ?= 0
+CUDA      ?= $(HAVE_NVCC)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 NVFLAGS   ?= -O2 -g -std=c++20 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
              -Iinclude -Xcompiler -fopenmp,-Wall -Werror all-warnings
@@ -91,6 +91,14 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.cu.o: %.cu $(wildcard src/backend/cuda/*.cuh)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# device.c is the one C file that knows whether the CUDA backend is linked in (TD_HAVE_CUDA):
+# it is rebuilt when CUDA changes in the same build tree
+$(BUILD)/cuda-flag: FORCE_CUDA_FLAG
+	@mkdir -p $(dir $@)
+	@echo '$(CUDA)' | cmp -s - $@ || echo '$(CUDA)' > $@
+$(BUILD)/src/backend/device.o: $(BUILD)/cuda-flag
+.PHONY: FORCE_CUDA_FLAG
 
 $(LIB): $(LIB_OBJ) $(CUDA_OBJ)
 	@rm -f $@
