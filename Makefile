@@ -50,16 +50,17 @@ endif
 
 # The CUDA backend (src/backend/cuda/*.cu, `--device cuda`) is part of libtidal when nvcc is
 # found (CUDA=0 leaves it out: then --device cuda says the build has none). Kernels for Hopper
-# (sm_90, H100/H200) and PTX for anything newer; cudart static, cuBLASLt shared (rpath).
+# (sm_90, H100/H200) and PTX for anything newer; cudart static, cuBLASLt loaded by the backend
+# when it opens (src/backend/cuda/lt_dl.cu: a CPU-only run never maps it).
 # No fast-math: the kernels' roundings need IEEE fp32 with denormals (round.cuh).
 CUDA      ?= $(HAVE_NVCC)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 NVFLAGS   ?= -O2 -g -std=c++20 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
-             -Iinclude -Xcompiler -fopenmp,-Wall -Werror all-warnings
+             -Iinclude -Xcompiler -fopenmp,-Wall -Werror all-warnings -DTD_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"' 
 ifeq ($(CUDA),1)
   CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
   CFLAGS   += -DTD_HAVE_CUDA
-  LDLIBS   += -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt -lpthread -lstdc++ \
+  LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++ \
               -Wl,-rpath,$(CUDA_HOME)/lib64
 else
   CUDA_OBJ :=

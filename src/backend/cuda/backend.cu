@@ -228,6 +228,8 @@ extern "C" const td_backend td_backend_cuda = {
     .forget = cuda_forget,
 };
 
+extern "C" int tdc_lt_load(char *why, size_t why_len);   /* lt_dl.cu */
+
 /* Opens device `index` (once per process; a second open must name the same device). */
 extern "C" const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err)
 {
@@ -266,6 +268,14 @@ extern "C" const td_backend *td_cuda_backend_open(int index, char *desc, size_t 
                     prop.major, prop.minor);
             return NULL;
         }
+#ifndef TD_CUDASIM
+        char why[600];
+        if (tdc_lt_load(why, sizeof why)) {   /* lt_dl.cu: cuBLASLt is loaded now, not at start */
+            td_fail(err, "--device cuda: %s: install the CUDA Toolkit's cuBLAS, or put its lib64 on "
+                    "LD_LIBRARY_PATH", why);
+            return NULL;
+        }
+#endif
         snprintf(G.name, sizeof G.name, "cuda:%d (%.200s, sm_%d%d, %.0f GiB)", index, prop.name,
                  prop.major, prop.minor, (double)prop.totalGlobalMem / (1 << 30));
         G.device = index;
