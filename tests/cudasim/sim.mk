@@ -47,6 +47,25 @@ $(BUILD)/sim/test_%: tests/cudasim/test_%.cpp $(SIM_LIB) $(LIB)
 	$(SIM_CXX) $(SIM_CXXFLAGS) -Isrc/backend/cuda -MMD -MP -MF $@.d $< -o $@ \
 	    -Wl,--start-group $(SIM_LIB) $(LIB) -Wl,--end-group $(LDLIBS) -lcmocka -lstdc++
 
+# The tools that take --device, built to run on the simulated GPU: $(BUILD)/sim/bin/TOOL is
+# tools/TOOL.c compiled as the normal tools are, linked with the sim library first. Their
+# device.c is $(BUILD)/sim/obj/device.o, src/backend/device.c compiled again with TD_HAVE_CUDA
+# and given as an object (not an archive member), so it is the one linked whatever CUDA= the
+# main build used, and its td_cuda_backend_open resolves to the sim library's backend (the
+# first archive of the group), never to libtidal's nvcc objects. tests/py/test_device_sim.py
+# runs them against the CPU tools.
+SIMTOOLS     := $(BUILD)/sim/bin/tidal-diff $(BUILD)/sim/bin/tidal-logprobs
+SIM_DEVICE   := $(BUILD)/sim/obj/device.o
+
+$(SIM_DEVICE): src/backend/device.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DTD_HAVE_CUDA $(DEPDIR_FLAGS) -c $< -o $@
+
+$(BUILD)/sim/bin/%: tools/%.c $(SIM_DEVICE) $(SIM_LIB) $(LIB)
+	@mkdir -p $(dir $@) $(BUILD)/sim/dep
+	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) -MF $(BUILD)/sim/dep/$*.d $< $(SIM_DEVICE) -o $@ \
+	    -Wl,--start-group $(SIM_LIB) $(LIB) -Wl,--end-group $(LDLIBS) -lstdc++
+
 .PHONY: sim FORCE_SIM
-sim: $(SIMTESTS)
-tests: $(SIMTESTS)
+sim: $(SIMTESTS) $(SIMTOOLS)
+tests: $(SIMTESTS) $(SIMTOOLS)
