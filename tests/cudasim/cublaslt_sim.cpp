@@ -29,6 +29,7 @@
 #include "cublasLt_sim.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
@@ -302,6 +303,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
         if (parts > 1 && (cublaslt_sim_refuse_splitk || algo->data[F_SCHEME] == CUBLASLT_REDUCTION_SCHEME_NONE))
             return CUBLAS_STATUS_NOT_SUPPORTED;
     }
+    /* the matrices and scales are read by the GPU: host memory there faults, as at a launch */
+    const void *dev[] = {A, B, C, D, op->ascale, op->bscale};
+    static const char *const what[] = {"A", "B", "C", "D", "A_SCALE_POINTER", "B_SCALE_POINTER"};
+    const char *lax = getenv("CUDASIM_HOST_POINTERS");
+    for (int i = 0; i < 6 && !(lax && !strcmp(lax, "1")); i++)
+        if (!cudasim_detail::device_addressable(dev[i])) {
+            fprintf(stderr, "cudasim: cublasLtMatmul: %s is %p, host memory that no cudaMalloc / "
+                    "cudaMallocManaged / cudaMallocHost / cudaHostRegister covers: a GPU faults on it "
+                    "(cudaErrorIllegalAddress). Pass device memory (tdc_in / tdc_out / tdc_const)\n",
+                    what[i], dev[i]);
+            abort();
+        }
+    cudasim_detail::DeviceAccess access;   /* this model reads and writes them on the host */
     int fp8 = is_fp8(ad->type), am = op->amode, bm = op->bmode, blk = fp8 && is_block(am);
     if (fp8) cublaslt_sim_calls_fp8[am]++;
     if (fp8 && op->fast) cublaslt_sim_calls_fast++;

@@ -10,8 +10,11 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 struct CUstream_st { unsigned flags; };
 struct CUevent_st {
@@ -26,6 +29,7 @@ struct Alloc {
     size_t size;
     cudaMemoryType type;
     bool owned;            /* false: cudaHostRegister'ed user memory */
+    size_t mapped;         /* CUDASIM_DEVICE_GUARD: the pages mmap'ed for it (0: malloc'ed) */
 };
 
 std::mutex mu;             /* guards everything below */
@@ -90,6 +94,68 @@ bool host_range(const void *p, size_t count)
     return it == allocs.end() || count <= it->second.size - ((uintptr_t)p - it->first);
 }
 
+/* ---- CUDASIM_DEVICE_GUARD (cudasim_runtime.h): device memory closed to host code ---------- */
+int access_depth;          /* DeviceAccess nesting; guarded allocations are open while > 0 */
+
+bool guard_on(void)
+{
+    const char *s = getenv("CUDASIM_DEVICE_GUARD");
+    return s && !strcmp(s, "1");
+}
+
+/* caller holds mu; adjacent mappings (mmap hands them out next to each other) in one call */
+void protect_all(int prot)
+{
+    uintptr_t start = 0, end = 0;
+    auto flush = [&]() {
+        if (end > start && mprotect((void *)start, end - start, prot)) {
+            perror("cudasim: mprotect");
+            abort();
+        }
+    };
+    for (auto &a : allocs) {
+        if (!a.second.mapped) continue;
+        if (a.first != end) {
+            flush();
+            start = a.first;
+        }
+        end = a.first + a.second.mapped;
+    }
+    flush();
+}
+
+/* a fault inside guarded device memory: the host touched it; say so, then fault again with the
+ * default action (SA_RESETHAND) for the core dump / debugger. Not async-signal-safe in the map
+ * walk, which is acceptable on the way down. */
+void on_fault(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig; (void)uc;
+    uintptr_t at = (uintptr_t)si->si_addr;
+    for (auto &a : allocs)
+        if (a.second.mapped && at >= a.first && at < a.first + a.second.mapped) {
+            char msg[400];
+            int n = snprintf(msg, sizeof msg, "cudasim: host code touched device memory at %p (inside "
+                             "a %zu-byte cudaMalloc allocation at %p; CUDASIM_DEVICE_GUARD=1): a GPU "
+                             "machine segfaults here. Copy it down first (be->download, cudaMemcpy)\n",
+                             (void *)at, a.second.size, (void *)a.first);
+            if (write(2, msg, (size_t)n) < 0) { /* nothing more to do */ }
+            break;
+        }
+}
+
+void install_fault_handler(void)
+{
+    static bool done;
+    if (done) return;
+    done = true;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, nullptr);
+}
+
 cudaError_t allocate(void **p, size_t size, cudaMemoryType type)
 {
     if (!p) return cudaErrorInvalidValue;
@@ -101,9 +167,22 @@ cudaError_t allocate(void **p, size_t size, cudaMemoryType type)
     if (type != cudaMemoryTypeHost && size > total_mem() - std::min(device_bytes, total_mem()))
         return cudaErrorMemoryAllocation;
     void *m = nullptr;
-    if (posix_memalign(&m, 256, size)) return cudaErrorMemoryAllocation;
+    size_t mapped = 0;
+    if (type == cudaMemoryTypeDevice && guard_on()) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        mapped = (size + page - 1) / page * page;
+        m = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return cudaErrorMemoryAllocation;
+        install_fault_handler();
+    } else if (posix_memalign(&m, 256, size)) {
+        return cudaErrorMemoryAllocation;
+    }
     memset(m, 0xFF, size);          /* uninitialised device memory reads as NaN */
-    allocs[(uintptr_t)m] = Alloc{size, type, true};
+    if (mapped && access_depth == 0 && mprotect(m, mapped, PROT_NONE)) {
+        perror("cudasim: mprotect");
+        abort();
+    }
+    allocs[(uintptr_t)m] = Alloc{size, type, true, mapped};
     if (type != cudaMemoryTypeHost) device_bytes += size;
     *p = m;
     return cudaSuccess;
@@ -119,7 +198,8 @@ cudaError_t release(void *p, bool host)
     if (it == allocs.end() || !it->second.owned || (it->second.type == cudaMemoryTypeHost) != host)
         return cudaErrorInvalidValue;
     if (!host) device_bytes -= it->second.size;
-    free(p);
+    if (it->second.mapped) munmap(p, it->second.mapped);
+    else free(p);
     allocs.erase(it);
     return cudaSuccess;
 }
@@ -198,6 +278,20 @@ size_t cudasim_detail::env_bytes(const char *name, size_t dflt)
         exit(2);
     }
     return (size_t)v << shift;
+}
+
+cudasim_detail::DeviceAccess::DeviceAccess()
+{
+    if (!guard_on()) return;
+    std::lock_guard<std::mutex> lock(mu);
+    if (access_depth++ == 0) protect_all(PROT_READ | PROT_WRITE);
+}
+
+cudasim_detail::DeviceAccess::~DeviceAccess()
+{
+    if (!guard_on()) return;
+    std::lock_guard<std::mutex> lock(mu);
+    if (--access_depth == 0) protect_all(PROT_NONE);
 }
 
 bool cudasim_detail::device_addressable(const void *p)
@@ -514,6 +608,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
             !(src_dev ? device_range(src, count) : host_range(src, count)))
             return set_error(cudaErrorInvalidValue);
     }
+    cudasim_detail::DeviceAccess access;
     memmove(dst, src, count);
     return cudaSuccess;
 }
@@ -534,6 +629,7 @@ cudaError_t cudaMemset(void *p, int value, size_t count)
         std::lock_guard<std::mutex> lock(mu);
         if (!device_range(p, count)) return set_error(cudaErrorInvalidValue);
     }
+    cudasim_detail::DeviceAccess access;
     memset(p, value, count);
     return cudaSuccess;
 }

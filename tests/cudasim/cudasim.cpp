@@ -563,6 +563,7 @@ void cudasim_detail::launch(const char *name, const char *file, int line, const 
     /* block order: forward, reverse, or one permutation of the linear block index (a shuffled
      * grid of more than 2^24 blocks runs forward rather than holding a permutation that long) */
     const bool shuffle = order_mode == ORDER_SHUFFLE && nblocks <= (1u << 24);
+    DeviceAccess access;   /* the kernel runs as the device: device memory open (CUDASIM_DEVICE_GUARD) */
     if (shuffle) make_order(bperm, (int)nblocks);
     for (unsigned long long k = 0; k < nblocks; k++) {
         unsigned long long b = shuffle ? (unsigned long long)bperm[k]

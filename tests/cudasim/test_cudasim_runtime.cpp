@@ -3,11 +3,16 @@
  * answer on a machine with a driver and no GPU), no driver -> cudaErrorInsufficientDriver and
  * driver version 0 (what libcudart 13 returns on this GPU-less machine), pointer attributes by
  * containment, copies checked on their device side, the last-error rule, error names and
- * strings as libcudart 13 prints them (cudaGetErrorString / cudaGetErrorName). */
+ * strings as libcudart 13 prints them (cudaGetErrorString / cudaGetErrorName); with
+ * CUDASIM_DEVICE_GUARD=1 cudaMalloc'ed memory faults when host code touches it, copies and
+ * memsets still reach it. */
 #include "cudasim.h"
 #include "simtest.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static void test_device_count_from_environment(void **state)
 {
@@ -177,6 +182,45 @@ static void test_streams_events(void **state)
     cudaGetLastError();
 }
 
+static void test_device_guard(void **state)
+{
+    setenv("CUDASIM_DEVICE_GUARD", "1", 1);
+    float h[64], back[64];
+    for (int i = 0; i < 64; i++) h[i] = (float)i;
+    float *d = NULL, *m = NULL;
+    assert_int_equal(cudaMalloc((void **)&d, sizeof h), cudaSuccess);
+    assert_int_equal(cudaMallocManaged((void **)&m, sizeof h, cudaMemAttachGlobal), cudaSuccess);
+    assert_int_equal(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemset(d, 0, 16), cudaSuccess);
+    assert_int_equal(cudaMemcpy(back, d, sizeof back, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_true(back[0] == 0.0f && back[3] == 0.0f && back[4] == 4.0f && back[63] == 63.0f);
+    m[5] = 1.0f;   /* managed memory: the host may touch it */
+    /* a host read of device memory: the child faults (SIGSEGV) and says where */
+    char path[] = "/tmp/cudasim_guard_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd, 2);
+        volatile float x = d[7];
+        (void)x;
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    char msg[1000] = "";
+    ssize_t n = pread(fd, msg, sizeof msg - 1, 0);
+    msg[n > 0 ? n : 0] = '\0';
+    close(fd);
+    unlink(path);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV);
+    assert_non_null(strstr(msg, "host code touched device memory"));
+    assert_non_null(strstr(msg, "256-byte cudaMalloc allocation"));
+    assert_int_equal(cudaFree(d), cudaSuccess);
+    assert_int_equal(cudaFree(m), cudaSuccess);
+    unsetenv("CUDASIM_DEVICE_GUARD");
+}
+
 static void test_error_texts(void **state)
 {
     assert_string_equal(cudaGetErrorString(cudaSuccess), "no error");
@@ -198,6 +242,7 @@ int main(void)
         cmocka_unit_test(test_copies_and_memset),
         cmocka_unit_test(test_streams_events),
         cmocka_unit_test(test_error_texts),
+        cmocka_unit_test(test_device_guard),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

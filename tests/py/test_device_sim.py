@@ -1,6 +1,8 @@
 """The tools end to end on the simulated GPU: build/sim/bin/tidal-diff and tidal-logprobs are the
 real tools linked with the CUDA backend compiled against tests/cudasim (a CPU simulator of CUDA
-that aborts when a kernel is handed host memory), run with --device cuda against the CPU tools
+that aborts when a kernel or cublasLtMatmul is handed host memory, and, with
+CUDASIM_DEVICE_GUARD=1 as here, faults with a message when host code touches device memory),
+run with --device cuda against the CPU tools
 (build/bin) on datasets/models/add (a trained Qwen2: C 192, 4 layers, V 100), 8 prompts of
 datasets/models/prompts-add.jsonl, the same seed. The run files are compared with h5py
 (reports/SCHEMA.md). What the op tests of tests/cudasim cannot see is exercised here: host
@@ -52,8 +54,10 @@ for tool in ["tidal-diff", "tidal-logprobs"]:
 
 
 def sim(*args):
-    """Runs SIMBIN/args[0]; a failure (a simulator abort naming a kernel argument) stops the script."""
-    p = subprocess.run([os.path.join(SIMBIN, args[0]), *args[1:]], capture_output=True, text=True)
+    """Runs SIMBIN/args[0] with device memory closed to host code; a failure (a simulator abort
+    naming a kernel argument, a host access to device memory) stops the script."""
+    env = dict(os.environ, CUDASIM_DEVICE_GUARD="1")
+    p = subprocess.run([os.path.join(SIMBIN, args[0]), *args[1:]], capture_output=True, text=True, env=env)
     if p.returncode != 0:
         print(p.stdout, p.stderr)
         raise SystemExit(f"simulated-GPU command failed (exit {p.returncode}): {' '.join(args)}")
