@@ -89,9 +89,9 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu $(wildcard src/backend/cuda/*.cuh)
+$(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(NVCC) $(NVFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 # device.c is the one C file that knows whether the CUDA backend is linked in (TD_HAVE_CUDA):
 # it is rebuilt when CUDA changes in the same build tree
@@ -132,9 +132,9 @@ $(BUILD)/gpu/peer: tests/gpu/peer.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) $< -o $@ -lcublasLt
 
-$(BUILD)/gpu/%.o: tests/cudasim/%.cpp $(wildcard src/backend/cuda/*.cuh)
+$(BUILD)/gpu/%.o: tests/cudasim/%.cpp
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -x cu -Isrc/backend/cuda -c $< -o $@
+	$(NVCC) $(NVFLAGS) -x cu -Isrc/backend/cuda -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 $(BUILD)/gpu/%: $(BUILD)/gpu/%.o $(LIB)
 	$(CXX) $< -o $@ $(LIB) $(LDLIBS) -lcmocka

@@ -3,6 +3,7 @@
  * the reference forms (formats_ref.c) and against NVIDIA's host conversions.
  */
 #include "tidal/formats.h"
+#include "narrow.h"
 
 #include <string.h>
 #include <strings.h>
@@ -54,57 +55,13 @@ td_bf16 td_f32_to_bf16(float x) { return (td_bf16){bf16_encode(f32_bits(x))}; }
 float td_bf16_to_f32(td_bf16 h) { return bits_f32((uint32_t)h.bits << 16); }
 
 /* ------------------------------------------------- narrow IEEE-like formats (fp16, fp8)
- * One generic encoder with the format's constants; `static inline` with constant arguments
- * lets the compiler fold each instantiation into straight-line code.
- *   M      mantissa bits          BIAS  exponent bias
- *   SIGN   sign bit of the code   MAXC  largest finite magnitude code
- *   OVF    code for overflow without saturation (Inf, or NaN for e4m3), signed
- */
-static inline uint32_t narrow_encode(uint32_t u, int M, int BIAS, uint32_t SIGN,
-                                     uint32_t MAXC, uint32_t NANC, uint32_t OVF, int saturate)
-{
-    uint32_t sign = (u >> 31) ? SIGN : 0;
-    uint32_t a = u & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) return NANC;
-    if (a == 0x7F800000u) return sign | (saturate ? MAXC : OVF);
-    const int shift = 23 - M;
-    const uint32_t min_normal = (uint32_t)(128 - BIAS) << 23;  /* fp32 bits of 2^(1-BIAS) */
-    uint32_t code;
-    if (a >= min_normal) {
-        a += ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u);  /* round to nearest even */
-        code = (a - ((uint32_t)(127 - BIAS) << 23)) >> shift;   /* rebias exponent */
-    } else {
-        /* subnormal range: adding 2^(1-BIAS-M+23) makes the fp32 unit in the last place equal
-         * the format's subnormal quantum 2^(1-BIAS-M), so the FPU rounds (nearest even) for us */
-        const float magic = bits_f32((uint32_t)(1 - BIAS - M + 23 + 127) << 23);
-        code = f32_bits(bits_f32(a) + magic) - f32_bits(magic);
-    }
-    if (code > MAXC) return sign | (saturate ? MAXC : OVF);
-    return sign | code;
-}
+ * narrow.h: one generic encoder and decoder with the format's constants, shared with the GPU. */
+#define narrow_encode td_narrow_encode
+#define narrow_decode td_narrow_decode
 
 #define F16_ENC(u)        narrow_encode((u), 10, 15, 0x8000u, 0x7BFFu, 0x7FFFu, 0x7C00u, 0)
 #define E4M3_ENC(u, sat)  narrow_encode((u), 3, 7, 0x80u, 0x7Eu, 0x7Fu, 0x7Fu, (sat) == TD_SATFINITE)
 #define E5M2_ENC(u, sat)  narrow_encode((u), 2, 15, 0x80u, 0x7Bu, 0x7Fu, 0x7Cu, (sat) == TD_SATFINITE)
-
-/* Decoding: fp16 / e5m2 / e4m3 share one shape. Normal and subnormal codes are converted by
- * placing the fields into an fp32 and multiplying by 2^(127-BIAS) (exact). */
-static inline float narrow_decode(uint32_t code, int BITS, int M, int BIAS, int HAS_INF)
-{
-    uint32_t sign = (code >> (BITS - 1)) & 1u;
-    uint32_t mag = code & ((1u << (BITS - 1)) - 1u);
-    uint32_t exp_all = ((1u << (BITS - 1 - M)) - 1u) << M;
-    if (HAS_INF) {
-        if ((mag & exp_all) == exp_all)
-            return mag == exp_all ? bits_f32((sign << 31) | 0x7F800000u) : bits_f32(0x7FFFFFFFu);
-    } else if (mag == ((1u << (BITS - 1)) - 1u)) {
-        return bits_f32(0x7FFFFFFFu);
-    }
-    /* mag << (23 - M) puts the fields where fp32 keeps them; as an fp32 that value is
-     * 2^(BIAS-127) times the true one, for normals and subnormals alike. */
-    float v = bits_f32(mag << (23 - M)) * bits_f32((uint32_t)(254 - BIAS) << 23);
-    return sign ? -v : v;
-}
 
 td_f16 td_f32_to_f16(float x) { return (td_f16){(uint16_t)F16_ENC(f32_bits(x))}; }
 float td_f16_to_f32(td_f16 h) { return narrow_decode(h.bits, 16, 10, 15, 1); }

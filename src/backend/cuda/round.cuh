@@ -1,12 +1,14 @@
-/* tidal — the number formats of formats.h on the device: the same bit arithmetic as
- * src/numerics/formats.c (fast forms), written once as __host__ __device__ so a kernel rounds
- * exactly as the CPU emulation does (tests/test_cuda_sim_round.c checks every fp32 pattern class
+/* tidal — the number formats of formats.h on the device: fp16/fp8 through the CPU's own bit
+ * arithmetic (src/numerics/narrow.h, __host__ __device__ under nvcc), bf16 as formats.h's
+ * td_bf16_bits_rne, so a kernel rounds exactly as the CPU emulation does (tests/cudasim/test_round_sim.cpp checks fp32 patterns of every class
  * against td_round; tests/nv checks formats.c against NVIDIA's host functions). No fast-math:
  * the subnormal path needs IEEE adds with denormals (nvcc's default -ftz=false). */
 #ifndef TIDAL_CUDA_ROUND_CUH
 #define TIDAL_CUDA_ROUND_CUH
 
 #include <stdint.h>
+
+#include "../../numerics/narrow.h"
 
 #ifndef __CUDACC__
 #ifndef __host__
@@ -30,42 +32,15 @@ TDC_HD uint16_t tdc_bf16_enc(float x)
 }
 TDC_HD float tdc_bf16_dec(uint16_t h) { return tdc_float((uint32_t)h << 16); }
 
-/* fp16 / e4m3 / e5m2: formats.c narrow_encode / narrow_decode */
+/* fp16 / e4m3 / e5m2: the CPU's own encoder and decoder (src/numerics/narrow.h) */
 TDC_HD uint32_t tdc_narrow_enc(float x, int M, int BIAS, uint32_t SIGN, uint32_t MAXC, uint32_t NANC,
                                uint32_t OVF, int saturate)
 {
-    uint32_t u = tdc_bits(x);
-    uint32_t sign = (u >> 31) ? SIGN : 0;
-    uint32_t a = u & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) return NANC;
-    if (a == 0x7F800000u) return sign | (saturate ? MAXC : OVF);
-    const int shift = 23 - M;
-    const uint32_t min_normal = (uint32_t)(128 - BIAS) << 23;
-    uint32_t code;
-    if (a >= min_normal) {
-        a += ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u);
-        code = (a - ((uint32_t)(127 - BIAS) << 23)) >> shift;
-    } else {
-        const float magic = tdc_float((uint32_t)(1 - BIAS - M + 23 + 127) << 23);
-        code = tdc_bits(tdc_float(a) + magic) - tdc_bits(magic);
-    }
-    if (code > MAXC) return sign | (saturate ? MAXC : OVF);
-    return sign | code;
+    return td_narrow_encode(tdc_bits(x), M, BIAS, SIGN, MAXC, NANC, OVF, saturate);
 }
-
 TDC_HD float tdc_narrow_dec(uint32_t code, int BITS, int M, int BIAS, int HAS_INF)
 {
-    uint32_t sign = (code >> (BITS - 1)) & 1u;
-    uint32_t mag = code & ((1u << (BITS - 1)) - 1u);
-    uint32_t exp_all = ((1u << (BITS - 1 - M)) - 1u) << M;
-    if (HAS_INF) {
-        if ((mag & exp_all) == exp_all)
-            return mag == exp_all ? tdc_float((sign << 31) | 0x7F800000u) : tdc_float(0x7FFFFFFFu);
-    } else if (mag == ((1u << (BITS - 1)) - 1u)) {
-        return tdc_float(0x7FFFFFFFu);
-    }
-    float v = tdc_float(mag << (23 - M)) * tdc_float((uint32_t)(254 - BIAS) << 23);
-    return sign ? -v : v;
+    return td_narrow_decode(code, BITS, M, BIAS, HAS_INF);
 }
 
 TDC_HD uint16_t tdc_f16_enc(float x) { return (uint16_t)tdc_narrow_enc(x, 10, 15, 0x8000u, 0x7BFFu, 0x7FFFu, 0x7C00u, 0); }
