@@ -7,6 +7,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* What must match of the device a run is resumed on: "cpu", or the GPU as described without its
+ * index ("(NVIDIA H100 ..., sm_90, 79 GiB)": another GPU model sums its GEMMs otherwise). A file
+ * without the attribute was made before --device existed: on the CPU. */
+static const char *device_key(const char *desc)
+{
+    if (!strncmp(desc, "cuda:", 5)) {
+        const char *sp = strchr(desc, ' ');
+        return sp ? sp + 1 : desc;
+    }
+    return desc;
+}
+
+static int check_device(job *J, td_error *err)
+{
+    td_error e2;
+    char *have = td_runfile_get_str(J->rf, "device", &e2);
+    const char *now = td_model_device(J->model);
+    int same = !strcmp(device_key(have ? have : "cpu"), device_key(now));
+    if (!same)
+        td_fail(err, "%s: --resume on another device (the file was made on %s, this run is on %s): the two "
+                "devices' kernels give other numbers; resume on that device, or use a new -o",
+                td_runfile_path(J->rf), have ? have : "cpu", now);
+    free(have);
+    return same ? 0 : -1;
+}
+
 /* The attributes that must match for --resume to continue a file. */
 static int check_same(td_runfile *rf, const char *name, const char *want, td_error *err)
 {
@@ -26,6 +52,7 @@ int resume_output(job *J, const char *const *keys, const char *const *vals, size
     if (!J->rf) return -1;
     for (size_t i = 0; i < n_keys; i++)
         if (check_same(J->rf, keys[i], vals[i], err)) return -1;
+    if (check_device(J, err)) return -1;
     int64_t nb = td_runfile_rows(J->rf, td_schema_progress[TD_PRG_BATCH].path);
     /* text as the file has it: a run that began without it goes on without it */
     if (nb > 0) J->has_text = td_runfile_exists(J->rf, td_schema_progress[TD_PRG_TEXT_ROWS].path);

@@ -231,6 +231,28 @@ cases = [l.split()[1] for l in p.stdout.splitlines() if l.startswith("case ")]
 check(p.stdout.startswith("device cuda:0 (cudasim") and cases == ["tf", "decode1", "decode3"],
       f"tidal-bench-model --device cuda --recipe fp8-rollout runs its cases on the simulated device ({cases})")
 
+# --resume on another device is refused (the devices' kernels give other numbers), the file kept
+import gc  # noqa: E402
+import hashlib  # noqa: E402
+for o in gc.get_objects():   # the run files this script still holds open (HDF5 locks them)
+    if isinstance(o, h5py.File) and o.id.valid:
+        o.close()
+for made_by, resumer, tool_dev in [("cpu", sim, "cuda"), ("gpu", run, "cpu")]:
+    f = os.path.join(tmp, f"fp32-{made_by}.h5")
+    before = hashlib.sha256(open(f, "rb").read()).hexdigest()
+    if resumer is sim:
+        p = subprocess.run([os.path.join(SIMBIN, "tidal-diff"), *COMMON, "--prompts", prompts, "--recipe-a", "fp32",
+                            "--recipe-b", "fp32", "--layers", "--device", "cuda", "-o", f, "--resume"],
+                           capture_output=True, text=True)
+    else:
+        p = run("tidal-diff", *COMMON, "--prompts", prompts, "--recipe-a", "fp32", "--recipe-b", "fp32", "--layers",
+                "-o", f, "--resume", ok=False)
+    after = hashlib.sha256(open(f, "rb").read()).hexdigest()
+    check(p.returncode == 1 and "--resume on another device" in p.stderr and before == after,
+          f"--resume of a {made_by.upper()} run file on the {tool_dev} device: refused, exit 1, the file unchanged")
+    if p.returncode != 1 or before != after or "another device" not in p.stderr:
+        print(p.returncode, before == after, p.stderr[-600:])
+
 shutil.rmtree(tmp)
 print(f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)
