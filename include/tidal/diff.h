@@ -46,6 +46,11 @@ typedef struct {
     const volatile sig_atomic_t *stop;
 } td_diff_opts;
 
+/* What must match of the devices of one run's pieces (a --resume, the shards tidal-merge joins):
+ * "cpu", or a run file's device attribute without its GPU index ("(NVIDIA H100 ..., sm_90,
+ * 79 GiB)": shards may run on cuda:0 and cuda:1, but another GPU model sums its GEMMs otherwise). */
+const char *td_diff_device_key(const char *device_attr);
+
 /* err.msg of a run stopped through opts.stop starts with this. */
 #define TD_DIFF_INTERRUPTED "interrupted"
 

@@ -14,7 +14,8 @@ static const char *SAME_ATTRS[] = {"tool", "model_fingerprint", "recipe_a", "rec
 /* Attributes copied from the first shard. */
 static const char *COPY_ATTRS[] = {"tool", "model_path", "model_fingerprint", "recipe_a", "recipe_b",
                                    "recipe_a_name", "recipe_b_name", "sampling", "seed_str", "batch",
-                                   "score_prompt", "mode", "prompts_file", "lora_path", "lora_mode_a", "lora_mode_b"};
+                                   "score_prompt", "mode", "prompts_file", "lora_path", "lora_mode_a", "lora_mode_b",
+                                   "device", "eos_token_ids", "config_unknown_keys"};
 /* Numeric attributes copied from the first shard when present (the same adapter and recipes
  * give every shard the same merge). */
 static const char *COPY_F64_ATTRS[] = {"lora_survival_a", "lora_changed_frac_a", "lora_aligned_a",
@@ -90,6 +91,16 @@ int td_runfile_merge(const char *out_path, const char *const *inputs, int n, con
             free(v);
             if (!same) { td_fail(err, "%s: its %s differs from %s's: not shards of one run", inputs[i], SAME_ATTRS[a], inputs[0]); goto done; }
         }
+        /* the same device kind and GPU model (cuda:0 and cuda:1 of one machine may share a run) */
+        td_error e3;
+        char *d0 = td_runfile_get_str(in[0], "device", &e3), *di = td_runfile_get_str(in[i], "device", &e3);
+        int same_dev = !strcmp(td_diff_device_key(d0 ? d0 : "cpu"), td_diff_device_key(di ? di : "cpu"));
+        if (!same_dev)
+            td_fail(err, "%s: made on %s, %s on %s: the devices' kernels give other numbers, not shards of one run",
+                    inputs[i], di ? di : "cpu", inputs[0], d0 ? d0 : "cpu");
+        free(d0);
+        free(di);
+        if (!same_dev) goto done;
     }
     /* parts of one split: the same N, each K once, every K there, each finished */
     int shard_n = -1;

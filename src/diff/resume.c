@@ -7,10 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* What must match of the device a run is resumed on: "cpu", or the GPU as described without its
- * index ("(NVIDIA H100 ..., sm_90, 79 GiB)": another GPU model sums its GEMMs otherwise). A file
- * without the attribute was made before --device existed: on the CPU. */
-static const char *device_key(const char *desc)
+/* A file without the device attribute was made before --device existed: on the CPU. */
+const char *td_diff_device_key(const char *desc)
 {
     if (!strncmp(desc, "cuda:", 5)) {
         const char *sp = strchr(desc, ' ');
@@ -24,7 +22,7 @@ static int check_device(job *J, td_error *err)
     td_error e2;
     char *have = td_runfile_get_str(J->rf, "device", &e2);
     const char *now = td_model_device(J->model);
-    int same = !strcmp(device_key(have ? have : "cpu"), device_key(now));
+    int same = !strcmp(td_diff_device_key(have ? have : "cpu"), td_diff_device_key(now));
     if (!same)
         td_fail(err, "%s: --resume on another device (the file was made on %s, this run is on %s): the two "
                 "devices' kernels give other numbers; resume on that device, or use a new -o",

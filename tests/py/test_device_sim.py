@@ -253,6 +253,22 @@ for made_by, resumer, tool_dev in [("cpu", sim, "cuda"), ("gpu", run, "cpu")]:
     if p.returncode != 1 or before != after or "another device" not in p.stderr:
         print(p.returncode, before == after, p.stderr[-600:])
 
+# tidal-merge joins shards of one device kind only (and keeps the device, eos list, unknown keys)
+SH = [*COMMON, "--prompts", prompts, "--recipe-a", "fp32", "--recipe-b", "fp32"]
+s0, s1c, s1g = (os.path.join(tmp, n) for n in ("s0-cpu.h5", "s1-cpu.h5", "s1-gpu.h5"))
+run("tidal-diff", *SH, "--shard", "0/2", "-o", s0)
+run("tidal-diff", *SH, "--shard", "1/2", "-o", s1c)
+sim("tidal-diff", *SH, "--shard", "1/2", "--device", "cuda", "-o", s1g)
+mixed = os.path.join(tmp, "mixed.h5")
+p = run("tidal-merge", s0, s1g, "-o", mixed, ok=False)
+check(p.returncode == 1 and "not shards of one run" in p.stderr and "cuda:0 (cudasim" in p.stderr and not os.path.exists(mixed),
+      "tidal-merge of a CPU shard and a GPU shard: refused (exit 1), nothing written")
+merged = os.path.join(tmp, "merged.h5")
+run("tidal-merge", s0, s1c, "-o", merged)
+with h5py.File(merged, "r") as m, h5py.File(s0, "r") as a:
+    kept = all(attr(m, k) == attr(a, k) for k in ("device", "eos_token_ids", "config_unknown_keys"))
+    check(kept and attr(m, "device") == "cpu", "tidal-merge keeps the shards' device, eos_token_ids and config_unknown_keys")
+
 shutil.rmtree(tmp)
 print(f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)
