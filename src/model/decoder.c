@@ -63,6 +63,7 @@ void acts_free(td_acts *a)
 {
     for (int i = 0; i < a->nowned; i++) a->be->free(a->owned[i]);
     free(a->kv_off);
+    free(a->x_host);
     memset(a, 0, sizeof *a);
 }
 
@@ -122,17 +123,16 @@ static void add_then_norm(const td_ops *ops, float *x_out, const float *x_in, co
 
 /* The per-layer observer reads the stream on the host: a device backend's rows are copied
  * down first (host memory on the CPU: as it is). */
-static void layer_observe(const td_ops *ops, int l, int N, const int *pos, const float *x, int C)
+static void layer_observe(const td_ops *ops, td_acts *a, int l, int N, const int *pos, const float *x,
+                          int C)
 {
     if (!ops->be->sync) {
         ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, x);
         return;
     }
-    size_t bytes = (size_t)N * C * sizeof(float);
-    float *h = td_xmalloc(bytes);
-    ops->be->download(h, x, bytes);
-    ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, h);
-    free(h);
+    if (!a->x_host) a->x_host = td_xmalloc((size_t)a->cap * C * sizeof(float));   /* once */
+    ops->be->download(a->x_host, x, (size_t)N * C * sizeof(float));
+    ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, a->x_host);
 }
 
 void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int *tokens,
@@ -196,7 +196,7 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
             add_then_norm(ops, la.x_out, la.x_mid, a->proj, a->xn, a->rstd_f, W->final_norm, N, C,
                           eps);
         }
-        if (ops->layer_fn) layer_observe(ops, l, N, pos, la.x_out, C);
+        if (ops->layer_fn) layer_observe(ops, a, l, N, pos, la.x_out, C);
         if (ops->progress) td_progress_add(ops->progress, N, "token-layers");
     }
     td_ops_sync(ops);   /* the host writes the row tables of the next step after this */

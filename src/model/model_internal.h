@@ -87,6 +87,7 @@ typedef struct {
     float *proj;     // (cap, C)       o_proj / down_proj output (scratch)
     float *scores;   // (nthreads, ATT_BLOCK, max_keys)
     size_t *kv_off;  // (cap)
+    float *x_host;   /* a device backend's stream rows for the layer observer (lazy) */
     void *owned[24]; /* what acts_alloc allocated */
     int nowned;
 } td_acts;

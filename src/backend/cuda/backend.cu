@@ -85,12 +85,15 @@ static int is_host(const void *p)
 
 const void *tdc_const(const void *p, size_t bytes)
 {
-    if (!p || !is_host(p)) return p;
+    if (!p) return p;
+    /* the cache first: it holds host ranges only, and a hit (every weight after its first use)
+     * then costs no cudaPointerGetAttributes call */
     const char *h = (const char *)p;
     for (size_t i = 0; i < G.ncache; i++) {
         centry *c = &G.cache[i];
         if (h >= c->host && h + bytes <= c->host + c->bytes) return c->dev + (h - c->host);
     }
+    if (!is_host(p)) return p;
     if (G.ncache == G.capcache) {
         G.capcache = G.capcache ? 2 * G.capcache : 256;
         G.cache = (centry *)realloc(G.cache, G.capcache * sizeof *G.cache);
