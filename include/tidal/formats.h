@@ -102,6 +102,15 @@ void td_decode_row(td_format f, const void *codes, float *y, size_t n);
  * y[i] = decode(encode(x[i])). The workhorse of emulated precision. */
 void td_round_row(td_format f, const float *x, float *y, size_t n, td_saturation sat);
 
+/* The row forms of fp16 use the CPU's F16C conversions where it has them (bit-identical to
+ * the scalar loops, NaN included: src/numerics/formats_f16c.c), FP8 decoding a 256-entry table.
+ * Tests set td_formats_scalar_only to run the scalar loops, the reference for both. */
+extern int td_formats_scalar_only;
+int td_formats_have_vector_f16(void);   /* 1 when the fp16 rows take F16C on this CPU */
+
+/* The 256 decoded values of every e4m3 or e5m2 code (NULL for other formats). */
+const float *td_fp8_decode_table(td_format f);
+
 /* ---- scalar round form: the one value form of td_round_row (SATFINITE), for kernels that
  * round inside their own loops (the recipe ops of the model). bf16 is inline here (the hot
  * case: bf16 recipes round every element several times); the others call the fast forms.
@@ -116,6 +125,34 @@ static inline uint16_t td_bf16_bits_rne(uint32_t u)
 
 float td_round_slow(td_format f, float x);   /* decode(encode(x, SATFINITE)), any format */
 
+/* fp16 rounding on the fp32 pattern, without forming the code: normals (|x| >= 2^-14) keep
+ * 10 fraction bits, nearest even (a carry may reach the exponent: 65520 and up become Inf);
+ * below 2^-14 the fp32 sum |x| + 0.5 has ulp 2^-24, fp16's subnormal quantum, so the FPU rounds
+ * to it (nearest even) and subtracting 0.5 back is exact. NaN -> 0x7FFFFFFF as decode gives. */
+static inline float td_f16_round_value(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) {
+        a = 0x7FFFFFFFu;
+        memcpy(&x, &a, 4);
+        return x;
+    }
+    if (a >= 0x38800000u) {
+        a = (a + 0xFFFu + ((a >> 13) & 1u)) & ~0x1FFFu;
+        if (a > 0x477FE000u) a = 0x7F800000u;   /* above 65504: Inf */
+    } else {
+        float m;                                 /* IEEE arithmetic: never built with fast-math */
+        memcpy(&m, &a, 4);
+        m = (m + 0.5f) - 0.5f;
+        memcpy(&a, &m, 4);
+    }
+    a |= u & 0x80000000u;
+    memcpy(&x, &a, 4);
+    return x;
+}
+
 static inline float td_round(td_format f, float x)
 {
     if (f == TD_F32) return x;
@@ -126,6 +163,7 @@ static inline float td_round(td_format f, float x)
         memcpy(&x, &u, 4);
         return x;
     }
+    if (f == TD_F16) return td_f16_round_value(x);
     return td_round_slow(f, x);
 }
 

@@ -2,23 +2,11 @@
  * the CPU backend take one tile of TD_GEMM_TILE rows (output columns) at a time, widen it into
  * the thread's scratch and hand that to the same fp32 kernel as before, with the same leading
  * dimension, so a product's bits do not depend on how its weights are stored. bf16 widens by
- * a shift; fp16 through td_decode_row (what the loader used); fp8 codes as
+ * a shift; fp16 through td_decode_row (what the loader used; F16C's vcvtph2ps where the CPU has it); fp8 codes as
  * td_fp8_dequantize does, lut[code] * scale of its block. */
 #include "cpu.h"
 
-#include <pthread.h>
 #include <string.h>
-
-static float LUT[2][256];   /* e4m3, e5m2 */
-static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
-
-static void lut_init(void)
-{
-    for (int c = 0; c < 256; c++) {
-        LUT[0][c] = td_decode(TD_E4M3, (uint32_t)c);
-        LUT[1][c] = td_decode(TD_E5M2, (uint32_t)c);
-    }
-}
 
 TD_CLONES static void widen_bf16(const uint16_t *src, float *dst, size_t n)
 {
@@ -51,8 +39,7 @@ const float *wmat_rows(const td_wmat *w, long r0, long nr, int cols, float *dst)
         return dst;
     case TD_E4M3:
     case TD_E5M2: {
-        pthread_once(&lut_once, lut_init);
-        const float *lut = LUT[w->dtype == TD_E5M2];
+        const float *lut = td_fp8_decode_table(w->dtype);
         const uint8_t *codes = (const uint8_t *)w->data + at;
         for (long r = 0; r < nr; r++)
             widen_fp8_row(codes + (size_t)r * cols, lut, w->scale + (size_t)((r0 + r) / w->sr) * w->nbc,

@@ -3,10 +3,36 @@
  * the reference forms (formats_ref.c) and against NVIDIA's host conversions.
  */
 #include "tidal/formats.h"
+#include "formats_simd.h"
 #include "narrow.h"
 
+#include <pthread.h>
 #include <string.h>
 #include <strings.h>
+
+int td_formats_scalar_only = 0;
+
+/* fp16 rows take the F16C forms (formats_f16c.c) where the CPU has them */
+static inline int f16_vector(void) { return TD_HAVE_F16C_PATH && !td_formats_scalar_only && td_cpu_has_f16c(); }
+int td_formats_have_vector_f16(void) { return f16_vector(); }
+
+/* FP8 decodes through one 256-entry table per format, filled once from the scalar decoder */
+static float FP8_LUT[2][256];   /* e4m3, e5m2 */
+static pthread_once_t fp8_lut_once = PTHREAD_ONCE_INIT;
+static void fp8_lut_init(void)
+{
+    for (uint32_t c = 0; c < 256; c++) {
+        FP8_LUT[0][c] = td_narrow_decode(c, 8, 3, 7, 0);
+        FP8_LUT[1][c] = td_narrow_decode(c, 8, 2, 15, 1);
+    }
+}
+
+const float *td_fp8_decode_table(td_format f)
+{
+    if (f != TD_E4M3 && f != TD_E5M2) return NULL;
+    pthread_once(&fp8_lut_once, fp8_lut_init);
+    return FP8_LUT[f == TD_E5M2];
+}
 
 static inline uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 static inline float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
@@ -142,7 +168,11 @@ void td_encode_row(td_format f, const float *x, void *codes, size_t n, td_satura
     switch (f) {
     case TD_F32:  memcpy(codes, x, n * 4); break;
     case TD_BF16: { uint16_t *o = codes; for (size_t i = 0; i < n; i++) o[i] = bf16_encode(u[i]); } break;
-    case TD_F16:  { uint16_t *o = codes; for (size_t i = 0; i < n; i++) o[i] = (uint16_t)F16_ENC(u[i]); } break;
+    case TD_F16:
+#if TD_HAVE_F16C_PATH
+        if (f16_vector()) { td_f16_encode_row_f16c(x, codes, n); break; }
+#endif
+        { uint16_t *o = codes; for (size_t i = 0; i < n; i++) o[i] = (uint16_t)F16_ENC(u[i]); } break;
     case TD_E4M3: { uint8_t *o = codes;
         if (sat == TD_SATFINITE) for (size_t i = 0; i < n; i++) o[i] = (uint8_t)E4M3_ENC(u[i], TD_SATFINITE);
         else                     for (size_t i = 0; i < n; i++) o[i] = (uint8_t)E4M3_ENC(u[i], TD_NOSAT);
@@ -162,9 +192,22 @@ void td_decode_row(td_format f, const void *codes, float *y, size_t n)
     case TD_F32:  memcpy(y, codes, n * 4); break;
     case TD_BF16: { const uint16_t *c = codes; uint32_t *o = (uint32_t *)y;
                     for (size_t i = 0; i < n; i++) o[i] = (uint32_t)c[i] << 16; } break;
-    case TD_F16:  { const uint16_t *c = codes; for (size_t i = 0; i < n; i++) y[i] = narrow_decode(c[i], 16, 10, 15, 1); } break;
-    case TD_E4M3: { const uint8_t *c = codes; for (size_t i = 0; i < n; i++) y[i] = narrow_decode(c[i], 8, 3, 7, 0); } break;
-    case TD_E5M2: { const uint8_t *c = codes; for (size_t i = 0; i < n; i++) y[i] = narrow_decode(c[i], 8, 2, 15, 1); } break;
+    case TD_F16:
+#if TD_HAVE_F16C_PATH
+        if (f16_vector()) { td_f16_decode_row_f16c(codes, y, n); break; }
+#endif
+        { const uint16_t *c = codes; for (size_t i = 0; i < n; i++) y[i] = narrow_decode(c[i], 16, 10, 15, 1); } break;
+    case TD_E4M3:
+    case TD_E5M2: {
+        const uint8_t *c = codes;
+        if (td_formats_scalar_only) {
+            if (f == TD_E4M3) for (size_t i = 0; i < n; i++) y[i] = narrow_decode(c[i], 8, 3, 7, 0);
+            else              for (size_t i = 0; i < n; i++) y[i] = narrow_decode(c[i], 8, 2, 15, 1);
+        } else {
+            const float *lut = td_fp8_decode_table(f);
+            for (size_t i = 0; i < n; i++) y[i] = lut[c[i]];
+        }
+    } break;
     case TD_E8M0: { const uint8_t *c = codes; for (size_t i = 0; i < n; i++) y[i] = td_e8m0_to_f32(c[i]); } break;
     default: break;
     }
@@ -177,7 +220,12 @@ void td_round_row(td_format f, const float *x, float *y, size_t n, td_saturation
     switch (f) {
     case TD_F32:  if (x != y) memmove(y, x, n * 4); break;
     case TD_BF16: for (size_t i = 0; i < n; i++) o[i] = (uint32_t)bf16_encode(u[i]) << 16; break;
-    case TD_F16:  for (size_t i = 0; i < n; i++) y[i] = narrow_decode(F16_ENC(u[i]), 16, 10, 15, 1); break;
+    case TD_F16:
+#if TD_HAVE_F16C_PATH
+        if (f16_vector()) { td_f16_round_row_f16c(x, y, n); break; }
+#endif
+        for (size_t i = 0; i < n; i++) y[i] = narrow_decode(F16_ENC(u[i]), 16, 10, 15, 1);
+        break;
     case TD_E4M3:
         if (sat == TD_SATFINITE) for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E4M3_ENC(u[i], TD_SATFINITE), 8, 3, 7, 0);
         else                     for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E4M3_ENC(u[i], TD_NOSAT), 8, 3, 7, 0);

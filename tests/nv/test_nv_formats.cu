@@ -7,7 +7,8 @@
  *   - 10^7 random fp32 bit patterns (every exponent, NaN and Inf included),
  *   - 3*10^6 rounding ties of the format (exact midpoints and their fp32 neighbours),
  * and every code of every format is decoded and compared. TIDAL_EXHAUSTIVE=1 replaces the
- * random patterns by all 2^32 of them (minutes; not part of make check).
+ * random patterns by all 2^32 of them (minutes; not part of make check); TIDAL_NV_ONLY=NAME runs
+ * the tests whose name matches (cmocka's filter, e.g. test_fp16).
  * Tolerance: none. A single differing bit fails the test. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -63,13 +64,30 @@ static uint64_t compare_source(td_format f, td_saturation sat, td_scale_rounding
         size_t m = (size_t)(n - base < CH ? n - base : CH);
         float *x = (float *)malloc(m * sizeof(float));
         uint32_t *row = (uint32_t *)malloc(m * 4);
+        float *rounded = (float *)malloc(m * 4);
         uint8_t *row8 = (uint8_t *)row;
         uint16_t *row16 = (uint16_t *)row;
         for (size_t j = 0; j < m; j++) x[j] = input(f, src, base + j);
         bool row_form = !(f == TD_E8M0 && rnd != TD_ROUND_UP);   /* rows scale-encode rounding up */
-        if (row_form) td_encode_row(f, x, row, m, sat);
+        if (row_form) {
+            td_encode_row(f, x, row, m, sat);
+            td_round_row(f, x, rounded, m, sat);
+        }
         for (size_t j = 0; j < m; j++) {
             uint32_t want = nv_encode(f, x[j], sat, rnd);
+            /* the round row is NVIDIA's decode of NVIDIA's code; td_round (SATFINITE) too */
+            if (row_form) {
+                uint32_t want_round = nv_decode_bits(f, want);
+                if (ti_f32_bits(rounded[j]) != want_round ||
+                    (sat == TD_SATFINITE && ti_f32_bits(td_round(f, x[j])) != want_round)) {
+                    #pragma omp critical
+                    if ((*mismatches_shown)++ < 8)
+                        fprintf(stderr, "  MISMATCH round %s x=%a: nvidia 0x%08x row 0x%08x scalar 0x%08x\n",
+                                td_format_info(f)->name, x[j], want_round, ti_f32_bits(rounded[j]),
+                                ti_f32_bits(td_round(f, x[j])));
+                    continue;
+                }
+            }
             uint32_t fast = td_fast(f, x[j], sat, rnd);
             uint32_t ref = td_ref(f, x[j], sat, rnd);
             uint32_t rw = !row_form ? want : td_format_info(f)->storage_bits == 16 ? row16[j] : row8[j];
@@ -81,6 +99,7 @@ static uint64_t compare_source(td_format f, td_saturation sat, td_scale_rounding
         }
         free(x);
         free(row);
+        free(rounded);
     }
     return agree;
 }
@@ -93,8 +112,9 @@ static void check_encode(td_format f, td_saturation sat, td_scale_rounding rnd, 
     agree += compare_source(f, sat, rnd, SRC_SPECIAL, TI_N_SPECIAL, &shown);
     agree += compare_source(f, sat, rnd, SRC_RANDOM, n_random, &shown);
     agree += compare_source(f, sat, rnd, SRC_TIES, N_TIES, &shown);
-    printf("%s: %llu/%llu identical to NVIDIA (fast, row and reference forms; %llu %s + %llu ties + %llu specials)\n",
-           label, (unsigned long long)agree, (unsigned long long)total, (unsigned long long)n_random,
+    printf("%s: %llu/%llu identical to NVIDIA (fast, row, round-row and reference forms%s; %llu %s + %llu ties + %llu specials)\n",
+           label, (unsigned long long)agree, (unsigned long long)total,
+           f == TD_F16 && td_formats_have_vector_f16() ? ", rows by F16C" : "", (unsigned long long)n_random,
            exhaustive ? "exhaustive" : "random", (unsigned long long)N_TIES,
            (unsigned long long)TI_N_SPECIAL);
     fflush(stdout);
@@ -157,5 +177,7 @@ int main(void)
         cmocka_unit_test(test_e8m0_rz_sat),
         cmocka_unit_test(test_e8m0_rz_nosat),
     };
+    /* TIDAL_NV_ONLY=test_fp16 runs one test (e.g. the exhaustive fp16 sweep alone, minutes) */
+    if (getenv("TIDAL_NV_ONLY")) cmocka_set_test_filter(getenv("TIDAL_NV_ONLY"));
     return cmocka_run_group_tests_name("nv_formats", tests, NULL, NULL);
 }

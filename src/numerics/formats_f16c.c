@@ -1,0 +1,87 @@
+/* tidal — fp16 rows through the CPU's own conversions (F16C: vcvtps2ph, vcvtph2ps), dispatched
+ * at run time by formats.c; the scalar loops there stay the reference (td_formats_scalar_only).
+ *
+ * Why these give NVIDIA's bits:
+ *   vcvtph2ps   exact for every finite code and Inf (fp16 widens to fp32 without rounding).
+ *   vcvtps2ph   with imm8 = _MM_FROUND_TO_NEAREST_INT rounds to nearest, ties to even, keeps
+ *               signed zeros, produces fp16 subnormals (MXCSR.FTZ is not consulted), and rounds
+ *               every |x| >= 65520 to Inf: __float2half_rn's semantics. fp32 subnormal inputs
+ *               (below 2^-126, far under fp16's 2^-24 quantum) round to a signed zero either
+ *               way: tidal never sets MXCSR.DAZ, and with it the result would be the same.
+ *   NaN         the instructions keep a NaN's sign and (truncated) payload; NVIDIA's encode gives
+ *               the one canonical 0x7FFF and its decode 0x7FFFFFFF, so NaN lanes are blended to
+ *               those constants.
+ * tests/nv/test_nv_formats.cu compares these rows with NVIDIA's host functions on every fp32
+ * pattern (TIDAL_EXHAUSTIVE=1; reports/formats-exhaustive.md) and tests/test_formats.c with the
+ * scalar rows. */
+#include "formats_simd.h"
+
+#if TD_HAVE_F16C_PATH
+#include <immintrin.h>
+
+#define TGT __attribute__((target("avx2,f16c")))
+
+/* 8 fp32 -> 8 fp16 codes, NaN -> 0x7FFF */
+TGT static inline __m128i enc8(__m256 x)
+{
+    __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256i nan32 = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(nan32), _mm256_extractf128_si256(nan32, 1));
+    return _mm_blendv_epi8(h, _mm_set1_epi16(0x7FFF), nan16);
+}
+
+/* 8 fp16 codes -> 8 fp32, NaN -> 0x7FFFFFFF */
+TGT static inline __m256 dec8(__m128i h)
+{
+    __m256 y = _mm256_cvtph_ps(h);
+    __m256 nan = _mm256_cmp_ps(y, y, _CMP_UNORD_Q);
+    return _mm256_blendv_ps(y, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), nan);
+}
+
+/* the last n < 8 elements go through a zero-padded block on the stack */
+TGT void td_f16_encode_row_f16c(const float *x, uint16_t *codes, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(codes + i), enc8(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float in[8] = {0};
+        uint16_t out[8];
+        memcpy(in, x + i, (n - i) * sizeof(float));
+        _mm_storeu_si128((__m128i *)out, enc8(_mm256_loadu_ps(in)));
+        memcpy(codes + i, out, (n - i) * sizeof(uint16_t));
+    }
+}
+
+TGT void td_f16_decode_row_f16c(const uint16_t *codes, float *y, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, dec8(_mm_loadu_si128((const __m128i *)(codes + i))));
+    if (i < n) {
+        uint16_t in[8] = {0};
+        float out[8];
+        memcpy(in, codes + i, (n - i) * sizeof(uint16_t));
+        _mm256_storeu_ps(out, dec8(_mm_loadu_si128((const __m128i *)in)));
+        memcpy(y + i, out, (n - i) * sizeof(float));
+    }
+}
+
+/* y = decode(encode(x)); in place allowed (each block is read before it is written) */
+TGT void td_f16_round_row_f16c(const float *x, float *y, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, dec8(enc8(_mm256_loadu_ps(x + i))));
+    if (i < n) {
+        float buf[8] = {0};
+        memcpy(buf, x + i, (n - i) * sizeof(float));
+        _mm256_storeu_ps(buf, dec8(enc8(_mm256_loadu_ps(buf))));
+        memcpy(y + i, buf, (n - i) * sizeof(float));
+    }
+}
+
+int td_cpu_has_f16c(void)
+{
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
+#else
+int td_cpu_has_f16c(void) { return 0; }
+#endif

@@ -1,0 +1,21 @@
+/* tidal — vector forms of the format rows (formats_f16c.c), internal to src/numerics. */
+#ifndef TIDAL_NUMERICS_FORMATS_SIMD_H
+#define TIDAL_NUMERICS_FORMATS_SIMD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define TD_HAVE_F16C_PATH 1
+void td_f16_encode_row_f16c(const float *x, uint16_t *codes, size_t n);
+void td_f16_decode_row_f16c(const uint16_t *codes, float *y, size_t n);
+void td_f16_round_row_f16c(const float *x, float *y, size_t n);
+#else
+#define TD_HAVE_F16C_PATH 0
+#endif
+
+/* 1 when the CPU has F16C and AVX2: the rows of fp16 take the vector forms */
+int td_cpu_has_f16c(void);
+
+#endif
