@@ -7,6 +7,10 @@
 #   bench: diff-bf16-vs-torch-fp32 tidal=X torch=Y ratio=R   (scored tokens/s, R = tidal/torch)
 #   bench: diff-bf16-vs-torch-bf16 tidal=X torch=Y ratio=R
 #   bench: diff-emulation-overhead fp32=X bf16=Y overhead=Z  (Z = fp32 speed / bf16 speed; target <= 2)
+#   bench: diff-fp16-vs-torch-fp16 tidal=X torch=Y ratio=R    (fp16-train vs fp16-infer; torch in float16)
+#   bench: diff-fp16-vs-bf16 fp16=X bf16=Y ratio=R             (tidal's fp16 pair against its bf16 pair; target >= 0.8)
+#   bench: diff-fp8-vs-bf16 fp8=X bf16=Y ratio=R               (fp8-unified-train vs fp8-unified-infer, block
+#                                                              FP8 both sides; PyTorch has no FP8 GEMM on the CPU)
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -31,11 +35,17 @@ tidal_tps() {  # $1 $2: recipes A and B -> scored tokens/s of tidal-diff
 }
 t32=$(tidal_tps fp32 fp32)
 t16=$(tidal_tps bf16-train bf16-infer)
+th=$(tidal_tps fp16-train fp16-infer)
+t8=$(tidal_tps fp8-unified-train fp8-unified-infer)
 peer() { "$PY" tests/bench/torch_diff.py --model "$DIR" --dtype "$1" --batch "$BATCH" --prompt "$PROMPT" --gen "$GEN" \
            | awk '$1 == "case" { print $4 }'; }
 p32=$(peer float32 2>/dev/null || true)
 p16=$(peer bfloat16 2>/dev/null || true)
+ph=$(peer float16 2>/dev/null || true)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }'; }
 echo "bench: diff-bf16-vs-torch-fp32 tidal=${t16:-NA} torch=${p32:-NA} ratio=$(ratio "$t16" "$p32")"
 echo "bench: diff-bf16-vs-torch-bf16 tidal=${t16:-NA} torch=${p16:-NA} ratio=$(ratio "$t16" "$p16")"
 echo "bench: diff-emulation-overhead fp32=${t32:-NA} bf16=${t16:-NA} overhead=$(ratio "$t32" "$t16")"
+echo "bench: diff-fp16-vs-torch-fp16 tidal=${th:-NA} torch=${ph:-NA} ratio=$(ratio "$th" "$ph")"
+echo "bench: diff-fp16-vs-bf16 fp16=${th:-NA} bf16=${t16:-NA} ratio=$(ratio "$th" "$t16")"
+echo "bench: diff-fp8-vs-bf16 fp8=${t8:-NA} bf16=${t16:-NA} ratio=$(ratio "$t8" "$t16")"

@@ -1,11 +1,11 @@
 """The PyTorch peer of the training bench (tests/bench/train.sh): the same training step as
 tidal's train_probe on the same checkpoint and batch — forward (tests/py/llama_ref.py, fp32
 master weights), mean token cross-entropy over the loss mask, autograd backward,
-clip_grad_norm_(1.0), torch.optim.AdamW — in fp32, or under torch.autocast("cpu", bfloat16)
-(--dtype bfloat16: PyTorch's mixed precision on the CPU). Prints `tokens_per_s X` after
+clip_grad_norm_(1.0), torch.optim.AdamW — in fp32, or under torch.autocast("cpu", bfloat16 or
+float16) (--dtype bfloat16|float16: PyTorch's mixed precision on the CPU). Prints `tokens_per_s X` after
 --seconds of steps (one warm-up step first).
 
-  torch_train.py --model DIR --batch FILE.json --dtype float32|bfloat16 [--seconds S] [--threads N]
+  torch_train.py --model DIR --batch FILE.json --dtype float32|bfloat16|float16 [--seconds S] [--threads N]
 """
 import argparse
 import json
@@ -21,7 +21,7 @@ import llama_ref  # noqa: E402
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", required=True)
 ap.add_argument("--batch", required=True)
-ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
 ap.add_argument("--seconds", type=float, default=10.0)
 ap.add_argument("--threads", type=int, default=2)
 a = ap.parse_args()
@@ -47,7 +47,7 @@ def step():
     opt.zero_grad(set_to_none=True)
     loss = 0
     for ids, m in groups:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bfloat16"):
+        with torch.autocast("cpu", dtype=getattr(torch, a.dtype), enabled=a.dtype != "float32"):
             logits = torch.nn.functional.linear(model.forward(ids), model.lm_head)
         lp = torch.log_softmax(logits.float(), -1)
         loss = loss - (lp[:, :-1].gather(2, ids[:, 1:, None])[..., 0] * m).sum()

@@ -9,10 +9,15 @@
 #     fp32   tidal's fp32 recipe vs torch fp32
 #     bf16   tidal's bf16-train recipe (emulated bf16 rounding at every kernel boundary, fp32
 #            masters) vs torch.autocast("cpu", bfloat16)
+#     fp16   tidal's fp16-train recipe (with its loss scaling) vs torch.autocast("cpu", float16)
+#     fp8    tidal's fp8-unified-train recipe (block FP8 GEMMs) vs tidal's own bf16-train: PyTorch
+#            has no FP8 GEMM on the CPU
 # Each side runs SECONDS of steps after a warm-up step, ROUNDS times interleaved, best kept
 # (the machine is shared). Prints
 #   bench: train-fp32 tidal=X torch=Y ratio=R     (training tokens/s; R = tidal / torch)
 #   bench: train-bf16 tidal=X torch=Y ratio=R
+#   bench: train-fp16 tidal=X torch=Y ratio=R
+#   bench: train-fp8-vs-bf16 fp8=X bf16=Y ratio=R
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -39,9 +44,9 @@ PYEOF
 have_torch=1
 "$PY" -c "import torch, safetensors" 2>/dev/null || have_torch=0
 best() { sort -g | tail -n1; }
-for case in fp32 bf16; do
-  rec=$case; [ $case = bf16 ] && rec=bf16-train
-  tdt=float32; [ $case = bf16 ] && tdt=bfloat16
+for case in fp32 bf16 fp16; do
+  rec=$case; [ $case != fp32 ] && rec=$case-train
+  tdt=float32; [ $case = bf16 ] && tdt=bfloat16; [ $case = fp16 ] && tdt=float16
   : > "$tmp/t"; : > "$tmp/p"
   for r in $(seq "$ROUNDS"); do
     "$PROBE" --model "$DIR" --batch "$tmp/batch.json" --recipe $rec --lr 1e-5 --bench-seconds "$SECONDS_PER" \
@@ -52,4 +57,13 @@ for case in fp32 bf16; do
   t=$(best < "$tmp/t"); p=$(best < "$tmp/p")
   ratio=$(awk -v a="$t" -v b="$p" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }')
   echo "bench: train-$case tidal=${t:-NA} torch=${p:-NA} ratio=$ratio"
+  eval "tidal_$case=\${t:-}"
 done
+: > "$tmp/t"
+for r in $(seq "$ROUNDS"); do
+  "$PROBE" --model "$DIR" --batch "$tmp/batch.json" --recipe fp8-unified-train --lr 1e-5 --bench-seconds "$SECONDS_PER" \
+    | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/t"
+done
+t=$(best < "$tmp/t")
+ratio=$(awk -v a="$t" -v b="$tidal_bf16" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }')
+echo "bench: train-fp8-vs-bf16 fp8=${t:-NA} bf16=${tidal_bf16:-NA} ratio=$ratio"
