@@ -151,10 +151,18 @@ static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const
                 if (fit < (size_t)cols) cols = fit > 0 ? (int)fit : 1;
             }
             float *tile = wtile_scratch(ctx, t);
+            /* decode-sized products with fp32 accumulation read 16-bit weights as stored */
+            int w16 = N <= TD_GEMM_FIXED_ROWS && r->accumulate == TD_ACC_FP32 &&
+                      (weight->dtype == TD_BF16 || weight->dtype == TD_F16);
             for (int c0 = o0; c0 < o1; c0 += cols) {
                 int nc = c0 + cols <= o1 ? cols : o1 - c0;
-                const float *wt = wmat_rows(weight, c0, nc, IN, tile);   /* widened to fp32 */
-                td_gemm_accumulate(r, qin, N, IN, wt, IN, nc, out + c0, OUT, scratch);
+                if (w16) {
+                    td_gemm_accumulate_w16(r, qin, N, IN, (const uint16_t *)weight->data + (size_t)c0 * IN,
+                                           weight->dtype, IN, nc, out + c0, OUT);
+                } else {
+                    const float *wt = wmat_rows(weight, c0, nc, IN, tile);   /* widened to fp32 */
+                    td_gemm_accumulate(r, qin, N, IN, wt, IN, nc, out + c0, OUT, scratch);
+                }
                 td_gemm_finish(r, out + c0, N, nc, OUT, bias ? bias + c0 : NULL);
             }
         }
