@@ -314,7 +314,10 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
     if ((size_t)c->num_heads * c->head_dim > width) width = (size_t)c->num_heads * c->head_dim;
     ops->w = &st->w;
     ops->ws = &st->ws;
-    if (wset_narrow(&st->ws, c->num_layers)) {   /* one tile of the widest GEMM input per thread */
+    /* one tile of the widest GEMM input per thread: 16-bit and fp8 weights are widened into it,
+     * fp32 copies under bf16 dot products (gemm.h) packed into it as bf16 codes */
+    if (wset_narrow(&st->ws, c->num_layers) || td_gemm_bf16dp_applies(&rc) ||
+        td_gemm_bf16dp_applies(&st->head)) {
         ops->wtile_per_thread = (size_t)TD_GEMM_TILE * width;
         st->wtile = td_xmalloc((size_t)ops->nthreads * ops->wtile_per_thread * sizeof(float));
         ops->wtile = st->wtile;

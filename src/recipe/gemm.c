@@ -76,6 +76,32 @@ void td_gemm_accumulate_w16(const td_recipe *r, const float *in, int M, int K, c
         td_gemm_fixed_w16(in + k0, K, w + k0, ldw, wf, out, ldo, M, N, kn, p > 0);
 }
 
+int td_gemm_bf16dp_applies(const td_recipe *r)
+{
+    return r->accumulate == TD_ACC_FP32 && !r->batch_invariant && r->weights == TD_BF16 &&
+           r->gemm_inputs == TD_BF16 && !td_recipe_fp8_gemm(r) && td_gemm_bf16dp_available();
+}
+
+uint16_t *td_gemm_pack_bf16(float *x, size_t n)
+{
+    uint16_t *codes = (uint16_t *)x;
+    /* code i lands on bytes [2i, 2i + 2), at or before float i's [4i, 4i + 4), read first */
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, 4);
+        codes[i] = (uint16_t)(u >> 16);
+    }
+    return codes;
+}
+
+void td_gemm_accumulate_bf16dp(const td_recipe *r, const uint16_t *in, int M, int K,
+                               const uint16_t *w, int ldw, int N, float *out, int ldo)
+{
+    int k0, kn;
+    for (int p = 0; split_part(r, K, p, &k0, &kn); p++)
+        td_gemm_bf16dp(in + k0, K, w + k0, ldw, out, ldo, M, N, kn, p > 0);
+}
+
 void td_gemm_accumulate(const td_recipe *r, const float *in, int M, int K, const float *w,
                         int ldw, int N, float *out, int ldo, float *scratch)
 {
