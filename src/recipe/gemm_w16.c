@@ -16,8 +16,10 @@
  *   AVX2 + FMA       one ymm per output (8 lane sums), blocks of 4 rows x 2 columns, as
  *                    td_gemm_fixed's own AVX2 kernel.
  *   portable         each weight row decoded (td_decode_row), then td_gemm_fixed.
+ * (TIDAL_ISA caps the choice: include/tidal/isa.h.)
  * Single-threaded, like td_gemm_fixed; callers parallelise over column tiles. */
 #include "tidal/gemm.h"
+#include "tidal/isa.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -220,12 +222,10 @@ TGT2 static void gemm_w16_avx2(const float *a, int lda, const uint16_t *w, int l
 int td_gemm_w16_kernel(void)
 {
 #ifdef TD_HAVE_W16_SIMD
+    td_isa isa = td_isa_level();
     if (td_gemm_w16_force == 1) return 0;
-    if (td_gemm_w16_force != 2 && __builtin_cpu_supports("avx512f") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c"))
-        return 2;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        return 1;
+    if (td_gemm_w16_force != 2 && isa >= TD_ISA_AVX512) return 2;
+    if (isa >= TD_ISA_AVX2) return 1;
 #endif
     return 0;
 }
