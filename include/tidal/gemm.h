@@ -41,6 +41,12 @@ TD_BEGIN_DECLS
 /* GEMMs of at most this many rows take the fixed order (see above). */
 #define TD_GEMM_FIXED_ROWS 8
 
+/* 1 under TIDAL_GEMM_ORDER=openblas: the summation orders of tidal before the decode kernel and
+ * the bf16 dot products (issue 24), OpenBLAS's sgemv for one row and sgemm for more, so a run
+ * file made by an earlier version resumes and compares bit for bit (tests/house/ uses it to
+ * show that the orders are all that changed). Read once. */
+int td_gemm_legacy_order(void);
+
 /* W (N, K) -> out (N, K): the values the recipe's GEMMs multiply. out may equal w. */
 void td_gemm_prepare_weight(const td_recipe *r, const float *w, int N, int K, float *out);
 

@@ -138,7 +138,7 @@ static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const
      * 16-bit weights as stored; larger ones of bf16 operands take the CPU's bf16 dot products,
      * over the input as bf16 codes (in place in qin) and weights as stored (bf16 codes) or
      * as codes of their fp32 copy (bf16 values), written into the tile scratch */
-    int w16 = N <= TD_GEMM_FIXED_ROWS && r->accumulate == TD_ACC_FP32 &&
+    int w16 = N <= TD_GEMM_FIXED_ROWS && r->accumulate == TD_ACC_FP32 && !td_gemm_legacy_order() &&
               (weight->dtype == TD_BF16 || weight->dtype == TD_F16);
     int dp = N > TD_GEMM_FIXED_ROWS && td_gemm_bf16dp_applies(r) &&
              (weight->dtype == TD_BF16 || (weight->dtype == TD_F32 && ctx->wtile));

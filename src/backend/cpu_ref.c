@@ -135,7 +135,7 @@ void matmul_forward_ref(const td_ops *ctx, int n, float *const *out, const float
             for (int j = 0; j < n; base += OUT[j], j++) {
                 long o0 = c0 > base ? c0 - base : 0, o1 = c1 - base < OUT[j] ? c1 - base : OUT[j];
                 if (o0 >= o1) continue;
-                if (N <= TD_GEMM_FIXED_ROWS) {   /* a decode step: the fixed order (gemm.h) */
+                if (N <= TD_GEMM_FIXED_ROWS && !td_gemm_legacy_order()) {   /* a decode step: the fixed order (gemm.h) */
                     wmat_gemm_fixed(&weight[j], o0, o1 - o0, IN, inp, N, out[j] + o0, OUT[j], tile);
                 } else {
                     const float *wt = wmat_rows(&weight[j], o0, o1 - o0, IN, tile);

@@ -2,7 +2,23 @@
 #include "tidal/gemm.h"
 
 #include <cblas.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+
+static int legacy;
+static pthread_once_t legacy_once = PTHREAD_ONCE_INIT;
+static void legacy_init(void)
+{
+    const char *v = getenv("TIDAL_GEMM_ORDER");
+    legacy = v && !strcmp(v, "openblas");
+}
+
+int td_gemm_legacy_order(void)
+{
+    pthread_once(&legacy_once, legacy_init);
+    return legacy;
+}
 
 void td_round_act(const td_recipe *r, float *x, size_t n)
 {
@@ -50,8 +66,10 @@ size_t td_gemm_scratch_floats(const td_recipe *r, int M, int N)
 static void mm(const float *a, int M, int K, const float *w, int ldw, int N, float *c, int ldc,
                int k0, int kn, float beta, int invariant)
 {
-    if (invariant || M <= TD_GEMM_FIXED_ROWS)
+    if (invariant || (M <= TD_GEMM_FIXED_ROWS && !td_gemm_legacy_order()))
         td_gemm_fixed(a + k0, K, w + k0, ldw, c, ldc, M, N, kn, beta != 0.0f);
+    else if (M == 1)   /* TIDAL_GEMM_ORDER=openblas */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, N, kn, 1.0f, w + k0, ldw, a + k0, 1, beta, c, 1);
     else
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, kn, 1.0f, a + k0, K, w + k0,
                     ldw, beta, c, ldc);
@@ -79,7 +97,8 @@ void td_gemm_accumulate_w16(const td_recipe *r, const float *in, int M, int K, c
 int td_gemm_bf16dp_applies(const td_recipe *r)
 {
     return r->accumulate == TD_ACC_FP32 && !r->batch_invariant && r->weights == TD_BF16 &&
-           r->gemm_inputs == TD_BF16 && !td_recipe_fp8_gemm(r) && td_gemm_bf16dp_available();
+           r->gemm_inputs == TD_BF16 && !td_recipe_fp8_gemm(r) && !td_gemm_legacy_order() &&
+           td_gemm_bf16dp_available();
 }
 
 uint16_t *td_gemm_pack_bf16(float *x, size_t n)
