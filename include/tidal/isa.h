@@ -17,6 +17,9 @@ typedef enum { TD_ISA_PORTABLE = 0, TD_ISA_AVX2 = 1, TD_ISA_AVX512 = 2 } td_isa;
  * DQ, VL on top (its BF16 dot products are checked separately by their kernel). */
 td_isa td_isa_level(void);
 
+/* 1 when the level is AVX-512 and the CPU has AVX512-BF16 (vdpbf16ps). */
+int td_cpu_has_avx512bf16(void);
+
 TD_END_DECLS
 
 #endif

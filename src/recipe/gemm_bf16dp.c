@@ -178,7 +178,7 @@ int td_gemm_bf16dp_disabled = 0;
 static void bf16dp_check(void)
 {
 #ifdef TD_HAVE_BF16DP
-    if (td_isa_level() < TD_ISA_AVX512 || !__builtin_cpu_supports("avx512bf16")) return;
+    if (!td_cpu_has_avx512bf16()) return;
     /* 5 x 7 outputs over K = 77 (two full blocks and a masked one): operands of every kind,
      * subnormals and exact cancellations included */
     enum { M = 5, N = 7, K = 77 };
