@@ -143,7 +143,8 @@ void head_forward(const td_ops *ops, const td_model *m, float *logits, const flo
                   int raw);
 
 /* An unmerged LoRA as a path runs it (lora_run.c): A and B rounded to the activations dtype D,
- * GEMMs with D operands and fp32 accumulation, scratch for cap rows. */
+ * GEMMs with D operands and fp32 accumulation, scratch for cap rows. punica: vLLM's form (lora.h,
+ * TD_LORA_PUNICA): B holds D(D(B) * scale) and scale is 1. */
 typedef struct lora_rt {
     int rank;
     float scale;
@@ -155,7 +156,7 @@ typedef struct lora_rt {
     float *qin;            // (cap, max(in, r)) GEMM operand scratch
 } lora_rt;
 
-lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap);
+lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int punica);
 void lora_rt_free(lora_rt *rt);
 /* y (N, out) += the LoRA branch of projection `module` of `layer` on its input x (N, in);
  * nothing when ops has no adapter or this projection is not adapted. */
