@@ -83,6 +83,7 @@ static int build(rl_run *R, td_error *err)
     t.warmup_ratio = o->warmup_ratio;
     t.lora_r = o->lora_r;
     t.lora_alpha = o->lora_alpha;
+    t.lora_base_dtype = o->lora_r > 0 ? o->model_dtype : TD_F32;
     t.seed = o->seed;
     t.max_seq_len = R->max_len;
     t.max_tokens = R->lc.micro_batch * R->max_len;
@@ -92,12 +93,15 @@ static int build(rl_run *R, td_error *err)
     R->fold = td_forward_create(td_trainer_model(R->tr), t.max_tokens, R->max_len, 0, err);
     if (!R->fold) return -1;
     td_forward_set_temperature(R->fold, (float)o->temperature);
+    if (rl_sync_init(R, err)) return -1;
+    /* the reference: the initial weights; under LoRA the trainer's base with the adapter off
+     * (PEFT's disable_adapter(): the base in --model-dtype, drifted if the sync drifts it) */
     if (R->lc.beta > 0) {
-        R->fref = td_forward_create(R->model, t.max_tokens, R->max_len, 0, err);
+        R->fref = td_forward_create(o->lora_r > 0 ? td_trainer_model(R->tr) : R->model, t.max_tokens, R->max_len, 0, err);
         if (!R->fref || td_forward_set_recipe(R->fref, &R->rtrain, err)) return -1;
         td_forward_set_temperature(R->fref, (float)o->temperature);
     }
-    R->sess = td_session_create(td_trainer_model(R->tr), R->B, R->max_len, 0, err);
+    R->sess = td_session_create(R->engine ? R->engine : td_trainer_model(R->tr), R->B, R->max_len, 0, err);
     if (!R->sess) return -1;
     R->smp = td_sampler_create(R->V);
     int B = R->B, L = R->max_len;
@@ -142,6 +146,7 @@ static void teardown(rl_run *R)
     td_collapse_free(R->det);
     td_sampler_free(R->smp);
     td_session_free(R->sess);
+    rl_sync_free(R);
     td_forward_free(R->fold);
     td_forward_free(R->fref);
     td_trainer_free(R->tr);

@@ -296,8 +296,8 @@ int rl_step(rl_run *R, int k, double *M, td_error *err)
     R->nonfinite = 0;
     M[TD_RLM_step] = k;
     double t0 = omp_get_wtime();
-    /* the current policy on the inference path (an engine syncs the weights; LoRA merged) */
-    if (td_session_set_recipe_lora(R->sess, &R->rroll, td_trainer_lora(R->tr), 1, err)) return -1;
+    /* the current policy on the inference path: the engine's weight sync (sync.c) */
+    if (rl_sync(R, M, err)) return -1;
     if (rollout(R, k, M, err)) return -1;
     double t1 = omp_get_wtime();
     if (rewards(R, M, err)) return -1;
