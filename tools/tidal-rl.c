@@ -100,6 +100,10 @@ int main(int argc, char **argv)
         TD_OPT_I("max-completion-length", 0, &o.max_completion_length, "N", 1, 1 << 20, "tokens generated at most (default 256)"),
         TD_OPT_I("n-jobs", 0, &o.n_jobs, "N", 1, 1024, "threads (default 1; results do not depend on it)"),
         TD_OPT_U("seed", 0, &seed, "S", "seed of prompts order, sampling and LoRA init (default 42)"),
+        TD_OPT_I("eval-steps", 0, &o.eval_steps, "N", 0, 1 << 30, "clean evaluation every N steps (default 0 = never): the\n"
+                 "trainer's policy, greedy, training recipe, no engine sync\nor noise -> /steps eval_reward, eval_accuracy"),
+        TD_OPT_S("eval-dataset-path", 0, &o.eval_dataset_path, "FILE", "evaluation records (default: test.jsonl beside\n--dataset-path)"),
+        TD_OPT_I("eval-max-samples", 0, &o.eval_max_samples, "N", 0, 100000000, "evaluate the first N records (default all)"),
         TD_OPT_F("resume", 0, &o.resume, 1, "continue OUTPUT_DIR from its last checkpoint"),
         TD_OPT_F("overwrite-output-dir", 0, &o.overwrite, 1, "replace an existing run in OUTPUT_DIR"),
         TD_OPT_I("save-steps", 0, &o.save_steps, "N", 0, 1 << 30, "checkpoint every N steps (default 0 = never)"),

@@ -207,6 +207,8 @@ double td_rl_seq_loss(const td_rl_loss_cfg *c, int T, const float *logp, const f
     X(merge_survival, "merged syncs: |E(W + dW) - E(W)|_F / |dW|_F, what the engine's weights kept (nan: adapter, full FT)") \
     X(merge_aligned, "merged syncs: <E(W + dW) - E(W), dW> / |dW|^2, the update's own component kept") \
     X(merge_changed_frac, "merged syncs: share of adapted engine weights the update changed") \
+    X(eval_reward, "--eval-steps: mean reward of the trainer's policy, greedy, on the eval records (nan between)") \
+    X(eval_accuracy, "--eval-steps: share of eval records answered exactly (greedy; nan between)") \
     X(time_rollout, "seconds: generation (and the weight sync) on the inference path") \
     X(time_reward, "seconds: decoding and grading") \
     X(time_old, "seconds: pi_old (and reference) on the training path") \
@@ -312,6 +314,16 @@ typedef struct {
     int lora_sync;             /* td_rl_lora_sync (merged) */
     int model_dtype;           /* td_format of the LoRA base: TD_F32 (default), TD_BF16, TD_F16 */
     int lora_sync_given, model_dtype_given;
+    /* clean evaluation (HF's eval_steps): every eval_steps steps (0 = never), before step k's
+     * rollout (k % eval_steps == 0, the policy that step samples from), the trainer's own policy
+     * (its weights: the fp32 masters, or the LoRA base and the adapter unmerged as PEFT runs it) on
+     * the training recipe, decoded greedily on the KV-cache path (no --rollout-logit-noise, no
+     * engine sync), graded by the task: /steps eval_reward, eval_accuracy. Records:
+     * eval_dataset_path, else the test.jsonl beside --dataset-path; the first eval_max_samples
+     * (0 = all). */
+    int eval_steps;
+    const char *eval_dataset_path;
+    int eval_max_samples;
     double temperature, top_p, repetition_penalty;
     int top_k;
     int max_steps;             /* 0: from epochs */

@@ -92,6 +92,8 @@ int td_rl_opts_check(const td_rl_opts *o, td_error *err)
     if (o->temperature <= 0)
         return td_fail(err, "--temperature %g: RL samples (greedy rollouts have no policy "
                        "gradient); expected > 0", o->temperature);
+    if (o->eval_steps == 0 && (o->eval_dataset_path || o->eval_max_samples))
+        return td_fail(err, "%s given without --eval-steps", o->eval_dataset_path ? "--eval-dataset-path" : "--eval-max-samples");
     if (o->resume && o->overwrite)
         return td_fail(err, "--resume and --overwrite-output-dir contradict each other");
     if (o->max_steps <= 0 && !(o->epochs > 0))

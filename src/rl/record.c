@@ -53,6 +53,11 @@ char *rl_config_json(const rl_run *R)
     json_object_set_new(j, "max_grad_norm", json_real(o->max_grad_norm));
     json_object_set_new(j, "lora_r", json_integer(o->lora_r));
     json_object_set_new(j, "lora_alpha", json_real(o->lora_alpha));
+    if (o->eval_steps > 0) {   /* without --eval-steps the configuration stays as it was */
+        json_object_set_new(j, "eval_steps", json_integer(o->eval_steps));
+        json_object_set_new(j, "eval_dataset_path", json_string(R->eval_path));
+        json_object_set_new(j, "eval_max_samples", json_integer((json_int_t)R->n_eval));
+    }
     if (o->lora_r > 0) {   /* full fine-tuning's configuration stays as it was (older runs resume) */
         json_object_set_new(j, "lora_sync", json_string(td_rl_lora_sync_name((td_rl_lora_sync)o->lora_sync)));
         json_object_set_new(j, "model_dtype", json_string(td_format_info((td_format)o->model_dtype)->name));

@@ -26,6 +26,9 @@ typedef struct {
     td_tokenizer *tkz;
     td_task_item *items;
     size_t n_items;
+    td_task_item *eval_items;     /* --eval-steps: the evaluation records (n_eval used)      */
+    size_t n_eval_items, n_eval;
+    char eval_path[4200];
     int **prompt_ids, *prompt_len;/* (n_items) tokenized prompts                              */
     td_recipe rtrain, rroll;
     td_trainer *tr;

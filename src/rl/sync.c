@@ -206,8 +206,9 @@ int rl_sync_load(rl_run *R, const char *dir, td_error *err)
     td_model *base = td_trainer_base(R->tr);
     char path[4400], name[160];
     snprintf(path, sizeof path, "%s/lora_base.safetensors", dir);
-    td_checkpoint *ck = td_checkpoint_open(path, err);
-    if (!ck) return td_fail(err, "%s (a --lora-sync merge-unmerge run keeps its drifted base there)", err->msg);
+    td_error why;
+    td_checkpoint *ck = td_checkpoint_open(path, &why);
+    if (!ck) return td_fail(err, "%s (a --lora-sync merge-unmerge run keeps its drifted base there)", why.msg);
     int rc = -1;
     for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
         const td_lora_pair *p = &lo->pairs[i];

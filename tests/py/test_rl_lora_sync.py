@@ -11,9 +11,18 @@ lr 1e-3 so that each step's update reaches the bf16 ulp of the weights; a few se
 4. adapter vs merged with the same recipe on both paths (bf16-train: the only difference left is
    the sync): the mean |logp_trainer - logp_engine| of the adapter sync is below half the merged
    sync's (measured ~13x below at lr 1e-5 when written).
-5. --resume after SIGKILL of a merge-unmerge bf16 run: every /steps column (timing aside, the
-   drift and merge columns included) and the /tokens /seqs /prompts rows equal the uninterrupted
-   run's bit for bit (the drifted base travels in checkpoint-K/lora_base.safetensors).
+5. --resume after SIGKILL of a merge-unmerge bf16 run with --eval-steps 2: every /steps column
+   (timing aside; the drift, merge and eval columns included) and the /tokens /seqs /prompts rows
+   equal the uninterrupted run's bit for bit (the drifted base travels in
+   checkpoint-K/lora_base.safetensors); eval_* are written at steps 0, 2, 4 and nan between, and
+   step 0's greedy accuracy is the shipped model's test-split solve rate measured by the same
+   greedy evaluation with fp32 masters (datasets/models/add/eval.json: within 0.1, the recipe
+   and the 30 records differ).
+6. tidal-diff --lora-sync on the adapter the merged run of 4 trained (12 prompts, same recipe on
+   both paths): the share of tokens whose log-prob differs between the paths is smaller with
+   the adapter than merged (a mean over ~300 tokens is ruled by single bf16 logit-ulp flips of
+   0.06, so the share is the robust measure here), lora_mode_b recorded as "adapter";
+   merge-unmerge refused (exit 2: it needs tidal-rl's training history).
 """
 import json
 import os
@@ -111,7 +120,7 @@ check(mm["adapter"] < 0.5 * mm["merged"], f"same recipe both paths: adapter mism
 
 # ---- 5. resume after SIGKILL
 ARGS = [*LR[:-2], "--max-steps", "6", "--save-steps", "2", "--lora-sync", "merge-unmerge", "--model-dtype", "bf16",
-        "--log-completions", "2"]
+        "--log-completions", "2", "--eval-steps", "2", "--eval-max-samples", "30"]
 ref, killed = os.path.join(tmp, "ref"), os.path.join(tmp, "killed")
 rl(ref, *ARGS)
 for attempt in range(3):
@@ -139,6 +148,37 @@ with h5py.File(os.path.join(ref, "rl.h5"), "r") as fa, h5py.File(os.path.join(ki
     gd = [f"{g}/{k}" for g in ("tokens", "seqs", "prompts") for k in fa[g]
           if not np.array_equal(fa[g][k][:], fb[g][k][:], equal_nan=True)]
 check(not gd, f"resumed /tokens /seqs /prompts equal (differing: {gd})")
+ev = sa["eval_accuracy"]
+ref_acc = json.load(open("datasets/models/add/eval.json"))
+ref_acc = ref_acc.get("eval_accuracy", ref_acc.get("accuracy"))
+check(np.all(np.isfinite(ev[[0, 2, 4]])) and np.all(np.isnan(ev[[1, 3, 5]])) and abs(ev[0] - ref_acc) < 0.1,
+      f"--eval-steps 2: eval_accuracy at steps 0, 2, 4 ({ev[[0, 2, 4]]}), nan between; step 0 near the model's "
+      f"solve rate {ref_acc}")
+bad(["--eval-dataset-path", "x.jsonl"], "--eval-steps", what="--eval-dataset-path without --eval-steps")
+
+# ---- 6. tidal-diff --lora-sync
+prompts = os.path.join(tmp, "prompts.jsonl")
+open(prompts, "w").write("".join(open("datasets/models/prompts-add.jsonl").readlines()[:12]))
+dm = {}
+for sync in ("merged", "adapter"):
+    out = os.path.join(tmp, f"diff-{sync}.h5")
+    p = subprocess.run([os.path.join(BIN, "tidal-diff"), "--model", "datasets/models/add", "--prompts", prompts, "--lora",
+                        os.path.join(tmp, "same-merged", "model"), "--lora-sync", sync, "--recipe-a", "bf16-train",
+                        "--recipe-b", "bf16-train", "--max-new-tokens", "24", "-o", out], capture_output=True, text=True, env=ENV)
+    check(p.returncode == 0, f"tidal-diff --lora-sync {sync} runs (exit {p.returncode})")
+    with h5py.File(out, "r") as f:
+        dl = np.abs(f["tokens/logp_b"][:] - f["tokens/logp_a"][:])
+        dm[sync] = (float(np.mean(dl > 0)), float(np.mean(dl)))
+        mode = f.attrs["lora_mode_b"]
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+    check(mode == sync, f"tidal-diff records lora_mode_b {mode}")
+check(dm["adapter"][0] < dm["merged"][0], f"tidal-diff, same recipe: tokens whose log-prob differs: adapter "
+      f"{dm['adapter'][0]:.3f} below merged {dm['merged'][0]:.3f} (mean |dlogp| {dm['adapter'][1]:.2e}, "
+      f"{dm['merged'][1]:.2e})")
+p = subprocess.run([os.path.join(BIN, "tidal-diff"), "--model", "datasets/models/add", "--prompts", prompts, "--lora",
+                    os.path.join(tmp, "same-merged", "model"), "--lora-sync", "merge-unmerge", "-o",
+                    os.path.join(tmp, "no.h5")], capture_output=True, text=True, env=ENV)
+check(p.returncode == 2 and "tidal-rl" in p.stderr, "tidal-diff --lora-sync merge-unmerge refused (exit 2, points to tidal-rl)")
 
 shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(1 if failures else 0)
