@@ -1,6 +1,10 @@
 /* tidal — GRPO-family RL with a training/inference mismatch (tidal-rl), over src/rl/.
  *
  * One step, as an RL framework with an inference engine and a trainer runs it:
+ *   0. (--eval-steps N, k % N == 0) the trainer's own policy evaluated greedily on held-out
+ *      records (eval_reward, eval_accuracy; below); then the weight sync: the engine receives
+ *      the current policy (full fine-tuning: the fp32 masters cast by the rollout recipe; LoRA:
+ *      --lora-sync, below);
  *   1. P = B / G prompts from the dataset (a seeded permutation per epoch), B completions in
  *      all (B = per_device_batch_size x gradient_accumulation_steps, TRL's generation batch);
  *   2. rollout: G completions per prompt on the inference path (the rollout recipe, KV-cache
