@@ -226,10 +226,11 @@ typedef struct {
 } td_recipe_state;
 
 /* Sets ops up for recipe r (copied into st) for batches of up to cap rows, with an adapter
- * (lora may be NULL) folded into the prepared weights (merged) or run beside them. f32: keep
- * every weight the recipe reads in fp32 too (w complete: decoder_backward needs it). */
+ * (lora may be NULL) folded into the prepared weights (mode TD_LORA_MERGED) or run beside them
+ * (TD_LORA_UNMERGED: PEFT's form; TD_LORA_PUNICA: vLLM's). f32: keep every weight the recipe
+ * reads in fp32 too (w complete: decoder_backward needs it). */
 int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const td_recipe *r,
-                     const td_lora *lora, int merged, int cap, int f32, td_error *err);
+                     const td_lora *lora, int mode, int cap, int f32, td_error *err);
 void recipe_state_free(td_recipe_state *st);
 /* The recipe state of a structure (tests: what it shares, what it copied). */
 const td_recipe_state *forward_recipe_state(const td_forward *f);

@@ -39,7 +39,7 @@ static float *base_mat(td_model *m, int l, int mo)
 
 static void mat_name(char *buf, size_t n, int l, int mo)
 {
-    snprintf(buf, n, "model.layers.%d.%s.%s.weight", l, mo < TD_LORA_O + 1 ? "self_attn" : "mlp",
+    snprintf(buf, n, "model.layers.%d.%s.%s.weight", l, mo <= TD_LORA_O ? "self_attn" : "mlp",
              td_lora_module_name(mo));
 }
 
