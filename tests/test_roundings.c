@@ -308,9 +308,9 @@ static void test_gemm_fixed_order(void **st)
         fill(a, (size_t)M * K, 20 + ki, 1.0f, 1);
         fill(w, (size_t)N * K, 30 + ki, 0.1f, 1);
         td_gemm_fixed(a, K, w, K, c1, N, M, N, K, 0);
-        td_gemm_fixed_portable_only = 1;
+        td_gemm_fixed_max_kernel = TD_GEMM_FIXED_PORTABLE;
         td_gemm_fixed(a, K, w, K, c2, N, M, N, K, 0);
-        td_gemm_fixed_portable_only = 0;
+        td_gemm_fixed_max_kernel = TD_GEMM_FIXED_AVX512;
         assert_memory_equal(c1, c2, sizeof c1);   /* AVX2+FMA kernel == portable fmaf */
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++)

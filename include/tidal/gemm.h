@@ -61,7 +61,10 @@ void td_round_act(const td_recipe *r, float *x, size_t n);
  * AVX2+FMA kernel and the portable fmaf one agree bit for bit). Single-threaded. */
 void td_gemm_fixed(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
                    int N, int K, int add);
-extern int td_gemm_fixed_portable_only;   /* tests: force the portable kernel */
+/* Tests: the widest kernel td_gemm_fixed may take (default: the CPU's widest). All give the
+ * same bits; a cap lets a test compare them on one machine. */
+typedef enum { TD_GEMM_FIXED_PORTABLE, TD_GEMM_FIXED_AVX2, TD_GEMM_FIXED_AVX512 } td_gemm_fixed_kernel;
+extern td_gemm_fixed_kernel td_gemm_fixed_max_kernel;
 
 /* Truncates an fp32 value to `bits` fraction bits (toward zero): the fp8-fast accumulator. */
 static inline float td_trunc_fraction(float x, int bits)

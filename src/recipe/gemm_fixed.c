@@ -26,6 +26,10 @@
 #ifndef PACK_FLOATS
 #define PACK_FLOATS 65536
 #endif
+#ifndef PACK_MIN_ROWS
+#define PACK_MIN_ROWS 4
+#endif
+enum { STRIP = 6 };   /* rows of a per kernel call */
 
 /* the fixed lane reduction, on 8 lane sums */
 static inline float reduce8(const float s[8])
@@ -60,8 +64,31 @@ static void gemm_portable(const float *a, int lda, const float *w, int ldw, floa
         }
 }
 
+/* Columns packed in pairs for the SIMD kernels: for columns (j, j+1) and chunk t = k / 8, 16
+ * floats w_j[8t..8t+8) w_{j+1}[8t..8t+8), zeros past K (and for a missing j+1), so a kernel
+ * reads a pair as one stream and needs no mask on w. Plain C: it moves N*K floats once per
+ * call, against the M*N*K multiply-adds that read them. */
+static void pack_pairs(const float *w, int ldw, int ncols, int K, int npairs, float *p)
+{
+    int T = (K + 7) / 8, kfull = K / 8;
+    for (int q = 0; q < 2 * npairs; q++) {
+        float *o = p + (size_t)(q / 2) * T * 16 + (q % 2) * 8;
+        const float *wq = w + (size_t)q * ldw;
+        int t = 0;
+        if (q < ncols)
+            for (; t < kfull; t++) memcpy(o + 16 * (size_t)t, wq + 8 * t, 8 * sizeof(float));
+        for (; t < T; t++) {   /* the partial chunk, or a missing column */
+            int n = q < ncols ? K - 8 * t : 0;
+            float *ot = o + 16 * (size_t)t;
+            for (int l = 0; l < 8; l++) ot[l] = l < n ? wq[8 * t + l] : 0.0f;
+        }
+    }
+}
+
 #ifdef TD_HAVE_AVX2_PATH
 #define TGT __attribute__((target("avx2,fma")))
+#define TGT512 __attribute__((target("avx2,fma,avx512f,avx512dq")))
+#define INLINE inline __attribute__((always_inline))
 
 TGT static inline float hsum_fixed(__m256 v)
 {
@@ -71,59 +98,7 @@ TGT static inline float hsum_fixed(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
 }
 
-/* An R x S block (R <= 4, S <= 2) of rows a[0..R) and columns w[0..S), the whole K. Called
- * with constant R and S, so the loops unroll; each element's operations are the same in
- * every shape. */
-TGT static inline __attribute__((always_inline)) void block(const float *a, int lda,
-                                                            const float *w, int ldw, float *c,
-                                                            int ldc, int K, int add, int R, int S,
-                                                            __m256i tail_mask)
-{
-    __m256 acc[4][2];
-    #pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-        #pragma GCC unroll 2
-        for (int s = 0; s < S; s++) acc[r][s] = _mm256_setzero_ps();
-    int k = 0;
-    for (; k + 8 <= K; k += 8) {
-        __m256 wv[2], av;
-        #pragma GCC unroll 2
-        for (int s = 0; s < S; s++) wv[s] = _mm256_loadu_ps(w + (size_t)s * ldw + k);
-        #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            av = _mm256_loadu_ps(a + (size_t)r * lda + k);
-            #pragma GCC unroll 2
-            for (int s = 0; s < S; s++) acc[r][s] = _mm256_fmadd_ps(av, wv[s], acc[r][s]);
-        }
-    }
-    if (k < K) {   /* masked lanes load 0: fma(0, 0, s) as the portable form */
-        __m256 wv[2], av;
-        for (int s = 0; s < S; s++) wv[s] = _mm256_maskload_ps(w + (size_t)s * ldw + k, tail_mask);
-        for (int r = 0; r < R; r++) {
-            av = _mm256_maskload_ps(a + (size_t)r * lda + k, tail_mask);
-            for (int s = 0; s < S; s++) acc[r][s] = _mm256_fmadd_ps(av, wv[s], acc[r][s]);
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int s = 0; s < S; s++) {
-            float d = hsum_fixed(acc[r][s]);
-            float *o = c + (size_t)r * ldc + s;
-            *o = add ? *o + d : d;
-        }
-}
-
-/* R rows (constant) against columns [j0, j1): 2-column blocks, then a last single column */
-TGT static inline __attribute__((always_inline)) void row_panel(const float *ai, int lda,
-                                                                const float *w, int ldw,
-                                                                float *ci, int ldc, int j0, int j1,
-                                                                int K, int add, int R,
-                                                                __m256i mask)
-{
-    int j = j0;
-    for (; j + 2 <= j1; j += 2) block(ai, lda, w + (size_t)j * ldw, ldw, ci + j, ldc, K, add, R, 2, mask);
-    if (j < j1) block(ai, lda, w + (size_t)j * ldw, ldw, ci + j, ldc, K, add, R, 1, mask);
-}
-
+/* lanes k < K % 8 of the last, partial chunk (all lanes when K % 8 == 0: no partial chunk) */
 TGT static __m256i tail_mask_of(int K)
 {
     int rem = K % 8;
@@ -132,150 +107,179 @@ TGT static __m256i tail_mask_of(int K)
                              rem > 6 ? -1 : 0, 0);
 }
 
-TGT static void gemm_avx2(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
-                          int M, int N, int K, int add)
+TGT static INLINE void store_out(float *o, float d, int add) { *o = add ? *o + d : d; }
+
+/* AVX2: R rows (constant, <= 6) x 2 columns, the whole K, 12 accumulators at most (with the 2
+ * w vectors and one row of a: 15 of the 16 registers). Column s is read from ws + step * t for
+ * chunk t: step 16 in a packed pair, 8 in w itself. Masked lanes load 0, so the partial chunk
+ * is fma(0, 0, s) as in the portable form (a packed w is 0 there already). */
+TGT static INLINE void chunk2(__m256 acc[6][2], const float *a, int lda, const float *w0,
+                              const float *w1, int k, __m256i mask, int R, int partial)
 {
-    __m256i mask = tail_mask_of(K);
-    /* columns in panels of 16 (16 x K of w stays in cache while every row block passes) */
-    for (int j0 = 0; j0 < N; j0 += 16) {
-        int j1 = j0 + 16 < N ? j0 + 16 : N, i = 0;
-        for (; i + 4 <= M; i += 4)
-            row_panel(a + (size_t)i * lda, lda, w, ldw, c + (size_t)i * ldc, ldc, j0, j1, K, add, 4, mask);
-        for (; i < M; i++)
-            row_panel(a + (size_t)i * lda, lda, w, ldw, c + (size_t)i * ldc, ldc, j0, j1, K, add, 1, mask);
+    __m256 x0 = partial ? _mm256_maskload_ps(w0, mask) : _mm256_loadu_ps(w0),
+           x1 = partial ? _mm256_maskload_ps(w1, mask) : _mm256_loadu_ps(w1);
+    #pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        const float *ar = a + (size_t)r * lda + k;
+        __m256 av = partial ? _mm256_maskload_ps(ar, mask) : _mm256_loadu_ps(ar);
+        acc[r][0] = _mm256_fmadd_ps(av, x0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(av, x1, acc[r][1]);
     }
 }
 
-#define TGT512 __attribute__((target("avx2,fma,avx512f,avx512dq")))
-
-/* W columns packed in pairs: for columns (j, j+1) and k-chunk t, 16 floats
- * w_j[8t..8t+8) w_{j+1}[8t..8t+8), zeros past K and past N. A panel of 8 columns is 4 pairs
- * per chunk, so the kernel reads it as one stream: [t][pair][16]. */
-TGT512 static void pack_panel(const float *w, int ldw, int ncols, int K, int T, float *p)
+TGT static INLINE void tile2(const float *a, int lda, const float *w0, const float *w1,
+                             size_t step, int K, float *c, int ldc, int ncols, int add, int R)
 {
     __m256i mask = tail_mask_of(K);
-    int kfull = K / 8;
-    for (int q = 0; q < 8; q++) {
-        float *o = p + (q / 2) * 16 + (q % 2) * 8;
-        if (q >= ncols) {
-            for (int t = 0; t < T; t++) _mm256_storeu_ps(o + (size_t)t * 64, _mm256_setzero_ps());
-            continue;
-        }
-        const float *wq = w + (size_t)q * ldw;
-        int t = 0;
-        for (; t < kfull; t++) _mm256_storeu_ps(o + (size_t)t * 64, _mm256_loadu_ps(wq + 8 * t));
-        if (t < T) _mm256_storeu_ps(o + (size_t)t * 64, _mm256_maskload_ps(wq + 8 * t, mask));
+    __m256 acc[6][2];
+    #pragma GCC unroll 6
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    size_t t = 0;
+    for (; 8 * t + 8 <= (size_t)K; t++) chunk2(acc, a, lda, w0 + step * t, w1 + step * t, 8 * t, mask, R, 0);
+    if (8 * t < (size_t)K) chunk2(acc, a, lda, w0 + step * t, w1 + step * t, 8 * t, mask, R, 1);
+    for (int r = 0; r < R; r++)
+        for (int s = 0; s < ncols; s++) store_out(c + (size_t)r * ldc + s, hsum_fixed(acc[r][s]), add);
+}
+
+/* AVX-512: R rows (constant, <= 6) x 8 columns (4 packed pairs, pstride floats apart), the whole
+ * K. acc[r][p] holds the lane sums of columns 2p (low 256 bits) and 2p+1 (high); a row's 8
+ * values of a chunk are broadcast to both halves, so each half runs the lane order of one
+ * column. 24 accumulators + 4 w vectors + one row of a: 29 of the 32 registers. */
+TGT512 static INLINE void chunk512(__m512 acc[6][4], const float *a, int lda, const float *wt,
+                                   size_t pstride, int k, __m256i mask, int R, int partial)
+{
+    __m512 x0 = _mm512_loadu_ps(wt), x1 = _mm512_loadu_ps(wt + pstride),
+           x2 = _mm512_loadu_ps(wt + 2 * pstride), x3 = _mm512_loadu_ps(wt + 3 * pstride);
+    #pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        const float *ar = a + (size_t)r * lda + k;
+        __m512 av = _mm512_broadcast_f32x8(partial ? _mm256_maskload_ps(ar, mask) : _mm256_loadu_ps(ar));
+        acc[r][0] = _mm512_fmadd_ps(av, x0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(av, x1, acc[r][1]);
+        acc[r][2] = _mm512_fmadd_ps(av, x2, acc[r][2]);
+        acc[r][3] = _mm512_fmadd_ps(av, x3, acc[r][3]);
     }
 }
 
-/* R rows (constant, <= 6) x one packed panel of 8 columns, the whole K. Accumulator
- * acc[r][p] holds the 8 lane sums of columns 2p (low half) and 2p+1 (high half); the rows'
- * 8 values of a chunk are broadcast to both halves, so each half runs the lane order. */
-TGT512 static inline __attribute__((always_inline)) void tile512(const float *a, int lda,
-                                                                 const float *wp, int K, int T,
-                                                                 __m256i mask, float *c, int ldc,
-                                                                 int ncols, int add, int R)
+TGT512 static INLINE void tile512(const float *a, int lda, const float *wp, size_t pstride, int K,
+                                  float *c, int ldc, int ncols, int add, int R)
 {
+    __m256i mask = tail_mask_of(K);
     __m512 acc[6][4];
     #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
         #pragma GCC unroll 4
         for (int p = 0; p < 4; p++) acc[r][p] = _mm512_setzero_ps();
-    int kfull = K / 8, t = 0;
-    for (; t < kfull; t++) {
-        const float *wt = wp + (size_t)t * 64;
-        __m512 w0 = _mm512_loadu_ps(wt), w1 = _mm512_loadu_ps(wt + 16),
-               w2 = _mm512_loadu_ps(wt + 32), w3 = _mm512_loadu_ps(wt + 48);
-        #pragma GCC unroll 6
-        for (int r = 0; r < R; r++) {
-            __m512 av = _mm512_broadcast_f32x8(_mm256_loadu_ps(a + (size_t)r * lda + 8 * t));
-            acc[r][0] = _mm512_fmadd_ps(av, w0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(av, w1, acc[r][1]);
-            acc[r][2] = _mm512_fmadd_ps(av, w2, acc[r][2]);
-            acc[r][3] = _mm512_fmadd_ps(av, w3, acc[r][3]);
-        }
-    }
-    if (t < T) {   /* the last chunk: a masked to 0, w packed as 0 past K */
-        const float *wt = wp + (size_t)t * 64;
-        __m512 w0 = _mm512_loadu_ps(wt), w1 = _mm512_loadu_ps(wt + 16),
-               w2 = _mm512_loadu_ps(wt + 32), w3 = _mm512_loadu_ps(wt + 48);
-        for (int r = 0; r < R; r++) {
-            __m512 av = _mm512_broadcast_f32x8(_mm256_maskload_ps(a + (size_t)r * lda + 8 * t, mask));
-            acc[r][0] = _mm512_fmadd_ps(av, w0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(av, w1, acc[r][1]);
-            acc[r][2] = _mm512_fmadd_ps(av, w2, acc[r][2]);
-            acc[r][3] = _mm512_fmadd_ps(av, w3, acc[r][3]);
-        }
-    }
+    size_t t = 0;
+    for (; 8 * t + 8 <= (size_t)K; t++) chunk512(acc, a, lda, wp + 16 * t, pstride, 8 * t, mask, R, 0);
+    if (8 * t < (size_t)K) chunk512(acc, a, lda, wp + 16 * t, pstride, 8 * t, mask, R, 1);
     for (int r = 0; r < R; r++)
         for (int q = 0; q < ncols; q++) {
             __m512 v = acc[r][q / 2];
-            float d = hsum_fixed(q % 2 ? _mm512_extractf32x8_ps(v, 1) : _mm512_castps512_ps256(v));
-            float *o = c + (size_t)r * ldc + q;
-            *o = add ? *o + d : d;
+            __m256 h = q % 2 ? _mm512_extractf32x8_ps(v, 1) : _mm512_castps512_ps256(v);
+            store_out(c + (size_t)r * ldc + q, hsum_fixed(h), add);
         }
 }
 
-TGT512 static void rows512(const float *a, int lda, const float *wp, int K, int T, __m256i mask,
+/* The kernels on a packed panel (R rows, panel_cols columns), R made a constant so the
+ * unrolled loops keep the accumulators in registers. */
+#define BY_ROWS(R, call)                                                                       \
+    switch (R) {                                                                               \
+    case 6: call(6); break;                                                                    \
+    case 5: call(5); break;                                                                    \
+    case 4: call(4); break;                                                                    \
+    case 3: call(3); break;                                                                    \
+    case 2: call(2); break;                                                                    \
+    default: call(1); break;                                                                   \
+    }
+
+TGT static void panel_avx2(const float *a, int lda, const float *wp, size_t pstride, int K,
                            float *c, int ldc, int ncols, int add, int R)
 {
-    switch (R) {
-    case 6: tile512(a, lda, wp, K, T, mask, c, ldc, ncols, add, 6); break;
-    case 5: tile512(a, lda, wp, K, T, mask, c, ldc, ncols, add, 5); break;
-    case 4: tile512(a, lda, wp, K, T, mask, c, ldc, ncols, add, 4); break;
-    case 3: tile512(a, lda, wp, K, T, mask, c, ldc, ncols, add, 3); break;
-    case 2: tile512(a, lda, wp, K, T, mask, c, ldc, ncols, add, 2); break;
-    default: tile512(a, lda, wp, K, T, mask, c, ldc, ncols, add, 1); break;
-    }
+#define CALL(r) tile2(a, lda, wp, wp + 8, 16, K, c, ldc, ncols, add, r)
+    BY_ROWS(R, CALL)
+#undef CALL
 }
 
-TGT512 static int gemm_avx512(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
-                              int M, int N, int K, int add)
+TGT512 static void panel_avx512(const float *a, int lda, const float *wp, size_t pstride, int K,
+                                float *c, int ldc, int ncols, int add, int R)
 {
-    int T = (K + 7) / 8;
-    size_t panel = (size_t)T * 64;
-    int npan_max = (int)(PACK_FLOATS / panel);
-    if (npan_max < 1) npan_max = 1;
-    int npan_all = (N + 7) / 8;
-    if (npan_max > npan_all) npan_max = npan_all;
-    float *buf = malloc(sizeof(float) * panel * npan_max);
-    if (!buf) return 0;
-    __m256i mask = tail_mask_of(K);
-    for (int j0 = 0; j0 < N; j0 += 8 * npan_max) {
-        int np = (N - j0 + 7) / 8;
-        if (np > npan_max) np = npan_max;
-        for (int p = 0; p < np; p++) {
-            int jc = j0 + 8 * p, nc = N - jc < 8 ? N - jc : 8;
-            pack_panel(w + (size_t)jc * ldw, ldw, nc, K, T, buf + panel * p);
-        }
-        for (int i = 0; i < M; i += 6) {
-            int R = M - i < 6 ? M - i : 6;
-            for (int p = 0; p < np; p++) {
-                int jc = j0 + 8 * p, nc = N - jc < 8 ? N - jc : 8;
-                rows512(a + (size_t)i * lda, lda, buf + panel * p, K, T, mask,
-                        c + (size_t)i * ldc + jc, ldc, nc, add, R);
+#define CALL(r) tile512(a, lda, wp, pstride, K, c, ldc, ncols, add, r)
+    BY_ROWS(R, CALL)
+#undef CALL
+}
+
+/* Few rows (M < PACK_MIN_ROWS): packing would cost as much as it saves; the AVX2 tile reads w
+ * where it is, columns in panels of 16 (16 rows of w stay in cache while the rows pass). */
+TGT static void gemm_avx2_direct(const float *a, int lda, const float *w, int ldw, float *c,
+                                 int ldc, int M, int N, int K, int add)
+{
+    for (int j0 = 0; j0 < N; j0 += 16) {
+        int j1 = j0 + 16 < N ? j0 + 16 : N;
+        for (int i = 0; i < M; i += STRIP) {
+            int R = M - i < STRIP ? M - i : STRIP;
+            const float *ai = a + (size_t)i * lda;
+            float *ci = c + (size_t)i * ldc;
+            for (int j = j0; j < j1; j += 2) {
+                const float *w0 = w + (size_t)j * ldw, *w1 = j + 1 < j1 ? w0 + ldw : w0;
+                int nc = j + 1 < j1 ? 2 : 1;
+#define CALL(r) tile2(ai, lda, w0, w1, 8, K, ci + j, ldc, nc, add, r)
+                BY_ROWS(R, CALL)
+#undef CALL
             }
         }
+    }
+}
+#endif
+
+typedef void panel_fn(const float *a, int lda, const float *wp, size_t pstride, int K, float *c,
+                      int ldc, int ncols, int add, int R);
+
+/* The packed driver: columns in blocks of at most PACK_FLOATS packed floats (a block stays in
+ * L2 while every strip of STRIP rows passes; a strip's K floats per row are reused from L1 by
+ * the block's panels). Returns 0 when the pack buffer cannot be had (the caller then runs
+ * the direct kernel: same bits). */
+static int gemm_packed(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
+                       int M, int N, int K, int add, panel_fn *panel, int panel_cols)
+{
+    size_t pstride = (size_t)(K + 7) / 8 * 16, panel_floats = pstride * panel_cols / 2;
+    int npan = (N + panel_cols - 1) / panel_cols;
+    size_t fit = PACK_FLOATS / panel_floats;
+    if (fit < (size_t)npan) npan = fit ? (int)fit : 1;
+    float *buf = malloc(sizeof(float) * panel_floats * npan);
+    if (!buf) return 0;
+    for (int j0 = 0; j0 < N; j0 += panel_cols * npan) {
+        int nj = N - j0 < panel_cols * npan ? N - j0 : panel_cols * npan;
+        int npairs = (nj + panel_cols - 1) / panel_cols * panel_cols / 2;
+        pack_pairs(w + (size_t)j0 * ldw, ldw, nj, K, npairs, buf);
+        for (int i = 0; i < M; i += STRIP)
+            for (int j = 0; j < nj; j += panel_cols)
+                panel(a + (size_t)i * lda, lda, buf + (size_t)j / 2 * pstride, pstride, K,
+                      c + (size_t)i * ldc + j0 + j, ldc, nj - j < panel_cols ? nj - j : panel_cols,
+                      add, M - i < STRIP ? M - i : STRIP);
     }
     free(buf);
     return 1;
 }
-#endif
 
 void td_gemm_fixed(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
                    int N, int K, int add)
 {
 #ifdef TD_HAVE_AVX2_PATH
-    if (!td_gemm_fixed_portable_only && M >= 4 && __builtin_cpu_supports("avx512f") &&
-        __builtin_cpu_supports("avx512dq") && gemm_avx512(a, lda, w, ldw, c, ldc, M, N, K, add))
+    int avx2 = td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX2 && __builtin_cpu_supports("avx2") &&
+               __builtin_cpu_supports("fma");
+    int avx512 = avx2 && td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 &&
+                 __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+    if (avx2 && M >= PACK_MIN_ROWS &&
+        gemm_packed(a, lda, w, ldw, c, ldc, M, N, K, add, avx512 ? panel_avx512 : panel_avx2,
+                    avx512 ? 8 : 2))
         return;
-    if (!td_gemm_fixed_portable_only && __builtin_cpu_supports("avx2") &&
-        __builtin_cpu_supports("fma")) {
-        gemm_avx2(a, lda, w, ldw, c, ldc, M, N, K, add);
+    if (avx2) {
+        gemm_avx2_direct(a, lda, w, ldw, c, ldc, M, N, K, add);
         return;
     }
 #endif
     gemm_portable(a, lda, w, ldw, c, ldc, M, N, K, add);
 }
 
-int td_gemm_fixed_portable_only = 0;
+td_gemm_fixed_kernel td_gemm_fixed_max_kernel = TD_GEMM_FIXED_AVX512;
