@@ -122,6 +122,7 @@ TGT static INLINE void chunk2(__m256 acc[6][2], const float *a, int lda, const f
     for (int r = 0; r < R; r++) {
         const float *ar = a + (size_t)r * lda + k;
         __m256 av = partial ? _mm256_maskload_ps(ar, mask) : _mm256_loadu_ps(ar);
+        __asm__("" : "+x"(av));
         acc[r][0] = _mm256_fmadd_ps(av, x0, acc[r][0]);
         acc[r][1] = _mm256_fmadd_ps(av, x1, acc[r][1]);
     }
