@@ -29,6 +29,9 @@
 #ifndef PACK_MIN_ROWS
 #define PACK_MIN_ROWS 4
 #endif
+#ifndef KSPAN
+#define KSPAN 32
+#endif
 enum { STRIP = 6 };   /* rows of a per kernel call */
 
 /* the fixed lane reduction, on 8 lane sums */
@@ -66,21 +69,27 @@ static void gemm_portable(const float *a, int lda, const float *w, int ldw, floa
 
 /* Columns packed in pairs for the SIMD kernels: for columns (j, j+1) and chunk t = k / 8, 16
  * floats w_j[8t..8t+8) w_{j+1}[8t..8t+8), zeros past K (and for a missing j+1), so a kernel
- * reads a pair as one stream and needs no mask on w. Plain C: it moves N*K floats once per
- * call, against the M*N*K multiply-adds that read them. */
+ * reads a pair as one stream and needs no mask on w. Chunks are grouped in spans of KSPAN
+ * (the last one shorter) and stored span by span, the pairs in order within a span: the
+ * order the driver walks them, so its reads of a span are one forward stream. Plain C: it
+ * moves N*K floats once per call, against the M*N*K multiply-adds that read them. */
+static float *packed_at(float *p, int T, int npairs, int q2, int t)
+{
+    int t0 = t / KSPAN * KSPAN, span = T - t0 < KSPAN ? T - t0 : KSPAN;
+    return p + ((size_t)t0 * npairs + (size_t)q2 * span + (t - t0)) * 16;
+}
+
 static void pack_pairs(const float *w, int ldw, int ncols, int K, int npairs, float *p)
 {
     int T = (K + 7) / 8, kfull = K / 8;
     for (int q = 0; q < 2 * npairs; q++) {
-        float *o = p + (size_t)(q / 2) * T * 16 + (q % 2) * 8;
         const float *wq = w + (size_t)q * ldw;
-        int t = 0;
-        if (q < ncols)
-            for (; t < kfull; t++) memcpy(o + 16 * (size_t)t, wq + 8 * t, 8 * sizeof(float));
-        for (; t < T; t++) {   /* the partial chunk, or a missing column */
-            int n = q < ncols ? K - 8 * t : 0;
-            float *ot = o + 16 * (size_t)t;
-            for (int l = 0; l < 8; l++) ot[l] = l < n ? wq[8 * t + l] : 0.0f;
+        for (int t = 0; t < T; t++) {
+            float *o = packed_at(p, T, npairs, q / 2, t) + (q % 2) * 8;
+            int n = q >= ncols ? 0 : t < kfull ? 8 : K - 8 * t;
+            if (n == 8) memcpy(o, wq + 8 * t, 8 * sizeof(float));
+            else   /* the partial chunk, or a missing column */
+                for (int l = 0; l < 8; l++) o[l] = l < n ? wq[8 * t + l] : 0.0f;
         }
     }
 }
@@ -128,22 +137,40 @@ TGT static INLINE void chunk2(__m256 acc[6][2], const float *a, int lda, const f
     }
 }
 
+/* Chunks [t0, t1) of K (T = ceil(K / 8) in all): starting from zero lane sums when t0 == 0,
+ * else from those parked in lanes; ending with the reduction into c when t1 == T, else parking
+ * the lane sums in lanes again. A lane's sum just continues across calls: the order is the
+ * same as one pass over K. */
+typedef struct { int t0, t1; float *lanes; } kspan;
+
 TGT static INLINE void tile2(const float *a, int lda, const float *w0, const float *w1,
-                             size_t step, int K, float *c, int ldc, int ncols, int add, int R)
+                             size_t step, int K, kspan ks, float *c, int ldc, int ncols, int add,
+                             int R)
 {
     __m256i mask = tail_mask_of(K);
     __m256 acc[6][2];
     #pragma GCC unroll 6
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    size_t t = 0;
-    for (; 8 * t + 8 <= (size_t)K; t++) chunk2(acc, a, lda, w0 + step * t, w1 + step * t, 8 * t, mask, R, 0);
-    if (8 * t < (size_t)K) chunk2(acc, a, lda, w0 + step * t, w1 + step * t, 8 * t, mask, R, 1);
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 2
+        for (int s = 0; s < 2; s++)
+            acc[r][s] = ks.t0 ? _mm256_loadu_ps(ks.lanes + (r * 2 + s) * 8) : _mm256_setzero_ps();
+    int T = (K + 7) / 8, full = ks.t1 < K / 8 ? ks.t1 : K / 8;
+    size_t t = ks.t0;
+    for (; t < (size_t)full; t++)
+        chunk2(acc, a, lda, w0 + step * (t - ks.t0), w1 + step * (t - ks.t0), 8 * t, mask, R, 0);
+    if (t < (size_t)ks.t1)
+        chunk2(acc, a, lda, w0 + step * (t - ks.t0), w1 + step * (t - ks.t0), 8 * t, mask, R, 1);
+    if (ks.t1 < T) {
+        for (int r = 0; r < R; r++)
+            for (int s = 0; s < 2; s++) _mm256_storeu_ps(ks.lanes + (r * 2 + s) * 8, acc[r][s]);
+        return;
+    }
     for (int r = 0; r < R; r++)
         for (int s = 0; s < ncols; s++) store_out(c + (size_t)r * ldc + s, hsum_fixed(acc[r][s]), add);
 }
 
-/* AVX-512: R rows (constant, <= 6) x 8 columns (4 packed pairs, pstride floats apart), the whole
- * K. acc[r][p] holds the lane sums of columns 2p (low 256 bits) and 2p+1 (high); a row's 8
+/* AVX-512: R rows (constant, <= 6) x 8 columns (4 packed pairs, pstride floats apart).
+ * acc[r][p] holds the lane sums of columns 2p (low 256 bits) and 2p+1 (high); a row's 8
  * values of a chunk are broadcast to both halves, so each half runs the lane order of one
  * column. 24 accumulators + 4 w vectors + one row of a: 29 of the 32 registers. */
 TGT512 static INLINE void chunk512(__m512 acc[6][4], const float *a, int lda, const float *wt,
@@ -163,17 +190,24 @@ TGT512 static INLINE void chunk512(__m512 acc[6][4], const float *a, int lda, co
 }
 
 TGT512 static INLINE void tile512(const float *a, int lda, const float *wp, size_t pstride, int K,
-                                  float *c, int ldc, int ncols, int add, int R)
+                                  kspan ks, float *c, int ldc, int ncols, int add, int R)
 {
     __m256i mask = tail_mask_of(K);
     __m512 acc[6][4];
     #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
         #pragma GCC unroll 4
-        for (int p = 0; p < 4; p++) acc[r][p] = _mm512_setzero_ps();
-    size_t t = 0;
-    for (; 8 * t + 8 <= (size_t)K; t++) chunk512(acc, a, lda, wp + 16 * t, pstride, 8 * t, mask, R, 0);
-    if (8 * t < (size_t)K) chunk512(acc, a, lda, wp + 16 * t, pstride, 8 * t, mask, R, 1);
+        for (int p = 0; p < 4; p++)
+            acc[r][p] = ks.t0 ? _mm512_loadu_ps(ks.lanes + (r * 4 + p) * 16) : _mm512_setzero_ps();
+    int T = (K + 7) / 8, full = ks.t1 < K / 8 ? ks.t1 : K / 8;
+    size_t t = ks.t0;
+    for (; t < (size_t)full; t++) chunk512(acc, a, lda, wp + 16 * (t - ks.t0), pstride, 8 * t, mask, R, 0);
+    if (t < (size_t)ks.t1) chunk512(acc, a, lda, wp + 16 * (t - ks.t0), pstride, 8 * t, mask, R, 1);
+    if (ks.t1 < T) {
+        for (int r = 0; r < R; r++)
+            for (int p = 0; p < 4; p++) _mm512_storeu_ps(ks.lanes + (r * 4 + p) * 16, acc[r][p]);
+        return;
+    }
     for (int r = 0; r < R; r++)
         for (int q = 0; q < ncols; q++) {
             __m512 v = acc[r][q / 2];
@@ -195,17 +229,17 @@ TGT512 static INLINE void tile512(const float *a, int lda, const float *wp, size
     }
 
 TGT static void panel_avx2(const float *a, int lda, const float *wp, size_t pstride, int K,
-                           float *c, int ldc, int ncols, int add, int R)
+                           kspan ks, float *c, int ldc, int ncols, int add, int R)
 {
-#define CALL(r) tile2(a, lda, wp, wp + 8, 16, K, c, ldc, ncols, add, r)
+#define CALL(r) tile2(a, lda, wp, wp + 8, 16, K, ks, c, ldc, ncols, add, r)
     BY_ROWS(R, CALL)
 #undef CALL
 }
 
 TGT512 static void panel_avx512(const float *a, int lda, const float *wp, size_t pstride, int K,
-                                float *c, int ldc, int ncols, int add, int R)
+                                kspan ks, float *c, int ldc, int ncols, int add, int R)
 {
-#define CALL(r) tile512(a, lda, wp, pstride, K, c, ldc, ncols, add, r)
+#define CALL(r) tile512(a, lda, wp, pstride, K, ks, c, ldc, ncols, add, r)
     BY_ROWS(R, CALL)
 #undef CALL
 }
@@ -215,6 +249,7 @@ TGT512 static void panel_avx512(const float *a, int lda, const float *wp, size_t
 TGT static void gemm_avx2_direct(const float *a, int lda, const float *w, int ldw, float *c,
                                  int ldc, int M, int N, int K, int add)
 {
+    kspan whole = {0, (K + 7) / 8, NULL};
     for (int j0 = 0; j0 < N; j0 += 16) {
         int j1 = j0 + 16 < N ? j0 + 16 : N;
         for (int i = 0; i < M; i += STRIP) {
@@ -224,7 +259,7 @@ TGT static void gemm_avx2_direct(const float *a, int lda, const float *w, int ld
             for (int j = j0; j < j1; j += 2) {
                 const float *w0 = w + (size_t)j * ldw, *w1 = j + 1 < j1 ? w0 + ldw : w0;
                 int nc = j + 1 < j1 ? 2 : 1;
-#define CALL(r) tile2(ai, lda, w0, w1, 8, K, ci + j, ldc, nc, add, r)
+#define CALL(r) tile2(ai, lda, w0, w1, 8, K, whole, ci + j, ldc, nc, add, r)
                 BY_ROWS(R, CALL)
 #undef CALL
             }
@@ -233,31 +268,42 @@ TGT static void gemm_avx2_direct(const float *a, int lda, const float *w, int ld
 }
 #endif
 
-typedef void panel_fn(const float *a, int lda, const float *wp, size_t pstride, int K, float *c,
-                      int ldc, int ncols, int add, int R);
+typedef void panel_fn(const float *a, int lda, const float *wp, size_t pstride, int K, kspan ks,
+                      float *c, int ldc, int ncols, int add, int R);
 
-/* The packed driver: columns in blocks of at most PACK_FLOATS packed floats (a block stays in
- * L2 while every strip of STRIP rows passes; a strip's K floats per row are reused from L1 by
- * the block's panels). Returns 0 when the pack buffer cannot be had (the caller then runs
- * the direct kernel: same bits). */
+/* The packed driver. Columns in blocks of at most PACK_FLOATS packed floats (the block stays
+ * in L2 while the strips of STRIP rows pass); within a strip, K in spans of KSPAN chunks, each
+ * span over every panel of the block, so the strip's span of a (STRIP x 8 KSPAN floats) is
+ * read from L1 by all the panels. The lane sums of the strip x block wait in the same
+ * allocation. Returns 0 when that allocation fails (the caller then runs the direct kernel:
+ * same bits). */
 static int gemm_packed(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
                        int M, int N, int K, int add, panel_fn *panel, int panel_cols)
 {
-    size_t pstride = (size_t)(K + 7) / 8 * 16, panel_floats = pstride * panel_cols / 2;
+    int T = (K + 7) / 8;
+    size_t panel_floats = (size_t)T * 8 * panel_cols;
+    size_t lane_floats = (size_t)STRIP * panel_cols * 8;   /* one panel's lane sums */
     int npan = (N + panel_cols - 1) / panel_cols;
     size_t fit = PACK_FLOATS / panel_floats;
     if (fit < (size_t)npan) npan = fit ? (int)fit : 1;
-    float *buf = malloc(sizeof(float) * panel_floats * npan);
+    float *buf = malloc(sizeof(float) * (panel_floats + lane_floats) * npan);
     if (!buf) return 0;
+    float *lanes = buf + panel_floats * npan;
     for (int j0 = 0; j0 < N; j0 += panel_cols * npan) {
         int nj = N - j0 < panel_cols * npan ? N - j0 : panel_cols * npan;
         int npairs = (nj + panel_cols - 1) / panel_cols * panel_cols / 2;
         pack_pairs(w + (size_t)j0 * ldw, ldw, nj, K, npairs, buf);
         for (int i = 0; i < M; i += STRIP)
-            for (int j = 0; j < nj; j += panel_cols)
-                panel(a + (size_t)i * lda, lda, buf + (size_t)j / 2 * pstride, pstride, K,
-                      c + (size_t)i * ldc + j0 + j, ldc, nj - j < panel_cols ? nj - j : panel_cols,
-                      add, M - i < STRIP ? M - i : STRIP);
+            for (int t0 = 0; t0 < T; t0 += KSPAN) {
+                int t1 = T - t0 < KSPAN ? T : t0 + KSPAN;
+                for (int j = 0; j < nj; j += panel_cols) {
+                    kspan ks = {t0, t1, lanes + j / panel_cols * lane_floats};
+                    panel(a + (size_t)i * lda, lda, packed_at(buf, T, npairs, j / 2, t0),
+                          (size_t)(t1 - t0) * 16, K, ks, c + (size_t)i * ldc + j0 + j, ldc,
+                          nj - j < panel_cols ? nj - j : panel_cols, add,
+                          M - i < STRIP ? M - i : STRIP);
+                }
+            }
     }
     free(buf);
     return 1;
