@@ -30,7 +30,7 @@
 #define PACK_MIN_ROWS 4
 #endif
 #ifndef KSPAN
-#define KSPAN 32
+#define KSPAN 128
 #endif
 enum { STRIP = 6 };   /* rows of a per kernel call */
 
