@@ -99,14 +99,17 @@ static float *packed_at(float *p, int T, int npairs, int q2, int t)
 static void pack_pairs(const float *w, int ldw, int ncols, int K, int npairs, float *p)
 {
     int T = (K + 7) / 8, kfull = K / 8;
-    for (int q = 0; q < 2 * npairs; q++) {
-        const float *wq = w + (size_t)q * ldw;
-        for (int t = 0; t < T; t++) {
-            float *o = packed_at(p, T, npairs, q / 2, t) + (q % 2) * 8;
-            int n = q >= ncols ? 0 : t < kfull ? 8 : K - 8 * t;
-            if (n == 8) memcpy(o, wq + 8 * t, 8 * sizeof(float));
-            else   /* the partial chunk, or a missing column */
+    for (int t0 = 0; t0 < T; t0 += KSPAN) {
+        int t1 = T - t0 < KSPAN ? T : t0 + KSPAN;
+        for (int q = 0; q < 2 * npairs; q++) {
+            const float *wq = w + (size_t)q * ldw;
+            float *o = packed_at(p, T, npairs, q / 2, t0) + (q % 2) * 8;
+            int t = t0, tf = q >= ncols ? t0 : t1 < kfull ? t1 : kfull;
+            for (; t < tf; t++, o += 16) memcpy(o, wq + 8 * t, 8 * sizeof(float));
+            for (; t < t1; t++, o += 16) {   /* the partial chunk, or a missing column */
+                int n = q >= ncols ? 0 : K - 8 * t;
                 for (int l = 0; l < 8; l++) o[l] = l < n ? wq[8 * t + l] : 0.0f;
+            }
         }
     }
 }
