@@ -58,7 +58,8 @@ void td_round_act(const td_recipe *r, float *x, size_t n);
  * eight lane sums s_l += a[k] w[k] (k = l mod 8, increasing k, each a fused multiply-add),
  * then ((s0+s4) + (s2+s6)) + ((s1+s5) + (s3+s7)). An element's value depends only on its row
  * of a and its row of w: not on M, N, its place in the call, the thread or the machine (the
- * AVX2+FMA kernel and the portable fmaf one agree bit for bit). Single-threaded. */
+ * AVX-512, AVX2+FMA and portable fmaf kernels agree bit for bit). Single-threaded; its scratch
+ * is allocated per call. */
 void td_gemm_fixed(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
                    int N, int K, int add);
 /* Tests: the widest kernel td_gemm_fixed may take (default: the CPU's widest). All give the
