@@ -335,7 +335,7 @@ static void test_gemm_fixed_order(void **st)
 /* Every kernel td_gemm_fixed has (capped by td_gemm_fixed_max_kernel; a cap above the CPU
  * falls back to what it has), on random shapes against the transcribed order, bit for bit:
  * K % 8 != 0, K over one span of the packed driver (1,024 values) and over several, M below
- * and above the packing threshold, N over several packed column blocks and odd, strides
+ * and above the packing threshold (a third of the trials below it), N over several packed column blocks and odd, strides
  * lda/ldw/ldc wider than the rows, add = 1. The padding of a and w holds NaN, so reading past
  * a row's K (a tail not masked, a pack not zero-filled) shows; c's padding must stay as
  * it was. */
@@ -352,7 +352,7 @@ static void test_gemm_fixed_kernels(void **st)
     td_rng_seed(&rng, 77);
     for (int trial = 0; trial < 24; trial++) {
         int K = trial < 7 ? fixed_K[trial] : 1 + (int)td_rng_below(&rng, 2200);
-        int M = 1 + (int)td_rng_below(&rng, 15), N = 1 + (int)td_rng_below(&rng, 70);
+        int M = 1 + (int)td_rng_below(&rng, trial % 3 ? 15 : 3), N = 1 + (int)td_rng_below(&rng, 70);
         int lda = K + (int)td_rng_below(&rng, 9), ldw = K + (int)td_rng_below(&rng, 9);
         int ldc = N + (int)td_rng_below(&rng, 5), add = trial % 2;
         float *a = malloc(sizeof(float) * M * lda), *w = malloc(sizeof(float) * N * ldw);

@@ -137,51 +137,53 @@ TGT static __m256i tail_mask_of(int K)
 
 TGT static INLINE void store_out(float *o, float d, int add) { *o = add ? *o + d : d; }
 
-/* AVX2: R rows (constant, <= 6) x 2 columns, the whole K, 12 accumulators at most (with the 2
- * w vectors and one row of a: 15 of the 16 registers). Column s is read from ws + step * t for
- * chunk t: step 16 in a packed pair, 8 in w itself. Masked lanes load 0, so the partial chunk
- * is fma(0, 0, s) as in the portable form (a packed w is 0 there already). */
-TGT static INLINE void chunk2(__m256 acc[6][2], const float *a, int lda, const float *w0,
-                              const float *w1, int k, __m256i mask, int R, int partial)
-{
-    __m256 x0 = partial ? _mm256_maskload_ps(w0, mask) : _mm256_loadu_ps(w0),
-           x1 = partial ? _mm256_maskload_ps(w1, mask) : _mm256_loadu_ps(w1);
-    #pragma GCC unroll 6
-    for (int r = 0; r < R; r++) {
-        const float *ar = a + (size_t)r * lda + k;
-        __m256 av = partial ? _mm256_maskload_ps(ar, mask) : _mm256_loadu_ps(ar);
-        __asm__("" : "+x"(av));
-        acc[r][0] = _mm256_fmadd_ps(av, x0, acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(av, x1, acc[r][1]);
-    }
-}
-
 /* Chunks [t0, t1) of K (T = ceil(K / 8) in all): starting from zero lane sums when t0 == 0,
  * else from those parked in lanes; ending with the reduction into c when t1 == T, else parking
  * the lane sums in lanes again. A lane's sum just continues across calls: the order is the
  * same as one pass over K. */
 typedef struct { int t0, t1; float *lanes; } kspan;
 
-TGT static INLINE void tile2(const float *a, int lda, const float *w0, const float *w1,
-                             size_t step, int K, kspan ks, float *c, int ldc, int ncols, int add,
-                             int R)
+/* AVX2: R rows x S columns of 8-lane accumulators (both constant, R * S <= 12: with the
+ * columns' w and one row of a, within the 16 registers). Column s of chunk t (counted from
+ * ks.t0) is read at w + s * ldw + step * t: a packed pair is (ldw 8, step 16), w in place is
+ * (its row stride, step 8). Masked lanes load 0, so the partial chunk is fma(0, 0, s) as in
+ * the portable form (a packed w is 0 there already). */
+TGT static INLINE void chunk2(__m256 acc[6][8], const float *a, int lda, const float *w,
+                              size_t ldw, int k, __m256i mask, int R, int S, int partial)
+{
+    __m256 x[8];
+    #pragma GCC unroll 8
+    for (int s = 0; s < S; s++)
+        x[s] = partial ? _mm256_maskload_ps(w + s * ldw, mask) : _mm256_loadu_ps(w + s * ldw);
+    #pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        const float *ar = a + (size_t)r * lda + k;
+        __m256 av = partial ? _mm256_maskload_ps(ar, mask) : _mm256_loadu_ps(ar);
+        /* a register, not a memory operand: GCC would fold the load into every multiply-add
+         * of the row, S loads where one does */
+        __asm__("" : "+x"(av));
+        #pragma GCC unroll 8
+        for (int s = 0; s < S; s++) acc[r][s] = _mm256_fmadd_ps(av, x[s], acc[r][s]);
+    }
+}
+
+TGT static INLINE void tile2(const float *a, int lda, const float *w, size_t ldw, size_t step,
+                             int K, kspan ks, float *c, int ldc, int ncols, int add, int R, int S)
 {
     __m256i mask = tail_mask_of(K);
-    __m256 acc[6][2];
+    __m256 acc[6][8];
     #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
-        #pragma GCC unroll 2
-        for (int s = 0; s < 2; s++)
-            acc[r][s] = ks.t0 ? _mm256_loadu_ps(ks.lanes + (r * 2 + s) * 8) : _mm256_setzero_ps();
+        #pragma GCC unroll 8
+        for (int s = 0; s < S; s++)
+            acc[r][s] = ks.t0 ? _mm256_loadu_ps(ks.lanes + (r * S + s) * 8) : _mm256_setzero_ps();
     int T = (K + 7) / 8, full = ks.t1 < K / 8 ? ks.t1 : K / 8;
     size_t t = ks.t0;
-    for (; t < (size_t)full; t++)
-        chunk2(acc, a, lda, w0 + step * (t - ks.t0), w1 + step * (t - ks.t0), 8 * t, mask, R, 0);
-    if (t < (size_t)ks.t1)
-        chunk2(acc, a, lda, w0 + step * (t - ks.t0), w1 + step * (t - ks.t0), 8 * t, mask, R, 1);
+    for (; t < (size_t)full; t++) chunk2(acc, a, lda, w + step * (t - ks.t0), ldw, 8 * t, mask, R, S, 0);
+    if (t < (size_t)ks.t1) chunk2(acc, a, lda, w + step * (t - ks.t0), ldw, 8 * t, mask, R, S, 1);
     if (ks.t1 < T) {
         for (int r = 0; r < R; r++)
-            for (int s = 0; s < 2; s++) _mm256_storeu_ps(ks.lanes + (r * 2 + s) * 8, acc[r][s]);
+            for (int s = 0; s < S; s++) _mm256_storeu_ps(ks.lanes + (r * S + s) * 8, acc[r][s]);
         return;
     }
     for (int r = 0; r < R; r++)
@@ -250,7 +252,7 @@ TGT512 static INLINE void tile512(const float *a, int lda, const float *wp, size
 TGT static void panel_avx2(const float *a, int lda, const float *wp, size_t pstride, int K,
                            kspan ks, float *c, int ldc, int ncols, int add, int R)
 {
-#define CALL(r) tile2(a, lda, wp, wp + 8, 16, K, ks, c, ldc, ncols, add, r)
+#define CALL(r) tile2(a, lda, wp, 8, 16, K, ks, c, ldc, ncols, add, r, 2)
     BY_ROWS(R, CALL)
 #undef CALL
 }
@@ -263,8 +265,11 @@ TGT512 static void panel_avx512(const float *a, int lda, const float *wp, size_t
 #undef CALL
 }
 
-/* Few rows (M < PACK_MIN_ROWS): packing would cost as much as it saves; the AVX2 tile reads w
- * where it is, columns in panels of 16 (16 rows of w stay in cache while the rows pass). */
+/* Few rows (M < PACK_MIN_ROWS, decode): packing would cost as much as it saves; the AVX2 tile
+ * reads w where it is, columns in panels of 16 (16 rows of w stay in cache while the rows
+ * pass). One row takes 8 columns per tile, two rows 4 and three rows 3, so that 8 or 9
+ * accumulators hide the multiply-add latency; the panel's rest goes 2 columns at a time (a
+ * last single column as a pair of it with itself, stride 0, stored once). */
 TGT static void gemm_avx2_direct(const float *a, int lda, const float *w, int ldw, float *c,
                                  int ldc, int M, int N, int K, int add)
 {
@@ -272,20 +277,27 @@ TGT static void gemm_avx2_direct(const float *a, int lda, const float *w, int ld
     for (int j0 = 0; j0 < N; j0 += 16) {
         int j1 = j0 + 16 < N ? j0 + 16 : N;
         for (int i = 0; i < M; i += STRIP) {
-            int R = M - i < STRIP ? M - i : STRIP;
+            int R = M - i < STRIP ? M - i : STRIP, j = j0;
             const float *ai = a + (size_t)i * lda;
             float *ci = c + (size_t)i * ldc;
-            for (int j = j0; j < j1; j += 2) {
-                const float *w0 = w + (size_t)j * ldw, *w1 = j + 1 < j1 ? w0 + ldw : w0;
+#define CALL(r, s, nc, ld) tile2(ai, lda, w + (size_t)j * ldw, ld, 8, K, whole, ci + j, ldc, nc, add, r, s)
+            if (R == 1)
+                for (; j + 8 <= j1; j += 8) CALL(1, 8, 8, ldw);
+            else if (R == 2)
+                for (; j + 4 <= j1; j += 4) CALL(2, 4, 4, ldw);
+            else if (R == 3)
+                for (; j + 3 <= j1; j += 3) CALL(3, 3, 3, ldw);
+            for (; j < j1; j += 2) {
                 int nc = j + 1 < j1 ? 2 : 1;
-#define CALL(r) tile2(ai, lda, w0, w1, 8, K, whole, ci + j, ldc, nc, add, r)
-                BY_ROWS(R, CALL)
-#undef CALL
+                size_t ld = nc == 2 ? (size_t)ldw : 0;
+#define CALL2(r) CALL(r, 2, nc, ld)
+                BY_ROWS(R, CALL2)
+#undef CALL2
             }
+#undef CALL
         }
     }
 }
-
 typedef void panel_fn(const float *a, int lda, const float *wp, size_t pstride, int K, kspan ks,
                       float *c, int ldc, int ncols, int add, int R);
 
