@@ -47,7 +47,8 @@ enum {
     STRIP = 6,              /* rows of a per tile                                             */
     KSPAN = 128,            /* chunks per span of K: 6 rows x 1,024 floats of a fill 24 KiB of L1 */
     PACK_FLOATS = 65536,    /* packed w per column block: 256 KiB, within L2 (1 MiB on Zen 4)  */
-    PACK_MIN_ROWS = 4,      /* fewer rows take w in place                                     */
+    PACK_MIN_ROWS = 4,
+    AVX2_GROUP = 3,      /* fewer rows take w in place                                     */
 };
 
 /* the fixed lane reduction, on 8 lane sums */
@@ -84,29 +85,29 @@ static void gemm_portable(const float *a, int lda, const float *w, int ldw, floa
 }
 
 #ifdef TD_HAVE_AVX2_PATH
-/* Columns packed in pairs for the SIMD kernels: for columns (j, j+1) and chunk t = k / 8, 16
- * floats w_j[8t..8t+8) w_{j+1}[8t..8t+8), zeros past K (and for a missing j+1), so a kernel
- * reads a pair as one stream and needs no mask on w. Chunks are grouped in spans of KSPAN
- * (the last one shorter) and stored span by span, the pairs in order within a span: the
- * order the driver walks them, so its reads of a span are one forward stream. Plain C: it
+/* Columns packed in groups of G for the SIMD kernels: for columns j..j+G-1 and chunk t = k / 8,
+ * 8G floats w_j[8t..8t+8) w_{j+1}[8t..8t+8) ..., zeros past K (and for missing columns), so a
+ * kernel reads a group as one stream and needs no mask on w. Chunks are grouped in spans of
+ * KSPAN (the last one shorter) and stored span by span, the groups in order within a span:
+ * the order the driver walks them, so its reads of a span are one forward stream. Plain C: it
  * moves N*K floats once per call, against the M*N*K multiply-adds that read them. */
-static float *packed_at(float *p, int T, int npairs, int q2, int t)
+static float *packed_at(float *p, int T, int ngroups, int G, int g, int t)
 {
     int t0 = t / KSPAN * KSPAN, span = T - t0 < KSPAN ? T - t0 : KSPAN;
-    return p + ((size_t)t0 * npairs + (size_t)q2 * span + (t - t0)) * 16;
+    return p + ((size_t)t0 * ngroups + (size_t)g * span + (t - t0)) * 8 * G;
 }
 
-static void pack_pairs(const float *w, int ldw, int ncols, int K, int npairs, float *p)
+static void pack_groups(const float *w, int ldw, int ncols, int K, int ngroups, int G, float *p)
 {
     int T = (K + 7) / 8, kfull = K / 8;
     for (int t0 = 0; t0 < T; t0 += KSPAN) {
         int t1 = T - t0 < KSPAN ? T : t0 + KSPAN;
-        for (int q = 0; q < 2 * npairs; q++) {
+        for (int q = 0; q < G * ngroups; q++) {
             const float *wq = w + (size_t)q * ldw;
-            float *o = packed_at(p, T, npairs, q / 2, t0) + (q % 2) * 8;
+            float *o = packed_at(p, T, ngroups, G, q / G, t0) + (q % G) * 8;
             int t = t0, tf = q >= ncols ? t0 : t1 < kfull ? t1 : kfull;
-            for (; t < tf; t++, o += 16) memcpy(o, wq + 8 * t, 8 * sizeof(float));
-            for (; t < t1; t++, o += 16) {   /* the partial chunk, or a missing column */
+            for (; t < tf; t++, o += 8 * G) memcpy(o, wq + 8 * t, 8 * sizeof(float));
+            for (; t < t1; t++, o += 8 * G) {   /* the partial chunk, or a missing column */
                 int n = q >= ncols ? 0 : K - 8 * t;
                 for (int l = 0; l < 8; l++) o[l] = l < n ? wq[8 * t + l] : 0.0f;
             }
@@ -252,8 +253,13 @@ TGT512 static INLINE void tile512(const float *a, int lda, const float *wp, size
 TGT static void panel_avx2(const float *a, int lda, const float *wp, size_t pstride, int K,
                            kspan ks, float *c, int ldc, int ncols, int add, int R)
 {
-#define CALL(r) tile2(a, lda, wp, 8, 16, K, ks, c, ldc, ncols, add, r, 2)
-    BY_ROWS(R, CALL)
+#define CALL(r) tile2(a, lda, wp, 8, 8 * AVX2_GROUP, K, ks, c, ldc, ncols, add, r, AVX2_GROUP)
+    switch (R) {
+    case 4: CALL(4); break;
+    case 3: CALL(3); break;
+    case 2: CALL(2); break;
+    default: CALL(1); break;
+    }
 #undef CALL
 }
 
@@ -301,43 +307,48 @@ TGT static void gemm_avx2_direct(const float *a, int lda, const float *w, int ld
 typedef void panel_fn(const float *a, int lda, const float *wp, size_t pstride, int K, kspan ks,
                       float *c, int ldc, int ncols, int add, int R);
 
+/* A kernel on packed w: the tile function, its rows, its columns (a panel), and how many
+ * columns a packed group holds. */
+typedef struct { panel_fn *panel; int strip, panel_cols, group; } packed_kernel;
+
 /* The packed driver. Columns in blocks of at most PACK_FLOATS packed floats (the block stays
- * in L2 while the strips of STRIP rows pass); within a strip, K in spans of KSPAN chunks, each
- * span over every panel of the block, so the strip's span of a (STRIP x 8 KSPAN floats) is
- * read from L1 by all the panels. The lane sums of the strip x block wait in the same
- * allocation. Returns 0 when that allocation fails (the caller then runs the direct kernel:
- * same bits). */
+ * in L2 while the strips of rows pass); within a strip, K in spans of KSPAN chunks, each span
+ * over every panel of the block, so the strip's span of a (strip x 8 KSPAN floats) is read
+ * from L1 by all the panels. The lane sums of the strip x block wait in the same allocation.
+ * Returns 0 when that allocation fails (the caller then runs the direct kernel: same bits). */
 static int gemm_packed(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
-                       int M, int N, int K, int add, panel_fn *panel, int panel_cols)
+                       int M, int N, int K, int add, const packed_kernel *pk)
 {
-    int T = (K + 7) / 8;
-    size_t panel_floats = (size_t)T * 8 * panel_cols;
-    size_t lane_floats = (size_t)STRIP * panel_cols * 8;   /* one panel's lane sums */
-    int npan = (N + panel_cols - 1) / panel_cols;
+    int T = (K + 7) / 8, P = pk->panel_cols, G = pk->group, strip = pk->strip;
+    size_t panel_floats = (size_t)T * 8 * P;
+    size_t lane_floats = (size_t)strip * P * 8;   /* one panel's lane sums */
+    int npan = (N + P - 1) / P;
     size_t fit = PACK_FLOATS / panel_floats;
     if (fit < (size_t)npan) npan = fit ? (int)fit : 1;
     float *buf = malloc(sizeof(float) * (panel_floats + lane_floats) * npan);
     if (!buf) return 0;
     float *lanes = buf + panel_floats * npan;
-    for (int j0 = 0; j0 < N; j0 += panel_cols * npan) {
-        int nj = N - j0 < panel_cols * npan ? N - j0 : panel_cols * npan;
-        int npairs = (nj + panel_cols - 1) / panel_cols * panel_cols / 2;
-        pack_pairs(w + (size_t)j0 * ldw, ldw, nj, K, npairs, buf);
-        for (int i = 0; i < M; i += STRIP)
+    for (int j0 = 0; j0 < N; j0 += P * npan) {
+        int nj = N - j0 < P * npan ? N - j0 : P * npan;
+        int ngroups = (nj + P - 1) / P * P / G;
+        pack_groups(w + (size_t)j0 * ldw, ldw, nj, K, ngroups, G, buf);
+        for (int i = 0; i < M; i += strip)
             for (int t0 = 0; t0 < T; t0 += KSPAN) {
                 int t1 = T - t0 < KSPAN ? T : t0 + KSPAN;
-                for (int j = 0; j < nj; j += panel_cols) {
-                    kspan ks = {t0, t1, lanes + j / panel_cols * lane_floats};
-                    panel(a + (size_t)i * lda, lda, packed_at(buf, T, npairs, j / 2, t0),
-                          (size_t)(t1 - t0) * 16, K, ks, c + (size_t)i * ldc + j0 + j, ldc,
-                          nj - j < panel_cols ? nj - j : panel_cols, add,
-                          M - i < STRIP ? M - i : STRIP);
+                for (int j = 0; j < nj; j += P) {
+                    kspan ks = {t0, t1, lanes + j / P * lane_floats};
+                    pk->panel(a + (size_t)i * lda, lda, packed_at(buf, T, ngroups, G, j / G, t0),
+                              (size_t)(t1 - t0) * 8 * G, K, ks, c + (size_t)i * ldc + j0 + j, ldc,
+                              nj - j < P ? nj - j : P, add, M - i < strip ? M - i : strip);
                 }
             }
     }
     free(buf);
     return 1;
 }
+
+static const packed_kernel k_avx2 = {panel_avx2, 4, AVX2_GROUP, AVX2_GROUP};
+static const packed_kernel k_avx512 = {panel_avx512, 6, 8, 2};
 #endif
 
 void td_gemm_fixed(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
@@ -349,8 +360,7 @@ void td_gemm_fixed(const float *a, int lda, const float *w, int ldw, float *c, i
     int avx512 = avx2 && td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 &&
                  __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
     if (avx2 && M >= PACK_MIN_ROWS &&
-        gemm_packed(a, lda, w, ldw, c, ldc, M, N, K, add, avx512 ? panel_avx512 : panel_avx2,
-                    avx512 ? 8 : 2))
+        gemm_packed(a, lda, w, ldw, c, ldc, M, N, K, add, avx512 ? &k_avx512 : &k_avx2))
         return;
     if (avx2) {
         gemm_avx2_direct(a, lda, w, ldw, c, ldc, M, N, K, add);
