@@ -335,10 +335,10 @@ static void test_gemm_fixed_order(void **st)
 /* Every kernel td_gemm_fixed has (capped by td_gemm_fixed_max_kernel; a cap above the CPU
  * falls back to what it has), on random shapes against the transcribed order, bit for bit:
  * K % 8 != 0, K over one span of the packed driver (1,024 values) and over several, M below
- * and above the packing threshold (a third of the trials below it), N over several packed column blocks and odd, strides
- * lda/ldw/ldc wider than the rows, add = 1. The padding of a and w holds NaN, so reading past
- * a row's K (a tail not masked, a pack not zero-filled) shows; c's padding must stay as
- * it was. */
+ * the packing threshold (a third of the trials: w read in place) and above, N odd and over
+ * several packed column blocks, strides lda/ldw/ldc wider than the rows, add = 1. The padding
+ * of a and w holds NaN, so reading past a row's K (a tail not masked, a pack not zero-filled)
+ * shows; c's padding must stay as it was (masked stores). */
 static void test_gemm_fixed_kernels(void **st)
 {
     (void)st;

@@ -12,8 +12,9 @@
  *
  * Three kernels, picked at run time (td_gemm_fixed_max_kernel caps the choice for tests):
  *   portable  one element at a time, the order as written above: the reference.
- *   AVX2+FMA  6 rows x 2 columns of 8-lane accumulators (12 of the 16 ymm registers); each
- *             chunk loads the two columns' w and one row of a at a time.
+ *   AVX2+FMA  R rows x S columns of 8-lane accumulators, R * S <= 12 of the 16 ymm registers
+ *             (4 x 3 on packed w); each chunk loads the S columns' w, then one row of a at
+ *             a time against all of them.
  *   AVX-512   6 rows x 8 columns in 24 zmm registers: a zmm holds the lane sums of two
  *             columns (low and high 256 bits), w of the two columns side by side, and the
  *             row's chunk of a broadcast to both halves — each half is the AVX2 lane order.
@@ -21,16 +22,17 @@
  * Both SIMD kernels keep the order by construction (per lane, the same fma's in the same k
  * order; the same reduction), so they differ only in how much they reuse per load. Blocking
  * that a fast GEMM needs changes no order either:
- *   - w is packed per call into pairs of columns, chunk by chunk (pack_pairs), in blocks of
- *     columns that stay in L2 while every strip of 6 rows of a passes (w is read from memory
+ *   - w is packed per call in groups of columns, chunk by chunk (pack_groups), in blocks of
+ *     columns that stay in L2 while every strip of rows of a passes (w is read from memory
  *     once per call, a once per block);
  *   - K is walked in spans of KSPAN chunks; between spans a tile's lane sums wait in a small
  *     buffer and continue from there, so a strip's span of a is read from L1 by all the
  *     panels of the block.
  * Fewer than PACK_MIN_ROWS rows (decode) take the AVX2 tile on w in place: packing would cost
- * as much as the rows save. Measured against OpenBLAS sgemm, one thread each (make bench, on
- * an AMD EPYC Zen 4): about 0.95-1.0 of its speed at M = 256 with AVX-512, 0.8-0.9 with the
- * AVX2 kernel against OpenBLAS's Haswell kernel.
+ * as much as the rows save. Measured against OpenBLAS 0.3.21 sgemm, one thread each, on the
+ * Qwen2.5-0.5B shapes at M = 256 (tests/bench/gemm.sh, AMD EPYC Zen 4): 0.95-1.05 of its speed
+ * with AVX-512 (OpenBLAS's Cooper Lake kernel), 0.82-0.96 with AVX2 (against its Haswell one);
+ * the kernel this replaced (4 x 2 AVX2 blocks over the whole K, nothing packed) ran at 0.53-0.66.
  * Scratch (the packed w and the parked lane sums) is malloc'd per call: the function stays
  * single-threaded and re-entrant; callers' threads take whole column tiles. */
 #include "tidal/gemm.h"
@@ -45,11 +47,12 @@
 #endif
 
 enum {
-    STRIP = 6,              /* rows of a per tile                                             */
-    KSPAN = 128,            /* chunks per span of K: 6 rows x 1,024 floats of a fill 24 KiB of L1 */
-    PACK_FLOATS = 65536,    /* packed w per column block: 256 KiB, within L2 (1 MiB on Zen 4)  */
-    PACK_MIN_ROWS = 4,
-    AVX2_GROUP = 3,      /* fewer rows take w in place                                     */
+    STRIP = 6,           /* rows per AVX-512 tile, and per AVX2 tile on w in place            */
+    AVX2_STRIP = 4,      /* the AVX2 tile on packed w: 4 rows x AVX2_GROUP columns            */
+    AVX2_GROUP = 3,
+    KSPAN = 128,         /* chunks per span of K: a strip's span of a is <= 24 KiB, in L1     */
+    PACK_FLOATS = 65536, /* packed w per column block: 256 KiB, within L2                      */
+    PACK_MIN_ROWS = 4,   /* fewer rows take w in place                                        */
 };
 
 /* the fixed lane reduction, on 8 lane sums */
@@ -147,8 +150,8 @@ typedef struct { int t0, t1; float *lanes; } kspan;
 
 /* AVX2: R rows x S columns of 8-lane accumulators (both constant, R * S <= 12: with the
  * columns' w and one row of a, within the 16 registers). Column s of chunk t (counted from
- * ks.t0) is read at w + s * ldw + step * t: a packed pair is (ldw 8, step 16), w in place is
- * (its row stride, step 8). Masked lanes load 0, so the partial chunk is fma(0, 0, s) as in
+ * ks.t0) is read at w + s * ldw + step * t: a packed group of G columns is (ldw 8, step 8G),
+ * w in place is (its row stride, step 8). Masked lanes load 0, so the partial chunk is fma(0, 0, s) as in
  * the portable form (a packed w is 0 there already). */
 TGT static INLINE void chunk2(__m256 acc[6][8], const float *a, int lda, const float *w,
                               size_t ldw, int k, __m256i mask, int R, int S, int partial)
@@ -328,6 +331,7 @@ TGT static void gemm_avx2_direct(const float *a, int lda, const float *w, int ld
         }
     }
 }
+
 typedef void panel_fn(const float *a, int lda, const float *wp, size_t pstride, int K, kspan ks,
                       float *c, int ldc, int ncols, int add, int R);
 
@@ -371,8 +375,8 @@ static int gemm_packed(const float *a, int lda, const float *w, int ldw, float *
     return 1;
 }
 
-static const packed_kernel k_avx2 = {panel_avx2, 4, AVX2_GROUP, AVX2_GROUP};
-static const packed_kernel k_avx512 = {panel_avx512, 6, 8, 2};
+static const packed_kernel k_avx2 = {panel_avx2, AVX2_STRIP, AVX2_GROUP, AVX2_GROUP};
+static const packed_kernel k_avx512 = {panel_avx512, STRIP, 8, 2};
 #endif
 
 void td_gemm_fixed(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
