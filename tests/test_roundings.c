@@ -352,7 +352,7 @@ static void test_gemm_fixed_kernels(void **st)
     td_rng_seed(&rng, 77);
     for (int trial = 0; trial < 24; trial++) {
         int K = trial < 7 ? fixed_K[trial] : 1 + (int)td_rng_below(&rng, 2200);
-        int M = 1 + (int)td_rng_below(&rng, trial % 3 ? 15 : 3), N = 1 + (int)td_rng_below(&rng, 70);
+        int M = 1 + (int)td_rng_below(&rng, trial % 3 ? 15 : 7), N = 1 + (int)td_rng_below(&rng, 70);
         int lda = K + (int)td_rng_below(&rng, 9), ldw = K + (int)td_rng_below(&rng, 9);
         int ldc = N + (int)td_rng_below(&rng, 5), add = trial % 2;
         float *a = malloc(sizeof(float) * M * lda), *w = malloc(sizeof(float) * N * ldw);

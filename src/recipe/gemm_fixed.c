@@ -28,8 +28,9 @@
  *   - K is walked in spans of KSPAN chunks; between spans a tile's lane sums wait in a small
  *     buffer and continue from there, so a strip's span of a is read from L1 by all the
  *     panels of the block.
- * Fewer than PACK_MIN_ROWS rows (decode) take the AVX2 tile on w in place: packing would cost
- * as much as the rows save. Measured against OpenBLAS 0.3.21 sgemm, one thread each, on the
+ * Fewer than PACK_MIN_ROWS rows (decode, small batches) take the AVX2 tile on w in place:
+ * packing w (a copy of N*K floats, ~13 GB/s) costs more than those few rows gain from it (on
+ * Zen 4 the crossover is 8-48 rows, lower when w comes from memory). Measured against OpenBLAS 0.3.21 sgemm, one thread each, on the
  * Qwen2.5-0.5B shapes at M = 256 (tests/bench/gemm.sh, AMD EPYC Zen 4): 0.95-1.05 of its speed
  * with AVX-512 (OpenBLAS's Cooper Lake kernel), 0.82-0.96 with AVX2 (against its Haswell one);
  * the kernel this replaced (4 x 2 AVX2 blocks over the whole K, nothing packed) ran at 0.53-0.66.
@@ -52,7 +53,7 @@ enum {
     AVX2_GROUP = 3,
     KSPAN = 128,         /* chunks per span of K: a strip's span of a is <= 24 KiB, in L1     */
     PACK_FLOATS = 65536, /* packed w per column block: 256 KiB, within L2                      */
-    PACK_MIN_ROWS = 4,   /* fewer rows take w in place                                        */
+    PACK_MIN_ROWS = 8,   /* fewer rows take w in place (packing costs more than it saves)     */
 };
 
 /* the fixed lane reduction, on 8 lane sums */
@@ -298,8 +299,8 @@ TGT512 static void panel_avx512(const float *a, int lda, const float *wp, size_t
 #undef CALL
 }
 
-/* Few rows (M < PACK_MIN_ROWS, decode): packing would cost as much as it saves; the AVX2 tile
- * reads w where it is, columns in panels of 16 (16 rows of w stay in cache while the rows
+/* Few rows (M < PACK_MIN_ROWS: decode, small batches; see the header): the AVX2 tile reads w
+ * where it is, columns in panels of 16 (16 rows of w stay in cache while the rows
  * pass). One row takes 8 columns per tile, two rows 4 and three rows 3, so that 8 or 9
  * accumulators hide the multiply-add latency; the panel's rest goes 2 columns at a time (a
  * last single column as a pair of it with itself, stride 0, stored once). */
