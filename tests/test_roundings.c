@@ -13,8 +13,9 @@
  *   logits_temperature / logsoftmax   TRL selective_log_softmax(logits / T) on bf16 logits vs
  *                   vLLM's fp32 logits.div_(T)
  *   kv_scale 0      vLLM's default k_scale = 1.0
- *   td_gemm_fixed   the fixed order of gemm.h, transcribed here with fmaf, against both kernels;
- *                   independent of M, N and the column offset
+ *   td_gemm_fixed   the fixed order of gemm.h, transcribed here with fmaf, against every kernel
+ *                   (portable, AVX2, AVX-512) on random shapes, strides and tails; independent
+ *                   of M, N and the column offset
  *   thread count    whole forwards under fp32, bf16-train and fp8-rollout give the same bits
  *                   with 1, 2 and 3 threads
  * bf16 rounding is transcribed here too (round to nearest even on the bit pattern, as
@@ -308,10 +309,10 @@ static void test_gemm_fixed_order(void **st)
         fill(a, (size_t)M * K, 20 + ki, 1.0f, 1);
         fill(w, (size_t)N * K, 30 + ki, 0.1f, 1);
         td_gemm_fixed(a, K, w, K, c1, N, M, N, K, 0);
-        td_gemm_fixed_portable_only = 1;
+        td_gemm_fixed_max_kernel = TD_GEMM_FIXED_PORTABLE;
         td_gemm_fixed(a, K, w, K, c2, N, M, N, K, 0);
-        td_gemm_fixed_portable_only = 0;
-        assert_memory_equal(c1, c2, sizeof c1);   /* AVX2+FMA kernel == portable fmaf */
+        td_gemm_fixed_max_kernel = TD_GEMM_FIXED_AVX512;
+        assert_memory_equal(c1, c2, sizeof c1);   /* the CPU's widest kernel == portable fmaf */
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++)
                 assert_true(c1[i * N + j] == dot_transcribed(a + (size_t)i * K, w + (size_t)j * K, K));
@@ -328,6 +329,57 @@ static void test_gemm_fixed_order(void **st)
         td_gemm_fixed(a, K, w, K, c2, N, M, N, K, 1);
         for (int i = 0; i < M * N; i++) assert_true(c2[i] == 1.0f + c1[i]);
         free(a); free(w);
+    }
+}
+
+/* Every kernel td_gemm_fixed has (capped by td_gemm_fixed_max_kernel; a cap above the CPU
+ * falls back to what it has), on random shapes against the transcribed order, bit for bit:
+ * K % 8 != 0, K over one span of the packed driver (1,024 values) and over several, M below
+ * the packing threshold (a third of the trials: w read in place) and above, N odd and over
+ * several packed column blocks, strides lda/ldw/ldc wider than the rows, add = 1. The padding
+ * of a and w holds NaN, so reading past a row's K (a tail not masked, a pack not zero-filled)
+ * shows; c's padding must stay as it was (masked stores). */
+static void test_gemm_fixed_kernels(void **st)
+{
+    (void)st;
+#if defined(__x86_64__) || defined(__i386__)
+    fprintf(stderr, "td_gemm_fixed kernels on this CPU: portable%s%s\n",
+            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? ", AVX2" : "",
+            __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") ? ", AVX-512" : "");
+#endif
+    static const int fixed_K[] = {1, 8, 9, 1023, 1024, 1031, 2053};
+    td_rng rng;
+    td_rng_seed(&rng, 77);
+    for (int trial = 0; trial < 24; trial++) {
+        int K = trial < 7 ? fixed_K[trial] : 1 + (int)td_rng_below(&rng, 2200);
+        int M = 1 + (int)td_rng_below(&rng, trial % 3 ? 15 : 7), N = 1 + (int)td_rng_below(&rng, 70);
+        int lda = K + (int)td_rng_below(&rng, 9), ldw = K + (int)td_rng_below(&rng, 9);
+        int ldc = N + (int)td_rng_below(&rng, 5), add = trial % 2;
+        float *a = malloc(sizeof(float) * M * lda), *w = malloc(sizeof(float) * N * ldw);
+        float *c0 = malloc(sizeof(float) * M * ldc), *c = malloc(sizeof(float) * M * ldc);
+        fill(a, (size_t)M * lda, 100 + trial, 1.0f, 0);
+        fill(w, (size_t)N * ldw, 200 + trial, 0.1f, 0);
+        fill(c0, (size_t)M * ldc, 300 + trial, 1.0f, 0);
+        for (int i = 0; i < M; i++)
+            for (int k = K; k < lda; k++) a[(size_t)i * lda + k] = NAN;
+        for (int j = 0; j < N; j++)
+            for (int k = K; k < ldw; k++) w[(size_t)j * ldw + k] = NAN;
+        for (int cap = TD_GEMM_FIXED_PORTABLE; cap <= TD_GEMM_FIXED_AVX512; cap++) {
+            memcpy(c, c0, sizeof(float) * M * ldc);
+            td_gemm_fixed_max_kernel = (td_gemm_fixed_kernel)cap;
+            td_gemm_fixed(a, lda, w, ldw, c, ldc, M, N, K, add);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < ldc; j++) {
+                    size_t o = (size_t)i * ldc + j;
+                    float want = j >= N ? c0[o]
+                                 : (add ? c0[o] : 0.0f) + dot_transcribed(a + (size_t)i * lda, w + (size_t)j * ldw, K);
+                    if (memcmp(&c[o], &want, sizeof want))
+                        fail_msg("kernel cap %d, M=%d N=%d K=%d lda=%d ldw=%d ldc=%d add=%d: c[%d][%d] = %a, "
+                                 "the order gives %a", cap, M, N, K, lda, ldw, ldc, add, i, j, c[o], want);
+                }
+        }
+        td_gemm_fixed_max_kernel = TD_GEMM_FIXED_AVX512;
+        free(a); free(w); free(c0); free(c);
     }
 }
 
@@ -392,6 +444,7 @@ int main(void)
         cmocka_unit_test(test_logsoftmax_forms),
         cmocka_unit_test(test_kv_scale_zero_is_one),
         cmocka_unit_test(test_gemm_fixed_order),
+        cmocka_unit_test(test_gemm_fixed_kernels),
         cmocka_unit_test(test_thread_count_independent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

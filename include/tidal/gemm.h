@@ -90,10 +90,14 @@ void td_round_act(const td_recipe *r, float *x, size_t n);
  * eight lane sums s_l += a[k] w[k] (k = l mod 8, increasing k, each a fused multiply-add),
  * then ((s0+s4) + (s2+s6)) + ((s1+s5) + (s3+s7)). An element's value depends only on its row
  * of a and its row of w: not on M, N, its place in the call, the thread or the machine (the
- * AVX2+FMA kernel and the portable fmaf one agree bit for bit). Single-threaded. */
+ * AVX-512, AVX2+FMA and portable fmaf kernels agree bit for bit). Single-threaded; its scratch
+ * is allocated per call. */
 void td_gemm_fixed(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
                    int N, int K, int add);
-extern int td_gemm_fixed_portable_only;   /* tests: force the portable kernel */
+/* Tests: the widest kernel td_gemm_fixed may take (default: the CPU's widest). All give the
+ * same bits; a cap lets a test compare them on one machine. */
+typedef enum { TD_GEMM_FIXED_PORTABLE, TD_GEMM_FIXED_AVX2, TD_GEMM_FIXED_AVX512 } td_gemm_fixed_kernel;
+extern td_gemm_fixed_kernel td_gemm_fixed_max_kernel;
 
 /* td_gemm_fixed with w given as bf16 or fp16 codes (wf), N rows of stride ldw codes, widened in
  * registers (src/recipe/gemm_w16.c): bit for bit td_gemm_fixed on the decoded weights, reading

@@ -6,21 +6,55 @@
  * The order, for c = sum_{k<K} a[k] w[k]:
  *   eight lane sums s_l = fma(a[k], w[k], s_l) for k = l, l+8, l+16, ... in increasing k
  *   (k >= K contributes fma(0, 0, s_l)), then ((s0+s4) + (s2+s6)) + ((s1+s5) + (s3+s7)).
- * Every multiply-add is a fused multiply-add (one rounding), so the AVX2+FMA kernel and the
+ * Every multiply-add is a fused multiply-add (one rounding), so the SIMD kernels and the
  * portable one (fmaf, correctly rounded by C11) give the same bits: results do not depend on
- * the machine either.
+ * the machine either. A chunk t holds k in [8t, 8t+8): lane l of a vector is s_l.
  *
- * The AVX2 kernel holds a 4-row x 2-column block of accumulators (8 registers) and walks K once
- * per block; threads (the caller's) take whole column tiles, so nothing is shared. */
+ * Three kernels, picked at run time (td_gemm_fixed_max_kernel caps the choice for tests):
+ *   portable  one element at a time, the order as written above: the reference.
+ *   AVX2+FMA  R rows x S columns of 8-lane accumulators, R * S <= 12 of the 16 ymm registers
+ *             (4 x 3 on packed w); each chunk loads the S columns' w, then one row of a at
+ *             a time against all of them.
+ *   AVX-512   6 rows x 8 columns in 24 zmm registers: a zmm holds the lane sums of two
+ *             columns (low and high 256 bits), w of the two columns side by side, and the
+ *             row's chunk of a broadcast to both halves — each half is the AVX2 lane order.
+ *             A row's 8 reductions run side by side in shuffles (reduce8x8), same adds.
+ * Both SIMD kernels keep the order by construction (per lane, the same fma's in the same k
+ * order; the same reduction), so they differ only in how much they reuse per load. Blocking
+ * that a fast GEMM needs changes no order either:
+ *   - w is packed per call in groups of columns, chunk by chunk (pack_groups), in blocks of
+ *     columns that stay in L2 while every strip of rows of a passes (w is read from memory
+ *     once per call, a once per block);
+ *   - K is walked in spans of KSPAN chunks; between spans a tile's lane sums wait in a small
+ *     buffer and continue from there, so a strip's span of a is read from L1 by all the
+ *     panels of the block.
+ * Fewer than PACK_MIN_ROWS rows (decode, small batches) take the AVX2 tile on w in place:
+ * packing w (a copy of N*K floats, ~13 GB/s) costs more than those few rows gain from it (on
+ * Zen 4 the crossover is 8-48 rows, lower when w comes from memory). Measured against OpenBLAS 0.3.21 sgemm, one thread each, on the
+ * Qwen2.5-0.5B shapes at M = 256 (tests/bench/gemm.sh, AMD EPYC Zen 4): 0.95-1.05 of its speed
+ * with AVX-512 (OpenBLAS's Cooper Lake kernel), 0.82-0.96 with AVX2 (against its Haswell one);
+ * the kernel this replaced (4 x 2 AVX2 blocks over the whole K, nothing packed) ran at 0.53-0.66.
+ * Scratch (the packed w and the parked lane sums) is malloc'd per call: the function stays
+ * single-threaded and re-entrant; callers' threads take whole column tiles. */
 #include "tidal/gemm.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define TD_HAVE_AVX2_PATH 1
 #endif
+
+enum {
+    STRIP = 6,           /* rows per AVX-512 tile, and per AVX2 tile on w in place            */
+    AVX2_STRIP = 4,      /* the AVX2 tile on packed w: 4 rows x AVX2_GROUP columns            */
+    AVX2_GROUP = 3,
+    KSPAN = 128,         /* chunks per span of K: a strip's span of a is <= 24 KiB, in L1     */
+    PACK_FLOATS = 65536, /* packed w per column block: 256 KiB, within L2                      */
+    PACK_MIN_ROWS = 8,   /* fewer rows take w in place (packing costs more than it saves)     */
+};
 
 /* the fixed lane reduction, on 8 lane sums */
 static inline float reduce8(const float s[8])
@@ -56,7 +90,39 @@ static void gemm_portable(const float *a, int lda, const float *w, int ldw, floa
 }
 
 #ifdef TD_HAVE_AVX2_PATH
+/* Columns packed in groups of G for the SIMD kernels: for columns j..j+G-1 and chunk t = k / 8,
+ * 8G floats w_j[8t..8t+8) w_{j+1}[8t..8t+8) ..., zeros past K (and for missing columns), so a
+ * kernel reads a group as one stream and needs no mask on w. Chunks are grouped in spans of
+ * KSPAN (the last one shorter) and stored span by span, the groups in order within a span:
+ * the order the driver walks them, so its reads of a span are one forward stream. Plain C: it
+ * moves N*K floats once per call, against the M*N*K multiply-adds that read them. */
+static float *packed_at(float *p, int T, int ngroups, int G, int g, int t)
+{
+    int t0 = t / KSPAN * KSPAN, span = T - t0 < KSPAN ? T - t0 : KSPAN;
+    return p + ((size_t)t0 * ngroups + (size_t)g * span + (t - t0)) * 8 * G;
+}
+
+static void pack_groups(const float *w, int ldw, int ncols, int K, int ngroups, int G, float *p)
+{
+    int T = (K + 7) / 8, kfull = K / 8;
+    for (int t0 = 0; t0 < T; t0 += KSPAN) {
+        int t1 = T - t0 < KSPAN ? T : t0 + KSPAN;
+        for (int q = 0; q < G * ngroups; q++) {
+            const float *wq = w + (size_t)q * ldw;
+            float *o = packed_at(p, T, ngroups, G, q / G, t0) + (q % G) * 8;
+            int t = t0, tf = q >= ncols ? t0 : t1 < kfull ? t1 : kfull;
+            for (; t < tf; t++, o += 8 * G) memcpy(o, wq + 8 * t, 8 * sizeof(float));
+            for (; t < t1; t++, o += 8 * G) {   /* the partial chunk, or a missing column */
+                int n = q >= ncols ? 0 : K - 8 * t;
+                for (int l = 0; l < 8; l++) o[l] = l < n ? wq[8 * t + l] : 0.0f;
+            }
+        }
+    }
+}
+
 #define TGT __attribute__((target("avx2,fma")))
+#define TGT512 __attribute__((target("avx2,fma,avx512f,avx512dq,avx512vl")))
+#define INLINE inline __attribute__((always_inline))
 
 TGT static inline float hsum_fixed(__m256 v)
 {
@@ -66,88 +132,272 @@ TGT static inline float hsum_fixed(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
 }
 
-/* An R x S block (R <= 4, S <= 2) of rows a[0..R) and columns w[0..S), the whole K. Called
- * with constant R and S, so the loops unroll; each element's operations are the same in
- * every shape. */
-TGT static inline __attribute__((always_inline)) void block(const float *a, int lda,
-                                                            const float *w, int ldw, float *c,
-                                                            int ldc, int K, int add, int R, int S,
-                                                            __m256i tail_mask)
-{
-    __m256 acc[4][2];
-    #pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-        #pragma GCC unroll 2
-        for (int s = 0; s < S; s++) acc[r][s] = _mm256_setzero_ps();
-    int k = 0;
-    for (; k + 8 <= K; k += 8) {
-        __m256 wv[2], av;
-        #pragma GCC unroll 2
-        for (int s = 0; s < S; s++) wv[s] = _mm256_loadu_ps(w + (size_t)s * ldw + k);
-        #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            av = _mm256_loadu_ps(a + (size_t)r * lda + k);
-            #pragma GCC unroll 2
-            for (int s = 0; s < S; s++) acc[r][s] = _mm256_fmadd_ps(av, wv[s], acc[r][s]);
-        }
-    }
-    if (k < K) {   /* masked lanes load 0: fma(0, 0, s) as the portable form */
-        __m256 wv[2], av;
-        for (int s = 0; s < S; s++) wv[s] = _mm256_maskload_ps(w + (size_t)s * ldw + k, tail_mask);
-        for (int r = 0; r < R; r++) {
-            av = _mm256_maskload_ps(a + (size_t)r * lda + k, tail_mask);
-            for (int s = 0; s < S; s++) acc[r][s] = _mm256_fmadd_ps(av, wv[s], acc[r][s]);
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int s = 0; s < S; s++) {
-            float d = hsum_fixed(acc[r][s]);
-            float *o = c + (size_t)r * ldc + s;
-            *o = add ? *o + d : d;
-        }
-}
-
-/* R rows (constant) against columns [j0, j1): 2-column blocks, then a last single column */
-TGT static inline __attribute__((always_inline)) void row_panel(const float *ai, int lda,
-                                                                const float *w, int ldw,
-                                                                float *ci, int ldc, int j0, int j1,
-                                                                int K, int add, int R,
-                                                                __m256i mask)
-{
-    int j = j0;
-    for (; j + 2 <= j1; j += 2) block(ai, lda, w + (size_t)j * ldw, ldw, ci + j, ldc, K, add, R, 2, mask);
-    if (j < j1) block(ai, lda, w + (size_t)j * ldw, ldw, ci + j, ldc, K, add, R, 1, mask);
-}
-
-TGT static void gemm_avx2(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
-                          int M, int N, int K, int add)
+/* lanes k < K % 8 of the last, partial chunk (all lanes when K % 8 == 0: no partial chunk) */
+TGT static __m256i tail_mask_of(int K)
 {
     int rem = K % 8;
-    __m256i mask = _mm256_setr_epi32(rem > 0 ? -1 : 0, rem > 1 ? -1 : 0, rem > 2 ? -1 : 0,
-                                     rem > 3 ? -1 : 0, rem > 4 ? -1 : 0, rem > 5 ? -1 : 0,
-                                     rem > 6 ? -1 : 0, 0);
-    /* columns in panels of 16 (16 x K of w stays in cache while every row block passes) */
-    for (int j0 = 0; j0 < N; j0 += 16) {
-        int j1 = j0 + 16 < N ? j0 + 16 : N, i = 0;
-        for (; i + 4 <= M; i += 4)
-            row_panel(a + (size_t)i * lda, lda, w, ldw, c + (size_t)i * ldc, ldc, j0, j1, K, add, 4, mask);
-        for (; i < M; i++)
-            row_panel(a + (size_t)i * lda, lda, w, ldw, c + (size_t)i * ldc, ldc, j0, j1, K, add, 1, mask);
+    return _mm256_setr_epi32(rem > 0 ? -1 : 0, rem > 1 ? -1 : 0, rem > 2 ? -1 : 0,
+                             rem > 3 ? -1 : 0, rem > 4 ? -1 : 0, rem > 5 ? -1 : 0,
+                             rem > 6 ? -1 : 0, 0);
+}
+
+TGT static INLINE void store_out(float *o, float d, int add) { *o = add ? *o + d : d; }
+
+/* Chunks [t0, t1) of K (T = ceil(K / 8) in all): starting from zero lane sums when t0 == 0,
+ * else from those parked in lanes; ending with the reduction into c when t1 == T, else parking
+ * the lane sums in lanes again. A lane's sum just continues across calls: the order is the
+ * same as one pass over K. */
+typedef struct { int t0, t1; float *lanes; } kspan;
+
+/* AVX2: R rows x S columns of 8-lane accumulators (both constant, R * S <= 12: with the
+ * columns' w and one row of a, within the 16 registers). Column s of chunk t (counted from
+ * ks.t0) is read at w + s * ldw + step * t: a packed group of G columns is (ldw 8, step 8G),
+ * w in place is (its row stride, step 8). Masked lanes load 0, so the partial chunk is fma(0, 0, s) as in
+ * the portable form (a packed w is 0 there already). */
+TGT static INLINE void chunk2(__m256 acc[6][8], const float *a, int lda, const float *w,
+                              size_t ldw, int k, __m256i mask, int R, int S, int partial)
+{
+    __m256 x[8];
+    #pragma GCC unroll 8
+    for (int s = 0; s < S; s++)
+        x[s] = partial ? _mm256_maskload_ps(w + s * ldw, mask) : _mm256_loadu_ps(w + s * ldw);
+    #pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        const float *ar = a + (size_t)r * lda + k;
+        __m256 av = partial ? _mm256_maskload_ps(ar, mask) : _mm256_loadu_ps(ar);
+        /* a register, not a memory operand: GCC would fold the load into every multiply-add
+         * of the row, S loads where one does */
+        __asm__("" : "+x"(av));
+        #pragma GCC unroll 8
+        for (int s = 0; s < S; s++) acc[r][s] = _mm256_fmadd_ps(av, x[s], acc[r][s]);
     }
 }
+
+TGT static INLINE void tile2(const float *a, int lda, const float *w, size_t ldw, size_t step,
+                             int K, kspan ks, float *c, int ldc, int ncols, int add, int R, int S)
+{
+    __m256i mask = tail_mask_of(K);
+    __m256 acc[6][8];
+    #pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 8
+        for (int s = 0; s < S; s++)
+            acc[r][s] = ks.t0 ? _mm256_loadu_ps(ks.lanes + (r * S + s) * 8) : _mm256_setzero_ps();
+    int T = (K + 7) / 8, full = ks.t1 < K / 8 ? ks.t1 : K / 8;
+    size_t t = ks.t0;
+    for (; t < (size_t)full; t++) chunk2(acc, a, lda, w + step * (t - ks.t0), ldw, 8 * t, mask, R, S, 0);
+    if (t < (size_t)ks.t1) chunk2(acc, a, lda, w + step * (t - ks.t0), ldw, 8 * t, mask, R, S, 1);
+    if (ks.t1 < T) {
+        for (int r = 0; r < R; r++)
+            for (int s = 0; s < S; s++) _mm256_storeu_ps(ks.lanes + (r * S + s) * 8, acc[r][s]);
+        return;
+    }
+    for (int r = 0; r < R; r++)
+        for (int s = 0; s < ncols; s++) store_out(c + (size_t)r * ldc + s, hsum_fixed(acc[r][s]), add);
+}
+
+/* AVX-512: R rows (constant, <= 6) x 8 columns (4 packed pairs, pstride floats apart).
+ * acc[r][p] holds the lane sums of columns 2p (low 256 bits) and 2p+1 (high); a row's 8
+ * values of a chunk are broadcast to both halves, so each half runs the lane order of one
+ * column. 24 accumulators + 4 w vectors + one row of a: 29 of the 32 registers. */
+TGT512 static INLINE void chunk512(__m512 acc[6][4], const float *a, int lda, const float *wt,
+                                   size_t pstride, int k, __m256i mask, int R, int partial)
+{
+    __m512 x0 = _mm512_loadu_ps(wt), x1 = _mm512_loadu_ps(wt + pstride),
+           x2 = _mm512_loadu_ps(wt + 2 * pstride), x3 = _mm512_loadu_ps(wt + 3 * pstride);
+    #pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        const float *ar = a + (size_t)r * lda + k;
+        __m512 av = _mm512_broadcast_f32x8(partial ? _mm256_maskload_ps(ar, mask) : _mm256_loadu_ps(ar));
+        acc[r][0] = _mm512_fmadd_ps(av, x0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(av, x1, acc[r][1]);
+        acc[r][2] = _mm512_fmadd_ps(av, x2, acc[r][2]);
+        acc[r][3] = _mm512_fmadd_ps(av, x3, acc[r][3]);
+    }
+}
+
+/* The 8 columns' reductions of one row at once: acc[p] holds columns 2p and 2p+1. Lane i of a
+ * column is s_i; each step below adds the same operands in the same order as reduce8:
+ *   q_i = s_i + s_{i+4}:   the low 128 bits of a column's half plus its high 128 bits;
+ *   a0 = q0 + q2, a1 = q1 + q3;   then a0 + a1.
+ * Returns the 8 sums in column order. */
+TGT512 static INLINE __m256 reduce8x8(const __m512 acc[4])
+{
+    /* 128-bit blocks [col 0 s0..3, col 1 s0..3, col 2 s0..3, col 3 s0..3] + the s4..7 blocks */
+    __m512 q03 = _mm512_add_ps(_mm512_shuffle_f32x4(acc[0], acc[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(acc[0], acc[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 q47 = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2], acc[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(acc[2], acc[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* block b: [a0, a1 of column b, a0, a1 of column 4+b] */
+    __m512 a01 = _mm512_add_ps(_mm512_shuffle_ps(q03, q47, _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_ps(q03, q47, _MM_SHUFFLE(3, 2, 3, 2)));
+    /* block b: [sum of column b, sum of column 4+b, (copies)] */
+    __m512 sum = _mm512_add_ps(_mm512_shuffle_ps(a01, a01, _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_ps(a01, a01, _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, sum));
+}
+
+TGT512 static INLINE void tile512(const float *a, int lda, const float *wp, size_t pstride, int K,
+                                  kspan ks, float *c, int ldc, int ncols, int add, int R)
+{
+    __m256i mask = tail_mask_of(K);
+    __m512 acc[6][4];
+    #pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int p = 0; p < 4; p++)
+            acc[r][p] = ks.t0 ? _mm512_loadu_ps(ks.lanes + (r * 4 + p) * 16) : _mm512_setzero_ps();
+    int T = (K + 7) / 8, full = ks.t1 < K / 8 ? ks.t1 : K / 8;
+    size_t t = ks.t0;
+    for (; t < (size_t)full; t++) chunk512(acc, a, lda, wp + 16 * (t - ks.t0), pstride, 8 * t, mask, R, 0);
+    if (t < (size_t)ks.t1) chunk512(acc, a, lda, wp + 16 * (t - ks.t0), pstride, 8 * t, mask, R, 1);
+    if (ks.t1 < T) {
+        for (int r = 0; r < R; r++)
+            for (int p = 0; p < 4; p++) _mm512_storeu_ps(ks.lanes + (r * 4 + p) * 16, acc[r][p]);
+        return;
+    }
+    __mmask8 keep = (__mmask8)((1u << ncols) - 1);
+    for (int r = 0; r < R; r++) {
+        __m256 d = reduce8x8(acc[r]);
+        float *o = c + (size_t)r * ldc;
+        if (add) d = _mm256_add_ps(_mm256_maskz_loadu_ps(keep, o), d);
+        _mm256_mask_storeu_ps(o, keep, d);
+    }
+}
+
+/* The kernels on a packed panel (R rows, panel_cols columns), R made a constant so the
+ * unrolled loops keep the accumulators in registers. */
+#define BY_ROWS(R, call)                                                                       \
+    switch (R) {                                                                               \
+    case 6: call(6); break;                                                                    \
+    case 5: call(5); break;                                                                    \
+    case 4: call(4); break;                                                                    \
+    case 3: call(3); break;                                                                    \
+    case 2: call(2); break;                                                                    \
+    default: call(1); break;                                                                   \
+    }
+
+TGT static void panel_avx2(const float *a, int lda, const float *wp, size_t pstride, int K,
+                           kspan ks, float *c, int ldc, int ncols, int add, int R)
+{
+#define CALL(r) tile2(a, lda, wp, 8, 8 * AVX2_GROUP, K, ks, c, ldc, ncols, add, r, AVX2_GROUP)
+    switch (R) {
+    case 4: CALL(4); break;
+    case 3: CALL(3); break;
+    case 2: CALL(2); break;
+    default: CALL(1); break;
+    }
+#undef CALL
+}
+
+TGT512 static void panel_avx512(const float *a, int lda, const float *wp, size_t pstride, int K,
+                                kspan ks, float *c, int ldc, int ncols, int add, int R)
+{
+#define CALL(r) tile512(a, lda, wp, pstride, K, ks, c, ldc, ncols, add, r)
+    BY_ROWS(R, CALL)
+#undef CALL
+}
+
+/* Few rows (M < PACK_MIN_ROWS: decode, small batches; see the header): the AVX2 tile reads w
+ * where it is, columns in panels of 16 (16 rows of w stay in cache while the rows
+ * pass). One row takes 8 columns per tile, two rows 4 and three rows 3, so that 8 or 9
+ * accumulators hide the multiply-add latency; the panel's rest goes 2 columns at a time (a
+ * last single column as a pair of it with itself, stride 0, stored once). */
+TGT static void gemm_avx2_direct(const float *a, int lda, const float *w, int ldw, float *c,
+                                 int ldc, int M, int N, int K, int add)
+{
+    kspan whole = {0, (K + 7) / 8, NULL};
+    for (int j0 = 0; j0 < N; j0 += 16) {
+        int j1 = j0 + 16 < N ? j0 + 16 : N;
+        for (int i = 0; i < M; i += STRIP) {
+            int R = M - i < STRIP ? M - i : STRIP, j = j0;
+            const float *ai = a + (size_t)i * lda;
+            float *ci = c + (size_t)i * ldc;
+#define CALL(r, s, nc, ld) tile2(ai, lda, w + (size_t)j * ldw, ld, 8, K, whole, ci + j, ldc, nc, add, r, s)
+            if (R == 1)
+                for (; j + 8 <= j1; j += 8) CALL(1, 8, 8, ldw);
+            else if (R == 2)
+                for (; j + 4 <= j1; j += 4) CALL(2, 4, 4, ldw);
+            else if (R == 3)
+                for (; j + 3 <= j1; j += 3) CALL(3, 3, 3, ldw);
+            for (; j < j1; j += 2) {
+                int nc = j + 1 < j1 ? 2 : 1;
+                size_t ld = nc == 2 ? (size_t)ldw : 0;
+#define CALL2(r) CALL(r, 2, nc, ld)
+                BY_ROWS(R, CALL2)
+#undef CALL2
+            }
+#undef CALL
+        }
+    }
+}
+
+typedef void panel_fn(const float *a, int lda, const float *wp, size_t pstride, int K, kspan ks,
+                      float *c, int ldc, int ncols, int add, int R);
+
+/* A kernel on packed w: the tile function, its rows, its columns (a panel), and how many
+ * columns a packed group holds. */
+typedef struct { panel_fn *panel; int strip, panel_cols, group; } packed_kernel;
+
+/* The packed driver. Columns in blocks of at most PACK_FLOATS packed floats (the block stays
+ * in L2 while the strips of rows pass); within a strip, K in spans of KSPAN chunks, each span
+ * over every panel of the block, so the strip's span of a (strip x 8 KSPAN floats) is read
+ * from L1 by all the panels. The lane sums of the strip x block wait in the same allocation.
+ * Returns 0 when that allocation fails (the caller then runs the direct kernel: same bits). */
+static int gemm_packed(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
+                       int M, int N, int K, int add, const packed_kernel *pk)
+{
+    int T = (K + 7) / 8, P = pk->panel_cols, G = pk->group, strip = pk->strip;
+    size_t panel_floats = (size_t)T * 8 * P;
+    size_t lane_floats = (size_t)strip * P * 8;   /* one panel's lane sums */
+    int npan = (N + P - 1) / P;
+    size_t fit = PACK_FLOATS / panel_floats;
+    if (fit < (size_t)npan) npan = fit ? (int)fit : 1;
+    float *buf = malloc(sizeof(float) * (panel_floats + lane_floats) * npan);
+    if (!buf) return 0;
+    float *lanes = buf + panel_floats * npan;
+    for (int j0 = 0; j0 < N; j0 += P * npan) {
+        int nj = N - j0 < P * npan ? N - j0 : P * npan;
+        int ngroups = (nj + P - 1) / P * P / G;
+        pack_groups(w + (size_t)j0 * ldw, ldw, nj, K, ngroups, G, buf);
+        for (int i = 0; i < M; i += strip)
+            for (int t0 = 0; t0 < T; t0 += KSPAN) {
+                int t1 = T - t0 < KSPAN ? T : t0 + KSPAN;
+                for (int j = 0; j < nj; j += P) {
+                    kspan ks = {t0, t1, lanes + j / P * lane_floats};
+                    pk->panel(a + (size_t)i * lda, lda, packed_at(buf, T, ngroups, G, j / G, t0),
+                              (size_t)(t1 - t0) * 8 * G, K, ks, c + (size_t)i * ldc + j0 + j, ldc,
+                              nj - j < P ? nj - j : P, add, M - i < strip ? M - i : strip);
+                }
+            }
+    }
+    free(buf);
+    return 1;
+}
+
+static const packed_kernel k_avx2 = {panel_avx2, AVX2_STRIP, AVX2_GROUP, AVX2_GROUP};
+static const packed_kernel k_avx512 = {panel_avx512, STRIP, 8, 2};
 #endif
 
 void td_gemm_fixed(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
                    int N, int K, int add)
 {
 #ifdef TD_HAVE_AVX2_PATH
-    if (!td_gemm_fixed_portable_only && __builtin_cpu_supports("avx2") &&
-        __builtin_cpu_supports("fma")) {
-        gemm_avx2(a, lda, w, ldw, c, ldc, M, N, K, add);
+    int avx2 = td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX2 && __builtin_cpu_supports("avx2") &&
+               __builtin_cpu_supports("fma");
+    int avx512 = avx2 && td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 &&
+                 __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                 __builtin_cpu_supports("avx512vl");
+    if (avx2 && M >= PACK_MIN_ROWS &&
+        gemm_packed(a, lda, w, ldw, c, ldc, M, N, K, add, avx512 ? &k_avx512 : &k_avx2))
+        return;
+    if (avx2) {
+        gemm_avx2_direct(a, lda, w, ldw, c, ldc, M, N, K, add);
         return;
     }
 #endif
     gemm_portable(a, lda, w, ldw, c, ldc, M, N, K, add);
 }
 
-int td_gemm_fixed_portable_only = 0;
+td_gemm_fixed_kernel td_gemm_fixed_max_kernel = TD_GEMM_FIXED_AVX512;
