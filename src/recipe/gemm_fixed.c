@@ -37,6 +37,7 @@
  * Scratch (the packed w and the parked lane sums) is malloc'd per call: the function stays
  * single-threaded and re-entrant; callers' threads take whole column tiles. */
 #include "tidal/gemm.h"
+#include "tidal/isa.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -384,11 +385,9 @@ void td_gemm_fixed(const float *a, int lda, const float *w, int ldw, float *c, i
                    int N, int K, int add)
 {
 #ifdef TD_HAVE_AVX2_PATH
-    int avx2 = td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX2 && __builtin_cpu_supports("avx2") &&
-               __builtin_cpu_supports("fma");
-    int avx512 = avx2 && td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 &&
-                 __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                 __builtin_cpu_supports("avx512vl");
+    /* the CPU's level, capped by TIDAL_ISA (isa.h) and by the tests' knob */
+    int avx2 = td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX2 && td_isa_level() >= TD_ISA_AVX2;
+    int avx512 = avx2 && td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 && td_isa_level() >= TD_ISA_AVX512;
     if (avx2 && M >= PACK_MIN_ROWS &&
         gemm_packed(a, lda, w, ldw, c, ldc, M, N, K, add, avx512 ? &k_avx512 : &k_avx2))
         return;

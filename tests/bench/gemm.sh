@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# The batch-invariant GEMM (td_gemm_fixed) against OpenBLAS sgemm, single-threaded, on
-# Qwen2.5-0.5B shapes (tests/bench/gemm_bench.c). Prints
-#   bench: gemm-fixed-MxNxK tidal=GFLOPS peer=GFLOPS ratio=R   (peer = OpenBLAS sgemm)
+# tidal's own GEMM kernels against OpenBLAS, single-threaded:
+#   tests/bench/gemm_bench.c     the batch-invariant GEMM (td_gemm_fixed) against sgemm, Qwen2.5-0.5B shapes
+#   tests/bench/kernels_bench.c  the decode kernel over bf16 weights (td_gemm_fixed_w16) against the
+#                                widen + sgemm/sgemv it replaced, and the bf16 dot-product GEMM
+#                                (td_gemm_bf16dp) against sgemm
+# Prints
+#   bench: gemm-fixed-MxNxK tidal=GFLOPS peer=GFLOPS ratio=R
+#   bench: decode-gemm-bf16-MxNxK tidal=GFLOPS peer=GFLOPS ratio=R
+#   bench: gemm-bf16dp-MxNxK tidal=GFLOPS peer=GFLOPS ratio=R
 set -eu
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 mkdir -p "$BUILD/bench"
 CFLAGS=$(pkg-config --cflags openblas 2>/dev/null || true)
 LIBS=$(pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
-cc -O2 -march=x86-64-v2 -std=c11 -D_GNU_SOURCE -Iinclude $CFLAGS tests/bench/gemm_bench.c \
-   -o "$BUILD/bench/gemm_bench" "$BUILD/libtidal.a" $LIBS -lm -fopenmp
-"$BUILD/bench/gemm_bench"
+for b in gemm_bench kernels_bench; do
+  cc -O2 -march=x86-64-v2 -std=c11 -D_GNU_SOURCE -Iinclude $CFLAGS tests/bench/$b.c \
+     -o "$BUILD/bench/$b" "$BUILD/libtidal.a" $LIBS -lm -fopenmp
+  "$BUILD/bench/$b"
+done

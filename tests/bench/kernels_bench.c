@@ -10,7 +10,7 @@
  *                      Qwen2.5-0.5B shapes; "NA (no AVX512-BF16)" where the CPU lacks them
  * Each side runs until 0.3 s have passed, best of 3. Prints
  *   bench: NAME-MxNxK tidal=GFLOPS peer=GFLOPS ratio=R
- * Built and run by tests/bench/kernels.sh. */
+ * Built and run by tests/bench/gemm.sh. */
 #include "tidal/formats.h"
 #include "tidal/gemm.h"
 
