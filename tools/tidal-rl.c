@@ -24,6 +24,22 @@ static int parse_is(void *dest, const char *v, char *why, size_t n)
     return 0;
 }
 
+/* --dtype: tidal's short names and the torch/HF spellings (TRL's --dtype, --torch_dtype) */
+static int parse_dtype(void *dest, const char *v, char *why, size_t n)
+{
+    static const char *const names[][2] = {{"fp32", "float32"}, {"bf16", "bfloat16"}, {"fp16", "float16"}, {"fp8", NULL}};
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(v, names[i][0]) || (names[i][1] && !strcmp(v, names[i][1]))) { *(int *)dest = i; return 0; }
+    if (!strcmp(v, "auto")) snprintf(why, n, "fp32|bf16|fp16|fp8 (or float32|bfloat16|float16): tidal-rl sets the "
+                                     "precision of both paths, so 'auto' (the checkpoint's dtype) is not a choice");
+    return -1;
+}
+
+static int parse_targets(void *dest, const char *v, char *why, size_t n)
+{
+    return td_lora_targets_parse(v, (unsigned *)dest, why, n);
+}
+
 static int parse_collapse(void *dest, const char *v, char *why, size_t n)
 {
     td_error err;
@@ -36,13 +52,26 @@ int main(int argc, char **argv)
     td_rl_opts o;
     td_rl_opts_defaults(&o);
     int dtype = -1, scale = 0, loss_type = 3, policy = 0, masknorm = 0, sched = TD_SCHED_CONSTANT;
-    int gave_train = 0, gave_roll = 0, gave_alpha = 0, gave_eps_high = 0;
+    int gave_train = 0, gave_roll = 0, gave_alpha = 0, gave_eps_high = 0, gave_targets = 0;
     unsigned long long seed = o.seed;
     td_opt opts[] = {
         TD_OPT_S("model-path", 0, &o.model_path, "DIR", "the policy to start from (config.json, safetensors,\ntokenizer.json)"),
-        TD_OPT_S("dataset-path", 0, &o.dataset_path, "FILE", "task records JSONL (prompt, answer, task: datasets/tasks)"),
+        TD_OPT_S("dataset-path", 0, &o.dataset_path, "FILE", "records, .jsonl/.json/.json.gz: a built-in task's\n"
+                 "(task, prompt, answer: datasets/tasks) or TRL's shapes\n"
+                 "({\"prompt\": str|messages} or {\"messages\"}, any other\n"
+                 "fields) scored by --reward-command"),
         TD_OPT_S("output-dir", 'o', &o.output_dir, "DIR", "where rl.h5, checkpoint-K/ and model/ go"),
-        TD_OPT_C("dtype", 0, &dtype, "fp32|bf16|fp16|fp8", "both paths at once: bf16 = bf16-train + bf16-infer,\n"
+        TD_OPT_S("reward-command", 0, &o.reward_command, "CMD", "your reward, any language (/bin/sh -c CMD, started\n"
+                 "once): one JSON object per completion on its stdin\n"
+                 "(prompt, completion, completion_ids, the record's\n"
+                 "fields), one reward per line on its stdout: a number or\n"
+                 "{\"name\": value, ...} (rl.h \"Rewards\"; example:\n"
+                 "datasets/rewards/python_exec.py)"),
+        TD_OPT_S("reward-weights", 0, &o.reward_weights, "NAME=W,...", "weights of the named components (TRL reward_weights;\n"
+                 "default 1 each); each is logged as /steps/reward_NAME"),
+        TD_OPT_D("reward-timeout", 0, &o.reward_timeout, "SECONDS", 0, 1e9, "longest wait for one reward line (default 600)"),
+        TD_OPT_FUN("dtype", 0, &dtype, "fp32|bf16|fp16|fp8", parse_dtype, "fp32|bf16|fp16|fp8 (or float32|bfloat16|float16)",
+                   "both paths at once (float32, bfloat16, float16 too):\nbf16 = bf16-train + bf16-infer,\n"
                  "fp16 = fp16-train + fp16-infer (loss scaling on),\nfp8 = fp8-unified-train + fp8-unified-infer"),
         TD_OPT_S("train-recipe", 0, &o.train_recipe, "NAME|FILE", "the training path's recipe (default bf16-train)"),
         TD_OPT_S("rollout-recipe", 0, &o.rollout_recipe, "NAME|FILE", "the inference path's recipe (default bf16-infer)"),
@@ -61,6 +90,8 @@ int main(int argc, char **argv)
         TD_OPT_D("max-grad-norm", 0, &o.max_grad_norm, "N", 0, 1e9, "gradient clipping (default 1; 0 = off)"),
         TD_OPT_I("lora-r", 0, &o.lora_r, "R", 0, 4096, "LoRA rank (default 0 = full fine-tuning)"),
         TD_OPT_D("lora-alpha", 0, &o.lora_alpha, "A", 0, 1e6, "LoRA alpha (default 16)"),
+        TD_OPT_FUN("lora-target-modules", 0, &o.lora_modules, "LIST", parse_targets, NULL,
+                   "q_proj,k_proj,... or all-linear (default q_proj,v_proj)"),
         TD_OPT_D("beta", 0, &o.loss.beta, "B", 0, 1e6, "k3 KL to the reference policy (default 0 = none)"),
         TD_OPT_C("loss-type", 0, &loss_type, TD_RL_LOSS_NAMES, "aggregation as TRL (default dapo)"),
         TD_OPT_C("scale-rewards", 0, &scale, TD_RL_SCALE_NAMES, "advantage scaling (default group; none = Dr.GRPO)"),
@@ -101,6 +132,9 @@ int main(int argc, char **argv)
     td_opt_get(opts, "is-cap")->given = &o.is_cap_given;
     td_opt_get(opts, "is-cap-low")->given = &o.is_cap_low_given;
     td_opt_get(opts, "per-device-batch-size")->aliases = "per-device-train-batch-size";
+    td_opt_get(opts, "model-path")->aliases = "model-name-or-path";   /* TRL's ModelConfig */
+    td_opt_get(opts, "dtype")->aliases = "torch-dtype";
+    td_opt_get(opts, "lora-target-modules")->given = &gave_targets;
     td_opt_get(opts, "model-path")->required = 1;
     td_opt_get(opts, "dataset-path")->required = 1;
     td_opt_get(opts, "output-dir")->required = 1;
@@ -116,6 +150,8 @@ int main(int argc, char **argv)
     o.seed = seed;
     if (dtype >= 0 && (gave_train || gave_roll))
         return td_cli_bad(&cli, "--dtype", NULL, "sets both recipes: give it or --train-recipe/--rollout-recipe, not both");
+    if (gave_targets && o.lora_r == 0)
+        return td_cli_bad(&cli, "--lora-target-modules", NULL, "applies with --lora-r R > 0");
     if (dtype >= 0) { o.train_recipe = DTYPE_TRAIN[dtype]; o.rollout_recipe = DTYPE_INFER[dtype]; }
     if (o.exact_match && gave_roll)
         return td_cli_bad(&cli, "--exact-match", NULL, "scores mu with the training path: --rollout-recipe contradicts it");

@@ -34,25 +34,7 @@ static int parse_recipe(void *dest, const char *value, char *why, size_t whylen)
 /* "q_proj,v_proj", "all-linear" (PEFT's shorthand) -> a td_lora_module bit mask */
 static int parse_targets(void *dest, const char *value, char *why, size_t whylen)
 {
-    unsigned mask = 0;
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", value);
-    if (!strcmp(value, "all-linear") || !strcmp(value, "all_linear")) {
-        *(unsigned *)dest = (1u << TD_LORA_NMOD) - 1;
-        return 0;
-    }
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        int m = td_lora_module_from_name(t);
-        if (m < 0) {
-            snprintf(why, whylen, "modules among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj (or "
-                     "all-linear), comma-separated; the model has no '%s'", t);
-            return -1;
-        }
-        mask |= 1u << m;
-    }
-    if (!mask) { snprintf(why, whylen, "at least one module"); return -1; }
-    *(unsigned *)dest = mask;
-    return 0;
+    return td_lora_targets_parse(value, (unsigned *)dest, why, whylen);
 }
 
 static const char *const ABOUT =

@@ -61,6 +61,12 @@ char *rl_config_json(const rl_run *R)
     json_object_set_new(j, "max_completion_length", json_integer(o->max_completion_length));
     json_object_set_new(j, "seed", json_integer((json_int_t)o->seed));
     json_object_set_new(j, "log_completions", json_integer(R->nlog));
+    if (o->lora_modules)   /* absent for the default (q_proj, v_proj): older run files resume */
+        json_object_set_new(j, "lora_target_modules", json_integer(o->lora_modules));
+    if (o->reward_command) {   /* absent for built-in rewards: older run files resume as they were */
+        json_object_set_new(j, "reward_command", json_string(o->reward_command));
+        json_object_set_new(j, "reward_weights", json_string(o->reward_weights ? o->reward_weights : ""));
+    }
     char *s = json_dumps(j, JSON_SORT_KEYS | JSON_COMPACT);
     json_decref(j);
     return s;
@@ -213,6 +219,17 @@ int rl_file_commit(rl_run *R, int k, const double *M, td_error *err)
         char p[128];
         snprintf(p, sizeof p, "/steps/%s", td_rl_metric_names[i]);
         if (td_runfile_append(R->rf, p, TD_COL_F64, 1, &M[i], 1, err)) return -1;
+    }
+    for (int c = 0; c < R->n_comp; c++) {   /* TRL rewards/<name>/mean: over the non-null values */
+        double sum = 0, cnt = 0, mean;
+        for (int s = 0; s < R->B; s++) {
+            double v = R->comp[(size_t)s * R->n_comp + c];
+            if (!isnan(v)) { sum += v; cnt++; }
+        }
+        mean = cnt > 0 ? sum / cnt : NAN;
+        char p[300];
+        snprintf(p, sizeof p, "/steps/reward_%s", R->comp_names[c]);
+        if (td_runfile_append(R->rf, p, TD_COL_F64, 1, &mean, 1, err)) return -1;
     }
     if (td_runfile_append(R->rf, "/steps/collapse_fired", TD_COL_I32, 1, &f, 1, err) ||
         td_runfile_append(R->rf, "/steps/collapse_active", TD_COL_I32, 1, &a, 1, err))

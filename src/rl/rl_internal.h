@@ -4,6 +4,7 @@
  *   opts.c      defaults, checks, metric names
  *   run.c       the run: setup, resume, the step loop, progress
  *   step.c      one step: rollout, rewards, pi_old, update, metrics
+ *   reward.c    the user's reward process (--reward-command)
  *   record.c    the run file: attributes, /steps rows, the /tokens sample, checkpoints */
 #ifndef TIDAL_RL_INTERNAL_H
 #define TIDAL_RL_INTERNAL_H
@@ -19,12 +20,31 @@
 #include "tidal/train.h"
 #include "../diff/columns.h"
 
+/* reward.c: the --reward-command process */
+typedef struct rl_reward rl_reward;
+rl_reward *rl_reward_start(const td_rl_opts *o, td_error *err);
+/* Scores n completions: req[i] is the JSON line for completion i, where[i] names its record in
+ * errors. reward[i] gets the (weighted) reward, comp (NULL, or n x the --reward-weights names)
+ * the components (nan: null). 0 or -1 + err (the process is stopped on a timeout). */
+int rl_reward_score(rl_reward *p, int n, char *const *req, double *reward, double *comp,
+                    const char *const *where, td_error *err);
+/* The --reward-weights names (their count). */
+int rl_reward_names(const rl_reward *p, const char *const **names);
+/* Closes its input, waits a few seconds for it to exit, then kills its process group. */
+void rl_reward_stop(rl_reward *p);
+
 typedef struct {
     const td_rl_opts *o;
     td_model *model;              /* the initial weights (and the reference policy)           */
     td_tokenizer *tkz;
-    td_task_item *items;
+    td_task_item *items;          /* (n_items) .task NULL: a record for the reward command     */
     size_t n_items;
+    struct json_t **records;      /* (n_items) the dataset records (the reward command's input) */
+    char *chat;                   /* (n_items) 1: a conversational prompt                      */
+    rl_reward *reward_proc;       /* NULL: built-in rewards                                    */
+    int n_comp;                   /* --reward-weights components, logged as /steps columns     */
+    const char *const *comp_names;/* (n_comp) */
+    double *comp;                 /* (B, n_comp) this step's components                        */
     int **prompt_ids, *prompt_len;/* (n_items) tokenized prompts                              */
     td_recipe rtrain, rroll;
     td_trainer *tr;

@@ -63,11 +63,8 @@ static int get_string(json_t *o, const char *key, bool required, char **out, con
     return 0;
 }
 
-static int parse_record(const char *text, size_t len, const char *where, td_task_item *it, td_error *err)
+int td_task_item_from_json(json_t *o, const char *where, td_task_item *it, td_error *err)
 {
-    json_error_t je;
-    json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-    if (!o) return td_fail(err, "%s: invalid JSON at column %d: %s", where, je.column, je.text);
     int rc = -1;
     char *task = NULL;
     if (!json_is_object(o)) { td_fail(err, "%s: not a JSON object", where); goto out; }
@@ -92,6 +89,15 @@ static int parse_record(const char *text, size_t len, const char *where, td_task
     rc = 0;
 out:
     free(task);
+    return rc;
+}
+
+static int parse_record(const char *text, size_t len, const char *where, td_task_item *it, td_error *err)
+{
+    json_error_t je;
+    json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!o) return td_fail(err, "%s: invalid JSON at column %d: %s", where, je.column, je.text);
+    int rc = td_task_item_from_json(o, where, it, err);
     json_decref(o);
     return rc;
 }
