@@ -162,7 +162,7 @@ double td_rl_seq_loss(const td_rl_loss_cfg *c, int T, const float *logp, const f
     X(loss, "loss of the step (sum over micro-batches)") \
     X(reward, "mean reward (TRL reward)") \
     X(reward_std, "std of rewards over the batch") \
-    X(accuracy, "share of completions with an exact answer") \
+    X(accuracy, "share of built-in task completions with an exact answer (nan: none)") \
     X(frac_reward_zero_std, "share of groups whose rewards are all equal (TRL)") \
     X(zero_std_groups, "groups whose rewards are all equal") \
     X(entropy, "mean token entropy of pi_old over response tokens (nats)") \

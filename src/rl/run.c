@@ -303,7 +303,19 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
     if (!o->quiet && start > 0)
         fprintf(stderr, "tidal-rl: resuming %s/%s at step %d of %d\n", o->output_dir, TD_RL_RUNFILE, start, R.total_steps);
     for (k = start; k < R.total_steps; k++) {
-        if (rl_step(&R, k, M, err) || rl_file_commit(&R, k, M, err)) goto done;
+        if (rl_step(&R, k, M, err)) {
+            /* nothing of step k is in the file: it stays a run --resume continues (HF's Trainer
+             * restarts from the last checkpoint the same way) */
+            int64_t ck = 0;
+            td_runfile_get_i64(R.rf, "checkpoint_step", &ck, NULL);
+            char hint[300];
+            snprintf(hint, sizeof hint, "\n  %s/%s keeps steps 0..%d; the same command with --resume continues from %s%lld",
+                     o->output_dir, TD_RL_RUNFILE, k - 1, ck > 0 ? "checkpoint-" : "step ", (long long)ck);
+            size_t l = strlen(err->msg);
+            if (k > 0 && l + strlen(hint) < sizeof err->msg) memcpy(err->msg + l, hint, strlen(hint) + 1);
+            goto done;
+        }
+        if (rl_file_commit(&R, k, M, err)) goto done;
         if (o->save_steps > 0 && (k + 1) % o->save_steps == 0 && k + 1 < R.total_steps &&
             rl_checkpoint_save(&R, k + 1, err))
             goto done;

@@ -182,7 +182,8 @@ cmd4 = f"{PY} {reward_py} {log4}"
 p = rl(run4, data, "--max-steps", "4", "--save-steps", "1", "--reward-command", cmd4, env={"CRASH_AT": "21"})
 with h5py.File(os.path.join(run4, "rl.h5"), "r") as f:
     n_rows, ck = len(f["steps/reward"]), int(f.attrs["checkpoint_step"])
-check(p.returncode == 1 and "exited with status 3" in p.stderr and n_rows == 2 and ck == 2,
+check(p.returncode == 1 and "exited with status 3" in p.stderr and n_rows == 2 and ck == 2 and
+      "--resume continues from checkpoint-2" in p.stderr,
       f"a reward crash at step 2 stops the run with steps 0-1 and checkpoint-2 kept (exit {p.returncode}, "
       f"{n_rows} rows, checkpoint {ck})")
 p = rl(run4, data, "--max-steps", "4", "--save-steps", "1", "--reward-command", cmd4, "--resume")
@@ -200,6 +201,23 @@ lines[5] = lines[5][:-3]
 open(broken, "w").write("\n".join(lines) + "\n")
 p = rl(os.path.join(tmp, "broken"), broken, "--max-steps", "1", "--reward-command", cmd1)
 check(p.returncode == 1 and f"{broken}:6: invalid JSON" in p.stderr, f"a JSON error names its line: {p.stderr.strip()[:160]}")
+
+# ---- flags as TRL users spell them
+p = rl(os.path.join(tmp, "typo"), data, "--lerning-rate", "1e-5")
+check(p.returncode == 2 and "--lerning-rate: unknown option; did you mean --learning-rate?" in p.stderr,
+      f"did-you-mean for a mistyped flag ({p.stderr.strip()[:100]})")
+run6 = os.path.join(tmp, "run6")
+p = subprocess.run([RL, "--model_name_or_path", model, "--dataset-path", data, "--output-dir", run6, "--dtype", "float16",
+                    "--lora-r", "2", "--lora-target-modules", "all-linear", "--num-generations", "4",
+                    "--per-device-train-batch-size", "8", "--max-completion-length", "8", "--max-steps", "1", "-q",
+                    "--reward-command", cmd1], capture_output=True, text=True, env=ENV)
+ok = p.returncode == 0
+if ok:
+    mods = json.load(open(os.path.join(run6, "model", "adapter_config.json")))["target_modules"]
+    with h5py.File(os.path.join(run6, "rl.h5"), "r") as f:
+        ok = len(mods) == 7 and f.attrs["recipe_a_name"] == "fp16-train" and f.attrs["recipe_b_name"] == "fp16-infer"
+check(ok, "--model_name_or_path, --dtype float16, --lora-target-modules all-linear (7 modules adapted)" +
+      ("" if p.returncode == 0 else f": {p.stderr[-300:]}"))
 
 # ---- 4. the shipped code-execution reward
 EXEC = os.path.join(ROOT, "datasets", "rewards", "python_exec.py")
