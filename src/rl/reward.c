@@ -187,9 +187,11 @@ static int parse_reply(const rl_reward *p, const char *line, size_t len, double 
     int rc = -1;
     if (!v) {
         /* Python's print(float("nan")) and json.dumps(nan) are not JSON */
-        if ((len == 3 && (!strncasecmp(line, "nan", 3))) || !strncmp(line, "NaN", 3) || strstr(line, "Infinity") ||
-            (len >= 3 && !strncasecmp(line, "inf", 3)) || (len >= 4 && !strncasecmp(line, "-inf", 4)))
-            snprintf(why, wn, "a non-finite reward; a reward must be a finite number");
+        int nonfinite = (len >= 3 && (!strncasecmp(line, "nan", 3) || !strncasecmp(line, "inf", 3))) ||
+                        (len >= 4 && !strncasecmp(line, "-inf", 4)) || memmem(line, len, "NaN", 3) ||
+                        memmem(line, len, "Infinity", 8);
+        if (nonfinite)
+            snprintf(why, wn, "a finite number (nan and inf are not rewards)");
         else
             snprintf(why, wn, "a number or a JSON object of named rewards ({\"correct\": 1.0, \"format\": 0.5}); "
                      "print diagnostics on stderr, not stdout");
