@@ -320,7 +320,6 @@ typedef struct {
     int lr_schedule;           /* td_lr_schedule */
     int lora_r;
     double lora_alpha;
-    unsigned lora_modules;     /* td_train_opts.lora_modules (0: q_proj, v_proj) */
     double temperature, top_p, repetition_penalty;
     int top_k;
     int max_steps;             /* 0: from epochs */
@@ -338,6 +337,7 @@ typedef struct {
     const char *reward_command;/* NULL: built-in task rewards ("Rewards" above)              */
     const char *reward_weights;/* "name=w,..." or NULL                                       */
     double reward_timeout;     /* seconds a reward line may take (default 600)              */
+    unsigned lora_modules;     /* --lora-target-modules: td_train_opts.lora_modules (0: q, v) */
 } td_rl_opts;
 
 void td_rl_opts_defaults(td_rl_opts *o);

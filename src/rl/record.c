@@ -41,6 +41,12 @@ char *rl_config_json(const rl_run *R)
                           "beta", c->beta, "is_correction", td_rl_is_name(c->is_mode),
                           "is_drop_masked", c->is_drop_masked, "is_cap", c->is_cap);
     json_object_set_new(j, "is_cap_low", json_real(c->is_cap_low));
+    if (o->lora_modules)   /* absent for the default (q_proj, v_proj): older run files resume */
+        json_object_set_new(j, "lora_target_modules", json_integer(o->lora_modules));
+    if (o->reward_command) {   /* absent for built-in rewards: older run files resume as they were */
+        json_object_set_new(j, "reward_command", json_string(o->reward_command));
+        json_object_set_new(j, "reward_weights", json_string(o->reward_weights ? o->reward_weights : ""));
+    }
     json_object_set_new(j, "scale_rewards", json_string((const char *[]){"group", "batch", "none"}[c->scale_rewards]));
     json_object_set_new(j, "num_generations", json_integer(c->num_generations));
     json_object_set_new(j, "per_device_batch_size", json_integer(c->micro_batch));
@@ -61,12 +67,6 @@ char *rl_config_json(const rl_run *R)
     json_object_set_new(j, "max_completion_length", json_integer(o->max_completion_length));
     json_object_set_new(j, "seed", json_integer((json_int_t)o->seed));
     json_object_set_new(j, "log_completions", json_integer(R->nlog));
-    if (o->lora_modules)   /* absent for the default (q_proj, v_proj): older run files resume */
-        json_object_set_new(j, "lora_target_modules", json_integer(o->lora_modules));
-    if (o->reward_command) {   /* absent for built-in rewards: older run files resume as they were */
-        json_object_set_new(j, "reward_command", json_string(o->reward_command));
-        json_object_set_new(j, "reward_weights", json_string(o->reward_weights ? o->reward_weights : ""));
-    }
     char *s = json_dumps(j, JSON_SORT_KEYS | JSON_COMPACT);
     json_decref(j);
     return s;

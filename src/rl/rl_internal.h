@@ -37,14 +37,8 @@ typedef struct {
     const td_rl_opts *o;
     td_model *model;              /* the initial weights (and the reference policy)           */
     td_tokenizer *tkz;
-    td_task_item *items;          /* (n_items) .task NULL: a record for the reward command     */
+    td_task_item *items;
     size_t n_items;
-    struct json_t **records;      /* (n_items) the dataset records (the reward command's input) */
-    char *chat;                   /* (n_items) 1: a conversational prompt                      */
-    rl_reward *reward_proc;       /* NULL: built-in rewards                                    */
-    int n_comp;                   /* --reward-weights components, logged as /steps columns     */
-    const char *const *comp_names;/* (n_comp) */
-    double *comp;                 /* (B, n_comp) this step's components                        */
     int **prompt_ids, *prompt_len;/* (n_items) tokenized prompts                              */
     td_recipe rtrain, rroll;
     td_trainer *tr;
@@ -76,6 +70,13 @@ typedef struct {
     int64_t rows[3];              /* /seqs, /tokens, /prompts rows in the file               */
     td_collapse *det;
     int collapse_step;
+    /* the user's task: items[i].task NULL for a record the reward command scores */
+    struct json_t **records;      /* (n_items) the dataset records (the reward command's input) */
+    char *chat;                   /* (n_items) 1: a conversational prompt                      */
+    rl_reward *reward_proc;       /* NULL: built-in rewards                                    */
+    int n_comp;                   /* --reward-weights components, logged as /steps columns     */
+    const char *const *comp_names;/* (n_comp) */
+    double *comp;                 /* (B, n_comp) this step's components                        */
 } rl_run;
 
 /* step.c: step k into metrics (TD_RLM_COUNT values); -1 + err */

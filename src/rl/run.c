@@ -182,9 +182,9 @@ static int build(rl_run *R, td_error *err)
     t.schedule = (td_lr_schedule)o->lr_schedule;
     t.max_steps = R->total_steps;
     t.warmup_ratio = o->warmup_ratio;
+    t.lora_modules = o->lora_modules;
     t.lora_r = o->lora_r;
     t.lora_alpha = o->lora_alpha;
-    t.lora_modules = o->lora_modules;
     t.seed = o->seed;
     t.max_seq_len = R->max_len;
     t.max_tokens = R->lc.micro_batch * R->max_len;
@@ -231,6 +231,9 @@ static int build(rl_run *R, td_error *err)
 
 static void teardown(rl_run *R)
 {
+    rl_reward_stop(R->reward_proc);   /* first: it sees EOF at once and exits while we free */
+    for (size_t i = 0; R->records && i < R->n_items; i++) json_decref(R->records[i]);
+    free(R->records); free(R->chat); free(R->comp);
     if (R->rf) td_runfile_close(R->rf, NULL);
     td_columns_free(R->tcols, TD_TOK_LOGP_TRAINER);
     td_columns_free(R->scols, TD_SEQ_TEXT_OFFSET);
@@ -251,9 +254,6 @@ static void teardown(rl_run *R)
     for (size_t i = 0; R->prompt_ids && i < R->n_items; i++) free(R->prompt_ids[i]);
     free(R->prompt_ids); free(R->prompt_len);
     if (R->items) td_task_items_free(R->items, R->n_items);
-    for (size_t i = 0; R->records && i < R->n_items; i++) json_decref(R->records[i]);
-    free(R->records); free(R->chat); free(R->comp);
-    rl_reward_stop(R->reward_proc);
     td_tokenizer_free(R->tkz);
 }
 
