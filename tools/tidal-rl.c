@@ -16,14 +16,6 @@
 static const char *const DTYPE_TRAIN[] = {"fp32", "bf16-train", "fp16-train", "fp8-unified-train"};
 static const char *const DTYPE_INFER[] = {"fp32", "bf16-infer", "fp16-infer", "fp8-unified-infer"};
 
-static int parse_is(void *dest, const char *v, char *why, size_t n)
-{
-    int m = td_rl_is_from_name(v, NULL);
-    if (m < 0) return -1;
-    *(td_rl_is *)dest = (td_rl_is)m;
-    return 0;
-}
-
 /* --dtype: tidal's short names and the torch/HF spellings (TRL's --dtype, --torch_dtype) */
 static int parse_dtype(void *dest, const char *v, char *why, size_t n)
 {
@@ -38,6 +30,14 @@ static int parse_dtype(void *dest, const char *v, char *why, size_t n)
 static int parse_targets(void *dest, const char *v, char *why, size_t n)
 {
     return td_lora_targets_parse(v, (unsigned *)dest, why, n);
+}
+
+static int parse_is(void *dest, const char *v, char *why, size_t n)
+{
+    int m = td_rl_is_from_name(v, NULL);
+    if (m < 0) return -1;
+    *(td_rl_is *)dest = (td_rl_is)m;
+    return 0;
 }
 
 static int parse_collapse(void *dest, const char *v, char *why, size_t n)

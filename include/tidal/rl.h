@@ -216,6 +216,45 @@ extern const char *const td_rl_metric_docs[TD_RLM_COUNT];
 /* "/steps/<name>"; -1 if not a metric. */
 int td_rl_metric_index(const char *name);
 
+/* ---- rewards: the built-in tasks, or the user's own (--reward-command) ----
+ * Dataset records (--dataset-path; any file dataset.h reads: .jsonl, .json, .json.gz) come in
+ * TRL's shapes:
+ *   {"task": "add", "prompt": "...", "answer": ...}   a built-in task's record (tasks.h): its
+ *                                       prompt tokenised as tidal-sft trains it, its grader scores
+ *   {"prompt": "text", ...}             TRL's standard prompt: the text as the model sees it,
+ *                                       special tokens written in it recognised, none added
+ *   {"prompt": [messages], ...}         TRL's conversational prompt, and
+ *   {"messages": [messages], ...}       a conversation: the checkpoint's chat template applied as
+ *                                       TRL applies it (prompts.h, td_prompt_chat_text)
+ * with any other fields ("solution", "tests", "id", ...): they are passed to the reward, as TRL
+ * passes dataset columns to reward functions as keyword arguments.
+ * With --reward-command CMD every completion is scored by CMD (started once, /bin/sh -c CMD);
+ * without it every record must be a built-in task's. For each completion CMD reads one line
+ * on stdin, a JSON object: the record's fields, and
+ *   "prompt"          the record's prompt as given (a string, or the list of messages; a
+ *                     "messages" record's list)
+ *   "completion"      the decoded completion, special tokens skipped (TRL's
+ *                     skip_special_tokens=True): a string for a standard prompt, for a
+ *                     conversational one [{"role": "assistant", "content": text}] (TRL; when the
+ *                     prompt ends with an assistant message, text starts with its content)
+ *   "completion_ids"  the generated token ids (the EOS included when one ended it)
+ * and writes one line on stdout, in the same order: a finite number, or a JSON object of named
+ * components {"correct": 1, "format": 0.5} combined as TRL combines reward_funcs, reward =
+ * sum_i w_i r_i over the non-null components (null: does not apply; at least one is not null);
+ * w_i from --reward-weights NAME=W,... (every name must be in every object, no other), 1 for
+ * every component without it. All the step's lines are written before any is read (a script
+ * may score them in parallel, answering in order). No line within --reward-timeout seconds of
+ * the previous one (of the step's start), a line that is not a reward, more lines than
+ * completions, or a process that exits: the run stops with exit 1 and a message naming the
+ * record (file:line) and the line of CMD's output; the steps before stay in rl.h5, and --resume
+ * continues from the last checkpoint. tidal never executes generated text itself:
+ * datasets/rewards/python_exec.py is an example reward that runs generated Python in a
+ * sandboxed subprocess. accuracy is then the share of built-in task records answered exactly
+ * (nan when the step has none). */
+/* Parses --reward-weights "a=1,b=0.5": *n names and weights (caller frees each name and both
+ * arrays); 0 or -1 + err naming the bad pair. */
+int td_rl_reward_weights_parse(const char *spec, int *n, char ***names, double **w, td_error *err);
+
 /* ---- the collapse detector ----
  * Signals, each with a first step and configurable thresholds (defaults: issue 13 /
  * shared/RL.md section 5; recorded in the run file):
@@ -267,45 +306,6 @@ unsigned td_collapse_push(td_collapse *d, const double *metrics);
 int td_collapse_first(const td_collapse *d, td_collapse_signal s);
 /* A bit mask of signals active (their condition true) at the last pushed step. */
 unsigned td_collapse_active(const td_collapse *d);
-
-/* ---- rewards: the built-in tasks, or the user's own (--reward-command) ----
- * Dataset records (--dataset-path; any file dataset.h reads: .jsonl, .json, .json.gz) come in
- * TRL's shapes:
- *   {"task": "add", "prompt": "...", "answer": ...}   a built-in task's record (tasks.h): its
- *                                       prompt tokenised as tidal-sft trains it, its grader scores
- *   {"prompt": "text", ...}             TRL's standard prompt: the text as the model sees it,
- *                                       special tokens written in it recognised, none added
- *   {"prompt": [messages], ...}         TRL's conversational prompt, and
- *   {"messages": [messages], ...}       a conversation: the checkpoint's chat template applied as
- *                                       TRL applies it (prompts.h, td_prompt_chat_text)
- * with any other fields ("solution", "tests", "id", ...): they are passed to the reward, as TRL
- * passes dataset columns to reward functions as keyword arguments.
- * With --reward-command CMD every completion is scored by CMD (started once, /bin/sh -c CMD);
- * without it every record must be a built-in task's. For each completion CMD reads one line
- * on stdin, a JSON object: the record's fields, and
- *   "prompt"          the record's prompt as given (a string, or the list of messages; a
- *                     "messages" record's list)
- *   "completion"      the decoded completion, special tokens skipped (TRL's
- *                     skip_special_tokens=True): a string for a standard prompt, for a
- *                     conversational one [{"role": "assistant", "content": text}] (TRL; when the
- *                     prompt ends with an assistant message, text starts with its content)
- *   "completion_ids"  the generated token ids (the EOS included when one ended it)
- * and writes one line on stdout, in the same order: a finite number, or a JSON object of named
- * components {"correct": 1, "format": 0.5} combined as TRL combines reward_funcs, reward =
- * sum_i w_i r_i over the non-null components (null: does not apply; at least one is not null);
- * w_i from --reward-weights NAME=W,... (every name must be in every object, no other), 1 for
- * every component without it. All the step's lines are written before any is read (a script
- * may score them in parallel, answering in order). No line within --reward-timeout seconds of
- * the previous one (of the step's start), a line that is not a reward, more lines than
- * completions, or a process that exits: the run stops with exit 1 and a message naming the
- * record (file:line) and the line of CMD's output; the steps before stay in rl.h5, and --resume
- * continues from the last checkpoint. tidal never executes generated text itself:
- * datasets/rewards/python_exec.py is an example reward that runs generated Python in a
- * sandboxed subprocess. accuracy is then the share of built-in task records answered exactly
- * (nan when the step has none). */
-/* Parses --reward-weights "a=1,b=0.5": *n names and weights (caller frees each name and both
- * arrays); 0 or -1 + err naming the bad pair. */
-int td_rl_reward_weights_parse(const char *spec, int *n, char ***names, double **w, td_error *err);
 
 /* ---- the run ---- */
 typedef struct {

@@ -4,8 +4,8 @@
  *   opts.c      defaults, checks, metric names
  *   run.c       the run: setup, resume, the step loop, progress
  *   step.c      one step: rollout, rewards, pi_old, update, metrics
- *   reward.c    the user's reward process (--reward-command)
- *   record.c    the run file: attributes, /steps rows, the /tokens sample, checkpoints */
+ *   record.c    the run file: attributes, /steps rows, the /tokens sample, checkpoints
+ *   reward.c    the user's reward process (--reward-command) */
 #ifndef TIDAL_RL_INTERNAL_H
 #define TIDAL_RL_INTERNAL_H
 
