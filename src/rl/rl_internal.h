@@ -1,11 +1,11 @@
 /* tidal-rl's parts (internal to src/rl):
+ *   reward.c    the user's reward process (--reward-command)
  *   loss.c      advantages, IS weights, normalisers, the per-token loss (pure functions)
  *   collapse.c  the collapse detector
  *   opts.c      defaults, checks, metric names
  *   run.c       the run: setup, resume, the step loop, progress
  *   step.c      one step: rollout, rewards, pi_old, update, metrics
- *   record.c    the run file: attributes, /steps rows, the /tokens sample, checkpoints
- *   reward.c    the user's reward process (--reward-command) */
+ *   record.c    the run file: attributes, /steps rows, the /tokens sample, checkpoints */
 #ifndef TIDAL_RL_INTERNAL_H
 #define TIDAL_RL_INTERNAL_H
 
