@@ -121,7 +121,9 @@ int main(int argc, char **argv)
         TD_OPT_I("save-steps", 0, &o.save_steps, "N", 0, 1 << 30, "checkpoint every N steps (default 0 = never)"),
         TD_OPT_I("log-completions", 0, &o.log_completions, "N", 0, 1 << 20, "completions per step kept in /tokens (default 4)"),
         TD_OPT_FUN("collapse", 0, &o.collapse, "K=V,...", parse_collapse, "KEY=VALUE pairs of the detector",
-                   "collapse detector settings (rl.h: hold, drop_abs,\nspike_factor, k3_factor, ...)"),
+                   "collapse detector settings (rl.h), keys: ema_alpha,\ndrop_abs, drop_rel, min_gain, hold, spike_factor,\n"
+                   "spike_window, spike_min_history, entropy_hi, entropy_lo,\nentropy_hold, k3_factor, k3_min, k3_baseline, kl_abs,\n"
+                   "chi2_max, ess_min, trunc_max, dead_hold"),
         TD_OPT_F("stop-on-collapse", 0, &o.stop_on_collapse, 1, "stop at a confirmed collapse (reward_drop)"),
         TD_OPT_F("quiet", 'q', &o.quiet, 1, "no progress lines"),
         {0}};

@@ -174,10 +174,11 @@ double td_rl_seq_loss(const td_rl_loss_cfg *c, int T, const float *logp, const f
     X(pg_clipfrac, "share of loss tokens where PPO's clip is active (verl)") \
     X(pg_clipfrac_lower, "share where the dual clip is active (verl)") \
     X(ppo_kl, "mean (pi_old - pi_theta) over loss tokens (0 on policy)") \
+    X(kl, "TRL kl: mean k3 KL to the reference policy over loss tokens (--beta > 0; nan without)") \
     X(response_length_mean, "mean response tokens") \
     X(response_length_max, "longest response") \
     X(response_length_clip_ratio, "share of completions without EOS (truncated)") \
-    X(kl, "verl rollout_corr/kl: mean (mu - pi_old) over response tokens (k1)") \
+    X(rollout_corr_kl, "verl rollout_corr/kl: mean (mu - pi_old) over response tokens (k1)") \
     X(k3_kl, "verl k3_kl: mean (rho - log rho - 1)") \
     X(chi2_token, "verl chi2_token: mean rho^2 - 1") \
     X(chi2_seq, "verl chi2_seq: mean rho_seq^2 - 1") \
@@ -270,11 +271,15 @@ int td_rl_reward_weights_parse(const char *spec, int *n, char ***names, double *
  *   mismatch      k3_kl > k3_factor x the median of its first k3_baseline steps (after them)
  *                 and k3_kl > k3_min (0 by default: the issue's rule; a floor such as 1e-4 keeps
  *                 a k3 at the 1e-7 noise level, fp16's, from tripping it), or a verl alarm:
- *                 |kl| > kl_abs, chi2_token > chi2_max, ESS < ess_min.
+ *                 |rollout_corr_kl| > kl_abs, chi2_token > chi2_max, ESS < ess_min.
  *   length        response_length_clip_ratio > trunc_max.
+ *   dead          no policy gradient: every completion truncated (response_length_clip_ratio
+ *                 1; with --mask-truncated-completions nothing is in the loss) or every group's
+ *                 rewards equal (frac_reward_zero_std 1: every advantage 0), for dead_hold
+ *                 steps; marked at the first. tidal-rl says so on stderr when it fires.
  * Precursors (all but reward_drop) are recorded; a collapse is a reward_drop. */
 typedef enum { TD_CLP_REWARD = 0, TD_CLP_GRAD, TD_CLP_ENTROPY, TD_CLP_MISMATCH, TD_CLP_LENGTH,
-               TD_CLP_NSIGNALS } td_collapse_signal;
+               TD_CLP_DEAD, TD_CLP_NSIGNALS } td_collapse_signal;
 extern const char *const td_collapse_signal_names[TD_CLP_NSIGNALS];
 
 typedef struct {
@@ -288,6 +293,7 @@ typedef struct {
     int k3_baseline;
     double kl_abs, chi2_max, ess_min;
     double trunc_max;
+    int dead_hold;
 } td_collapse_cfg;
 
 void td_collapse_cfg_defaults(td_collapse_cfg *c);

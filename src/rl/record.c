@@ -127,6 +127,20 @@ static int replay(rl_run *R, int steps, td_error *err)
     return 0;
 }
 
+/* Run files written before /steps/kl became TRL's kl (the KL to the reference) hold the rollout
+ * mismatch k1 as "kl": resumed, that column's rows are copied to rollout_corr_kl, its new name;
+ * the old rows of "kl" keep the k1 they were written with. */
+static int rename_old_kl(rl_run *R, int steps, td_error *err)
+{
+    if (steps == 0 || td_runfile_exists(R->rf, "/steps/rollout_corr_kl") || !td_runfile_exists(R->rf, "/steps/kl"))
+        return 0;
+    double *col = td_xmalloc((size_t)steps * sizeof(double));
+    int rc = td_runfile_read(R->rf, "/steps/kl", TD_COL_F64, 0, steps, col, err) ||
+             td_runfile_append(R->rf, "/steps/rollout_corr_kl", TD_COL_F64, 1, col, (size_t)steps, err) ? -1 : 0;
+    free(col);
+    return rc;
+}
+
 static int cut_back(rl_run *R, int steps, td_error *err)
 {
     const char *groups[3] = {"/seqs", "/tokens", "/prompts"};
@@ -140,6 +154,7 @@ static int cut_back(rl_run *R, int steps, td_error *err)
     if ((td_runfile_exists(R->rf, "/progress") && td_runfile_truncate_group(R->rf, "/progress", steps, err)) ||
         (td_runfile_exists(R->rf, "/steps") && td_runfile_truncate_group(R->rf, "/steps", steps, err)))
         return -1;
+    if (rename_old_kl(R, steps, err)) return -1;
     return replay(R, steps, err);
 }
 

@@ -292,7 +292,7 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
     rl_run R;
     memset(&R, 0, sizeof R);
     R.o = o;
-    int rc = -1, start = 0, stopped = 0, k;
+    int rc = -1, start = 0, stopped = 0, k, dead_said = 0;
     if (load_inputs(&R, err) || build(&R, err) || rl_file_open(&R, &start, err)) goto done;
     if (o->reward_command) {
         if (!(R.reward_proc = rl_reward_start(o, err))) goto done;
@@ -320,12 +320,22 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
             rl_checkpoint_save(&R, k + 1, err))
             goto done;
         if (!o->quiet) {
+            int dead = td_collapse_first(R.det, TD_CLP_DEAD);
+            if (dead >= 0 && !dead_said) {   /* a run that learns nothing says so once */
+                dead_said = 1;
+                fprintf(stderr, "tidal-rl: dead run since step %d: %s for %d steps, so no policy gradient (grad_norm "
+                        "%.3g); raise --max-completion-length, lower --learning-rate or look at the reward\n", dead + 1,
+                        M[TD_RLM_response_length_clip_ratio] >= 1 ? "every completion hit --max-completion-length"
+                                                                   : "every group's rewards were equal",
+                        o->collapse.dead_hold, M[TD_RLM_grad_norm]);
+            }
             double el = omp_get_wtime() - t0, per = el / (k + 1 - start);
-            char eta[32];
+            char eta[32], trl_kl[32] = "";
             fmt_secs(eta, sizeof eta, per * (R.total_steps - k - 1));
-            fprintf(stderr, "tidal-rl: step %d/%d reward %.3f acc %.3f kl %.2e k3 %.2e grad_norm %.3g "
+            if (R.lc.beta > 0) snprintf(trl_kl, sizeof trl_kl, " kl %.2e", M[TD_RLM_kl]);   /* TRL's, to the reference */
+            fprintf(stderr, "tidal-rl: step %d/%d reward %.3f acc %.3f%s rollout_corr/kl %.2e k3 %.2e grad_norm %.3g "
                     "entropy %.3f len %.1f | %.2f s/step, ETA %s\n", k + 1, R.total_steps,
-                    M[TD_RLM_reward], M[TD_RLM_accuracy], M[TD_RLM_kl], M[TD_RLM_k3_kl],
+                    M[TD_RLM_reward], M[TD_RLM_accuracy], trl_kl, M[TD_RLM_rollout_corr_kl], M[TD_RLM_k3_kl],
                     M[TD_RLM_grad_norm], M[TD_RLM_entropy], M[TD_RLM_response_length_mean], per, eta);
         }
         if (o->stop_on_collapse && td_collapse_first(R.det, TD_CLP_REWARD) >= 0) {

@@ -113,7 +113,7 @@ static void response_metrics(rl_run *R, double *M)
     run.logp_a = la; run.logp_b = lb; run.dlogp = dl; run.k3 = k3; run.seq = seq; run.is_prompt = isp;
     td_verl_metrics v;
     td_verl_metrics_compute(&run, &v);
-    M[TD_RLM_kl] = v.kl;
+    M[TD_RLM_rollout_corr_kl] = v.kl;
     M[TD_RLM_k3_kl] = v.k3_kl;
     M[TD_RLM_training_ppl] = v.training_ppl;
     M[TD_RLM_rollout_ppl] = v.rollout_ppl;
@@ -368,6 +368,12 @@ static int update(rl_run *R, double *M, td_error *err)
     M[TD_RLM_pg_clipfrac] = nt > 0 ? R->clip.clipped / nt : 0.0;
     M[TD_RLM_pg_clipfrac_lower] = nt > 0 ? R->clip.clipped_lower / nt : 0.0;
     M[TD_RLM_ppo_kl] = nt > 0 ? R->clip.ratio_log_sum / nt : 0.0;
+    if (R->lc.beta > 0) {   /* TRL: (per_token_kl * mask).sum() / mask.sum(), at pi_theta = pi_old */
+        double ks = 0, ms = 0;
+        for (int64_t t = 0; t < R->off[R->B]; t++)
+            if (R->m[t] > 0) { ks += R->m[t] * td_k3(R->ref[t], R->old[t]); ms += R->m[t]; }
+        M[TD_RLM_kl] = ms > 0 ? ks / ms : NAN;
+    }
     double lt = (double)p.n_loss_tokens;
     M[TD_RLM_rollout_is_clipped_fraction] = lt > 0 ? p.n_clipped / lt : 0.0;
     M[TD_RLM_rollout_rs_masked_fraction] = lt > 0 ? p.n_masked / lt : 0.0;

@@ -219,6 +219,41 @@ if ok:
 check(ok, "--model_name_or_path, --dtype float16, --lora-target-modules all-linear (7 modules adapted)" +
       ("" if p.returncode == 0 else f": {p.stderr[-300:]}"))
 
+# ---- metrics under the names users know: TRL's kl (to the reference, --beta > 0), verl's
+# rollout_corr_kl (the mismatch k1, "kl" before); a dead run is said
+ADD = os.path.join(ROOT, "datasets", "tasks", "add", "train.jsonl")
+kl = {}
+for lr in ("0", "1e-3"):
+    out = os.path.join(tmp, "kl" + lr)
+    p = rl(out, ADD, "--max-steps", "3", "--beta", "0.04", "--learning-rate", lr, "--save-steps", "1")
+    kl[lr] = steps(out) if p.returncode == 0 else None
+s0 = steps(os.path.join(tmp, "run1")) if s1 else None
+ok = kl["0"] is not None and kl["1e-3"] is not None and s0 is not None
+check(ok and np.all(kl["0"]["kl"] == 0) and kl["1e-3"]["kl"][0] == 0 and np.all(kl["1e-3"]["kl"][1:] > 0) and
+      np.all(np.isnan(s0["kl"])) and np.all(np.isfinite(s0["rollout_corr_kl"])) and np.any(s0["rollout_corr_kl"] != 0),
+      "TRL kl: 0 while the policy is the reference, > 0 after it moved, nan without --beta; rollout_corr_kl the k1")
+if ok:   # a run file from before the rename ("kl" held the k1) resumes, its k1 copied to rollout_corr_kl
+    out = os.path.join(tmp, "kl1e-3")
+    with h5py.File(os.path.join(out, "rl.h5"), "r+") as f:
+        del f["steps/kl"]
+        f.move("steps/rollout_corr_kl", "steps/kl")
+        f.attrs["checkpoint_step"] = 2
+    p = rl(out, ADD, "--max-steps", "3", "--beta", "0.04", "--learning-rate", "1e-3", "--save-steps", "1", "--resume")
+    r = steps(out) if p.returncode == 0 else {}
+    check(p.returncode == 0 and np.array_equal(r["rollout_corr_kl"], kl["1e-3"]["rollout_corr_kl"]) and
+          np.array_equal(r["kl"][:2], kl["1e-3"]["rollout_corr_kl"][:2]) and r["kl"][2] == kl["1e-3"]["kl"][2],
+          "an old run file (k1 under 'kl') resumes: rollout_corr_kl holds every step's k1" +
+          ("" if p.returncode == 0 else f": {p.stderr[-300:]}"))
+out = os.path.join(tmp, "dead")
+p = subprocess.run([RL, *COMMON[:-1], "--dataset-path", ADD, "--output-dir", out, "--max-completion-length", "4",
+                    "--mask-truncated-completions", "--max-steps", "6"], capture_output=True, text=True, env=ENV)
+ok = p.returncode == 0
+if ok:
+    with h5py.File(os.path.join(out, "rl.h5"), "r") as f:
+        ok = int(f.attrs["first_dead"]) == 0 and int(f["steps/collapse_fired"][4]) & (1 << 5)
+check(ok and "dead run since step 1: every completion hit --max-completion-length for 5 steps" in p.stderr,
+      "a dead run (every completion truncated, grad_norm 0) is marked (first_dead 0) and said on stderr")
+
 # ---- 4. the shipped code-execution reward
 EXEC = os.path.join(ROOT, "datasets", "rewards", "python_exec.py")
 cases = [
