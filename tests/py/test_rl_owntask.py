@@ -280,7 +280,7 @@ check(p.returncode == 0 and "reward_passed" in steps(run5), "python_exec.py runs
 
 # ---- 5. the README block
 readme = open(os.path.join(ROOT, "README.md")).read()
-m = re.search(r"### Your own task.*?\n```sh\n(.*?)```", readme, re.S)
+m = re.search(r"## Your own task.*?\n```sh\n(.*?)```", readme, re.S)
 check(m is not None, "README 'Your own task' block found")
 if m is not None:
     script = m.group(1).replace("build/bin/", os.path.join(ROOT, BIN) + "/")
