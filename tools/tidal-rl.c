@@ -27,6 +27,11 @@ static int parse_dtype(void *dest, const char *v, char *why, size_t n)
     return -1;
 }
 
+static int parse_dropout(void *dest, const char *v, char *why, size_t n)
+{
+    return td_lora_dropout_parse(v, (double *)dest, why, n);
+}
+
 static int parse_targets(void *dest, const char *v, char *why, size_t n)
 {
     return td_lora_targets_parse(v, (unsigned *)dest, why, n);
@@ -53,6 +58,7 @@ int main(int argc, char **argv)
     td_rl_opts_defaults(&o);
     int dtype = -1, scale = 0, loss_type = 3, policy = 0, masknorm = 0, sched = TD_SCHED_CONSTANT;
     int gave_train = 0, gave_roll = 0, gave_alpha = 0, gave_eps_high = 0, gave_targets = 0;
+    double lora_dropout = 0;
     unsigned long long seed = o.seed;
     td_opt opts[] = {
         TD_OPT_S("model-path", 0, &o.model_path, "DIR", "the policy to start from (config.json, safetensors,\ntokenizer.json)"),
@@ -90,6 +96,7 @@ int main(int argc, char **argv)
         TD_OPT_D("max-grad-norm", 0, &o.max_grad_norm, "N", 0, 1e9, "gradient clipping (default 1; 0 = off)"),
         TD_OPT_FUN("lora-target-modules", 0, &o.lora_modules, "LIST", parse_targets, NULL,
                    "q_proj,k_proj,... or all-linear (default q_proj,v_proj)"),
+        TD_OPT_FUN("lora-dropout", 0, &lora_dropout, "P", parse_dropout, "0", "PEFT's lora_dropout: 0 only (the engine has none)"),
         TD_OPT_I("lora-r", 0, &o.lora_r, "R", 0, 4096, "LoRA rank (default 0 = full fine-tuning)"),
         TD_OPT_D("lora-alpha", 0, &o.lora_alpha, "A", 0, 1e6, "LoRA alpha (default 16)"),
         TD_OPT_D("beta", 0, &o.loss.beta, "B", 0, 1e6, "k3 KL to the reference policy (default 0 = none)"),

@@ -25,11 +25,12 @@ static char *read_all(const char *path, size_t *len, td_error *err)
     for (;;) {
         if (n == cap) { cap *= 2; buf = td_xrealloc(buf, cap + 1); }
         int chunk = (int)((cap - n) < (1u << 30) ? (cap - n) : (1u << 30));
-        int k = gzread(f, buf + n, (unsigned)chunk);
-        if (k < 0) {
-            int code;
-            const char *msg = gzerror(f, &code);
-            td_fail(err, "%s: read error after %zu bytes: %s (a damaged or truncated .gz file?)", path, n, msg);
+        int k = gzread(f, buf + n, (unsigned)chunk), code = Z_OK;
+        const char *msg = k <= 0 ? gzerror(f, &code) : NULL;   /* a truncated .gz ends with Z_BUF_ERROR */
+        if (k < 0 || (k == 0 && code != Z_OK && code != Z_STREAM_END)) {
+            size_t pl = strlen(path);   /* zlib's message starts with the path: once is enough */
+            if (msg && !strncmp(msg, path, pl) && !strncmp(msg + pl, ": ", 2)) msg += pl + 2;
+            td_fail(err, "%s: read error after %zu bytes: %s (a damaged or truncated .gz file?)", path, n, msg ? msg : "?");
             gzclose(f);
             free(buf);
             return NULL;

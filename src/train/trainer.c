@@ -180,6 +180,16 @@ int td_lora_targets_parse(const char *value, unsigned *mask, char *why, size_t w
     return 0;
 }
 
+int td_lora_dropout_parse(const char *value, double *p, char *why, size_t whylen)
+{
+    char *end;
+    double x = strtod(value, &end);
+    if (*value && !*end && x == 0) { *p = 0; return 0; }
+    snprintf(why, whylen, "0 (PEFT's lora_dropout masks the adapter's input in training only: a train/inference "
+             "difference by design, which tidal would count as mismatch)");
+    return -1;
+}
+
 td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_train_opts *opts,
                               const td_lora *lora_init, td_error *err)
 {

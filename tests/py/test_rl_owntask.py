@@ -206,6 +206,9 @@ check(p.returncode == 1 and f"{broken}:6: invalid JSON" in p.stderr, f"a JSON er
 p = rl(os.path.join(tmp, "typo"), data, "--lerning-rate", "1e-5")
 check(p.returncode == 2 and "--lerning-rate: unknown option; did you mean --learning-rate?" in p.stderr,
       f"did-you-mean for a mistyped flag ({p.stderr.strip()[:100]})")
+p = rl(os.path.join(tmp, "typo"), data, "--lora-r", "2", "--lora-dropout", "0.05")
+check(p.returncode == 2 and "--lora-dropout: expected 0 (PEFT's lora_dropout" in p.stderr,
+      f"--lora-dropout other than 0 is refused with the reason ({p.stderr.strip()[:100]})")
 run6 = os.path.join(tmp, "run6")
 p = subprocess.run([RL, "--model_name_or_path", model, "--dataset-path", data, "--output-dir", run6, "--dtype", "float16",
                     "--lora-r", "2", "--lora-target-modules", "all-linear", "--num-generations", "4",
