@@ -81,7 +81,11 @@ static int load_records(rl_run *R, td_error *err)
             if (td_task_item_from_json(rec, where, it, &terr)) {
                 /* a built-in task's name on a record it cannot grade: the user's own record when
                  * their command scores it, an error when the task's grader would */
-                if (!o->reward_command) { rc = td_fail(err, "%s", terr.msg); break; }
+                if (!o->reward_command) {
+                    rc = td_fail(err, "%s (a record of your own, with a reward of your own: --reward-command CMD)",
+                                 terr.msg);
+                    break;
+                }
                 free(it->id); free(it->prompt); free(it->answer); free(it->completion);
                 *it = (td_task_item){.line = recs[i].line};
                 builtin = 0;
