@@ -1,6 +1,7 @@
 /* tidal-rl — GRPO with the rollouts on the inference path and the gradients on the training
  * path, each in its own precision recipe, with importance-sampling corrections and a collapse
- * detector (include/tidal/rl.h has the formulas and which framework each follows).
+ * detector (include/tidal/rl.h has the formulas and which framework each follows). Rewards come
+ * from a built-in task's grader or from the user's --reward-command (rl.h, "Rewards").
  *
  *   tidal-rl --model-path DIR --dataset-path FILE --output-dir DIR --dtype bf16 \
  *            --num-generations 8 --per-device-batch-size 16 --learning-rate 1e-5 --max-steps 100
@@ -148,9 +149,11 @@ int main(int argc, char **argv)
     td_opt_get(opts, "dataset-path")->required = 1;
     td_opt_get(opts, "output-dir")->required = 1;
     td_cli cli = {"tidal-rl", "--model-path DIR --dataset-path FILE --output-dir DIR [options]",
-                  "GRPO on a verifiable task: rollouts on the inference path (--rollout-recipe), log-probs\n"
-                  "and gradients on the training path (--train-recipe), IS corrections for the mismatch,\n"
-                  "per-step metrics (verl/TRL names) in OUTPUT_DIR/rl.h5 and a collapse detector.",
+                  "GRPO on a built-in verifiable task, or on your own records scored by your own reward\n"
+                  "program (--reward-command, any language, as TRL's reward functions): rollouts on the\n"
+                  "inference path (--rollout-recipe), log-probs and gradients on the training path\n"
+                  "(--train-recipe), IS corrections for the mismatch, per-step metrics (verl/TRL names) in\n"
+                  "OUTPUT_DIR/rl.h5 and a collapse detector.",
                   "Exit status: 0 done, 1 failed (or --stop-on-collapse stopped it: 3), 2 usage error.\n"
                   "Formulas and their sources: include/tidal/rl.h. Run file: reports/SCHEMA.md.",
                   opts, 0, 0};
