@@ -1,4 +1,5 @@
 /* tidal-rl's parts (internal to src/rl):
+ *   data.c      the dataset: built-in task records and the user's own (TRL's shapes)
  *   reward.c    the user's reward process (--reward-command)
  *   loss.c      advantages, IS weights, normalisers, the per-token loss (pure functions)
  *   collapse.c  the collapse detector
@@ -78,6 +79,11 @@ typedef struct {
     const char *const *comp_names;/* (n_comp) */
     double *comp;                 /* (B, n_comp) this step's components                        */
 } rl_run;
+
+/* data.c: R->items, R->records and R->chat from --dataset-path (R->tkz loaded); -1 + err naming
+ * the record. rl_records_free frees records and chat (items are td_task_items_free's). */
+int rl_load_records(rl_run *R, td_error *err);
+void rl_records_free(rl_run *R);
 
 /* step.c: step k into metrics (TD_RLM_COUNT values); -1 + err */
 int rl_step(rl_run *R, int k, double *metrics, td_error *err);
