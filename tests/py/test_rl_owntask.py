@@ -8,7 +8,8 @@ add model (datasets/models/add) given a chat template (a few seconds of CPU in a
    fields (prompt as messages, completion as [{"role": "assistant", ...}], completion_ids
    ending with EOS or at the length limit, the record's columns). Named components with
    --reward-weights give reward = sum w_i r_i and /steps/reward_<name> columns.
-2. the same records as a .json array, gzip-compressed with a UTF-8 BOM, give the same /steps.
+2. the same records as a .json array, gzip-compressed with a UTF-8 BOM, give the same /steps;
+   tidal-sft reads built-in task records from such files too.
 3. failures: a line that is not a reward, a process that exits, a reward that never comes
    (--reward-timeout): exit 1 with a message naming the record (file:line) and the output line;
    a run whose reward crashed at step 3 resumes from its checkpoint (--resume) and ends equal to
@@ -152,6 +153,22 @@ run3 = os.path.join(tmp, "run3")
 p = rl(run3, gz, "--max-steps", "4", "--reward-command", f"{PY} {reward_py} {os.path.join(tmp, 'log3.jsonl')}")
 check(p.returncode == 0 and s1 and np.array_equal(steps(run3)["reward"], s1["reward"]),
       "a .json.gz array with a BOM gives the JSONL run's rewards" + ("" if p.returncode == 0 else f": {p.stderr[-300:]}"))
+
+# built-in task records read the same way everywhere (tidal-sft, tidal-task): a gzip-compressed
+# JSON array evaluates as its JSON Lines do
+add_test = [json.loads(x) for x in open(os.path.join(ROOT, "datasets", "tasks", "add", "test.jsonl")).read().splitlines()[:6]]
+for name, body in (("test.jsonl", "".join(json.dumps(r) + "\n" for r in add_test)), ("test.json.gz", json.dumps(add_test, indent=1))):
+    path = os.path.join(tmp, name)
+    if name.endswith(".gz"):
+        with gzip.open(path, "wt") as f:
+            f.write(body)
+    else:
+        open(path, "w").write(body)
+ev = [subprocess.run([os.path.join(BIN, "tidal-sft"), "--model-path", os.path.join(ROOT, "datasets", "models", "add"),
+                      "--dataset-path", os.path.join(tmp, name), "--eval-dataset-path", os.path.join(tmp, name), "--eval-only"],
+                     capture_output=True, text=True, env=ENV) for name in ("test.jsonl", "test.json.gz")]
+check(all(e.returncode == 0 for e in ev) and ev[0].stdout == ev[1].stdout and '"eval_records": 6' in ev[0].stdout,
+      f"tidal-sft evaluates a .json.gz array as its JSONL ({ev[1].stdout.strip()[:80]}{ev[1].stderr.strip()[:200]})")
 
 # ---- 3. failures name the record; a crashed run resumes
 bad_py = os.path.join(tmp, "bad.py")
