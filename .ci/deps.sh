@@ -6,7 +6,8 @@
 #                    with, and the Python the test helpers run on (numpy, h5py, torch); clang
 #                    with its sanitizer/libFuzzer runtime and libomp for `make fuzz`.
 #   PyPI (test-only, into .venv which sees the Debian Python packages): ml_dtypes, safetensors,
-#                    tokenizers, jinja2 (chat templates rendered as transformers renders them).
+#                    tokenizers, jinja2 (chat templates rendered as transformers renders them);
+#                    optional: transformers, peft (+ accelerate) for the cross-checks against them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,4 +52,16 @@ for m in "${PYPI_OPTIONAL[@]}"; do
   .venv/bin/python -m pip install -q --disable-pip-version-check "numpy<2" "${m#*:}" \
     || echo "deps: note: could not install ${m#*:}; the checks that need it will be skipped" >&2
 done
+# peft (tests/py/test_lora_peft.py runs PEFT's own merge_adapter/unmerge_adapter): accelerate < 1.1
+# first (its torch >= 1.10 accepts Debian's torch 1.13.0a0), then peft 0.17 without dependencies:
+# its torch >= 1.13.0 does not accept the pre-release version 1.13.0a0, and pip would fetch a
+# multi-GB torch 2.x with its CUDA wheels into .venv beside Debian's. peft 0.17 runs on torch 1.13
+# and transformers 4.46 (checked) and has PEFT's current unmerge arithmetic (>= 0.16).
+if ! .venv/bin/python -c "import peft" 2>/dev/null; then
+  echo "deps: installing optional PyPI test helpers: accelerate<1.1, peft==0.17.* (no deps)" >&2
+  { .venv/bin/python -c "import accelerate" 2>/dev/null ||
+      .venv/bin/python -m pip install -q --disable-pip-version-check "numpy<2" "accelerate<1.1"; } &&
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "peft==0.17.*" \
+    || echo "deps: note: could not install peft; test_lora_peft.py will be skipped" >&2
+fi
 exit 0

@@ -6,14 +6,23 @@ set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 pass=0; fail=0; skip=0; failed=()
-for t in "$@"; do
-  echo "=== $t"
-  out=$("$t" 2>&1); rc=$?
+run_c() {  # $1: label, then the command
+  local label=$1; shift
+  echo "=== $label"
+  out=$("$@" 2>&1); rc=$?
   echo "$out"
   n_ok=$(echo "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -n1)
   n_bad=$(echo "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -n1)
   pass=$((pass + ${n_ok:-0})); fail=$((fail + ${n_bad:-0}))
-  if [ $rc -ne 0 ]; then failed+=("$t"); [ -z "$n_bad" ] && fail=$((fail + 1)); fi
+  if [ $rc -ne 0 ]; then failed+=("$label"); [ -z "$n_bad" ] && fail=$((fail + 1)); fi
+}
+for t in "$@"; do run_c "$t" "$t"; done
+# the kernels' narrower forms too (include/tidal/isa.h): what an AVX2-only machine and a plain
+# one run, on this CPU
+for isa in avx2 portable; do
+  for t in "$@"; do
+    case $t in */test_gemm|*/test_formats|*/test_roundings) run_c "TIDAL_ISA=$isa $t" env TIDAL_ISA=$isa "$t" ;; esac
+  done
 done
 PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
 for t in tests/py/test_*.py; do

@@ -163,7 +163,7 @@ static void test_vector_rows_vs_scalar(void **state)
         assert_memory_equal(y_vec, y_sc, 256 * 4);
     }
     printf("fp16 rows: F16C %s; vector and scalar rows identical (encode, round, in place, decode of every code)\n",
-           td_formats_have_vector_f16() ? "in use" : "absent on this CPU (scalar both times)");
+           td_formats_have_vector_f16() ? "in use" : "off here (no F16C, or TIDAL_ISA=portable): scalar both times");
     free(x); free(y_vec); free(y_sc); free(inplace); free(c_vec); free(c_sc); free(codes); free(codes8);
 }
 

@@ -184,6 +184,123 @@ static void test_batch_invariance(void **state)
     free(in); free(w); free(all); free(one);
 }
 
+/* td_gemm_fixed_w16 (weights as bf16 / fp16 codes, widened in registers) against td_gemm_fixed
+ * on the decoded weights, bit for bit, on every kernel this CPU has (AVX-512, AVX2, portable):
+ * shapes with every row-block and column-block remainder, K with and without a tail, strides
+ * wider than the rows, accumulate into C or not; codes include subnormals, Inf and NaN.
+ * Tolerance: none, but for NaN results, equal as NaN (payloads follow the FMA's operand form). */
+static void test_fixed_w16_matches_fixed(void **state)
+{
+    (void)state;
+    const int Ms[] = {1, 2, 3, 5, 8, 9, 13}, Ns[] = {1, 2, 5, 6, 7, 13}, Ks[] = {1, 7, 8, 9, 64, 100, 257};
+    const int kernels[] = {0, 2, 1};   /* td_gemm_w16_force: auto, AVX2, portable */
+    td_rng rng;
+    td_rng_seed(&rng, 99);
+    int checked = 0;
+    for (int f = 0; f < 2; f++) {
+        td_format wf = f ? TD_F16 : TD_BF16;
+        for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++)
+            for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+                for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++) {
+                    int M = Ms[mi], N = Ns[ni], K = Ks[ki], lda = K + 3, ldw = K + 5, ldc = N + 2;
+                    float *a = randn((size_t)M * lda, 1000 + M * 7 + K, 1.0f);
+                    uint16_t *w = malloc((size_t)N * ldw * sizeof(uint16_t));
+                    float *wd = malloc((size_t)N * K * sizeof(float));
+                    for (size_t i = 0; i < (size_t)N * ldw; i++) {
+                        float v = (float)td_rng_normal(&rng) * 0.05f;
+                        w[i] = (uint16_t)td_encode(wf, v, TD_SATFINITE);
+                        uint64_t u = td_rng_next(&rng) % 1000;   /* a few specials */
+                        if (u == 0) w[i] = wf == TD_F16 ? 0x7E01 : 0x7FC1;      /* NaN */
+                        else if (u == 1) w[i] = wf == TD_F16 ? 0xFC00 : 0xFF80; /* -Inf */
+                        else if (u < 20) w[i] = (uint16_t)(td_rng_next(&rng) & 0x83FF & (wf == TD_F16 ? 0xFFFF : 0x807F)); /* subnormal */
+                    }
+                    for (int j = 0; j < N; j++) td_decode_row(wf, w + (size_t)j * ldw, wd + (size_t)j * K, (size_t)K);
+                    float *want = malloc((size_t)M * ldc * sizeof(float)), *got = malloc((size_t)M * ldc * sizeof(float));
+                    for (int add = 0; add < 2; add++) {
+                        for (size_t i = 0; i < (size_t)M * ldc; i++) want[i] = (float)i * 0.25f;
+                        td_gemm_fixed(a, lda, wd, K, want, ldc, M, N, K, add);
+                        for (size_t kk = 0; kk < sizeof kernels / sizeof *kernels; kk++) {
+                            td_gemm_w16_force = kernels[kk];
+                            for (size_t i = 0; i < (size_t)M * ldc; i++) got[i] = (float)i * 0.25f;
+                            td_gemm_fixed_w16(a, lda, w, ldw, wf, got, ldc, M, N, K, add);
+                            for (size_t i = 0; i < (size_t)M * ldc; i++) {
+                                /* a NaN result is NaN on both sides; which payload an FMA passes on
+                                 * depends on the register form the compiler picked (IEEE leaves it open) */
+                                if (isnan(got[i]) && isnan(want[i])) continue;
+                                if (memcmp(got + i, want + i, 4) != 0)
+                                    fail_msg("%s M=%d N=%d K=%d add=%d force=%d: row %zu col %zu %a, td_gemm_fixed %a",
+                                             td_format_info(wf)->name, M, N, K, add, kernels[kk], i / ldc,
+                                             i % ldc, got[i], want[i]);
+                            }
+                            checked++;
+                        }
+                        td_gemm_w16_force = 0;
+                    }
+                    free(a); free(w); free(wd); free(want); free(got);
+                }
+    }
+    printf("td_gemm_fixed_w16: %d cases bit-identical to td_gemm_fixed (kernel here: %s)\n", checked,
+           td_gemm_w16_kernel() == 2 ? "AVX-512" : td_gemm_w16_kernel() == 1 ? "AVX2" : "portable");
+}
+
+/* td_gemm_bf16dp (the CPU's bf16 dot products, where it has them) against td_gemm_bf16dp_ref,
+ * the same order in portable C, bit for bit: K with and without a tail of the 32-wide blocks,
+ * every row and column remainder, strides, add; operands with subnormals (zeros in that order)
+ * and exact cancellations. Then the order against an fp32 GEMM of the same values: the sum
+ * differs by summation order only, within K * 2^-23 * sum |products| (the standard bound). */
+static void test_bf16dp_matches_ref(void **state)
+{
+    (void)state;
+    const int Ms[] = {1, 3, 4, 9, 17}, Ns[] = {1, 5, 6, 7, 13, 50}, Ks[] = {1, 31, 32, 33, 96, 200};
+    td_rng rng;
+    td_rng_seed(&rng, 7);
+    int checked = 0;
+    for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+            for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++) {
+                int M = Ms[mi], N = Ns[ni], K = Ks[ki], lda = K + 2, ldw = K + 33, ldc = N + 1;
+                uint16_t *a = malloc((size_t)M * lda * 2), *w = malloc((size_t)N * ldw * 2);
+                for (size_t i = 0; i < (size_t)M * lda; i++) {
+                    a[i] = td_f32_to_bf16((float)td_rng_normal(&rng)).bits;
+                    if (td_rng_below(&rng, 50) == 0) a[i] = (uint16_t)(td_rng_next(&rng) & 0x807F);   /* subnormal */
+                }
+                for (size_t i = 0; i < (size_t)N * ldw; i++) w[i] = td_f32_to_bf16((float)td_rng_normal(&rng) * 0.1f).bits;
+                if (K > 4) w[3] = a[3] ^ 0x8000, a[3] = w[3] ^ 0x8000;   /* a cancelling pair */
+                float *want = malloc((size_t)M * ldc * 4), *got = malloc((size_t)M * ldc * 4);
+                for (int add = 1; add >= 0; add--) {   /* want ends as the product alone */
+                    for (size_t i = 0; i < (size_t)M * ldc; i++) want[i] = got[i] = (float)i;
+                    td_gemm_bf16dp_ref(a, lda, w, ldw, want, ldc, M, N, K, add);
+                    td_gemm_bf16dp(a, lda, w, ldw, got, ldc, M, N, K, add);
+                    if (memcmp(got, want, (size_t)M * ldc * 4))
+                        fail_msg("bf16dp M=%d N=%d K=%d add=%d: kernel differs from the reference", M, N, K, add);
+                    checked++;
+                }
+                for (int i = 0; i < M; i++)   /* against the fp32 sum of the same values */
+                    for (int j = 0; j < N; j++) {
+                        double exact = 0, mag = 0;
+                        for (int k = 0; k < K; k++) {
+                            float x = td_bf16_to_f32((td_bf16){a[(size_t)i * lda + k]});
+                            float y = td_bf16_to_f32((td_bf16){w[(size_t)j * ldw + k]});
+                            if (fabsf(x) < 0x1p-126f) x = 0;   /* subnormals count as zeros */
+                            exact += (double)x * y;
+                            mag += fabs((double)x * y);
+                        }
+                        assert_true(fabs(want[(size_t)i * ldc + j] - exact) <= K * 0x1p-23 * mag + 1e-30);
+                    }
+                free(a); free(w); free(want); free(got);
+            }
+    printf("td_gemm_bf16dp: %d cases bit-identical to the reference order (kernel %s on this CPU)\n",
+           checked, td_gemm_bf16dp_available() ? "AVX512-BF16" : "absent: the reference both times");
+    /* in-place packing keeps every code */
+    float x[37];
+    uint16_t want16[37];
+    for (int i = 0; i < 37; i++) {
+        x[i] = td_bf16_to_f32(td_f32_to_bf16((float)i * 1.37f - 20.0f));
+        want16[i] = td_f32_to_bf16(x[i]).bits;
+    }
+    assert_memory_equal(td_gemm_pack_bf16(x, 37), want16, sizeof want16);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -192,6 +309,8 @@ int main(void)
         cmocka_unit_test(test_split_k_is_sum_of_halves),
         cmocka_unit_test(test_fp8_fast_accumulation_bounded),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_fixed_w16_matches_fixed),
+        cmocka_unit_test(test_bf16dp_matches_ref),
     };
     return cmocka_run_group_tests_name("gemm", tests, NULL, NULL);
 }

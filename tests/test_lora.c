@@ -14,6 +14,18 @@
  *    in fp32 (the only loss is fp32 rounding of W + dW). On a bf16 checkpoint merged in bf16, an
  *    update of std 1e-6 (four orders below half an ulp of weights ~0.02) survives < 5%; one
  *    of std 0.05 survives within 2% of 1.
+ * 4. vLLM's native adapter form (TD_LORA_PUNICA) against a scalar transcription of the Punica
+ *    Triton kernels (vllm/lora/ops/triton_ops/kernel_utils.py: do_shrink_kernel, do_expand_kernel,
+ *    after LoRALayerWeights.optimize() folded the scaling into lora_b), bf16-infer, rank 2:
+ *      A_e = bf16(A), B_e = bf16(bf16(B) * scale)
+ *      buf = fp32 sum_k x_k A_e[r][k]          (tl.dot, fp32 accumulator, fp32 buffer, scale 1)
+ *      acc = fp32 sum_r bf16(buf_r) B_e[o][r]  (CAST_TYPE: buffer to the lora dtype; tl.dot)
+ *      y   = bf16(y + bf16(acc))               (accumulator.to(lora dtype); ADD_INPUTS)
+ *    x and A are multiples of 2^-6 below 1 with 3 significant bits, so every product and partial
+ *    sum of the shrink is exact in fp32 and the kernel's unspecified summation order cannot
+ *    matter: the result must be bit for bit the transcription's, for scale 2 (where it also
+ *    equals PEFT's unmerged form) and scale 1.5 (alpha 3, r 2: the folded B rounds differently
+ *    from PEFT's bf16(scale * u), and at least one output differs from that form).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +38,7 @@
 #include "tidal/model.h"
 #include "tidal/rng.h"
 #include "ckpt_testutil.h"
+#include "../src/model/model_internal.h"
 
 #include <math.h>
 
@@ -310,6 +323,86 @@ static void test_survival_bf16(void **state)
     rm_tree(mdir);
 }
 
+/* a multiple of 2^-6 in (-1, 1) with at most 3 significant bits */
+static float dyadic(td_rng *r)
+{
+    int m = (int)td_rng_below(r, 8), e = (int)td_rng_below(r, 4);   /* m * 2^(e-6), m < 8 */
+    float v = (float)m * ldexpf(1.0f, e - 6);
+    return td_rng_below(r, 2) ? -v : v;
+}
+
+/* y (N, out) of layer 0's o_proj LoRA branch added to y_base, as lora_forward runs it */
+static void run_branch(const td_lora *lo, const td_recipe *rec, int mode, const float *x, const float *y0, int N,
+                       float *y)
+{
+    const td_lora_pair *p = &lo->pairs[TD_LORA_O];
+    td_ops ops;
+    td_ops_init(&ops, &td_backend_cpu);
+    ops.recipe = rec;
+    ops.qin = td_xmalloc((size_t)N * (p->in > lo->rank ? p->in : lo->rank) * sizeof(float));
+    lora_rt *rt = lora_rt_create(lo, rec, N, mode == TD_LORA_PUNICA);
+    ops.lora = rt;
+    memcpy(y, y0, (size_t)N * p->out * sizeof(float));
+    lora_forward(&ops, 0, TD_LORA_O, y, x, N);
+    lora_rt_free(rt);
+    free(ops.qin);
+}
+
+static void test_punica_kernel(void **state)
+{
+    (void)state;
+    td_config c = tiny_cfg();
+    const td_recipe *rec = td_recipe_find_preset("bf16-infer");
+    const int N = 5, R = 2;
+    double alphas[2] = {4.0, 3.0};   /* scale 2 and 1.5 */
+    for (int ai = 0; ai < 2; ai++) {
+        td_lora *lo = td_lora_new(&c, R, alphas[ai], 1u << TD_LORA_O);
+        td_lora_pair *p = &lo->pairs[TD_LORA_O];
+        int in = p->in, out = p->out;
+        td_rng rng;
+        td_rng_stream(&rng, 11, (uint64_t)ai);
+        float *a = (float *)p->a, *b = (float *)p->b;
+        for (int i = 0; i < R * in; i++) a[i] = dyadic(&rng);
+        for (int i = 0; i < out * R; i++) b[i] = (float)(td_rng_normal(&rng) * 0.3);   /* full fp32 mantissas */
+        float *x = td_xmalloc((size_t)N * in * sizeof(float)), *y0 = td_xmalloc((size_t)N * out * sizeof(float));
+        for (int i = 0; i < N * in; i++) x[i] = dyadic(&rng);
+        for (int i = 0; i < N * out; i++) y0[i] = td_round(TD_BF16, (float)td_rng_normal(&rng));
+        float *yk = td_xmalloc((size_t)N * out * sizeof(float)), *yp = td_xmalloc((size_t)N * out * sizeof(float));
+        float *ref = td_xmalloc((size_t)N * out * sizeof(float));
+        run_branch(lo, rec, TD_LORA_PUNICA, x, y0, N, yk);
+        run_branch(lo, rec, TD_LORA_UNMERGED, x, y0, N, yp);
+        /* the transcription */
+        for (int n = 0; n < N; n++) {
+            float t[2];
+            for (int r = 0; r < R; r++) {
+                float buf = 0.0f;
+                for (int k = 0; k < in; k++) buf += x[(size_t)n * in + k] * td_round(TD_BF16, a[(size_t)r * in + k]);
+                t[r] = td_round(TD_BF16, buf * 1.0f);
+            }
+            for (int o = 0; o < out; o++) {
+                float acc = 0.0f;
+                for (int r = 0; r < R; r++)
+                    acc += t[r] * td_round(TD_BF16, td_round(TD_BF16, b[(size_t)o * R + r]) * lo->scale);
+                ref[(size_t)n * out + o] = td_round(TD_BF16, y0[(size_t)n * out + o] + td_round(TD_BF16, acc));
+            }
+        }
+        int same = 0, peft_differs = 0, moved = 0;
+        for (int i = 0; i < N * out; i++) {
+            same += !memcmp(&yk[i], &ref[i], sizeof(float));
+            peft_differs += yp[i] != yk[i];
+            moved += yk[i] != y0[i];
+        }
+        printf("punica form, scale %.2f: %d/%d outputs bit-identical to the kernel transcription, %d differ from "
+               "PEFT's unmerged form, %d moved by the branch\n", lo->scale, same, N * out, peft_differs, moved);
+        assert_int_equal(same, N * out);
+        assert_true(moved > N * out / 2);
+        if (ai == 0) assert_int_equal(peft_differs, 0);
+        else assert_true(peft_differs > 0);
+        free(x); free(y0); free(yk); free(yp); free(ref);
+        td_lora_free(lo);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -317,6 +410,7 @@ int main(void)
         cmocka_unit_test(test_bad_adapters),
         cmocka_unit_test(test_merge_vs_unmerged),
         cmocka_unit_test(test_survival_bf16),
+        cmocka_unit_test(test_punica_kernel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,13 +13,20 @@
  * --bandwidth also measures this machine's memory bandwidth in the same run (a streaming read of
  * a 2 GiB buffer by every OpenMP thread, best of 3 passes) and prints "bandwidth_gbs X" and
  * "decode_bytes_per_step X": the weight bytes one decode step reads (every tensor in its stored
- * dtype but the embedding, of which a step gathers a row per slot).
+ * dtype but the embedding, of which a step gathers a row per slot). With it come the compute
+ * side of the same bound: "peak_gflops X", this machine's fp32 multiply-add peak measured in the
+ * run (every thread running independent fused multiply-adds on the widest vectors the CPU has:
+ * AVX-512, else AVX2, else scalar), and "decode_flops_per_token X" (2 per weight of every matrix
+ * a step multiplies: all 2-D tensors but the embedding).
  */
 #include "tidal/checkpoint.h"
 #include "tidal/model.h"
 #include "tidal/opts.h"
 #include "tidal/rng.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -51,6 +58,61 @@ static double bandwidth_gbs(void)
     }
     free(x);
     return sink > 0 ? best : 0;
+}
+
+/* fp32 FLOP/s of one thread's chains of fused multiply-adds: 12 independent accumulators (more
+ * than an FMA unit's latency x throughput), `reps` rounds; returns the flops done. */
+#if defined(__x86_64__) || defined(__i386__)
+#define FMA_CHAINS(VEC, SET1, FMA, LANES)                                                          \
+    VEC acc[12], x = SET1(0.999f), y = SET1(1e-3f);                                                \
+    for (int j = 0; j < 12; j++) acc[j] = SET1((float)j);                                          \
+    for (long r = 0; r < reps; r++)                                                                \
+        for (int j = 0; j < 12; j++) acc[j] = FMA(acc[j], x, y);                                   \
+    float keep = 0;                                                                                \
+    for (int j = 0; j < 12; j++) { float t[LANES]; memcpy(t, &acc[j], sizeof t); keep += t[0]; }  \
+    *sink += keep;                                                                                 \
+    return 2.0 * LANES * 12 * reps;
+__attribute__((target("avx512f"))) static double fma_512(long reps, float *sink)
+{ FMA_CHAINS(__m512, _mm512_set1_ps, _mm512_fmadd_ps, 16) }
+__attribute__((target("avx2,fma"))) static double fma_256(long reps, float *sink)
+{ FMA_CHAINS(__m256, _mm256_set1_ps, _mm256_fmadd_ps, 8) }
+#endif
+static double fma_scalar(long reps, float *sink)
+{
+    float acc[12];
+    for (int j = 0; j < 12; j++) acc[j] = (float)j;
+    for (long r = 0; r < reps; r++)
+        for (int j = 0; j < 12; j++) acc[j] = acc[j] * 0.999f + 1e-3f;
+    for (int j = 0; j < 12; j++) *sink += acc[j];
+    return 2.0 * 12 * reps;
+}
+
+static volatile float fma_sink;
+
+/* the machine's fp32 FMA peak, GFLOP/s over every OpenMP thread, best of 3 passes */
+static double peak_gflops(void)
+{
+    double (*fn)(long, float *) = fma_scalar;
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx512f")) fn = fma_512;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) fn = fma_256;
+#endif
+    double best = 0;
+    float sink = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        double flops = 0, t0 = now();
+        #pragma omp parallel reduction(+ : flops)
+        {
+            float s = 0;
+            flops += fn(20000000, &s);
+            #pragma omp atomic
+            sink += s;
+        }
+        double g = flops / (now() - t0) / 1e9;
+        if (g > best) best = g;
+    }
+    fma_sink = sink;   /* the chains' results are used: the loops cannot be dropped */
+    return best;
 }
 
 /* Prefill every slot with `prompt` random tokens, then `steps` batched decode steps feeding
@@ -170,8 +232,16 @@ int main(int argc, char **argv)
             const td_tensor *t = td_checkpoint_tensor(m->ck, i);
             if (strcmp(t->name, "model.embed_tokens.weight") || m->cfg.tie_word_embeddings) bytes += t->nbytes;
         }
+        double flops = 0;
+        for (size_t i = 0; i < td_checkpoint_num_tensors(m->ck); i++) {
+            const td_tensor *t = td_checkpoint_tensor(m->ck, i);
+            if (t->ndim == 2 && (strcmp(t->name, "model.embed_tokens.weight") || m->cfg.tie_word_embeddings))
+                flops += 2.0 * (double)t->shape[0] * (double)t->shape[1];
+        }
         printf("decode_bytes_per_step %zu\n", bytes);
+        printf("decode_flops_per_token %.0f\n", flops);
         printf("bandwidth_gbs %.3f\n", bandwidth_gbs());
+        printf("peak_gflops %.3f\n", peak_gflops());
     }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);

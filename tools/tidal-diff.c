@@ -10,6 +10,7 @@
  */
 #include "tidal/checkpoint.h"
 #include "tidal/diff.h"
+#include "tidal/lora.h"
 #include "tidal/model.h"
 #include "tidal/opts.h"
 
@@ -82,7 +83,7 @@ int main(int argc, char **argv)
     td_diff_opts o = {.recipe_a_arg = "bf16-train", .recipe_b_arg = "bf16-infer", .max_new_tokens = 64,
                       .batch = 8, .shard_n = 1, .stop_at_eos = 1, .sampling = td_sampling_default()};
     int use_gen = 0, set_temp = 0, set_topp = 0, set_topk = 0, set_minp = 0, set_rep = 0, list = 0, json = 0;
-    int rollout_processed = 0;
+    int rollout_processed = 0, lora_sync = 0, gave_sync = 0;
     td_opt opts[] = {
         TD_OPT_S("model", 0, &o.model_dir, "DIR", "checkpoint directory (config.json, *.safetensors, tokenizer.json)"),
         TD_OPT_S("prompts", 0, &o.prompts_path, "FILE", "prompts JSONL ({\"prompt\": text or messages}, {\"messages\": [...]},\n"
@@ -118,6 +119,9 @@ int main(int argc, char **argv)
         TD_OPT_F("lora-merge-a", 0, &o.lora_merge_a, 1, "merge it into path A's weights in A's weight format"),
         TD_OPT_F("lora-merge-b", 0, &o.lora_merge_b, 1, "merge it into path B's weights (a rollout engine's setup);\n"
                  "prints how much of the update survives"),
+        TD_OPT_C("lora-sync", 0, &lora_sync, "merged|merge-unmerge|adapter", "path B as an engine gets the adapter (tidal-rl's names):\n"
+                 "merged = --lora-merge-b; adapter = unmerged as vLLM's LoRA\nkernels run it (scale folded into B); "
+                 "merge-unmerge needs\na training history: tidal-rl"),
         TD_OPT_C("rollout-logprobs", 0, &rollout_processed, "raw|processed", "replays: the engine's log-probs are raw (vLLM's\n"
                  "default logprobs_mode) or processed (after its temperature,\ntop-p, top-k, min-p, penalty: give those "
                  "flags too, and\ntidal processes the training path's rows the same way)"),
@@ -131,6 +135,7 @@ int main(int argc, char **argv)
     td_opt_get(opts, "repetition-penalty")->lo_open = 1;
     td_opt_get(opts, "logprob-temperature")->lo_open = 1;
     td_opt_get(opts, "temperature")->given = &set_temp;
+    td_opt_get(opts, "lora-sync")->given = &gave_sync;
     td_opt_get(opts, "top-p")->given = &set_topp;
     td_opt_get(opts, "top-k")->given = &set_topk;
     td_opt_get(opts, "min-p")->given = &set_minp;
@@ -153,6 +158,15 @@ int main(int argc, char **argv)
     if (!o.prompts_path) return td_cli_bad(&cli, "--prompts", NULL, "required (FILE)");
     if (!o.out_path) return td_cli_bad(&cli, "--output", NULL, "required (-o OUT.h5)");
     if (o.sampling.top_k < 0) o.sampling.top_k = 0;   /* -1 = off, as vLLM and verl write it */
+    if (gave_sync) {
+        if (!o.lora_dir) return td_cli_bad(&cli, "--lora-sync", NULL, "needs --lora DIR");
+        if (o.lora_merge_b) return td_cli_bad(&cli, "--lora-sync", NULL, "contradicts --lora-merge-b (--lora-sync merged is the same)");
+        if (lora_sync == 1)
+            return td_cli_bad(&cli, "--lora-sync", NULL, "merge-unmerge drifts the trainer's base over a training run: "
+                              "tidal-rl --lora-sync merge-unmerge models it; a single merge from a checkpoint in the "
+                              "engine's dtype is --lora-sync merged");
+        o.lora_merge_b = lora_sync == 2 ? TD_LORA_PUNICA : TD_LORA_MERGED;
+    }
     if ((o.lora_merge_a || o.lora_merge_b) && !o.lora_dir) return td_cli_bad(&cli, o.lora_merge_a ? "--lora-merge-a" : "--lora-merge-b", NULL, "needs --lora DIR");
     if (!o.resume && td_make_parent_dirs(o.out_path, &err)) { fprintf(stderr, "tidal-diff: %s\n", err.msg); return 1; }
     if (o.resume && o.force) return td_cli_bad(&cli, "--resume", NULL, "contradicts --force (--resume continues OUT, --force replaces it)");

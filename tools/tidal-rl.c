@@ -46,6 +46,15 @@ static int parse_is(void *dest, const char *v, char *why, size_t n)
     return 0;
 }
 
+/* --model-dtype: HF's torch_dtype names, either spelling */
+static int parse_model_dtype(void *dest, const char *v, char *why, size_t n)
+{
+    int f = td_format_from_name(v);
+    if (f != TD_F32 && f != TD_BF16 && f != TD_F16) return -1;
+    *(int *)dest = f;
+    return 0;
+}
+
 static int parse_collapse(void *dest, const char *v, char *why, size_t n)
 {
     td_error err;
@@ -100,6 +109,12 @@ int main(int argc, char **argv)
         TD_OPT_FUN("lora-dropout", 0, &lora_dropout, "P", parse_dropout, "0", "PEFT's lora_dropout: 0 only (the engine has none)"),
         TD_OPT_I("lora-r", 0, &o.lora_r, "R", 0, 4096, "LoRA rank (default 0 = full fine-tuning)"),
         TD_OPT_D("lora-alpha", 0, &o.lora_alpha, "A", 0, 1e6, "LoRA alpha (default 16)"),
+        TD_OPT_C("lora-sync", 0, &o.lora_sync, TD_RL_SYNC_NAMES, "how the engine gets the LoRA policy (default merged):\n"
+                 "merged = W + sBA summed in fp32, rounded once;\nmerge-unmerge = TRL GRPOTrainer's PEFT merge_adapter/\n"
+                 "unmerge_adapter in --model-dtype (the base drifts);\nadapter = native adapter sync (vLLM's LoRA kernels)"),
+        TD_OPT_FUN("model-dtype", 0, &o.model_dtype, "fp32|bf16|fp16", parse_model_dtype,
+                   "fp32, bf16, fp16 (or float32, bfloat16, float16)",
+                   "LoRA: the torch_dtype the trainer's base is loaded in\n(default fp32, TRL's default)"),
         TD_OPT_D("beta", 0, &o.loss.beta, "B", 0, 1e6, "k3 KL to the reference policy (default 0 = none)"),
         TD_OPT_C("loss-type", 0, &loss_type, TD_RL_LOSS_NAMES, "aggregation as TRL (default dapo)"),
         TD_OPT_C("scale-rewards", 0, &scale, TD_RL_SCALE_NAMES, "advantage scaling (default group; none = Dr.GRPO)"),
@@ -124,6 +139,10 @@ int main(int argc, char **argv)
         TD_OPT_I("max-completion-length", 0, &o.max_completion_length, "N", 1, 1 << 20, "tokens generated at most (default 256)"),
         TD_OPT_I("n-jobs", 0, &o.n_jobs, "N", 1, 1024, "threads (default 1; results do not depend on it)"),
         TD_OPT_U("seed", 0, &seed, "S", "seed of prompts order, sampling and LoRA init (default 42)"),
+        TD_OPT_I("eval-steps", 0, &o.eval_steps, "N", 0, 1 << 30, "clean evaluation every N steps (default 0 = never): the\n"
+                 "trainer's policy, greedy, training recipe, no engine sync\nor noise -> /steps eval_reward, eval_accuracy"),
+        TD_OPT_S("eval-dataset-path", 0, &o.eval_dataset_path, "FILE", "evaluation records (default: test.jsonl beside\n--dataset-path)"),
+        TD_OPT_I("eval-max-samples", 0, &o.eval_max_samples, "N", 0, 100000000, "evaluate the first N records (default all)"),
         TD_OPT_F("resume", 0, &o.resume, 1, "continue OUTPUT_DIR from its last checkpoint"),
         TD_OPT_F("overwrite-output-dir", 0, &o.overwrite, 1, "replace an existing run in OUTPUT_DIR"),
         TD_OPT_I("save-steps", 0, &o.save_steps, "N", 0, 1 << 30, "checkpoint every N steps (default 0 = never)"),
@@ -138,6 +157,8 @@ int main(int argc, char **argv)
     td_opt_get(opts, "train-recipe")->given = &gave_train;
     td_opt_get(opts, "rollout-recipe")->given = &gave_roll;
     td_opt_get(opts, "lora-alpha")->given = &gave_alpha;
+    td_opt_get(opts, "lora-sync")->given = &o.lora_sync_given;
+    td_opt_get(opts, "model-dtype")->given = &o.model_dtype_given;
     td_opt_get(opts, "epsilon-high")->given = &gave_eps_high;
     td_opt_get(opts, "is-cap")->given = &o.is_cap_given;
     td_opt_get(opts, "is-cap-low")->given = &o.is_cap_low_given;

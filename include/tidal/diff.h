@@ -36,7 +36,9 @@ typedef struct {
     const char *command_line;  /* recorded in the file                                   */
     const char *lora_dir;      /* PEFT adapter applied by both paths (NULL: none)        */
     const char *device;        /* where both paths run: "cpu" (NULL) or "cuda[:N]"       */
-    int lora_merge_a, lora_merge_b;  /* merge it into that path's weights, else unmerged */
+    int lora_merge_a, lora_merge_b;  /* how that path runs it: TD_LORA_UNMERGED (0), TD_LORA_MERGED
+                                        (1) into its weights, TD_LORA_PUNICA (B only: vLLM's form,
+                                        tidal-diff --lora-sync adapter) */
     const char *rollout_logprobs;    /* replays: "raw" (NULL) or "processed" (by sampling)  */
     double logprob_temperature;      /* both paths' scored rows at logits / T, as TRL and verl
                                         score (T = the sampling temperature); 0 or 1 = raw rows */

@@ -16,10 +16,15 @@
  *             relative, which makes this match the unscaled hardware sum up to the rounding
  *             of the scale products.
  * Summation order: a recipe with batch_invariant takes td_gemm_fixed below (one order per
- * element, whatever the batch). Any other recipe takes OpenBLAS: sgemm for M > 1, whose kernel
- * blocks K by its GEMM_Q and picks its micro-kernels by the call's M and N (a row's sums can
- * change with the number of rows in the batch, and with the width of the column slice), and
- * sgemv for M = 1 (a decode step of one sequence: another order again). Callers cut the
+ * element, whatever the batch), and so does every GEMM of at most TD_GEMM_FIXED_ROWS rows (a
+ * decode step's slots, as an engine's decode takes a GEMV-shaped kernel of its own), with 16-bit
+ * weights read as stored (td_gemm_fixed_w16: same bits, 2 bytes per weight). Larger GEMMs of
+ * recipes whose operands are both bf16 (weights and gemm_inputs bf16, fp32 accumulation) take
+ * the CPU's bf16 dot products where it has them (td_gemm_bf16dp: the order of vdpbf16ps, which
+ * depends on K alone). Larger GEMMs of any other recipe, or on a CPU without them, take
+ * OpenBLAS's sgemm, whose kernel blocks K by its GEMM_Q and picks its
+ * micro-kernels by the call's M and N (a row's sums can change with the number of rows in the
+ * batch, and with the width of the column slice). Callers cut the
  * columns into fixed tiles (TD_GEMM_TILE), never by thread count, so results do not depend on
  * the number of threads.
  * The bias is added in fp32 and the result rounded to the activations dtype, as a GEMM kernel
@@ -32,6 +37,15 @@
 #include "tidal/recipe.h"
 
 TD_BEGIN_DECLS
+
+/* GEMMs of at most this many rows take the fixed order (see above). */
+#define TD_GEMM_FIXED_ROWS 8
+
+/* 1 under TIDAL_GEMM_ORDER=openblas: the summation orders of tidal before the decode kernel and
+ * the bf16 dot products (issue 24), OpenBLAS's sgemv for one row and sgemm for more, so a run
+ * file made by an earlier version resumes and compares bit for bit (tests/house/ uses it to
+ * show that the orders are all that changed). Read once. */
+int td_gemm_legacy_order(void);
 
 /* W (N, K) -> out (N, K): the values the recipe's GEMMs multiply. out may equal w. */
 void td_gemm_prepare_weight(const td_recipe *r, const float *w, int N, int K, float *out);
@@ -46,6 +60,24 @@ size_t td_gemm_scratch_floats(const td_recipe *r, int M, int N);
  * recipe says (no bias, no output rounding). scratch: td_gemm_scratch_floats floats. */
 void td_gemm_accumulate(const td_recipe *r, const float *in, int M, int K, const float *w,
                         int ldw, int N, float *out, int ldo, float *scratch);
+
+/* td_gemm_accumulate for fp32 accumulation and M <= TD_GEMM_FIXED_ROWS with w as bf16 or fp16
+ * codes (wf) read as stored: the same bits as td_gemm_accumulate on the decoded weights. */
+void td_gemm_accumulate_w16(const td_recipe *r, const float *in, int M, int K, const uint16_t *w,
+                            td_format wf, int ldw, int N, float *out, int ldo);
+
+/* 1 when r's GEMMs of more than TD_GEMM_FIXED_ROWS rows take td_gemm_bf16dp on this CPU:
+ * weights and GEMM inputs bf16, fp32 accumulation, not batch-invariant, the kernel available. */
+int td_gemm_bf16dp_applies(const td_recipe *r);
+
+/* x (n floats holding bf16 values) rewritten in place as n bf16 codes at its start; returns
+ * x as codes. */
+uint16_t *td_gemm_pack_bf16(float *x, size_t n);
+
+/* td_gemm_accumulate for a recipe td_gemm_bf16dp_applies to, on bf16 codes: in (M, K), w (N
+ * rows of stride ldw); split-K parts summed in fp32 as td_gemm_accumulate does. */
+void td_gemm_accumulate_bf16dp(const td_recipe *r, const uint16_t *in, int M, int K,
+                               const uint16_t *w, int ldw, int N, float *out, int ldo);
 
 /* Bias (may be NULL) and output rounding on an (M, N) slice of stride ldo. */
 void td_gemm_finish(const td_recipe *r, float *out, int M, int N, int ldo, const float *bias);
@@ -62,6 +94,29 @@ void td_round_act(const td_recipe *r, float *x, size_t n);
 void td_gemm_fixed(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
                    int N, int K, int add);
 extern int td_gemm_fixed_portable_only;   /* tests: force the portable kernel */
+
+/* td_gemm_fixed with w given as bf16 or fp16 codes (wf), N rows of stride ldw codes, widened in
+ * registers (src/recipe/gemm_w16.c): bit for bit td_gemm_fixed on the decoded weights, reading
+ * 2 bytes per weight. */
+void td_gemm_fixed_w16(const float *a, int lda, const uint16_t *w, int ldw, td_format wf, float *c,
+                       int ldc, int M, int N, int K, int add);
+/* c (M, N; ldc) = (add ? c : 0) + a (M, K) . w (N, K)^T over bf16 codes, in the order of the
+ * CPU's bf16 dot-product instruction (AVX512-BF16 vdpbf16ps; src/recipe/gemm_bf16dp.c writes it
+ * down): sixteen lane sums over pairs, bf16 subnormals as zeros. td_gemm_bf16dp_ref is that
+ * order in portable C (the reference, slow); td_gemm_bf16dp runs the instruction when
+ * td_gemm_bf16dp_available (the CPU has it and its bits matched the reference at first use),
+ * else the reference. td_gemm_bf16dp_disabled (tests, benches) turns the kernel off. */
+void td_gemm_bf16dp(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c, int ldc,
+                    int M, int N, int K, int add);
+void td_gemm_bf16dp_ref(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c, int ldc,
+                        int M, int N, int K, int add);
+int td_gemm_bf16dp_available(void);
+extern int td_gemm_bf16dp_disabled;
+
+/* The kernel td_gemm_fixed_w16 takes on this CPU: 2 AVX-512, 1 AVX2, 0 portable. Tests set
+ * td_gemm_w16_force: 1 the portable kernel, 2 AVX2 even where AVX-512 is. */
+int td_gemm_w16_kernel(void);
+extern int td_gemm_w16_force;
 
 /* Truncates an fp32 value to `bits` fraction bits (toward zero): the fp8-fast accumulator. */
 static inline float td_trunc_fraction(float x, int bits)

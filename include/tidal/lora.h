@@ -8,10 +8,25 @@
  * The update of an adapted projection W (out, in) is dW = scale * B A, with
  * scale = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora.
  *
- * Two ways a path runs it (td_forward_set_recipe_lora / td_session_set_recipe_lora):
- *   unmerged   the LoRA branch beside the base projection, as PEFT computes it in the path's
- *              activations dtype D:  y = D(y_base + D(scale * D(B D(A x))))  (A, B rounded to D,
- *              fp32 accumulation; the LoRA GEMMs never run in FP8). The trainer's setup.
+ * Three ways a path runs it (td_forward_set_recipe_lora / td_session_set_recipe_lora, `mode`):
+ *   unmerged   (TD_LORA_UNMERGED) the LoRA branch beside the base projection, as PEFT computes
+ *              it in the path's activations dtype D:  y = D(y_base + D(scale * D(B D(A x))))
+ *              (A, B rounded to D, fp32 accumulation; the LoRA GEMMs never run in FP8). The
+ *              trainer's setup.
+ *   punica     (TD_LORA_PUNICA) the LoRA branch as vLLM's native adapter serving runs it, the
+ *              Punica Triton kernels lora_shrink / lora_expand (vllm/lora/ops/triton_ops/
+ *              kernel_utils.py do_shrink_kernel, do_expand_kernel) after the adapter manager's
+ *              LoRALayerWeights.optimize() folded the scaling into B, in the lora dtype D:
+ *                A_e = D(A), B_e = D(D(B) * scale)                  (optimize: lora_b *= scaling)
+ *                buf = fp32(A_e x), scale 1                         (shrink: fp32 accumulate into
+ *                                                                    an fp32 buffer)
+ *                y   = D(y_base + D(B_e D(buf)))                    (expand: CAST_TYPE casts the
+ *                                                                    buffer to D, fp32 accumulate,
+ *                                                                    cast to D, ADD_INPUTS adds
+ *                                                                    the base output)
+ *              With a power-of-two scale this equals the unmerged form bit for bit; otherwise
+ *              the folded B_e rounds differently from PEFT's D(scale * u). What an engine with
+ *              native adapter sync (TRL AsyncGRPOTrainer, NeMo-RL) computes.
  *   merged     the path's prepared weights are round_fmt(W + scale B A), the sum taken in fp32:
  *              what a rollout engine does after each weight sync. A small update added to BF16
  *              weights is partly lost to rounding; the merge reports how much survives:
@@ -102,13 +117,38 @@ typedef struct {
     int64_t elements, changed;
 } td_lora_merge_stats;
 
+/* How a path runs an adapter (above). */
+enum { TD_LORA_UNMERGED = 0, TD_LORA_MERGED = 1, TD_LORA_PUNICA = 2 };
+
 /* Sets a structure's recipe with an adapter (lora may be NULL: the same as set_recipe).
- * merged != 0 folds it into the recipe's prepared weights, else it runs unmerged (A and B are
- * copied, rounded, when the recipe is set: the adapter may be freed afterwards). */
-int td_forward_set_recipe_lora(td_forward *f, const td_recipe *r, const td_lora *lora, int merged,
+ * mode TD_LORA_MERGED folds it into the recipe's prepared weights, TD_LORA_UNMERGED runs it
+ * beside them as PEFT does, TD_LORA_PUNICA as vLLM's LoRA kernels do (A and B are copied,
+ * rounded, when the recipe is set: the adapter may be freed afterwards). */
+int td_forward_set_recipe_lora(td_forward *f, const td_recipe *r, const td_lora *lora, int mode,
                                td_error *err);
-int td_session_set_recipe_lora(td_session *s, const td_recipe *r, const td_lora *lora, int merged,
+int td_session_set_recipe_lora(td_session *s, const td_recipe *r, const td_lora *lora, int mode,
                                td_error *err);
+
+/* ---- PEFT's merge_adapter() / unmerge_adapter() on a base weight held in dtype D ----
+ * (peft/tuners/lora/layer.py, Linear.get_delta_weight / merge / unmerge; what TRL's GRPOTrainer
+ * runs around every weight sync to vLLM). With an fp32 adapter (PEFT's autocast_adapter_dtype,
+ * TRL's default) and the base W (out, in) in D:
+ *   delta = fp32(fp32(B @ A) * scale)                 get_delta_weight, lora_B's dtype (fp32);
+ *                                                     B @ A is one sgemm (tidal and torch's CPU
+ *                                                     matmul share the BLAS; rank 1 is exact)
+ *   merge:    W = D(fp32(W + delta))                  weight.data += delta_weight: torch adds in
+ *                                                     the promoted fp32 and rounds to W's dtype
+ *   unmerge:  W = D(fp32(W - D(delta)))               peft >= 0.16 (PR #2433):
+ *                                                     weight.data -= delta_weight.to(orig_dtype)
+ *             W = D(fp32(W - delta))                  peft < 0.16: weight.data -= delta_weight
+ * Each D rounds to nearest even without saturation (torch's cast). In D = fp32 every D is the
+ * identity, and W + delta - delta still differs from W at the fp32 rounding level. */
+typedef enum { TD_PEFT_UNMERGE_ROUNDED = 0, TD_PEFT_UNMERGE_FP32 = 1 } td_peft_unmerge;
+
+/* delta (p->out, p->in) of one adapted pair of lo. */
+void td_lora_peft_delta(const td_lora *lo, const td_lora_pair *p, float *delta);
+void td_lora_peft_merge(td_format D, float *w, const float *delta, size_t n);
+void td_lora_peft_unmerge(td_format D, td_peft_unmerge form, float *w, const float *delta, size_t n);
 td_lora_merge_stats td_forward_lora_stats(const td_forward *f);
 td_lora_merge_stats td_session_lora_stats(const td_session *s);
 

@@ -73,10 +73,11 @@
  *   batch_invariant  a row's result independent of the batch it is in, of the shard and of the
  *                 thread count: GEMMs take td_gemm_fixed (gemm.h: one fixed summation order per
  *                 element, as the engines' batch-invariant kernels fix theirs) and attention
- *                 runs per row even in fp32. A recipe without it keeps OpenBLAS's order, which
- *                 depends on the batch: sgemm's blocking and micro-kernels follow the number of
- *                 rows M, a one-row decode step takes sgemv, and the fp32 reference attention
- *                 sums a block of rows' scores by sgemm. Per-tensor dynamic activation scaling
+ *                 runs per row even in fp32. A recipe without it keeps OpenBLAS's order for
+ *                 GEMMs of more than TD_GEMM_FIXED_ROWS (8) rows, which depends on the batch:
+ *                 sgemm's blocking and micro-kernels follow the number of rows M (a decode step
+ *                 of at most 8 slots takes the fixed order, as an engine's decode kernel has its
+ *                 own), and the fp32 reference attention sums a block of rows' scores by sgemm. Per-tensor dynamic activation scaling
  *                 (act_scaling "tensor") takes its amax over the whole batch: such a recipe is
  *                 never batch-invariant, whatever this field says.
  * Every recipe gives the same results for any thread count: GEMMs are cut into fixed column

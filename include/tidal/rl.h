@@ -1,6 +1,10 @@
 /* tidal — GRPO-family RL with a training/inference mismatch (tidal-rl), over src/rl/.
  *
  * One step, as an RL framework with an inference engine and a trainer runs it:
+ *   0. (--eval-steps N, k % N == 0) the trainer's own policy evaluated greedily on held-out
+ *      records (eval_reward, eval_accuracy; below); then the weight sync: the engine receives
+ *      the current policy (full fine-tuning: the fp32 masters cast by the rollout recipe; LoRA:
+ *      --lora-sync, below);
  *   1. P = B / G prompts from the dataset (a seeded permutation per epoch), B completions in
  *      all (B = per_device_batch_size x gradient_accumulation_steps, TRL's generation batch);
  *   2. rollout: G completions per prompt on the inference path (the rollout recipe, KV-cache
@@ -203,7 +207,15 @@ double td_rl_seq_loss(const td_rl_loss_cfg *c, int T, const float *logp, const f
     X(rollout_is_clipped_fraction, "share of loss tokens whose weight a truncation changed") \
     X(rollout_rs_masked_fraction, "share of loss tokens a mask mode zeroed") \
     X(rollout_rs_seq_masked_fraction, "share of sequences entirely masked") \
-    X(time_rollout, "seconds: generation on the inference path") \
+    X(base_drift_max, "LoRA: max |W_t - W_0| over the adapted base weights after the step's sync (nan: full FT)") \
+    X(base_drift_mean, "LoRA: mean |W_t - W_0| over the adapted base weights") \
+    X(base_drift_frac, "LoRA: share of adapted base weights with W_t != W_0") \
+    X(merge_survival, "merged syncs: |E(W + dW) - E(W)|_F / |dW|_F, what the engine's weights kept (nan: adapter, full FT)") \
+    X(merge_aligned, "merged syncs: <E(W + dW) - E(W), dW> / |dW|^2, the update's own component kept") \
+    X(merge_changed_frac, "merged syncs: share of adapted engine weights the update changed") \
+    X(eval_reward, "--eval-steps: mean reward of the trainer's policy, greedy, on the eval records (nan between)") \
+    X(eval_accuracy, "--eval-steps: share of eval records answered exactly (greedy; nan between)") \
+    X(time_rollout, "seconds: generation (and the weight sync) on the inference path") \
     X(time_reward, "seconds: decoding and grading") \
     X(time_old, "seconds: pi_old (and reference) on the training path") \
     X(time_update, "seconds: loss, backward, optimiser step") \
@@ -313,6 +325,29 @@ int td_collapse_first(const td_collapse *d, td_collapse_signal s);
 /* A bit mask of signals active (their condition true) at the last pushed step. */
 unsigned td_collapse_active(const td_collapse *d);
 
+/* ---- how the engine receives a LoRA policy before each rollout (--lora-sync) ----
+ *   merged         the engine's weights are E(W + scale B A), the sum in fp32 from the trainer's
+ *                  exact weights, rounded once to the rollout recipe's weight format E: TRL with
+ *                  a model loaded in fp32 (its default), up to PEFT's fp32 merge/unmerge noise.
+ *   merge-unmerge  TRL GRPOTrainer's sync (v0.16-v0.26 _move_model_to_vllm, v1.x
+ *                  VLLMGeneration.sync_weights): PEFT merge_adapter() on the trainer's base held
+ *                  in --model-dtype D, every weight to the engine (cast to its recipe), then
+ *                  unmerge_adapter() (lora.h has PEFT's arithmetic, peft >= 0.16's unmerge). The
+ *                  engine gets E(D(W + delta)); the trainer's base keeps D(D(W + delta) - D(delta)),
+ *                  which drifts from W step after step (0 drift only where both roundings are
+ *                  exact; in fp32 the drift stays at the fp32 rounding level).
+ *   adapter        native adapter sync (TRL AsyncGRPOTrainer /v1/load_lora_adapter, NeMo-RL):
+ *                  the engine runs the base E(W) and the LoRA branch unmerged as vLLM's Punica
+ *                  kernels do (lora.h, TD_LORA_PUNICA).
+ * --model-dtype D (HF torch_dtype: fp32, bf16, fp16; also float32, bfloat16, float16): the dtype
+ * the trainer's model is loaded in under LoRA, every weight rounded to it once at the start
+ * (the trainer computes W x + s B (A x) on that base under its recipe). Full fine-tuning syncs
+ * the fp32 masters cast to the engine's dtype, as before; both flags need --lora-r.
+ * /steps records the base drift (base_drift_*) and what a merge kept (merge_*). */
+typedef enum { TD_RL_SYNC_MERGED = 0, TD_RL_SYNC_MERGE_UNMERGE, TD_RL_SYNC_ADAPTER } td_rl_lora_sync;
+#define TD_RL_SYNC_NAMES "merged|merge-unmerge|adapter"
+const char *td_rl_lora_sync_name(td_rl_lora_sync s);
+
 /* ---- the run ---- */
 typedef struct {
     const char *model_path, *dataset_path, *output_dir;
@@ -326,6 +361,19 @@ typedef struct {
     int lr_schedule;           /* td_lr_schedule */
     int lora_r;
     double lora_alpha;
+    int lora_sync;             /* td_rl_lora_sync (merged) */
+    int model_dtype;           /* td_format of the LoRA base: TD_F32 (default), TD_BF16, TD_F16 */
+    int lora_sync_given, model_dtype_given;
+    /* clean evaluation (HF's eval_steps): every eval_steps steps (0 = never), before step k's
+     * rollout (k % eval_steps == 0, the policy that step samples from), the trainer's own policy
+     * (its weights: the fp32 masters, or the LoRA base and the adapter unmerged as PEFT runs it) on
+     * the training recipe, decoded greedily on the KV-cache path (no --rollout-logit-noise, no
+     * engine sync), graded by the task: /steps eval_reward, eval_accuracy. Records:
+     * eval_dataset_path, else the test.jsonl beside --dataset-path; the first eval_max_samples
+     * (0 = all). */
+    int eval_steps;
+    const char *eval_dataset_path;
+    int eval_max_samples;
     double temperature, top_p, repetition_penalty;
     int top_k;
     int max_steps;             /* 0: from epochs */

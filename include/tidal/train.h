@@ -83,6 +83,11 @@ typedef struct {
     double lora_alpha;         /* 16 when 0 */
     unsigned lora_modules;     /* bit mask of td_lora_module; 0 = q_proj | v_proj (PEFT's Llama default) */
     uint64_t seed;             /* LoRA A initialisation */
+    /* LoRA: the dtype the frozen base is held in (HF from_pretrained's torch_dtype: TD_F32,
+     * TD_BF16, TD_F16): every weight of the model is rounded to it once at creation, as a
+     * model loaded in that dtype holds it. 0 (TD_F32): the fp32 masters. Full fine-tuning
+     * keeps fp32 masters whatever this says (td_trainer_create refuses another value). */
+    int lora_base_dtype;
     /* sizes */
     int max_tokens;            /* rows of one micro-batch (sum of sequence lengths) */
     int max_seq_len;
@@ -152,6 +157,9 @@ const td_model *td_trainer_model(const td_trainer *tr);
 /* The adapter being trained (fp32 A and B), NULL without LoRA: set it on a path with
  * td_session_set_recipe_lora to roll out the current policy. */
 const td_lora *td_trainer_lora(const td_trainer *tr);
+/* Under LoRA, the frozen base as a writable model (NULL without LoRA): a caller that changes it
+ * (PEFT's merge/unmerge drift, a resumed run's drifted base) calls td_trainer_params_changed. */
+td_model *td_trainer_base(td_trainer *tr);
 
 /* Writes the gradients accumulated so far (unscaled fp32, before clipping) as safetensors under
  * the HF tensor names (PEFT names under LoRA), with the batch that produced them:

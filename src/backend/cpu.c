@@ -134,6 +134,15 @@ static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const
     const td_recipe *r = ctx->recipe;
     float *qin = ctx->qin;
     td_gemm_quant_input(r, inp, N, IN, qin);
+    /* how this product is summed (gemm.h): decode-sized products with fp32 accumulation read
+     * 16-bit weights as stored; larger ones of bf16 operands take the CPU's bf16 dot products,
+     * over the input as bf16 codes (in place in qin) and weights as stored (bf16 codes) or
+     * as codes of their fp32 copy (bf16 values), written into the tile scratch */
+    int w16 = N <= TD_GEMM_FIXED_ROWS && r->accumulate == TD_ACC_FP32 && !td_gemm_legacy_order() &&
+              (weight->dtype == TD_BF16 || weight->dtype == TD_F16);
+    int dp = N > TD_GEMM_FIXED_ROWS && td_gemm_bf16dp_applies(r) &&
+             (weight->dtype == TD_BF16 || (weight->dtype == TD_F32 && ctx->wtile));
+    const uint16_t *qcodes = dp ? td_gemm_pack_bf16(qin, (size_t)N * IN) : NULL;
     #pragma omp parallel num_threads(gemm_threads(ctx, N, IN, OUT))
     {
         int t = omp_get_thread_num();
@@ -153,8 +162,19 @@ static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const
             float *tile = wtile_scratch(ctx, t);
             for (int c0 = o0; c0 < o1; c0 += cols) {
                 int nc = c0 + cols <= o1 ? cols : o1 - c0;
-                const float *wt = wmat_rows(weight, c0, nc, IN, tile);   /* widened to fp32 */
-                td_gemm_accumulate(r, qin, N, IN, wt, IN, nc, out + c0, OUT, scratch);
+                if (w16) {
+                    td_gemm_accumulate_w16(r, qin, N, IN, (const uint16_t *)weight->data + (size_t)c0 * IN,
+                                           weight->dtype, IN, nc, out + c0, OUT);
+                } else if (dp) {
+                    const uint16_t *wc = (const uint16_t *)weight->data + (size_t)c0 * IN;
+                    if (weight->dtype == TD_F32)
+                        wc = td_gemm_pack_bf16(memcpy(tile, (const float *)weight->data + (size_t)c0 * IN,
+                                                      (size_t)nc * IN * sizeof(float)), (size_t)nc * IN);
+                    td_gemm_accumulate_bf16dp(r, qcodes, N, IN, wc, IN, nc, out + c0, OUT);
+                } else {
+                    const float *wt = wmat_rows(weight, c0, nc, IN, tile);   /* widened to fp32 */
+                    td_gemm_accumulate(r, qin, N, IN, wt, IN, nc, out + c0, OUT, scratch);
+                }
                 td_gemm_finish(r, out + c0, N, nc, OUT, bias ? bias + c0 : NULL);
             }
         }

@@ -122,7 +122,7 @@ void swiglu_backward_cpu(const td_ops *ctx, float *dgate, float *dup, const floa
 /* How GEMMs are cut for threads (fp32 and recipe GEMMs alike): the output columns, laid end
  * to end over the products of one call, are cut into fixed tiles of TD_GEMM_TILE columns, each
  * tile one GEMM call of its own; threads take whole tiles. The tiles do not depend on the
- * thread count, so neither does any result: OpenBLAS's sgemm/sgemv can give a column another
+ * thread count, so neither does any result: OpenBLAS's sgemm can give a column another
  * sum when the call's width or offset changes (it did, when the columns were split in as many
  * slices as threads). gemm_threads: the threads worth using for an (N, IN) x (IN, total)
  * product (one below 2^16 multiply-adds, at most one per tile); gemm_slice: thread t of k's

@@ -19,6 +19,9 @@
  *   everywhere every input gradient an op accumulates is rounded to D after the op, as
  *              autograd holds a bf16 model's gradients in bf16 (between ops, BF16 in the FP8
  *              flow); norm-weight, bias and embedding gradients accumulate in fp32.
+ * With bf16 weights and GEMM inputs (and the CPU's bf16 dot products: gemm.h) dgrad and wgrad
+ * run on td_gemm_bf16dp over bf16 codes, the forward's larger GEMMs' order, each operand laid
+ * out with its reduction contiguous (W'^T for dgrad, dY^T and X^T for wgrad).
  * Rounding goes through the numerics (td_round_row, td_fp8_fake_quant). FP16 overflows to
  * Inf here, which is what dynamic loss scaling detects. */
 #include "cpu.h"
@@ -35,6 +38,63 @@ static void transpose(const float *src, size_t rows, size_t cols, float *dst)
 {
     for (size_t i = 0; i < rows; i++)
         for (size_t j = 0; j < cols; j++) dst[j * rows + i] = src[i * cols + j];
+}
+
+/* the bf16 codes of src (rows, cols; bf16 values), transposed: dst (cols, rows), in 32 x 32
+ * blocks */
+static void codes_transposed(const float *src, size_t rows, size_t cols, uint16_t *dst)
+{
+    for (size_t i0 = 0; i0 < rows; i0 += 32)
+        for (size_t j0 = 0; j0 < cols; j0 += 32)
+            for (size_t i = i0; i < rows && i < i0 + 32; i++)
+                for (size_t j = j0; j < cols && j < j0 + 32; j++) {
+                    uint32_t u;
+                    memcpy(&u, src + i * cols + j, 4);
+                    dst[j * rows + i] = (uint16_t)(u >> 16);
+                }
+}
+
+/* C (M, N; ldc) += A (M, K) . B (N, K)^T over bf16 codes (td_gemm_bf16dp), threads over slices
+ * of C's columns: each element's order depends on K alone */
+static void bf16dp_acc(const td_ops *ctx, int M, int N, int K, const uint16_t *A,
+                       const uint16_t *B, float *C, int ldc)
+{
+    #pragma omp parallel num_threads(gemm_threads(ctx, M, K, N))
+    {
+        long c0, c1;
+        gemm_slice(N, omp_get_thread_num(), omp_get_num_threads(), &c0, &c1);
+        if (c0 < c1)
+            td_gemm_bf16dp(A, K, B + (size_t)c0 * K, K, C + c0, ldc, M, (int)(c1 - c0), K, 1);
+    }
+}
+
+/* dgrad and wgrad of a recipe td_gemm_bf16dp_applies to: dy = G(dY) (N, OUT) as rounded */
+static void matmul_backward_bf16dp(const td_ops *ctx, float *dinp, float *dweight, const float *dy,
+                                   const float *inp, const float *weight, int N, int IN, int OUT)
+{
+    size_t big = (size_t)(N > IN ? N : IN) * (OUT > IN ? OUT : IN);
+    uint16_t *p = td_xmalloc(big * sizeof(uint16_t)), *q = td_xmalloc(big * sizeof(uint16_t));
+    if (dinp) {
+        /* dY's codes (N, OUT), W'^T's (IN, OUT) */
+        for (size_t i = 0; i < (size_t)N * OUT; i++) {
+            uint32_t u;
+            memcpy(&u, dy + i, 4);
+            p[i] = (uint16_t)(u >> 16);
+        }
+        codes_transposed(weight, (size_t)OUT, (size_t)IN, q);
+        bf16dp_acc(ctx, N, IN, OUT, p, q, dinp, IN);
+        act_round(ctx, dinp, (size_t)N * IN);
+    }
+    if (dweight) {   /* dY^T (OUT, N), X^T (IN, N), X rounded as the forward fed it */
+        float *x = td_xmalloc((size_t)N * IN * sizeof(float));
+        td_gemm_quant_input(ctx->recipe, inp, N, IN, x);
+        codes_transposed(dy, (size_t)N, (size_t)OUT, p);
+        codes_transposed(x, (size_t)N, (size_t)IN, q);
+        free(x);
+        bf16dp_acc(ctx, OUT, IN, N, p, q, dweight, IN);
+    }
+    free(p);
+    free(q);
 }
 
 /* x (rows, cols) as the recipe feeds an activation-like operand to a GEMM whose reduction runs
@@ -73,6 +133,11 @@ void matmul_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, float *
     float *dy = td_xmalloc((size_t)N * OUT * sizeof(float));
     int fp8 = td_recipe_fp8_gemm(r);
     if (dinp || !fp8) quant_operand(r, dout, (size_t)N, (size_t)OUT, dy);   /* groups along OUT */
+    if (td_gemm_bf16dp_applies(r)) {
+        matmul_backward_bf16dp(ctx, dinp, dweight, dy, inp, weight, N, IN, OUT);
+        free(dy);
+        return;
+    }
     if (dinp) {
         gemm_nn_acc(ctx, N, IN, OUT, 1.0f, dy, OUT, weight, IN, dinp, IN);
         act_round(ctx, dinp, (size_t)N * IN);

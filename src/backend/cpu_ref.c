@@ -12,6 +12,7 @@
  * libm's expf is not vectorised without -ffast-math and dominates log-softmax over 150k logits.
  */
 #include "cpu.h"
+#include "tidal/gemm.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -119,7 +120,8 @@ void matmul_forward_ref(const td_ops *ctx, int n, float *const *out, const float
 {
     /* The outputs' columns, laid end to end, are cut into fixed tiles (cpu.h), whole tiles per
      * thread; a tile may span two outputs, each piece one GEMM over its weight rows widened to
-     * fp32 (in place when stored fp32). One parallel region for all n products keeps the
+     * fp32 (in place when stored fp32), or, for at most TD_GEMM_FIXED_ROWS rows, the fixed-order
+     * GEMM reading 16-bit weights as stored (gemm.h). One parallel region for all n products keeps the
      * barriers per layer few (they hurt most in decode). */
     long total = 0;
     for (int j = 0; j < n; j++) total += OUT[j];
@@ -133,9 +135,13 @@ void matmul_forward_ref(const td_ops *ctx, int n, float *const *out, const float
             for (int j = 0; j < n; base += OUT[j], j++) {
                 long o0 = c0 > base ? c0 - base : 0, o1 = c1 - base < OUT[j] ? c1 - base : OUT[j];
                 if (o0 >= o1) continue;
-                const float *wt = wmat_rows(&weight[j], o0, o1 - o0, IN, tile);
-                gemm_f32(ctx, 1, N, (int)(o1 - o0), IN, 1.0f, inp, IN, wt, IN, 0.0f, out[j] + o0,
-                         OUT[j]);
+                if (N <= TD_GEMM_FIXED_ROWS && !td_gemm_legacy_order()) {   /* a decode step: the fixed order (gemm.h) */
+                    wmat_gemm_fixed(&weight[j], o0, o1 - o0, IN, inp, N, out[j] + o0, OUT[j], tile);
+                } else {
+                    const float *wt = wmat_rows(&weight[j], o0, o1 - o0, IN, tile);
+                    gemm_f32(ctx, 1, N, (int)(o1 - o0), IN, 1.0f, inp, IN, wt, IN, 0.0f,
+                             out[j] + o0, OUT[j]);
+                }
                 if (bias && bias[j])
                     for (int i = 0; i < N; i++) {
                         float *y = out[j] + (size_t)i * OUT[j];

@@ -3,8 +3,10 @@
  * the thread's scratch and hand that to the same fp32 kernel as before, with the same leading
  * dimension, so a product's bits do not depend on how its weights are stored. bf16 widens by
  * a shift; fp16 through td_decode_row (what the loader used; F16C's vcvtph2ps where the CPU has it); fp8 codes as
- * td_fp8_dequantize does, lut[code] * scale of its block. */
+ * td_fp8_dequantize does, lut[code] * scale of its block. Decode-sized products
+ * (wmat_gemm_fixed) read 16-bit weights as stored instead. */
 #include "cpu.h"
+#include "tidal/gemm.h"
 
 #include <string.h>
 
@@ -54,4 +56,18 @@ const float *wmat_rows(const td_wmat *w, long r0, long nr, int cols, float *dst)
 float *wtile_scratch(const td_ops *ctx, int t)
 {
     return ctx->wtile ? ctx->wtile + (size_t)t * ctx->wtile_per_thread : NULL;
+}
+
+/* out (N, nr; stride ldo) = inp (N, cols) . rows [r0, r0 + nr) of w ^T in td_gemm_fixed's order
+ * (the decode-sized products of gemm.h): bf16 and fp16 weights read as stored, others widened
+ * into dst first. The same bits either way. */
+void wmat_gemm_fixed(const td_wmat *w, long r0, long nr, int cols, const float *inp, int N,
+                     float *out, int ldo, float *dst)
+{
+    if (w->dtype == TD_BF16 || w->dtype == TD_F16) {
+        td_gemm_fixed_w16(inp, cols, (const uint16_t *)w->data + (size_t)r0 * cols, cols, w->dtype,
+                          out, ldo, N, (int)nr, cols, 0);
+        return;
+    }
+    td_gemm_fixed(inp, cols, wmat_rows(w, r0, nr, cols, dst), cols, out, ldo, N, (int)nr, cols, 0);
 }

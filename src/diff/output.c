@@ -81,7 +81,8 @@ int open_output(job *J, td_error *err)
     snprintf(score, sizeof score, "%d", o->score_prompt);
     snprintf(layers, sizeof layers, "%d", o->layers);
     const char *mode_a = !o->lora_dir ? "none" : o->lora_merge_a ? "merged" : "unmerged";
-    const char *mode_b = !o->lora_dir || J->prompts.has_rollouts ? "none" : o->lora_merge_b ? "merged" : "unmerged";
+    const char *mode_b = !o->lora_dir || J->prompts.has_rollouts ? "none"
+                         : o->lora_merge_b == TD_LORA_PUNICA ? "adapter" : o->lora_merge_b ? "merged" : "unmerged";
     /* what --resume requires unchanged */
     const char *keys[] = {"model_fingerprint", "recipe_a", "recipe_b", "sampling", "seed_str", "shard", "batch", "score_prompt", "prompts_file",
                           "layers", "lora_path", "lora_mode_a", "lora_mode_b", "logprob_temperature"};

@@ -5,19 +5,28 @@
  *   u = D(B t)                        lora_B: the same
  *   y = D(y + D(scale * u))           PEFT: result = result + lora_B(lora_A(x)) * scaling
  * In fp32 every D is the identity. The LoRA GEMMs never run in FP8 (engines and trainers keep
- * the low-rank branch in the model dtype), and use split_k 1: they are rank-r reductions. */
+ * the low-rank branch in the model dtype), and use split_k 1: they are rank-r reductions.
+ *
+ * vLLM's native adapter form (lora.h, TD_LORA_PUNICA; the Punica Triton kernels
+ * vllm/lora/ops/triton_ops/kernel_utils.py do_shrink_kernel / do_expand_kernel):
+ *   B_e = D(D(B) * scale)             LoRALayerWeights.optimize() at activation, scale then 1
+ *   t   = D(A x)                      shrink: fp32 accumulate into an fp32 buffer; expand casts
+ *                                     the buffer to the lora dtype (CAST_TYPE) before its dot
+ *   u   = D(B_e t)                    expand: fp32 accumulate, accumulator.to(lora dtype)
+ *   y   = D(y + u)                    ADD_INPUTS: tiled_c += the base output, stored in D
+ * which is the form above with B replaced by B_e and scale 1 (D(1 * u) = u). */
 #include "model_internal.h"
 #include "tidal/gemm.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap)
+lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int punica)
 {
     lora_rt *rt = td_xcalloc(1, sizeof *rt);
     int L = lora->num_layers, rank = lora->rank;
     rt->rank = rank;
-    rt->scale = lora->scale;
+    rt->scale = punica ? 1.0f : lora->scale;
     td_recipe lr = *r;
     lr.weights = lr.gemm_inputs = lr.kv_cache = r->activations;
     lr.accumulate = TD_ACC_FP32;
@@ -48,6 +57,10 @@ lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap)
         d->a = q;
         q += na;
         td_gemm_prepare_weight(&lr, p->b, p->out, rank, q);
+        if (punica) {   /* LoRALayerWeights.optimize(): lora_b *= scaling, in the lora dtype */
+            for (size_t j = 0; j < nb; j++) q[j] = q[j] * lora->scale;
+            td_round_row(lr.activations, q, q, nb, TD_SATFINITE);
+        }
         d->b = q;
         q += nb;
     }

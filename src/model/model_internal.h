@@ -143,7 +143,8 @@ void head_forward(const td_ops *ops, const td_model *m, float *logits, const flo
                   int raw);
 
 /* An unmerged LoRA as a path runs it (lora_run.c): A and B rounded to the activations dtype D,
- * GEMMs with D operands and fp32 accumulation, scratch for cap rows. */
+ * GEMMs with D operands and fp32 accumulation, scratch for cap rows. punica: vLLM's form (lora.h,
+ * TD_LORA_PUNICA): B holds D(D(B) * scale) and scale is 1. */
 typedef struct lora_rt {
     int rank;
     float scale;
@@ -155,7 +156,7 @@ typedef struct lora_rt {
     float *qin;            // (cap, max(in, r)) GEMM operand scratch
 } lora_rt;
 
-lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap);
+lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int punica);
 void lora_rt_free(lora_rt *rt);
 /* y (N, out) += the LoRA branch of projection `module` of `layer` on its input x (N, in);
  * nothing when ops has no adapter or this projection is not adapted. */
@@ -225,10 +226,11 @@ typedef struct {
 } td_recipe_state;
 
 /* Sets ops up for recipe r (copied into st) for batches of up to cap rows, with an adapter
- * (lora may be NULL) folded into the prepared weights (merged) or run beside them. f32: keep
- * every weight the recipe reads in fp32 too (w complete: decoder_backward needs it). */
+ * (lora may be NULL) folded into the prepared weights (mode TD_LORA_MERGED) or run beside them
+ * (TD_LORA_UNMERGED: PEFT's form; TD_LORA_PUNICA: vLLM's). f32: keep every weight the recipe
+ * reads in fp32 too (w complete: decoder_backward needs it). */
 int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const td_recipe *r,
-                     const td_lora *lora, int merged, int cap, int f32, td_error *err);
+                     const td_lora *lora, int mode, int cap, int f32, td_error *err);
 void recipe_state_free(td_recipe_state *st);
 /* The recipe state of a structure (tests: what it shares, what it copied). */
 const td_recipe_state *forward_recipe_state(const td_forward *f);

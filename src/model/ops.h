@@ -65,6 +65,12 @@ static inline td_wmat td_wmat_f32(const float *p)
  * is fp32, else widened into dst (nr * cols floats), exactly. Host memory. */
 const float *wmat_rows(const td_wmat *w, long r0, long nr, int cols, float *dst);
 
+/* out (N, nr; stride ldo) = inp (N, cols) . (rows [r0, r0 + nr) of w)^T in the fixed order of
+ * td_gemm_fixed (include/tidal/gemm.h: the GEMMs of at most TD_GEMM_FIXED_ROWS rows), 16-bit
+ * weights read without widening, others widened into dst. Host memory. */
+void wmat_gemm_fixed(const td_wmat *w, long r0, long nr, int cols, const float *inp, int N,
+                     float *out, int ldo, float *dst);
+
 typedef struct td_ops {
     const td_backend *be;         /* who runs the ops (td_backend_cpu)                         */
     int nthreads;                 /* threads the ops may use (>= 1)                            */

@@ -262,7 +262,7 @@ static int wset_narrow(const td_wset *ws, int L)
 }
 
 int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const td_recipe *r,
-                     const td_lora *lora, int merged, int cap, int f32, td_error *err)
+                     const td_lora *lora, int mode, int cap, int f32, td_error *err)
 {
     if (td_recipe_check(r, r->name, err)) return -1;
     if (lora && lora->num_layers != m->cfg.num_layers)
@@ -286,12 +286,12 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
     st->recipe = rc;
     st->head = td_recipe_for_head(&rc);
     st->f32 = f32;
-    if (lora && !merged) {
-        st->lora = lora_rt_create(lora, &rc, cap);
+    if (lora && mode != TD_LORA_MERGED) {
+        st->lora = lora_rt_create(lora, &rc, cap, mode == TD_LORA_PUNICA);
         ops->lora = st->lora;
     }
     prep P = {.st = st, .m = m, .err = err};
-    if (lora && merged) P.mc.lora = lora;
+    if (lora && mode == TD_LORA_MERGED) P.mc.lora = lora;
     int bad = weights_prepare(&P, &rc);
     free(P.scratch);
     if (bad) {
@@ -314,7 +314,10 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
     if ((size_t)c->num_heads * c->head_dim > width) width = (size_t)c->num_heads * c->head_dim;
     ops->w = &st->w;
     ops->ws = &st->ws;
-    if (wset_narrow(&st->ws, c->num_layers)) {   /* one tile of the widest GEMM input per thread */
+    /* one tile of the widest GEMM input per thread: 16-bit and fp8 weights are widened into it,
+     * fp32 copies under bf16 dot products (gemm.h) packed into it as bf16 codes */
+    if (wset_narrow(&st->ws, c->num_layers) || td_gemm_bf16dp_applies(&rc) ||
+        td_gemm_bf16dp_applies(&st->head)) {
         ops->wtile_per_thread = (size_t)TD_GEMM_TILE * width;
         st->wtile = td_xmalloc((size_t)ops->nthreads * ops->wtile_per_thread * sizeof(float));
         ops->wtile = st->wtile;

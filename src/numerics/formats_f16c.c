@@ -15,6 +15,7 @@
  * pattern (TIDAL_EXHAUSTIVE=1; reports/formats-exhaustive.md) and tests/test_formats.c with the
  * scalar rows. */
 #include "formats_simd.h"
+#include "tidal/isa.h"
 
 #if TD_HAVE_F16C_PATH
 #include <immintrin.h>
@@ -80,7 +81,7 @@ TGT void td_f16_round_row_f16c(const float *x, float *y, size_t n)
 
 int td_cpu_has_f16c(void)
 {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    return td_isa_level() >= TD_ISA_AVX2;   /* AVX2 + FMA + F16C, unless TIDAL_ISA caps it */
 }
 #else
 int td_cpu_has_f16c(void) { return 0; }

@@ -96,11 +96,18 @@ void td_fp8_quantize(const td_fp8_scheme *s, const float *x, size_t rows, size_t
             for (size_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(x[r * cols + c]));
         block_scale b = block_scale_from_amax(s, amax);
         scales[bi] = b.scale;
+        /* the block's row pieces scaled into a buffer, then encoded by the row form (one
+         * specialised loop per format) */
+        float buf[256];
         for (size_t r = r0; r < r1; r++) {
             const float *xr = x + r * cols;
             uint8_t *qr = codes + r * cols;
-            if (b.mul != 0.0f) for (size_t c = c0; c < c1; c++) qr[c] = (uint8_t)td_encode(s->fmt, xr[c] * b.mul, s->sat);
-            else               for (size_t c = c0; c < c1; c++) qr[c] = (uint8_t)td_encode(s->fmt, xr[c] / b.div, s->sat);
+            for (size_t p0 = c0; p0 < c1; p0 += 256) {
+                size_t n = c1 - p0 < 256 ? c1 - p0 : 256;
+                if (b.mul != 0.0f) for (size_t c = 0; c < n; c++) buf[c] = xr[p0 + c] * b.mul;
+                else               for (size_t c = 0; c < n; c++) buf[c] = xr[p0 + c] / b.div;
+                td_encode_row(s->fmt, buf, qr + p0, n, s->sat);
+            }
         }
     }
 }
@@ -111,13 +118,17 @@ void td_fp8_dequantize(const td_fp8_scheme *s, const uint8_t *codes, const float
     size_t br, bc;
     td_fp8_block_shape(s, rows, cols, &br, &bc);
     size_t nbc = (cols + bc - 1) / bc;
-    float lut[256];
-    for (int c = 0; c < 256; c++) lut[c] = td_decode(s->fmt, (uint32_t)c);
+    const float *lut = td_fp8_decode_table(s->fmt);
     #pragma omp parallel for schedule(static) if (rows * cols > (1u << 16))
     for (size_t r = 0; r < rows; r++) {
         const float *srow = scales + (r / br) * nbc;
-        for (size_t c = 0; c < cols; c++)
-            y[r * cols + c] = lut[codes[r * cols + c]] * srow[c / bc];
+        const uint8_t *cr = codes + r * cols;
+        float *yr = y + r * cols;
+        for (size_t c0 = 0, b = 0; c0 < cols; c0 += bc, b++) {   /* block by block: one scale */
+            size_t c1 = c0 + bc < cols ? c0 + bc : cols;
+            float sc = srow[b];
+            for (size_t c = c0; c < c1; c++) yr[c] = lut[cr[c]] * sc;
+        }
     }
 }
 

@@ -20,7 +20,7 @@ struct td_forward {
     int *row_seq;            // (max_tokens) sequence index of each row
     td_recipe_state rs;      // the recipe (default: fp32 reference)
     const td_lora *lora;     // the adapter given with the recipe, and how
-    int merged;
+    int lora_mode;
 };
 
 td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len,
@@ -149,7 +149,7 @@ void forward_keep_activations(td_forward *f, int keep)
      * model is a trainer's, fp32, small); the recipe was prepared once already, so this cannot
      * fail for want of anything but memory */
     td_error err;
-    if (recipe_state_set(&f->rs, &f->ops, f->m, &f->rs.recipe, f->lora, f->merged, f->max_tokens, keep, &err)) {
+    if (recipe_state_set(&f->rs, &f->ops, f->m, &f->rs.recipe, f->lora, f->lora_mode, f->max_tokens, keep, &err)) {
         fprintf(stderr, "tidal: %s\n", err.msg);
         abort();
     }
@@ -184,12 +184,12 @@ void td_forward_set_layer_fn(td_forward *f, td_layer_fn fn, void *user)
     f->ops.layer_user = user;
 }
 
-int td_forward_set_recipe_lora(td_forward *f, const td_recipe *r, const td_lora *lora, int merged,
+int td_forward_set_recipe_lora(td_forward *f, const td_recipe *r, const td_lora *lora, int mode,
                                td_error *err)
 {
     f->lora = lora;
-    f->merged = merged;
-    return recipe_state_set(&f->rs, &f->ops, f->m, r, lora, merged, f->max_tokens, f->acts.save, err);
+    f->lora_mode = mode;
+    return recipe_state_set(&f->rs, &f->ops, f->m, r, lora, mode, f->max_tokens, f->acts.save, err);
 }
 
 td_lora_merge_stats td_forward_lora_stats(const td_forward *f) { return f->rs.merge; }

@@ -190,11 +190,11 @@ int td_session_set_recipe(td_session *s, const td_recipe *r, td_error *err)
     return td_session_set_recipe_lora(s, r, NULL, 0, err);
 }
 
-int td_session_set_recipe_lora(td_session *s, const td_recipe *r, const td_lora *lora, int merged,
+int td_session_set_recipe_lora(td_session *s, const td_recipe *r, const td_lora *lora, int mode,
                                td_error *err)
 {
     int cap = s->chunk > s->nslots ? s->chunk : s->nslots;
-    if (recipe_state_set(&s->rs, &s->ops, s->m, r, lora, merged, cap, 0, err)) return -1;
+    if (recipe_state_set(&s->rs, &s->ops, s->m, r, lora, mode, cap, 0, err)) return -1;
     s->ops.cache = 1;
     return 0;
 }

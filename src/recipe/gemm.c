@@ -2,7 +2,23 @@
 #include "tidal/gemm.h"
 
 #include <cblas.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+
+static int legacy;
+static pthread_once_t legacy_once = PTHREAD_ONCE_INIT;
+static void legacy_init(void)
+{
+    const char *v = getenv("TIDAL_GEMM_ORDER");
+    legacy = v && !strcmp(v, "openblas");
+}
+
+int td_gemm_legacy_order(void)
+{
+    pthread_once(&legacy_once, legacy_init);
+    return legacy;
+}
 
 void td_round_act(const td_recipe *r, float *x, size_t n)
 {
@@ -42,33 +58,76 @@ size_t td_gemm_scratch_floats(const td_recipe *r, int M, int N)
     return r->accumulate == TD_ACC_FP8_FAST ? 2 * (size_t)M * N : 0;
 }
 
-/* C (M, N) = A[:, k0:k0+kn] · W[:, k0:k0+kn]^T (+ C if beta). M == 1 takes sgemv, as a
- * decode step's GEMV kernel does: a different summation order than the GEMM of a sequence.
- * Batch-invariant recipes take td_gemm_fixed, whose per-element order depends on nothing but
- * the two operand rows (OpenBLAS's sgemm does not promise that: its order can change with M
- * and N), so a row's result is the same whatever batch it is in. */
+/* C (M, N) = A[:, k0:k0+kn] · W[:, k0:k0+kn]^T (+ C if beta). Batch-invariant recipes and
+ * decode-sized products (M <= TD_GEMM_FIXED_ROWS) take td_gemm_fixed, whose per-element order
+ * depends on nothing but the two operand rows (OpenBLAS's sgemm does not promise that: its
+ * order can change with M and N); larger products OpenBLAS's sgemm: a different summation order
+ * than a decode step's, as an engine's GEMV and GEMM kernels differ. */
 static void mm(const float *a, int M, int K, const float *w, int ldw, int N, float *c, int ldc,
                int k0, int kn, float beta, int invariant)
 {
-    if (invariant)
+    if (invariant || (M <= TD_GEMM_FIXED_ROWS && !td_gemm_legacy_order()))
         td_gemm_fixed(a + k0, K, w + k0, ldw, c, ldc, M, N, kn, beta != 0.0f);
-    else if (M == 1)
+    else if (M == 1)   /* TIDAL_GEMM_ORDER=openblas */
         cblas_sgemv(CblasRowMajor, CblasNoTrans, N, kn, 1.0f, w + k0, ldw, a + k0, 1, beta, c, 1);
     else
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, kn, 1.0f, a + k0, K, w + k0,
                     ldw, beta, c, ldc);
 }
 
+/* the K slices of split-K: part p is [*k0, *k0 + *kn); 0 when there is no such part */
+static int split_part(const td_recipe *r, int K, int p, int *k0, int *kn)
+{
+    int parts = r->split_k < K ? r->split_k : 1;
+    int per = (K + parts - 1) / parts;
+    *k0 = p * per;
+    if (p >= parts || *k0 >= K) return 0;
+    *kn = *k0 + per <= K ? per : K - *k0;
+    return 1;
+}
+
+void td_gemm_accumulate_w16(const td_recipe *r, const float *in, int M, int K, const uint16_t *w,
+                            td_format wf, int ldw, int N, float *out, int ldo)
+{
+    int k0, kn;
+    for (int p = 0; split_part(r, K, p, &k0, &kn); p++)
+        td_gemm_fixed_w16(in + k0, K, w + k0, ldw, wf, out, ldo, M, N, kn, p > 0);
+}
+
+int td_gemm_bf16dp_applies(const td_recipe *r)
+{
+    return r->accumulate == TD_ACC_FP32 && !r->batch_invariant && r->weights == TD_BF16 &&
+           r->gemm_inputs == TD_BF16 && !td_recipe_fp8_gemm(r) && !td_gemm_legacy_order() &&
+           td_gemm_bf16dp_available();
+}
+
+uint16_t *td_gemm_pack_bf16(float *x, size_t n)
+{
+    uint16_t *codes = (uint16_t *)x;
+    /* code i lands on bytes [2i, 2i + 2), at or before float i's [4i, 4i + 4), read first */
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, 4);
+        codes[i] = (uint16_t)(u >> 16);
+    }
+    return codes;
+}
+
+void td_gemm_accumulate_bf16dp(const td_recipe *r, const uint16_t *in, int M, int K,
+                               const uint16_t *w, int ldw, int N, float *out, int ldo)
+{
+    int k0, kn;
+    for (int p = 0; split_part(r, K, p, &k0, &kn); p++)
+        td_gemm_bf16dp(in + k0, K, w + k0, ldw, out, ldo, M, N, kn, p > 0);
+}
+
 void td_gemm_accumulate(const td_recipe *r, const float *in, int M, int K, const float *w,
                         int ldw, int N, float *out, int ldo, float *scratch)
 {
     if (r->accumulate == TD_ACC_FP32) {
-        int parts = r->split_k < K ? r->split_k : 1;
-        int per = (K + parts - 1) / parts;
-        for (int p = 0, k0 = 0; p < parts && k0 < K; p++, k0 += per) {
-            int kn = k0 + per <= K ? per : K - k0;
+        int k0, kn;
+        for (int p = 0; split_part(r, K, p, &k0, &kn); p++)
             mm(in, M, K, w, ldw, N, out, ldo, k0, kn, p ? 1.0f : 0.0f, r->batch_invariant);
-        }
         return;
     }
     /* fp8-fast: WGMMA steps of 32 products, truncated partials, promotion every promote_every */

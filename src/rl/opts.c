@@ -14,6 +14,12 @@ const char *const td_rl_metric_docs[TD_RLM_COUNT] = {TD_RL_METRICS(TD_RL_X_DOC)}
 #undef TD_RL_X_NAME
 #undef TD_RL_X_DOC
 
+const char *td_rl_lora_sync_name(td_rl_lora_sync s)
+{
+    static const char *const N[] = {"merged", "merge-unmerge", "adapter"};
+    return (unsigned)s < 3 ? N[s] : "?";
+}
+
 int td_rl_metric_index(const char *name)
 {
     for (int i = 0; i < TD_RLM_COUNT; i++)
@@ -89,12 +95,21 @@ int td_rl_opts_check(const td_rl_opts *o, td_error *err)
                        "(the control has no mismatch; the noise arm adds one)");
     if (o->lora_r == 0 && o->lora_alpha != 16.0)
         return td_fail(err, "--lora-alpha given without --lora-r");
+    if (o->lora_r == 0 && (o->lora_sync_given || o->model_dtype_given))
+        return td_fail(err, "%s given without --lora-r (full fine-tuning syncs its fp32 master weights cast to the "
+                       "engine's dtype)", o->lora_sync_given ? "--lora-sync" : "--model-dtype");
+    if (o->model_dtype != TD_F32 && o->model_dtype != TD_BF16 && o->model_dtype != TD_F16)
+        return td_fail(err, "--model-dtype: expected fp32, bf16 or fp16");
+    if ((unsigned)o->lora_sync > TD_RL_SYNC_ADAPTER)
+        return td_fail(err, "--lora-sync: expected " TD_RL_SYNC_NAMES);
     if (o->max_completion_length < 1 || o->max_seq_length <= o->max_completion_length)
         return td_fail(err, "--max-seq-length %d must exceed --max-completion-length %d (the "
                        "prompt needs room)", o->max_seq_length, o->max_completion_length);
     if (o->temperature <= 0)
         return td_fail(err, "--temperature %g: RL samples (greedy rollouts have no policy "
                        "gradient); expected > 0", o->temperature);
+    if (o->eval_steps == 0 && (o->eval_dataset_path || o->eval_max_samples))
+        return td_fail(err, "%s given without --eval-steps", o->eval_dataset_path ? "--eval-dataset-path" : "--eval-max-samples");
     if (o->resume && o->overwrite)
         return td_fail(err, "--resume and --overwrite-output-dir contradict each other");
     if (o->max_steps <= 0 && !(o->epochs > 0))

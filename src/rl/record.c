@@ -59,6 +59,15 @@ char *rl_config_json(const rl_run *R)
     json_object_set_new(j, "max_grad_norm", json_real(o->max_grad_norm));
     json_object_set_new(j, "lora_r", json_integer(o->lora_r));
     json_object_set_new(j, "lora_alpha", json_real(o->lora_alpha));
+    if (o->eval_steps > 0) {   /* without --eval-steps the configuration stays as it was */
+        json_object_set_new(j, "eval_steps", json_integer(o->eval_steps));
+        json_object_set_new(j, "eval_dataset_path", json_string(R->eval_path));
+        json_object_set_new(j, "eval_max_samples", json_integer((json_int_t)R->n_eval));
+    }
+    if (o->lora_r > 0) {   /* full fine-tuning's configuration stays as it was (older runs resume) */
+        json_object_set_new(j, "lora_sync", json_string(td_rl_lora_sync_name((td_rl_lora_sync)o->lora_sync)));
+        json_object_set_new(j, "model_dtype", json_string(td_format_info((td_format)o->model_dtype)->name));
+    }
     json_object_set_new(j, "temperature", json_real(o->temperature));
     json_object_set_new(j, "top_p", json_real(o->top_p));
     json_object_set_new(j, "top_k", json_integer(o->top_k));
@@ -113,7 +122,12 @@ static int replay(rl_run *R, int steps, td_error *err)
     for (int i = 0; i < TD_RLM_COUNT; i++) {
         char p[128];
         snprintf(p, sizeof p, "/steps/%s", td_rl_metric_names[i]);
-        if (steps && td_runfile_read(R->rf, p, TD_COL_F64, 0, steps, col, err)) { free(col); free(rows); return -1; }
+        if (steps && !td_runfile_exists(R->rf, p)) {   /* a column newer than the file: nan rows */
+            for (int k = 0; k < steps; k++) col[k] = NAN;
+            if (td_runfile_append(R->rf, p, TD_COL_F64, 1, col, (size_t)steps, err)) { free(col); free(rows); return -1; }
+        } else if (steps && td_runfile_read(R->rf, p, TD_COL_F64, 0, steps, col, err)) {
+            free(col); free(rows); return -1;
+        }
         for (int k = 0; k < steps; k++) rows[(size_t)k * TD_RLM_COUNT + i] = col[k];
     }
     R->skipped_extra = 0;
@@ -192,6 +206,8 @@ int rl_file_open(rl_run *R, int *start, td_error *err)
         char sp[4300];
         snprintf(sp, sizeof sp, "%s/checkpoint-%lld/trainer_state.bin", o->output_dir, (long long)ck);
         if (td_trainer_load_state(R->tr, sp, err)) return -1;
+        snprintf(sp, sizeof sp, "%s/checkpoint-%lld", o->output_dir, (long long)ck);
+        if (rl_sync_load(R, sp, err)) return -1;
     }
     if (cut_back(R, (int)ck, err) || td_runfile_set_i64(R->rf, "finished", 0, err) || td_runfile_flush(R->rf, err))
         return -1;
@@ -276,12 +292,15 @@ int rl_checkpoint_save(rl_run *R, int steps, td_error *err)
     snprintf(path, sizeof path, "%s/trainer_state.bin", dir);
     int64_t prev = 0;
     td_runfile_get_i64(R->rf, "checkpoint_step", &prev, NULL);
-    if (td_trainer_save_state(R->tr, path, err) || td_runfile_set_i64(R->rf, "checkpoint_step", steps, err) ||
+    if (td_trainer_save_state(R->tr, path, err) || rl_sync_save(R, dir, err) ||
+        td_runfile_set_i64(R->rf, "checkpoint_step", steps, err) ||
         td_runfile_flush(R->rf, err))
         return -1;
     if (prev > 0 && prev != steps) {   /* only the latest is kept (save_total_limit = 1) */
         snprintf(dir, sizeof dir, "%s/checkpoint-%lld", R->o->output_dir, (long long)prev);
         snprintf(path, sizeof path, "%s/trainer_state.bin", dir);
+        remove(path);
+        snprintf(path, sizeof path, "%s/lora_base.safetensors", dir);
         remove(path);
         rmdir(dir);
     }

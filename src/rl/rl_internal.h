@@ -6,6 +6,7 @@
  *   opts.c      defaults, checks, metric names
  *   run.c       the run: setup, resume, the step loop, progress
  *   step.c      one step: rollout, rewards, pi_old, update, metrics
+ *   sync.c      the weight sync to the engine (--lora-sync) and the base drift
  *   record.c    the run file: attributes, /steps rows, the /tokens sample, checkpoints */
 #ifndef TIDAL_RL_INTERNAL_H
 #define TIDAL_RL_INTERNAL_H
@@ -40,12 +41,20 @@ typedef struct {
     td_tokenizer *tkz;
     td_task_item *items;
     size_t n_items;
+    td_task_item *eval_items;     /* --eval-steps: the evaluation records (n_eval used)      */
+    size_t n_eval_items, n_eval;
+    char eval_path[4200];
     int **prompt_ids, *prompt_len;/* (n_items) tokenized prompts                              */
     td_recipe rtrain, rroll;
     td_trainer *tr;
     td_forward *fold, *fref;      /* pi_old on the trainer's weights; the reference           */
     td_session *sess;
     td_sampler *smp;
+    /* the sync (sync.c) */
+    td_model *engine;             /* merge-unmerge: the engine's weights (merged matrices)    */
+    float *w0;                    /* LoRA: the adapted base matrices at the start, in order  */
+    size_t n_base;                /* their elements                                          */
+    float *sync_buf;              /* 3 x the largest adapted matrix                          */
     int B, G, P, V, max_len, nlog;
     int eos[TD_CONFIG_MAX_EOS], n_eos;
     int total_steps;
@@ -89,6 +98,14 @@ void rl_records_free(rl_run *R);
 int rl_step(rl_run *R, int k, double *metrics, td_error *err);
 /* the epoch and dataset record of the j-th prompt of step k */
 size_t rl_prompt_of(const rl_run *R, int k, int j, int *epoch);
+
+/* sync.c: before the trainer's first step and the session (the engine's model); the sync
+ * of step k into the session with its metrics; the drifted base into / from a checkpoint */
+int rl_sync_init(rl_run *R, td_error *err);
+void rl_sync_free(rl_run *R);
+int rl_sync(rl_run *R, double *metrics, td_error *err);
+int rl_sync_save(rl_run *R, const char *dir, td_error *err);
+int rl_sync_load(rl_run *R, const char *dir, td_error *err);
 
 /* record.c */
 int rl_file_open(rl_run *R, int *start_step, td_error *err);

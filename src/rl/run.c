@@ -40,6 +40,19 @@ static int load_inputs(rl_run *R, td_error *err)
         if (n == 0) return td_fail(err, "%s:%ld: empty prompt", o->dataset_path, R->items[i].line);
         if ((int)n > longest) { longest = (int)n; at = i; }
     }
+    if (o->eval_steps > 0) {   /* --eval-dataset-path, else the test split beside the data */
+        const char *slash = strrchr(o->dataset_path, '/');
+        if (o->eval_dataset_path) snprintf(R->eval_path, sizeof R->eval_path, "%s", o->eval_dataset_path);
+        else if (slash) snprintf(R->eval_path, sizeof R->eval_path, "%.*s/test.jsonl", (int)(slash - o->dataset_path), o->dataset_path);
+        else snprintf(R->eval_path, sizeof R->eval_path, "test.jsonl");
+        td_error why;
+        if (td_task_read_jsonl(R->eval_path, &R->eval_items, &R->n_eval_items, &why))
+            return td_fail(err, "%s (--eval-steps evaluates on --eval-dataset-path, by default the test.jsonl beside "
+                           "--dataset-path)", why.msg);
+        if (R->n_eval_items == 0) return td_fail(err, "%s: no evaluation records", R->eval_path);
+        R->n_eval = o->eval_max_samples > 0 && (size_t)o->eval_max_samples < R->n_eval_items ? (size_t)o->eval_max_samples
+                                                                                          : R->n_eval_items;
+    }
     R->max_len = longest + o->max_completion_length;
     if (R->max_len > o->max_seq_length)
         return td_fail(err, "%s:%ld: the prompt's %d tokens + --max-completion-length %d exceed "
@@ -86,6 +99,7 @@ static int build(rl_run *R, td_error *err)
     t.lora_modules = o->lora_modules;
     t.lora_r = o->lora_r;
     t.lora_alpha = o->lora_alpha;
+    t.lora_base_dtype = o->lora_r > 0 ? o->model_dtype : TD_F32;
     t.seed = o->seed;
     t.max_seq_len = R->max_len;
     t.max_tokens = R->lc.micro_batch * R->max_len;
@@ -95,12 +109,15 @@ static int build(rl_run *R, td_error *err)
     R->fold = td_forward_create(td_trainer_model(R->tr), t.max_tokens, R->max_len, 0, err);
     if (!R->fold) return -1;
     td_forward_set_temperature(R->fold, (float)o->temperature);
+    if (rl_sync_init(R, err)) return -1;
+    /* the reference: the initial weights; under LoRA the trainer's base with the adapter off
+     * (PEFT's disable_adapter(): the base in --model-dtype, drifted if the sync drifts it) */
     if (R->lc.beta > 0) {
-        R->fref = td_forward_create(R->model, t.max_tokens, R->max_len, 0, err);
+        R->fref = td_forward_create(o->lora_r > 0 ? td_trainer_model(R->tr) : R->model, t.max_tokens, R->max_len, 0, err);
         if (!R->fref || td_forward_set_recipe(R->fref, &R->rtrain, err)) return -1;
         td_forward_set_temperature(R->fref, (float)o->temperature);
     }
-    R->sess = td_session_create(td_trainer_model(R->tr), R->B, R->max_len, 0, err);
+    R->sess = td_session_create(R->engine ? R->engine : td_trainer_model(R->tr), R->B, R->max_len, 0, err);
     if (!R->sess) return -1;
     R->smp = td_sampler_create(R->V);
     int B = R->B, L = R->max_len;
@@ -148,6 +165,7 @@ static void teardown(rl_run *R)
     td_collapse_free(R->det);
     td_sampler_free(R->smp);
     td_session_free(R->sess);
+    rl_sync_free(R);
     td_forward_free(R->fold);
     td_forward_free(R->fref);
     td_trainer_free(R->tr);
@@ -155,6 +173,7 @@ static void teardown(rl_run *R)
     for (size_t i = 0; R->prompt_ids && i < R->n_items; i++) free(R->prompt_ids[i]);
     free(R->prompt_ids); free(R->prompt_len);
     if (R->items) td_task_items_free(R->items, R->n_items);
+    if (R->eval_items) td_task_items_free(R->eval_items, R->n_eval_items);
     td_tokenizer_free(R->tkz);
 }
 
@@ -238,6 +257,9 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
                     "entropy %.3f len %.1f | %.2f s/step, ETA %s\n", k + 1, R.total_steps,
                     M[TD_RLM_reward], M[TD_RLM_accuracy], trl_kl, M[TD_RLM_rollout_corr_kl], M[TD_RLM_k3_kl],
                     M[TD_RLM_grad_norm], M[TD_RLM_entropy], M[TD_RLM_response_length_mean], per, eta);
+            if (isfinite(M[TD_RLM_eval_accuracy]))
+                fprintf(stderr, "tidal-rl: eval before step %d: accuracy %.3f reward %.3f (%zu records, greedy, trainer's "
+                        "policy)\n", k + 1, M[TD_RLM_eval_accuracy], M[TD_RLM_eval_reward], R.n_eval);
         }
         if (o->stop_on_collapse && td_collapse_first(R.det, TD_CLP_REWARD) >= 0) {
             stopped = 1;

@@ -3,6 +3,7 @@
 #include "tidal/analysis.h"
 #include "tidal/logprob.h"
 #include "tidal/metrics.h"
+#include "tidal/sft.h"
 
 #include <gsl/gsl_statistics_double.h>
 #include <jansson.h>
@@ -381,14 +382,30 @@ static int update(rl_run *R, double *M, td_error *err)
     return 0;
 }
 
+/* --eval-steps: the trainer's own policy (its weights, the adapter unmerged as PEFT runs it) on
+ * the training recipe, greedy on the KV-cache path: no logit noise, no engine sync */
+static int evaluate(rl_run *R, double *M, td_error *err)
+{
+    td_sft_eval_opts eo = {.recipe = &R->rtrain, .max_new_tokens = R->o->max_completion_length, .batch = R->B};
+    double acc, rew;
+    td_error why;
+    if (td_sft_evaluate(td_trainer_model(R->tr), td_trainer_lora(R->tr), R->tkz, R->eval_items, R->n_eval, &eo, &acc,
+                        &rew, NULL, &why))
+        return td_fail(err, "%s: %s", R->eval_path, why.msg);
+    M[TD_RLM_eval_reward] = rew;
+    M[TD_RLM_eval_accuracy] = acc;
+    return 0;
+}
+
 int rl_step(rl_run *R, int k, double *M, td_error *err)
 {
     for (int i = 0; i < TD_RLM_COUNT; i++) M[i] = NAN;
     R->nonfinite = 0;
     M[TD_RLM_step] = k;
     double t0 = omp_get_wtime();
-    /* the current policy on the inference path (an engine syncs the weights; LoRA merged) */
-    if (td_session_set_recipe_lora(R->sess, &R->rroll, td_trainer_lora(R->tr), 1, err)) return -1;
+    if (R->o->eval_steps > 0 && k % R->o->eval_steps == 0 && evaluate(R, M, err)) return -1;
+    /* the current policy on the inference path: the engine's weight sync (sync.c) */
+    if (rl_sync(R, M, err)) return -1;
     if (rollout(R, k, M, err)) return -1;
     double t1 = omp_get_wtime();
     if (rewards(R, k, M, err)) return -1;

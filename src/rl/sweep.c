@@ -3,6 +3,7 @@
 #include "tidal/rl.h"
 #include "tidal/runfile.h"
 #include "tidal/sweep.h"
+#include "tidal/opts.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -213,10 +214,18 @@ static pid_t launch(const td_sweep_run *r, int resume)
     _exit(127);
 }
 
-int td_sweep_execute(const td_sweep *s, int workers, int dry_run, td_error *err)
+/* the output directory and its parents (build/rl/lora/grid on a fresh clone) */
+static int make_output_dir(const td_sweep *s, td_error *err)
 {
+    if (td_make_parent_dirs(s->output_dir, err)) return -1;
     if (mkdir(s->output_dir, 0755) && errno != EEXIST)
         return td_fail(err, "%s: cannot create the output directory: %s", s->output_dir, strerror(errno));
+    return 0;
+}
+
+int td_sweep_execute(const td_sweep *s, int workers, int dry_run, td_error *err)
+{
+    if (make_output_dir(s, err)) return -1;
     size_t *todo = td_xmalloc((s->n ? s->n : 1) * sizeof *todo), ntodo = 0, skipped = 0;
     int *resume = td_xcalloc(s->n ? s->n : 1, sizeof(int));
     for (size_t i = 0; i < s->n; i++) {
@@ -284,8 +293,7 @@ static FILE *open_out(const td_sweep *s, const char *name, char *path, size_t n,
 
 int td_sweep_emit(const td_sweep *s, const char *kind, const char *report_cmd, td_error *err)
 {
-    if (mkdir(s->output_dir, 0755) && errno != EEXIST)
-        return td_fail(err, "%s: cannot create the output directory: %s", s->output_dir, strerror(errno));
+    if (make_output_dir(s, err)) return -1;
     char path[4300], cwd[4096];
     if (!getcwd(cwd, sizeof cwd)) return td_fail(err, "cannot read the working directory");
     FILE *f = open_out(s, "jobs.txt", path, sizeof path, err);

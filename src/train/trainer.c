@@ -62,6 +62,9 @@ static int check_opts(const td_train_opts *o, td_error *err)
         o->lora_modules >= 1u << TD_LORA_NMOD)
         return td_fail(err, "LoRA: r %d, alpha %g, modules 0x%x (expected r >= 0, alpha > 0, "
                        "modules among q/k/v/o/gate/up/down)", o->lora_r, o->lora_alpha, o->lora_modules);
+    if (o->lora_base_dtype != TD_F32 && (o->lora_r == 0 || (o->lora_base_dtype != TD_BF16 && o->lora_base_dtype != TD_F16)))
+        return td_fail(err, "LoRA base dtype %s: expected fp32, bf16 or fp16, and only under LoRA (full "
+                       "fine-tuning keeps fp32 masters)", td_format_info((td_format)o->lora_base_dtype) ? td_format_info((td_format)o->lora_base_dtype)->name : "?");
     if (o->max_tokens < 1 || o->max_seq_len < 2 || o->max_seq_len > o->max_tokens)
         return td_fail(err, "training options: max_tokens %d, max_seq_len %d (expected "
                        "2 <= max_seq_len <= max_tokens)", o->max_tokens, o->max_seq_len);
@@ -206,6 +209,8 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     for (size_t i = 0; i < tr->nspecs; i++)   /* the masters: an fp32 copy of every tensor (widened) */
         model_param_rows_f32(src, i, &tr->specs[i], 0, tr->specs[i].ndim == 2 ? (size_t)tr->specs[i].shape[0] : 1,
                              m->owned + tr->specs[i].offset);
+    if (opts->lora_r > 0 && opts->lora_base_dtype != TD_F32)   /* the base loaded in torch_dtype */
+        td_round_row((td_format)opts->lora_base_dtype, m->owned, m->owned, m->owned_floats, TD_SATFINITE);
     if (opts->lora_r > 0) {
         tr->lora = lora_init ? lora_copy(lora_init, c, err) : lora_fresh(c, opts);
         if (!tr->lora) goto fail;
@@ -456,6 +461,7 @@ int td_trainer_step(td_trainer *tr, td_step_info *info, td_error *err)
 
 const td_model *td_trainer_model(const td_trainer *tr) { return tr->m; }
 const td_lora *td_trainer_lora(const td_trainer *tr) { return tr->lora; }
+td_model *td_trainer_base(td_trainer *tr) { return tr->lora ? tr->m : NULL; }
 size_t td_trainer_num_params(const td_trainer *tr) { return tr->nparams; }
 const float *td_trainer_grads(const td_trainer *tr) { return tr->grads; }
 float *td_trainer_params(td_trainer *tr) { return tr->params; }

@@ -6,10 +6,12 @@
 #   big8b-tf            teacher-forced tokens/s (1 sequence of TF_LEN tokens) against PyTorch —
 #                       which does not fit: llama_ref holds fp32 weights, 32 GB for 8B, more
 #                       than this machine's memory; said so on the line (peer=NA)
-#   big8b-decode8       decode tokens/s of 8 slots against the memory-bandwidth bound measured in
-#                       the same run (tidal-bench-model --bandwidth: a 2 GiB streaming read):
-#                       bound = 8 x bandwidth / bytes one step reads (every weight but the
-#                       embedding, bf16); ratio = the fraction of it reached
+#   big8b-decode8       decode tokens/s of 8 slots against the lower of two bounds measured in
+#                       the same run (tidal-bench-model --bandwidth): memory, 8 x bandwidth (a
+#                       2 GiB streaming read) / bytes one step reads (every weight but the
+#                       embedding, bf16); compute, the machine's fp32 FMA peak (every thread,
+#                       widest vectors) / flops per token (2 per matrix weight); ratio = the
+#                       fraction of the lower one reached
 #   big8b-L4-tf, -decode8   the largest shape PyTorch fits here, against it: the same 8B
 #                       shape with 4 layers (1.4B parameters, 5.6 GB as fp32), same cases
 # Skipped (a line saying why) when the machine has less than 18 GiB available or 20 GB of disk.
@@ -46,8 +48,11 @@ need=$(awk -v p="$(stat -c %s "$BIG/model.safetensors")" 'BEGIN { printf "%.1f",
 total=$(awk '/MemTotal/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo)
 echo "bench: big8b-tf tidal=$(tps "$tmp/big_tf" tf) torch=NA ratio=NA (PyTorch fp32 needs ${need} GiB of weights, this machine has ${total} GiB: compared on big8b-L4 below; tidal peak RSS $(val "$tmp/big_tf" peak_rss_mb) MB)"
 d=$(tps "$tmp/big_dec" decode8) bw=$(val "$tmp/big_dec" bandwidth_gbs) by=$(val "$tmp/big_dec" decode_bytes_per_step)
+pk=$(val "$tmp/big_dec" peak_gflops) fl=$(val "$tmp/big_dec" decode_flops_per_token)
 bound=$(awk -v b="$bw" -v n="$by" 'BEGIN { printf "%.3f", 8 * b * 1e9 / n }')
-echo "bench: big8b-decode8 tidal=$d bandwidth_bound=$bound ratio=$(awk -v a="$d" -v b="$bound" 'BEGIN { printf "%.3f", a / b }') (bandwidth ${bw} GB/s measured in the run, $(awk -v n="$by" 'BEGIN { printf "%.2f", n / 1e9 }') GB read per step)"
+cbound=$(awk -v p="$pk" -v f="$fl" 'BEGIN { printf "%.3f", p * 1e9 / f }')
+low=$(awk -v a="$bound" -v b="$cbound" 'BEGIN { print (a < b ? a : b) }')
+echo "bench: big8b-decode8 tidal=$d bandwidth_bound=$bound compute_bound=$cbound ratio=$(awk -v a="$d" -v b="$low" 'BEGIN { printf "%.3f", a / b }') (against the lower bound; bandwidth ${bw} GB/s and fp32 FMA peak ${pk} GFLOP/s measured in the run, $(awk -v n="$by" 'BEGIN { printf "%.2f", n / 1e9 }') GB read per step)"
 
 "$BUILD/bin/tidal-bench-model" --model "$L4" "${ARGS[@]}" --only tf > "$tmp/l4_tf" || exit 1
 "$BUILD/bin/tidal-bench-model" --model "$L4" "${ARGS[@]}" --only decodeB > "$tmp/l4_dec" || exit 1

@@ -46,6 +46,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a 
 echo "bench: diff-bf16-vs-torch-fp32 tidal=${t16:-NA} torch=${p32:-NA} ratio=$(ratio "$t16" "$p32")"
 echo "bench: diff-bf16-vs-torch-bf16 tidal=${t16:-NA} torch=${p16:-NA} ratio=$(ratio "$t16" "$p16")"
 echo "bench: diff-emulation-overhead fp32=${t32:-NA} bf16=${t16:-NA} overhead=$(ratio "$t32" "$t16")"
-echo "bench: diff-fp16-vs-torch-fp16 tidal=${th:-NA} torch=${ph:-NA} ratio=$(ratio "$th" "$ph")"
+why=""; [ -z "$ph" ] && why=" (this PyTorch has no float16 GEMM on the CPU: $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null))"
+echo "bench: diff-fp16-vs-torch-fp16 tidal=${th:-NA} torch=${ph:-NA} ratio=$(ratio "$th" "$ph")$why"
 echo "bench: diff-fp16-vs-bf16 fp16=${th:-NA} bf16=${t16:-NA} ratio=$(ratio "$th" "$t16")"
 echo "bench: diff-fp8-vs-bf16 fp8=${t8:-NA} bf16=${t16:-NA} ratio=$(ratio "$t8" "$t16")"

@@ -56,7 +56,8 @@ for case in fp32 bf16 fp16; do
   done
   t=$(best < "$tmp/t"); p=$(best < "$tmp/p")
   ratio=$(awk -v a="$t" -v b="$p" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }')
-  echo "bench: train-$case tidal=${t:-NA} torch=${p:-NA} ratio=$ratio"
+  why=""; [ -z "$p" ] && [ $case = fp16 ] && why=" (this PyTorch has no float16 GEMM on the CPU)"
+  echo "bench: train-$case tidal=${t:-NA} torch=${p:-NA} ratio=$ratio$why"
   eval "tidal_$case=\${t:-}"
 done
 : > "$tmp/t"

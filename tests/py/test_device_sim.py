@@ -29,8 +29,8 @@ loop, unmerged LoRA buffers, a rollout replay, the run file's attributes.
    another order) is bit-identical; a sampled run (temperature 1, top-p 0.9) in 3 batches with
    prompt scoring gives the CPU's tokens and log-probs within 1e-4; tidal-bench-model --device
    cuda runs its three cases on the simulated device.
-Not checked here, by design: bf16 log-probs of long decodes. The CPU emulation takes sgemv for a
-one-row GEMM (src/recipe/gemm.c: a decode kernel's summation order) while the simulator's
+Not checked here, by design: bf16 log-probs of long decodes. The CPU emulation takes the fixed
+eight-lane order for a decode step's GEMM (src/recipe/gemm.c: a decode kernel's summation order) while the simulator's
 cuBLASLt model sums in k order at every M, so after ~20 decode steps one-ulp bf16 flips appear
 between the devices (and the sim's decode equals its teacher forcing bit for bit): a property
 of the two models, not of the tools.

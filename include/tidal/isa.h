@@ -1,0 +1,25 @@
+/* tidal — which vector instructions the CPU kernels may use (src/util/isa.c).
+ *
+ * Kernels with a wider form (AVX-512, AVX2) pick it at run time by what the CPU has, capped by
+ * the environment variable TIDAL_ISA (avx512 | avx2 | portable): TIDAL_ISA=avx2 on an AVX-512
+ * machine runs what an AVX2-only machine would (the benches measure the portable paths that
+ * way), TIDAL_ISA=portable the plain C forms. Unset or unknown: no cap. Read once. */
+#ifndef TIDAL_ISA_H
+#define TIDAL_ISA_H
+
+#include "tidal/common.h"
+
+TD_BEGIN_DECLS
+
+typedef enum { TD_ISA_PORTABLE = 0, TD_ISA_AVX2 = 1, TD_ISA_AVX512 = 2 } td_isa;
+
+/* The widest level the kernels may use: AVX2 means AVX2 + FMA + F16C, AVX-512 means F, BW,
+ * DQ, VL on top (its BF16 dot products are checked separately by their kernel). */
+td_isa td_isa_level(void);
+
+/* 1 when the level is AVX-512 and the CPU has AVX512-BF16 (vdpbf16ps). */
+int td_cpu_has_avx512bf16(void);
+
+TD_END_DECLS
+
+#endif

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The LoRA experiment (issue 23) in the order it runs; each sweep skips finished runs and resumes
+# the others, so this can be interrupted and started again.
+#   reports/rl/lora/run_all.sh            the learning-rate scan (exact-match control, merged sync)
+#   LR=X reports/rl/lora/run_all.sh       then the grid at the rate the scan chose (README: the rule)
+set -u
+cd "$(dirname "$0")/../../.."
+export OMP_WAIT_POLICY=PASSIVE
+build/bin/tidal-sweep reports/rl/lora/lrscan.json --workers "${WORKERS:-2}" || exit 1
+[ -n "${LR:-}" ] || { echo "run_all.sh: lrscan done; pick the rate (README) and rerun with LR=..." >&2; exit 0; }
+mkdir -p build/rl/lora
+sed "s/\"LR_CHOSEN\"/$LR/" reports/rl/lora/grid.json > build/rl/lora/grid.json
+build/bin/tidal-sweep build/rl/lora/grid.json --workers "${WORKERS:-2}" || exit 1

@@ -1,0 +1,219 @@
+/* The GEMM of bf16 operands on the CPU's own bf16 dot products (AVX512-BF16 vdpbf16ps), for
+ * recipes whose GEMMs multiply bf16 values with fp32 accumulation (gemm.h): the arithmetic a
+ * tensor core does, two products per fp32 lane per instruction, twice sgemm's rate over the same
+ * values widened to fp32. Its summation order is the instruction's, written down here and
+ * transcribed in portable C (td_gemm_bf16dp_ref, the reference the kernel is tested against):
+ *
+ *   c = sum_k a[k] w[k], K walked in blocks of 32 (zero-padded): sixteen lane sums, lane l of
+ *   block t taking k1 = 32t + 2l + 1, then k0 = 32t + 2l:
+ *       s_l = ftz(fma(daz(a[k1]), daz(w[k1]), s_l));  s_l = ftz(fma(daz(a[k0]), daz(w[k0]), s_l))
+ *   then u_l = s_l + s_(l+8) (l < 8) and ((u0+u4) + (u2+u6)) + ((u1+u5) + (u3+u7)) in IEEE fp32.
+ *   daz: a bf16 subnormal operand counts as a zero of its sign; ftz: a subnormal sum becomes a
+ *   zero of its sign. (Intel's pseudo-code of VDPBF16PS; measured identical on an AMD Zen 4 on
+ *   3.2e7 lanes with subnormal operands and sums; the products are exact in fp32, so each fma
+ *   rounds once.)
+ *
+ * The order depends on nothing but K: not on M, N, the tiling or the thread, so results do not
+ * depend on the thread count (nor on the batch). Before first use the kernel is run against the
+ * reference on a small product with subnormals, ties and cancellations; a CPU whose instruction
+ * gives other bits keeps OpenBLAS (td_gemm_bf16dp_available says which). Subnormal bf16 values
+ * (below 2^-126) are the one semantic difference from an fp32 GEMM of the same values: they
+ * count as zeros here, as in the instruction.
+ *
+ * Kernel: blocks of 4 rows x 6 columns, one zmm of 16 lane sums per output (24 accumulators);
+ * per block of 32 k, four loads of a, six of w, 24 dot products. Single-threaded; callers
+ * parallelise over column tiles. */
+#include "tidal/gemm.h"
+#include "tidal/isa.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the reference: the order above in portable C ---- */
+
+static inline float bf16_value(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static inline float flush(float x) { return fpclassify(x) == FP_SUBNORMAL ? copysignf(0.0f, x) : x; }
+
+static float reduce16(const float s[16])
+{
+    float u[8];
+    for (int l = 0; l < 8; l++) u[l] = s[l] + s[l + 8];
+    return ((u[0] + u[4]) + (u[2] + u[6])) + ((u[1] + u[5]) + (u[3] + u[7]));
+}
+
+static float dot_ref(const uint16_t *a, const uint16_t *w, int K)
+{
+    float s[16] = {0};
+    for (int k0 = 0; k0 < K; k0 += 32)
+        for (int l = 0; l < 16; l++)
+            for (int q = 1; q >= 0; q--) {
+                int k = k0 + 2 * l + q;
+                float x = k < K ? flush(bf16_value(a[k])) : 0.0f, y = k < K ? flush(bf16_value(w[k])) : 0.0f;
+                s[l] = flush(fmaf(x, y, s[l]));
+            }
+    return reduce16(s);
+}
+
+void td_gemm_bf16dp_ref(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c, int ldc,
+                        int M, int N, int K, int add)
+{
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float d = dot_ref(a + (size_t)i * lda, w + (size_t)j * ldw, K);
+            float *o = c + (size_t)i * ldc + j;
+            *o = add ? *o + d : d;
+        }
+}
+
+/* ---- the AVX512-BF16 kernel ---- */
+
+#if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 10)
+#include <immintrin.h>
+#define TD_HAVE_BF16DP 1
+#define TGT __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
+#define INLINE static inline __attribute__((always_inline))
+
+TGT INLINE float hsum16(__m512 v)
+{
+    __m256 u = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+    __m128 h = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+TGT INLINE __m512bh load_bh(const uint16_t *p, __mmask32 m, int masked)
+{
+    __m512i v = masked ? _mm512_maskz_loadu_epi16(m, p) : _mm512_loadu_si512((const void *)p);
+    return (__m512bh)v;
+}
+
+/* R x S block (R <= 4, S <= 6): the whole K, the last block of 32 masked */
+TGT INLINE void block(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c, int ldc,
+                      int K, int add, int R, int S)
+{
+    __m512 acc[4][6];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 6
+        for (int s = 0; s < S; s++) acc[r][s] = _mm512_setzero_ps();
+    int K32 = K & ~31;
+    for (int k = 0; k < K32; k += 32) {
+        __m512bh av[4];
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; r++) av[r] = load_bh(a + (size_t)r * lda + k, 0, 0);
+        #pragma GCC unroll 6
+        for (int s = 0; s < S; s++) {
+            __m512bh wv = load_bh(w + (size_t)s * ldw + k, 0, 0);
+            #pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][s] = _mm512_dpbf16_ps(acc[r][s], av[r], wv);
+        }
+    }
+    if (K32 < K) {
+        __mmask32 m = (__mmask32)((1ull << (K - K32)) - 1);
+        __m512bh av[4];
+        for (int r = 0; r < R; r++) av[r] = load_bh(a + (size_t)r * lda + K32, m, 1);
+        for (int s = 0; s < S; s++) {
+            __m512bh wv = load_bh(w + (size_t)s * ldw + K32, m, 1);
+            for (int r = 0; r < R; r++) acc[r][s] = _mm512_dpbf16_ps(acc[r][s], av[r], wv);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int s = 0; s < S; s++) {
+            float d = hsum16(acc[r][s]), *o = c + (size_t)r * ldc + s;
+            *o = add ? *o + d : d;
+        }
+}
+
+#define COLS(RR)                                                                                   \
+    switch (S) {                                                                                   \
+    case 6: block(ai, lda, wj, ldw, ci + j, ldc, K, add, RR, 6); break;                           \
+    case 5: block(ai, lda, wj, ldw, ci + j, ldc, K, add, RR, 5); break;                           \
+    case 4: block(ai, lda, wj, ldw, ci + j, ldc, K, add, RR, 4); break;                           \
+    case 3: block(ai, lda, wj, ldw, ci + j, ldc, K, add, RR, 3); break;                           \
+    case 2: block(ai, lda, wj, ldw, ci + j, ldc, K, add, RR, 2); break;                           \
+    default: block(ai, lda, wj, ldw, ci + j, ldc, K, add, RR, 1); break;                          \
+    }
+
+TGT static void gemm_avx512bf16(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c,
+                                int ldc, int M, int N, int K, int add)
+{
+    /* column panels of 48 (48 x K codes of w stay in L2 while every row block passes) */
+    for (int j0 = 0; j0 < N; j0 += 48) {
+        int j1 = j0 + 48 < N ? j0 + 48 : N;
+        for (int i = 0; i < M; i += 4) {
+            int R = M - i < 4 ? M - i : 4;
+            const uint16_t *ai = a + (size_t)i * lda;
+            float *ci = c + (size_t)i * ldc;
+            for (int j = j0; j < j1; j += 6) {
+                int S = j1 - j < 6 ? j1 - j : 6;
+                const uint16_t *wj = w + (size_t)j * ldw;
+                switch (R) {
+                case 4: COLS(4) break;
+                case 3: COLS(3) break;
+                case 2: COLS(2) break;
+                default: COLS(1) break;
+                }
+            }
+        }
+    }
+}
+#undef COLS
+#endif
+
+/* ---- availability: the instruction, and its bits checked against the reference once ---- */
+
+static int bf16dp_ok;
+static pthread_once_t bf16dp_once = PTHREAD_ONCE_INIT;
+int td_gemm_bf16dp_disabled = 0;
+
+static void bf16dp_check(void)
+{
+#ifdef TD_HAVE_BF16DP
+    if (!td_cpu_has_avx512bf16()) return;
+    /* 5 x 7 outputs over K = 77 (two full blocks and a masked one): operands of every kind,
+     * subnormals and exact cancellations included */
+    enum { M = 5, N = 7, K = 77 };
+    uint16_t a[M * K], w[N * K];
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < M * K + N * K; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        uint16_t h = (uint16_t)(x & 0x807F);                  /* sign and fraction */
+        int e = (int)((x >> 20) % 8);
+        h |= (uint16_t)((e == 0 ? 0 : e == 1 ? 1 : 0x70 + (int)((x >> 24) % 24)) << 7);
+        if (i < M * K) a[i] = h; else w[i - M * K] = h;
+    }
+    for (int k = 0; k < K; k += 5) w[k] = a[k] ^ 0x8000;     /* cancellations in row 0 x col 0 */
+    float got[M * N], want[M * N];
+    td_gemm_bf16dp_ref(a, K, w, K, want, N, M, N, K, 0);
+    gemm_avx512bf16(a, K, w, K, got, N, M, N, K, 0);
+    bf16dp_ok = memcmp(got, want, sizeof got) == 0;
+#endif
+}
+
+int td_gemm_bf16dp_available(void)
+{
+    if (td_gemm_bf16dp_disabled) return 0;
+    pthread_once(&bf16dp_once, bf16dp_check);
+    return bf16dp_ok;
+}
+
+void td_gemm_bf16dp(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c, int ldc,
+                    int M, int N, int K, int add)
+{
+#ifdef TD_HAVE_BF16DP
+    if (td_gemm_bf16dp_available()) {
+        gemm_avx512bf16(a, lda, w, ldw, c, ldc, M, N, K, add);
+        return;
+    }
+#endif
+    td_gemm_bf16dp_ref(a, lda, w, ldw, c, ldc, M, N, K, add);
+}

@@ -1,0 +1,227 @@
+/* tidal — how the engine receives the policy before each rollout (--lora-sync, include/tidal/rl.h)
+ * and what that does to the trainer's frozen base.
+ *
+ *   full fine-tuning  the session's recipe is set from the trainer's fp32 masters (cast by the
+ *                     rollout recipe), as before.
+ *   merged            td_session_set_recipe_lora(TD_LORA_MERGED): E(W + dW) summed in fp32.
+ *   adapter           td_session_set_recipe_lora(TD_LORA_PUNICA): E(W) and vLLM's LoRA branch.
+ *   merge-unmerge     per adapted matrix, PEFT's arithmetic (src/model/lora_peft.c) in D:
+ *                       M = D(W + delta)      merge_adapter(): the engine model's matrix
+ *                       W = D(M - D(delta))   unmerge_adapter(): the trainer's base, kept
+ *                     then the session is set from the engine model (a copy of the trainer's
+ *                     base whose adapted matrices are the merged ones) and the trainer's
+ *                     prepared weights are made again from the drifted base.
+ *
+ * Metrics (rl.h): base_drift_* compare the trainer's base after the sync with W_0, its value at
+ * the start (after the --model-dtype rounding); merge_* compare the engine's prepared weights
+ * with and without the update, as td_lora_merge_stats does for the merged form:
+ *   survival = |E(M) - E(W)|_F / |dW|_F, aligned = <E(M) - E(W), dW> / |dW|^2 with dW = delta.
+ *
+ * Resume: the drifted base is part of the run's state: checkpoint-K/lora_base.safetensors holds
+ * the adapted matrices of the trainer's base (F32, exact for any D) under their HF names. */
+#include "rl_internal.h"
+#include "tidal/checkpoint.h"
+#include "tidal/gemm.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The adapted base matrix (layer l, module mo) of a model whose weights are its own fp32
+ * allocation (td_model_alloc: the trainer's base, the engine copy). */
+static float *base_mat(td_model *m, int l, int mo)
+{
+    const td_layer_weights *w = &m->w.layers[l];
+    const float *p[TD_LORA_NMOD] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down};
+    return (float *)p[mo];
+}
+
+static void mat_name(char *buf, size_t n, int l, int mo)
+{
+    snprintf(buf, n, "model.layers.%d.%s.%s.weight", l, mo <= TD_LORA_O ? "self_attn" : "mlp",
+             td_lora_module_name(mo));
+}
+
+int rl_sync_init(rl_run *R, td_error *err)
+{
+    const td_lora *lo = td_trainer_lora(R->tr);
+    if (!lo) return 0;
+    td_model *base = td_trainer_base(R->tr);
+    size_t total = 0, widest = 1;
+    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+        const td_lora_pair *p = &lo->pairs[i];
+        if (!p->a) continue;
+        size_t n = (size_t)p->out * p->in;
+        total += n;
+        if (n > widest) widest = n;
+    }
+    R->w0 = td_xmalloc((total ? total : 1) * sizeof(float));
+    R->n_base = total;
+    R->sync_buf = td_xmalloc(3 * widest * sizeof(float));
+    float *q = R->w0;
+    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+        const td_lora_pair *p = &lo->pairs[i];
+        if (!p->a) continue;
+        size_t n = (size_t)p->out * p->in;
+        memcpy(q, base_mat(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD), n * sizeof(float));
+        q += n;
+    }
+    if (R->o->lora_sync == TD_RL_SYNC_MERGE_UNMERGE) {   /* the engine's own copy of the weights */
+        R->engine = td_model_alloc(&base->cfg, err);
+        if (!R->engine) return -1;
+        memcpy(R->engine->owned, base->owned, base->owned_floats * sizeof(float));
+    }
+    return 0;
+}
+
+void rl_sync_free(rl_run *R)
+{
+    td_model_free(R->engine);
+    free(R->w0);
+    free(R->sync_buf);
+}
+
+/* merge_adapter(), the engine's load, unmerge_adapter(); what the engine kept into M */
+static int merge_unmerge(rl_run *R, double *M, td_error *err)
+{
+    const td_lora *lo = td_trainer_lora(R->tr);
+    td_model *base = td_trainer_base(R->tr);
+    td_format D = (td_format)R->o->model_dtype;
+    double kept2 = 0, delta2 = 0, dot = 0;
+    int64_t changed = 0, elements = 0;
+    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+        const td_lora_pair *p = &lo->pairs[i];
+        if (!p->a) continue;
+        int l = i / TD_LORA_NMOD, mo = i % TD_LORA_NMOD;
+        size_t n = (size_t)p->out * p->in;
+        float *w = base_mat(base, l, mo), *m = base_mat(R->engine, l, mo);
+        float *delta = R->sync_buf, *pm = delta + n, *pw = pm + n;
+        td_lora_peft_delta(lo, p, delta);
+        memcpy(m, w, n * sizeof(float));
+        td_lora_peft_merge(D, m, delta, n);                            /* M = D(W + delta)    */
+        td_gemm_prepare_weight(&R->rroll, m, p->out, p->in, pm);       /* E(M): what it runs  */
+        td_gemm_prepare_weight(&R->rroll, w, p->out, p->in, pw);       /* E(W): without it    */
+        for (size_t j = 0; j < n; j++) {
+            double d = (double)pm[j] - pw[j];
+            kept2 += d * d;
+            delta2 += (double)delta[j] * delta[j];
+            dot += d * delta[j];
+            changed += pm[j] != pw[j];
+        }
+        elements += (int64_t)n;
+        memcpy(w, m, n * sizeof(float));
+        td_lora_peft_unmerge(D, TD_PEFT_UNMERGE_ROUNDED, w, delta, n);  /* W = D(M - D(delta)) */
+    }
+    M[TD_RLM_merge_survival] = delta2 > 0 ? sqrt(kept2 / delta2) : 1.0;
+    M[TD_RLM_merge_aligned] = delta2 > 0 ? dot / delta2 : 1.0;
+    M[TD_RLM_merge_changed_frac] = elements ? (double)changed / elements : 0.0;
+    if (td_session_set_recipe(R->sess, &R->rroll, err) || td_trainer_params_changed(R->tr, err)) return -1;
+    return R->fref ? td_forward_set_recipe(R->fref, &R->rtrain, err) : 0;
+}
+
+static void drift(rl_run *R, double *M)
+{
+    const td_lora *lo = td_trainer_lora(R->tr);
+    td_model *base = td_trainer_base(R->tr);
+    const float *w0 = R->w0;
+    double mx = 0, sum = 0;
+    int64_t changed = 0;
+    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+        const td_lora_pair *p = &lo->pairs[i];
+        if (!p->a) continue;
+        size_t n = (size_t)p->out * p->in;
+        const float *w = base_mat(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD);
+        for (size_t j = 0; j < n; j++) {
+            double d = fabs((double)w[j] - w0[j]);
+            mx = fmax(mx, d);
+            sum += d;
+            changed += w[j] != w0[j];
+        }
+        w0 += n;
+    }
+    M[TD_RLM_base_drift_max] = mx;
+    M[TD_RLM_base_drift_mean] = R->n_base ? sum / (double)R->n_base : 0.0;
+    M[TD_RLM_base_drift_frac] = R->n_base ? (double)changed / (double)R->n_base : 0.0;
+}
+
+int rl_sync(rl_run *R, double *M, td_error *err)
+{
+    const td_lora *lo = td_trainer_lora(R->tr);
+    if (!lo) return td_session_set_recipe_lora(R->sess, &R->rroll, NULL, TD_LORA_UNMERGED, err);
+    switch ((td_rl_lora_sync)R->o->lora_sync) {
+    case TD_RL_SYNC_MERGE_UNMERGE:
+        if (merge_unmerge(R, M, err)) return -1;
+        break;
+    case TD_RL_SYNC_ADAPTER:
+        if (td_session_set_recipe_lora(R->sess, &R->rroll, lo, TD_LORA_PUNICA, err)) return -1;
+        break;
+    default: {
+        if (td_session_set_recipe_lora(R->sess, &R->rroll, lo, TD_LORA_MERGED, err)) return -1;
+        td_lora_merge_stats st = td_session_lora_stats(R->sess);
+        M[TD_RLM_merge_survival] = st.survival;
+        M[TD_RLM_merge_aligned] = st.aligned;
+        M[TD_RLM_merge_changed_frac] = st.changed_frac;
+    }
+    }
+    drift(R, M);
+    return 0;
+}
+
+int rl_sync_save(rl_run *R, const char *dir, td_error *err)
+{
+    if (!R->engine) return 0;   /* only merge-unmerge changes the base */
+    const td_lora *lo = td_trainer_lora(R->tr);
+    td_model *base = td_trainer_base(R->tr);
+    char path[4400], name[160];
+    snprintf(path, sizeof path, "%s/lora_base.safetensors", dir);
+    td_st_writer *w = td_st_writer_new(path);
+    int rc = -1;
+    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+        const td_lora_pair *p = &lo->pairs[i];
+        if (!p->a) continue;
+        int64_t shape[2] = {p->out, p->in};
+        mat_name(name, sizeof name, i / TD_LORA_NMOD, i % TD_LORA_NMOD);
+        if (td_st_writer_declare(w, name, TD_DT_F32, 2, shape, err)) goto out;
+    }
+    if (td_st_writer_begin(w, err)) goto out;
+    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+        const td_lora_pair *p = &lo->pairs[i];
+        if (!p->a) continue;
+        mat_name(name, sizeof name, i / TD_LORA_NMOD, i % TD_LORA_NMOD);
+        if (td_st_writer_write_f32(w, name, base_mat(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD),
+                                   (size_t)p->out * p->in, err))
+            goto out;
+    }
+    rc = td_st_writer_finish(w, err);
+out:
+    td_st_writer_free(w);
+    return rc;
+}
+
+int rl_sync_load(rl_run *R, const char *dir, td_error *err)
+{
+    if (!R->engine) return 0;
+    const td_lora *lo = td_trainer_lora(R->tr);
+    td_model *base = td_trainer_base(R->tr);
+    char path[4400], name[160];
+    snprintf(path, sizeof path, "%s/lora_base.safetensors", dir);
+    td_error why;
+    td_checkpoint *ck = td_checkpoint_open(path, &why);
+    if (!ck) return td_fail(err, "%s (a --lora-sync merge-unmerge run keeps its drifted base there)", why.msg);
+    int rc = -1;
+    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+        const td_lora_pair *p = &lo->pairs[i];
+        if (!p->a) continue;
+        int64_t shape[2] = {p->out, p->in};
+        size_t bad = 0;
+        mat_name(name, sizeof name, i / TD_LORA_NMOD, i % TD_LORA_NMOD);
+        if (td_checkpoint_read_f32(ck, name, 2, shape, base_mat(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD), &bad, err))
+            goto out;
+        if (bad) { td_fail(err, "%s: %s holds %zu non-finite values", path, name, bad); goto out; }
+    }
+    rc = td_trainer_params_changed(R->tr, err);
+out:
+    td_checkpoint_close(ck);
+    return rc;
+}
