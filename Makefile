@@ -17,7 +17,7 @@ BUILD   ?= build
 SAN     ?=
 OPT     ?= -O2 -march=x86-64-v2
 
-PKGS    := hdf5 libpng openblas jansson libpcre2-8 freetype2
+PKGS    := hdf5 libpng openblas jansson libpcre2-8 freetype2 zlib
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

@@ -2,9 +2,9 @@
 # Installs what tidal's build, tests and demo need, only where missing, so that on a fresh
 # Debian machine `make check` and `make demo` do all the set-up themselves.
 #   Debian packages: compilers' libraries (HDF5, GSL, libpng, OpenBLAS, jansson, PCRE2, cmocka,
-#                    FreeType), the DejaVu font tidal-heatmap writes with, and the Python the
-#                    test helpers run on (numpy, h5py, torch); clang with its sanitizer/libFuzzer
-#                    runtime and libomp for `make fuzz`.
+#                    FreeType, zlib for .json.gz datasets), the DejaVu font tidal-heatmap writes
+#                    with, and the Python the test helpers run on (numpy, h5py, torch); clang
+#                    with its sanitizer/libFuzzer runtime and libomp for `make fuzz`.
 #   PyPI (test-only, into .venv which sees the Debian Python packages): ml_dtypes, safetensors,
 #                    tokenizers, jinja2 (chat templates rendered as transformers renders them);
 #                    optional: transformers, peft (+ accelerate) for the cross-checks against them.
@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEBS=(build-essential pkg-config libhdf5-dev hdf5-tools libgsl-dev libopenblas-dev libjansson-dev
-      libpcre2-dev libcmocka-dev libpng-dev libfreetype-dev fonts-dejavu-core
+      libpcre2-dev libcmocka-dev libpng-dev libfreetype-dev zlib1g-dev fonts-dejavu-core
       clang libclang-rt-dev libomp-dev
       python3 python3-venv python3-numpy python3-h5py python3-torch)
 # module:pip-spec. numpy<2 keeps pip from shadowing Debian's numpy 1.x, which h5py and torch

@@ -28,7 +28,7 @@ static void clean(double (*m)[TD_RLM_COUNT], int n, uint64_t seed)
         m[k][TD_RLM_grad_norm] = 1.0 + 0.2 * td_rng_uniform(&r);
         m[k][TD_RLM_entropy] = 0.5 * (1 - 0.3 * k / n) + 0.01 * td_rng_normal(&r);
         m[k][TD_RLM_k3_kl] = 1e-5 * (1 + 0.3 * td_rng_uniform(&r));
-        m[k][TD_RLM_kl] = 1e-4 * td_rng_normal(&r);
+        m[k][TD_RLM_rollout_corr_kl] = 1e-4 * td_rng_normal(&r);
         m[k][TD_RLM_chi2_token] = 2e-5;
         m[k][TD_RLM_rollout_is_eff_sample_size] = 0.999;
         m[k][TD_RLM_response_length_clip_ratio] = 0.0;
@@ -145,7 +145,7 @@ static void test_mismatch(void **state)
     det = feed(m, STEPS, &floor);
     expect_only(det, -1, -1);
     td_collapse_free(det);
-    const int col[3] = {TD_RLM_chi2_token, TD_RLM_rollout_is_eff_sample_size, TD_RLM_kl};
+    const int col[3] = {TD_RLM_chi2_token, TD_RLM_rollout_is_eff_sample_size, TD_RLM_rollout_corr_kl};
     const double val[3] = {1.5, 0.2, -0.15};
     for (int i = 0; i < 3; i++) {
         clean(m, STEPS, 6);
@@ -165,6 +165,29 @@ static void test_length(void **state)
     m[77][TD_RLM_response_length_clip_ratio] = 0.75;
     td_collapse *det = feed(m, STEPS, NULL);
     expect_only(det, TD_CLP_LENGTH, 77);
+    td_collapse_free(det);
+}
+
+/* dead: every completion truncated from step 30 (and the frac_reward_zero_std route from 90)
+ * marks the first of dead_hold (5) steps; 4 such steps in a row mark nothing */
+static void test_dead(void **state)
+{
+    (void)state;
+    static double m[STEPS][TD_RLM_COUNT];
+    clean(m, STEPS, 9);
+    for (int k = 10; k < 14; k++) m[k][TD_RLM_response_length_clip_ratio] = 1.0;
+    td_collapse *det = feed(m, STEPS, NULL);
+    assert_int_equal(td_collapse_first(det, TD_CLP_DEAD), -1);
+    td_collapse_free(det);
+    for (int k = 30; k < 40; k++) m[k][TD_RLM_response_length_clip_ratio] = 1.0;
+    det = feed(m, STEPS, NULL);
+    assert_int_equal(td_collapse_first(det, TD_CLP_DEAD), 30);
+    assert_int_equal(td_collapse_first(det, TD_CLP_LENGTH), 10);   /* the length precursor, earlier */
+    td_collapse_free(det);
+    clean(m, STEPS, 9);
+    for (int k = 90; k < STEPS; k++) m[k][TD_RLM_frac_reward_zero_std] = 1.0;
+    det = feed(m, STEPS, NULL);
+    expect_only(det, TD_CLP_DEAD, 90);
     td_collapse_free(det);
 }
 
@@ -202,7 +225,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clean_trace_fires_nothing), cmocka_unit_test(test_reward_drop),
         cmocka_unit_test(test_grad_spike), cmocka_unit_test(test_entropy), cmocka_unit_test(test_mismatch),
-        cmocka_unit_test(test_length), cmocka_unit_test(test_config),
+        cmocka_unit_test(test_length),
+        cmocka_unit_test(test_dead), cmocka_unit_test(test_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -358,7 +358,8 @@ static void test_jsonl(void **state)
         {"{\"task\": \"add\", \"prompt\": 12, \"answer\": \"4\"}\n", ":1: \"prompt\" is not a string"},
         {"{\"task\": \"sort\", \"prompt\": \"sort 3 1\\n\", \"answer\": \"1 3\", \"count\": -2}\n", ":1: \"count\" is not a non-negative"},
         {"{\"task\": \"countdown\", \"prompt\": \"reach 5 from 2 3\\n\", \"answer\": \"5\"}\n", ":1: task countdown: prompt is not"},
-        {"[1, 2]\n", ":1: not a JSON object"},
+        {"[1, 2]\n", ":1: record 1 of the array is not a JSON object"},
+        {"{\"task\": \"add\", \"prompt\": \"1+2\\u0000\\n\", \"answer\": \"3\"}\n", ":1: \"prompt\" holds a NUL"},
         {"\n  \n", "no records"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

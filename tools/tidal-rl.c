@@ -1,6 +1,7 @@
 /* tidal-rl — GRPO with the rollouts on the inference path and the gradients on the training
  * path, each in its own precision recipe, with importance-sampling corrections and a collapse
- * detector (include/tidal/rl.h has the formulas and which framework each follows).
+ * detector (include/tidal/rl.h has the formulas and which framework each follows). Rewards come
+ * from a built-in task's grader or from the user's --reward-command (rl.h, "Rewards").
  *
  *   tidal-rl --model-path DIR --dataset-path FILE --output-dir DIR --dtype bf16 \
  *            --num-generations 8 --per-device-batch-size 16 --learning-rate 1e-5 --max-steps 100
@@ -15,6 +16,27 @@
 
 static const char *const DTYPE_TRAIN[] = {"fp32", "bf16-train", "fp16-train", "fp8-unified-train"};
 static const char *const DTYPE_INFER[] = {"fp32", "bf16-infer", "fp16-infer", "fp8-unified-infer"};
+
+/* --dtype: tidal's short names and the torch/HF spellings (TRL's --dtype, --torch_dtype) */
+static int parse_dtype(void *dest, const char *v, char *why, size_t n)
+{
+    static const char *const names[][2] = {{"fp32", "float32"}, {"bf16", "bfloat16"}, {"fp16", "float16"}, {"fp8", NULL}};
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(v, names[i][0]) || (names[i][1] && !strcmp(v, names[i][1]))) { *(int *)dest = i; return 0; }
+    if (!strcmp(v, "auto")) snprintf(why, n, "fp32|bf16|fp16|fp8 (or float32|bfloat16|float16): tidal-rl sets the "
+                                     "precision of both paths, so 'auto' (the checkpoint's dtype) is not a choice");
+    return -1;
+}
+
+static int parse_dropout(void *dest, const char *v, char *why, size_t n)
+{
+    return td_lora_dropout_parse(v, (double *)dest, why, n);
+}
+
+static int parse_targets(void *dest, const char *v, char *why, size_t n)
+{
+    return td_lora_targets_parse(v, (unsigned *)dest, why, n);
+}
 
 static int parse_is(void *dest, const char *v, char *why, size_t n)
 {
@@ -45,13 +67,27 @@ int main(int argc, char **argv)
     td_rl_opts o;
     td_rl_opts_defaults(&o);
     int dtype = -1, scale = 0, loss_type = 3, policy = 0, masknorm = 0, sched = TD_SCHED_CONSTANT;
-    int gave_train = 0, gave_roll = 0, gave_alpha = 0, gave_eps_high = 0;
+    int gave_train = 0, gave_roll = 0, gave_alpha = 0, gave_eps_high = 0, gave_targets = 0;
+    double lora_dropout = 0;
     unsigned long long seed = o.seed;
     td_opt opts[] = {
         TD_OPT_S("model-path", 0, &o.model_path, "DIR", "the policy to start from (config.json, safetensors,\ntokenizer.json)"),
-        TD_OPT_S("dataset-path", 0, &o.dataset_path, "FILE", "task records JSONL (prompt, answer, task: datasets/tasks)"),
+        TD_OPT_S("dataset-path", 0, &o.dataset_path, "FILE", "records, .jsonl/.json/.json.gz: a built-in task's\n"
+                 "(task, prompt, answer: datasets/tasks) or TRL's shapes\n"
+                 "({\"prompt\": str|messages} or {\"messages\"}, any other\n"
+                 "fields) scored by --reward-command"),
         TD_OPT_S("output-dir", 'o', &o.output_dir, "DIR", "where rl.h5, checkpoint-K/ and model/ go"),
-        TD_OPT_C("dtype", 0, &dtype, "fp32|bf16|fp16|fp8", "both paths at once: bf16 = bf16-train + bf16-infer,\n"
+        TD_OPT_S("reward-command", 0, &o.reward_command, "CMD", "your reward, any language (/bin/sh -c CMD, started\n"
+                 "once): one JSON object per completion on its stdin\n"
+                 "(prompt, completion, completion_ids, the record's\n"
+                 "fields), one reward per line on its stdout: a number or\n"
+                 "{\"name\": value, ...} (rl.h \"Rewards\"; example:\n"
+                 "datasets/rewards/python_exec.py)"),
+        TD_OPT_S("reward-weights", 0, &o.reward_weights, "NAME=W,...", "weights of the named components (TRL reward_weights;\n"
+                 "default 1 each); each is logged as /steps/reward_NAME"),
+        TD_OPT_D("reward-timeout", 0, &o.reward_timeout, "SECONDS", 0, 1e9, "longest wait for one reward line (default 600)"),
+        TD_OPT_FUN("dtype", 0, &dtype, "fp32|bf16|fp16|fp8", parse_dtype, "fp32|bf16|fp16|fp8 (or float32|bfloat16|float16)",
+                   "both paths at once (float32, bfloat16, float16 too):\nbf16 = bf16-train + bf16-infer,\n"
                  "fp16 = fp16-train + fp16-infer (loss scaling on),\nfp8 = fp8-unified-train + fp8-unified-infer"),
         TD_OPT_S("train-recipe", 0, &o.train_recipe, "NAME|FILE", "the training path's recipe (default bf16-train)"),
         TD_OPT_S("rollout-recipe", 0, &o.rollout_recipe, "NAME|FILE", "the inference path's recipe (default bf16-infer)"),
@@ -68,6 +104,9 @@ int main(int argc, char **argv)
         TD_OPT_D("warmup-ratio", 0, &o.warmup_ratio, "R", 0, 1, "warmup share of the steps (default 0)"),
         TD_OPT_D("weight-decay", 0, &o.weight_decay, "W", 0, 10, "AdamW weight decay (default 0)"),
         TD_OPT_D("max-grad-norm", 0, &o.max_grad_norm, "N", 0, 1e9, "gradient clipping (default 1; 0 = off)"),
+        TD_OPT_FUN("lora-target-modules", 0, &o.lora_modules, "LIST", parse_targets, NULL,
+                   "q_proj,k_proj,... or all-linear (default q_proj,v_proj)"),
+        TD_OPT_FUN("lora-dropout", 0, &lora_dropout, "P", parse_dropout, "0", "PEFT's lora_dropout: 0 only (the engine has none)"),
         TD_OPT_I("lora-r", 0, &o.lora_r, "R", 0, 4096, "LoRA rank (default 0 = full fine-tuning)"),
         TD_OPT_D("lora-alpha", 0, &o.lora_alpha, "A", 0, 1e6, "LoRA alpha (default 16)"),
         TD_OPT_C("lora-sync", 0, &o.lora_sync, TD_RL_SYNC_NAMES, "how the engine gets the LoRA policy (default merged):\n"
@@ -109,7 +148,9 @@ int main(int argc, char **argv)
         TD_OPT_I("save-steps", 0, &o.save_steps, "N", 0, 1 << 30, "checkpoint every N steps (default 0 = never)"),
         TD_OPT_I("log-completions", 0, &o.log_completions, "N", 0, 1 << 20, "completions per step kept in /tokens (default 4)"),
         TD_OPT_FUN("collapse", 0, &o.collapse, "K=V,...", parse_collapse, "KEY=VALUE pairs of the detector",
-                   "collapse detector settings (rl.h: hold, drop_abs,\nspike_factor, k3_factor, ...)"),
+                   "collapse detector settings (rl.h), keys: ema_alpha,\ndrop_abs, drop_rel, min_gain, hold, spike_factor,\n"
+                   "spike_window, spike_min_history, entropy_hi, entropy_lo,\nentropy_hold, k3_factor, k3_min, k3_baseline, kl_abs,\n"
+                   "chi2_max, ess_min, trunc_max, dead_hold"),
         TD_OPT_F("stop-on-collapse", 0, &o.stop_on_collapse, 1, "stop at a confirmed collapse (reward_drop)"),
         TD_OPT_F("quiet", 'q', &o.quiet, 1, "no progress lines"),
         {0}};
@@ -122,13 +163,18 @@ int main(int argc, char **argv)
     td_opt_get(opts, "is-cap")->given = &o.is_cap_given;
     td_opt_get(opts, "is-cap-low")->given = &o.is_cap_low_given;
     td_opt_get(opts, "per-device-batch-size")->aliases = "per-device-train-batch-size";
+    td_opt_get(opts, "model-path")->aliases = "model-name-or-path";   /* TRL's ModelConfig */
+    td_opt_get(opts, "dtype")->aliases = "torch-dtype";
+    td_opt_get(opts, "lora-target-modules")->given = &gave_targets;
     td_opt_get(opts, "model-path")->required = 1;
     td_opt_get(opts, "dataset-path")->required = 1;
     td_opt_get(opts, "output-dir")->required = 1;
     td_cli cli = {"tidal-rl", "--model-path DIR --dataset-path FILE --output-dir DIR [options]",
-                  "GRPO on a verifiable task: rollouts on the inference path (--rollout-recipe), log-probs\n"
-                  "and gradients on the training path (--train-recipe), IS corrections for the mismatch,\n"
-                  "per-step metrics (verl/TRL names) in OUTPUT_DIR/rl.h5 and a collapse detector.",
+                  "GRPO on a built-in verifiable task, or on your own records scored by your own reward\n"
+                  "program (--reward-command, any language, as TRL's reward functions): rollouts on the\n"
+                  "inference path (--rollout-recipe), log-probs and gradients on the training path\n"
+                  "(--train-recipe), IS corrections for the mismatch, per-step metrics (verl/TRL names) in\n"
+                  "OUTPUT_DIR/rl.h5 and a collapse detector.",
                   "Exit status: 0 done, 1 failed (or --stop-on-collapse stopped it: 3), 2 usage error.\n"
                   "Formulas and their sources: include/tidal/rl.h. Run file: reports/SCHEMA.md.",
                   opts, 0, 0};
@@ -137,6 +183,8 @@ int main(int argc, char **argv)
     o.seed = seed;
     if (dtype >= 0 && (gave_train || gave_roll))
         return td_cli_bad(&cli, "--dtype", NULL, "sets both recipes: give it or --train-recipe/--rollout-recipe, not both");
+    if (gave_targets && o.lora_r == 0)
+        return td_cli_bad(&cli, "--lora-target-modules", NULL, "applies with --lora-r R > 0");
     if (dtype >= 0) { o.train_recipe = DTYPE_TRAIN[dtype]; o.rollout_recipe = DTYPE_INFER[dtype]; }
     if (o.exact_match && gave_roll)
         return td_cli_bad(&cli, "--exact-match", NULL, "scores mu with the training path: --rollout-recipe contradicts it");

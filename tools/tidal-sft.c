@@ -32,27 +32,14 @@ static int parse_recipe(void *dest, const char *value, char *why, size_t whylen)
 }
 
 /* "q_proj,v_proj", "all-linear" (PEFT's shorthand) -> a td_lora_module bit mask */
+static int parse_dropout(void *dest, const char *v, char *why, size_t n)
+{
+    return td_lora_dropout_parse(v, (double *)dest, why, n);
+}
+
 static int parse_targets(void *dest, const char *value, char *why, size_t whylen)
 {
-    unsigned mask = 0;
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", value);
-    if (!strcmp(value, "all-linear") || !strcmp(value, "all_linear")) {
-        *(unsigned *)dest = (1u << TD_LORA_NMOD) - 1;
-        return 0;
-    }
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        int m = td_lora_module_from_name(t);
-        if (m < 0) {
-            snprintf(why, whylen, "modules among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj (or "
-                     "all-linear), comma-separated; the model has no '%s'", t);
-            return -1;
-        }
-        mask |= 1u << m;
-    }
-    if (!mask) { snprintf(why, whylen, "at least one module"); return -1; }
-    *(unsigned *)dest = mask;
-    return 0;
+    return td_lora_targets_parse(value, (unsigned *)dest, why, whylen);
 }
 
 static const char *const ABOUT =
@@ -90,6 +77,7 @@ int main(int argc, char **argv)
     const char *save_dtype = "f32", *completions = NULL;
     unsigned long long seed = 42;   /* HF TrainingArguments' default */
     int eval_only = 0, lora_given = 0;
+    double lora_dropout = 0;
     double epochs = 3.0;
     td_opt opts[] = {
         TD_OPT_S("model-path", 0, &o.model_path, "DIR", "checkpoint to start from (tidal-init's random one, or trained)"),
@@ -115,6 +103,7 @@ int main(int argc, char **argv)
         TD_OPT_D("adam-epsilon", 0, &t->eps, "EPS", 0, 1, "AdamW epsilon (default 1e-8)"),
         TD_OPT_I("lora-r", 0, &t->lora_r, "R", 0, 65536, "train a LoRA adapter of rank R (default 0: full fine-tuning)"),
         TD_OPT_D("lora-alpha", 0, &t->lora_alpha, "A", 0, 1e6, "lora_alpha (default 16)"),
+        TD_OPT_FUN("lora-dropout", 0, &lora_dropout, "P", parse_dropout, "0", "PEFT's lora_dropout: 0 only (the engine has none)"),
         TD_OPT_FUN("lora-target-modules", 0, &t->lora_modules, "LIST", parse_targets, NULL,
                    "q_proj,k_proj,... or all-linear (default q_proj,v_proj)"),
         TD_OPT_U("seed", 0, &seed, "S", "data order and LoRA init (default 42)"),

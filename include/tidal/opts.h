@@ -7,7 +7,8 @@
  *   -h/--help prints the full help on stdout and exits 0; --version prints "PROG (tidal) X.Y.Z".
  *   Usage errors print one format and exit 2:
  *       PROG: --opt: expected WHAT, got 'VALUE'
- *       PROG: --opt: unknown option
+ *       PROG: --opt: unknown option[; did you mean --option?]   (a close name, or the one
+ *                                                               name it abbreviates)
  *       Try 'PROG --help' for the options.
  *   Runtime failures (a file that cannot be read, a run that fails) exit 1: that is the tool's job.
  *

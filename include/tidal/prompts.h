@@ -85,6 +85,17 @@ int td_prompts_load(const char *path, td_tokenize_fn tokenize, void *tok_user, i
                     int max_len, bool skip_bad, td_prompt_set *out, td_error *err);
 void td_prompts_free(td_prompt_set *ps);
 
+/* A conversation (msgs: a JSON array of {"role", "content"} objects) as the text TRL feeds the
+ * model (maybe_apply_chat_template): template t rendered with bos/eos (NULL: "") and
+ * add_generation_prompt when the last message is the user's; cut after the final message's
+ * content when it is the assistant's (continue_final_message). from names the template's file
+ * and key the record's field in errors, which start with where. *text malloc'd, NUL-terminated,
+ * *n bytes. 0 or -1 + err. */
+struct json_t;
+struct td_chat_template;
+int td_prompt_chat_text(const struct td_chat_template *t, const char *from, const char *bos, const char *eos,
+                        struct json_t *msgs, const char *key, const char *where, char **text, size_t *n, td_error *err);
+
 TD_END_DECLS
 
 #endif

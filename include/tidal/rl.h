@@ -12,7 +12,8 @@
  *      mu, the rollout log-probs (processed: after temperature, as vLLM's processed_logprobs;
  *      with --top-p < 1 or --top-k, mu is the truncated distribution's, so the IS ratio also
  *      carries the support mismatch TRL #6789 describes — leave them off to measure precision);
- *   3. rewards from the task's grader (tasks.h) on the decoded completion;
+ *   3. rewards: the task's grader (tasks.h) on the decoded completion, or the user's reward
+ *      command (below, "Rewards");
  *   4. pi_old: the training path (the training recipe, teacher-forced) recomputes every response
  *      token's log-prob at the sampling temperature, without gradient; its full rows give the
  *      entropy; with beta > 0 the reference model (the initial weights) is scored the same way;
@@ -165,7 +166,7 @@ double td_rl_seq_loss(const td_rl_loss_cfg *c, int T, const float *logp, const f
     X(loss, "loss of the step (sum over micro-batches)") \
     X(reward, "mean reward (TRL reward)") \
     X(reward_std, "std of rewards over the batch") \
-    X(accuracy, "share of completions with an exact answer") \
+    X(accuracy, "share of built-in task completions with an exact answer (nan: none)") \
     X(frac_reward_zero_std, "share of groups whose rewards are all equal (TRL)") \
     X(zero_std_groups, "groups whose rewards are all equal") \
     X(entropy, "mean token entropy of pi_old over response tokens (nats)") \
@@ -177,10 +178,11 @@ double td_rl_seq_loss(const td_rl_loss_cfg *c, int T, const float *logp, const f
     X(pg_clipfrac, "share of loss tokens where PPO's clip is active (verl)") \
     X(pg_clipfrac_lower, "share where the dual clip is active (verl)") \
     X(ppo_kl, "mean (pi_old - pi_theta) over loss tokens (0 on policy)") \
+    X(kl, "TRL kl: mean k3 KL to the reference policy over loss tokens (--beta > 0; nan without)") \
     X(response_length_mean, "mean response tokens") \
     X(response_length_max, "longest response") \
     X(response_length_clip_ratio, "share of completions without EOS (truncated)") \
-    X(kl, "verl rollout_corr/kl: mean (mu - pi_old) over response tokens (k1)") \
+    X(rollout_corr_kl, "verl rollout_corr/kl: mean (mu - pi_old) over response tokens (k1)") \
     X(k3_kl, "verl k3_kl: mean (rho - log rho - 1)") \
     X(chi2_token, "verl chi2_token: mean rho^2 - 1") \
     X(chi2_seq, "verl chi2_seq: mean rho_seq^2 - 1") \
@@ -227,6 +229,45 @@ extern const char *const td_rl_metric_docs[TD_RLM_COUNT];
 /* "/steps/<name>"; -1 if not a metric. */
 int td_rl_metric_index(const char *name);
 
+/* ---- rewards: the built-in tasks, or the user's own (--reward-command) ----
+ * Dataset records (--dataset-path; any file dataset.h reads: .jsonl, .json, .json.gz) come in
+ * TRL's shapes:
+ *   {"task": "add", "prompt": "...", "answer": ...}   a built-in task's record (tasks.h): its
+ *                                       prompt tokenised as tidal-sft trains it, its grader scores
+ *   {"prompt": "text", ...}             TRL's standard prompt: the text as the model sees it,
+ *                                       special tokens written in it recognised, none added
+ *   {"prompt": [messages], ...}         TRL's conversational prompt, and
+ *   {"messages": [messages], ...}       a conversation: the checkpoint's chat template applied as
+ *                                       TRL applies it (prompts.h, td_prompt_chat_text)
+ * with any other fields ("solution", "tests", "id", ...): they are passed to the reward, as TRL
+ * passes dataset columns to reward functions as keyword arguments.
+ * With --reward-command CMD every completion is scored by CMD (started once, /bin/sh -c CMD);
+ * without it every record must be a built-in task's. For each completion CMD reads one line
+ * on stdin, a JSON object: the record's fields, and
+ *   "prompt"          the record's prompt as given (a string, or the list of messages; a
+ *                     "messages" record's list)
+ *   "completion"      the decoded completion, special tokens skipped (TRL's
+ *                     skip_special_tokens=True): a string for a standard prompt, for a
+ *                     conversational one [{"role": "assistant", "content": text}] (TRL; when the
+ *                     prompt ends with an assistant message, text starts with its content)
+ *   "completion_ids"  the generated token ids (the EOS included when one ended it)
+ * and writes one line on stdout, in the same order: a finite number, or a JSON object of named
+ * components {"correct": 1, "format": 0.5} combined as TRL combines reward_funcs, reward =
+ * sum_i w_i r_i over the non-null components (null: does not apply; at least one is not null);
+ * w_i from --reward-weights NAME=W,... (every name must be in every object, no other), 1 for
+ * every component without it. All the step's lines are written before any is read (a script
+ * may score them in parallel, answering in order). No line within --reward-timeout seconds of
+ * the previous one (of the step's start), a line that is not a reward, more lines than
+ * completions, or a process that exits: the run stops with exit 1 and a message naming the
+ * record (file:line) and the line of CMD's output; the steps before stay in rl.h5, and --resume
+ * continues from the last checkpoint. tidal never executes generated text itself:
+ * datasets/rewards/python_exec.py is an example reward that runs generated Python in a
+ * sandboxed subprocess. accuracy is then the share of built-in task records answered exactly
+ * (nan when the step has none). */
+/* Parses --reward-weights "a=1,b=0.5": *n names and weights (caller frees each name and both
+ * arrays); 0 or -1 + err naming the bad pair. */
+int td_rl_reward_weights_parse(const char *spec, int *n, char ***names, double **w, td_error *err);
+
 /* ---- the collapse detector ----
  * Signals, each with a first step and configurable thresholds (defaults: issue 13 /
  * shared/RL.md section 5; recorded in the run file):
@@ -242,11 +283,15 @@ int td_rl_metric_index(const char *name);
  *   mismatch      k3_kl > k3_factor x the median of its first k3_baseline steps (after them)
  *                 and k3_kl > k3_min (0 by default: the issue's rule; a floor such as 1e-4 keeps
  *                 a k3 at the 1e-7 noise level, fp16's, from tripping it), or a verl alarm:
- *                 |kl| > kl_abs, chi2_token > chi2_max, ESS < ess_min.
+ *                 |rollout_corr_kl| > kl_abs, chi2_token > chi2_max, ESS < ess_min.
  *   length        response_length_clip_ratio > trunc_max.
+ *   dead          no policy gradient: every completion truncated (response_length_clip_ratio
+ *                 1; with --mask-truncated-completions nothing is in the loss) or every group's
+ *                 rewards equal (frac_reward_zero_std 1: every advantage 0), for dead_hold
+ *                 steps; marked at the first. tidal-rl says so on stderr when it fires.
  * Precursors (all but reward_drop) are recorded; a collapse is a reward_drop. */
 typedef enum { TD_CLP_REWARD = 0, TD_CLP_GRAD, TD_CLP_ENTROPY, TD_CLP_MISMATCH, TD_CLP_LENGTH,
-               TD_CLP_NSIGNALS } td_collapse_signal;
+               TD_CLP_DEAD, TD_CLP_NSIGNALS } td_collapse_signal;
 extern const char *const td_collapse_signal_names[TD_CLP_NSIGNALS];
 
 typedef struct {
@@ -260,6 +305,7 @@ typedef struct {
     int k3_baseline;
     double kl_abs, chi2_max, ess_min;
     double trunc_max;
+    int dead_hold;
 } td_collapse_cfg;
 
 void td_collapse_cfg_defaults(td_collapse_cfg *c);
@@ -342,6 +388,10 @@ typedef struct {
     int stop_on_collapse;
     const char *command_line;
     int quiet;                 /* no progress lines */
+    const char *reward_command;/* NULL: built-in task rewards ("Rewards" above)              */
+    const char *reward_weights;/* "name=w,..." or NULL                                       */
+    double reward_timeout;     /* seconds a reward line may take (default 600)              */
+    unsigned lora_modules;     /* --lora-target-modules: td_train_opts.lora_modules (0: q, v) */
 } td_rl_opts;
 
 void td_rl_opts_defaults(td_rl_opts *o);

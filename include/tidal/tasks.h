@@ -142,10 +142,15 @@ int td_task_reward(const td_task *t, const char *prompt, const char *answer, con
  * to a temporary file renamed over path when complete. */
 int td_task_write_jsonl(const char *path, const td_task_item *items, size_t n, td_split split,
                         td_error *err);
-/* Reads a dataset JSONL: every non-empty line an object with string "prompt", "answer" and
- * "task" (a known task), optional "completion" and "id" (default "line-N"); the record must be
- * gradable. Errors name the file and line. */
+/* Reads a dataset (dataset.h: JSON Lines or a JSON array, .json.gz, a BOM): every record an
+ * object with string "prompt", "answer" and "task" (a known task), optional "completion" and
+ * "id" (default "line-N", N the record's line); the record must be gradable. Errors name the
+ * file and line. */
 int td_task_read_jsonl(const char *path, td_task_item **items, size_t *n, td_error *err);
+/* One such record from a parsed JSON object o into *it (zeroed by the caller; freed with the
+ * items on failure too); errors start with where ("file:line"). */
+struct json_t;
+int td_task_item_from_json(struct json_t *o, const char *where, td_task_item *it, td_error *err);
 
 /* A completions file for scoring: every non-empty line an object with a string "completion"
  * (any text, "\u0000" included) and optionally "id", the dataset record it answers (several

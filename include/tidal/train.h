@@ -95,6 +95,11 @@ typedef struct {
 } td_train_opts;
 
 void td_train_opts_defaults(td_train_opts *o);
+/* PEFT's target_modules as a flag spells them: "q_proj,v_proj" or "all-linear" (every linear
+ * layer of the block) into a lora_modules mask. 0, or -1 with why (the accepted names). */
+int td_lora_targets_parse(const char *value, unsigned *mask, char *why, size_t whylen);
+/* --lora-dropout as PEFT's lora_dropout: only 0 is accepted (why says why otherwise). */
+int td_lora_dropout_parse(const char *value, double *p, char *why, size_t whylen);
 
 typedef struct td_trainer td_trainer;
 

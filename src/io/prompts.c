@@ -58,12 +58,9 @@ static int tokenize_text(loader *L, const char *text, size_t len, bool model_inp
     return 0;
 }
 
-/* A conversation through the chat template, as TRL's maybe_apply_chat_template does: a last
- * message from the user gets add_generation_prompt, one from the assistant is continued
- * (continue_final_message: the text is cut after that message's content). */
-static int chat(loader *L, json_t *msgs, const char *key, const char *where, td_prompt *p, td_error *err)
+int td_prompt_chat_text(const td_chat_template *t, const char *from, const char *bos, const char *eos, json_t *msgs,
+                        const char *key, const char *where, char **text_out, size_t *n_out, td_error *err)
 {
-    const td_prompt_reader *r = L->r;
     static const char *const how = "apply the template yourself and give the text as {\"prompt\": \"...\"} "
                                    "(tokenised as TRL does), or give {\"tokens\": [...]}";
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
@@ -78,27 +75,14 @@ static int chat(loader *L, json_t *msgs, const char *key, const char *where, td_
     if (!gen && !cont)
         return td_fail(err, "%s: the last message of \"%s\" is from \"%s\": a prompt ends with a user message (the "
                        "model answers) or an assistant message (the model continues it)", where, key, last);
-    if (!r->chat_template)
-        return td_fail(err, "%s: \"%s\" is a conversation, but the checkpoint has no chat template (no \"chat_template\" "
-                       "in tokenizer_config.json, no chat_template.jinja); %s", where, key, how);
-    if (!r->tokenize)
-        return td_fail(err, "%s: a conversation needs a tokenizer, and the checkpoint has none", where);
-    if (L->tmpl_state == 0) {
-        L->tmpl = td_chat_template_parse(r->chat_template, strlen(r->chat_template), &L->tmpl_err);
-        L->tmpl_state = L->tmpl ? 1 : -1;
-    }
-    if (L->tmpl_state < 0)
-        return td_fail(err, "%s: the chat template of %s cannot be used: %s; %s", where,
-                       r->chat_template_from ? r->chat_template_from : "the checkpoint", L->tmpl_err.msg, how);
-    json_t *vars = json_pack("{ss ss sn sn}", "bos_token", r->bos_token ? r->bos_token : "", "eos_token",
-                             r->eos_token ? r->eos_token : "", "tools", "documents");
+    json_t *vars = json_pack("{ss ss sn sn}", "bos_token", bos ? bos : "", "eos_token", eos ? eos : "", "tools", "documents");
     char *text = NULL;
     size_t n = 0;
     td_error terr;
-    int rc = td_chat_template_render(L->tmpl, msgs, gen, vars, &text, &n, &terr);
+    int rc = td_chat_template_render(t, msgs, gen, vars, &text, &n, &terr);
     json_decref(vars);
     if (rc) return td_fail(err, "%s: the chat template of %s failed on this conversation: %s; %s", where,
-                           r->chat_template_from ? r->chat_template_from : "the checkpoint", terr.msg, how);
+                           from ? from : "the checkpoint", terr.msg, how);
     if (cont) {                                   /* transformers' continue_final_message */
         json_t *c = json_object_get(json_array_get(msgs, json_array_size(msgs) - 1), "content");
         const char *fin = json_string_value(c), *hit = NULL;
@@ -116,8 +100,36 @@ static int chat(loader *L, json_t *msgs, const char *key, const char *where, td_
                            "be continued; %s", where, how);
         }
         n = (size_t)(hit - text) + fl;
+        text[n] = 0;
     }
-    rc = tokenize_text(L, text, n, true, where, p, err);
+    *text_out = text;
+    *n_out = n;
+    return 0;
+}
+
+/* A conversation through the chat template (td_prompt_chat_text), then tokenised. */
+static int chat(loader *L, json_t *msgs, const char *key, const char *where, td_prompt *p, td_error *err)
+{
+    const td_prompt_reader *r = L->r;
+    static const char *const how = "apply the template yourself and give the text as {\"prompt\": \"...\"} "
+                                   "(tokenised as TRL does), or give {\"tokens\": [...]}";
+    if (!r->chat_template)
+        return td_fail(err, "%s: \"%s\" is a conversation, but the checkpoint has no chat template (no \"chat_template\" "
+                       "in tokenizer_config.json, no chat_template.jinja); %s", where, key, how);
+    if (!r->tokenize)
+        return td_fail(err, "%s: a conversation needs a tokenizer, and the checkpoint has none", where);
+    if (L->tmpl_state == 0) {
+        L->tmpl = td_chat_template_parse(r->chat_template, strlen(r->chat_template), &L->tmpl_err);
+        L->tmpl_state = L->tmpl ? 1 : -1;
+    }
+    if (L->tmpl_state < 0)
+        return td_fail(err, "%s: the chat template of %s cannot be used: %s; %s", where,
+                       r->chat_template_from ? r->chat_template_from : "the checkpoint", L->tmpl_err.msg, how);
+    char *text;
+    size_t n;
+    if (td_prompt_chat_text(L->tmpl, r->chat_template_from, r->bos_token, r->eos_token, msgs, key, where, &text, &n, err))
+        return -1;
+    int rc = tokenize_text(L, text, n, true, where, p, err);
     free(text);
     return rc;
 }

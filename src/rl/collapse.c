@@ -9,7 +9,7 @@
 #include <string.h>
 
 const char *const td_collapse_signal_names[TD_CLP_NSIGNALS] = {"reward_drop", "grad_spike", "entropy",
-                                                               "mismatch", "length"};
+                                                               "mismatch", "length", "dead"};
 
 void td_collapse_cfg_defaults(td_collapse_cfg *c)
 {
@@ -17,7 +17,8 @@ void td_collapse_cfg_defaults(td_collapse_cfg *c)
                            .hold = 10, .spike_factor = 10.0, .spike_window = 50,
                            .spike_min_history = 5, .entropy_hi = 2.0, .entropy_lo = 0.2,
                            .entropy_hold = 10, .k3_factor = 10.0, .k3_baseline = 20,
-                           .kl_abs = 0.1, .chi2_max = 1.0, .ess_min = 0.3, .trunc_max = 0.5};
+                           .kl_abs = 0.1, .chi2_max = 1.0, .ess_min = 0.3, .trunc_max = 0.5,
+                           .dead_hold = 5};
 }
 
 /* the fields, by name, for parsing and JSON */
@@ -27,7 +28,8 @@ typedef struct { const char *name; size_t off; int is_int; } cfg_field;
 static const cfg_field FIELDS[] = {F(ema_alpha), F(drop_abs), F(drop_rel), F(min_gain), I(hold),
                                    F(spike_factor), I(spike_window), I(spike_min_history),
                                    F(entropy_hi), F(entropy_lo), I(entropy_hold), F(k3_factor),
-                                   F(k3_min), I(k3_baseline), F(kl_abs), F(chi2_max), F(ess_min), F(trunc_max)};
+                                   F(k3_min), I(k3_baseline), F(kl_abs), F(chi2_max), F(ess_min), F(trunc_max),
+                                   I(dead_hold)};
 #undef F
 #undef I
 enum { NFIELDS = sizeof FIELDS / sizeof FIELDS[0] };
@@ -57,9 +59,9 @@ int td_collapse_cfg_parse(td_collapse_cfg *c, const char *spec, td_error *err)
         if (f->is_int) *(int *)((char *)c + f->off) = (int)v;
         else *(double *)((char *)c + f->off) = v;
     }
-    if (c->hold < 1 || c->entropy_hold < 1 || c->spike_window < 1 || c->k3_baseline < 1 ||
+    if (c->hold < 1 || c->entropy_hold < 1 || c->spike_window < 1 || c->k3_baseline < 1 || c->dead_hold < 1 ||
         !(c->ema_alpha > 0 && c->ema_alpha <= 1))
-        return td_fail(err, "--collapse: hold, entropy_hold, spike_window, k3_baseline must be >= 1 "
+        return td_fail(err, "--collapse: hold, entropy_hold, spike_window, k3_baseline, dead_hold must be >= 1 "
                        "and ema_alpha in (0, 1]");
     return 0;
 }
@@ -89,6 +91,7 @@ struct td_collapse {
     int spike_prev[2];           /* spike flags of the two previous steps */
     double entropy0;
     int ent_run;
+    int dead_run;                /* consecutive steps without a policy gradient */
     double *k3;                  /* the first k3_baseline values */
     double k3_median;
 };
@@ -190,7 +193,7 @@ unsigned td_collapse_push(td_collapse *d, const double *m)
     if (k == c->k3_baseline - 1) d->k3_median = median(d->k3, c->k3_baseline);
     int mis = (k >= c->k3_baseline && isfinite(d->k3_median) && k3 > c->k3_factor * d->k3_median &&
                k3 > c->k3_min) ||
-              fabs(m[TD_RLM_kl]) > c->kl_abs || m[TD_RLM_chi2_token] > c->chi2_max ||
+              fabs(m[TD_RLM_rollout_corr_kl]) > c->kl_abs || m[TD_RLM_chi2_token] > c->chi2_max ||
               m[TD_RLM_rollout_is_eff_sample_size] < c->ess_min;
     if (mis) {
         active |= 1u << TD_CLP_MISMATCH;
@@ -202,6 +205,11 @@ unsigned td_collapse_push(td_collapse *d, const double *m)
         active |= 1u << TD_CLP_LENGTH;
         fired |= mark(d, TD_CLP_LENGTH, k);
     }
+    /* dead: nothing to learn from, step after step */
+    int dead = m[TD_RLM_response_length_clip_ratio] >= 1.0 || m[TD_RLM_frac_reward_zero_std] >= 1.0;
+    d->dead_run = dead ? d->dead_run + 1 : 0;
+    if (dead) active |= 1u << TD_CLP_DEAD;
+    if (d->dead_run >= c->dead_hold) fired |= mark(d, TD_CLP_DEAD, k - c->dead_hold + 1);
     d->active = active;
     return fired;
 }

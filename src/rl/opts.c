@@ -4,6 +4,7 @@
 #include "tidal/rl.h"
 #include "tidal/train.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define TD_RL_X_NAME(name, doc) #name,
@@ -47,12 +48,27 @@ void td_rl_opts_defaults(td_rl_opts *o)
     o->save_steps = 0;
     o->log_completions = 4;
     td_collapse_cfg_defaults(&o->collapse);
+    o->reward_timeout = 600;
 }
 
 int td_rl_opts_check(const td_rl_opts *o, td_error *err)
 {
     const td_rl_loss_cfg *c = &o->loss;
     int B = c->micro_batch * c->grad_accum;
+    if (o->reward_weights && !o->reward_command)
+        return td_fail(err, "--reward-weights given without --reward-command (the built-in tasks' rewards have "
+                       "no components)");
+    if (o->reward_command) {
+        int n;
+        char **names;
+        double *w;
+        if (td_rl_reward_weights_parse(o->reward_weights, &n, &names, &w, err)) return -1;
+        for (int i = 0; i < n; i++) free(names[i]);
+        free(names);
+        free(w);
+        if (!(o->reward_timeout > 0))
+            return td_fail(err, "--reward-timeout %g: expected seconds > 0", o->reward_timeout);
+    }
     if (c->num_generations < 2)
         return td_fail(err, "--num-generations %d: GRPO needs at least 2 completions per prompt "
                        "(a group's std)", c->num_generations);

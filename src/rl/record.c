@@ -41,6 +41,12 @@ char *rl_config_json(const rl_run *R)
                           "beta", c->beta, "is_correction", td_rl_is_name(c->is_mode),
                           "is_drop_masked", c->is_drop_masked, "is_cap", c->is_cap);
     json_object_set_new(j, "is_cap_low", json_real(c->is_cap_low));
+    if (o->lora_modules)   /* absent for the default (q_proj, v_proj): older run files resume */
+        json_object_set_new(j, "lora_target_modules", json_integer(o->lora_modules));
+    if (o->reward_command) {   /* absent for built-in rewards: older run files resume as they were */
+        json_object_set_new(j, "reward_command", json_string(o->reward_command));
+        json_object_set_new(j, "reward_weights", json_string(o->reward_weights ? o->reward_weights : ""));
+    }
     json_object_set_new(j, "scale_rewards", json_string((const char *[]){"group", "batch", "none"}[c->scale_rewards]));
     json_object_set_new(j, "num_generations", json_integer(c->num_generations));
     json_object_set_new(j, "per_device_batch_size", json_integer(c->micro_batch));
@@ -135,6 +141,20 @@ static int replay(rl_run *R, int steps, td_error *err)
     return 0;
 }
 
+/* Run files written before /steps/kl became TRL's kl (the KL to the reference) hold the rollout
+ * mismatch k1 as "kl": resumed, that column's rows are copied to rollout_corr_kl, its new name;
+ * the old rows of "kl" keep the k1 they were written with. */
+static int rename_old_kl(rl_run *R, int steps, td_error *err)
+{
+    if (steps == 0 || td_runfile_exists(R->rf, "/steps/rollout_corr_kl") || !td_runfile_exists(R->rf, "/steps/kl"))
+        return 0;
+    double *col = td_xmalloc((size_t)steps * sizeof(double));
+    int rc = td_runfile_read(R->rf, "/steps/kl", TD_COL_F64, 0, steps, col, err) ||
+             td_runfile_append(R->rf, "/steps/rollout_corr_kl", TD_COL_F64, 1, col, (size_t)steps, err) ? -1 : 0;
+    free(col);
+    return rc;
+}
+
 static int cut_back(rl_run *R, int steps, td_error *err)
 {
     const char *groups[3] = {"/seqs", "/tokens", "/prompts"};
@@ -148,6 +168,7 @@ static int cut_back(rl_run *R, int steps, td_error *err)
     if ((td_runfile_exists(R->rf, "/progress") && td_runfile_truncate_group(R->rf, "/progress", steps, err)) ||
         (td_runfile_exists(R->rf, "/steps") && td_runfile_truncate_group(R->rf, "/steps", steps, err)))
         return -1;
+    if (rename_old_kl(R, steps, err)) return -1;
     return replay(R, steps, err);
 }
 
@@ -229,6 +250,17 @@ int rl_file_commit(rl_run *R, int k, const double *M, td_error *err)
         char p[128];
         snprintf(p, sizeof p, "/steps/%s", td_rl_metric_names[i]);
         if (td_runfile_append(R->rf, p, TD_COL_F64, 1, &M[i], 1, err)) return -1;
+    }
+    for (int c = 0; c < R->n_comp; c++) {   /* TRL rewards/<name>/mean: over the non-null values */
+        double sum = 0, cnt = 0, mean;
+        for (int s = 0; s < R->B; s++) {
+            double v = R->comp[(size_t)s * R->n_comp + c];
+            if (!isnan(v)) { sum += v; cnt++; }
+        }
+        mean = cnt > 0 ? sum / cnt : NAN;
+        char p[300];
+        snprintf(p, sizeof p, "/steps/reward_%s", R->comp_names[c]);
+        if (td_runfile_append(R->rf, p, TD_COL_F64, 1, &mean, 1, err)) return -1;
     }
     if (td_runfile_append(R->rf, "/steps/collapse_fired", TD_COL_I32, 1, &f, 1, err) ||
         td_runfile_append(R->rf, "/steps/collapse_active", TD_COL_I32, 1, &a, 1, err))

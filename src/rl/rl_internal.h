@@ -1,4 +1,6 @@
 /* tidal-rl's parts (internal to src/rl):
+ *   data.c      the dataset: built-in task records and the user's own (TRL's shapes)
+ *   reward.c    the user's reward process (--reward-command)
  *   loss.c      advantages, IS weights, normalisers, the per-token loss (pure functions)
  *   collapse.c  the collapse detector
  *   opts.c      defaults, checks, metric names
@@ -19,6 +21,19 @@
 #include "tidal/tokenizer.h"
 #include "tidal/train.h"
 #include "../diff/columns.h"
+
+/* reward.c: the --reward-command process */
+typedef struct rl_reward rl_reward;
+rl_reward *rl_reward_start(const td_rl_opts *o, td_error *err);
+/* Scores n completions: req[i] is the JSON line for completion i, where[i] names its record in
+ * errors. reward[i] gets the (weighted) reward, comp (NULL, or n x the --reward-weights names)
+ * the components (nan: null). 0 or -1 + err (the process is stopped on a timeout). */
+int rl_reward_score(rl_reward *p, int n, char *const *req, double *reward, double *comp,
+                    const char *const *where, td_error *err);
+/* The --reward-weights names (their count). */
+int rl_reward_names(const rl_reward *p, const char *const **names);
+/* Closes its input, waits a few seconds for it to exit, then kills its process group. */
+void rl_reward_stop(rl_reward *p);
 
 typedef struct {
     const td_rl_opts *o;
@@ -65,7 +80,19 @@ typedef struct {
     int64_t rows[3];              /* /seqs, /tokens, /prompts rows in the file               */
     td_collapse *det;
     int collapse_step;
+    /* the user's task: items[i].task NULL for a record the reward command scores */
+    struct json_t **records;      /* (n_items) the dataset records (the reward command's input) */
+    char *chat;                   /* (n_items) 1: a conversational prompt                      */
+    rl_reward *reward_proc;       /* NULL: built-in rewards                                    */
+    int n_comp;                   /* --reward-weights components, logged as /steps columns     */
+    const char *const *comp_names;/* (n_comp) */
+    double *comp;                 /* (B, n_comp) this step's components                        */
 } rl_run;
+
+/* data.c: R->items, R->records and R->chat from --dataset-path (R->tkz loaded); -1 + err naming
+ * the record. rl_records_free frees records and chat (items are td_task_items_free's). */
+int rl_load_records(rl_run *R, td_error *err);
+void rl_records_free(rl_run *R);
 
 /* step.c: step k into metrics (TD_RLM_COUNT values); -1 + err */
 int rl_step(rl_run *R, int k, double *metrics, td_error *err);

@@ -19,8 +19,7 @@ static int load_inputs(rl_run *R, td_error *err)
     R->tkz = td_tokenizer_load(tp, err);
     if (!R->tkz) return td_fail(err, "%s (tidal-rl decodes completions for the reward: the model "
                                 "directory needs its tokenizer.json)", err->msg);
-    if (td_task_read_jsonl(o->dataset_path, &R->items, &R->n_items, err)) return -1;
-    if (R->n_items == 0) return td_fail(err, "%s: no records", o->dataset_path);
+    if (rl_load_records(R, err)) return -1;
     R->prompt_ids = td_xcalloc(R->n_items, sizeof(int *));
     R->prompt_len = td_xcalloc(R->n_items, sizeof(int));
     int longest = 0;
@@ -29,7 +28,10 @@ static int load_inputs(rl_run *R, td_error *err)
         int32_t *ids;
         size_t n;
         const char *p = R->items[i].prompt;
-        if (td_tokenizer_encode(R->tkz, p, strlen(p), false, true, &ids, &n, err))
+        /* a built-in task's prompt as tidal-sft trained it (BOS added); the user's as TRL
+         * tokenises a model input (special tokens in the text recognised, none added) */
+        bool own = R->items[i].task == NULL;
+        if (td_tokenizer_encode(R->tkz, p, strlen(p), own, !own, &ids, &n, err))
             return td_fail(err, "%s:%ld: prompt: %s", o->dataset_path, R->items[i].line, err->msg);
         R->prompt_ids[i] = td_xmalloc((n ? n : 1) * sizeof(int));
         for (size_t t = 0; t < n; t++) R->prompt_ids[i][t] = ids[t];
@@ -94,6 +96,7 @@ static int build(rl_run *R, td_error *err)
     t.schedule = (td_lr_schedule)o->lr_schedule;
     t.max_steps = R->total_steps;
     t.warmup_ratio = o->warmup_ratio;
+    t.lora_modules = o->lora_modules;
     t.lora_r = o->lora_r;
     t.lora_alpha = o->lora_alpha;
     t.lora_base_dtype = o->lora_r > 0 ? o->model_dtype : TD_F32;
@@ -146,6 +149,9 @@ static int build(rl_run *R, td_error *err)
 
 static void teardown(rl_run *R)
 {
+    rl_reward_stop(R->reward_proc);   /* first: it sees EOF at once and exits while we free */
+    rl_records_free(R);
+    free(R->comp);
     if (R->rf) td_runfile_close(R->rf, NULL);
     td_columns_free(R->tcols, TD_TOK_LOGP_TRAINER);
     td_columns_free(R->scols, TD_SEQ_TEXT_OFFSET);
@@ -206,23 +212,50 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
     rl_run R;
     memset(&R, 0, sizeof R);
     R.o = o;
-    int rc = -1, start = 0, stopped = 0, k;
+    int rc = -1, start = 0, stopped = 0, k, dead_said = 0;
     if (load_inputs(&R, err) || build(&R, err) || rl_file_open(&R, &start, err)) goto done;
+    if (o->reward_command) {
+        if (!(R.reward_proc = rl_reward_start(o, err))) goto done;
+        R.n_comp = rl_reward_names(R.reward_proc, &R.comp_names);
+        R.comp = td_xcalloc((size_t)R.B * (R.n_comp ? R.n_comp : 1), sizeof(double));
+    }
     double M[TD_RLM_COUNT], t0 = omp_get_wtime();
     if (!o->quiet && start > 0)
         fprintf(stderr, "tidal-rl: resuming %s/%s at step %d of %d\n", o->output_dir, TD_RL_RUNFILE, start, R.total_steps);
     for (k = start; k < R.total_steps; k++) {
-        if (rl_step(&R, k, M, err) || rl_file_commit(&R, k, M, err)) goto done;
+        if (rl_step(&R, k, M, err)) {
+            /* nothing of step k is in the file: it stays a run --resume continues (HF's Trainer
+             * restarts from the last checkpoint the same way) */
+            int64_t ck = 0;
+            td_runfile_get_i64(R.rf, "checkpoint_step", &ck, NULL);
+            char hint[300];
+            snprintf(hint, sizeof hint, "\n  %s/%s keeps steps 0..%d; the same command with --resume continues from %s%lld",
+                     o->output_dir, TD_RL_RUNFILE, k - 1, ck > 0 ? "checkpoint-" : "step ", (long long)ck);
+            size_t l = strlen(err->msg);
+            if (k > 0 && l + strlen(hint) < sizeof err->msg) memcpy(err->msg + l, hint, strlen(hint) + 1);
+            goto done;
+        }
+        if (rl_file_commit(&R, k, M, err)) goto done;
         if (o->save_steps > 0 && (k + 1) % o->save_steps == 0 && k + 1 < R.total_steps &&
             rl_checkpoint_save(&R, k + 1, err))
             goto done;
         if (!o->quiet) {
+            int dead = td_collapse_first(R.det, TD_CLP_DEAD);
+            if (dead >= 0 && !dead_said) {   /* a run that learns nothing says so once */
+                dead_said = 1;
+                fprintf(stderr, "tidal-rl: dead run since step %d: %s for %d steps, so no policy gradient (grad_norm "
+                        "%.3g); raise --max-completion-length, lower --learning-rate or look at the reward\n", dead + 1,
+                        M[TD_RLM_response_length_clip_ratio] >= 1 ? "every completion hit --max-completion-length"
+                                                                   : "every group's rewards were equal",
+                        o->collapse.dead_hold, M[TD_RLM_grad_norm]);
+            }
             double el = omp_get_wtime() - t0, per = el / (k + 1 - start);
-            char eta[32];
+            char eta[32], trl_kl[32] = "";
             fmt_secs(eta, sizeof eta, per * (R.total_steps - k - 1));
-            fprintf(stderr, "tidal-rl: step %d/%d reward %.3f acc %.3f kl %.2e k3 %.2e grad_norm %.3g "
+            if (R.lc.beta > 0) snprintf(trl_kl, sizeof trl_kl, " kl %.2e", M[TD_RLM_kl]);   /* TRL's, to the reference */
+            fprintf(stderr, "tidal-rl: step %d/%d reward %.3f acc %.3f%s rollout_corr/kl %.2e k3 %.2e grad_norm %.3g "
                     "entropy %.3f len %.1f | %.2f s/step, ETA %s\n", k + 1, R.total_steps,
-                    M[TD_RLM_reward], M[TD_RLM_accuracy], M[TD_RLM_kl], M[TD_RLM_k3_kl],
+                    M[TD_RLM_reward], M[TD_RLM_accuracy], trl_kl, M[TD_RLM_rollout_corr_kl], M[TD_RLM_k3_kl],
                     M[TD_RLM_grad_norm], M[TD_RLM_entropy], M[TD_RLM_response_length_mean], per, eta);
             if (isfinite(M[TD_RLM_eval_accuracy]))
                 fprintf(stderr, "tidal-rl: eval before step %d: accuracy %.3f reward %.3f (%zu records, greedy, trainer's "

@@ -6,6 +6,7 @@
 #include "tidal/sft.h"
 
 #include <gsl/gsl_statistics_double.h>
+#include <jansson.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -113,7 +114,7 @@ static void response_metrics(rl_run *R, double *M)
     run.logp_a = la; run.logp_b = lb; run.dlogp = dl; run.k3 = k3; run.seq = seq; run.is_prompt = isp;
     td_verl_metrics v;
     td_verl_metrics_compute(&run, &v);
-    M[TD_RLM_kl] = v.kl;
+    M[TD_RLM_rollout_corr_kl] = v.kl;
     M[TD_RLM_k3_kl] = v.k3_kl;
     M[TD_RLM_training_ppl] = v.training_ppl;
     M[TD_RLM_rollout_ppl] = v.rollout_ppl;
@@ -186,31 +187,115 @@ static int rollout(rl_run *R, int k, double *M, td_error *err)
     return rc;
 }
 
-/* rewards from the task's grader on the decoded response (special tokens kept: the grader
- * cuts at the first <eos>) */
-static int rewards(rl_run *R, double *M, td_error *err)
+/* Valid UTF-8 of n bytes of s, each invalid byte replaced by U+FFFD (as Python decodes with
+ * errors="replace"), for the JSON the reward command reads. */
+static json_t *json_text(const char *s, size_t n)
+{
+    json_t *j = json_stringn(s, n);
+    if (j) return j;
+    char *out = td_xmalloc(3 * n + 1);
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        json_t *one = len && i + (size_t)len <= n ? json_stringn(s + i, (size_t)len) : NULL;
+        if (one) { memcpy(out + k, s + i, (size_t)len); k += (size_t)len; i += (size_t)len; json_decref(one); }
+        else { memcpy(out + k, "\xEF\xBF\xBD", 3); k += 3; i++; }
+    }
+    j = json_stringn(out, k);
+    free(out);
+    return j;
+}
+
+/* The reward command's input line for sequence s (include/tidal/rl.h, "Rewards"). */
+static char *reward_request(const rl_run *R, int s)
+{
+    json_t *rec = R->records[R->item[s]], *q = json_object();
+    json_object_update(q, rec);
+    json_t *msgs = json_object_get(rec, "messages"), *prompt = json_object_get(rec, "prompt");
+    if (!prompt && msgs) json_object_set(q, "prompt", msgs);
+    int T = R->len[s] - R->plen[s];
+    int32_t *ids = td_xmalloc((size_t)(T ? T : 1) * sizeof(int32_t));
+    json_t *jids = json_array();
+    for (int t = 0; t < T; t++) {
+        ids[t] = R->tok[s][R->plen[s] + t];
+        json_array_append_new(jids, json_integer(ids[t]));
+    }
+    size_t n;
+    char *text = td_tokenizer_decode(R->tkz, ids, (size_t)T, true, &n);   /* TRL: skip_special_tokens */
+    free(ids);
+    json_t *comp;
+    if (R->chat[R->item[s]]) {                  /* TRL: [{"role": "assistant", "content": ...}] */
+        json_t *conv = prompt ? prompt : msgs, *last = json_array_get(conv, json_array_size(conv) - 1);
+        const char *role = json_string_value(json_object_get(last, "role"));
+        json_t *pre = json_object_get(last, "content");
+        {
+            size_t pl = role && !strcmp(role, "assistant") && json_is_string(pre) ? json_string_length(pre) : 0;
+            char *both = td_xmalloc(pl + n + 1);
+            if (pl) memcpy(both, json_string_value(pre), pl);
+            memcpy(both + pl, text, n);
+            comp = json_pack("[{s:s, s:o}]", "role", "assistant", "content", json_text(both, pl + n));
+            free(both);
+        }
+    } else {
+        comp = json_text(text, n);
+    }
+    free(text);
+    json_object_set_new(q, "completion", comp);
+    json_object_set_new(q, "completion_ids", jids);
+    char *line = json_dumps(q, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(q);
+    return line;
+}
+
+/* Rewards: the task's grader on the decoded response (special tokens kept: the grader cuts at
+ * the first <eos>), or the user's reward command for every completion (it then gets the whole
+ * batch at once). accuracy counts the built-in task records. */
+static int rewards(rl_run *R, int k, double *M, td_error *err)
 {
     double sum = 0, sum2 = 0, acc = 0;
-    for (int s = 0; s < R->B; s++) {
+    int n_task = 0, rc = 0;
+    char **req = R->reward_proc ? td_xcalloc((size_t)R->B, sizeof *req) : NULL;
+    char **where = R->reward_proc ? td_xcalloc((size_t)R->B, sizeof *where) : NULL;
+    for (int s = 0; s < R->B && !rc; s++) {
         const td_task_item *it = &R->items[R->item[s]];
-        size_t n;
-        int32_t *ids = td_xmalloc((size_t)R->len[s] * sizeof(int32_t));
-        for (int t = R->plen[s]; t < R->len[s]; t++) ids[t - R->plen[s]] = R->tok[s][t];
-        char *text = td_tokenizer_decode(R->tkz, ids, (size_t)(R->len[s] - R->plen[s]), false, &n);
-        free(ids);
-        td_reward_info info;
-        int rc = td_task_reward(it->task, it->prompt, it->answer, text, n, &R->reward[s], &info, err);
-        free(text);
-        if (rc) return -1;
-        R->exact[s] = info.exact;
+        if (it->task) {
+            size_t n;
+            int32_t *ids = td_xmalloc((size_t)R->len[s] * sizeof(int32_t));
+            for (int t = R->plen[s]; t < R->len[s]; t++) ids[t - R->plen[s]] = R->tok[s][t];
+            char *text = td_tokenizer_decode(R->tkz, ids, (size_t)(R->len[s] - R->plen[s]), false, &n);
+            free(ids);
+            td_reward_info info;
+            double r;
+            rc = td_task_reward(it->task, it->prompt, it->answer, text, n, &r, &info, err);
+            free(text);
+            if (!R->reward_proc) R->reward[s] = r;
+            R->exact[s] = info.exact;
+            acc += info.exact;
+            n_task++;
+        }
+        if (req) {
+            req[s] = reward_request(R, s);
+            char w[4400];
+            snprintf(w, sizeof w, "completion %d of step %d (record %s:%ld, id %s)", s, k, R->o->dataset_path, it->line,
+                     it->id ? it->id : "-");
+            where[s] = strdup(w);
+        }
+    }
+    if (!rc && R->reward_proc)
+        rc = rl_reward_score(R->reward_proc, R->B, req, R->reward, R->comp, (const char *const *)where, err);
+    for (int s = 0; req && s < R->B; s++) { free(req[s]); free(where[s]); }
+    free(req);
+    free(where);
+    if (rc) return -1;
+    for (int s = 0; s < R->B; s++) {
         sum += R->reward[s];
         sum2 += R->reward[s] * R->reward[s];
-        acc += info.exact;
     }
     double mean = sum / R->B;
     M[TD_RLM_reward] = mean;
     M[TD_RLM_reward_std] = R->B > 1 ? sqrt(fmax(0.0, (sum2 - R->B * mean * mean) / (R->B - 1))) : 0.0;
-    M[TD_RLM_accuracy] = acc / R->B;
+    M[TD_RLM_accuracy] = n_task ? acc / n_task : NAN;
     return 0;
 }
 
@@ -284,6 +369,12 @@ static int update(rl_run *R, double *M, td_error *err)
     M[TD_RLM_pg_clipfrac] = nt > 0 ? R->clip.clipped / nt : 0.0;
     M[TD_RLM_pg_clipfrac_lower] = nt > 0 ? R->clip.clipped_lower / nt : 0.0;
     M[TD_RLM_ppo_kl] = nt > 0 ? R->clip.ratio_log_sum / nt : 0.0;
+    if (R->lc.beta > 0) {   /* TRL: (per_token_kl * mask).sum() / mask.sum(), at pi_theta = pi_old */
+        double ks = 0, ms = 0;
+        for (int64_t t = 0; t < R->off[R->B]; t++)
+            if (R->m[t] > 0) { ks += R->m[t] * td_k3(R->ref[t], R->old[t]); ms += R->m[t]; }
+        M[TD_RLM_kl] = ms > 0 ? ks / ms : NAN;
+    }
     double lt = (double)p.n_loss_tokens;
     M[TD_RLM_rollout_is_clipped_fraction] = lt > 0 ? p.n_clipped / lt : 0.0;
     M[TD_RLM_rollout_rs_masked_fraction] = lt > 0 ? p.n_masked / lt : 0.0;
@@ -317,7 +408,7 @@ int rl_step(rl_run *R, int k, double *M, td_error *err)
     if (rl_sync(R, M, err)) return -1;
     if (rollout(R, k, M, err)) return -1;
     double t1 = omp_get_wtime();
-    if (rewards(R, M, err)) return -1;
+    if (rewards(R, k, M, err)) return -1;
     double t2 = omp_get_wtime();
     if (score_old(R, err)) return -1;
     double t3 = omp_get_wtime();

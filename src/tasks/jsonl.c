@@ -3,6 +3,8 @@
  * Writes go to a temporary file renamed into place when complete; reads name file and line. */
 #include "tasks_internal.h"
 
+#include "tidal/dataset.h"
+
 #include <errno.h>
 #include <jansson.h>
 
@@ -59,15 +61,14 @@ static int get_string(json_t *o, const char *key, bool required, char **out, con
     *out = NULL;
     if (!v) return required ? td_fail(err, "%s: no \"%s\" field (a task record needs prompt, answer and task)", where, key) : 0;
     if (!json_is_string(v)) return td_fail(err, "%s: \"%s\" is not a string", where, key);
+    if (strlen(json_string_value(v)) != json_string_length(v))
+        return td_fail(err, "%s: \"%s\" holds a NUL character (\\u0000)", where, key);
     *out = strdup(json_string_value(v));
     return 0;
 }
 
-static int parse_record(const char *text, size_t len, const char *where, td_task_item *it, td_error *err)
+int td_task_item_from_json(json_t *o, const char *where, td_task_item *it, td_error *err)
 {
-    json_error_t je;
-    json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-    if (!o) return td_fail(err, "%s: invalid JSON at column %d: %s", where, je.column, je.text);
     int rc = -1;
     char *task = NULL;
     if (!json_is_object(o)) { td_fail(err, "%s: not a JSON object", where); goto out; }
@@ -92,7 +93,6 @@ static int parse_record(const char *text, size_t len, const char *where, td_task
     rc = 0;
 out:
     free(task);
-    json_decref(o);
     return rc;
 }
 
@@ -120,41 +120,34 @@ static int each_line(const char *path, line_fn fn, void *user, td_error *err)
     return rc;
 }
 
-typedef struct {
-    const char *path;
-    td_task_item *items;
-    size_t n, cap;
-} item_list;
-
-static int add_record(void *user, const char *line, size_t len, long lineno, td_error *err)
-{
-    item_list *L = user;
-    char where[600];
-    snprintf(where, sizeof where, "%s:%ld", L->path, lineno);
-    if (L->n == L->cap) {
-        L->cap = L->cap ? 2 * L->cap : 64;
-        L->items = td_xrealloc(L->items, L->cap * sizeof *L->items);
-    }
-    td_task_item *it = &L->items[L->n++];   /* counted now: freed with the rest on failure */
-    *it = (td_task_item){.line = lineno};
-    if (parse_record(line, len, where, it, err)) return -1;
-    if (!it->id) {
-        tk_text id = {0};
-        tk_putf(&id, "line-%ld", lineno);
-        it->id = tk_take(&id);
-    }
-    return 0;
-}
-
+/* Every record of the file (dataset.h: JSON Lines or an array, .json.gz, a BOM), named by its
+ * line; the first that is not a task record stops the read. */
 int td_task_read_jsonl(const char *path, td_task_item **items, size_t *n, td_error *err)
 {
-    item_list L = {path, NULL, 0, 0};
-    int rc = each_line(path, add_record, &L, err);
-    if (!rc && L.n == 0) rc = td_fail(err, "%s: no records (the file is empty)", path);
-    if (rc) { td_task_items_free(L.items, L.n); L.items = NULL; L.n = 0; }
-    *items = L.items;
-    *n = L.n;
-    return rc ? -1 : 0;
+    td_record *recs;
+    size_t nr;
+    *items = NULL;
+    *n = 0;
+    if (td_records_read(path, &recs, &nr, err)) return -1;
+    td_task_item *out = td_xcalloc(nr, sizeof *out);
+    int rc = 0;
+    size_t k = 0;
+    for (; k < nr && !rc; k++) {
+        char where[600];
+        snprintf(where, sizeof where, "%s:%ld", path, recs[k].line);
+        out[k] = (td_task_item){.line = recs[k].line};
+        rc = td_task_item_from_json(recs[k].obj, where, &out[k], err);
+        if (!rc && !out[k].id) {
+            tk_text id = {0};
+            tk_putf(&id, "line-%ld", recs[k].line);
+            out[k].id = tk_take(&id);
+        }
+    }
+    td_records_free(recs, nr);
+    if (rc) { td_task_items_free(out, k); return -1; }
+    *items = out;
+    *n = nr;
+    return 0;
 }
 
 typedef struct {

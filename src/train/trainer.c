@@ -17,6 +17,7 @@
 #include "tidal/rng.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -157,6 +158,39 @@ static void build_tensors(td_trainer *tr)
         tr->lg[i].da = tr->grads + (p->a - lo->owned);
         tr->lg[i].db = tr->grads + (p->b - lo->owned);
     }
+}
+
+int td_lora_targets_parse(const char *value, unsigned *mask, char *why, size_t whylen)
+{
+    unsigned m = 0;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", value);
+    if (!strcmp(value, "all-linear") || !strcmp(value, "all_linear")) {
+        *mask = (1u << TD_LORA_NMOD) - 1;
+        return 0;
+    }
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int k = td_lora_module_from_name(t);
+        if (k < 0) {
+            snprintf(why, whylen, "modules among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj (or "
+                     "all-linear), comma-separated; the model has no '%s'", t);
+            return -1;
+        }
+        m |= 1u << k;
+    }
+    if (!m) { snprintf(why, whylen, "at least one module"); return -1; }
+    *mask = m;
+    return 0;
+}
+
+int td_lora_dropout_parse(const char *value, double *p, char *why, size_t whylen)
+{
+    char *end;
+    double x = strtod(value, &end);
+    if (*value && !*end && x == 0) { *p = 0; return 0; }
+    snprintf(why, whylen, "0 (PEFT's lora_dropout masks the adapter's input in training only: a train/inference "
+             "difference by design, which tidal would count as mismatch)");
+    return -1;
 }
 
 td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_train_opts *opts,

@@ -80,6 +80,65 @@ static const td_opt *find_long(const td_opt *opts, const char *word, size_t n)
     return NULL;
 }
 
+/* Edit distance (insertions, deletions, substitutions, adjacent swaps) between a and b, with
+ * underscores read as dashes; capped at 99 for long words. */
+static int edit_distance(const char *a, size_t na, const char *b, size_t nb)
+{
+    if (na > 60 || nb > 60) return 99;
+    int d[61][61];
+    for (size_t i = 0; i <= na; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= nb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= na; i++)
+        for (size_t j = 1; j <= nb; j++) {
+            char x = a[i - 1] == '_' ? '-' : a[i - 1], y = b[j - 1] == '_' ? '-' : b[j - 1];
+            int v = d[i - 1][j - 1] + (x != y);
+            if (d[i - 1][j] + 1 < v) v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && x == (b[j - 2] == '_' ? '-' : b[j - 2]) && (a[i - 2] == '_' ? '-' : a[i - 2]) == y &&
+                d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    return d[na][nb];
+}
+
+/* The option a mistyped long name most likely meant: the closest name or alias within a few
+ * edits (1 for short words, up to 3 for long ones), else the one name it is a prefix of
+ * (argparse's abbreviations, which tidal does not accept but names). NULL if none. */
+static const char *did_you_mean(const td_opt *opts, const char *word, size_t n, char *buf, size_t cap)
+{
+    int best = n <= 4 ? 2 : n <= 9 ? 3 : 4;   /* one more than the largest accepted distance */
+    const char *hit = NULL, *prefix = NULL;
+    const void *prefix_of = NULL;   /* the option (or built-in) the prefix names */
+    int n_prefix = 0;
+    const char *builtin[] = {"help", "version"};
+    for (int pass = 0; pass < 2; pass++)
+        for (const td_opt *o = opts; pass == 0 ? o->name != NULL : o < opts + 2; o++) {
+            const char *names[2] = {pass == 0 ? o->name : builtin[o - opts], pass == 0 ? o->aliases : NULL};
+            if (pass == 0 && !o->help) continue;   /* old spellings are not suggested */
+            for (int k = 0; k < 2; k++)
+                for (const char *p = names[k]; p && *p;) {
+                    while (*p == ' ') p++;
+                    size_t len = k == 0 ? strlen(p) : strcspn(p, " ");
+                    if (!len) break;
+                    int dist = edit_distance(word, n, p, len);
+                    if (dist < best) { best = dist; snprintf(buf, cap, "%.*s", (int)len, p); hit = buf; }
+                    if (len > n && n >= 3 && edit_distance(word, n, p, n) == 0 && prefix_of != (const void *)o) {
+                        prefix = k == 0 ? p : (pass == 0 ? o->name : p);   /* named by its canonical name */
+                        prefix_of = o;
+                        n_prefix++;
+                    }
+                    p += len;
+                }
+        }
+    if (hit) return hit;
+    if (n_prefix == 1) {
+        snprintf(buf, cap, "%.*s", (int)strcspn(prefix, " "), prefix);
+        return buf;
+    }
+    return NULL;
+}
+
 td_opt *td_opt_get(td_opt *opts, const char *name)
 {
     for (td_opt *o = opts; o->name; o++)
@@ -205,6 +264,9 @@ int td_cli_parse(const td_cli *cli, int argc, char **argv, const char **operands
             snprintf(label, sizeof label, "-%c", a[1]);
             if (a[2]) inline_v = a + 2;
         }
+        char guess[80];
+        const char *mean = !o && a[1] == '-' ? did_you_mean(cli->opts, a + 2, strcspn(a + 2, "="), guess, sizeof guess) : NULL;
+        if (!o && mean) { rc = td_cli_bad(cli, label, NULL, "unknown option; did you mean --%s?", mean); break; }
         if (!o) { rc = td_cli_bad(cli, label, NULL, "unknown option"); break; }
         if (o->kind == TD_OPT_FLAG) {
             if (inline_v) { rc = td_cli_bad(cli, label, inline_v, "no value (it is a switch)"); break; }

@@ -148,7 +148,7 @@ ccfg = json.loads(fa.attrs["collapse_config"])
 check(cfg["is_correction"] == "token-tis" and cfg["is_cap"] == 2.0 and ccfg["hold"] == 10 and ccfg["drop_abs"] == 0.3,
       "the run and collapse configurations are recorded (token-tis cap 2; hold 10, drop_abs 0.3)")
 names = ["reward", "reward_std", "accuracy", "frac_reward_zero_std", "entropy", "grad_norm", "loss_scale", "skipped",
-         "pg_clipfrac", "ppo_kl", "response_length_mean", "response_length_clip_ratio", "kl", "k3_kl", "chi2_token",
+         "pg_clipfrac", "ppo_kl", "response_length_mean", "response_length_clip_ratio", "rollout_corr_kl", "kl", "k3_kl", "chi2_token",
          "chi2_seq", "logp_diff_mean", "logp_diff_max", "probs_diff_mean", "probs_diff_max", "probs_pearson",
          "ppl_ratio", "rollout_is_mean", "rollout_is_min", "rollout_is_max", "rollout_is_eff_sample_size",
          "rollout_is_clipped_fraction", "rollout_rs_masked_fraction", "nonfinite", "time_rollout", "time_update",
@@ -166,7 +166,7 @@ check(p.returncode == 0 and "fp16-train" in p.stdout, "tidal-report reads the ru
 em = os.path.join(tmp, "exact")
 rl(em, "--max-steps", "3", "--train-recipe", "bf16-train", "--exact-match")
 f, s = steps(em)
-check(all(np.all(s[k] == 0) for k in ("kl", "k3_kl", "logp_diff_max", "probs_diff_max")) and np.all(s["chi2_token"] == 0)
+check(all(np.all(s[k] == 0) for k in ("rollout_corr_kl", "k3_kl", "logp_diff_max", "probs_diff_max")) and np.all(s["chi2_token"] == 0)
       and np.all(s["rollout_is_eff_sample_size"] == 1), "exact-match control: mismatch exactly 0 on every step")
 f.close()
 z = os.path.join(tmp, "lr0")
