@@ -63,10 +63,17 @@ size_t td_runfile_list(td_runfile *rf, const char *group, char **names, size_t m
 /* The width of a dataset (1 for 1-D); 0 if absent. */
 size_t td_runfile_width(td_runfile *rf, const char *path);
 
-/* Writes everything buffered to disk (H5Fflush): call after each completed unit of work.
- * Crash consistency: run files never reuse freed space (HDF5 file space strategy NONE), so a
- * SIGKILL at any moment leaves the state of the last flush readable and intact. */
+/* Commits everything written so far (H5Fflush, then the commit driver's journal: see
+ * src/record/commit.c): call after each completed unit of work. All or nothing: a failed write
+ * (ENOSPC, EIO, a quota) or a SIGKILL at any instant leaves the file as its last commit made it,
+ * readable by h5py. After a failed write the file takes no more writes: every later flush and the
+ * close fail with the same message (the file, the call, the errno). */
 int td_runfile_flush(td_runfile *rf, td_error *err);
+/* Whether a write to the file has failed (then nothing more reaches it). */
+int td_runfile_failed(const td_runfile *rf);
+/* Renames a finished file into place (compaction, --force, merge), dropping the replaced
+ * file's leftover journal. */
+int td_runfile_replace(const char *from, const char *to);
 
 /* Rewrites a closed run file without the dead space that appends leave behind (old copies of
  * rewritten chunks), through PATH.compact.tmp and a rename: interrupted, it leaves PATH as it
