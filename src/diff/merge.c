@@ -204,7 +204,7 @@ done:
     for (int i = 0; i < n; i++) if (in[i]) td_runfile_close(in[i], NULL);
     free(in);
     if (out && td_runfile_close(out, rc ? NULL : err)) rc = -1;
-    if (out && rc == 0 && rename(tmp_path, out_path) != 0) rc = td_fail(err, "%s: cannot rename %s to it", out_path, tmp_path);
+    if (out && rc == 0 && td_runfile_replace(tmp_path, out_path) != 0) rc = td_fail(err, "%s: cannot rename %s to it", out_path, tmp_path);
     if (rc && out) remove(tmp_path);
     return rc;
 }

@@ -107,7 +107,7 @@ int take_place(job *J, int reopen, td_error *err)
     if (!J->replacing) return 0;
     if (J->rf && td_runfile_close(J->rf, err)) { J->rf = NULL; return -1; }
     J->rf = NULL;
-    if (rename(J->write_path, J->o->out_path) != 0)
+    if (td_runfile_replace(J->write_path, J->o->out_path) != 0)
         return td_fail(err, "%s: cannot replace it with %s", J->o->out_path, J->write_path);
     J->replacing = 0;
     if (reopen && !(J->rf = td_runfile_open(J->o->out_path, 1, err))) return -1;

@@ -47,6 +47,7 @@ typedef struct {
     haddr_t committed;       /* EOA of the last commit: below it, writes are held until the next */
     held_write *held;
     size_t n_held, cap_held;
+    size_t held_bytes;
     int truncate_due;        /* HDF5 asked for the size to become EOA: done at the commit */
     tdc_status *st;
     tdc_status own;          /* when the caller gave none */
@@ -206,12 +207,28 @@ static void hold(tdc_file *f, haddr_t addr, size_t len, const void *data)
     if (!copy) { fprintf(stderr, "tidal: out of memory holding a write of %s\n", f->path); exit(2); }
     memcpy(copy, data, len);
     f->held[f->n_held++] = (held_write){addr, len, copy};
+    f->held_bytes += len;
 }
 
 static void drop_held(tdc_file *f)
 {
     for (size_t i = 0; i < f->n_held; i++) free(f->held[i].data);
     f->n_held = 0;
+    f->held_bytes = 0;
+}
+
+/* A new file holds everything until its first commit; one that grows past this before it has
+ * committed once (a merge, written whole and renamed) spills to disk and writes through: until
+ * that first commit there is nothing on disk to keep. */
+#define SPILL_BYTES ((size_t)32 << 20)
+
+static void spill(tdc_file *f)
+{
+    for (size_t i = 0; i < f->n_held && !f->st->err; i++)
+        if (write_all(f->fd, f->held[i].data, f->held[i].len, (off_t)f->held[i].addr)) fail(f, errno, "write%s", "");
+    if (f->st->err) return;   /* kept in memory, as after any failed write */
+    drop_held(f);
+    f->committed = 0;
 }
 
 /* The commit: see the top of the file. Returns 0, or -1 with the status set. */
@@ -407,6 +424,7 @@ static herr_t drv_write(H5FD_t *file, H5FD_mem_t type, hid_t dxpl, haddr_t addr,
     if (f->st->err) { hold(f, addr, size, buf); return 0; }   /* nothing more reaches the file */
     size_t below = addr < f->committed ? (size < f->committed - addr ? size : (size_t)(f->committed - addr)) : 0;
     hold(f, addr, below, buf);
+    if (f->committed == MAXADDR && f->held_bytes > SPILL_BYTES) spill(f);
     if (size > below && write_all(f->fd, (const unsigned char *)buf + below, size - below, (off_t)(addr + below))) {
         fail(f, errno, "write%s", "");
         hold(f, addr + below, size - below, (const unsigned char *)buf + below);

@@ -13,6 +13,7 @@
 #include "rl_internal.h"
 #include "tidal/opts.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -236,22 +237,44 @@ int rl_file_commit(rl_run *R, int k, const double *M, td_error *err)
     return td_runfile_flush(R->rf, err);
 }
 
+/* A checkpoint folder and what may be in it (the state, and its temporary while written). */
+static void remove_checkpoint_dir(const char *dir)
+{
+    char p[4400];
+    snprintf(p, sizeof p, "%s/trainer_state.bin", dir);
+    remove(p);
+    snprintf(p, sizeof p, "%s/trainer_state.bin.tmp", dir);
+    remove(p);
+    rmdir(dir);
+}
+
+/* Written as checkpoint-K.tmp/ and renamed when whole; then the run file's checkpoint_step names
+ * it (committed), and only then is the previous one removed. A failure at any point leaves the
+ * previous checkpoint and the run file's reference to it, and no new folder. */
 int rl_checkpoint_save(rl_run *R, int steps, td_error *err)
 {
-    char dir[4300], path[4400];
+    char dir[4300], tmp[4310], path[4400];
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", R->o->output_dir, steps);
-    mkdir(dir, 0755);
-    snprintf(path, sizeof path, "%s/trainer_state.bin", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
+    remove_checkpoint_dir(tmp);   /* left by a run killed while saving */
+    if (mkdir(tmp, 0755) != 0) return td_fail(err, "%s: cannot create the checkpoint folder: %s", tmp, strerror(errno));
+    snprintf(path, sizeof path, "%s/trainer_state.bin", tmp);
     int64_t prev = 0;
     td_runfile_get_i64(R->rf, "checkpoint_step", &prev, NULL);
-    if (td_trainer_save_state(R->tr, path, err) || td_runfile_set_i64(R->rf, "checkpoint_step", steps, err) ||
-        td_runfile_flush(R->rf, err))
+    if (td_trainer_save_state(R->tr, path, err)) { remove_checkpoint_dir(tmp); return -1; }
+    remove_checkpoint_dir(dir);   /* stale (a run killed after the rename), or this step's state saved again */
+    if (rename(tmp, dir) != 0) {
+        td_fail(err, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+        remove_checkpoint_dir(tmp);
         return -1;
+    }
+    if (td_runfile_set_i64(R->rf, "checkpoint_step", steps, err) || td_runfile_flush(R->rf, err)) {
+        if (prev != steps) remove_checkpoint_dir(dir);   /* the run file still names the previous one */
+        return -1;
+    }
     if (prev > 0 && prev != steps) {   /* only the latest is kept (save_total_limit = 1) */
         snprintf(dir, sizeof dir, "%s/checkpoint-%lld", R->o->output_dir, (long long)prev);
-        snprintf(path, sizeof path, "%s/trainer_state.bin", dir);
-        remove(path);
-        rmdir(dir);
+        remove_checkpoint_dir(dir);
     }
     return 0;
 }
