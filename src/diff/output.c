@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 char *sampling_json(const td_diff_opts *o)
@@ -90,10 +91,14 @@ int open_output(job *J, td_error *err)
     const char *vals[] = {fp, ra, rb, sj, seed, shard, batch, score, o->prompts_path, layers, o->lora_dir ? o->lora_dir : "", mode_a, mode_b, lt};
     size_t n_keys = sizeof keys / sizeof keys[0];
     int rc;
-    if (o->resume) {
+    struct stat st;
+    int empty = o->resume && stat(o->out_path, &st) == 0 && st.st_size == 0;
+    if (empty)   /* created, then stopped before its first commit (which writes the attributes) */
+        fprintf(stderr, "tidal-diff: %s is empty (the run stopped before its first commit): starting it afresh\n", o->out_path);
+    if (o->resume && !empty) {
         rc = resume_output(J, keys, vals, n_keys, err);
     } else {
-        J->rf = td_runfile_create(J->write_path, o->force, err);
+        J->rf = td_runfile_create(J->write_path, o->force || empty, err);
         rc = J->rf ? write_attributes(J, keys, vals, n_keys, err) : -1;
     }
     free(ra); free(rb); free(sj);

@@ -330,7 +330,11 @@ static H5FD_t *drv_open(const char *name, unsigned flags, hid_t fapl, haddr_t ma
     if (flags & H5F_ACC_CREAT) o |= O_CREAT;
     if (flags & H5F_ACC_EXCL) o |= O_EXCL;
     f->fd = open(name, o | O_CLOEXEC, 0644);
-    if (f->fd < 0) { free(f); return NULL; }
+    if (f->fd < 0) {
+        if (!(flags & H5F_ACC_CREAT) || errno != ENOENT || (flags & H5F_ACC_TRUNC)) fail(f, errno, "open%s", "");
+        free(f);
+        return NULL;
+    }
     char why[512];
     if (f->writable && lock_file(f->fd)) {
         f->st->locked = 1;
@@ -343,7 +347,7 @@ static H5FD_t *drv_open(const char *name, unsigned flags, hid_t fapl, haddr_t ma
         char jpath[4200];
         tdc_journal_path(name, jpath, sizeof jpath);
         unlink(jpath);   /* the old file's: it would not apply (another inode) but is clutter */
-        if (ftruncate(f->fd, 0)) { close(f->fd); free(f); return NULL; }
+        if (ftruncate(f->fd, 0)) { fail(f, errno, "truncate%s", ""); close(f->fd); free(f); return NULL; }
     } else if (f->writable && recover_fd(f->fd, name, why, sizeof why)) {
         f->st->err = errno ? errno : EIO;
         snprintf(f->st->what, sizeof f->st->what, "recovery of %.80s", name);

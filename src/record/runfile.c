@@ -75,6 +75,8 @@ td_runfile *td_runfile_create(const char *path, int overwrite, td_error *err)
     if (f < 0) {
         if (rf->st.locked)
             td_fail(err, "%s: another process is writing this file", path);
+        else if (rf->st.err)
+            td_fail(err, "%s: cannot create the HDF5 file: %s failed: %s", path, rf->st.what, strerror(rf->st.err));
         else
             td_fail(err, "%s: cannot create the HDF5 file (is the directory there and writable?)", path);
         free(rf);

@@ -150,7 +150,9 @@ int rl_file_open(rl_run *R, int *start, td_error *err)
     if (exists && !o->resume && !o->overwrite)
         return td_fail(err, "%s exists: --resume continues that run, --overwrite-output-dir "
                        "replaces it", path);
-    if (!exists || o->overwrite) {
+    /* created, then stopped before its first commit: nothing to continue */
+    int empty = exists && st.st_size == 0;
+    if (!exists || o->overwrite || empty) {
         if (td_make_parent_dirs(path, err)) return -1;
         R->rf = td_runfile_create(path, 1, err);
         if (!R->rf || write_attrs(R, err) || td_runfile_flush(R->rf, err)) return -1;
@@ -250,7 +252,7 @@ static void remove_checkpoint_dir(const char *dir)
 
 /* Written as checkpoint-K.tmp/ and renamed when whole; then the run file's checkpoint_step names
  * it (committed), and only then is the previous one removed. A failure at any point leaves the
- * previous checkpoint and the run file's reference to it, and no new folder. */
+ * previous checkpoint, whole, and no partial or empty folder. */
 int rl_checkpoint_save(rl_run *R, int steps, td_error *err)
 {
     char dir[4300], tmp[4310], path[4400];
@@ -268,10 +270,9 @@ int rl_checkpoint_save(rl_run *R, int steps, td_error *err)
         remove_checkpoint_dir(tmp);
         return -1;
     }
-    if (td_runfile_set_i64(R->rf, "checkpoint_step", steps, err) || td_runfile_flush(R->rf, err)) {
-        if (prev != steps) remove_checkpoint_dir(dir);   /* the run file still names the previous one */
-        return -1;
-    }
+    /* a failed commit leaves both folders, whole: the run file names one of them (the new one
+     * when the commit's journal stayed behind and the next open finishes it) */
+    if (td_runfile_set_i64(R->rf, "checkpoint_step", steps, err) || td_runfile_flush(R->rf, err)) return -1;
     if (prev > 0 && prev != steps) {   /* only the latest is kept (save_total_limit = 1) */
         snprintf(dir, sizeof dir, "%s/checkpoint-%lld", R->o->output_dir, (long long)prev);
         remove_checkpoint_dir(dir);
