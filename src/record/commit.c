@@ -331,7 +331,8 @@ static H5FD_t *drv_open(const char *name, unsigned flags, hid_t fapl, haddr_t ma
     if (flags & H5F_ACC_EXCL) o |= O_EXCL;
     f->fd = open(name, o | O_CLOEXEC, 0644);
     if (f->fd < 0) {
-        if (!(flags & H5F_ACC_CREAT) || errno != ENOENT || (flags & H5F_ACC_TRUNC)) fail(f, errno, "open%s", "");
+        /* HDF5 first tries without creating: a missing file is no failure then */
+        if (errno != ENOENT || (flags & H5F_ACC_CREAT)) fail(f, errno, "open%s", "");
         free(f);
         return NULL;
     }
