@@ -335,3 +335,155 @@ def pick(phases, per_phase):
             sel = [ks[int(i * (len(ks) - 1) / max(per_phase - 1, 1))] for i in range(per_phase)]
         out += [(key, k) for k in dict.fromkeys(sel)]
     return out
+
+
+# ---------------------------------------------------------------- tidal-sft
+
+class SftSweep:
+    """tidal-sft: sft.h5 committed after every step, checkpoint-K/ written as .tmp and renamed."""
+
+    def __init__(self, tmp, model, data, steps=3):
+        self.tmp, self.model, self.data, self.steps = tmp, model, data, steps
+        self.dir = os.path.join(tmp, "sft") + os.sep
+        self.out = os.path.join(self.dir, "sft.h5")
+        trace = os.path.join(tmp, "sft.trace")
+        rc, err = run(self.cmd(), watch=self.dir, trace=trace)
+        if rc != 0:
+            raise SystemExit("clean tidal-sft run failed: " + err)
+        self.ref, _ = datasets(self.out, ("steps",))
+        self.trace = read_trace(trace)
+        shutil.rmtree(self.dir)
+
+    def cmd(self, *extra):
+        return [os.path.join(BIN, "tidal-sft"), "--model-path", self.model, "--dataset-path", self.data,
+                "--learning-rate", "1e-3", "--per-device-batch-size", "4", "--seed", "5", "--eval-max-samples", "4",
+                "--max-steps", str(self.steps), "--save-steps", "1", "--output-dir", self.dir, *extra]
+
+    def phases(self):
+        ph = {}
+        for k, op, name, n in self.trace:
+            key = ("sft.h5 commit: " if name.startswith("sft.h5") else "checkpoint/model save: ") + op
+            ph.setdefault(key, []).append(k)
+        return ph
+
+    def case(self, at, mode, errno_name, counts, log):
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        rc, err = run(self.cmd(), watch=self.dir, at=at, mode=mode, errno_name=errno_name)
+        tag = "sft K=%d %s%s" % (at, mode, "" if mode == "kill" else " " + errno_name)
+        bad = []
+        counts.add("cases")
+        if rc == 0:
+            counts.add("finished anyway")
+        elif mode == "kill":
+            if rc != -9:
+                bad.append("rc %d, not SIGKILL" % rc)
+        elif rc != 1:
+            bad.append("rc %d, not 1" % rc)
+        elif ERRTEXT[errno_name] not in err:
+            bad.append("message does not name the error: " + err.strip()[-200:])
+        if rc < 0 and rc != -9:
+            counts.add("crashes")
+        if mode == "fail" and rc != 0:
+            tmps = [p for p in glob.glob(self.dir + "*") if p.endswith(".tmp")]
+            if tmps:
+                bad.append("left behind: " + ", ".join(map(os.path.basename, tmps)))
+        ok, raw = readable(self.out)
+        if not ok:
+            counts.add("unreadable")
+            bad.append("sft.h5 does not open")
+        elif not raw:
+            counts.add("raw_unreadable")
+        if ok and os.path.exists(self.out) and os.path.getsize(self.out) > 0:
+            have, _ = datasets(self.out, ("steps",))
+            n = len(have.get("/steps/step", []))
+            for name, a in have.items():
+                if name != "/steps/seconds" and not same_bits(a[:n], self.ref[name][:n]):
+                    counts.add("completed rows damaged")
+                    bad.append(name + " differs in completed steps")
+            counts.add("steps kept", n)
+        # tidal-sft continues from its latest checkpoint; before the first one there is none, and
+        # the run starts over (--overwrite-output-dir), as its --resume message says
+        whole = [d for d in glob.glob(self.dir + "checkpoint-*") if not d.endswith(".tmp")]
+        rc2, err2 = run(self.cmd("--resume" if whole else "--overwrite-output-dir"))
+        if rc2 != 0:
+            counts.add("resume failed")
+            bad.append("--resume: rc %d: %s" % (rc2, err2.strip()[-200:]))
+        else:
+            have, _ = datasets(self.out, ("steps",))
+            diffs = [k for k in self.ref if k != "/steps/seconds" and (k not in have or not same_bits(have[k], self.ref[k]))]
+            if diffs:
+                counts.add("resume not bit-identical")
+                bad.append("after --resume differs: " + ", ".join(diffs[:4]))
+            else:
+                counts.add("resumed bit-identical")
+        if bad:
+            counts.add("failed cases")
+            log.append(tag + ": " + "; ".join(bad))
+        return not bad
+
+
+# ---------------------------------------------------------------- tidal-merge
+
+class MergeSweep:
+    """tidal-merge of two shards into a folder that fails: the merged file appears whole or not at
+    all (an older OUT given --force stays as it was), and no OUT.tmp is left."""
+
+    def __init__(self, tmp, diff_cmd):
+        self.tmp = tmp
+        self.dir = os.path.join(tmp, "merge") + os.sep
+        os.makedirs(self.dir, exist_ok=True)
+        self.parts = []
+        for k in range(2):
+            p = os.path.join(tmp, "shard%d.h5" % k)
+            rc, err = run(diff_cmd(p, "--shard", "%d/2" % k))
+            if rc != 0:
+                raise SystemExit("shard run failed: " + err)
+            self.parts.append(p)
+        self.out = os.path.join(self.dir, "merged.h5")
+        trace = os.path.join(tmp, "merge.trace")
+        rc, err = run(self.cmd(), watch=self.dir, trace=trace)
+        if rc != 0:
+            raise SystemExit("clean tidal-merge failed: " + err)
+        self.ref, _ = datasets(self.out, DIFF_GROUPS)
+        self.trace = read_trace(trace)
+
+    def cmd(self):
+        return [os.path.join(BIN, "tidal-merge"), "-o", self.out, "--force", *self.parts]
+
+    def phases(self):
+        ph = {}
+        for k, op, name, n in self.trace:
+            ph.setdefault("merge: " + op, []).append(k)
+        return ph
+
+    def case(self, at, mode, errno_name, counts, log):
+        # an older merged file is there (--force): it must stay whole whatever happens
+        shutil.copy(self.parts[0], self.out)
+        before = open(self.out, "rb").read()
+        rc, err = run(self.cmd(), watch=self.dir, at=at, mode=mode, errno_name=errno_name)
+        tag = "merge K=%d %s%s" % (at, mode, "" if mode == "kill" else " " + errno_name)
+        bad = []
+        counts.add("cases")
+        if rc == 0:
+            counts.add("finished anyway")
+        elif mode == "kill" and rc != -9:
+            bad.append("rc %d, not SIGKILL" % rc)
+        elif mode == "fail" and (rc != 1 or ERRTEXT[errno_name] not in err):
+            bad.append("rc %d: %s" % (rc, err.strip()[-200:]))
+        if rc < 0 and rc != -9:
+            counts.add("crashes")
+        now = open(self.out, "rb").read()
+        if now != before:
+            have, _ = datasets(self.out, DIFF_GROUPS) if open_raw(self.out) else ({}, None)
+            if set(have) != set(self.ref) or any(not same_bits(have[k], self.ref[k]) for k in self.ref):
+                counts.add("unreadable")
+                bad.append("merged.h5 is neither the old file nor the whole merge")
+        if mode == "fail" and rc != 0 and os.path.exists(self.out + ".tmp"):
+            bad.append("left behind: merged.h5.tmp")
+        if bad:
+            counts.add("failed cases")
+            log.append(tag + ": " + "; ".join(bad))
+        for p in glob.glob(self.dir + "*.tmp*"):
+            os.remove(p)
+        return not bad

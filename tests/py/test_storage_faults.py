@@ -2,7 +2,8 @@
 SIGKILL inside a chosen write, through the LD_PRELOAD shim tests/fault/faultfs.c. What each case
 checks: tests/py/storage_sweep.py. This test takes a sample: per phase of each writer (first
 batch, a later batch, the commit's journal, its apply and fsync, the close, the compaction;
-tidal-rl's checkpoint save and its run-file commits), one call, alternately failed with ENOSPC,
+tidal-rl's checkpoint save and its run-file commits; tidal-sft's; tidal-merge's output), one
+call, alternately failed with ENOSPC,
 failed with EIO, and killed. reports/storage/sweep.py runs the wider sweep behind
 reports/storage/README.md. A case that fails prints what it saw.
 
@@ -64,6 +65,22 @@ for j, key in enumerate(sorted(rph)):
     mode, errno_name = MODES[j % len(MODES)]
     k = ks[len(ks) // 3]
     if not R.case(k, mode, errno_name or "ENOSPC", counts, log):
+        print("FAIL (%s):" % key, log[-1])
+
+# ---- tidal-merge (the merged file whole or not at all) and tidal-sft (its steps and checkpoints)
+M = S.MergeSweep(tmp, D.cmd)
+mph = M.phases()
+for key, mode, errno_name in (("merge: ftruncate", "fail", "ENOSPC"), ("merge: pwrite", "kill", "ENOSPC"),
+                              ("merge: pwrite", "fail", "EIO"), ("merge: rename", "fail", "ENOSPC")):
+    ks = mph.get(key, [])
+    if ks and not M.case(ks[len(ks) // 2], mode, errno_name, counts, log):
+        print("FAIL (%s):" % key, log[-1])
+F = S.SftSweep(tmp, MODEL, "datasets/tasks/add", steps=2)
+fph = F.phases()
+for j, key in enumerate(k for k in sorted(fph) if k.endswith(("pwrite", "write", "rename", "fsync"))):
+    ks = fph[key]
+    mode, errno_name = MODES[j % len(MODES)]
+    if not F.case(ks[len(ks) // 2], mode, errno_name or "ENOSPC", counts, log):
         print("FAIL (%s):" % key, log[-1])
 
 # ---- issue 28's run on a real 120 KiB tmpfs, when this machine lets us mount one
