@@ -14,6 +14,8 @@
  *                         the byte budget writes what fits first (a short write, as a full disk does)
  *                         kill: the process SIGKILLs itself in that call (a write writes its first
  *                         half, or what fits, then dies: a torn write)
+ *                         killbefore: it SIGKILLs itself as the call begins (nothing of it done:
+ *                         a kill between two calls)
  *   TIDAL_FAULT_LOG=FILE  appends "calls C bytes B" at exit (a clean run tells the sweep its range)
  *   TIDAL_FAULT_TRACE=FILE  writes one line per numbered call: "K op name bytes" (name: the
  *                         file's last path component), so a sweep can aim at a phase
@@ -37,7 +39,7 @@ static char *fd_name[MAXFD];
 static int trace_fd = -1;
 static const char *watch_path;
 static long long fault_at = -1, fault_bytes = -1, calls, bytes;
-static int fault_errno = ENOSPC, kill_mode, failing;
+static int fault_errno = ENOSPC, kill_mode, kill_before, failing;
 
 static void init(void) __attribute__((constructor));
 static void init(void)
@@ -46,7 +48,10 @@ static void init(void)
     const char *s;
     if ((s = getenv("TIDAL_FAULT_AT"))) fault_at = atoll(s);
     if ((s = getenv("TIDAL_FAULT_BYTES"))) fault_bytes = atoll(s);
-    if ((s = getenv("TIDAL_FAULT_MODE"))) kill_mode = !strcmp(s, "kill");
+    if ((s = getenv("TIDAL_FAULT_MODE"))) {
+        kill_before = !strcmp(s, "killbefore");
+        kill_mode = kill_before || !strcmp(s, "kill");
+    }
     if ((s = getenv("TIDAL_FAULT_ERRNO"))) {
         if (!strcmp(s, "EIO")) fault_errno = EIO;
         else if (!strcmp(s, "EDQUOT")) fault_errno = EDQUOT;
@@ -113,7 +118,7 @@ static ssize_t write_call(const char *op, int fd, size_t n)
     if (failing) return -1;
     size_t allow = n;
     int fault = 0;
-    if (fault_at > 0 && calls >= fault_at) { fault = 1; allow = kill_mode ? n / 2 : 0; }
+    if (fault_at > 0 && calls >= fault_at) { fault = 1; allow = kill_mode && !kill_before ? n / 2 : 0; }
     if (fault_bytes >= 0 && bytes + (long long)n > fault_bytes) {
         fault = 1;
         size_t fit = fault_bytes > bytes ? (size_t)(fault_bytes - bytes) : 0;

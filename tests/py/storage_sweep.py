@@ -150,12 +150,12 @@ class DiffSweep:
         for p in glob.glob(self.dir + "*"):
             os.remove(p)
         rc, err = run(self.cmd(self.out), watch=self.dir, at=at, mode=mode, errno_name=errno_name)
-        tag = "diff K=%d %s%s" % (at, mode, "" if mode == "kill" else " " + errno_name)
+        tag = "diff K=%d %s%s" % (at, mode, "" if mode.startswith("kill") else " " + errno_name)
         bad = []
         counts.add("cases")
         if rc == 0:
             counts.add("finished anyway")   # the fault landed on a call whose failure does not matter
-        elif mode == "kill":
+        elif mode.startswith("kill"):
             if rc != -9:
                 bad.append("rc %d, not SIGKILL" % rc)
         else:
@@ -260,12 +260,12 @@ class RlSweep:
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
         rc, err = run(self.cmd(), watch=self.dir, at=at, mode=mode, errno_name=errno_name)
-        tag = "rl K=%d %s%s" % (at, mode, "" if mode == "kill" else " " + errno_name)
+        tag = "rl K=%d %s%s" % (at, mode, "" if mode.startswith("kill") else " " + errno_name)
         bad = []
         counts.add("cases")
         if rc == 0:
             counts.add("finished anyway")
-        elif mode == "kill":
+        elif mode.startswith("kill"):
             if rc != -9:
                 bad.append("rc %d, not SIGKILL" % rc)
         elif rc != 1:
@@ -370,12 +370,12 @@ class SftSweep:
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
         rc, err = run(self.cmd(), watch=self.dir, at=at, mode=mode, errno_name=errno_name)
-        tag = "sft K=%d %s%s" % (at, mode, "" if mode == "kill" else " " + errno_name)
+        tag = "sft K=%d %s%s" % (at, mode, "" if mode.startswith("kill") else " " + errno_name)
         bad = []
         counts.add("cases")
         if rc == 0:
             counts.add("finished anyway")
-        elif mode == "kill":
+        elif mode.startswith("kill"):
             if rc != -9:
                 bad.append("rc %d, not SIGKILL" % rc)
         elif rc != 1:
@@ -462,12 +462,12 @@ class MergeSweep:
         shutil.copy(self.parts[0], self.out)
         before = open(self.out, "rb").read()
         rc, err = run(self.cmd(), watch=self.dir, at=at, mode=mode, errno_name=errno_name)
-        tag = "merge K=%d %s%s" % (at, mode, "" if mode == "kill" else " " + errno_name)
+        tag = "merge K=%d %s%s" % (at, mode, "" if mode.startswith("kill") else " " + errno_name)
         bad = []
         counts.add("cases")
         if rc == 0:
             counts.add("finished anyway")
-        elif mode == "kill" and rc != -9:
+        elif mode.startswith("kill") and rc != -9:
             bad.append("rc %d, not SIGKILL" % rc)
         elif mode == "fail" and (rc != 1 or ERRTEXT[errno_name] not in err):
             bad.append("rc %d: %s" % (rc, err.strip()[-200:]))
