@@ -8,7 +8,8 @@
  *   /layers/rel_err  rows aligned with /tokens, one column per layer
  *   /text/utf8       prompt and response text, UTF-8 bytes (runs with a tokenizer)
  * Every dataset is chunked, deflate-compressed and unlimited along rows; rows are appended as
- * work completes and the file is flushed after each completed unit, so an interrupted run keeps
+ * work completes and the file is committed after each completed unit (src/record/commit.c: all
+ * or nothing, through a journal), so an interrupted run or a failed write keeps
  * what it finished. Root attributes: schema_version, tool_version, command_line, and whatever
  * the tool records (model, recipes as JSON, seed, sampling). docs: reports/SCHEMA.md.
  */
