@@ -75,6 +75,8 @@ int td_runfile_failed(const td_runfile *rf);
 /* Renames a finished file into place (compaction, --force, merge), dropping the replaced
  * file's leftover journal. */
 int td_runfile_replace(const char *from, const char *to);
+/* Removes an unfinished file (a --force run's OUT.new.tmp, a merge's OUT.tmp) and its journal. */
+int td_runfile_remove(const char *path);
 
 /* Rewrites a closed run file without the dead space that appends leave behind (old copies of
  * rewritten chunks), through PATH.compact.tmp and a rename: interrupted, it leaves PATH as it

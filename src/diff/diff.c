@@ -211,7 +211,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     }
 out:
     if (J.rf) td_runfile_close(J.rf, NULL);
-    if (J.replacing) remove(J.write_path);   /* the old OUT stays */
+    if (J.replacing) td_runfile_remove(J.write_path);   /* the old OUT stays */
     if (rc && sum) sum->out_untouched = J.replacing;
     free(done);
     job_free(&J);

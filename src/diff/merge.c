@@ -207,6 +207,6 @@ done:
     if (out && td_runfile_close(out, rc ? NULL : err)) rc = -1;
     if (out && rc == 0 && td_runfile_replace(tmp_path, out_path) != 0)
         rc = td_fail(err, "%s: cannot rename %s to it: %s", out_path, tmp_path, strerror(errno));
-    if (rc && tmp_path[0]) remove(tmp_path);   /* a create that failed may have left it too */
+    if (rc && tmp_path[0]) td_runfile_remove(tmp_path);   /* a create that failed may have left it too */
     return rc;
 }

@@ -548,7 +548,7 @@ int td_runfile_compact(const char *path, td_error *err)
     H5Fclose(src);
     if (st.err || !ok || td_runfile_replace(tmp, path) != 0) {
         int e = st.err ? st.err : errno;
-        remove(tmp);
+        td_runfile_remove(tmp);
         return td_fail(err, "%s: could not compact the file (%s%s%s); it is complete and intact as it is, %s removed",
                        path, st.err ? st.what : "copy failed", e ? ": " : "", e ? strerror(e) : "", tmp);
     }
@@ -563,4 +563,12 @@ int td_runfile_replace(const char *from, const char *to)
     tdc_journal_path(to, jpath, sizeof jpath);
     unlink(jpath);
     return rename(from, to);
+}
+
+int td_runfile_remove(const char *path)
+{
+    char jpath[1100];
+    tdc_journal_path(path, jpath, sizeof jpath);
+    unlink(jpath);
+    return remove(path);
 }
