@@ -9,9 +9,12 @@
  * call (1-based). The fault:
  *   TIDAL_FAULT_AT=K      at the K-th call
  *   TIDAL_FAULT_BYTES=N   at the write that would take the bytes written past N (a disk of N bytes)
- *   TIDAL_FAULT_MODE      fail (default): that call and every later one fails with
- *                         TIDAL_FAULT_ERRNO (ENOSPC default, or EIO, EDQUOT); a write that crosses
- *                         the byte budget writes what fits first (a short write, as a full disk does)
+ *   TIDAL_FAULT_MODE      fail (default), by TIDAL_FAULT_ERRNO:
+ *                           ENOSPC (default) or EDQUOT, a full disk: from that call on, every write
+ *                           that needs new space (past the file's end) fails; overwrites of what
+ *                           the file holds, fsync, rename still work; a write that crosses the
+ *                           byte budget writes what fits first (a short write, as a full disk does)
+ *                           EIO, a failed device: that call and every later one fails
  *                         kill: the process SIGKILLs itself in that call (a write writes its first
  *                         half, or what fits, then dies: a torn write)
  *                         killbefore: it SIGKILLs itself as the call begins (nothing of it done:
@@ -29,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -97,15 +101,17 @@ static void die(void)
 }
 
 /* A numbered call that writes nothing: whether it fails (or dies). */
+static int full_disk(void);
+
 static int plain_call(const char *op, const char *path)
 {
     calls++;
     trace(op, path, 0);
-    if (failing) return -1;
+    if (failing) return full_disk() ? 0 : -1;
     if (fault_at > 0 && calls >= fault_at) {
         if (kill_mode) die();
         failing = 1;
-        return -1;
+        return full_disk() ? 0 : -1;
     }
     return 0;
 }
@@ -181,10 +187,27 @@ int close(int fd)
     return real_close(fd);
 }
 
+/* A full disk (ENOSPC, EDQUOT) still takes writes that need no new space: within the file. */
+static int full_disk(void) { return fault_errno != EIO && !kill_mode; }
+
+static int within_file(int fd, off_t off, size_t n)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0) return 0;
+    if (off < 0) off = lseek(fd, 0, SEEK_CUR);
+    return off >= 0 && off + (off_t)n <= st.st_size;
+}
+
 ssize_t write(int fd, const void *buf, size_t n)
 {
     REAL(write);
     if (!is_watched_fd(fd)) return real_write(fd, buf, n);
+    if (full_disk() && (failing || (fault_at > 0 && calls + 1 >= fault_at)) && within_file(fd, -1, n)) {
+        calls++;   /* a full disk still overwrites what the file holds */
+        trace("write", fd_name[fd], (long long)n);
+        failing = 1;
+        return real_write(fd, buf, n);
+    }
     ssize_t allow = write_call("write", fd, n);
     if (allow == (ssize_t)n) return real_write(fd, buf, n);
     if (allow < -1) { if (allow < -2) real_write(fd, buf, (size_t)(-allow - 2)); die(); }
@@ -197,6 +220,12 @@ ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 {
     REAL(pwrite);
     if (!is_watched_fd(fd)) return real_pwrite(fd, buf, n, off);
+    if (full_disk() && (failing || (fault_at > 0 && calls + 1 >= fault_at)) && within_file(fd, off, n)) {
+        calls++;   /* a full disk still overwrites what the file holds */
+        trace("pwrite", fd_name[fd], (long long)n);
+        failing = 1;
+        return real_pwrite(fd, buf, n, off);
+    }
     ssize_t allow = write_call("pwrite", fd, n);
     if (allow == (ssize_t)n) return real_pwrite(fd, buf, n, off);
     if (allow < -1) { if (allow < -2) real_pwrite(fd, buf, (size_t)(-allow - 2), off); die(); }
