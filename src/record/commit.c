@@ -34,7 +34,7 @@
 
 typedef struct { tdc_status *st; int deferred; } tdc_fapl_info;
 
-typedef struct { haddr_t addr; size_t len; unsigned char *data; } held_write;
+typedef struct { haddr_t addr; size_t len; unsigned char *data; int rank; } held_write;
 
 typedef struct {
     H5FD_t pub;              /* HDF5's part; must be first */
@@ -194,7 +194,25 @@ int tdc_recover(const char *path, char *why, size_t why_cap)
 
 /* ---------------------------------------------------------------- held writes */
 
-static void hold(tdc_file *f, haddr_t addr, size_t len, const void *data)
+/* The order a commit applies held writes in, by what they are: raw data and heaps, then the
+ * B-tree nodes that point into them, then the object headers (dataset extents) that the reader
+ * starts from; the superblock (a larger EOA only) first. A reader of a file whose writer was
+ * killed between two of these writes then sees the old extents over data that is a superset of
+ * the old. (HDF5's metadata accumulator, which merges writes of every kind, is off: drv_query.) */
+static int apply_rank(H5FD_mem_t type)
+{
+    switch (type) {
+    case H5FD_MEM_SUPER: return 0;
+    case H5FD_MEM_DRAW:  return 1;
+    case H5FD_MEM_GHEAP: return 2;
+    case H5FD_MEM_LHEAP: return 3;
+    case H5FD_MEM_BTREE: return 4;
+    case H5FD_MEM_OHDR:  return 5;
+    default:             return 6;
+    }
+}
+
+static void hold(tdc_file *f, haddr_t addr, size_t len, const void *data, int rank)
 {
     if (!len) return;
     if (f->n_held == f->cap_held) {
@@ -206,7 +224,7 @@ static void hold(tdc_file *f, haddr_t addr, size_t len, const void *data)
     unsigned char *copy = malloc(len);
     if (!copy) { fprintf(stderr, "tidal: out of memory holding a write of %s\n", f->path); exit(2); }
     memcpy(copy, data, len);
-    f->held[f->n_held++] = (held_write){addr, len, copy};
+    f->held[f->n_held++] = (held_write){addr, len, copy, rank};
     f->held_bytes += len;
 }
 
@@ -231,6 +249,27 @@ static void spill(tdc_file *f)
     f->committed = 0;
 }
 
+/* Puts the held writes in apply order (stable by apply_rank), unless two of different ranks
+ * overlap: then the order they were made in decides the bytes, and it stays. */
+static void order_held(tdc_file *f)
+{
+    for (size_t i = 0; i < f->n_held; i++)
+        for (size_t j = i + 1; j < f->n_held; j++) {
+            const held_write *a = &f->held[i], *b = &f->held[j];
+            if (a->rank != b->rank && a->addr < b->addr + b->len && b->addr < a->addr + a->len) return;
+        }
+    /* a new file's first commit writes the superblock last: until then it is no HDF5 file at all */
+    if (f->committed == MAXADDR)
+        for (size_t i = 0; i < f->n_held; i++)
+            if (f->held[i].rank == 0) f->held[i].rank = 7;
+    for (size_t i = 1; i < f->n_held; i++)   /* insertion sort: stable, and n is small */
+        for (size_t j = i; j > 0 && f->held[j - 1].rank > f->held[j].rank; j--) {
+            held_write t = f->held[j];
+            f->held[j] = f->held[j - 1];
+            f->held[j - 1] = t;
+        }
+}
+
 /* The commit: see the top of the file. Returns 0, or -1 with the status set. */
 static int commit_file(tdc_file *f)
 {
@@ -242,6 +281,7 @@ static int commit_file(tdc_file *f)
         return 0;
     }
     if (fdatasync(f->fd)) { fail(f, errno, "fsync%s", ""); return -1; }
+    order_held(f);
     /* the journal: header, records, checksum */
     size_t n = JHEADER + JTRAILER;
     for (size_t i = 0; i < f->n_held; i++) n += 16 + f->held[i].len;
@@ -281,13 +321,16 @@ static int commit_file(tdc_file *f)
     unsigned char **old = calloc(f->n_held, sizeof *old);
     int rc = 0;
     size_t done = 0;
+    /* a superblock whose EOA is past the file's end makes HDF5 call the file truncated: grow it
+     * (sparse) before; a shrink waits for the end */
+    if (size0 >= 0 && (off_t)f->eoa > size0 && ftruncate(f->fd, (off_t)f->eoa)) rc = -1;
     for (; done < f->n_held && rc == 0; done++) {
         held_write *h = &f->held[done];
         old[done] = malloc(h->len);
         if (!old[done] || read_all(f->fd, old[done], h->len, (off_t)h->addr) ||
             write_all(f->fd, h->data, h->len, (off_t)h->addr)) rc = -1;
     }
-    if (rc == 0 && f->truncate_due && ftruncate(f->fd, (off_t)f->eoa)) rc = -1;
+    if (rc == 0 && f->truncate_due && (off_t)f->eoa < size0 && ftruncate(f->fd, (off_t)f->eoa)) rc = -1;
     if (rc == 0 && fdatasync(f->fd)) rc = -1;
     if (rc) {
         fail(f, errno, "write%s", "");
@@ -388,9 +431,10 @@ static int drv_cmp(const H5FD_t *a, const H5FD_t *b)
 static herr_t drv_query(const H5FD_t *file, unsigned long *flags)
 {
     (void)file;
-    /* as sec2 does, so files are laid out the same */
-    *flags = H5FD_FEAT_AGGREGATE_METADATA | H5FD_FEAT_ACCUMULATE_METADATA | H5FD_FEAT_DATA_SIEVE |
-             H5FD_FEAT_AGGREGATE_SMALLDATA | H5FD_FEAT_DEFAULT_VFD_COMPATIBLE;
+    /* as sec2 does, so files are laid out the same, but without the metadata accumulator: each
+     * metadata write comes with its kind, which orders a commit's writes (apply_rank) */
+    *flags = H5FD_FEAT_AGGREGATE_METADATA | H5FD_FEAT_DATA_SIEVE | H5FD_FEAT_AGGREGATE_SMALLDATA |
+             H5FD_FEAT_DEFAULT_VFD_COMPATIBLE;
     return 0;
 }
 
@@ -422,17 +466,18 @@ static herr_t drv_read(H5FD_t *file, H5FD_mem_t type, hid_t dxpl, haddr_t addr, 
 
 static herr_t drv_write(H5FD_t *file, H5FD_mem_t type, hid_t dxpl, haddr_t addr, size_t size, const void *buf)
 {
-    (void)type; (void)dxpl;
+    (void)dxpl;
     tdc_file *f = (tdc_file *)file;
     if (addr == HADDR_UNDEF || addr > MAXADDR || size > MAXADDR - addr || !f->writable) return -1;
     if (addr + size > f->eof) f->eof = addr + size;
-    if (f->st->err) { hold(f, addr, size, buf); return 0; }   /* nothing more reaches the file */
+    int rank = apply_rank(type);
+    if (f->st->err) { hold(f, addr, size, buf, rank); return 0; }   /* nothing more reaches the file */
     size_t below = addr < f->committed ? (size < f->committed - addr ? size : (size_t)(f->committed - addr)) : 0;
-    hold(f, addr, below, buf);
+    hold(f, addr, below, buf, rank);
     if (f->committed == MAXADDR && f->held_bytes > SPILL_BYTES) spill(f);
     if (size > below && write_all(f->fd, (const unsigned char *)buf + below, size - below, (off_t)(addr + below))) {
         fail(f, errno, "write%s", "");
-        hold(f, addr + below, size - below, (const unsigned char *)buf + below);
+        hold(f, addr + below, size - below, (const unsigned char *)buf + below, rank);
     }
     return 0;
 }

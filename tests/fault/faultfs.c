@@ -15,8 +15,10 @@
  *                           the file holds, fsync, rename still work; a write that crosses the
  *                           byte budget writes what fits first (a short write, as a full disk does)
  *                           EIO, a failed device: that call and every later one fails
- *                         kill: the process SIGKILLs itself in that call (a write writes its first
- *                         half, or what fits, then dies: a torn write)
+ *                         kill: the process SIGKILLs itself in that call: a write that spans pages
+ *                         writes up to its first page boundary, then dies (a torn write: a fatal
+ *                         signal stops a write between pages, never inside one); a write within
+ *                         one page is done whole first
  *                         killbefore: it SIGKILLs itself as the call begins (nothing of it done:
  *                         a kill between two calls)
  *   TIDAL_FAULT_LOG=FILE  appends "calls C bytes B" at exit (a clean run tells the sweep its range)
@@ -117,14 +119,22 @@ static int plain_call(const char *op, const char *path)
 }
 
 /* A write of n bytes: how many to let through (n: all), or -1 to fail it. */
-static ssize_t write_call(const char *op, int fd, size_t n)
+static ssize_t write_call(const char *op, int fd, off_t off, size_t n)
 {
     calls++;
     trace(op, fd_name[fd], (long long)n);
     if (failing) return -1;
     size_t allow = n;
     int fault = 0;
-    if (fault_at > 0 && calls >= fault_at) { fault = 1; allow = kill_mode && !kill_before ? n / 2 : 0; }
+    if (fault_at > 0 && calls >= fault_at) {
+        fault = 1;
+        allow = 0;
+        if (kill_mode && !kill_before) {   /* torn at the first page boundary it crosses */
+            if (off < 0) off = lseek(fd, 0, SEEK_CUR);
+            off_t page_end = (off / 4096 + 1) * 4096;
+            allow = off >= 0 && off + (off_t)n > page_end ? (size_t)(page_end - off) : n;
+        }
+    }
     if (fault_bytes >= 0 && bytes + (long long)n > fault_bytes) {
         fault = 1;
         size_t fit = fault_bytes > bytes ? (size_t)(fault_bytes - bytes) : 0;
@@ -208,7 +218,7 @@ ssize_t write(int fd, const void *buf, size_t n)
         failing = 1;
         return real_write(fd, buf, n);
     }
-    ssize_t allow = write_call("write", fd, n);
+    ssize_t allow = write_call("write", fd, -1, n);
     if (allow == (ssize_t)n) return real_write(fd, buf, n);
     if (allow < -1) { if (allow < -2) real_write(fd, buf, (size_t)(-allow - 2)); die(); }
     if (allow > 0) return real_write(fd, buf, (size_t)allow);
@@ -226,7 +236,7 @@ ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
         failing = 1;
         return real_pwrite(fd, buf, n, off);
     }
-    ssize_t allow = write_call("pwrite", fd, n);
+    ssize_t allow = write_call("pwrite", fd, off, n);
     if (allow == (ssize_t)n) return real_pwrite(fd, buf, n, off);
     if (allow < -1) { if (allow < -2) real_pwrite(fd, buf, (size_t)(-allow - 2), off); die(); }
     if (allow > 0) return real_pwrite(fd, buf, (size_t)allow, off);

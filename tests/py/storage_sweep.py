@@ -73,27 +73,38 @@ def same_bits(a, b):
 
 
 def open_raw(path):
-    """Whether h5py reads the whole file: every attribute and every dataset."""
-    try:
-        with h5py.File(path, "r") as f:
-            dict(f.attrs)
-            def read(name, obj):
-                if isinstance(obj, h5py.Dataset):
-                    obj[()]
-            f.visititems(read)   # a callback that returns something stops the walk
-        return True
-    except Exception:
-        return False
+    """Whether h5py reads the whole file: every attribute and every dataset. In a child process:
+    HDF5 can crash on a torn file rather than report it."""
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        try:
+            with h5py.File(path, "r") as f:
+                dict(f.attrs)
+
+                def read(name, obj):
+                    if isinstance(obj, h5py.Dataset):
+                        obj[()]
+                f.visititems(read)   # a callback that returns something stops the walk
+            ok = True
+        except Exception:
+            pass
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
 def readable(path):
-    """(readable at all, readable by h5py without tidal finishing a commit first)."""
+    """(readable, readable by h5py before a tidal tool finished a commit the writer was killed in).
+    A journal beside the file: the writer stopped inside a commit; tidal-report (any tidal tool)
+    rolls it forward, and then h5py must read the whole file."""
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         return True, True   # stopped before its first commit: nothing was complete
-    if open_raw(path):
-        return True, True
-    subprocess.run([os.path.join(BIN, "tidal-report"), path], capture_output=True, env=ENV)  # finishes a cut commit
-    return open_raw(path), False
+    raw = open_raw(path)
+    if os.path.exists(path + ".journal"):
+        subprocess.run([os.path.join(BIN, "tidal-report"), path], capture_output=True, env=ENV)
+        return open_raw(path) and not os.path.exists(path + ".journal"), raw
+    return raw, raw
 
 
 class Counts:
@@ -170,16 +181,18 @@ class DiffSweep:
                 bad.append("left behind: " + ", ".join(os.path.basename(p) for p in leftovers))
         if rc < 0 and rc != -9:
             counts.add("crashes")
+        if os.path.exists(self.out + ".journal"):
+            counts.add("stopped inside a commit")
         ok, raw = readable(self.out)
         if not ok:
             counts.add("unreadable")
             bad.append("the file does not open")
-        elif not raw:
+        if os.path.exists(self.out) and os.path.getsize(self.out) and not raw:
             counts.add("raw_unreadable")
         done = err.count("tidal-diff: batch ")
         if ok and os.path.exists(self.out) and os.path.getsize(self.out) > 0:
             have, _ = datasets(self.out, DIFF_GROUPS)
-            nb = len(have.get("/progress/batch", []))
+            nb = min(len(have.get("/progress/" + c, [])) for c in ("batch", "seq_rows", "token_rows", "prompt_rows"))
             if nb < done:
                 counts.add("batches lost", done - nb)
                 bad.append("%d batches reported complete, %d in the file" % (done, nb))
@@ -282,11 +295,13 @@ class RlSweep:
         for d in ckdirs:
             if not d.endswith(".tmp") and not os.path.exists(os.path.join(d, "trainer_state.bin")):
                 bad.append(os.path.basename(d) + " has no trainer_state.bin")
+        if os.path.exists(self.out + ".journal"):
+            counts.add("stopped inside a commit")
         ok, raw = readable(self.out)
         if not ok:
             counts.add("unreadable")
             bad.append("rl.h5 does not open")
-        elif not raw:
+        if os.path.exists(self.out) and os.path.getsize(self.out) and not raw:
             counts.add("raw_unreadable")
         if ok and os.path.exists(self.out) and os.path.getsize(self.out) > 0:
             have, attrs = datasets(self.out, RL_GROUPS)
@@ -388,11 +403,13 @@ class SftSweep:
             tmps = [p for p in glob.glob(self.dir + "*") if p.endswith(".tmp")]
             if tmps:
                 bad.append("left behind: " + ", ".join(map(os.path.basename, tmps)))
+        if os.path.exists(self.out + ".journal"):
+            counts.add("stopped inside a commit")
         ok, raw = readable(self.out)
         if not ok:
             counts.add("unreadable")
             bad.append("sft.h5 does not open")
-        elif not raw:
+        if os.path.exists(self.out) and os.path.getsize(self.out) and not raw:
             counts.add("raw_unreadable")
         if ok and os.path.exists(self.out) and os.path.getsize(self.out) > 0:
             have, _ = datasets(self.out, ("steps",))
