@@ -101,7 +101,7 @@ td_runfile *td_runfile_open(const char *path, int writable, td_error *err)
     /* a writer killed inside a commit left PATH.journal: finish it first (a writer's open does it
      * under its lock; a reader does it when no writer holds the file) */
     char why[1200];
-    if (!writable && tdc_recover(path, why, sizeof why) < 0) { td_fail(err, "%s", why); return NULL; }
+    if (tdc_recover(path, why, sizeof why) < 0) { td_fail(err, "%s", why); return NULL; }
     if (H5Fis_hdf5(path) <= 0) { td_fail(err, "%s: not an HDF5 file (or truncated)", path); return NULL; }
     td_runfile *rf = calloc(1, sizeof *rf);
     hid_t fapl = writable ? tdc_fapl(&rf->st, 0) : H5P_DEFAULT;
