@@ -119,10 +119,13 @@ static int fsync_dir(const char *path)
     return rc < 0 && errno != EINVAL ? -1 : 0;
 }
 
+/* -1 when another open file description holds the lock; a file system without OFD locks (some
+ * FUSE and network mounts) goes unlocked rather than unwritable. */
 static int lock_file(int fd)
 {
     struct flock l = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
-    return fcntl(fd, F_OFD_SETLK, &l);
+    if (fcntl(fd, F_OFD_SETLK, &l) == 0) return 0;
+    return errno == EAGAIN || errno == EACCES ? -1 : 0;
 }
 
 static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
