@@ -107,6 +107,26 @@ if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=120
 else:
     print("(no tmpfs mount here: the 120 KiB run is skipped; the shim cases stand for it)")
 
+# ---- a run read while it is written: tidal-report and h5py see the steps committed so far
+live = os.path.join(tmp, "live") + os.sep
+cmd = R.cmd()[:-2] + ["--output-dir", live]
+cmd[cmd.index("--max-steps") + 1] = "10"
+w = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=S.ENV)
+seen, reports = [], 0
+while w.poll() is None and len(seen) < 40:
+    f = os.path.join(live, "rl.h5")
+    if os.path.exists(f) and os.path.getsize(f) > 0:
+        if S.open_raw(f):
+            with h5py.File(f, "r") as h:
+                seen.append(len(h["steps/reward"]) if "steps" in h else 0)
+        r = subprocess.run([os.path.join(S.BIN, "tidal-report"), f], capture_output=True, env=S.ENV)
+        reports += r.returncode == 0
+    time.sleep(0.2)
+w.wait()
+print("live: steps seen by h5py while tidal-rl wrote: %s; tidal-report read it %d times" % (sorted(set(seen)), reports))
+if not (seen and max(seen) >= 1 and reports >= 1):
+    log.append("a running tidal-rl's rl.h5 was not readable while written (h5py saw %s, tidal-report %d)" % (seen, reports))
+
 c = counts.c
 print("cases %d, failed %d, crashes %d, unreadable %d (needed tidal to finish a commit first: %d), batches/steps "
       "lost %d, resumed bit-identical %d; %.0f s" %
