@@ -24,9 +24,10 @@ import storage_sweep as S  # noqa: E402
 ap = argparse.ArgumentParser()
 ap.add_argument("--stride", type=int, default=1, help="every N-th call (tidal-diff); the others scale it")
 ap.add_argument("--writers", default="diff,rl,sft,merge")
+ap.add_argument("--modes", default="fail:ENOSPC,fail:EIO,kill,killbefore", help="a subset of the four, comma-separated")
 args = ap.parse_args()
 
-MODES = [("fail", "ENOSPC"), ("fail", "EIO"), ("kill", "ENOSPC"), ("killbefore", "ENOSPC")]
+MODES = [(m.split(":")[0], m.split(":")[1] if ":" in m else "ENOSPC") for m in args.modes.split(",")]
 MODEL = "datasets/models/add"
 tmp = tempfile.mkdtemp(prefix="tidal-sweep-")
 prompts = os.path.join(tmp, "p.jsonl")
@@ -65,13 +66,15 @@ for name, (W, stride) in writers.items():
         print("%s %s: %s (%.0f s)" % (name, label, counts.c, time.time() - t0), file=sys.stderr)
     phase_rows.append((name, {p: len(ks) for p, ks in W.phases().items()}))
 
-print("| writer | fault | calls in a clean run | cases | crashes | unreadable | needed tidal to finish a commit "
-      "before h5py | completed rows lost or damaged | resume failed | resumed bit-identical | finished anyway | failed cases |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| writer | fault | calls in a clean run | cases | crashes | unreadable | stopped inside a commit | of which h5py "
+      "could not read before a tidal tool rolled it forward | completed rows lost or damaged | resume failed | resumed "
+      "bit-identical | finished anyway | failed cases |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for name, label, ncalls, c in rows:
     lost = c.get("batches lost", 0) + c.get("steps lost", 0) + c.get("completed rows damaged", 0)
-    print("| %s | %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d |" % (
-        name, label, ncalls, c.get("cases", 0), c.get("crashes", 0), c.get("unreadable", 0), c.get("raw_unreadable", 0),
+    print("| %s | %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d |" % (
+        name, label, ncalls, c.get("cases", 0), c.get("crashes", 0), c.get("unreadable", 0),
+        c.get("stopped inside a commit", 0), c.get("raw_unreadable", 0) + c.get("cut in its first commit", 0),
         lost, c.get("resume failed", 0) + c.get("resume not bit-identical", 0), c.get("resumed bit-identical", 0),
         c.get("finished anyway", 0), c.get("failed cases", 0)))
 print()

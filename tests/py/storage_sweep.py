@@ -94,6 +94,15 @@ def open_raw(path):
     return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
+def has_signature(path):
+    """Whether the file starts as an HDF5 file does (a new file's first commit writes it last)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == b"\x89HDF\r\n\x1a\n"
+    except OSError:
+        return False
+
+
 def readable(path):
     """(readable, readable by h5py before a tidal tool finished a commit the writer was killed in).
     A journal beside the file: the writer stopped inside a commit; tidal-report (any tidal tool)
@@ -183,12 +192,14 @@ class DiffSweep:
             counts.add("crashes")
         if os.path.exists(self.out + ".journal"):
             counts.add("stopped inside a commit")
+        sig = has_signature(self.out)
         ok, raw = readable(self.out)
         if not ok:
             counts.add("unreadable")
             bad.append("the file does not open")
         if os.path.exists(self.out) and os.path.getsize(self.out) and not raw:
-            counts.add("raw_unreadable")
+            # cut inside a new file's first commit: no HDF5 file yet, and nothing in it was complete
+            counts.add("raw_unreadable" if sig else "cut in its first commit")
         done = err.count("tidal-diff: batch ")
         if ok and os.path.exists(self.out) and os.path.getsize(self.out) > 0:
             have, _ = datasets(self.out, DIFF_GROUPS)
@@ -297,12 +308,14 @@ class RlSweep:
                 bad.append(os.path.basename(d) + " has no trainer_state.bin")
         if os.path.exists(self.out + ".journal"):
             counts.add("stopped inside a commit")
+        sig = has_signature(self.out)
         ok, raw = readable(self.out)
         if not ok:
             counts.add("unreadable")
             bad.append("rl.h5 does not open")
         if os.path.exists(self.out) and os.path.getsize(self.out) and not raw:
-            counts.add("raw_unreadable")
+            # cut inside a new file's first commit: no HDF5 file yet, and nothing in it was complete
+            counts.add("raw_unreadable" if sig else "cut in its first commit")
         if ok and os.path.exists(self.out) and os.path.getsize(self.out) > 0:
             have, attrs = datasets(self.out, RL_GROUPS)
             ck = int(attrs.get("checkpoint_step", 0))
@@ -405,12 +418,14 @@ class SftSweep:
                 bad.append("left behind: " + ", ".join(map(os.path.basename, tmps)))
         if os.path.exists(self.out + ".journal"):
             counts.add("stopped inside a commit")
+        sig = has_signature(self.out)
         ok, raw = readable(self.out)
         if not ok:
             counts.add("unreadable")
             bad.append("sft.h5 does not open")
         if os.path.exists(self.out) and os.path.getsize(self.out) and not raw:
-            counts.add("raw_unreadable")
+            # cut inside a new file's first commit: no HDF5 file yet, and nothing in it was complete
+            counts.add("raw_unreadable" if sig else "cut in its first commit")
         if ok and os.path.exists(self.out) and os.path.getsize(self.out) > 0:
             have, _ = datasets(self.out, ("steps",))
             n = len(have.get("/steps/step", []))
