@@ -118,7 +118,7 @@ def test_diff(d, part, n_prompts, plan, by_batches):
             frac = rng.uniform(0.1, 0.7)
             rc, err = run_killed(diff_cmd(d, path), sig, frac * t_ref)
             name = "%s at %.2f of the reference run" % (sig.name, frac)
-        if rc == 0 and not by_batches:   # timing on a loaded machine: this kill came too late
+        if rc == 0:   # timing on a loaded machine (the reference may have run slower): this kill came too late
             late += 1
             print("%s: the run finished first (rc 0)" % name)
             continue
