@@ -37,6 +37,9 @@ NVTEST_SRC := $(wildcard tests/nv/*.cu)
 # drivers the Python checks and benches run (tests/helpers/NAME.c -> $(BUILD)/tests/helpers/NAME)
 HELPER_SRC := $(wildcard tests/helpers/*.c)
 HELPERS   := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/helpers/%)
+# LD_PRELOAD shims for the storage-fault tests (tests/fault/NAME.c -> $(BUILD)/tests/fault/NAME.so)
+FAULT_SRC := $(wildcard tests/fault/*.c)
+FAULTLIBS := $(FAULT_SRC:tests/fault/%.c=$(BUILD)/tests/fault/%.so)
 
 HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
 ifeq ($(HAVE_NVCC),1)
@@ -113,6 +116,11 @@ $(BUILD)/tests/helpers/%: tests/helpers/%.c $(LIB)
 	@mkdir -p $(dir $@) $(BUILD)/dep
 	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) -MF $(BUILD)/dep/helper-$*.d $< -o $@ $(LIB) $(LDLIBS)
 
+# plain -O2, no sanitizer: preloaded into tools that may carry their own
+$(BUILD)/tests/fault/%.so: tests/fault/%.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -g -std=gnu11 -Wall -Wextra -fPIC -shared $< -o $@ -ldl
+
 $(BUILD)/tests/%: tests/%.c $(LIB)
 	@mkdir -p $(dir $@) $(BUILD)/dep
 	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) -MF $(BUILD)/dep/$*.d $< -o $@ $(LIB) $(LDLIBS) -lcmocka
@@ -123,7 +131,7 @@ $(BUILD)/tests/nv/%: tests/nv/%.cu $(LIB)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -Iinclude -Xcompiler -fopenmp$(SAN_NV) $< -o $@ $(LIB) -lcmocka -lm -Xlinker -lgomp$(if $(SAN), -Xcompiler $(subst $(space),$(comma),$(strip $(SAN))))
 
-tests: $(TESTS) $(NVTESTS) $(TOOLS) $(HELPERS) $(GPUPROGS)
+tests: $(TESTS) $(NVTESTS) $(TOOLS) $(HELPERS) $(FAULTLIBS) $(GPUPROGS)
 
 .PHONY: gpu-tests
 gpu-tests: $(TOOLS) $(GPUTESTS) $(BUILD)/gpu/peer

@@ -8,7 +8,8 @@
  *   /layers/rel_err  rows aligned with /tokens, one column per layer
  *   /text/utf8       prompt and response text, UTF-8 bytes (runs with a tokenizer)
  * Every dataset is chunked, deflate-compressed and unlimited along rows; rows are appended as
- * work completes and the file is flushed after each completed unit, so an interrupted run keeps
+ * work completes and the file is committed after each completed unit (src/record/commit.c: all
+ * or nothing, through a journal), so an interrupted run or a failed write keeps
  * what it finished. Root attributes: schema_version, tool_version, command_line, and whatever
  * the tool records (model, recipes as JSON, seed, sampling). docs: reports/SCHEMA.md.
  */
@@ -63,10 +64,19 @@ size_t td_runfile_list(td_runfile *rf, const char *group, char **names, size_t m
 /* The width of a dataset (1 for 1-D); 0 if absent. */
 size_t td_runfile_width(td_runfile *rf, const char *path);
 
-/* Writes everything buffered to disk (H5Fflush): call after each completed unit of work.
- * Crash consistency: run files never reuse freed space (HDF5 file space strategy NONE), so a
- * SIGKILL at any moment leaves the state of the last flush readable and intact. */
+/* Commits everything written so far (H5Fflush, then the commit driver's journal: see
+ * src/record/commit.c): call after each completed unit of work. All or nothing: a failed write
+ * (ENOSPC, EIO, a quota) or a SIGKILL at any instant leaves the file as its last commit made it,
+ * readable by h5py. After a failed write the file takes no more writes: every later flush and the
+ * close fail with the same message (the file, the call, the errno). */
 int td_runfile_flush(td_runfile *rf, td_error *err);
+/* Whether a write to the file has failed (then nothing more reaches it). */
+int td_runfile_failed(const td_runfile *rf);
+/* Renames a finished file into place (compaction, --force, merge), dropping the replaced
+ * file's leftover journal. */
+int td_runfile_replace(const char *from, const char *to);
+/* Removes an unfinished file (a --force run's OUT.new.tmp, a merge's OUT.tmp) and its journal. */
+int td_runfile_remove(const char *path);
 
 /* Rewrites a closed run file without the dead space that appends leave behind (old copies of
  * rewritten chunks), through PATH.compact.tmp and a rename: interrupted, it leaves PATH as it

@@ -186,6 +186,8 @@ int td_st_writer_finish(td_st_writer *w, td_error *err)
         if (w->t[i].written != w->t[i].nbytes)
             return td_fail(err, "%s: tensor '%s' has %zu of its %zu bytes written", w->path, w->t[i].name,
                            w->t[i].written, w->t[i].nbytes);
+    /* on disk before it takes its real name: a rename over unwritten data is a torn file after a crash */
+    if (fsync(w->fd) != 0) return td_fail(err, "%s: fsync failed: %s", w->tmp, strerror(errno));
     if (close(w->fd) != 0) { w->fd = -2; return td_fail(err, "%s: close failed: %s", w->tmp, strerror(errno)); }
     w->fd = -2;   /* closed, still "begun" */
     if (rename(w->tmp, w->path) != 0) return td_fail(err, "%s: rename from %s failed: %s", w->path, w->tmp, strerror(errno));

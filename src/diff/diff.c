@@ -3,6 +3,8 @@
  * to the run file per batch. The job's parts: src/diff/job.h. */
 #include "job.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,10 +90,16 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     J.replacing = !o->resume && o->force && access(o->out_path, F_OK) == 0;
     snprintf(J.write_path, sizeof J.write_path, J.replacing ? "%s.new.tmp" : "%s", o->out_path);
     if (!o->resume) {
-        J.rf = td_runfile_create(J.write_path, o->force, err);
-        if (!J.rf) goto out;
-        td_runfile_close(J.rf, NULL);
-        J.rf = NULL;
+        if (!o->force && access(o->out_path, F_OK) == 0) {
+            td_fail(err, "%s: already exists; not replacing it (use --resume to continue it, or --force to replace it)", o->out_path);
+            goto out;
+        }
+        int fd = open(J.write_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            td_fail(err, "%s: cannot create the file: %s (is the directory there and writable?)", J.write_path, strerror(errno));
+            goto out;
+        }
+        close(fd);
         remove(J.write_path);
     }
     fprintf(stderr, "tidal-diff: loading %s\n", o->model_dir);
@@ -203,7 +211,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     }
 out:
     if (J.rf) td_runfile_close(J.rf, NULL);
-    if (J.replacing) remove(J.write_path);   /* the old OUT stays */
+    if (J.replacing) td_runfile_remove(J.write_path);   /* the old OUT stays */
     if (rc && sum) sum->out_untouched = J.replacing;
     free(done);
     job_free(&J);

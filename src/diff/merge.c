@@ -2,6 +2,7 @@
 #include "tidal/diff.h"
 #include "tidal/runschema.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,7 +78,7 @@ int td_runfile_merge(const char *out_path, const char *const *inputs, int n, con
     if (n < 1) return td_fail(err, "tidal-merge: no input files");
     td_runfile **in = td_xcalloc((size_t)n, sizeof *in);
     td_runfile *out = NULL;
-    char tmp_path[4200];
+    char tmp_path[4200] = "";
     int rc = -1;
     char *first[sizeof SAME_ATTRS / sizeof SAME_ATTRS[0]] = {0};
     for (int i = 0; i < n; i++) {
@@ -204,7 +205,8 @@ done:
     for (int i = 0; i < n; i++) if (in[i]) td_runfile_close(in[i], NULL);
     free(in);
     if (out && td_runfile_close(out, rc ? NULL : err)) rc = -1;
-    if (out && rc == 0 && rename(tmp_path, out_path) != 0) rc = td_fail(err, "%s: cannot rename %s to it", out_path, tmp_path);
-    if (rc && out) remove(tmp_path);
+    if (out && rc == 0 && td_runfile_replace(tmp_path, out_path) != 0)
+        rc = td_fail(err, "%s: cannot rename %s to it: %s", out_path, tmp_path, strerror(errno));
+    if (rc && tmp_path[0]) td_runfile_remove(tmp_path);   /* a create that failed may have left it too */
     return rc;
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 char *sampling_json(const td_diff_opts *o)
@@ -91,10 +92,14 @@ int open_output(job *J, td_error *err)
     const char *vals[] = {fp, ra, rb, sj, seed, shard, batch, score, o->prompts_path, layers, o->lora_dir ? o->lora_dir : "", mode_a, mode_b, lt};
     size_t n_keys = sizeof keys / sizeof keys[0];
     int rc;
-    if (o->resume) {
+    struct stat st;
+    int empty = o->resume && stat(o->out_path, &st) == 0 && st.st_size == 0;
+    if (empty)   /* created, then stopped before its first commit (which writes the attributes) */
+        fprintf(stderr, "tidal-diff: %s is empty (the run stopped before its first commit): starting it afresh\n", o->out_path);
+    if (o->resume && !empty) {
         rc = resume_output(J, keys, vals, n_keys, err);
     } else {
-        J->rf = td_runfile_create(J->write_path, o->force, err);
+        J->rf = td_runfile_create(J->write_path, o->force || empty, err);
         rc = J->rf ? write_attributes(J, keys, vals, n_keys, err) : -1;
     }
     free(ra); free(rb); free(sj);
@@ -108,7 +113,7 @@ int take_place(job *J, int reopen, td_error *err)
     if (!J->replacing) return 0;
     if (J->rf && td_runfile_close(J->rf, err)) { J->rf = NULL; return -1; }
     J->rf = NULL;
-    if (rename(J->write_path, J->o->out_path) != 0)
+    if (td_runfile_replace(J->write_path, J->o->out_path) != 0)
         return td_fail(err, "%s: cannot replace it with %s", J->o->out_path, J->write_path);
     J->replacing = 0;
     if (reopen && !(J->rf = td_runfile_open(J->o->out_path, 1, err))) return -1;

@@ -1,7 +1,9 @@
 /* HDF5 run files (see include/tidal/runfile.h). HDF5's own error printing is switched off;
  * every failure becomes a td_error naming the file and the dataset. */
 #include "tidal/runfile.h"
+#include "commit.h"
 
+#include <errno.h>
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@ struct td_runfile {
     hid_t file;
     int writable;
     char path[1024];
+    tdc_status st;     /* the commit driver's verdict on every write (writable files) */
 };
 
 static const hsize_t CHUNK_ROWS = 16384;
@@ -60,15 +63,25 @@ td_runfile *td_runfile_create(const char *path, int overwrite, td_error *err)
      * With no free-space reuse, bytes that the flushed index points to are never overwritten.
      * The price: every commit leaves the old copies of the datasets' last chunks behind as dead
      * space; td_runfile_compact reclaims it when a run is complete. */
+    td_runfile *rf = calloc(1, sizeof *rf);
     hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
     H5Pset_file_space_strategy(fcpl, H5F_FSPACE_STRATEGY_NONE, 0, 0);
-    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
+    /* deferred: nothing reaches the disk before the first commit, so a run that fails earlier
+     * leaves an empty file rather than a torn one */
+    hid_t fapl = tdc_fapl(&rf->st, 1);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, fapl);
+    H5Pclose(fapl);
     H5Pclose(fcpl);
     if (f < 0) {
-        td_fail(err, "%s: cannot create the HDF5 file (is the directory there and writable?)", path);
+        if (rf->st.locked)
+            td_fail(err, "%s: another process is writing this file", path);
+        else if (rf->st.err)
+            td_fail(err, "%s: cannot create the HDF5 file: %s failed: %s", path, rf->st.what, strerror(rf->st.err));
+        else
+            td_fail(err, "%s: cannot create the HDF5 file (is the directory there and writable?)", path);
+        free(rf);
         return NULL;
     }
-    td_runfile *rf = calloc(1, sizeof *rf);
     rf->file = f;
     rf->writable = 1;
     snprintf(rf->path, sizeof rf->path, "%s", path);
@@ -85,10 +98,25 @@ td_runfile *td_runfile_open(const char *path, int writable, td_error *err)
 {
     quiet_hdf5();
     if (access(path, F_OK) != 0) { td_fail(err, "%s: no such file", path); return NULL; }
+    /* a writer killed inside a commit left PATH.journal: finish it first (a writer's open does it
+     * under its lock; a reader does it when no writer holds the file) */
+    char why[1200];
+    if (tdc_recover(path, why, sizeof why) < 0) { td_fail(err, "%s", why); return NULL; }
     if (H5Fis_hdf5(path) <= 0) { td_fail(err, "%s: not an HDF5 file (or truncated)", path); return NULL; }
-    hid_t f = H5Fopen(path, writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (f < 0) { td_fail(err, "%s: cannot open the HDF5 file%s", path, writable ? " for writing" : ""); return NULL; }
     td_runfile *rf = calloc(1, sizeof *rf);
+    hid_t fapl = writable ? tdc_fapl(&rf->st, 0) : H5P_DEFAULT;
+    hid_t f = H5Fopen(path, writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, fapl);
+    if (writable) H5Pclose(fapl);
+    if (f < 0) {
+        if (rf->st.locked)
+            td_fail(err, "%s: another process is writing this file", path);
+        else if (rf->st.err)
+            td_fail(err, "%s: %s failed: %s", path, rf->st.what, strerror(rf->st.err));
+        else
+            td_fail(err, "%s: cannot open the HDF5 file%s", path, writable ? " for writing" : "");
+        free(rf);
+        return NULL;
+    }
     rf->file = f;
     rf->writable = writable;
     snprintf(rf->path, sizeof rf->path, "%s", path);
@@ -111,9 +139,27 @@ td_runfile *td_runfile_open(const char *path, int writable, td_error *err)
 
 const char *td_runfile_path(const td_runfile *rf) { return rf->path; }
 
+/* A failed write as the user reads it: the file, the call, the errno, and what the file holds. */
+static int storage_fail(const char *path, const tdc_status *st, td_error *err)
+{
+    char jpath[1100];
+    tdc_journal_path(path, jpath, sizeof jpath);
+    if (st->journal_left)
+        return td_fail(err, "%s: %s failed: %s; the last commit is in %s and the next open finishes it (make room first)",
+                       path, st->what, strerror(st->err), jpath);
+    return td_fail(err, "%s: %s failed: %s; the file holds everything committed before it", path, st->what, strerror(st->err));
+}
+
+int td_runfile_failed(const td_runfile *rf) { return rf->st.err != 0; }
+
 int td_runfile_flush(td_runfile *rf, td_error *err)
 {
-    if (H5Fflush(rf->file, H5F_SCOPE_GLOBAL) < 0) return td_fail(err, "%s: flush failed (disk full?)", rf->path);
+    if (rf->st.err) return storage_fail(rf->path, &rf->st, err);
+    if (H5Fflush(rf->file, H5F_SCOPE_GLOBAL) < 0) {
+        if (rf->st.err) return storage_fail(rf->path, &rf->st, err);
+        return td_fail(err, "%s: flush failed", rf->path);
+    }
+    if (rf->writable && tdc_commit(rf->file)) return storage_fail(rf->path, &rf->st, err);
     return 0;
 }
 
@@ -121,7 +167,9 @@ int td_runfile_close(td_runfile *rf, td_error *err)
 {
     if (!rf) return 0;
     int rc = 0;
-    if (H5Fclose(rf->file) < 0) rc = td_fail(err, "%s: close failed (disk full?)", rf->path);
+    /* the driver commits what the close wrote; after a failed write it drops it */
+    if (H5Fclose(rf->file) < 0 && !rf->st.err) rc = td_fail(err, "%s: close failed", rf->path);
+    if (rf->st.err) rc = storage_fail(rf->path, &rf->st, err);
     free(rf);
     return rc;
 }
@@ -330,7 +378,8 @@ int td_runfile_append(td_runfile *rf, const char *path, td_coltype type, size_t 
     H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
     hid_t ms = H5Screate_simple(rank, count, NULL);
     if (H5Dwrite(d, h5type(type), ms, fs, H5P_DEFAULT, data) < 0)
-        rc = td_fail(err, "%s: cannot write %zu rows to %s (disk full?)", rf->path, nrows, path);
+        rc = td_fail(err, "%s: cannot write %zu rows to %s", rf->path, nrows, path);
+    if (rf->st.err) rc = storage_fail(rf->path, &rf->st, err);
     H5Sclose(ms);
     H5Sclose(fs);
 done:
@@ -482,19 +531,44 @@ int td_runfile_compact(const char *path, td_error *err)
     quiet_hdf5();
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.compact.tmp", path);
+    char why[1200];
+    if (tdc_recover(path, why, sizeof why) < 0) return td_fail(err, "%s", why);
     hid_t src = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (src < 0) return td_fail(err, "%s: cannot open the HDF5 file to compact it", path);
     hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
     H5Pset_file_space_strategy(fcpl, H5F_FSPACE_STRATEGY_NONE, 0, 0);
-    hid_t dst = H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
+    tdc_status st = {0};
+    hid_t fapl = tdc_fapl(&st, 0);   /* written whole, then renamed: no journal needed, but every write checked */
+    hid_t dst = H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, fapl);
+    H5Pclose(fapl);
     H5Pclose(fcpl);
     int ok = dst >= 0 && H5Aiterate2(src, H5_INDEX_NAME, H5_ITER_NATIVE, NULL, copy_attr, &dst) >= 0 &&
              H5Literate(src, H5_INDEX_NAME, H5_ITER_NATIVE, NULL, copy_link, &dst) >= 0;
-    if (dst >= 0 && H5Fclose(dst) < 0) ok = 0;
+    if (dst >= 0 && H5Fclose(dst) < 0) ok = 0;   /* the driver fsyncs it at close */
     H5Fclose(src);
-    if (!ok || rename(tmp, path) != 0) {
-        remove(tmp);
-        return td_fail(err, "%s: could not compact the file (it is complete and intact as it is)", path);
+    if (st.err || !ok || td_runfile_replace(tmp, path) != 0) {
+        int e = st.err ? st.err : errno;
+        td_runfile_remove(tmp);
+        return td_fail(err, "%s: could not compact the file (%s%s%s); it is complete and intact as it is, %s removed",
+                       path, st.err ? st.what : "copy failed", e ? ": " : "", e ? strerror(e) : "", tmp);
     }
     return 0;
+}
+
+int td_runfile_replace(const char *from, const char *to)
+{
+    /* a journal left by a writer of the file being replaced must not outlive it (it would not
+     * apply to another inode, but it is not the new file's) */
+    char jpath[1100];
+    tdc_journal_path(to, jpath, sizeof jpath);
+    unlink(jpath);
+    return rename(from, to);
+}
+
+int td_runfile_remove(const char *path)
+{
+    char jpath[1100];
+    tdc_journal_path(path, jpath, sizeof jpath);
+    unlink(jpath);
+    return remove(path);
 }

@@ -13,6 +13,7 @@
 #include "rl_internal.h"
 #include "tidal/opts.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -184,7 +185,9 @@ int rl_file_open(rl_run *R, int *start, td_error *err)
     if (exists && !o->resume && !o->overwrite)
         return td_fail(err, "%s exists: --resume continues that run, --overwrite-output-dir "
                        "replaces it", path);
-    if (!exists || o->overwrite) {
+    /* created, then stopped before its first commit: nothing to continue */
+    int empty = exists && st.st_size == 0;
+    if (!exists || o->overwrite || empty) {
         if (td_make_parent_dirs(path, err)) return -1;
         R->rf = td_runfile_create(path, 1, err);
         if (!R->rf || write_attrs(R, err) || td_runfile_flush(R->rf, err)) return -1;
@@ -284,25 +287,50 @@ int rl_file_commit(rl_run *R, int k, const double *M, td_error *err)
     return td_runfile_flush(R->rf, err);
 }
 
+/* A checkpoint folder and what may be in it (the state, the LoRA base of merge-unmerge, and
+ * their temporaries while written). */
+static void remove_checkpoint_dir(const char *dir)
+{
+    static const char *const files[] = {"trainer_state.bin", "trainer_state.bin.tmp",
+                                        "lora_base.safetensors", "lora_base.safetensors.tmp"};
+    char p[4400];
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        remove(p);
+    }
+    rmdir(dir);
+}
+
+/* Written as checkpoint-K.tmp/ and renamed when whole; then the run file's checkpoint_step names
+ * it (committed), and only then is the previous one removed. A failure at any point leaves the
+ * previous checkpoint, whole, and no partial or empty folder. */
 int rl_checkpoint_save(rl_run *R, int steps, td_error *err)
 {
-    char dir[4300], path[4400];
+    char dir[4300], tmp[4310], path[4400];
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", R->o->output_dir, steps);
-    mkdir(dir, 0755);
-    snprintf(path, sizeof path, "%s/trainer_state.bin", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
+    remove_checkpoint_dir(tmp);   /* left by a run killed while saving */
+    if (mkdir(tmp, 0755) != 0) return td_fail(err, "%s: cannot create the checkpoint folder: %s", tmp, strerror(errno));
+    snprintf(path, sizeof path, "%s/trainer_state.bin", tmp);
     int64_t prev = 0;
     td_runfile_get_i64(R->rf, "checkpoint_step", &prev, NULL);
-    if (td_trainer_save_state(R->tr, path, err) || rl_sync_save(R, dir, err) ||
-        td_runfile_set_i64(R->rf, "checkpoint_step", steps, err) ||
-        td_runfile_flush(R->rf, err))
+    /* the trainer's state and, under merge-unmerge, the drifted LoRA base (rl/sync.c) */
+    if (td_trainer_save_state(R->tr, path, err) || rl_sync_save(R, tmp, err)) {
+        remove_checkpoint_dir(tmp);
         return -1;
+    }
+    remove_checkpoint_dir(dir);   /* stale (a run killed after the rename), or this step's state saved again */
+    if (rename(tmp, dir) != 0) {
+        td_fail(err, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+        remove_checkpoint_dir(tmp);
+        return -1;
+    }
+    /* a failed commit leaves both folders, whole: the run file names one of them (the new one
+     * when the commit's journal stayed behind and the next open finishes it) */
+    if (td_runfile_set_i64(R->rf, "checkpoint_step", steps, err) || td_runfile_flush(R->rf, err)) return -1;
     if (prev > 0 && prev != steps) {   /* only the latest is kept (save_total_limit = 1) */
         snprintf(dir, sizeof dir, "%s/checkpoint-%lld", R->o->output_dir, (long long)prev);
-        snprintf(path, sizeof path, "%s/trainer_state.bin", dir);
-        remove(path);
-        snprintf(path, sizeof path, "%s/lora_base.safetensors", dir);
-        remove(path);
-        rmdir(dir);
+        remove_checkpoint_dir(dir);
     }
     return 0;
 }

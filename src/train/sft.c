@@ -210,7 +210,11 @@ static int save_checkpoint(sft_job *J, int step, td_error *err)
     p.epoch = (double)step * J->o->batch * J->o->grad_accum / (double)J->train.n;
     if (sft_save_dir(J->tr, J->o, J->tok, tmp, 2, &p, err)) { sft_remove_dir(tmp); return -1; }
     sft_remove_dir(dir);   /* an older one of the same step (a resumed run saving again) */
-    if (rename(tmp, dir) != 0) return td_fail(err, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+    if (rename(tmp, dir) != 0) {
+        td_fail(err, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+        sft_remove_dir(tmp);
+        return -1;
+    }
     return 0;
 }
 

@@ -14,6 +14,14 @@
 
 /* the tokenizer file(s) tidal-sft copies beside the model */
 static const char *const TOK_FILES[] = {"tokenizer.json", "tokenizer_config.json"};
+/* A failed rename of a finished temporary: say why, and remove the temporary. */
+static int rename_failed(const char *tmp, const char *path, td_error *err)
+{
+    int e = errno;
+    remove(tmp);
+    return td_fail(err, "%s: cannot rename %s to it: %s", path, tmp, strerror(e));
+}
+
 /* everything tidal-sft may write in a checkpoint directory */
 static const char *const CKPT_FILES[] = {
     "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -80,7 +88,8 @@ int sft_save_dir(const td_trainer *tr, const td_sft_opts *o, const td_tokenizer 
         snprintf(c.torch_dtype, sizeof c.torch_dtype, "%s", o->save_dtype == TD_DT_BF16 ? "bfloat16" : "float32");
         snprintf(path, sizeof path, "%s/config.json", dir);
         snprintf(tmp, sizeof tmp, "%s/config.json.tmp", dir);
-        if (td_config_write(tmp, &c, err) || rename(tmp, path) != 0) return td_fail(err, "%s: cannot write", path);
+        if (td_config_write(tmp, &c, err)) { remove(tmp); return -1; }
+        if (rename(tmp, path) != 0) return rename_failed(tmp, path, err);
         td_gen_config g;
         td_gen_config_defaults(&g);
         g.bos_token_id = c.bos_token_id;
@@ -93,7 +102,8 @@ int sft_save_dir(const td_trainer *tr, const td_sft_opts *o, const td_tokenizer 
         g.present = TD_GEN_DO_SAMPLE | TD_GEN_TEMPERATURE | TD_GEN_TOP_P | TD_GEN_TOP_K | TD_GEN_BOS | TD_GEN_EOS;
         snprintf(path, sizeof path, "%s/generation_config.json", dir);
         snprintf(tmp, sizeof tmp, "%s/generation_config.json.tmp", dir);
-        if (td_gen_config_write(tmp, &g, err) || rename(tmp, path) != 0) return td_fail(err, "%s: cannot write", path);
+        if (td_gen_config_write(tmp, &g, err)) { remove(tmp); return -1; }
+        if (rename(tmp, path) != 0) return rename_failed(tmp, path, err);
     }
     char tdir[4096];
     tokenizer_dir(o, tdir, sizeof tdir);

@@ -121,7 +121,14 @@ for attempt in range(3):   # a loaded machine may let the run finish before the 
     pr = subprocess.Popen([RL, *COMMON, "--output-dir", killed, *ARGS], env=ENV, stderr=subprocess.DEVNULL)
     ck = os.path.join(killed, "checkpoint-2", "trainer_state.bin")
     t0 = time.time()
-    while not os.path.exists(ck) and pr.poll() is None and time.time() - t0 < 120:
+
+    def named():   # the run file names the checkpoint (committed after the folder is renamed whole)
+        try:
+            with h5py.File(os.path.join(killed, "rl.h5"), "r") as f:
+                return int(f.attrs["checkpoint_step"]) >= 2
+        except Exception:   # read between a commit's writes: try again
+            return False
+    while not (os.path.exists(ck) and named()) and pr.poll() is None and time.time() - t0 < 120:
         time.sleep(0.01)
     pr.send_signal(signal.SIGKILL)
     pr.wait()
