@@ -321,8 +321,9 @@ static int commit_file(tdc_file *f)
     /* apply, keeping the old bytes to undo a write that fails */
     struct stat s0;
     off_t size0 = fstat(f->fd, &s0) == 0 ? s0.st_size : -1;
-    unsigned char **old = calloc(f->n_held, sizeof *old);
-    int rc = 0;
+    size_t n_old = f->n_held;   /* drop_held below empties f->held: free by this count */
+    unsigned char **old = calloc(n_old, sizeof *old);
+    int rc = n_old && !old ? -1 : 0;
     size_t done = 0;
     /* a superblock whose EOA is past the file's end makes HDF5 call the file truncated: grow it
      * (sparse) before; a shrink waits for the end */
@@ -350,7 +351,7 @@ static int commit_file(tdc_file *f)
         f->truncate_due = 0;
         f->committed = f->eoa;
     }
-    for (size_t i = 0; i < f->n_held; i++) free(old[i]);
+    for (size_t i = 0; old && i < n_old; i++) free(old[i]);
     free(old);
     return rc;
 }

@@ -278,7 +278,7 @@ int rl_reward_score(rl_reward *p, int n, char *const *req, double *reward, doubl
     while (got < n && rc == 0) {
         /* whole lines already read */
         char *nl;
-        while (got < n && (nl = memchr(p->buf, '\n', p->len))) {
+        while (got < n && p->len && (nl = memchr(p->buf, '\n', p->len))) {
             size_t l = (size_t)(nl - p->buf), b = 0;
             p->lines++;
             while (l && (p->buf[l - 1] == '\r' || p->buf[l - 1] == ' ' || p->buf[l - 1] == '\t')) l--;
