@@ -70,9 +70,10 @@ void td_gemm_accumulate_w16(const td_recipe *r, const float *in, int M, int K, c
  * weights and GEMM inputs bf16, fp32 accumulation, not batch-invariant, the kernel available. */
 int td_gemm_bf16dp_applies(const td_recipe *r);
 
-/* x (n floats holding bf16 values) rewritten in place as n bf16 codes at its start; returns
- * x as codes. */
-uint16_t *td_gemm_pack_bf16(float *x, size_t n);
+/* The bf16 codes of n floats holding bf16 values; codes may be x's own memory (the codes then
+ * sit at its start: td_gemm_pack_bf16). Returns codes. */
+uint16_t *td_gemm_bf16_codes(const float *x, size_t n, uint16_t *codes);
+static inline uint16_t *td_gemm_pack_bf16(float *x, size_t n) { return td_gemm_bf16_codes(x, n, (uint16_t *)x); }
 
 /* td_gemm_accumulate for a recipe td_gemm_bf16dp_applies to, on bf16 codes: in (M, K), w (N
  * rows of stride ldw); split-K parts summed in fp32 as td_gemm_accumulate does. */

@@ -75,12 +75,7 @@ static void matmul_backward_bf16dp(const td_ops *ctx, float *dinp, float *dweigh
     size_t big = (size_t)(N > IN ? N : IN) * (OUT > IN ? OUT : IN);
     uint16_t *p = td_xmalloc(big * sizeof(uint16_t)), *q = td_xmalloc(big * sizeof(uint16_t));
     if (dinp) {
-        /* dY's codes (N, OUT), W'^T's (IN, OUT) */
-        for (size_t i = 0; i < (size_t)N * OUT; i++) {
-            uint32_t u;
-            memcpy(&u, dy + i, 4);
-            p[i] = (uint16_t)(u >> 16);
-        }
+        td_gemm_bf16_codes(dy, (size_t)N * OUT, p);   /* dY's codes (N, OUT), W'^T's (IN, OUT) */
         codes_transposed(weight, (size_t)OUT, (size_t)IN, q);
         bf16dp_acc(ctx, N, IN, OUT, p, q, dinp, IN);
         act_round(ctx, dinp, (size_t)N * IN);

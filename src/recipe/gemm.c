@@ -101,10 +101,9 @@ int td_gemm_bf16dp_applies(const td_recipe *r)
            td_gemm_bf16dp_available();
 }
 
-uint16_t *td_gemm_pack_bf16(float *x, size_t n)
+uint16_t *td_gemm_bf16_codes(const float *x, size_t n, uint16_t *codes)
 {
-    uint16_t *codes = (uint16_t *)x;
-    /* code i lands on bytes [2i, 2i + 2), at or before float i's [4i, 4i + 4), read first */
+    /* in place, code i lands on bytes [2i, 2i + 2), at or before float i's [4i, 4i + 4), read first */
     for (size_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, x + i, 4);

@@ -45,6 +45,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include "gemm_lanes.h"
 #define TD_HAVE_AVX2_PATH 1
 #endif
 
@@ -125,13 +126,7 @@ static void pack_groups(const float *w, int ldw, int ncols, int K, int ngroups, 
 #define TGT512 __attribute__((target("avx2,fma,avx512f,avx512dq,avx512vl")))
 #define INLINE inline __attribute__((always_inline))
 
-TGT static inline float hsum_fixed(__m256 v)
-{
-    /* (s0+s4, s1+s5, s2+s6, s3+s7), then (a0+a2, a1+a3), then their sum: reduce8's order */
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 h = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
-}
+#define hsum_fixed td_lanes_hsum8   /* reduce8's order on a ymm (gemm_lanes.h) */
 
 /* lanes k < K % 8 of the last, partial chunk (all lanes when K % 8 == 0: no partial chunk) */
 TGT static __m256i tail_mask_of(int K)

@@ -26,6 +26,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include "gemm_lanes.h"
 #define TD_HAVE_W16_SIMD 1
 #endif
 
@@ -48,13 +49,8 @@ static void gemm_w16_portable(const float *a, int lda, const uint16_t *w, int ld
 #define TGT5 __attribute__((target("avx512f,avx512dq,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* the fixed lane reduction of td_gemm_fixed, on the 8 lanes of a ymm */
-TGT2 INLINE float hsum_fixed(__m256 v)
-{
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 h = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
-}
+/* the fixed lane reduction of td_gemm_fixed, on the 8 lanes of a ymm (gemm_lanes.h) */
+#define hsum_fixed td_lanes_hsum8
 
 TGT2 INLINE void store(float *o, float d, int add) { *o = add ? *o + d : d; }
 
