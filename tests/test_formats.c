@@ -133,18 +133,22 @@ static void test_vector_rows_vs_scalar(void **state)
     uint8_t *codes8 = malloc(256);
     for (size_t i = 0; i < N; i++)
         x[i] = i < TI_N_SPECIAL ? ti_special(i) : (i % 2) ? ti_random_bits(11, i) : ti_tie(TD_F16, 11, i);
-    for (size_t n = N - 8; n <= N; n++) {   /* every tail length 0..7 */
-        td_formats_scalar_only = 1;
-        td_encode_row(TD_F16, x, c_sc, n, TD_SATFINITE);
-        td_round_row(TD_F16, x, y_sc, n, TD_SATFINITE);
-        td_formats_scalar_only = 0;
-        td_encode_row(TD_F16, x, c_vec, n, TD_SATFINITE);
-        td_round_row(TD_F16, x, y_vec, n, TD_SATFINITE);
-        memcpy(inplace, x, n * 4);
-        td_round_row(TD_F16, inplace, inplace, n, TD_SATFINITE);
-        assert_memory_equal(c_vec, c_sc, n * 2);
-        assert_memory_equal(y_vec, y_sc, n * 4);
-        assert_memory_equal(inplace, y_sc, n * 4);
+    for (int fi = 0; fi < 2; fi++) {       /* fp16 (F16C) and bf16 (AVX2 integer lanes) */
+        td_format f = fi ? TD_BF16 : TD_F16;
+        for (size_t i = TI_N_SPECIAL; i < N; i += 2) x[i] = ti_tie(f, fi ? 8 : 11, i);
+        for (size_t n = N - 16; n <= N; n++) {   /* every tail length 0..15 */
+            td_formats_scalar_only = 1;
+            td_encode_row(f, x, c_sc, n, TD_SATFINITE);
+            td_round_row(f, x, y_sc, n, TD_SATFINITE);
+            td_formats_scalar_only = 0;
+            td_encode_row(f, x, c_vec, n, TD_SATFINITE);
+            td_round_row(f, x, y_vec, n, TD_SATFINITE);
+            memcpy(inplace, x, n * 4);
+            td_round_row(f, inplace, inplace, n, TD_SATFINITE);
+            assert_memory_equal(c_vec, c_sc, n * 2);
+            assert_memory_equal(y_vec, y_sc, n * 4);
+            assert_memory_equal(inplace, y_sc, n * 4);
+        }
     }
     for (uint32_t c = 0; c < 65536; c++) codes[c] = (uint16_t)c;
     for (size_t n = 65536 - 8; n <= 65536; n++) {
@@ -162,7 +166,7 @@ static void test_vector_rows_vs_scalar(void **state)
         td_decode_row(f, codes8, y_vec, 256);
         assert_memory_equal(y_vec, y_sc, 256 * 4);
     }
-    printf("fp16 rows: F16C %s; vector and scalar rows identical (encode, round, in place, decode of every code)\n",
+    printf("fp16 and bf16 rows: F16C/AVX2 %s; vector and scalar rows identical (encode, round, in place, decode of every code)\n",
            td_formats_have_vector_f16() ? "in use" : "off here (no F16C, or TIDAL_ISA=portable): scalar both times");
     free(x); free(y_vec); free(y_sc); free(inplace); free(c_vec); free(c_sc); free(codes); free(codes8);
 }

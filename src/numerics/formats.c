@@ -167,7 +167,11 @@ void td_encode_row(td_format f, const float *x, void *codes, size_t n, td_satura
     const uint32_t *u = (const uint32_t *)x;
     switch (f) {
     case TD_F32:  memcpy(codes, x, n * 4); break;
-    case TD_BF16: { uint16_t *o = codes; for (size_t i = 0; i < n; i++) o[i] = bf16_encode(u[i]); } break;
+    case TD_BF16:
+#if TD_HAVE_F16C_PATH
+        if (f16_vector()) { td_bf16_encode_row_avx2(x, codes, n); break; }
+#endif
+        { uint16_t *o = codes; for (size_t i = 0; i < n; i++) o[i] = bf16_encode(u[i]); } break;
     case TD_F16:
 #if TD_HAVE_F16C_PATH
         if (f16_vector()) { td_f16_encode_row_f16c(x, codes, n); break; }
@@ -219,7 +223,12 @@ void td_round_row(td_format f, const float *x, float *y, size_t n, td_saturation
     uint32_t *o = (uint32_t *)y;
     switch (f) {
     case TD_F32:  if (x != y) memmove(y, x, n * 4); break;
-    case TD_BF16: for (size_t i = 0; i < n; i++) o[i] = (uint32_t)bf16_encode(u[i]) << 16; break;
+    case TD_BF16:
+#if TD_HAVE_F16C_PATH
+        if (f16_vector()) { td_bf16_round_row_avx2(x, y, n); break; }
+#endif
+        for (size_t i = 0; i < n; i++) o[i] = (uint32_t)bf16_encode(u[i]) << 16;
+        break;
     case TD_F16:
 #if TD_HAVE_F16C_PATH
         if (f16_vector()) { td_f16_round_row_f16c(x, y, n); break; }

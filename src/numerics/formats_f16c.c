@@ -16,6 +16,7 @@
  * scalar rows. */
 #include "formats_simd.h"
 #include "tidal/isa.h"
+#include "tidal/formats.h"
 
 #if TD_HAVE_F16C_PATH
 #include <immintrin.h>
@@ -76,6 +77,47 @@ TGT void td_f16_round_row_f16c(const float *x, float *y, size_t n)
         memcpy(buf, x + i, (n - i) * sizeof(float));
         _mm256_storeu_ps(buf, dec8(enc8(_mm256_loadu_ps(buf))));
         memcpy(y + i, buf, (n - i) * sizeof(float));
+    }
+}
+
+/* ---- bf16 rows on AVX2 integer lanes: td_bf16_bits_rne eight at a time (NaN -> 0x7FFF; add
+ * 0x7FFF plus the kept lsb, keep the high half: ties to even, overflow carries to Inf). The scalar
+ * loop was the last unvectorised row on the training path (-O2 x86-64-v2 leaves it scalar). */
+TGT static inline __m256i bf16_hi8(__m256i u)
+{
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+    r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xFFFF0000u));
+    return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FFF0000), nan);   /* codes in the high halves */
+}
+
+TGT void td_bf16_round_row_avx2(const float *x, float *y, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_si256((__m256i *)(y + i), bf16_hi8(_mm256_loadu_si256((const __m256i *)(x + i))));
+    if (i < n) {
+        float buf[8] = {0};
+        memcpy(buf, x + i, (n - i) * sizeof(float));
+        _mm256_storeu_si256((__m256i *)buf, bf16_hi8(_mm256_loadu_si256((const __m256i *)buf)));
+        memcpy(y + i, buf, (n - i) * sizeof(float));
+    }
+}
+
+TGT void td_bf16_encode_row_avx2(const float *x, uint16_t *codes, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i a = _mm256_srli_epi32(bf16_hi8(_mm256_loadu_si256((const __m256i *)(x + i))), 16);
+        __m256i b = _mm256_srli_epi32(bf16_hi8(_mm256_loadu_si256((const __m256i *)(x + i + 8))), 16);
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);   /* lanes back in order */
+        _mm256_storeu_si256((__m256i *)(codes + i), p);
+    }
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, 4);
+        codes[i] = td_bf16_bits_rne(u);
     }
 }
 
