@@ -62,7 +62,8 @@ static void on_stop_signal(int sig)
 
 int main(int argc, char **argv)
 {
-    const char *arch = NULL, *preset = NULL, *out = NULL, *dtype = "f32";
+    const char *arch = NULL, *preset = NULL, *out = NULL, *dtype = "f32", *rope_scaling = NULL, *eos = NULL;
+    int bos = -2;
     int hidden = 0, layers = 0, heads = 0, kv = 0, hd = 0, inter = 0, vocab = 0, tie = -1;
     double theta = 0, eps = 0;
     const char *lora_for = NULL, *targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
@@ -75,7 +76,8 @@ int main(int argc, char **argv)
     /* shape flags take the config.json names too (--num-hidden-layers, --num_attention_heads ...) */
     td_opt opts[] = {
         TD_OPT_S("arch", 0, &arch, "llama|mistral|qwen2|qwen3", "architecture (default llama, or the preset's)"),
-        TD_OPT_S("preset", 0, &preset, "NAME", "tiny|qwen2.5-0.5b|qwen3-0.6b|llama-3.2-1b; shape flags override it"),
+        TD_OPT_S("preset", 0, &preset, "NAME", "tiny|qwen2.5-0.5b|qwen3-0.6b|llama-3.2-1b|llama-3.1-8b|\n"
+                 "llama-3.1-8b-instruct; shape flags override it"),
         TD_OPT_I("hidden-size", 0, &hidden, "C", 1, MAXDIM, "hidden size"),
         TD_OPT_I("num-layers", 0, &layers, "L", 1, MAXDIM, "decoder layers"),
         TD_OPT_I("num-heads", 0, &heads, "NH", 1, MAXDIM, "attention heads"),
@@ -85,6 +87,13 @@ int main(int argc, char **argv)
         TD_OPT_I("vocab-size", 0, &vocab, "V", 1, MAXDIM, "vocabulary size"),
         TD_OPT_D("rope-theta", 0, &theta, "X", 0, 1e12, "RoPE base"),
         TD_OPT_D("rms-norm-eps", 0, &eps, "X", 0, 1, "RMSNorm epsilon"),
+        TD_OPT_S("rope-scaling", 0, &rope_scaling, "JSON", "config.json's rope_scaling, e.g. '{\"rope_type\": \"llama3\",\n"
+                 "\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,\n"
+                 "\"original_max_position_embeddings\": 8192}' (Llama 3.1); null\n"
+                 "removes the preset's"),
+        TD_OPT_S("eos-token-id", 0, &eos, "IDS", "end-of-sequence id or comma-separated list (Llama 3.1\n"
+                 "Instruct: 128001,128008,128009)"),
+        TD_OPT_I("bos-token-id", 0, &bos, "ID", -1, 0x7FFFFFFF, "beginning-of-sequence id (-1: none)"),
         TD_OPT_F("tie", 0, &tie, 1, "tie the embedding and the LM head (tie_word_embeddings)"),
         TD_OPT_F("no-tie", 0, &tie, 0, "untied LM head"),
         TD_OPT_S("dtype", 0, &dtype, "f32|bf16|f16", "stored dtype (default f32)"),
@@ -144,7 +153,7 @@ int main(int argc, char **argv)
     td_config_defaults(&cfg, (td_arch)a);
     if (preset) {
         if (td_config_preset(preset, &cfg) != 0) {
-            return td_cli_bad(&cli, "--preset", preset, "one of tiny, qwen2.5-0.5b, qwen3-0.6b, llama-3.2-1b");
+            return td_cli_bad(&cli, "--preset", preset, "one of " TD_CONFIG_PRESETS);
         }
         if (arch && (int)cfg.arch != a) {
             return td_cli_bad(&cli, "--arch", arch, "the preset's architecture (--preset %s is a %s)", preset, td_arch_name(cfg.arch));
@@ -164,8 +173,20 @@ int main(int argc, char **argv)
     if (theta > 0) cfg.rope_theta = theta;
     if (eps > 0) cfg.rms_norm_eps = eps;
     if (tie >= 0) cfg.tie_word_embeddings = tie;
+    /* the library's messages start with the flag's name, as td_cli_bad's do */
+    if (rope_scaling && td_config_set_rope_scaling(&cfg, rope_scaling, &err))
+        return td_cli_bad(&cli, "--rope-scaling", NULL, "%s", err.msg + strlen("--rope-scaling: "));
+    if (eos && td_config_set_eos(&cfg, eos, &err))
+        return td_cli_bad(&cli, "--eos-token-id", NULL, "%s", err.msg + strlen("--eos-token-id: "));
+    if (bos != -2) cfg.bos_token_id = bos;
+    for (int i = 0; eos && i < (cfg.n_eos ? cfg.n_eos : 1); i++)
+        if (cfg.eos_token_ids[i] >= cfg.vocab_size)
+            return td_cli_bad(&cli, "--eos-token-id", NULL, "id %d outside the vocabulary of %d", cfg.eos_token_ids[i], cfg.vocab_size);
+    if (bos >= cfg.vocab_size) return td_cli_bad(&cli, "--bos-token-id", NULL, "id %d outside the vocabulary of %d", bos, cfg.vocab_size);
     if (cfg.bos_token_id >= cfg.vocab_size) cfg.bos_token_id = -1;
     if (cfg.eos_token_id >= cfg.vocab_size) cfg.eos_token_id = -1;
+    for (int i = 0; i < cfg.n_eos; i++)   /* a preset's list, with a smaller --vocab-size */
+        if (cfg.eos_token_ids[i] >= cfg.vocab_size) { cfg.n_eos = 0; cfg.eos_token_id = -1; }
     int dt = td_dtype_parse(dtype);
     if (dt < 0 || dt == TD_DT_F8_E4M3) {
         return td_cli_bad(&cli, "--dtype", dtype, "f32, bf16 or f16");

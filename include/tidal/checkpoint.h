@@ -198,8 +198,15 @@ void td_gen_config_print(FILE *f, const td_gen_config *g);
 /* ---- random initialisation (tidal-init) ---- */
 
 /* Named shapes: "tiny" (C=64 L=2 NH=4 NKV=2 HD=16 F=176 V=512, arch kept), "qwen2.5-0.5b",
- * "qwen3-0.6b", "llama-3.2-1b" (these set the architecture too). -1 if unknown. */
+ * "qwen3-0.6b", "llama-3.2-1b", "llama-3.1-8b", "llama-3.1-8b-instruct" (these set the
+ * architecture too, rope_scaling and eos lists as the hub's config.json). -1 if unknown. */
 int td_config_preset(const char *name, td_config *cfg);
+#define TD_CONFIG_PRESETS "tiny, qwen2.5-0.5b, qwen3-0.6b, llama-3.2-1b, llama-3.1-8b, llama-3.1-8b-instruct"
+/* "rope_scaling" as config.json spells it (a JSON object, e.g. {"rope_type": "llama3",
+ * "factor": 8.0, ...}; "null" or "none" removes it), through config.json's own parser. */
+int td_config_set_rope_scaling(td_config *cfg, const char *json_text, td_error *err);
+/* eos_token_id as a comma-separated list ("128001,128008,128009"), kept in order. */
+int td_config_set_eos(td_config *cfg, const char *list, td_error *err);
 /* Writes DIR/model.safetensors, config.json and generation_config.json of a seeded random
  * model (normals from td_rng, polar method): matrices and embeddings N(0, 0.02^2), norm weights 1 + 0.1 N(0,1) (not exactly 1, so
  * a forward that forgets a norm weight is caught), biases N(0, 0.02^2). Tensors are generated

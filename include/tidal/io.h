@@ -25,6 +25,9 @@ void td_mmap_close(td_mmap *m);
  * are read as JSON reals of the same value, as Python's json reads them into floats' range.
  * Every reader of JSON that other tools wrote goes through this or the two below. */
 json_t *td_json_loadb(const char *text, size_t len, size_t flags, json_error_t *je);
+/* je->text for a parse of ONE line of a JSON Lines file: jansson's "near end of file" means the
+ * end of that line there, so it is rewritten to say so (the file may go on for many lines). */
+const char *td_json_line_error(json_error_t *je);
 /* Parses a JSON file (rejecting duplicate keys, widening big integers as td_json_loadb);
  * NULL + "PATH:LINE:COL: what" on failure. */
 json_t *td_json_load_file(const char *path, td_error *err);

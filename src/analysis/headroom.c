@@ -1,6 +1,7 @@
 /* FP16 headroom (include/tidal/headroom.h): an observing wrapper of the CPU backend's op table
  * counts every op output of the teacher-forced forward against FP16's limits. */
 #include "tidal/headroom.h"
+#include "tidal/progress.h"
 #include "../model/model_internal.h"
 
 #include <math.h>
@@ -202,13 +203,15 @@ int td_headroom_run(const char *model_dir, const td_seqset *s, const td_recipe *
     if (r && td_forward_set_recipe(f, r, err)) goto done;
     forward_set_backend(f, &o.be);
     td_forward_set_layer_fn(f, on_layer, &o);
+    td_progress pr;
+    td_progress_start(&pr, progress, "tidal-headroom");
     for (int i0 = 0; i0 < s->n; i0 += 8) {
         int n = s->n - i0 < 8 ? s->n - i0 : 8;
         if (td_forward_logprobs(f, n, (const int *const *)(s->tok + i0), s->len + i0, NULL, NULL, NULL, err)) goto done;
         for (int i = 0; i < n; i++) out->tokens += s->len[i0 + i];
-        if (progress) fprintf(progress, "\rtidal-headroom: %d/%d sequences", i0 + n, s->n);
+        td_progress_update(&pr, i0 + n, s->n, "sequences");
     }
-    if (progress) fprintf(progress, "\n");
+    td_progress_end(&pr);
     /* names of the op rows; rows of ops this architecture does not have (q/k norm) are dropped */
     size_t k = 0;
     for (size_t i = 0; i < n_ops; i++) {

@@ -1,5 +1,7 @@
 /* Seeded random checkpoints and named shapes (the library side of tools/tidal-init). */
 #include "tidal/checkpoint.h"
+#include "config_json.h"
+#include "tidal/progress.h"
 #include "tidal/rng.h"
 
 #include <errno.h>
@@ -46,7 +48,66 @@ int td_config_preset(const char *name, td_config *c)
         c->bos_token_id = 128000; c->eos_token_id = 128001;
         return 0;
     }
+    /* meta-llama/Llama-3.1-8B and -Instruct config.json: the seed user's model; the Instruct
+     * config ends on any of three ids (<|end_of_text|>, <|eom_id|>, <|eot_id|>) */
+    if (strcmp(name, "llama-3.1-8b") == 0 || strcmp(name, "llama-3.1-8b-instruct") == 0) {
+        td_config_defaults(c, TD_ARCH_LLAMA);
+        c->hidden_size = 4096; c->num_layers = 32; c->num_heads = 32; c->num_kv_heads = 8;
+        c->head_dim = 128; c->intermediate_size = 14336; c->vocab_size = 128256;
+        c->tie_word_embeddings = false; c->rope_theta = 500000.0; c->max_position = 131072;
+        c->rms_norm_eps = 1e-5;
+        c->rope_factor = 8.0; c->rope_low_freq_factor = 1.0; c->rope_high_freq_factor = 4.0;
+        c->rope_original_max_position = 8192;
+        c->bos_token_id = 128000; c->eos_token_id = 128001;
+        if (strcmp(name, "llama-3.1-8b-instruct") == 0) {
+            int eos[3] = {128001, 128008, 128009};
+            memcpy(c->eos_token_ids, eos, sizeof eos);
+            c->n_eos = 3;
+        }
+        return 0;
+    }
     return -1;
+}
+
+int td_config_set_rope_scaling(td_config *c, const char *text, td_error *err)
+{
+    if (strcmp(text, "null") == 0 || strcmp(text, "none") == 0) {
+        c->rope_factor = 0;
+        return 0;
+    }
+    json_error_t je;
+    json_t *rs = td_json_loadb(text, strlen(text), JSON_REJECT_DUPLICATES, &je);
+    if (!rs) return td_fail(err, "--rope-scaling: invalid JSON at column %d: %s", je.column, je.text);
+    if (!json_is_object(rs)) {
+        json_decref(rs);
+        return td_fail(err, "--rope-scaling: expected a JSON object as config.json's \"rope_scaling\", e.g. "
+                       "'{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                       "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}'");
+    }
+    json_t *j = json_pack("{s:f, s:o}", "rope_theta", c->rope_theta, "rope_scaling", rs);
+    int rc = j ? cfgj_rope("--rope-scaling", j, c, err) : td_fail(err, "--rope-scaling: out of memory");
+    json_decref(j);
+    return rc;
+}
+
+int td_config_set_eos(td_config *c, const char *list, td_error *err)
+{
+    int n = 0;
+    const char *p = list;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > 0x7FFFFFFF || (*end && *end != ','))
+            return td_fail(err, "--eos-token-id: \"%s\" is not a comma-separated list of token ids", list);
+        if (n == TD_CONFIG_MAX_EOS) return td_fail(err, "--eos-token-id: at most %d ids", TD_CONFIG_MAX_EOS);
+        c->eos_token_ids[n++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0) return td_fail(err, "--eos-token-id: empty list");
+    c->eos_token_id = c->eos_token_ids[0];
+    c->n_eos = n > 1 ? n : 0;
+    return 0;
 }
 
 enum { CHUNK = 1 << 20, BATCH = 8 };
@@ -185,16 +246,13 @@ int td_checkpoint_init_random_opts(const char *dir, const td_config *cfg_in, td_
     const size_t es = td_dtype_size(dt);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int last_layer = -2;
+    td_progress pr;
+    td_progress_start(&pr, progress, "tidal-init");
+    size_t params_done = 0;
     for (size_t i = 0; i < n; i++) {
         const td_param_spec *s = &specs[i];
-        if (progress && s->layer != last_layer) {
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-            fprintf(progress, "\rtidal-init: %s %s (%.1f s)   ", s->layer >= 0 ? "layer" : "", s->name,
-                    (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
-            fflush(progress);
-            last_layer = s->layer;
-        }
+        td_progress_update(&pr, (double)params_done, (double)total, "parameters");
+        params_done += s->numel;
         size_t numel = s->numel;
         size_t nchunks = (numel + CHUNK - 1) / CHUNK;
         for (size_t k0 = 0; k0 < nchunks; k0 += BATCH) {
@@ -216,8 +274,9 @@ int td_checkpoint_init_random_opts(const char *dir, const td_config *cfg_in, td_
     }
     if (td_st_writer_finish(w, err) != 0) goto done;
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    td_progress_end(&pr);
     if (progress)
-        fprintf(progress, "\rtidal-init: %zu tensors, %zu parameters, %s, %.1f s\n", n, total, td_dtype_name(dt),
+        fprintf(progress, "tidal-init: %zu tensors, %zu parameters, %s, %.1f s\n", n, total, td_dtype_name(dt),
                 (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
 
     snprintf(path, sizeof path, "%s/config.json", dir);

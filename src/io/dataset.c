@@ -127,7 +127,7 @@ static int read_lines(const char *path, const char *text, size_t len, long first
             if (one_object)
                 return td_fail(err, "%s: holds one JSON object over several lines; expected JSON Lines (one record "
                                "object per line) or a JSON array of records", path);
-            td_fail(err, "%s:%ld: invalid JSON at column %d: %s", path, line, je.column + (int)b, je.text);
+            td_fail(err, "%s:%ld: invalid JSON at column %d: %s", path, line, je.column + (int)b, td_json_line_error(&je));
             return -1;
         }
         if (!json_is_object(o)) {

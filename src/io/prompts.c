@@ -152,7 +152,7 @@ static int parse_line(loader *L, const char *line, size_t len, const char *where
     memset(items, 0, MAX_PER_LINE * sizeof *items);
     json_error_t je;
     json_t *o = td_json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
-    if (!o) return td_fail(err, "%s: invalid JSON at column %d: %s", where, je.column, je.text);
+    if (!o) return td_fail(err, "%s: invalid JSON at column %d: %s", where, je.column, td_json_line_error(&je));
     int n = -1;
     td_prompt *p = &items[0];
     if (!json_is_object(o)) { td_fail(err, "%s: expected a JSON object", where); goto done; }

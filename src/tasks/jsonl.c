@@ -4,6 +4,7 @@
 #include "tasks_internal.h"
 
 #include "tidal/dataset.h"
+#include "tidal/io.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -165,7 +166,7 @@ static int add_completion(void *user, const char *line, size_t len, long lineno,
     json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     json_t *text = o ? json_object_get(o, "completion") : NULL, *id = o ? json_object_get(o, "id") : NULL;
     int rc = 0;
-    if (!o) rc = td_fail(err, "%s:%ld: invalid JSON at column %d: %s", path, lineno, je.column, je.text);
+    if (!o) rc = td_fail(err, "%s:%ld: invalid JSON at column %d: %s", path, lineno, je.column, td_json_line_error(&je));
     else if (!json_is_object(o)) rc = td_fail(err, "%s:%ld: not a JSON object", path, lineno);
     else if (!json_is_string(text)) rc = td_fail(err, "%s:%ld: no \"completion\" string", path, lineno);
     else if (id && !json_is_string(id)) rc = td_fail(err, "%s:%ld: \"id\" is not a string", path, lineno);

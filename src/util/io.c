@@ -118,6 +118,13 @@ static char *widen_big_ints(const char *text, size_t len, size_t *len_out)
     return out;
 }
 
+const char *td_json_line_error(json_error_t *je)
+{
+    char *at = strstr(je->text, "near end of file");
+    if (at) snprintf(at, sizeof je->text - (size_t)(at - je->text), "at the end of the line");
+    return je->text;
+}
+
 json_t *td_json_loadb(const char *text, size_t len, size_t flags, json_error_t *je)
 {
     json_t *j = json_loadb(text, len, flags, je);

@@ -141,6 +141,39 @@ try:
         p = run(*argv, ok=False)
         check(p.returncode == 1 and "config.json" in p.stderr and "\"rope_parameters\" must be an object" in p.stderr,
               f"{argv[0]}: broken rope_parameters -> exit {p.returncode}: {p.stderr.strip()[-160:]}")
+    # tidal-init writes the seed user's shape without hand-editing: the llama-3.1-8b-instruct
+    # preset (shape flags shrink it) against the hub's own config.json, and the flags by name
+    small = ["--num-layers", "1", "--hidden-size", "64", "--num-heads", "4", "--num-kv-heads", "2",
+             "--intermediate-size", "128"]
+    l31 = os.path.join(tmp, "l31")
+    p = run("tidal-init", "--preset", "llama-3.1-8b-instruct", *small, "-o", l31)
+    check("\r" not in p.stderr, "tidal-init's progress is one line per report when stderr is a file")
+    with open(os.path.join(l31, "config.json")) as f:
+        got = json.load(f)
+    with open(os.path.join(FIX, "hf4", "llama-3.1-8b-instruct.json")) as f:
+        hub = json.load(f)
+    for key in ("vocab_size", "rope_theta", "rope_scaling", "eos_token_id", "bos_token_id",
+                "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings", "head_dim"):
+        if key == "head_dim":
+            check(got[key] == 16, f"head_dim follows the shrunk shape: {got[key]}")
+            continue
+        check(got.get(key) == hub.get(key), f"preset llama-3.1-8b-instruct {key}: {got.get(key)} (hub {hub.get(key)})")
+    rs = json.dumps({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192})
+    tl = os.path.join(tmp, "tiny-l31")
+    run("tidal-init", "--preset", "tiny", "--rope-scaling", rs, "--eos-token-id", "2,5,7", "--bos-token-id", "1", "-o", tl)
+    with open(os.path.join(tl, "config.json")) as f:
+        got = json.load(f)
+    check(got["rope_scaling"] == json.loads(rs) and got["eos_token_id"] == [2, 5, 7] and got["bos_token_id"] == 1,
+          f"--rope-scaling/--eos-token-id/--bos-token-id into config.json: {got['rope_scaling']} {got['eos_token_id']}")
+    p = run("tidal-logprobs", "--model", tl, "--tokens", "1,2,3")
+    for bad, what in ((["--rope-scaling", "{\"rope_type\": \"yarn\", \"factor\": 4}"], "yarn"),
+                      (["--rope-scaling", "{\"factor\": "], "invalid JSON"),
+                      (["--eos-token-id", "2,x"], "comma-separated"),
+                      (["--eos-token-id", "600"], "outside the vocabulary")):
+        p = run("tidal-init", "--preset", "tiny", *bad, "-o", os.path.join(tmp, "bad-init"), ok=False)
+        check(p.returncode == 2 and what in p.stderr and not os.path.exists(os.path.join(tmp, "bad-init", "model.safetensors")),
+              f"tidal-init {' '.join(bad)}: exit 2 naming it ({p.stderr.strip()[-160:]})")
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(1 if failures else 0)

@@ -227,7 +227,8 @@ lines = open(data).read().splitlines()
 lines[5] = lines[5][:-3]
 open(broken, "w").write("\n".join(lines) + "\n")
 p = rl(os.path.join(tmp, "broken"), broken, "--max-steps", "1", "--reward-command", cmd1)
-check(p.returncode == 1 and f"{broken}:6: invalid JSON" in p.stderr, f"a JSON error names its line: {p.stderr.strip()[:160]}")
+check(p.returncode == 1 and f"{broken}:6: invalid JSON" in p.stderr and "end of file" not in p.stderr,
+      f"a JSON error names its line, not the file's end: {p.stderr.strip()[:160]}")
 
 # ---- flags as TRL users spell them
 p = rl(os.path.join(tmp, "typo"), data, "--lerning-rate", "1e-5")
