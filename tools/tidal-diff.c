@@ -72,6 +72,10 @@ static void print_json_summary(const td_diff_opts *o, const td_diff_summary *s)
     const char *maybe_nan[] = {"mean_kl_ba", "top1_agree"};
     for (size_t i = 0; i < 2; i++)
         if (isnan(json_real_value(json_object_get(j, maybe_nan[i])))) json_object_set_new(j, maybe_nan[i], json_null());
+    if (s->replay_format[0]) {   /* recipe B did not run */
+        json_object_set_new(j, "recipe_b", json_null());
+        json_object_set_new(j, "replay_format", json_string(s->replay_format));
+    }
     json_object_set_new(j, "tokens_per_s", s->run_seconds > 0 ? json_real(s->run_tokens / s->run_seconds) : json_null());
     json_dumpf(j, stdout, JSON_INDENT(1) | JSON_REAL_PRECISION(17));
     fputc('\n', stdout);
@@ -232,14 +236,25 @@ int main(int argc, char **argv)
         free((char *)o.command_line);
         return fflush(stdout) ? 1 : 0;
     }
-    printf("tidal-diff: %s vs %s on %s -> %s\n", o.recipe_a.name, o.recipe_b.name, o.model_dir, o.out_path);
+    if (s.replay_format[0]) {   /* B never ran: the engine's own log-probs came with the dump */
+        printf("tidal-diff: %s vs the %s dump's engine log-probs (replay) on %s -> %s\n", o.recipe_a.name,
+               s.replay_format, o.model_dir, o.out_path);
+    } else {
+        printf("tidal-diff: %s vs %s on %s -> %s\n", o.recipe_a.name, o.recipe_b.name, o.model_dir, o.out_path);
+    }
     printf("  sequences %lld, scored tokens %lld\n", (long long)s.seqs, (long long)s.tokens);
     printf("  |dlogp|   mean %.4g   p99 %.4g   max %.4g\n", s.mean_abs_dlogp, s.p99_abs_dlogp, s.max_abs_dlogp);
-    printf("  KL(B||A)  mean %.4g   k3 mean %.4g\n", s.mean_kl_ba, s.mean_k3);
-    printf("  top-1 agreement %.4f\n", s.top1_agree);
+    if (s.replay_format[0]) {
+        printf("  k3 mean %.4g   (KL(B||A) and top-1 agreement: n/a in a replay, the dump has the sampled\n"
+               "  tokens' log-probs only)\n", s.mean_k3);
+    } else {
+        printf("  KL(B||A)  mean %.4g   k3 mean %.4g\n", s.mean_kl_ba, s.mean_k3);
+        printf("  top-1 agreement %.4f\n", s.top1_agree);
+    }
     if (s.run_batches > 0)
-        printf("  throughput %.1f scored tokens/s (%lld tokens in %.2f s, both paths, model loading excluded)\n",
-               s.run_tokens / s.run_seconds, (long long)s.run_tokens, s.run_seconds);
+        printf("  throughput %.1f scored tokens/s (%lld tokens in %.2f s, %s, model loading excluded)\n",
+               s.run_tokens / s.run_seconds, (long long)s.run_tokens, s.run_seconds,
+               s.replay_format[0] ? "recipe A only" : "both paths");
     free((char *)o.command_line);
     return 0;
 }

@@ -67,6 +67,10 @@ typedef struct {
     /* a failed or interrupted --force run that had not completed a batch: the previous OUT
      * is kept as it was, so the same command starts over (else --resume continues OUT) */
     int out_untouched;
+    /* a replay of a rollout dump: its format ("trl", "verl", ...); "" when B generated. A replay
+     * runs recipe A only: B's numbers are the engine's log-probs from the dump, and the
+     * distribution-level KL(B||A) and top-1 agreement do not exist (NaN in the summary). */
+    char replay_format[16];
 } td_diff_summary;
 
 /* Runs the job; progress on stderr. 0, or -1 + err naming the file and the problem. */

@@ -208,6 +208,8 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
         sum->run_batches = ran;
         sum->run_tokens = J.rows[TD_GROUP_TOKENS] - tokens0;
         sum->run_seconds = (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec);
+        snprintf(sum->replay_format, sizeof sum->replay_format, "%s",
+                 J.prompts.has_rollouts && J.prompts.rollout_format ? J.prompts.rollout_format : "");
     }
 out:
     if (J.rf) td_runfile_close(J.rf, NULL);

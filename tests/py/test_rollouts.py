@@ -134,7 +134,9 @@ want_tr = np.concatenate([tr for _, _, _, tr in seqs])
 want_tok = np.concatenate([r for _, r, _, _ in seqs])
 for name, path in formats.items():
     out = os.path.join(tmp, name + ".h5")
-    run("tidal-diff", "--model", model, "--prompts", path, "-o", out, "--batch", "2")
+    p = run("tidal-diff", "--model", model, "--prompts", path, "-o", out, "--batch", "2")
+    check(f"vs the {name} dump's engine log-probs (replay)" in p.stdout and "bf16-infer" not in p.stdout
+          and "nan" not in p.stdout.lower(), f"{name}: tidal-diff's summary names the replay, no recipe B, no nan")
     with h5py.File(out) as g:
         o = np.argsort(g["seqs/prompt_index"][:], kind="stable")
         check(g.attrs["mode"] == "replay" and g.attrs["rollout_format"] == name and g.attrs["rollout_logprobs"] == "raw",
