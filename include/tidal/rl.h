@@ -392,6 +392,18 @@ typedef struct {
     const char *reward_weights;/* "name=w,..." or NULL                                       */
     double reward_timeout;     /* seconds a reward line may take (default 600)              */
     unsigned lora_modules;     /* --lora-target-modules: td_train_opts.lora_modules (0: q, v) */
+    /* --dump-step K (1-based, as the progress line counts; 0 = none): step K's per-token tensors
+     * in TRL's names and shapes, padded [B, T] with completion_mask, written to
+     * OUTPUT_DIR/dump-step-K.safetensors (step.c, dump_step): prompt_ids/prompt_mask (left-padded
+     * as TRL's tokenizer pads), completion_ids, completion_mask (0 on padding and on truncated
+     * completions under --mask-truncated-completions), per_token_logps (pi_theta in the loss),
+     * old_per_token_logps (pi_old), sampling_per_token_logps (the engine's mu),
+     * ref_per_token_logps (with --beta), importance_sampling_ratio (the IS weight the loss uses),
+     * loss_mask (the mask after IS masking), per_token_loss_grad (d loss / d per_token_logps:
+     * the coefficient of each token in the gradient), advantages and rewards [B]; metadata: the
+     * loss, loss_type, epsilon(s), beta, the step and the command line. Output only: not part of
+     * the run's configuration. */
+    int dump_step;
 } td_rl_opts;
 
 void td_rl_opts_defaults(td_rl_opts *o);

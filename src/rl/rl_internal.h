@@ -72,6 +72,7 @@ typedef struct {
     double entropy_sum, entropy_n;
     td_rl_loss_cfg lc;
     td_rl_clip_stats clip;
+    float *dump_logp, *dump_dlogp;/* --dump-step: (N) pi_theta and dloss/dlogp of the step dumped */
     int nonfinite;
     long skipped_extra;           /* steps skipped for a non-finite gradient without loss scaling */
     /* the run file */

@@ -1,6 +1,7 @@
 /* tidal — one tidal-rl step (include/tidal/rl.h has the sequence and the formulas). */
 #include "rl_internal.h"
 #include "tidal/analysis.h"
+#include "tidal/checkpoint.h"
 #include "tidal/logprob.h"
 #include "tidal/metrics.h"
 #include "tidal/sft.h"
@@ -78,8 +79,13 @@ static double loss_fn(void *user, int s, int n, const float *logp, float *dlogp)
     int64_t o = R->off[s];
     int T = (int)(R->off[s + 1] - o);
     for (int t = 0; t < T; t++) if (!isfinite(logp[P - 1 + t])) R->nonfinite++;
-    return td_rl_seq_loss(&R->lc, T, logp + P - 1, R->old + o, R->lc.beta > 0 ? R->ref + o : NULL, R->w + o,
-                          R->m + o, R->adv[s], R->coef[s], dlogp + P - 1, &R->clip);
+    double l = td_rl_seq_loss(&R->lc, T, logp + P - 1, R->old + o, R->lc.beta > 0 ? R->ref + o : NULL, R->w + o,
+                              R->m + o, R->adv[s], R->coef[s], dlogp + P - 1, &R->clip);
+    if (R->dump_logp) {
+        memcpy(R->dump_logp + o, logp + P - 1, (size_t)T * sizeof(float));
+        memcpy(R->dump_dlogp + o, dlogp + P - 1, (size_t)T * sizeof(float));
+    }
+    return l;
     (void)n;
 }
 
@@ -382,6 +388,86 @@ static int update(rl_run *R, double *M, td_error *err)
     return 0;
 }
 
+/* --dump-step: one step's tensors as TRL holds them in _compute_loss (include/tidal/rl.h) */
+static int dump_step(rl_run *R, int k, double loss, td_error *err)
+{
+    const td_rl_opts *o = R->o;
+    int B = R->B, T = 0, P = 0;
+    for (int s = 0; s < B; s++) {
+        T = R->len[s] - R->plen[s] > T ? R->len[s] - R->plen[s] : T;
+        P = R->plen[s] > P ? R->plen[s] : P;
+    }
+    T = T ? T : 1;
+    size_t BT = (size_t)B * T, BP = (size_t)B * P;
+    const char *tok_names[] = {"per_token_logps", "old_per_token_logps", "sampling_per_token_logps",
+                               "ref_per_token_logps", "completion_mask", "importance_sampling_ratio", "loss_mask",
+                               "per_token_loss_grad"};
+    const float *tok_src[] = {R->dump_logp, R->old, R->mu, R->lc.beta > 0 ? R->ref : NULL, R->mask, R->w, R->m,
+                              R->dump_dlogp};
+    enum { NT = sizeof tok_names / sizeof *tok_names };
+    float *pad = td_xmalloc(BT * sizeof(float)), *seqv = td_xmalloc((size_t)B * sizeof(float));
+    int64_t *ids = td_xmalloc((BT > BP ? BT : BP) * sizeof(int64_t));
+    char path[4200], buf[64];
+    snprintf(path, sizeof path, "%s/dump-step-%d.safetensors", o->output_dir, k + 1);
+    td_st_writer *w = td_st_writer_new(path);
+    int64_t shp[2] = {B, T}, shpp[2] = {B, P}, shb[1] = {B};
+    int rc = !w ? td_fail(err, "%s: out of memory", path) : 0;
+    if (!rc) {
+        snprintf(buf, sizeof buf, "%d", k + 1);
+        rc = td_st_writer_meta(w, "step", buf, err);
+        snprintf(buf, sizeof buf, "%.17g", loss);
+        rc = rc || td_st_writer_meta(w, "loss", buf, err);
+        rc = rc || td_st_writer_meta(w, "loss_type", (const char *[]){"grpo", "bnpo", "dr_grpo", "dapo"}[R->lc.loss_type], err);
+        snprintf(buf, sizeof buf, "%.17g", R->lc.epsilon);
+        rc = rc || td_st_writer_meta(w, "epsilon", buf, err);
+        snprintf(buf, sizeof buf, "%.17g", R->lc.epsilon_high);
+        rc = rc || td_st_writer_meta(w, "epsilon_high", buf, err);
+        snprintf(buf, sizeof buf, "%.17g", R->lc.beta);
+        rc = rc || td_st_writer_meta(w, "beta", buf, err);
+        rc = rc || (o->command_line && td_st_writer_meta(w, "command_line", o->command_line, err));
+        rc = rc || td_st_writer_declare(w, "prompt_ids", TD_DT_I64, 2, shpp, err) ||
+             td_st_writer_declare(w, "prompt_mask", TD_DT_F32, 2, shpp, err) ||
+             td_st_writer_declare(w, "completion_ids", TD_DT_I64, 2, shp, err) ||
+             td_st_writer_declare(w, "advantages", TD_DT_F32, 1, shb, err) ||
+             td_st_writer_declare(w, "rewards", TD_DT_F32, 1, shb, err);
+        for (int i = 0; i < NT && !rc; i++)
+            if (tok_src[i]) rc = td_st_writer_declare(w, tok_names[i], TD_DT_F32, 2, shp, err);
+        rc = rc || td_st_writer_begin(w, err);
+    }
+    if (!rc) {   /* prompts left-padded with 0, as TRL's processor pads them */
+        for (int s = 0; s < B; s++)
+            for (int p = 0; p < P; p++) {
+                int q = p - (P - R->plen[s]);
+                ids[(size_t)s * P + p] = q >= 0 ? R->tok[s][q] : 0;
+                pad[(size_t)s * P + p] = q >= 0 ? 1.0f : 0.0f;
+            }
+        rc = td_st_writer_write_raw(w, "prompt_ids", ids, BP * sizeof(int64_t), err) ||
+             td_st_writer_write_f32(w, "prompt_mask", pad, BP, err);
+    }
+    if (!rc) {
+        for (int s = 0; s < B; s++)
+            for (int t = 0; t < T; t++)
+                ids[(size_t)s * T + t] = t < R->len[s] - R->plen[s] ? R->tok[s][R->plen[s] + t] : 0;
+        rc = td_st_writer_write_raw(w, "completion_ids", ids, BT * sizeof(int64_t), err);
+        for (int s = 0; s < B; s++) seqv[s] = (float)R->adv[s];
+        rc = rc || td_st_writer_write_f32(w, "advantages", seqv, (size_t)B, err);
+        for (int s = 0; s < B; s++) seqv[s] = (float)R->reward[s];
+        rc = rc || td_st_writer_write_f32(w, "rewards", seqv, (size_t)B, err);
+    }
+    for (int i = 0; i < NT && !rc; i++) {   /* flattened response tokens -> [B, T], 0 on padding */
+        if (!tok_src[i]) continue;
+        memset(pad, 0, BT * sizeof(float));
+        for (int s = 0; s < B; s++)
+            memcpy(pad + (size_t)s * T, tok_src[i] + R->off[s], (size_t)(R->off[s + 1] - R->off[s]) * sizeof(float));
+        rc = td_st_writer_write_f32(w, tok_names[i], pad, BT, err);
+    }
+    rc = rc || td_st_writer_finish(w, err);
+    td_st_writer_free(w);
+    free(pad); free(seqv); free(ids);
+    if (!rc && !o->quiet) fprintf(stderr, "tidal-rl: step %d's tensors -> %s\n", k + 1, path);
+    return rc ? -1 : 0;
+}
+
 /* --eval-steps: the trainer's own policy (its weights, the adapter unmerged as PEFT runs it) on
  * the training recipe, greedy on the KV-cache path: no logit noise, no engine sync */
 static int evaluate(rl_run *R, double *M, td_error *err)
@@ -412,7 +498,16 @@ int rl_step(rl_run *R, int k, double *M, td_error *err)
     double t2 = omp_get_wtime();
     if (score_old(R, err)) return -1;
     double t3 = omp_get_wtime();
-    if (update(R, M, err)) return -1;
+    if (R->o->dump_step == k + 1) {
+        size_t N = (size_t)R->B * (size_t)R->max_len + 1;
+        R->dump_logp = td_xmalloc(N * sizeof(float));
+        R->dump_dlogp = td_xmalloc(N * sizeof(float));
+    }
+    int urc = update(R, M, err);
+    if (!urc && R->dump_logp) urc = dump_step(R, k, M[TD_RLM_loss], err);
+    free(R->dump_logp); free(R->dump_dlogp);
+    R->dump_logp = R->dump_dlogp = NULL;
+    if (urc) return -1;
     double t4 = omp_get_wtime();
     response_metrics(R, M);
     double lsum = 0, lmax = 0, trunc = 0;
