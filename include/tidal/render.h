@@ -64,7 +64,8 @@ td_canvas *td_plot(const td_run *runs, size_t n, td_font *font, const td_plot_op
 
 /* ---------------------------------------------------------------- line plots against a step */
 
-/* One line: n points (x[i], y[i]); non-finite y (or y <= 0 on a log axis) leaves a gap.
+/* One line: n points (x[i], y[i]); a non-finite y leaves a gap; on a log axis y <= 0 is drawn on
+ * a band marked "≤ 0" below the axis (never dropped).
  * marker >= 0: a ring at point index marker (e.g. the step a collapse was marked). */
 typedef struct {
     const char *label;

@@ -12,17 +12,23 @@ static const td_rgb LINE_PALETTE[12] = {
     {31, 119, 180}, {255, 127, 14}, {44, 160, 44}, {214, 39, 40}, {148, 103, 189}, {140, 86, 75},
     {227, 119, 194}, {127, 127, 127}, {188, 189, 34}, {23, 190, 207}, {0, 0, 0}, {120, 60, 0}};
 
-static int ok_value(double v, int log_y) { return isfinite(v) && (!log_y || v > 0); }
+/* On a log axis a value <= 0 has no place: rather than drop it (a series of zeros would just
+ * vanish while its legend entry stays), such values go on a band below the axis marked "≤ 0",
+ * set off by a dashed line, and the lines run into it. */
+enum { ZERO_BAND = 26 };
+static int ok_value(double v) { return isfinite(v); }
 
 td_canvas *td_plot_lines(const td_line *lines, size_t n, td_font *font, const td_lines_opts *o)
 {
     double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+    int zeros = 0;
     for (size_t k = 0; k < n; k++)
         for (size_t i = 0; i < lines[k].n; i++) {
             double y = lines[k].y[i];
-            if (!ok_value(y, o->log_y)) continue;
+            if (!ok_value(y)) continue;
             x0 = fmin(x0, lines[k].x[i]);
             x1 = fmax(x1, lines[k].x[i]);
+            if (o->log_y && y <= 0) { zeros = 1; continue; }
             double v = o->log_y ? log10(y) : y;
             y0 = fmin(y0, v);
             y1 = fmax(y1, v);
@@ -37,17 +43,28 @@ td_canvas *td_plot_lines(const td_line *lines, size_t n, td_font *font, const td
     int x = ML, y = TOP + 22, W = PW + 100;
     td_frame(c, x, y, W, PH);
     td_axis_ticks(c, font, x, y, W, PH, 1, x0, x1, 0, 0);
-    td_axis_ticks(c, font, x, y, W, PH, 0, y0, y1, o->log_y, 1);
+    int ZB = zeros ? ZERO_BAND : 0, DH = PH - ZB;   /* the data's height above the zero band */
+    td_axis_ticks(c, font, x, y, W, DH, 0, y0, y1, o->log_y, 1);
+    if (zeros) {
+        td_canvas_line(c, x, y + DH, x + W - 1, y + DH, TD_GREY, 1);
+        td_canvas_line(c, x - 5, y + PH - ZB / 2, x - 1, y + PH - ZB / 2, TD_BLACK, 0);
+        td_font_draw(font, c, x - 7, y + PH - ZB / 2, TD_FONT_TICK, 2, 1, 0, TD_BLACK, "≤ 0");
+    }
     for (size_t k = 0; k < n; k++) {
         const td_line *L = &lines[k];
         td_rgb col = LINE_PALETTE[L->colour % 12];
         int px = -1, py = -1;
         for (size_t i = 0; i < L->n; i++) {
             double yv = L->y[i];
-            if (!ok_value(yv, o->log_y)) { px = -1; continue; }
-            double v = o->log_y ? log10(yv) : yv;
+            if (!ok_value(yv)) { px = -1; continue; }
             int cx = x + (int)lround((L->x[i] - x0) / (x1 - x0) * (W - 1));
-            int cy = y + PH - 1 - (int)lround((v - y0) / (y1 - y0) * (PH - 1));
+            int cy;
+            if (o->log_y && yv <= 0) {
+                cy = y + PH - ZB / 2;
+            } else {
+                double v = o->log_y ? log10(yv) : yv;
+                cy = y + DH - 1 - (int)lround((v - y0) / (y1 - y0) * (DH - 1));
+            }
             if (px >= 0) {
                 td_canvas_line(c, px, py, cx, cy, col, L->dash);
                 td_canvas_line(c, px, py + 1, cx, cy + 1, col, L->dash);
