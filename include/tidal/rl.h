@@ -184,8 +184,8 @@ double td_rl_seq_loss(const td_rl_loss_cfg *c, int T, const float *logp, const f
     X(response_length_clip_ratio, "share of completions without EOS (truncated)") \
     X(rollout_corr_kl, "verl rollout_corr/kl: mean (mu - pi_old) over response tokens (k1)") \
     X(k3_kl, "verl k3_kl: mean (rho - log rho - 1)") \
-    X(chi2_token, "verl chi2_token: mean rho^2 - 1") \
-    X(chi2_seq, "verl chi2_seq: mean rho_seq^2 - 1") \
+    X(chi2_token, "verl chi2_token: E[rho^2] - 1 over the raw weights (negative when E[rho] < 1; self-normalised: 1/ESS - 1)") \
+    X(chi2_seq, "verl chi2_seq: E[rho_seq^2] - 1 over the raw weights (may be negative)") \
     X(logp_diff_mean, "TRL sampling_logp_difference/mean: mean |pi_old - mu|") \
     X(logp_diff_max, "TRL sampling_logp_difference/max") \
     X(probs_diff_mean, "verl training/rollout_probs_diff_mean: mean |p_old - p_mu|") \

@@ -127,7 +127,8 @@ static void headline(FILE *f, json_t *const *reps, size_t n, int md)
         const char *ln = json_string_value(json_object_get(lev[0], "level"));
         static const struct { const char *key, *name; } w[] = {
             {"n", "n"}, {"w_min", "w min"}, {"w_mean", "w mean"}, {"w_max", "w max"},
-            {"ess_frac", "ESS / n"}, {"chi2", "chi²"}, {"inv_ess_m1", "1/ESS − 1"}};
+            {"ess_frac", "ESS / n"}, {"chi2", "chi² as verl: E[w²] − 1, raw w (may be < 0)"},
+            {"inv_ess_m1", "chi² self-normalised: 1/ESS − 1"}};
         for (size_t k = 0; k < 7; k++) {
             snprintf(label, sizeof label, "IS %s: %s", ln, w[k].name);
             row_path(&t, reps, n, label, lev, w[k].key);
