@@ -12,10 +12,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-enum { M_REWARD, M_ACC, M_K3, M_DLOGP, M_GNORM, M_ENT, M_ESS, M_CHI2, M_N };
+enum { M_REWARD, M_ACC, M_K3, M_DLOGP, M_GNORM, M_ENT, M_ESS, M_CHI2, M_EVAL, M_DRIFT, M_N };
 static const int METRIC[M_N] = {TD_RLM_reward, TD_RLM_accuracy, TD_RLM_k3_kl, TD_RLM_logp_diff_mean,
                                 TD_RLM_grad_norm, TD_RLM_entropy, TD_RLM_rollout_is_eff_sample_size,
-                                TD_RLM_chi2_token};
+                                TD_RLM_chi2_token, TD_RLM_eval_accuracy, TD_RLM_base_drift_max};
 
 typedef struct {
     const td_sweep_run *run;
@@ -113,6 +113,36 @@ static double *config_mean(run_data *rd, int nr, int metric, int steps, int win)
     return out;
 }
 
+/* a sparse column (eval_accuracy: every eval_steps steps) as a line through its finite points:
+ * x and y compressed in place, the count returned */
+static size_t finite_points(double *x, double *y, size_t n)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(y[i])) { x[m] = x[i]; y[m] = y[i]; m++; }
+    return m;
+}
+
+/* mean and sample standard deviation over the finite values of v (n), NaN when none */
+static void mean_sd(const double *v, int n, double *mean, double *sd)
+{
+    double s = 0, q = 0;
+    int c = 0;
+    for (int i = 0; i < n; i++) if (isfinite(v[i])) { s += v[i]; c++; }
+    *mean = c ? s / c : NAN;
+    for (int i = 0; i < n; i++) if (isfinite(v[i])) q += (v[i] - *mean) * (v[i] - *mean);
+    *sd = c > 1 ? sqrt(q / (c - 1)) : NAN;
+}
+
+/* the mean of the last k finite values of x (n), NaN when none */
+static double last_finite_mean(const double *x, int n, int k)
+{
+    double s = 0;
+    int c = 0;
+    for (int i = n - 1; i >= 0 && c < k; i--) if (isfinite(x[i])) { s += x[i]; c++; }
+    return c ? s / c : NAN;
+}
+
 static double window_mean(const double *x, int n, int from, int to)
 {
     double s = 0;
@@ -145,17 +175,28 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
     }
     td_font *font = td_font_open(NULL, err);
     if (!font) { free(rd); free(have); free(cfg); return -1; }
-    static const struct { int metric; const char *file, *title, *ylabel; int log_y; } FIGS[] = {
-        {M_REWARD, "reward.png", "Reward against step", "mean reward", 0},
-        {M_ACC, "accuracy.png", "Exact-answer accuracy against step", "accuracy", 0},
-        {M_K3, "mismatch.png", "Training/rollout mismatch (verl k3_kl) against step", "k3_kl (nats)", 1},
-        {M_GNORM, "grad_norm.png", "Gradient norm (pre-clip) against step", "grad_norm", 1},
-        {M_ENT, "entropy.png", "Policy entropy against step", "entropy (nats)", 0},
-        {M_ESS, "is_ess.png", "Token IS-weight ESS fraction against step", "ESS fraction", 0}};
+    /* optional: figures of columns only some runs have (clean evaluation, LoRA base drift) are
+     * drawn when a run has a finite value in them */
+    static const struct { int metric; const char *file, *title, *ylabel; int log_y, sparse, optional; } FIGS[] = {
+        {M_REWARD, "reward.png", "Reward against step", "mean reward", 0, 0, 0},
+        {M_ACC, "accuracy.png", "Exact-answer accuracy against step", "accuracy", 0, 0, 0},
+        {M_K3, "mismatch.png", "Training/rollout mismatch (verl k3_kl) against step", "k3_kl (nats)", 1, 0, 0},
+        {M_GNORM, "grad_norm.png", "Gradient norm (pre-clip) against step", "grad_norm", 1, 0, 0},
+        {M_ENT, "entropy.png", "Policy entropy against step", "entropy (nats)", 0, 0, 0},
+        {M_ESS, "is_ess.png", "Token IS-weight ESS fraction against step", "ESS fraction", 0, 0, 0},
+        {M_EVAL, "eval_accuracy.png", "Clean evaluation: the trainer's greedy accuracy against step",
+         "eval_accuracy", 0, 1, 1},
+        {M_DRIFT, "base_drift.png", "LoRA base-weight drift: max |W_t − W_0| of the frozen weights",
+         "base_drift_max", 1, 0, 1}};
+    int has[M_N] = {0};
+    for (size_t i = 0; i < s->n; i++)
+        for (int mi = 0; have[i] && mi < M_N; mi++)
+            for (int k = 0; k < rd[i].n && !has[mi]; k++) has[mi] = isfinite(rd[i].m[mi][k]);
     double *xs = td_xmalloc((size_t)steps * sizeof(double));
     for (int k = 0; k < steps; k++) xs[k] = k;
     int rc = 0;
     for (size_t f = 0; f < sizeof FIGS / sizeof FIGS[0] && !rc; f++) {
+        if (FIGS[f].optional && !has[FIGS[f].metric]) continue;
         td_line *lines = td_xcalloc((size_t)ncfg, sizeof *lines);
         run_data *sub = td_xmalloc(s->n * sizeof *sub);
         for (int c = 0; c < ncfg; c++) {
@@ -165,11 +206,20 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
                     sub[nr++] = rd[i];
                     if (rd[i].collapse >= 0 && (mark < 0 || rd[i].collapse < mark)) mark = rd[i].collapse;
                 }
-            lines[c] = (td_line){cfg[c], xs, config_mean(sub, nr, FIGS[f].metric, steps, 5), (size_t)steps,
-                                 c % 12, c >= 12 ? 6 : 0, mark};
+            double *y = config_mean(sub, nr, FIGS[f].metric, steps, FIGS[f].sparse ? 1 : 5), *x = xs;
+            size_t np = (size_t)steps;
+            if (FIGS[f].sparse) {   /* the evaluated steps only, joined */
+                x = td_xmalloc((size_t)steps * sizeof(double));
+                memcpy(x, xs, (size_t)steps * sizeof(double));
+                np = finite_points(x, y, np);
+                mark = -1;
+            }
+            lines[c] = (td_line){cfg[c], x, y, np, c % 12, c >= 12 ? 6 : 0, mark};
         }
         char sub_t[256];
-        snprintf(sub_t, sizeof sub_t, "mean over seeds, 5-step trailing average; ring = first collapse (reward_drop) of any seed");
+        snprintf(sub_t, sizeof sub_t, FIGS[f].sparse ? "mean over seeds at each evaluation"
+                                                     : "mean over seeds, 5-step trailing average; ring = first collapse "
+                                                       "(reward_drop) of any seed");
         td_lines_opts lo = {FIGS[f].title, sub_t, "step", FIGS[f].ylabel, FIGS[f].log_y};
         td_canvas *cv = td_plot_lines(lines, (size_t)ncfg, font, &lo);
         char path[4300];
@@ -177,7 +227,10 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
         const char *kv[2] = {"sweep", s->path};
         rc = td_canvas_write_png(cv, path, kv, 1, err);
         td_canvas_free(cv);
-        for (int c = 0; c < ncfg; c++) free((double *)lines[c].y);
+        for (int c = 0; c < ncfg; c++) {
+            free((double *)lines[c].y);
+            if (lines[c].x != xs) free((double *)lines[c].x);
+        }
         free(lines);
         free(sub);
     }
@@ -224,11 +277,15 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
         if (!F) continue;
         fprintf(F, "| configuration | seeds | steps | collapse step (reward_drop) per seed | first precursor | "
                 "final acc | best acc | final reward | k3_kl step 0 | k3_kl last | mean abs dlogp step 0 | "
-                "mean abs dlogp last | min IS ESS | median grad norm |\n");
-        fprintf(F, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "mean abs dlogp last | min IS ESS | median grad norm |%s%s\n",
+                has[M_EVAL] ? " final clean acc (mean ± sd) | clean acc per seed |" : "",
+                has[M_DRIFT] ? " base drift max at the end (mean ± sd) |" : "");
+        fprintf(F, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s%s\n", has[M_EVAL] ? "---|---|" : "",
+                has[M_DRIFT] ? "---|" : "");
         for (int c = 0; c < ncfg; c++) {
-            char col[256] = "", pre[256] = "";
+            char col[256] = "", pre[256] = "", evs[256] = "";
             double fa = 0, ba = 0, fr = 0, k0 = 0, k1 = 0, d0 = 0, d1 = 0, ess = INFINITY, gmed = 0;
+            double *ev = td_xmalloc(s->n * sizeof(double)), *dr = td_xmalloc(s->n * sizeof(double));
             int nr = 0, n = 0;
             for (size_t i = 0; i < s->n; i++) {
                 if (!have[i] || strcmp(s->runs[i].config, cfg[c])) continue;
@@ -260,14 +317,33 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
                 if (m) gmed += td_quantile_select(g, (size_t)m, 0.5);
                 free(g);
                 n = n > d->n ? n : d->n;
+                ev[nr] = last_finite_mean(d->m[M_EVAL], d->n, 2);
+                dr[nr] = last_finite_mean(d->m[M_DRIFT], d->n, 1);
+                snprintf(one, sizeof one, "%s%.2f", nr ? " / " : "", ev[nr]);
+                strncat(evs, one, sizeof evs - strlen(evs) - 1);
                 nr++;
             }
-            fprintf(F, "| %s | %d | %d | %s | %s | %.3f | %.3f | %.3f | %.2e | %.2e | %.2e | %.2e | %.3f | %.3g |\n",
+            fprintf(F, "| %s | %d | %d | %s | %s | %.3f | %.3f | %.3f | %.2e | %.2e | %.2e | %.2e | %.3f | %.3g |",
                     cfg[c], nr, n, col, pre, fa / nr, ba / nr, fr / nr, k0 / nr, k1 / nr, d0 / nr, d1 / nr, ess, gmed / nr);
+            double mu, sd;
+            if (has[M_EVAL]) {
+                mean_sd(ev, nr, &mu, &sd);
+                fprintf(F, " %.3f ± %.3f | %s |", mu, sd, evs);
+            }
+            if (has[M_DRIFT]) {
+                mean_sd(dr, nr, &mu, &sd);
+                fprintf(F, " %.2e ± %.1e |", mu, sd);
+            }
+            fputc('\n', F);
+            free(ev); free(dr);
         }
         fprintf(F, "\nfinal = mean of the last 10 steps; best acc = best 10-step mean; mismatch 'last' = mean of the last "
                 "10 steps; values averaged over seeds; collapse and precursors: the detector's marks "
-                "(include/tidal/rl.h).\n");
+                "(include/tidal/rl.h).%s%s\n",
+                has[M_EVAL] ? " Final clean acc: per seed the mean of its last two evaluations (--eval-steps: the "
+                              "trainer's greedy accuracy on held-out records), then mean ± sample sd over seeds." : "",
+                has[M_DRIFT] ? " Base drift: max |W_t − W_0| of the frozen LoRA base at the last step (0 unless the "
+                               "sync is merge-unmerge)." : "");
     }
     if (md) fclose(md);
     td_font_close(font);
