@@ -392,6 +392,7 @@ typedef struct {
     const char *reward_weights;/* "name=w,..." or NULL                                       */
     double reward_timeout;     /* seconds a reward line may take (default 600)              */
     unsigned lora_modules;     /* --lora-target-modules: td_train_opts.lora_modules (0: q, v) */
+    unsigned report_to;        /* --report-to: TD_REPORT_* mask (tfevents.h; default 0, none) */
 } td_rl_opts;
 
 void td_rl_opts_defaults(td_rl_opts *o);
