@@ -51,6 +51,9 @@ typedef struct {
  * tidal-sweep (the default tool is tidal-rl beside it). */
 int td_sweep_load(const char *path, const char *self, td_sweep *s, td_error *err);
 void td_sweep_free(td_sweep *s);
+/* Gives every run --NAME VALUE (tidal-sweep's --report-to): the value of a run's own --NAME
+ * (from the config's arguments) is replaced, else the pair is appended. NAME takes a value. */
+void td_sweep_set_arg(td_sweep *s, const char *name, const char *value);
 
 typedef enum { TD_RUN_NEW = 0, TD_RUN_UNFINISHED, TD_RUN_FINISHED } td_run_state;
 td_run_state td_sweep_state(const td_sweep_run *r);

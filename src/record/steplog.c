@@ -24,11 +24,7 @@ int td_report_to_parse(void *dest, const char *value, char *why, size_t whylen)
         else if (n == 3 && !strncmp(p, "all", 3)) mask |= TD_REPORT_TENSORBOARD | TD_REPORT_JSONL;
         else if (n == 11 && !strncmp(p, "tensorboard", 11)) mask |= TD_REPORT_TENSORBOARD;
         else if (n == 5 && !strncmp(p, "jsonl", 5)) mask |= TD_REPORT_JSONL;
-        else {
-            if (n) snprintf(why, whylen, "%s (tidal writes no '%.*s' logs: it has no dependency on other "
-                            "trackers; they can import metrics.jsonl)", TD_REPORT_TO_EXPECT, (int)n, p);
-            return -1;
-        }
+        else return -1;   /* the option's expect text says what is */
         if (!p[n]) break;
         p += n + 1;
     }
