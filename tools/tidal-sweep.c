@@ -25,8 +25,8 @@ int main(int argc, char **argv)
         TD_OPT_F("dry-run", 'n', &dry, 1, "print the commands of the runs still to do"),
         TD_OPT_F("list", 0, &list, 1, "list the runs and their state"),
         TD_OPT_FUN("report-to", 0, &report_to, "LIST", td_report_to_parse, TD_REPORT_TO_EXPECT,
-                   "passed to every run (replacing the config's): tensorboard\n(then tensorboard --logdir OUTPUT_DIR shows "
-                   "the runs\nside by side), jsonl, all, none (default: the config's)"),
+                   "given to every run, replacing the config's report-to:\ntensorboard (tensorboard --logdir OUTPUT_DIR "
+                   "then shows\nthe runs side by side), jsonl, all or none"),
         TD_OPT_C("emit", 0, &emit, "slurm|condor", "write a cluster job array (a task per run and a report\n"
                  "step after them) instead of running"),
         {0}};
