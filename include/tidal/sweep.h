@@ -21,8 +21,10 @@
  *
  * Running: N workers fork/exec the tool, one run each (stdout and stderr to RUN/log.txt). A
  * run whose rl.h5 says finished is skipped; one with an unfinished rl.h5 is continued with
- * --resume; others start. --emit slurm|condor writes the grid as a cluster job array instead
- * (a task per run + a report step that runs when they are done), and runs nothing. */
+ * --resume; others start. tidal-sweep --report-to LIST gives every run --report-to LIST (a
+ * finished run is not run again, so it gets no logs it did not have). --emit slurm|condor
+ * writes the grid as a cluster job array instead (a task per run + a report step that runs
+ * when they are done), and runs nothing. */
 #ifndef TIDAL_SWEEP_H
 #define TIDAL_SWEEP_H
 

@@ -9,7 +9,9 @@
  * Checkpoints: OUTPUT_DIR/checkpoint-K/trainer_state.bin (td_trainer_save_state) after step K-1,
  * then the root attribute checkpoint_step = K; only the latest is kept. --resume cuts every
  * group back to checkpoint_step rows and continues: each step's rollouts depend on the seed and
- * the step only, and the trainer state is restored bit for bit, so the rows come out the same. */
+ * the step only, and the trainer state is restored bit for bit, so the rows come out the same.
+ * --report-to: each committed /steps row also goes to TensorBoard / metrics.jsonl (log_step;
+ * include/tidal/tfevents.h), cut back with the file on --resume (td_rl_run). */
 #include "rl_internal.h"
 #include "tidal/opts.h"
 

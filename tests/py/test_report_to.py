@@ -11,7 +11,8 @@
 2. --resume of that run from its checkpoint-2: the first events file is cut back to steps 0..1,
    a second one holds steps 2..3, so TensorBoard sees every step once, equal to the new /steps;
    metrics.jsonl likewise has 4 lines.
-3. tidal-sft (4 steps, /steps/step 1-based) with --report-to tensorboard: the same equalities.
+3. tidal-sft (4 steps, /steps/step 1-based) with --report-to tensorboard: the same equalities;
+   its --resume from checkpoint-2 cuts the first file back to steps 1..2 and adds one for 3..4.
 4. tidal-sweep --report-to tensorboard over 2 seeds: `tensorboard --logdir OUTPUT_DIR`'s
    multiplexer finds both runs, each with its own run file's values.
 TensorBoard is a test-only PyPI package (.ci/deps.sh); without it the test is skipped (77)."""
@@ -160,13 +161,27 @@ try:
 
     # ---- 3. tidal-sft --report-to tensorboard
     sft = os.path.join(tmp, "sft")
-    sh(os.path.join(BIN, "tidal-sft"), "--model-path", MODEL, "--dataset-path", "datasets/tasks/add", "--output-dir", sft,
-       "--max-steps", "4", "--per-device-batch-size", "4", "--eval-steps", "2", "--eval-max-samples", "8",
-       "--report-to", "tensorboard")
+    sft_cmd = [os.path.join(BIN, "tidal-sft"), "--model-path", MODEL, "--dataset-path", "datasets/tasks/add",
+               "--output-dir", sft, "--max-steps", "4", "--per-device-batch-size", "4", "--eval-steps", "2",
+               "--eval-max-samples", "8", "--save-steps", "2"]
+    sh(*sft_cmd, "--report-to", "tensorboard")
     st = steps_table(os.path.join(sft, "sft.h5"))
     check(list(st["step"]) == [1, 2, 3, 4], "tidal-sft: /steps/step 1..4")
     check_events(os.path.join(sft, "runs"), st, "tidal-sft")
     check(not os.path.exists(os.path.join(sft, "metrics.jsonl")), "tidal-sft --report-to tensorboard: no metrics.jsonl")
+    # --resume from checkpoint-2 (the run made to look unfinished: tidal-sft calls a run complete by
+    # its top-level trainer_state.json): steps 1..2 stay in the first file, 3..4 in a second
+    os.remove(os.path.join(sft, "trainer_state.json"))
+    sh(*sft_cmd, "--report-to", "all", "--resume")
+    st2 = steps_table(os.path.join(sft, "sft.h5"))
+    files = sorted(glob.glob(os.path.join(sft, "runs", "events.out.tfevents.*")))
+    first = EventAccumulator(files[0], size_guidance={"scalars": 0})
+    first.Reload()
+    check(len(files) == 2 and [e.step for e in first.Scalars("train/loss")] == [1, 2],
+          f"tidal-sft --resume: the first events file cut back to steps 1, 2, a second one added ({len(files)} files)")
+    check_events(os.path.join(sft, "runs"), st2, "tidal-sft --resume")
+    check(len(open(os.path.join(sft, "metrics.jsonl")).readlines()) == 2,
+          "tidal-sft --resume --report-to all: metrics.jsonl from the resumed steps 3, 4 only")
 
     # ---- 4. tidal-sweep --report-to tensorboard: the runs side by side
     sweep_out = os.path.join(tmp, "sweep")
