@@ -7,7 +7,8 @@
 #                    with its sanitizer/libFuzzer runtime and libomp for `make fuzz`.
 #   PyPI (test-only, into .venv which sees the Debian Python packages): ml_dtypes, safetensors,
 #                    tokenizers, jinja2 (chat templates rendered as transformers renders them);
-#                    optional: transformers, peft (+ accelerate) for the cross-checks against them.
+#                    optional: transformers, peft (+ accelerate) for the cross-checks against them,
+#                    tensorboard (its own reader checks the event files of --report-to).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,5 +64,26 @@ if ! .venv/bin/python -c "import peft" 2>/dev/null; then
       .venv/bin/python -m pip install -q --disable-pip-version-check "numpy<2" "accelerate<1.1"; } &&
     .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "peft==0.17.*" \
     || echo "deps: note: could not install peft; test_lora_peft.py will be skipped" >&2
+fi
+# tensorboard (tests/py/test_report_to.py reads tidal's --report-to event files with TensorBoard's
+# own reader and CRC): its requirements (absl-py, grpcio, markdown, numpy, packaging, pillow,
+# protobuf, setuptools, tensorboard-data-server, werkzeug) have no torch, and a dry run makes sure
+# of it: a plan that would bring torch (or its nvidia-* wheels) into .venv installs nothing.
+if ! .venv/bin/python -c "import tensorboard" 2>/dev/null; then
+  TB=("numpy<2" "tensorboard>=2.12,<3")
+  plan=$(.venv/bin/python -m pip install -q --disable-pip-version-check --dry-run --report - "${TB[@]}" 2>/dev/null |
+         .venv/bin/python -c 'import json, sys; print(" ".join(i["metadata"]["name"].lower() for i in json.load(sys.stdin)["install"]))' \
+         2>/dev/null) || plan=""
+  case " $plan " in
+    *" tensorboard "*)
+      if [[ " $plan " == *" torch "* || " $plan " == *" nvidia-"* ]]; then
+        echo "deps: note: tensorboard would bring torch into .venv ($plan): not installed; test_report_to.py will be skipped" >&2
+      else
+        echo "deps: installing optional PyPI test helper: tensorboard ($plan)" >&2
+        .venv/bin/python -m pip install -q --disable-pip-version-check "${TB[@]}" \
+          || echo "deps: note: could not install tensorboard; test_report_to.py will be skipped" >&2
+      fi ;;
+    *) echo "deps: note: could not resolve tensorboard (offline?); test_report_to.py will be skipped" >&2 ;;
+  esac
 fi
 exit 0

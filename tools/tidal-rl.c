@@ -8,6 +8,7 @@
  */
 #include "tidal/opts.h"
 #include "tidal/rl.h"
+#include "tidal/tfevents.h"
 #include "tidal/train.h"
 
 #include <stdio.h>
@@ -157,6 +158,9 @@ int main(int argc, char **argv)
                    "spike_window, spike_min_history, entropy_hi, entropy_lo,\nentropy_hold, k3_factor, k3_min, k3_baseline, kl_abs,\n"
                    "chi2_max, ess_min, trunc_max, dead_hold"),
         TD_OPT_F("stop-on-collapse", 0, &o.stop_on_collapse, 1, "stop at a confirmed collapse (reward_drop)"),
+        TD_OPT_FUN("report-to", 0, &o.report_to, "LIST", td_report_to_parse, TD_REPORT_TO_EXPECT,
+                   "each step's /steps values also to: tensorboard (event\nfiles in OUTPUT_DIR/runs), jsonl (OUTPUT_DIR/\n"
+                   "metrics.jsonl), both (all), or none (default)"),
         TD_OPT_F("quiet", 'q', &o.quiet, 1, "no progress lines"),
         {0}};
     td_opt_get(opts, "train-recipe")->given = &gave_train;

@@ -8,6 +8,7 @@
 #include "tidal/checkpoint.h"
 #include "tidal/opts.h"
 #include "tidal/sft.h"
+#include "tidal/tfevents.h"
 
 #include <math.h>
 #include <signal.h>
@@ -117,6 +118,9 @@ int main(int argc, char **argv)
         TD_OPT_S("save-dtype", 0, &save_dtype, "f32|bf16", "dtype of model.safetensors (default f32)"),
         TD_OPT_S("dump-grads", 0, &o.dump_grads, "FILE", "write the first step's fp32 gradients (HF names) with its\n"
                  "input_ids and loss_mask as safetensors"),
+        TD_OPT_FUN("report-to", 0, &o.report_to, "LIST", td_report_to_parse, TD_REPORT_TO_EXPECT,
+                   "each step's /steps values also to: tensorboard (event\nfiles in OUTPUT_DIR/runs), jsonl (OUTPUT_DIR/\n"
+                   "metrics.jsonl), both (all), or none (default)"),
         TD_OPT_F("eval-only", 0, &eval_only, 1, "evaluate --model-path on the test split; no training"),
         TD_OPT_S("completions", 0, &completions, "FILE", "--eval-only: one JSON line per record (id, completion,\nreward, exact)"),
         {0}};

@@ -8,6 +8,7 @@
  */
 #include "tidal/opts.h"
 #include "tidal/sweep.h"
+#include "tidal/tfevents.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,13 +16,17 @@
 
 int main(int argc, char **argv)
 {
-    int workers = 1, report_only = 0, no_report = 0, dry = 0, list = 0, emit = -1;
+    int workers = 1, report_only = 0, no_report = 0, dry = 0, list = 0, emit = -1, gave_report_to = 0;
+    unsigned report_to = 0;
     td_opt opts[] = {
         TD_OPT_I("workers", 'j', &workers, "N", 1, 256, "runs at once (default 1; each run is --n-jobs threads)"),
         TD_OPT_F("report-only", 0, &report_only, 1, "only write the report from the runs on disk"),
         TD_OPT_F("no-report", 0, &no_report, 1, "run the grid, skip the report"),
         TD_OPT_F("dry-run", 'n', &dry, 1, "print the commands of the runs still to do"),
         TD_OPT_F("list", 0, &list, 1, "list the runs and their state"),
+        TD_OPT_FUN("report-to", 0, &report_to, "LIST", td_report_to_parse, TD_REPORT_TO_EXPECT,
+                   "given to every run, replacing the config's report-to:\ntensorboard (tensorboard --logdir OUTPUT_DIR "
+                   "then shows\nthe runs side by side), jsonl, all or none"),
         TD_OPT_C("emit", 0, &emit, "slurm|condor", "write a cluster job array (a task per run and a report\n"
                  "step after them) instead of running"),
         {0}};
@@ -31,6 +36,7 @@ int main(int argc, char **argv)
                   "Exit status: 0 done, 1 a run failed (its OUTPUT/RUN/log.txt says why), 2 usage error.",
                   opts, 1, 1};
     const char *cfg_path = NULL;
+    td_opt_get(opts, "report-to")->given = &gave_report_to;
     int nargs, rc = td_cli_parse(&cli, argc, argv, &cfg_path, &nargs);
     if (rc >= 0) return rc;
     if (report_only && (no_report || emit >= 0 || dry))
@@ -38,6 +44,7 @@ int main(int argc, char **argv)
     td_error err;
     td_sweep s;
     if (td_sweep_load(cfg_path, argv[0], &s, &err)) { fprintf(stderr, "tidal-sweep: %s\n", err.msg); return 1; }
+    if (gave_report_to) td_sweep_set_arg(&s, "report-to", td_report_to_name(report_to));
     int status = 0;
     if (list) {
         static const char *st[] = {"new", "unfinished", "finished"};

@@ -404,6 +404,7 @@ typedef struct {
      * loss, loss_type, epsilon(s), beta, the step and the command line. Output only: not part of
      * the run's configuration. */
     int dump_step;
+    unsigned report_to;        /* --report-to: TD_REPORT_* mask (tfevents.h; default 0, none) */
 } td_rl_opts;
 
 void td_rl_opts_defaults(td_rl_opts *o);

@@ -67,6 +67,7 @@ typedef struct {
     int overwrite;                 /* replace what output_dir holds (else refused)                    */
     volatile sig_atomic_t *stop;   /* set by a signal: checkpoint at the next step boundary and stop  */
     FILE *progress;                /* stderr, or NULL                                                  */
+    unsigned report_to;            /* --report-to: TD_REPORT_* mask (tfevents.h; 0 = none, default)   */
 } td_sft_opts;
 
 void td_sft_opts_defaults(td_sft_opts *o);

@@ -21,8 +21,10 @@
  *
  * Running: N workers fork/exec the tool, one run each (stdout and stderr to RUN/log.txt). A
  * run whose rl.h5 says finished is skipped; one with an unfinished rl.h5 is continued with
- * --resume; others start. --emit slurm|condor writes the grid as a cluster job array instead
- * (a task per run + a report step that runs when they are done), and runs nothing. */
+ * --resume; others start. tidal-sweep --report-to LIST gives every run --report-to LIST (a
+ * finished run is not run again, so it gets no logs it did not have). --emit slurm|condor
+ * writes the grid as a cluster job array instead (a task per run + a report step that runs
+ * when they are done), and runs nothing. */
 #ifndef TIDAL_SWEEP_H
 #define TIDAL_SWEEP_H
 
@@ -51,6 +53,9 @@ typedef struct {
  * tidal-sweep (the default tool is tidal-rl beside it). */
 int td_sweep_load(const char *path, const char *self, td_sweep *s, td_error *err);
 void td_sweep_free(td_sweep *s);
+/* Gives every run --NAME VALUE (tidal-sweep's --report-to): the value of a run's own --NAME
+ * (from the config's arguments) is replaced, else the pair is appended. NAME takes a value. */
+void td_sweep_set_arg(td_sweep *s, const char *name, const char *value);
 
 typedef enum { TD_RUN_NEW = 0, TD_RUN_UNFINISHED, TD_RUN_FINISHED } td_run_state;
 td_run_state td_sweep_state(const td_sweep_run *r);

@@ -9,7 +9,9 @@
  * Checkpoints: OUTPUT_DIR/checkpoint-K/trainer_state.bin (td_trainer_save_state) after step K-1,
  * then the root attribute checkpoint_step = K; only the latest is kept. --resume cuts every
  * group back to checkpoint_step rows and continues: each step's rollouts depend on the seed and
- * the step only, and the trainer state is restored bit for bit, so the rows come out the same. */
+ * the step only, and the trainer state is restored bit for bit, so the rows come out the same.
+ * --report-to: each committed /steps row also goes to TensorBoard / metrics.jsonl (log_step;
+ * include/tidal/tfevents.h), cut back with the file on --resume (td_rl_run). */
 #include "rl_internal.h"
 #include "tidal/opts.h"
 
@@ -245,6 +247,42 @@ static void push_sample(rl_run *R, int k)
     }
 }
 
+/* TRL rewards/<name>/mean: component c's mean over the step's non-null values */
+static double comp_mean(const rl_run *R, int c)
+{
+    double sum = 0, cnt = 0;
+    for (int s = 0; s < R->B; s++) {
+        double v = R->comp[(size_t)s * R->n_comp + c];
+        if (!isnan(v)) { sum += v; cnt++; }
+    }
+    return cnt > 0 ? sum / cnt : NAN;
+}
+
+/* The committed row to --report-to's sinks: every /steps column under its name (the step is
+ * the event's), the reward components' means recomputed as above. */
+static int log_step(rl_run *R, int k, const double *M, int32_t fired, int32_t active, td_error *err)
+{
+    if (!R->log) return 0;
+    int n = 0;
+    td_step_value *v = td_xmalloc((size_t)(TD_RLM_COUNT + R->n_comp + 2) * sizeof *v);
+    char **names = td_xcalloc((size_t)R->n_comp + 1, sizeof *names);
+    for (int i = 0; i < TD_RLM_COUNT; i++)
+        if (i != TD_RLM_step) v[n++] = (td_step_value){td_rl_metric_names[i], M[i], 0};
+    for (int c = 0; c < R->n_comp; c++) {
+        size_t len = strlen(R->comp_names[c]) + 8;
+        names[c] = td_xmalloc(len);
+        snprintf(names[c], len, "reward_%s", R->comp_names[c]);
+        v[n++] = (td_step_value){names[c], comp_mean(R, c), 0};
+    }
+    v[n++] = (td_step_value){"collapse_fired", fired, 1};
+    v[n++] = (td_step_value){"collapse_active", active, 1};
+    int rc = td_steplog_write(R->log, k, v, n, err);
+    for (int c = 0; c < R->n_comp; c++) free(names[c]);
+    free(names);
+    free(v);
+    return rc;
+}
+
 int rl_file_commit(rl_run *R, int k, const double *M, td_error *err)
 {
     unsigned fired = td_collapse_push(R->det, M);
@@ -254,13 +292,8 @@ int rl_file_commit(rl_run *R, int k, const double *M, td_error *err)
         snprintf(p, sizeof p, "/steps/%s", td_rl_metric_names[i]);
         if (td_runfile_append(R->rf, p, TD_COL_F64, 1, &M[i], 1, err)) return -1;
     }
-    for (int c = 0; c < R->n_comp; c++) {   /* TRL rewards/<name>/mean: over the non-null values */
-        double sum = 0, cnt = 0, mean;
-        for (int s = 0; s < R->B; s++) {
-            double v = R->comp[(size_t)s * R->n_comp + c];
-            if (!isnan(v)) { sum += v; cnt++; }
-        }
-        mean = cnt > 0 ? sum / cnt : NAN;
+    for (int c = 0; c < R->n_comp; c++) {
+        double mean = comp_mean(R, c);
         char p[300];
         snprintf(p, sizeof p, "/steps/reward_%s", R->comp_names[c]);
         if (td_runfile_append(R->rf, p, TD_COL_F64, 1, &mean, 1, err)) return -1;
@@ -284,7 +317,8 @@ int rl_file_commit(rl_run *R, int k, const double *M, td_error *err)
     const char *pc[4] = {"/progress/batch", "/progress/seq_rows", "/progress/token_rows", "/progress/prompt_rows"};
     for (int i = 0; i < 4; i++)
         if (td_runfile_append(R->rf, pc[i], TD_COL_I64, 1, &prog[i], 1, err)) return -1;
-    return td_runfile_flush(R->rf, err);
+    if (td_runfile_flush(R->rf, err)) return -1;
+    return log_step(R, k, M, f, a, err);
 }
 
 /* A checkpoint folder and what may be in it (the state, the LoRA base of merge-unmerge, and

@@ -17,6 +17,7 @@
 #include "tidal/rl.h"
 #include "tidal/rollout.h"
 #include "tidal/runfile.h"
+#include "tidal/tfevents.h"
 #include "tidal/tasks.h"
 #include "tidal/tokenizer.h"
 #include "tidal/train.h"
@@ -88,6 +89,7 @@ typedef struct {
     int n_comp;                   /* --reward-weights components, logged as /steps columns     */
     const char *const *comp_names;/* (n_comp) */
     double *comp;                 /* (B, n_comp) this step's components                        */
+    td_steplog *log;              /* --report-to: each committed /steps row, as it is written   */
 } rl_run;
 
 /* data.c: R->items, R->records and R->chat from --dataset-path (R->tkz loaded); -1 + err naming

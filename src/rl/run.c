@@ -151,6 +151,7 @@ static void teardown(rl_run *R)
 {
     rl_reward_stop(R->reward_proc);   /* first: it sees EOF at once and exits while we free */
     rl_records_free(R);
+    td_steplog_close(R->log, NULL);   /* every step was flushed when written */
     free(R->comp);
     if (R->rf) td_runfile_close(R->rf, NULL);
     td_columns_free(R->tcols, TD_TOK_LOGP_TRAINER);
@@ -214,6 +215,10 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
     R.o = o;
     int rc = -1, start = 0, stopped = 0, k, dead_said = 0;
     if (load_inputs(&R, err) || build(&R, err) || rl_file_open(&R, &start, err)) goto done;
+    /* the logs cut back to the steps rl.h5 keeps (0..start-1), then this invocation's sinks */
+    if (!(R.log = td_steplog_open(o->output_dir, o->report_to, start, err))) goto done;
+    if (!o->quiet && (o->report_to & TD_REPORT_TENSORBOARD))
+        fprintf(stderr, "tidal-rl: TensorBoard events in %s/runs (tensorboard --logdir %s)\n", o->output_dir, o->output_dir);
     if (o->reward_command) {
         if (!(R.reward_proc = rl_reward_start(o, err))) goto done;
         R.n_comp = rl_reward_names(R.reward_proc, &R.comp_names);

@@ -172,6 +172,33 @@ done:
     return rc;
 }
 
+/* "--report_to" and "--report-to" are one option to the tools' parser */
+static int same_flag(const char *arg, const char *name)
+{
+    if (strncmp(arg, "--", 2)) return 0;
+    for (arg += 2; *arg && *name; arg++, name++)
+        if (*arg != *name && !((*arg == '_' || *arg == '-') && (*name == '_' || *name == '-'))) return 0;
+    return !*arg && !*name;
+}
+
+void td_sweep_set_arg(td_sweep *s, const char *name, const char *value)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        td_sweep_run *r = &s->runs[i];
+        int a = 1;
+        while (a + 1 < r->argc && !same_flag(r->argv[a], name)) a++;
+        if (a + 1 < r->argc && strncmp(r->argv[a + 1], "--", 2)) {   /* the config's own value: replaced */
+            free(r->argv[a + 1]);
+            r->argv[a + 1] = xstrdup(value);
+            continue;
+        }
+        r->argv = td_xrealloc(r->argv, ((size_t)r->argc + 3) * sizeof(char *));
+        r->argv[r->argc++] = xprintf("--", "", name);
+        r->argv[r->argc++] = xstrdup(value);
+        r->argv[r->argc] = NULL;
+    }
+}
+
 void td_sweep_free(td_sweep *s)
 {
     for (size_t i = 0; i < s->n; i++) {

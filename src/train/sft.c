@@ -6,6 +6,7 @@
 #include "tidal/opts.h"
 #include "tidal/rng.h"
 #include "tidal/runschema.h"
+#include "tidal/tfevents.h"
 
 #include <errno.h>
 #include <math.h>
@@ -37,6 +38,7 @@ typedef struct {
     size_t n_eval;            /* records evaluated (eval_max_samples) */
     td_trainer *tr;
     td_runfile *rf;
+    td_steplog *log;          /* --report-to: each /steps row as it is written */
     char run_path[4200];
     int total;                /* optimiser steps of the run */
     int *perm;                /* the current epoch's order */
@@ -197,7 +199,15 @@ static int append_row(sft_job *J, const double *v, td_error *err)
         }
         if (td_runfile_append(J->rf, s->path, s->type, 1, &x, 1, err)) return -1;
     }
-    return td_runfile_flush(J->rf, err);
+    if (td_runfile_flush(J->rf, err)) return -1;
+    /* the row to --report-to's sinks: every column under its /steps name, the step the event's */
+    td_step_value lv[TD_STP_COUNT];
+    int n = 0;
+    for (int c = 0; c < TD_STP_COUNT; c++)
+        if (c != TD_STP_STEP)
+            lv[n++] = (td_step_value){td_schema_steps[c].path + strlen(TD_SCHEMA_STEPS "/"), v[c],
+                                      td_schema_steps[c].type != TD_COL_F64};
+    return td_steplog_write(J->log, (int64_t)v[TD_STP_STEP], lv, n, err);
 }
 
 static int save_checkpoint(sft_job *J, int step, td_error *err)
@@ -338,6 +348,11 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
         if (o->progress) fprintf(o->progress, "tidal-sft: resuming from %s (step %d of %d)\n", ck, start, J->total);
     }
     if (open_runfile(J, o->resume ? start : -1, err)) return -1;
+    /* the logs cut back to the rows sft.h5 keeps (steps 1..start), then this invocation's sinks */
+    if (!(J->log = td_steplog_open(o->output_dir, o->report_to, o->resume ? start + 1 : 0, err))) return -1;
+    if (o->progress && (o->report_to & TD_REPORT_TENSORBOARD))
+        fprintf(o->progress, "tidal-sft: TensorBoard events in %s/runs (tensorboard --logdir %s)\n", o->output_dir,
+                o->output_dir);
     if (o->progress)
         fprintf(o->progress, "tidal-sft: %zu training records (%.1f epochs), %d steps of %d sequences, recipe %s%s, "
                 "%zu trained parameters, %zu eval records\n", J->train.n, (double)J->total * S / J->train.n, J->total,
@@ -447,6 +462,7 @@ static void job_free(sft_job *J0)
 {
     sft_job J = *J0;
     if (J.rf) td_runfile_close(J.rf, NULL);
+    td_steplog_close(J.log, NULL);   /* every step was flushed when written */
     td_trainer_free(J.tr);
     free((char *)J.train.path);
     free((char *)J.eval.path);
