@@ -45,9 +45,13 @@ static int parse_targets(void *dest, const char *value, char *why, size_t whylen
 
 static const char *const ABOUT =
     "Supervised fine-tuning of a Llama-family checkpoint on a task dataset (datasets/tasks/: add,\n"
-    "sort, countdown; tidal-task generate makes more), full or LoRA, in any training recipe.\n\n"
-    "Each record becomes encode(prompt) + encode(completion) + <eos> (the prompt with the tokenizer's\n"
-    "special tokens, as TRL's SFTTrainer tokenises prompt-completion records). The loss is on the\n"
+    "sort, countdown; tidal-task generate makes more) or your own data in TRL's SFT shapes, full or\n"
+    "LoRA, in any training recipe.\n\n"
+    "A task record becomes encode(prompt) + encode(completion) + <eos> (the prompt with the tokenizer's\n"
+    "special tokens). Your own records (.jsonl, .json, .json.gz) are tokenised as TRL's SFTTrainer\n"
+    "does: {\"prompt\", \"completion\"} strings as tok(prompt + completion) + <eos>, conversations\n"
+    "through the chat template (the prompt with add_generation_prompt), {\"messages\"} and {\"text\"}\n"
+    "with every token in the loss. The loss is on the\n"
     "completion tokens and the EOS only: the mean token cross-entropy over those masked targets of\n"
     "the whole optimiser step (per-device-batch-size x gradient-accumulation-steps sequences), as\n"
     "transformers normalises across gradient accumulation. AdamW as torch.optim.AdamW, clipping\n"
@@ -83,7 +87,8 @@ int main(int argc, char **argv)
     td_opt opts[] = {
         TD_OPT_S("model-path", 0, &o.model_path, "DIR", "checkpoint to start from (tidal-init's random one, or trained)"),
         TD_OPT_S("tokenizer-path", 0, &o.tokenizer_path, "PATH", "tokenizer.json or its folder (default: the model's)"),
-        TD_OPT_S("dataset-path", 0, &o.dataset_path, "PATH", "folder with train.jsonl (test.jsonl), or a JSONL file"),
+        TD_OPT_S("dataset-path", 0, &o.dataset_path, "PATH", "folder with train.jsonl (test.jsonl), or a .jsonl, .json or\n"
+                 ".json.gz file of task records or TRL-shaped records"),
         TD_OPT_S("eval-dataset-path", 0, &o.eval_dataset_path, "FILE", "evaluation records (default: test.jsonl beside the data)"),
         TD_OPT_S("output-dir", 'o', &o.output_dir, "DIR", "where checkpoints, the final model and sft.h5 go"),
         TD_OPT_S("run-file", 0, &o.run_file, "FILE", "the HDF5 run file (default OUTPUT_DIR/sft.h5)"),

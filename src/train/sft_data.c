@@ -1,6 +1,10 @@
 /* tidal — tidal-sft's data: task records read (tasks.h) and tokenised as TRL's SFTTrainer
  * tokenises prompt-completion records (include/tidal/sft.h). */
 #include "sft_internal.h"
+#include "tidal/chat_template.h"
+#include "tidal/dataset.h"
+#include "../io/rollouts.h"
+#include "tidal/io.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -64,30 +68,172 @@ static int encode_record(const td_tokenizer *tok, const td_task_item *it, int vo
     return 0;
 }
 
+/* text -> ids checked against the vocabulary; special tokens written in the text are their ids
+ * (HF's tokenizer(text) and apply_chat_template(tokenize=True) read them so) */
+static int encode_text(const td_tokenizer *tok, const char *text, size_t len, bool add_special, int vocab,
+                       const char *what, int32_t **ids, size_t *n, td_error *err)
+{
+    if (td_tokenizer_encode(tok, text, len, true, add_special, ids, n, err)) return -1;
+    if (check_ids(tok, *ids, *n, vocab, text, what, err)) { free(*ids); *ids = NULL; return -1; }
+    return 0;
+}
+
+/* A conversation through the checkpoint's chat template (add_generation_prompt as given), the
+ * template parsed once per file into *tmpl. */
+static int render(const td_tokenizer *tok, td_chat_template **tmpl, json_t *msgs, const char *key, bool gen,
+                  const char *where, char **text, size_t *n, td_error *err)
+{
+    const char *from, *src = td_tokenizer_chat_template(tok, &from);
+    if (!src)
+        return td_fail(err, "%s: \"%s\" is a conversation, but the tokenizer has no chat template (no \"chat_template\" "
+                       "in tokenizer_config.json, no chat_template.jinja); apply one yourself and give text", where, key);
+    if (!json_is_array(msgs) || !json_array_size(msgs))
+        return td_fail(err, "%s: \"%s\" must be a non-empty list of {\"role\", \"content\"} messages", where, key);
+    if (!*tmpl) {
+        td_error terr;
+        *tmpl = td_chat_template_parse(src, strlen(src), &terr);
+        if (!*tmpl) return td_fail(err, "%s: the chat template of %s cannot be used: %s", where, from, terr.msg);
+    }
+    const char *bos = td_tokenizer_token_str(tok, td_tokenizer_bos_id(tok)), *eos = td_tokenizer_token_str(tok, td_tokenizer_eos_id(tok));
+    json_t *vars = json_pack("{ss ss}", "bos_token", bos ? bos : "", "eos_token", eos ? eos : "");
+    td_error terr;
+    int rc = td_chat_template_render(*tmpl, msgs, gen, vars, text, n, &terr);
+    json_decref(vars);
+    return rc ? td_fail(err, "%s: the chat template of %s failed on \"%s\": %s", where, from, key, terr.msg) : 0;
+}
+
+/* A record in one of TRL's SFT dataset shapes, tokenised as SFTTrainer tokenises it
+ * (trl/trainer/sft_trainer.py, tokenize()):
+ *   {"prompt": str, "completion": str}     ids = tok(prompt + completion) + eos, prompt tokens =
+ *                                          tok(prompt) (the eos as TRL's add_eos appends it);
+ *   {"prompt": [msgs], "completion": [msgs]}  ids = template(prompt + completion), prompt tokens =
+ *                                          template(prompt, add_generation_prompt=True);
+ *   {"messages": [msgs]}                   ids = template(messages): every token in the loss;
+ *   {"text": str}                          ids = tok(text) + eos: every token in the loss.
+ * The loss covers the tokens after the prompt (all but the first when there is none). */
+static int own_record(const td_tokenizer *tok, td_chat_template **tmpl, json_t *rec, int vocab, int eos,
+                      td_task_item *it, sft_example *e, const char *where, td_error *err)
+{
+    json_t *p = json_object_get(rec, "prompt"), *c = json_object_get(rec, "completion"),
+           *m = json_object_get(rec, "messages"), *t = json_object_get(rec, "text");
+    int32_t *full = NULL, *pre = NULL;
+    size_t nf = 0, np = 0;
+    char *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    td_error why;
+    int rc = 0, add_eos = 0;
+    if (p && c) {
+        if (json_is_string(p) && json_is_string(c)) {
+            na = json_string_length(p) + json_string_length(c);
+            a = td_xmalloc(na + 1);
+            memcpy(a, json_string_value(p), json_string_length(p));
+            memcpy(a + json_string_length(p), json_string_value(c), json_string_length(c) + 1);
+            rc = encode_text(tok, a, na, true, vocab, "prompt + completion", &full, &nf, &why) ||
+                 encode_text(tok, json_string_value(p), json_string_length(p), true, vocab, "prompt", &pre, &np, &why);
+            add_eos = 1;
+            it->prompt = strdup(json_string_value(p));
+            it->completion = strdup(json_string_value(c));
+        } else if (json_is_array(p) && json_is_array(c)) {
+            json_t *both = json_copy(p);
+            json_array_extend(both, c);
+            rc = render(tok, tmpl, both, "prompt + completion", false, where, &a, &na, err) ||
+                 render(tok, tmpl, p, "prompt", true, where, &b, &nb, err);
+            json_decref(both);
+            if (rc) goto done;
+            rc = encode_text(tok, a, na, false, vocab, "prompt + completion", &full, &nf, &why) ||
+                 encode_text(tok, b, nb, false, vocab, "prompt", &pre, &np, &why);
+            it->prompt = strdup(b);
+        } else {
+            rc = td_fail(err, "%s: \"prompt\" and \"completion\" must both be strings or both lists of "
+                         "{\"role\", \"content\"} messages (TRL's prompt-completion shapes)", where);
+            goto done;
+        }
+    } else if (m) {
+        if ((rc = render(tok, tmpl, m, "messages", false, where, &a, &na, err))) goto done;
+        rc = encode_text(tok, a, na, false, vocab, "messages", &full, &nf, &why);
+        it->prompt = strdup("");
+    } else if (t && json_is_string(t)) {
+        rc = encode_text(tok, json_string_value(t), json_string_length(t), true, vocab, "text", &full, &nf, &why);
+        add_eos = 1;
+        it->prompt = strdup("");
+    } else {
+        char keys[300];
+        td_json_key_list(rec, keys, sizeof keys);
+        rc = td_fail(err, "%s: the record has %s%s; expected a built-in task's record (\"task\", \"prompt\", "
+                     "\"completion\") or one of TRL's SFT shapes: \"prompt\" + \"completion\" (strings or "
+                     "conversations), \"messages\", or \"text\"", where, keys[0] ? "the keys " : "no keys", keys);
+        goto done;
+    }
+    if (rc) { rc = td_fail(err, "%s: %s", where, why.msg); goto done; }
+    if (np > nf || (np && memcmp(full, pre, np * sizeof *pre) != 0))
+        fprintf(stderr, "tidal-sft: %s: warning: the tokenised prompt is not the start of the tokenised prompt + "
+                "completion (a merge across the boundary); the loss starts after %zu tokens, as TRL's does\n", where, np);
+    e->len = (int)nf + add_eos;
+    e->plen = np ? (int)np : 1;
+    if (e->len < 2 || e->plen >= e->len) {
+        rc = td_fail(err, "%s: %s", where, e->len < 2 ? "the record encodes to fewer than two tokens: nothing to learn"
+                                                     : "the completion encodes to no token");
+        goto done;
+    }
+    e->ids = td_xmalloc((size_t)e->len * sizeof(int));
+    for (size_t i = 0; i < nf; i++) e->ids[i] = full[i];
+    if (add_eos) e->ids[e->len - 1] = eos;
+done:
+    free(full); free(pre); free(a); free(b);
+    return rc ? -1 : 0;
+}
+
 int sft_data_load(sft_data *d, const char *path, const td_tokenizer *tok, int vocab, int need_completion,
                   td_error *err)
 {
     memset(d, 0, sizeof *d);
     d->path = path;
-    if (td_task_read_jsonl(path, &d->items, &d->n, err)) return -1;
-    if (d->n == 0) return td_fail(err, "%s: no records", path);
+    td_record *recs;
+    size_t n;
+    if (td_records_read(path, &recs, &n, err)) return -1;
     int eos = td_tokenizer_eos_id(tok);
-    if (eos < 0 || eos >= vocab)
+    if (eos < 0 || eos >= vocab) {
+        td_records_free(recs, n);
         return td_fail(err, "the tokenizer has no eos_token inside the model's vocabulary (eos id %d, vocab_size "
                        "%d): SFT appends it to every completion", eos, vocab);
-    d->ex = td_xcalloc(d->n, sizeof *d->ex);
-    for (size_t i = 0; i < d->n; i++) {
-        const td_task_item *it = &d->items[i];
+    }
+    d->n = n;
+    d->items = td_xcalloc(n ? n : 1, sizeof *d->items);
+    d->ex = td_xcalloc(n ? n : 1, sizeof *d->ex);
+    td_chat_template *tmpl = NULL;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        td_task_item *it = &d->items[i];
         char where[4200];
-        snprintf(where, sizeof where, "%s:%ld", path, it->line);
-        if (need_completion && !it->completion)
-            return td_fail(err, "%s: no \"completion\": SFT needs the reference completion of every "
-                           "training record", where);
-        if (encode_record(tok, it, vocab, eos, &d->ex[i], where, err)) return -1;
+        snprintf(where, sizeof where, "%s:%ld", path, recs[i].line);
+        it->line = recs[i].line;
+        json_t *task = json_object_get(recs[i].obj, "task");
+        if (json_is_string(task)) {   /* a built-in task's record: gradable, evaluated by its task */
+            if (td_task_item_from_json(recs[i].obj, where, it, err)) { rc = -1; break; }
+            if (need_completion && !it->completion) {
+                rc = td_fail(err, "%s: no \"completion\": SFT needs the reference completion of every training "
+                             "record", where);
+                break;
+            }
+            rc = encode_record(tok, it, vocab, eos, &d->ex[i], where, err);
+        } else if (!need_completion) {
+            rc = td_fail(err, "%s: evaluation grades built-in task records (\"task\": add, sort, countdown); this "
+                         "record has none: give --eval-dataset-path a task split, or no evaluation set", where);
+        } else {
+            rc = own_record(tok, &tmpl, recs[i].obj, vocab, eos, it, &d->ex[i], where, err);
+            if (!rc && !it->id) {
+                char buf[64];
+                snprintf(buf, sizeof buf, "line-%ld", recs[i].line);
+                it->id = strdup(buf);
+            }
+        }
+        if (rc) break;
         if (d->ex[i].len > d->max_len) d->max_len = d->ex[i].len;
         if (d->ex[i].len - d->ex[i].plen > d->max_response) d->max_response = d->ex[i].len - d->ex[i].plen;
     }
-    return 0;
+    td_chat_template_free(tmpl);
+    td_records_free(recs, n);
+    return rc ? -1 : 0;
 }
 
 void sft_data_free(sft_data *d)
