@@ -173,6 +173,33 @@ static int cut_back(rl_run *R, int steps, td_error *err)
     return replay(R, steps, err);
 }
 
+/* --resume: the options of rl_config's keys that are not --key itself, and the ones a resume may
+ * change (the total: HF's Trainer continues to a new max_steps) */
+static const td_setting_flag RESUME_FLAGS[] = {
+    {"train_recipe", "--train-recipe (or --dtype)", NULL}, {"rollout_recipe", "--rollout-recipe (or --dtype)", NULL},
+    {"is_drop_masked", "--is-masked-normaliser", "keep|drop"}, {"lr_scheduler_type", "--lr-scheduler-type", NULL},
+    {"mask_truncated_completions", "--mask-truncated-completions", NULL}, {"log_completions", "--log-completions", NULL},
+    {0}};
+static const char *const RESUME_FREE[] = {"max_steps", NULL};
+
+/* --resume-from-checkpoint PATH: only the newest checkpoint is kept, the one the run file names */
+static int check_named(const td_rl_opts *o, int ck, td_error *err)
+{
+    const char *p = o->resume_checkpoint;
+    if (!strcmp(p, "true") || !strcmp(p, "True") || !strcmp(p, "last")) return 0;
+    char want[4300];
+    snprintf(want, sizeof want, "%s/checkpoint-%d", o->output_dir, ck);
+    char *a = realpath(p, NULL), *b = realpath(want, NULL);
+    int same = a && b && !strcmp(a, b);
+    free(a);
+    free(b);
+    if (same) return 0;
+    if (ck == 0)
+        return td_fail(err, "--resume-from-checkpoint %s: the run has no checkpoint yet (it restarts from step 0 with "
+                       "--resume)", p);
+    return td_fail(err, "--resume-from-checkpoint %s: the run's checkpoint is %s (tidal-rl keeps only the newest)", p, want);
+}
+
 int rl_file_open(rl_run *R, int *start, td_error *err)
 {
     const td_rl_opts *o = R->o;
@@ -196,15 +223,27 @@ int rl_file_open(rl_run *R, int *start, td_error *err)
     R->rf = td_runfile_open(path, 1, err);
     if (!R->rf) return -1;
     char *tool = td_runfile_get_str(R->rf, "tool", NULL), *cfg = td_runfile_get_str(R->rf, "rl_config", NULL);
-    char *mine = rl_config_json(R);
-    int same = tool && !strcmp(tool, "tidal-rl") && cfg && !strcmp(cfg, mine);
-    if (!same)
-        td_fail(err, "%s: --resume with another configuration than the file's (%s) — this command "
-                "gives %s", path, cfg ? cfg : tool ? tool : "not a tidal-rl run", mine);
-    free(tool); free(cfg); free(mine);
-    if (!same) return -1;
+    char *mine = rl_config_json(R), lines[sizeof err->msg];
+    int rc = 0;
+    if (!tool || strcmp(tool, "tidal-rl") || !cfg)
+        rc = td_fail(err, "%s: not a tidal-rl run file (--overwrite-output-dir replaces it)", path);
+    else if (td_settings_diff(cfg, mine, RESUME_FLAGS, RESUME_FREE, lines, sizeof lines) != 0)
+        rc = td_fail(err, "%s: --resume with other settings than the run's (give the run's values, or use a new "
+                     "--output-dir):\n%s", path, lines);
+    free(tool); free(cfg);
     int64_t ck = 0;
-    if (td_runfile_get_i64(R->rf, "checkpoint_step", &ck, err)) return -1;
+    if (!rc && td_runfile_get_i64(R->rf, "checkpoint_step", &ck, err)) rc = -1;
+    if (!rc && ck > R->total_steps)
+        rc = td_fail(err, "%s: --max-steps %d, but the run has done %lld steps (checkpoint-%lld): give --max-steps "
+                     "%lld or more", path, R->total_steps, (long long)ck, (long long)ck, (long long)ck);
+    if (!rc && o->resume_checkpoint && check_named(o, (int)ck, err)) rc = -1;
+    /* the new total (an extension) is the run's from now on */
+    if (!rc && (td_runfile_set_str(R->rf, "rl_config", mine, err) ||
+                td_runfile_set_i64(R->rf, "max_steps", R->total_steps, err) ||
+                td_runfile_set_str(R->rf, "resumed_command_line", o->command_line ? o->command_line : "", err)))
+        rc = -1;
+    free(mine);
+    if (rc) return -1;
     if (ck > 0) {
         char sp[4300];
         snprintf(sp, sizeof sp, "%s/checkpoint-%lld/trainer_state.bin", o->output_dir, (long long)ck);

@@ -29,7 +29,7 @@ volatile sig_atomic_t *td_stop_on_signals(const char *prog, const char *unit)
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal;
-    sa.sa_flags = SA_RESETHAND;   /* no SA_RESTART: a blocking wait(2) returns EINTR and sees the flag */
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;   /* the work in flight goes on: reads and writes are not cut */
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
