@@ -226,17 +226,9 @@ int main(int argc, char **argv)
     if (rc < 0) fprintf(stderr, "tidal-rl: %s\n", err.msg);
     free((char *)o.command_line);
     if (rc == 2 || (rc < 0 && *o.stop)) {   /* the same command, continuing the run */
-        static const char *const drop[] = {"--overwrite-output-dir", "--overwrite_output_dir", NULL};
-        char **v = malloc(((size_t)argc + 1) * sizeof *v);   /* without --resume-from-checkpoint PATH */
-        int n = 0;
-        for (int i = 0; v && i < argc; i++) {
-            const char *a = argv[i];
-            if (!strcmp(a, "--resume-from-checkpoint") || !strcmp(a, "--resume_from_checkpoint")) { i++; continue; }
-            if (!strncmp(a, "--resume-from-checkpoint=", 25) || !strncmp(a, "--resume_from_checkpoint=", 25)) continue;
-            v[n++] = argv[i];
-        }
-        td_stop_print_command("tidal-rl", "continue", v ? n : argc, v ? v : argv, drop, "--resume");
-        free(v);
+        static const char *const drop[] = {"--overwrite-output-dir", "--overwrite_output_dir", "--resume-from-checkpoint=",
+                                           "--resume_from_checkpoint=", NULL};
+        td_stop_print_command("tidal-rl", "continue", argc, argv, drop, "--resume");
         return TD_EXIT_STOPPED;
     }
     return rc < 0 ? 1 : rc == 1 ? 3 : 0;

@@ -33,6 +33,14 @@ static int parse_targets(void *dest, const char *value, char *why, size_t whylen
     return td_lora_targets_parse(value, (unsigned *)dest, why, whylen);
 }
 
+/* --resume-from-checkpoint PATH|true (checked by the run: src/train/sft.c) */
+static int parse_checkpoint(void *dest, const char *v, char *why, size_t n)
+{
+    if (!*v || !strcmp(v, "false") || !strcmp(v, "False")) return -1;
+    *(const char **)dest = v;
+    return 0;
+}
+
 static const char *const ABOUT =
     "Supervised fine-tuning of a Llama-family checkpoint on a task dataset (datasets/tasks/: add,\n"
     "sort, countdown; tidal-task generate makes more), full or LoRA, in any training recipe.\n\n"
@@ -108,6 +116,9 @@ int main(int argc, char **argv)
         TD_OPT_U("seed", 0, &seed, "S", "data order and LoRA init (default 42)"),
         TD_OPT_F("resume", 0, &o.resume, 1, "continue from OUTPUT_DIR's newest checkpoint-K: a stopped\n"
                  "run, or a finished one to a larger --max-steps (--epochs)"),
+        TD_OPT_FUN("resume-from-checkpoint", 0, &o.resume_checkpoint, "PATH", parse_checkpoint,
+                   "a checkpoint folder or true", "HF's spelling: continue from OUTPUT_DIR/checkpoint-K\n"
+                   "(true: the newest, as --resume)"),
         TD_OPT_F("overwrite-output-dir", 0, &o.overwrite, 1, "replace a run OUTPUT_DIR already holds"),
         TD_OPT_I("save-steps", 0, &o.save_steps, "N", 0, 100000000, "checkpoint every N steps (default 0: only the last\n"
                  "step's, which --resume extends)"),
@@ -135,7 +146,6 @@ int main(int argc, char **argv)
     td_opt_get(opts, "epochs")->aliases = "num-train-epochs";
     td_opt_get(opts, "per-device-batch-size")->aliases = "per-device-train-batch-size";
     td_opt_get(opts, "lr-scheduler")->aliases = "lr-scheduler-type";
-    td_opt_get(opts, "resume")->aliases = "resume-from-checkpoint";
     td_opt_get(opts, "per-device-eval-batch-size")->aliases = "eval-batch-size";
     td_opt_get(opts, "eval-steps")->lo_open = 0;
     td_opt_get(opts, "lora-alpha")->lo_open = 1;
@@ -153,6 +163,10 @@ int main(int argc, char **argv)
     int dt = td_dtype_parse(save_dtype);
     if (dt != TD_DT_F32 && dt != TD_DT_BF16) return td_cli_bad(&cli, "--save-dtype", save_dtype, "f32 or bf16");
     if (o.max_steps < 0) o.max_steps = 0;   /* HF's -1: from the epochs */
+    if (o.resume_checkpoint) {
+        if (o.overwrite) return td_cli_bad(&cli, "--resume-from-checkpoint", NULL, "contradicts --overwrite-output-dir");
+        o.resume = 1;
+    }
     o.save_dtype = dt;
     o.epochs = epochs;
     o.recipe = recipe;
@@ -160,7 +174,7 @@ int main(int argc, char **argv)
     t->schedule = (td_lr_schedule)sched;
     t->seed = seed;
     /* the command recorded in outputs: a resumed run's is the original one */
-    const char *drop[] = {"--resume", "--resume-from-checkpoint", "--resume_from_checkpoint", NULL};
+    const char *drop[] = {"--resume", "--resume-from-checkpoint=", "--resume_from_checkpoint=", NULL};
     char *cmd = td_command_line_edit(argc, argv, drop, NULL);
     o.command = cmd;
     o.progress = stderr;
@@ -182,7 +196,8 @@ int main(int argc, char **argv)
     free(cmd);
     if (rc) fprintf(stderr, "tidal-sft: %s\n", err.msg);
     if (rc && o.stop && *o.stop) {   /* the command that continues: this one with --resume (opts.h) */
-        static const char *const fresh[] = {"--overwrite-output-dir", "--overwrite_output_dir", NULL};
+        static const char *const fresh[] = {"--overwrite-output-dir", "--overwrite_output_dir", "--resume-from-checkpoint=",
+                                            "--resume_from_checkpoint=", NULL};
         if (res.steps > 0 || o.resume) td_stop_print_command("tidal-sft", "continue", argc, argv, fresh, "--resume");
         else td_stop_print_command("tidal-sft", "start it again", argc, argv, NULL, "--overwrite-output-dir");
         return TD_EXIT_STOPPED;

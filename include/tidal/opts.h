@@ -96,7 +96,9 @@ int td_cli_bad(const td_cli *cli, const char *opt, const char *value, const char
 void td_cli_help(const td_cli *cli, FILE *f);
 
 /* argv[0..argc) as the command to run again, shell-quoted, with every argument equal to one of
- * `drop` removed and `add` (if not NULL and not there yet) appended. Caller frees. */
+ * `drop` removed and `add` (if not NULL and not there yet) appended. A `drop` entry ending in '='
+ * ("--resume-from-checkpoint=") removes that option with its value, given as "--opt VALUE" or
+ * "--opt=VALUE". Caller frees. */
 char *td_command_line_edit(int argc, char **argv, const char *const *drop, const char *add);
 
 /* Creates the directories above `path` (mkdir -p of its dirname), so `-o a/b/out` works on a

@@ -74,6 +74,8 @@ typedef struct {
     int max_new_tokens;            /* 0: longest reference response + 16                              */
     int save_dtype;                /* td_dtype of model.safetensors (F32 or BF16)                      */
     int resume;                    /* continue from output_dir's newest checkpoint                    */
+    const char *resume_checkpoint; /* or from this one (HF's resume_from_checkpoint PATH): an
+                                      output_dir/checkpoint-K; NULL, "true", "last": the newest      */
     int overwrite;                 /* replace what output_dir holds (else refused)                    */
     volatile sig_atomic_t *stop;   /* set by a signal: checkpoint at the next step boundary and stop  */
     FILE *progress;                /* stderr, or NULL                                                  */

@@ -133,6 +133,25 @@ static void settings_json(const td_sft_opts *o, char *out, size_t cap)
     json_decref(j);
 }
 
+/* --resume-from-checkpoint PATH: a checkpoint-K of output_dir (its run file is the one cut back) */
+static int chosen_checkpoint(const td_sft_opts *o, char *ck, size_t cap, td_error *err)
+{
+    const char *p = o->resume_checkpoint, *base = strrchr(p, '/');
+    base = base ? base + 1 : p;
+    char parent[4200], st[4300];
+    snprintf(parent, sizeof parent, "%s/..", p);
+    char *a = realpath(parent, NULL), *b = realpath(o->output_dir, NULL);
+    int k, used = 0, ok = a && b && !strcmp(a, b) && sscanf(base, "checkpoint-%d%n", &k, &used) == 1 && !base[used];
+    free(a);
+    free(b);
+    snprintf(st, sizeof st, "%s/optimizer.safetensors", p);
+    if (!ok || !exists(st))
+        return td_fail(err, "--resume-from-checkpoint %s: expected a checkpoint-K folder of %s with its "
+                       "optimizer.safetensors", p, o->output_dir);
+    snprintf(ck, cap, "%s", p);
+    return 0;
+}
+
 static const td_setting_flag RESUME_FLAGS[] = {{"lr_scheduler_type", "--lr-scheduler", NULL}, {0}};
 
 /* A folder that already holds a run's results is refused unless overwrite (or resume). */
@@ -357,6 +376,12 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
         }
         if (!sft_latest_checkpoint(o->output_dir, ck, sizeof ck) && !finished)
             return td_fail(err, "--resume: %s holds no checkpoint-K to continue from", o->output_dir);
+        const char *want = o->resume_checkpoint;
+        if (want && strcmp(want, "true") && strcmp(want, "True") && strcmp(want, "last")) {
+            if (chosen_checkpoint(o, ck, sizeof ck, err)) return -1;
+            finished = 0;   /* a checkpoint named: continue from it, whatever came after */
+            done.global_step = 0;
+        }
         if (ck[0] && sft_read_progress(ck, &prog, err)) return -1;
     } else if (check_output(o, J->run_path, err)) {
         return -1;

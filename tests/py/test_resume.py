@@ -1,8 +1,8 @@
 """Resume and stop as HF's Trainer does, in tidal-rl, tidal-sft and tidal-sweep, on the shipped tiny
 model datasets/models/add (a few seconds of CPU in all):
 
-1. extension: a run of K steps continued with --resume --max-steps N (tidal-rl through HF's
-   spelling --resume-from-checkpoint PATH) gives every /steps column (wall-clock timings aside),
+1. extension: a run of K steps continued with --resume --max-steps N (or HF's spelling
+   --resume-from-checkpoint PATH) gives every /steps column (wall-clock timings aside),
    every /tokens /seqs /prompts row and the final weights bit for bit equal to an uninterrupted
    run of N steps (constant learning rate: the schedule is recomputed from the new total, which
    under constant changes nothing).
@@ -166,6 +166,9 @@ def sft_same(a, b, what):
 
 
 sft_same(sfull, spart, f"tidal-sft {K} steps + --resume --max-steps {N}")
+p = sh(*SFT, "--output-dir", spart, "--max-steps", N, "--resume-from-checkpoint", os.path.join(spart, f"checkpoint-{K}"))
+check(f"resuming from {spart}/checkpoint-{K}" in p.stderr, "tidal-sft --resume-from-checkpoint PATH: from that checkpoint")
+sft_same(sfull, spart, f"tidal-sft the finished run again from --resume-from-checkpoint checkpoint-{K}")
 for attempt in range(3):
     shutil.rmtree(sstop, ignore_errors=True)
     rc, err, sent = interrupt([*SFT, "--output-dir", sstop, "--max-steps", N], progress_at(1), env=ENV)
