@@ -191,7 +191,10 @@ int main(int argc, char **argv)
                   "OUTPUT_DIR/rl.h5 and a collapse detector.",
                   "SIGINT/SIGTERM (Ctrl-C): the step in flight finishes, its checkpoint is written, and the\n"
                   "command that continues is printed (exit 130); a second Ctrl-C stops at once (--resume then\n"
-                  "continues from the last checkpoint). --resume with a larger --max-steps extends a finished run.\n"
+                  "continues from the last checkpoint). --resume with a larger --max-steps extends a finished run;\n"
+                  "the learning-rate schedule is recomputed from the new total (HF's Trainer does the same):\n"
+                  "constant gives an uninterrupted run of the new total bit for bit; under linear / cosine or a\n"
+                  "--warmup-ratio the steps done kept the old total's rates and the rest follow the new total's.\n"
                   "Exit status: 0 done, 1 failed (or --stop-on-collapse stopped it: 3), 2 usage error, 130 stopped\n"
                   "by a signal.\n"
                   "Formulas and their sources: include/tidal/rl.h. Run file: reports/SCHEMA.md.",

@@ -20,8 +20,8 @@
  * (the report averages over them).
  *
  * Running: N workers fork/exec the tool, one run each (stdout and stderr to RUN/log.txt). A
- * run whose rl.h5 says finished is skipped; one with an unfinished rl.h5 is continued with
- * --resume; others start. SIGINT / SIGTERM stop the sweep: the running runs are told to stop
+ * run whose rl.h5 says finished is skipped (unless "max-steps" has grown past the run's total:
+ * --resume extends it); one with an unfinished rl.h5 is continued with --resume; others start. SIGINT / SIGTERM stop the sweep: the running runs are told to stop
  * (they checkpoint their last step) and waited for, and the same command continues. --emit slurm|condor writes the grid as a cluster job array instead
  * (a task per run + a report step that runs when they are done), and runs nothing. */
 #ifndef TIDAL_SWEEP_H

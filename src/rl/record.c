@@ -7,9 +7,12 @@
  *                          = the step: tidal-report and tidal-heatmap read them
  *   /progress              one row per step: the row counts after it (what --resume cuts to)
  * Checkpoints: OUTPUT_DIR/checkpoint-K/trainer_state.bin (td_trainer_save_state) after step K-1,
- * then the root attribute checkpoint_step = K; only the latest is kept. --resume cuts every
- * group back to checkpoint_step rows and continues: each step's rollouts depend on the seed and
- * the step only, and the trainer state is restored bit for bit, so the rows come out the same. */
+ * then the root attribute checkpoint_step = K; only the latest is kept, and the last step's is
+ * always written (at the end, or when a signal stops the run). --resume cuts every group back to
+ * checkpoint_step rows and continues: each step's rollouts depend on the seed and the step only,
+ * and the trainer state is restored bit for bit, so the rows come out the same. The run
+ * configuration (rl_config) must be the file's except max_steps: a larger total extends the run
+ * (rl.h, td_rl_run) and becomes the file's max_steps. */
 #include "rl_internal.h"
 #include "tidal/opts.h"
 

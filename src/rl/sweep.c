@@ -192,9 +192,16 @@ td_run_state td_sweep_state(const td_sweep_run *r)
     if (stat(p, &st)) return TD_RUN_NEW;
     td_runfile *rf = td_runfile_open(p, 0, NULL);
     if (!rf) return TD_RUN_UNFINISHED;
-    int64_t fin = 0;
+    int64_t fin = 0, total = 0, stopped = 0;
     td_runfile_get_i64(rf, "finished", &fin, NULL);
+    td_runfile_get_i64(rf, "max_steps", &total, NULL);
+    td_runfile_get_i64(rf, "stopped_on_collapse", &stopped, NULL);
     td_runfile_close(rf, NULL);
+    /* a finished run whose --max-steps has grown since is continued to the new total (--resume
+     * extends it, as HF's Trainer does) */
+    for (int a = 1; fin == 1 && !stopped && a + 1 < r->argc; a++)
+        if ((!strcmp(r->argv[a], "--max-steps") || !strcmp(r->argv[a], "--max_steps")) && atoll(r->argv[a + 1]) > total)
+            fin = 0;
     return fin == 1 ? TD_RUN_FINISHED : TD_RUN_UNFINISHED;
 }
 

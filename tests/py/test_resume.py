@@ -12,7 +12,8 @@ model datasets/models/add (a few seconds of CPU in all):
 3. SIGINT mid-run: the tool finishes the step in flight, checkpoints it, exits 130 and prints the
    command that continues; that command finishes the run equal to the uninterrupted one (tidal-rl
    and tidal-sft). tidal-sweep forwards a SIGINT to its running runs, waits for their checkpoints,
-   exits 130 with the command that continues the sweep, and that command finishes every run.
+   exits 130 with the command that continues the sweep, and that command finishes every run;
+   a larger max-steps in the sweep file then extends the finished runs.
 """
 import json
 import os
@@ -215,6 +216,15 @@ if sent and rc != 0:
         with h5py.File(os.path.join(sw, r, "rl.h5"), "r") as f:
             fin.append((int(f.attrs["finished"]), len(f["steps/reward"])))
     check("(resume)" in p.stderr and fin == [(1, 8), (1, 8)], f"the printed sweep command finishes every run ({fin})")
+    conf["args"]["max-steps"] = 10   # a larger total: the finished runs are extended, not skipped
+    json.dump(conf, open(cpath, "w"))
+    p = sh(os.path.join(BIN, "tidal-sweep"), cpath, "--workers", "2", "--no-report")
+    rows = []
+    for r in ("s1", "s2"):
+        with h5py.File(os.path.join(sw, r, "rl.h5"), "r") as f:
+            rows.append(len(f["steps/reward"]))
+    check("0 finished (skipped), 2 to run" in p.stderr and rows == [10, 10],
+          f"tidal-sweep with a larger max-steps extends its finished runs ({rows} rows)")
 else:
     check(rc == 0, f"tidal-sweep ended before the signal (exit {rc})")
 
