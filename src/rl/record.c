@@ -215,6 +215,9 @@ int rl_file_open(rl_run *R, int *start, td_error *err)
     if (exists && !o->resume && !o->overwrite)
         return td_fail(err, "%s exists: --resume continues that run, --overwrite-output-dir "
                        "replaces it", path);
+    const char *named = o->resume_checkpoint;
+    if (!exists && named && strcmp(named, "true") && strcmp(named, "True") && strcmp(named, "last"))
+        return td_fail(err, "--resume-from-checkpoint %s: %s holds no run to continue", named, o->output_dir);
     /* created, then stopped before its first commit: nothing to continue */
     int empty = exists && st.st_size == 0;
     if (!exists || o->overwrite || empty) {

@@ -5,7 +5,7 @@ model datasets/models/add (a few seconds of CPU in all):
    --resume-from-checkpoint PATH) gives every /steps column (wall-clock timings aside),
    every /tokens /seqs /prompts row and the final weights bit for bit equal to an uninterrupted
    run of N steps (constant learning rate: the schedule is recomputed from the new total, which
-   under constant changes nothing).
+   under constant changes nothing); under linear the steps after K follow the N-step schedule.
 2. refusal: --resume with another learning rate and seed exits 1 and names exactly those two
    options, each with both values (nothing else of the ~40 settings), and leaves the run as it was;
    a --max-steps below the steps done is refused.
@@ -170,6 +170,17 @@ sft_same(sfull, spart, f"tidal-sft {K} steps + --resume --max-steps {N}")
 p = sh(*SFT, "--output-dir", spart, "--max-steps", N, "--resume-from-checkpoint", os.path.join(spart, f"checkpoint-{K}"))
 check(f"resuming from {spart}/checkpoint-{K}" in p.stderr, "tidal-sft --resume-from-checkpoint PATH: from that checkpoint")
 sft_same(sfull, spart, f"tidal-sft the finished run again from --resume-from-checkpoint checkpoint-{K}")
+# a decaying schedule is recomputed from the new total, as HF's Trainer does: the steps done keep
+# the K-step run's learning rates, the rest are the N-step run's
+lin = [a if a != "constant" else "linear" for a in SFT]
+lfull, lpart = os.path.join(tmp, "lin-full"), os.path.join(tmp, "lin-part")
+sh(*lin, "--output-dir", lfull, "--max-steps", N)
+sh(*lin, "--output-dir", lpart, "--max-steps", K)
+lr_k = steps(os.path.join(lpart, "sft.h5"))["lr"]
+sh(*lin, "--output-dir", lpart, "--max-steps", N, "--resume")
+lr_n, lr_ext = steps(os.path.join(lfull, "sft.h5"))["lr"], steps(os.path.join(lpart, "sft.h5"))["lr"]
+check(np.array_equal(lr_ext[:K], lr_k) and np.array_equal(lr_ext[K:], lr_n[K:]) and lr_k[-1] < lr_n[K - 1],
+      f"linear schedule extended: steps 1-{K} keep the {K}-step schedule, steps {K + 1}-{N} follow the {N}-step one")
 for attempt in range(3):
     shutil.rmtree(sstop, ignore_errors=True)
     rc, err, sent = interrupt([*SFT, "--output-dir", sstop, "--max-steps", N], progress_at(1), env=ENV)
