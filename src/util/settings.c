@@ -61,15 +61,16 @@ static void value_text(const json_t *v, const td_setting_flag *f, char *out, siz
     }
 }
 
-/* the option a key stands for: the table's, else --key with '_' read as '-' */
+/* the option a key stands for: the table's, else --key with '_' read as '-'; then the member
+ * below it, if any ("--recipe-b (gemm.accum)") */
 static void flag_text(const td_setting_flag *f, const char *top, const char *sub, char *out, size_t n)
 {
     char dashed[128];
     snprintf(dashed, sizeof dashed, "--%s", top);
     for (char *c = dashed; *c; c++) if (*c == '_') *c = '-';
-    if (f && !sub) snprintf(out, n, "%s", f->flag);
-    else if (sub) snprintf(out, n, "%s (%s)", f ? f->flag : dashed, sub);
-    else snprintf(out, n, "%s", dashed);
+    const char *flag = f ? f->flag : dashed;
+    if (sub) snprintf(out, n, "%s (%s)", flag, sub);
+    else snprintf(out, n, "%s", flag);
 }
 
 static int equal_values(const json_t *a, const json_t *b)
@@ -89,8 +90,7 @@ static void compare_key(const char *key, const json_t *a, const json_t *c, const
     snprintf(path, sizeof path, "%s%s%s", prefix ? prefix : "", prefix ? "." : "", key);
     for (const char *const *i = ignore; i && *i; i++) if (!strcmp(*i, path)) return;
     if (equal_values(a, c)) return;
-    const td_setting_flag *f = lookup(flags, path);
-    const char *t = top ? top : key;
+    const char *t = top ? top : key;   /* the top-level key the path is under */
     /* two named objects (recipes) of different names: the names say it */
     json_t *na = json_object_get(a, "name"), *nc = json_object_get(c, "name");
     if (json_is_object(a) && json_is_object(c) && !(json_is_string(na) && json_is_string(nc) && !json_equal(na, nc))) {
@@ -98,11 +98,14 @@ static void compare_key(const char *key, const json_t *a, const json_t *c, const
         return;
     }
     if (json_is_object(a) && json_is_object(c)) { a = na; c = nc; }
-    char fl[320], va[512], vc[512];
+    /* the path's own entry ("sampling.top_p"), else the top key's with the path below it */
+    const td_setting_flag *f = lookup(flags, path);
+    const char *sub = !f && prefix ? path + strlen(t) + 1 : NULL;
     if (!f) f = lookup(flags, t);
-    flag_text(f, t, prefix && !lookup(flags, path) ? path + strlen(t) + 1 : NULL, fl, sizeof fl);
-    value_text(a, f, va, sizeof va);
-    value_text(c, f, vc, sizeof vc);
+    char fl[320], va[512], vc[512];
+    flag_text(f, t, sub, fl, sizeof fl);
+    value_text(a, sub ? NULL : f, va, sizeof va);   /* a choice list names the key itself only */
+    value_text(c, sub ? NULL : f, vc, sizeof vc);
     put(b, "  %s: run has %s, command gives %s\n", fl, va, vc);
     b->n++;
 }
