@@ -111,8 +111,9 @@ int td_make_parent_dirs(const char *path, td_error *err);
  * to stderr. The handler resets itself (SA_RESETHAND): a second Ctrl-C stops the process at
  * once, losing only the unit in flight (what is on disk is whole at every unit boundary). The
  * tool then keeps what it finished, prints the exact command that continues
- * (td_stop_print_command) and exits TD_EXIT_STOPPED. Returns the flag (the same one on every
- * call; non-zero once a signal came). */
+ * (td_stop_print_command) and exits TD_EXIT_STOPPED. A SIGINT the process inherited as ignored
+ * (a background job of a script) stays ignored. Returns the flag (the same one on every call;
+ * non-zero once a signal came). */
 volatile sig_atomic_t *td_stop_on_signals(const char *prog, const char *unit);
 #define TD_EXIT_STOPPED 130   /* 128 + SIGINT, as a shell reports an interrupted job */
 /* "PROG: to WHAT, run:\n  COMMAND" on stderr, COMMAND = td_command_line_edit(argc, argv, drop,

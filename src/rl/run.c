@@ -283,8 +283,11 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
     if (k > have && rl_checkpoint_save(&R, k, err)) goto done;
     if (interrupted) {
         if (rl_file_finish(&R, k, 0, err)) goto done;
-        fprintf(stderr, "tidal-rl: stopped by a signal after step %d of %d; %s/checkpoint-%d and %s/%s hold "
-                "the steps done\n", k, R.total_steps, o->output_dir, k, o->output_dir, TD_RL_RUNFILE);
+        if (k == 0)
+            fprintf(stderr, "tidal-rl: stopped by a signal before the first step\n");
+        else
+            fprintf(stderr, "tidal-rl: stopped by a signal after step %d of %d; %s/checkpoint-%d and %s/%s hold "
+                    "the steps done\n", k, R.total_steps, o->output_dir, k, o->output_dir, TD_RL_RUNFILE);
         rc = 2;
         goto done;
     }

@@ -31,7 +31,10 @@ volatile sig_atomic_t *td_stop_on_signals(const char *prog, const char *unit)
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESETHAND | SA_RESTART;   /* the work in flight goes on: reads and writes are not cut */
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
+    /* a SIGINT ignored by whoever started us stays ignored (a script's background job: the
+     * terminal's Ctrl-C is not meant for it), as the shell convention goes */
+    struct sigaction old;
+    if (sigaction(SIGINT, NULL, &old) != 0 || old.sa_handler != SIG_IGN) sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     return &stop_requested;
 }
