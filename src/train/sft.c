@@ -292,13 +292,6 @@ static void fmt_dur(double s, char *buf, size_t cap)
     else snprintf(buf, cap, "%.0fs", s);
 }
 
-static int exists_checkpoint(const td_sft_opts *o, int step)
-{
-    char p[4300];
-    snprintf(p, sizeof p, "%s/checkpoint-%d/optimizer.safetensors", o->output_dir, step);
-    return exists(p);
-}
-
 /* One optimiser step k: its B*GA examples, micro-batch by micro-batch. */
 static int train_step(sft_job *J, int k, double *row, td_error *err)
 {
@@ -481,7 +474,7 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
     sft_remove_dir(tmp);
     /* the last step's state, always (as HF's Trainer saves its last checkpoint): --resume with a
      * larger --max-steps continues from it */
-    if (!exists_checkpoint(o, J->total) && save_checkpoint(J, J->total, err)) return -1;
+    if (J->total > start && save_checkpoint(J, J->total, err)) return -1;
     sft_progress fin = {J->total, res->skipped, (double)J->total * S / J->train.n, o->train.seed, ""};
     snprintf(fin.settings, sizeof fin.settings, "%s", J->settings);
     if (sft_save_dir(J->tr, o, J->tok, tmp, 1, &fin, err) || sft_publish(tmp, o->output_dir, err)) {
