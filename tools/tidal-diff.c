@@ -16,11 +16,9 @@
 
 #include <jansson.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static void list_recipes(void)
 {
@@ -36,18 +34,6 @@ static int parse_shard(void *dest, const char *v, char *why, size_t n)
     o->shard_k = k;
     o->shard_n = nn;
     return 0;
-}
-
-/* SIGINT / SIGTERM: finish the batch in flight, close the file, say how to resume. The handler
- * resets itself (SA_RESETHAND), so a second Ctrl-C stops at once; what is on disk is the same. */
-static volatile sig_atomic_t stop_requested;
-
-static void on_stop_signal(int sig)
-{
-    (void)sig;
-    stop_requested = 1;
-    static const char msg[] = "\ntidal-diff: stopping after the batch in flight (Ctrl-C again to stop now)\n";
-    if (write(2, msg, sizeof msg - 1) < 0) { /* nothing to do */ }
 }
 
 /* The sampling tidal will use, and where each value came from. */
@@ -209,27 +195,21 @@ int main(int argc, char **argv)
     }
     print_sampling(&o.sampling, src);
     o.command_line = td_command_line(argc, argv);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sa.sa_flags = SA_RESETHAND;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    o.stop = &stop_requested;
+    /* SIGINT / SIGTERM: finish the batch in flight, close the file, say how to resume (opts.h) */
+    volatile sig_atomic_t *stop_requested = td_stop_on_signals("tidal-diff", "batch");
+    o.stop = stop_requested;
     td_diff_summary s = {0};
     if (td_diff_run(&o, &s, &err)) {
         fprintf(stderr, "tidal-diff: %s\n", err.msg);
         free((char *)o.command_line);
-        if (stop_requested) {
+        if (*stop_requested) {
             /* the exact command that finishes the file: the same one with --resume, without
              * --force (or the same one again when a --force run kept the old file untouched) */
             static const char *const drop[] = {"--force", NULL};
-            char *again = s.out_untouched ? td_command_line(argc, argv) : td_command_line_edit(argc, argv, drop, "--resume");
-            fprintf(stderr, "tidal-diff: to %s, run:\n  %s\n", s.out_untouched ? "start it again" : "finish it", again);
-            free(again);
+            td_stop_print_command("tidal-diff", s.out_untouched ? "start it again" : "finish it", argc, argv,
+                                  s.out_untouched ? NULL : drop, s.out_untouched ? NULL : "--resume");
         }
-        return stop_requested ? 130 : 1;   /* 128 + SIGINT, as a shell reports an interrupted job */
+        return *stop_requested ? TD_EXIT_STOPPED : 1;
     }
     if (json) {
         print_json_summary(&o, &s);

@@ -56,6 +56,14 @@ static int parse_model_dtype(void *dest, const char *v, char *why, size_t n)
     return 0;
 }
 
+/* --resume-from-checkpoint PATH|true: --resume, checked against the run's checkpoint (rl/record.c) */
+static int parse_checkpoint(void *dest, const char *v, char *why, size_t n)
+{
+    if (!*v || !strcmp(v, "false") || !strcmp(v, "False")) return -1;
+    *(const char **)dest = v;
+    return 0;
+}
+
 static int parse_collapse(void *dest, const char *v, char *why, size_t n)
 {
     td_error err;
@@ -149,9 +157,15 @@ int main(int argc, char **argv)
                  "trainer's policy, greedy, training recipe, no engine sync\nor noise -> /steps eval_reward, eval_accuracy"),
         TD_OPT_S("eval-dataset-path", 0, &o.eval_dataset_path, "FILE", "evaluation records (default: test.jsonl beside\n--dataset-path)"),
         TD_OPT_I("eval-max-samples", 0, &o.eval_max_samples, "N", 0, 100000000, "evaluate the first N records (default all)"),
-        TD_OPT_F("resume", 0, &o.resume, 1, "continue OUTPUT_DIR from its last checkpoint"),
+        TD_OPT_F("resume", 0, &o.resume, 1, "continue OUTPUT_DIR from its last checkpoint: a stopped run,\n"
+                 "or a finished one to a larger --max-steps (the schedule\nrecomputed from the new total, as HF's Trainer); "
+                 "other\nsettings must be the run's (a change is refused, named)"),
+        TD_OPT_FUN("resume-from-checkpoint", 0, &o.resume_checkpoint, "PATH", parse_checkpoint, "a checkpoint folder or true",
+                   "HF's spelling of --resume: PATH must be OUTPUT_DIR's\ncheckpoint-K (the newest, the only one kept); "
+                   "true = it"),
         TD_OPT_F("overwrite-output-dir", 0, &o.overwrite, 1, "replace an existing run in OUTPUT_DIR"),
-        TD_OPT_I("save-steps", 0, &o.save_steps, "N", 0, 1 << 30, "checkpoint every N steps (default 0 = never)"),
+        TD_OPT_I("save-steps", 0, &o.save_steps, "N", 0, 1 << 30, "checkpoint every N steps too (default 0: only the last\n"
+                 "step's, which --resume continues; the newest is kept)"),
         TD_OPT_I("log-completions", 0, &o.log_completions, "N", 0, 1 << 20, "completions per step kept in /tokens (default 4)"),
         TD_OPT_FUN("collapse", 0, &o.collapse, "K=V,...", parse_collapse, "KEY=VALUE pairs of the detector",
                    "collapse detector settings (rl.h), keys: ema_alpha,\ndrop_abs, drop_rel, min_gain, hold, spike_factor,\n"
@@ -184,7 +198,14 @@ int main(int argc, char **argv)
                   "inference path (--rollout-recipe), log-probs and gradients on the training path\n"
                   "(--train-recipe), IS corrections for the mismatch, per-step metrics (verl/TRL names) in\n"
                   "OUTPUT_DIR/rl.h5 and a collapse detector.",
-                  "Exit status: 0 done, 1 failed (or --stop-on-collapse stopped it: 3), 2 usage error.\n"
+                  "SIGINT/SIGTERM (Ctrl-C): the step in flight finishes, its checkpoint is written, and the\n"
+                  "command that continues is printed (exit 130); a second Ctrl-C stops at once (--resume then\n"
+                  "continues from the last checkpoint). --resume with a larger --max-steps extends a finished run;\n"
+                  "the learning-rate schedule is recomputed from the new total (HF's Trainer does the same):\n"
+                  "constant gives an uninterrupted run of the new total bit for bit; under linear / cosine or a\n"
+                  "--warmup-ratio the steps done kept the old total's rates and the rest follow the new total's.\n"
+                  "Exit status: 0 done, 1 failed (or --stop-on-collapse stopped it: 3), 2 usage error, 130 stopped\n"
+                  "by a signal.\n"
                   "Formulas and their sources: include/tidal/rl.h. Run file: reports/SCHEMA.md.",
                   opts, 0, 0};
     int nargs, rc = td_cli_parse(&cli, argc, argv, NULL, &nargs);
@@ -207,9 +228,20 @@ int main(int argc, char **argv)
     o.lr_schedule = sched;
     td_error err;
     if (td_rl_opts_check(&o, &err)) return td_cli_bad(&cli, "options", NULL, "%s", err.msg);
+    if (o.resume_checkpoint) {
+        if (o.overwrite) return td_cli_bad(&cli, "--resume-from-checkpoint", NULL, "contradicts --overwrite-output-dir");
+        o.resume = 1;
+    }
     o.command_line = td_command_line(argc, argv);
+    o.stop = td_stop_on_signals("tidal-rl", "step");
     rc = td_rl_run(&o, &err);
     if (rc < 0) fprintf(stderr, "tidal-rl: %s\n", err.msg);
     free((char *)o.command_line);
+    if (rc == 2 || (rc < 0 && *o.stop)) {   /* the same command, continuing the run */
+        static const char *const drop[] = {"--overwrite-output-dir", "--overwrite_output_dir", "--resume-from-checkpoint=",
+                                           "--resume_from_checkpoint=", NULL};
+        td_stop_print_command("tidal-rl", "continue", argc, argv, drop, "--resume");
+        return TD_EXIT_STOPPED;
+    }
     return rc < 0 ? 1 : rc == 1 ? 3 : 0;
 }

@@ -11,18 +11,9 @@
 #include "tidal/tfevents.h"
 
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static volatile sig_atomic_t stop_flag;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    stop_flag = 1;
-}
 
 static int parse_recipe(void *dest, const char *value, char *why, size_t whylen)
 {
@@ -41,6 +32,14 @@ static int parse_dropout(void *dest, const char *v, char *why, size_t n)
 static int parse_targets(void *dest, const char *value, char *why, size_t whylen)
 {
     return td_lora_targets_parse(value, (unsigned *)dest, why, whylen);
+}
+
+/* --resume-from-checkpoint PATH|true (checked by the run: src/train/sft.c) */
+static int parse_checkpoint(void *dest, const char *v, char *why, size_t n)
+{
+    if (!*v || !strcmp(v, "false") || !strcmp(v, "False")) return -1;
+    *(const char **)dest = v;
+    return 0;
 }
 
 static const char *const ABOUT =
@@ -66,12 +65,20 @@ static const char *const FOOTER =
     "(model.safetensors, config.json, generation_config.json, tokenizer.json, tokenizer_config.json;\n"
     "under LoRA a PEFT adapter) and the run file OUTPUT_DIR/sft.h5: one /steps row per optimiser step\n"
     "(loss, token_accuracy, grad_norm, lr, loss_scale, skipped, eval_accuracy ...; reports/SCHEMA.md).\n"
-    "--resume continues from the newest checkpoint-K to the same final weights, bit for bit.\n"
-    "SIGINT/SIGTERM: a checkpoint of the steps done is written, then the run stops (exit 1).\n"
+    "--resume continues from the newest checkpoint-K to the same final weights, bit for bit; the\n"
+    "last step's checkpoint is always written, so --resume with a larger --max-steps (or --epochs)\n"
+    "extends a finished run, as HF's Trainer does: the learning-rate schedule is recomputed from the\n"
+    "new total (constant: the extended run equals an uninterrupted run of the new total bit for bit;\n"
+    "linear/cosine and warmup: the steps done kept the old total's learning rates, the rest follow\n"
+    "the new total's schedule); the old last step's /steps row keeps its final evaluation. Any other\n"
+    "setting must be the run's: a change is refused, naming each differing option with both values.\n"
+    "SIGINT/SIGTERM (Ctrl-C): the step in flight finishes, a checkpoint of the steps done is written\n"
+    "and the command that continues is printed (exit 130); a second Ctrl-C stops at once.\n"
     "Evaluation (--eval-steps, and after the last step): greedy decoding of the test split through\n"
     "the rollout loop under --eval-recipe, graded by the task's reward; eval_accuracy is the\n"
     "fraction with an exact answer.\n\n"
-    "Exit status: 0 done, 1 failed (bad input file, non-finite loss, interrupted), 2 usage error.";
+    "Exit status: 0 done, 1 failed (bad input file, non-finite loss), 2 usage error, 130 stopped by\n"
+    "a signal.";
 
 int main(int argc, char **argv)
 {
@@ -113,9 +120,14 @@ int main(int argc, char **argv)
         TD_OPT_FUN("lora-target-modules", 0, &t->lora_modules, "LIST", parse_targets, NULL,
                    "q_proj,k_proj,... or all-linear (default q_proj,v_proj)"),
         TD_OPT_U("seed", 0, &seed, "S", "data order and LoRA init (default 42)"),
-        TD_OPT_F("resume", 0, &o.resume, 1, "continue from OUTPUT_DIR's newest checkpoint-K"),
+        TD_OPT_F("resume", 0, &o.resume, 1, "continue from OUTPUT_DIR's newest checkpoint-K: a stopped\n"
+                 "run, or a finished one to a larger --max-steps (--epochs)"),
+        TD_OPT_FUN("resume-from-checkpoint", 0, &o.resume_checkpoint, "PATH", parse_checkpoint,
+                   "a checkpoint folder or true", "HF's spelling: continue from OUTPUT_DIR/checkpoint-K\n"
+                   "(true: the newest, as --resume)"),
         TD_OPT_F("overwrite-output-dir", 0, &o.overwrite, 1, "replace a run OUTPUT_DIR already holds"),
-        TD_OPT_I("save-steps", 0, &o.save_steps, "N", 0, 100000000, "checkpoint every N steps (default 0: only the end)"),
+        TD_OPT_I("save-steps", 0, &o.save_steps, "N", 0, 100000000, "checkpoint every N steps (default 0: only the last\n"
+                 "step's, which --resume extends)"),
         TD_OPT_I("eval-steps", 0, &o.eval_steps, "N", 0, 100000000, "evaluate every N steps (default 0: only the end)"),
         TD_OPT_I("eval-max-samples", 0, &o.eval_max_samples, "N", 0, 100000000, "evaluate the first N records (default all)"),
         TD_OPT_I("per-device-eval-batch-size", 0, &o.eval_batch, "B", 1, 65536, "sequences decoded together (default 32)"),
@@ -143,7 +155,6 @@ int main(int argc, char **argv)
     td_opt_get(opts, "epochs")->aliases = "num-train-epochs";
     td_opt_get(opts, "per-device-batch-size")->aliases = "per-device-train-batch-size";
     td_opt_get(opts, "lr-scheduler")->aliases = "lr-scheduler-type";
-    td_opt_get(opts, "resume")->aliases = "resume-from-checkpoint";
     td_opt_get(opts, "per-device-eval-batch-size")->aliases = "eval-batch-size";
     td_opt_get(opts, "eval-steps")->lo_open = 0;
     td_opt_get(opts, "lora-alpha")->lo_open = 1;
@@ -161,6 +172,10 @@ int main(int argc, char **argv)
     int dt = td_dtype_parse(save_dtype);
     if (dt != TD_DT_F32 && dt != TD_DT_BF16) return td_cli_bad(&cli, "--save-dtype", save_dtype, "f32 or bf16");
     if (o.max_steps < 0) o.max_steps = 0;   /* HF's -1: from the epochs */
+    if (o.resume_checkpoint) {
+        if (o.overwrite) return td_cli_bad(&cli, "--resume-from-checkpoint", NULL, "contradicts --overwrite-output-dir");
+        o.resume = 1;
+    }
     o.save_dtype = dt;
     o.epochs = epochs;
     o.recipe = recipe;
@@ -168,13 +183,11 @@ int main(int argc, char **argv)
     t->schedule = (td_lr_schedule)sched;
     t->seed = seed;
     /* the command recorded in outputs: a resumed run's is the original one */
-    const char *drop[] = {"--resume", "--resume-from-checkpoint", "--resume_from_checkpoint", NULL};
+    const char *drop[] = {"--resume", "--resume-from-checkpoint=", "--resume_from_checkpoint=", NULL};
     char *cmd = td_command_line_edit(argc, argv, drop, NULL);
     o.command = cmd;
-    o.stop = &stop_flag;
     o.progress = stderr;
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
+    if (!eval_only) o.stop = td_stop_on_signals("tidal-sft", "step");
     td_error err;
     td_sft_result res;
     if (eval_only) {
@@ -190,7 +203,15 @@ int main(int argc, char **argv)
         rc = td_sft_run(&o, &res, &err);
     }
     free(cmd);
-    if (rc) { fprintf(stderr, "tidal-sft: %s\n", err.msg); return 1; }
+    if (rc) fprintf(stderr, "tidal-sft: %s\n", err.msg);
+    if (rc && o.stop && *o.stop) {   /* the command that continues: this one with --resume (opts.h) */
+        static const char *const fresh[] = {"--overwrite-output-dir", "--overwrite_output_dir", "--resume-from-checkpoint=",
+                                            "--resume_from_checkpoint=", NULL};
+        if (res.steps > 0 || o.resume) td_stop_print_command("tidal-sft", "continue", argc, argv, fresh, "--resume");
+        else td_stop_print_command("tidal-sft", "start it again", argc, argv, NULL, "--overwrite-output-dir");
+        return TD_EXIT_STOPPED;
+    }
+    if (rc) return 1;
     if (eval_only || !isnan(res.eval_accuracy))
         printf("{\"eval_accuracy\": %.6f, \"eval_reward\": %.6f, \"eval_records\": %d, \"steps\": %d, \"seconds\": %.1f}\n",
                res.eval_accuracy, res.eval_reward, res.eval_n, res.steps, res.seconds);

@@ -33,7 +33,10 @@ int main(int argc, char **argv)
     td_cli cli = {"tidal-sweep", "CONFIG.json [--workers N] [--report-only | --emit slurm|condor]",
                   "Runs a grid of tidal-rl runs from a small JSON file (include/tidal/sweep.h has the format),\n"
                   "skipping finished runs and resuming unfinished ones, then writes a comparison report.",
-                  "Exit status: 0 done, 1 a run failed (its OUTPUT/RUN/log.txt says why), 2 usage error.",
+                  "Ctrl-C (SIGINT, SIGTERM): the running runs finish their step and save a checkpoint, no new run\n"
+                  "starts, and the command that continues the sweep is printed (exit 130).\n"
+                  "Exit status: 0 done, 1 a run failed (its OUTPUT/RUN/log.txt says why), 2 usage error, 130\n"
+                  "stopped by a signal.",
                   opts, 1, 1};
     const char *cfg_path = NULL;
     td_opt_get(opts, "report-to")->given = &gave_report_to;
@@ -55,9 +58,16 @@ int main(int argc, char **argv)
         if (td_sweep_emit(&s, emit ? "condor" : "slurm", report, &err)) { fprintf(stderr, "tidal-sweep: %s\n", err.msg); status = 1; }
     } else {
         if (!report_only) {
-            int failed = td_sweep_execute(&s, workers, dry, &err);
+            volatile sig_atomic_t *stop = dry ? NULL : td_stop_on_signals("tidal-sweep", "running runs' steps");
+            int n_stopped = 0, failed = td_sweep_execute(&s, workers, dry, stop, &n_stopped, &err);
             if (failed < 0) { fprintf(stderr, "tidal-sweep: %s\n", err.msg); status = 1; }
             else if (failed > 0) { fprintf(stderr, "tidal-sweep: %d runs failed\n", failed); status = 1; }
+            if (stop && *stop) {   /* the same command skips the finished runs and resumes the rest */
+                fprintf(stderr, "tidal-sweep: stopped; %d runs saved a checkpoint\n", n_stopped);
+                td_stop_print_command("tidal-sweep", "continue the sweep", argc, argv, NULL, NULL);
+                td_sweep_free(&s);
+                return TD_EXIT_STOPPED;
+            }
         }
         if (!dry && !no_report && status == 0) {
             if (td_sweep_report(&s, stdout, &err)) { fprintf(stderr, "tidal-sweep: %s\n", err.msg); status = 1; }

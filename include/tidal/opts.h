@@ -25,6 +25,7 @@
 
 #include "tidal/common.h"
 
+#include <signal.h>
 #include <stdio.h>
 
 TD_BEGIN_DECLS
@@ -95,12 +96,50 @@ int td_cli_bad(const td_cli *cli, const char *opt, const char *value, const char
 void td_cli_help(const td_cli *cli, FILE *f);
 
 /* argv[0..argc) as the command to run again, shell-quoted, with every argument equal to one of
- * `drop` removed and `add` (if not NULL and not there yet) appended. Caller frees. */
+ * `drop` removed and `add` (if not NULL and not there yet) appended. A `drop` entry ending in '='
+ * ("--resume-from-checkpoint=") removes that option with its value, given as "--opt VALUE" or
+ * "--opt=VALUE". Caller frees. */
 char *td_command_line_edit(int argc, char **argv, const char *const *drop, const char *add);
 
 /* Creates the directories above `path` (mkdir -p of its dirname), so `-o a/b/out` works on a
  * fresh tree. 0, or -1 + err naming the directory. */
 int td_make_parent_dirs(const char *path, td_error *err);
+
+/* ---- Stopping a long run (tidal-diff, tidal-rl, tidal-sft, tidal-sweep) ----
+ * SIGINT / SIGTERM set a flag that the tool reads between units of work (a batch, an optimiser
+ * step, a run), and "PROG: stopping after the UNIT in flight (Ctrl-C again to stop now)" goes
+ * to stderr. The handler resets itself (SA_RESETHAND): a second Ctrl-C stops the process at
+ * once, losing only the unit in flight (what is on disk is whole at every unit boundary). The
+ * tool then keeps what it finished, prints the exact command that continues
+ * (td_stop_print_command) and exits TD_EXIT_STOPPED. A SIGINT the process inherited as ignored
+ * (a background job of a script) stays ignored. Returns the flag (the same one on every call;
+ * non-zero once a signal came). */
+volatile sig_atomic_t *td_stop_on_signals(const char *prog, const char *unit);
+#define TD_EXIT_STOPPED 130   /* 128 + SIGINT, as a shell reports an interrupted job */
+/* "PROG: to WHAT, run:\n  COMMAND" on stderr, COMMAND = td_command_line_edit(argc, argv, drop,
+ * add): the tool's own command line with --resume added (and, e.g., --force dropped). */
+void td_stop_print_command(const char *prog, const char *what, int argc, char **argv, const char *const *drop,
+                           const char *add);
+
+/* ---- Resume refusals that name what differs ----
+ * A run file records its settings as a JSON object; a resume whose command gives other values is
+ * refused with one line per differing setting, both values as they would be typed:
+ *   "  --learning-rate: run has 0.01, command gives 0.003"
+ * The option of a key is the table's (key "is_drop_masked" -> "--is-masked-normaliser", with
+ * choices "keep|drop" naming integer / boolean values by index), else "--" + the key with '_'
+ * read as '-'. A nested object is compared key by key ("sampling.top_p" looked up as such; one
+ * not in the table prints as "--recipe-a (gemm.accum)"), unless both carry a "name" that differs:
+ * then the names are the two values. A key missing on one side is "(not set)"; keys (or dotted
+ * paths) in `ignore` (NULL-terminated, may be NULL) are not compared (--max-steps may grow).
+ * Writes the lines, without a final newline, to buf. Returns how many differ, -1 when either
+ * text is not a JSON object. */
+typedef struct {
+    const char *key;        /* "learning_rate", or a dotted path "sampling.top_p"             */
+    const char *flag;       /* "--learning-rate"                                              */
+    const char *choices;    /* NULL, or "keep|drop": the names of values 0, 1, ...            */
+} td_setting_flag;
+int td_settings_diff(const char *run, const char *now, const td_setting_flag *flags, const char *const *ignore,
+                     char *buf, size_t cap);
 
 TD_END_DECLS
 

@@ -74,6 +74,7 @@
 
 #include "tidal/common.h"
 
+#include <signal.h>
 #include <stdint.h>
 
 TD_BEGIN_DECLS
@@ -382,6 +383,8 @@ typedef struct {
     int n_jobs;
     uint64_t seed;
     int resume, overwrite;
+    const char *resume_checkpoint; /* --resume-from-checkpoint PATH: must be the checkpoint the run
+                                      file names (NULL: that one) */
     int save_steps;
     int log_completions;       /* sequences per step written to /tokens /seqs /prompts */
     td_collapse_cfg collapse;
@@ -405,6 +408,8 @@ typedef struct {
      * the run's configuration. */
     int dump_step;
     unsigned report_to;        /* --report-to: TD_REPORT_* mask (tfevents.h; default 0, none) */
+    volatile sig_atomic_t *stop; /* set by a signal (td_stop_on_signals): at the next step boundary
+                                    the steps done are checkpointed and the run returns 2 */
 } td_rl_opts;
 
 void td_rl_opts_defaults(td_rl_opts *o);
@@ -412,7 +417,21 @@ void td_rl_opts_defaults(td_rl_opts *o);
  * err naming the flags. */
 int td_rl_opts_check(const td_rl_opts *o, td_error *err);
 /* Runs (or resumes) the run; writes OUTPUT_DIR/rl.h5, checkpoint-K/ and model/. 0, 1 when it
- * stopped on a collapse (--stop-on-collapse), -1 + err. */
+ * stopped on a collapse (--stop-on-collapse), 2 when o->stop stopped it (the steps done are in
+ * checkpoint-K and rl.h5; --resume continues), -1 + err.
+ *
+ * Resume and extension (as HF Trainer's resume_from_checkpoint). The last step's state is kept
+ * as checkpoint-N whatever --save-steps says (only the newest checkpoint is kept), so --resume
+ * continues a stopped run and extends a finished one: with a larger --max-steps (or --epochs)
+ * the run goes on to the new total. Every other setting of the run configuration (rl_config)
+ * must be the run's own; a resume that changes one is refused, each differing option named
+ * with both values. The steps a resumed run takes are the ones the uninterrupted run of the
+ * same total takes, bit for bit: the rollouts of step k depend on the seed and k only, and the
+ * trainer's state is restored exactly. The learning-rate schedule is recomputed from the new
+ * total, as HF's Trainer does (it builds the scheduler from max_steps when it resumes): under
+ * constant the extended run equals an uninterrupted run of the new total bit for bit; under
+ * linear / cosine (and a --warmup-ratio) the steps after the extension point follow the new
+ * total's schedule while the steps already done keep the old one's learning rates. */
 int td_rl_run(const td_rl_opts *o, td_error *err);
 
 #define TD_RL_RUNFILE "rl.h5"

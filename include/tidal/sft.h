@@ -23,7 +23,17 @@
  * the model files go to output_dir itself. The run file (output_dir/sft.h5 unless given) gets
  * one /steps row per optimiser step (runschema.h: td_schema_steps), flushed as it goes.
  * resume continues from the newest checkpoint-K: the run file is cut back to K rows and the
- * final weights are bit-identical to an uninterrupted run's (any thread count).
+ * final weights are bit-identical to an uninterrupted run's (any thread count). The last step's
+ * checkpoint-N is always written, so resume with a larger max_steps (or epochs) extends a
+ * finished run, as HF's Trainer does: the schedule is recomputed from the new total (constant:
+ * the extended run equals an uninterrupted run of the new total bit for bit; linear / cosine /
+ * warmup: the steps done kept the old total's learning rates). Every checkpoint's
+ * trainer_state.json records the run's settings ("tidal_settings": recipe, optimiser, schedule,
+ * LoRA, seed, batch, evaluation); a resume with other values is refused, each differing option
+ * named with both values (td_settings_diff). max_steps / epochs, save_steps, save_dtype and the
+ * evaluation batch may change. stop set by a signal: the step in flight finishes, checkpoint-K
+ * is written and td_sft_run fails with "interrupted after step K" (tidal-sft exits 130 with the
+ * command that continues).
  *
  * Evaluation. Greedy decoding (temperature 0) of the evaluation records through the rollout
  * loop (rollout.h) on the inference path under eval_recipe, each completion graded by its task's
@@ -64,6 +74,8 @@ typedef struct {
     int max_new_tokens;            /* 0: longest reference response + 16                              */
     int save_dtype;                /* td_dtype of model.safetensors (F32 or BF16)                      */
     int resume;                    /* continue from output_dir's newest checkpoint                    */
+    const char *resume_checkpoint; /* or from this one (HF's resume_from_checkpoint PATH): an
+                                      output_dir/checkpoint-K; NULL, "true", "last": the newest      */
     int overwrite;                 /* replace what output_dir holds (else refused)                    */
     volatile sig_atomic_t *stop;   /* set by a signal: checkpoint at the next step boundary and stop  */
     FILE *progress;                /* stderr, or NULL                                                  */

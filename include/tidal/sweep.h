@@ -20,16 +20,19 @@
  * (the report averages over them).
  *
  * Running: N workers fork/exec the tool, one run each (stdout and stderr to RUN/log.txt). A
- * run whose rl.h5 says finished is skipped; one with an unfinished rl.h5 is continued with
- * --resume; others start. tidal-sweep --report-to LIST gives every run --report-to LIST (a
- * finished run is not run again, so it gets no logs it did not have). --emit slurm|condor
- * writes the grid as a cluster job array instead (a task per run + a report step that runs
- * when they are done), and runs nothing. */
+ * run whose rl.h5 says finished is skipped (unless "max-steps" has grown past the run's total:
+ * --resume extends it); one with an unfinished rl.h5 is continued with --resume; others start.
+ * SIGINT / SIGTERM stop the sweep: the running runs are told to stop (they checkpoint their last
+ * step) and waited for, and the same command continues. tidal-sweep --report-to LIST gives every
+ * run --report-to LIST (a finished run is not run again, so it gets no logs it did not have).
+ * --emit slurm|condor writes the grid as a cluster job array instead (a task per run + a report
+ * step that runs when they are done), and runs nothing. */
 #ifndef TIDAL_SWEEP_H
 #define TIDAL_SWEEP_H
 
 #include "tidal/common.h"
 
+#include <signal.h>
 #include <stdio.h>
 
 TD_BEGIN_DECLS
@@ -61,8 +64,12 @@ typedef enum { TD_RUN_NEW = 0, TD_RUN_UNFINISHED, TD_RUN_FINISHED } td_run_state
 td_run_state td_sweep_state(const td_sweep_run *r);
 
 /* Runs every unfinished run with `workers` parallel processes; progress with an ETA on stderr.
+ * stop (may be NULL; td_stop_on_signals): once set, no run starts, the running ones get SIGTERM
+ * (each finishes its step, saves a checkpoint and exits 130) and are waited for; *n_stopped (may
+ * be NULL) = how many stopped so. The same sweep command run again continues every one of them.
  * Returns the number of runs that failed (their logs say why), or -1 + err. */
-int td_sweep_execute(const td_sweep *s, int workers, int dry_run, td_error *err);
+int td_sweep_execute(const td_sweep *s, int workers, int dry_run, volatile sig_atomic_t *stop, int *n_stopped,
+                     td_error *err);
 
 /* Writes OUTPUT_DIR/jobs.txt (one command per run) and the job-array files: slurm
  * (sweep.sbatch with #SBATCH --array, report.sbatch, submit.sh chaining them with

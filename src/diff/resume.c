@@ -3,7 +3,9 @@
  * written when the run stopped), and the prompts already there are skipped. /text goes on if
  * the file has it (/progress/text_rows), whatever the tokenizer now says. */
 #include "job.h"
+#include "tidal/opts.h"
 
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,16 +33,65 @@ static int check_device(job *J, td_error *err)
     return same ? 0 : -1;
 }
 
-/* The attributes that must match for --resume to continue a file. */
-static int check_same(td_runfile *rf, const char *name, const char *want, td_error *err)
+/* The attributes that must match for --resume to continue a file, and the options they come
+ * from; the JSON-valued ones (sampling, recipes) are compared member by member. */
+static const td_setting_flag RESUME_FLAGS[] = {
+    {"model_fingerprint", "--model (its files' fingerprint)", NULL},
+    {"recipe_a", "--recipe-a", NULL}, {"recipe_b", "--recipe-b", NULL},
+    {"sampling.temperature", "--temperature", NULL}, {"sampling.top_p", "--top-p", NULL},
+    {"sampling.top_k", "--top-k", NULL}, {"sampling.min_p", "--min-p", NULL},
+    {"sampling.repetition_penalty", "--repetition-penalty", NULL},
+    {"sampling.max_new_tokens", "--max-new-tokens", NULL},
+    {"sampling.stop_at_eos", "--no-stop-at-eos", "given|not given"},
+    {"seed_str", "--seed", NULL}, {"shard", "--shard", NULL}, {"batch", "--batch", NULL},
+    {"score_prompt", "--score-prompt", "not given|given"}, {"prompts_file", "--prompts", NULL}, {"layers", "--layers", "not given|given"},
+    {"lora_path", "--lora", NULL}, {"lora_mode_a", "--lora-merge-a", NULL},
+    {"lora_mode_b", "--lora-merge-b / --lora-sync", NULL}, {"logprob_temperature", "--logprob-temperature", NULL},
+    {0}};
+
+/* the value of an attribute as JSON: the object or number its text is, else the string */
+static void put_value(json_t *obj, const char *key, const char *text)
 {
-    td_error e2;
-    char *have = td_runfile_get_str(rf, name, &e2);
-    int same = have && !strcmp(have, want);
-    free(have);
-    if (!same)
-        return td_fail(err, "%s: --resume with a different %s than the file was made with; use a new -o", td_runfile_path(rf), name);
-    return 0;
+    json_t *v = NULL;
+    char *end = NULL;
+    if (text && text[0] == '{') {
+        v = json_loads(text, 0, NULL);
+    } else if (text && text[0]) {
+        long long i = strtoll(text, &end, 10);
+        if (!*end) v = json_integer(i);
+        else {
+            double d = strtod(text, &end);
+            if (!*end) v = json_real(d);
+        }
+    }
+    json_object_set_new(obj, key, v ? v : text ? json_string(text) : json_null());
+}
+
+static int check_same(td_runfile *rf, const char *const *keys, const char *const *vals, size_t n, td_error *err)
+{
+    json_t *had = json_object(), *now = json_object();
+    for (size_t i = 0; i < n; i++) {
+        td_error e2;
+        char *have = td_runfile_get_str(rf, keys[i], &e2);
+        if (!have || strcmp(have, vals[i])) {
+            put_value(had, keys[i], have);
+            put_value(now, keys[i], vals[i]);
+        }
+        free(have);
+    }
+    int rc = 0;
+    if (json_object_size(had)) {
+        char *a = json_dumps(had, JSON_COMPACT), *b = json_dumps(now, JSON_COMPACT), lines[sizeof err->msg];
+        if (td_settings_diff(a, b, RESUME_FLAGS, NULL, lines, sizeof lines) <= 0)   /* equal as numbers, unequal as text */
+            snprintf(lines, sizeof lines, "  (%s)", a);
+        rc = td_fail(err, "%s: --resume with other settings than the file was made with (use a new -o, or give "
+                     "the file's values):\n%s", td_runfile_path(rf), lines);
+        free(a);
+        free(b);
+    }
+    json_decref(had);
+    json_decref(now);
+    return rc;
 }
 
 int resume_output(job *J, const char *const *keys, const char *const *vals, size_t n_keys, td_error *err)
@@ -48,8 +99,7 @@ int resume_output(job *J, const char *const *keys, const char *const *vals, size
     const char *out = J->o->out_path;
     J->rf = td_runfile_open(out, 1, err);
     if (!J->rf) return -1;
-    for (size_t i = 0; i < n_keys; i++)
-        if (check_same(J->rf, keys[i], vals[i], err)) return -1;
+    if (check_same(J->rf, keys, vals, n_keys, err)) return -1;
     if (check_device(J, err)) return -1;
     int64_t nb = td_runfile_rows(J->rf, td_schema_progress[TD_PRG_BATCH].path);
     /* text as the file has it: a run that began without it goes on without it */

@@ -7,9 +7,12 @@
  *                          = the step: tidal-report and tidal-heatmap read them
  *   /progress              one row per step: the row counts after it (what --resume cuts to)
  * Checkpoints: OUTPUT_DIR/checkpoint-K/trainer_state.bin (td_trainer_save_state) after step K-1,
- * then the root attribute checkpoint_step = K; only the latest is kept. --resume cuts every
- * group back to checkpoint_step rows and continues: each step's rollouts depend on the seed and
- * the step only, and the trainer state is restored bit for bit, so the rows come out the same.
+ * then the root attribute checkpoint_step = K; only the latest is kept, and the last step's is
+ * always written (at the end, or when a signal stops the run). --resume cuts every group back to
+ * checkpoint_step rows and continues: each step's rollouts depend on the seed and the step only,
+ * and the trainer state is restored bit for bit, so the rows come out the same. The run
+ * configuration (rl_config) must be the file's except max_steps: a larger total extends the run
+ * (rl.h, td_rl_run) and becomes the file's max_steps.
  * --report-to: each committed /steps row also goes to TensorBoard / metrics.jsonl (log_step;
  * include/tidal/tfevents.h), cut back with the file on --resume (td_rl_run). */
 #include "rl_internal.h"
@@ -175,6 +178,33 @@ static int cut_back(rl_run *R, int steps, td_error *err)
     return replay(R, steps, err);
 }
 
+/* --resume: the options of rl_config's keys that are not --key itself, and the ones a resume may
+ * change (the total: HF's Trainer continues to a new max_steps) */
+static const td_setting_flag RESUME_FLAGS[] = {
+    {"train_recipe", "--train-recipe (or --dtype)", NULL}, {"rollout_recipe", "--rollout-recipe (or --dtype)", NULL},
+    {"is_drop_masked", "--is-masked-normaliser", "keep|drop"}, {"lr_scheduler_type", "--lr-scheduler-type", NULL},
+    {"mask_truncated_completions", "--mask-truncated-completions", NULL}, {"log_completions", "--log-completions", NULL},
+    {0}};
+static const char *const RESUME_FREE[] = {"max_steps", NULL};
+
+/* --resume-from-checkpoint PATH: only the newest checkpoint is kept, the one the run file names */
+static int check_named(const td_rl_opts *o, int ck, td_error *err)
+{
+    const char *p = o->resume_checkpoint;
+    if (!strcmp(p, "true") || !strcmp(p, "True") || !strcmp(p, "last")) return 0;
+    char want[4300];
+    snprintf(want, sizeof want, "%s/checkpoint-%d", o->output_dir, ck);
+    char *a = realpath(p, NULL), *b = realpath(want, NULL);
+    int same = a && b && !strcmp(a, b);
+    free(a);
+    free(b);
+    if (same) return 0;
+    if (ck == 0)
+        return td_fail(err, "--resume-from-checkpoint %s: the run has no checkpoint yet (it restarts from step 0 with "
+                       "--resume)", p);
+    return td_fail(err, "--resume-from-checkpoint %s: the run's checkpoint is %s (tidal-rl keeps only the newest)", p, want);
+}
+
 int rl_file_open(rl_run *R, int *start, td_error *err)
 {
     const td_rl_opts *o = R->o;
@@ -187,6 +217,9 @@ int rl_file_open(rl_run *R, int *start, td_error *err)
     if (exists && !o->resume && !o->overwrite)
         return td_fail(err, "%s exists: --resume continues that run, --overwrite-output-dir "
                        "replaces it", path);
+    const char *named = o->resume_checkpoint;
+    if (!exists && named && strcmp(named, "true") && strcmp(named, "True") && strcmp(named, "last"))
+        return td_fail(err, "--resume-from-checkpoint %s: %s holds no run to continue", named, o->output_dir);
     /* created, then stopped before its first commit: nothing to continue */
     int empty = exists && st.st_size == 0;
     if (!exists || o->overwrite || empty) {
@@ -198,15 +231,27 @@ int rl_file_open(rl_run *R, int *start, td_error *err)
     R->rf = td_runfile_open(path, 1, err);
     if (!R->rf) return -1;
     char *tool = td_runfile_get_str(R->rf, "tool", NULL), *cfg = td_runfile_get_str(R->rf, "rl_config", NULL);
-    char *mine = rl_config_json(R);
-    int same = tool && !strcmp(tool, "tidal-rl") && cfg && !strcmp(cfg, mine);
-    if (!same)
-        td_fail(err, "%s: --resume with another configuration than the file's (%s) — this command "
-                "gives %s", path, cfg ? cfg : tool ? tool : "not a tidal-rl run", mine);
-    free(tool); free(cfg); free(mine);
-    if (!same) return -1;
+    char *mine = rl_config_json(R), lines[sizeof err->msg];
+    int rc = 0;
+    if (!tool || strcmp(tool, "tidal-rl") || !cfg)
+        rc = td_fail(err, "%s: not a tidal-rl run file (--overwrite-output-dir replaces it)", path);
+    else if (td_settings_diff(cfg, mine, RESUME_FLAGS, RESUME_FREE, lines, sizeof lines) != 0)
+        rc = td_fail(err, "%s: --resume with other settings than the run's (give the run's values, or use a new "
+                     "--output-dir):\n%s", path, lines);
+    free(tool); free(cfg);
     int64_t ck = 0;
-    if (td_runfile_get_i64(R->rf, "checkpoint_step", &ck, err)) return -1;
+    if (!rc && td_runfile_get_i64(R->rf, "checkpoint_step", &ck, err)) rc = -1;
+    if (!rc && ck > R->total_steps)
+        rc = td_fail(err, "%s: --max-steps %d, but the run has done %lld steps (checkpoint-%lld): give --max-steps "
+                     "%lld or more", path, R->total_steps, (long long)ck, (long long)ck, (long long)ck);
+    if (!rc && o->resume_checkpoint && check_named(o, (int)ck, err)) rc = -1;
+    /* the new total (an extension) is the run's from now on */
+    if (!rc && (td_runfile_set_str(R->rf, "rl_config", mine, err) ||
+                td_runfile_set_i64(R->rf, "max_steps", R->total_steps, err) ||
+                td_runfile_set_str(R->rf, "resumed_command_line", o->command_line ? o->command_line : "", err)))
+        rc = -1;
+    free(mine);
+    if (rc) return -1;
     if (ck > 0) {
         char sp[4300];
         snprintf(sp, sizeof sp, "%s/checkpoint-%lld/trainer_state.bin", o->output_dir, (long long)ck);

@@ -213,7 +213,7 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
     rl_run R;
     memset(&R, 0, sizeof R);
     R.o = o;
-    int rc = -1, start = 0, stopped = 0, k, dead_said = 0;
+    int rc = -1, start = 0, stopped = 0, interrupted = 0, k, dead_said = 0;
     if (load_inputs(&R, err) || build(&R, err) || rl_file_open(&R, &start, err)) goto done;
     /* the logs cut back to the steps rl.h5 keeps (0..start-1), then this invocation's sinks */
     if (!(R.log = td_steplog_open(o->output_dir, o->report_to, start, err))) goto done;
@@ -226,8 +226,14 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
     }
     double M[TD_RLM_COUNT], t0 = omp_get_wtime();
     if (!o->quiet && start > 0)
-        fprintf(stderr, "tidal-rl: resuming %s/%s at step %d of %d\n", o->output_dir, TD_RL_RUNFILE, start, R.total_steps);
+        fprintf(stderr, start < R.total_steps ? "tidal-rl: resuming %s/%s at step %d of %d\n"
+                                              : "tidal-rl: %s/%s has done its %d of %d steps: nothing to resume\n",
+                o->output_dir, TD_RL_RUNFILE, start, R.total_steps);
     for (k = start; k < R.total_steps; k++) {
+        if (o->stop && *o->stop) {   /* a signal: keep the steps done, resumable (opts.h, "Stopping") */
+            interrupted = 1;
+            break;
+        }
         if (rl_step(&R, k, M, err)) {
             /* nothing of step k is in the file: it stays a run --resume continues (HF's Trainer
              * restarts from the last checkpoint the same way) */
@@ -275,6 +281,21 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
                         td_collapse_first(R.det, TD_CLP_REWARD));
             break;
         }
+    }
+    /* the last step's state, always: --resume continues from it, and extends a finished run to
+     * a larger --max-steps (HF's Trainer saves its last checkpoint the same way) */
+    int64_t have = 0;
+    td_runfile_get_i64(R.rf, "checkpoint_step", &have, NULL);
+    if (k > have && rl_checkpoint_save(&R, k, err)) goto done;
+    if (interrupted) {
+        if (rl_file_finish(&R, k, 0, err)) goto done;
+        if (k == 0)
+            fprintf(stderr, "tidal-rl: stopped by a signal before the first step\n");
+        else
+            fprintf(stderr, "tidal-rl: stopped by a signal after step %d of %d; %s/checkpoint-%d and %s/%s hold "
+                    "the steps done\n", k, R.total_steps, o->output_dir, k, o->output_dir, TD_RL_RUNFILE);
+        rc = 2;
+        goto done;
     }
     char mp[4100];
     snprintf(mp, sizeof mp, "%s/model", o->output_dir);

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static char *xstrdup(const char *s)
@@ -218,9 +219,16 @@ td_run_state td_sweep_state(const td_sweep_run *r)
     if (stat(p, &st)) return TD_RUN_NEW;
     td_runfile *rf = td_runfile_open(p, 0, NULL);
     if (!rf) return TD_RUN_UNFINISHED;
-    int64_t fin = 0;
+    int64_t fin = 0, total = 0, stopped = 0;
     td_runfile_get_i64(rf, "finished", &fin, NULL);
+    td_runfile_get_i64(rf, "max_steps", &total, NULL);
+    td_runfile_get_i64(rf, "stopped_on_collapse", &stopped, NULL);
     td_runfile_close(rf, NULL);
+    /* a finished run whose --max-steps has grown since is continued to the new total (--resume
+     * extends it, as HF's Trainer does) */
+    for (int a = 1; fin == 1 && !stopped && a + 1 < r->argc; a++)
+        if ((!strcmp(r->argv[a], "--max-steps") || !strcmp(r->argv[a], "--max_steps")) && atoll(r->argv[a + 1]) > total)
+            fin = 0;
     return fin == 1 ? TD_RUN_FINISHED : TD_RUN_UNFINISHED;
 }
 
@@ -250,8 +258,10 @@ static int make_output_dir(const td_sweep *s, td_error *err)
     return 0;
 }
 
-int td_sweep_execute(const td_sweep *s, int workers, int dry_run, td_error *err)
+int td_sweep_execute(const td_sweep *s, int workers, int dry_run, volatile sig_atomic_t *stop, int *n_stopped,
+                     td_error *err)
 {
+    if (n_stopped) *n_stopped = 0;
     if (make_output_dir(s, err)) return -1;
     size_t *todo = td_xmalloc((s->n ? s->n : 1) * sizeof *todo), ntodo = 0, skipped = 0;
     int *resume = td_xcalloc(s->n ? s->n : 1, sizeof(int));
@@ -275,10 +285,11 @@ int td_sweep_execute(const td_sweep *s, int workers, int dry_run, td_error *err)
     pid_t *pids = td_xcalloc((size_t)workers, sizeof(pid_t));
     size_t *slot_run = td_xcalloc((size_t)workers, sizeof(size_t));
     size_t next = 0, done = 0;
-    int failed = 0, running = 0;
+    int failed = 0, running = 0, forwarded = 0, halted = 0;
     double t0 = omp_get_wtime();
     while (done < ntodo) {
-        while (running < workers && next < ntodo) {
+        int stopping = stop && *stop;
+        while (!stopping && running < workers && next < ntodo) {
             int w = 0;
             while (pids[w]) w++;
             pids[w] = launch(&s->runs[todo[next]], resume[next]);
@@ -287,23 +298,47 @@ int td_sweep_execute(const td_sweep *s, int workers, int dry_run, td_error *err)
             next++;
             running++;
         }
+        /* a stop: the running runs get it too (SIGTERM: each finishes its step, checkpoints and
+         * exits 130; a Ctrl-C at the terminal also reached them as SIGINT, which their handler
+         * counts as the same first stop), no new run starts, and we wait for them to save */
+        if (stopping && !forwarded) {
+            forwarded = 1;
+            fprintf(stderr, "tidal-sweep: stopping: %d running runs finish their step and save a checkpoint; %zu not "
+                    "started\n", running, ntodo - next);
+            for (int w = 0; w < workers; w++) if (pids[w] > 0) kill(pids[w], SIGTERM);
+        }
+        if (running == 0) break;
         int status;
-        pid_t pid = wait(&status);
-        if (pid < 0) break;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid == 0) {   /* polled, so a stop is forwarded at once */
+            struct timespec ts = {0, 50 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (pid < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
         for (int w = 0; w < workers; w++)
             if (pids[w] == pid) {
                 int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
                 done++;
                 running--;
                 pids[w] = 0;
-                int ok = rc == 0 || rc == 3;
-                failed += !ok;
+                int ok = rc == 0 || rc == 3, was_stopped = forwarded && rc == TD_EXIT_STOPPED;
+                failed += !ok && !was_stopped;
+                halted += was_stopped;
                 double el = omp_get_wtime() - t0, eta = el / done * (ntodo - done);   /* wall per finished run */
-                fprintf(stderr, "tidal-sweep: [%zu/%zu] %s %s%s (%.0f s elapsed, ETA %.0f min)\n", done, ntodo,
-                        s->runs[slot_run[w]].name, ok ? "done" : "FAILED, see ", ok ? (rc == 3 ? " (stopped on collapse)" : "") : s->runs[slot_run[w]].dir,
-                        el, eta / 60);
+                if (was_stopped)
+                    fprintf(stderr, "tidal-sweep: [%zu/%zu] %s stopped, its checkpoint saved (%s/log.txt)\n", done,
+                            ntodo, s->runs[slot_run[w]].name, s->runs[slot_run[w]].dir);
+                else
+                    fprintf(stderr, "tidal-sweep: [%zu/%zu] %s %s%s (%.0f s elapsed, ETA %.0f min)\n", done, ntodo,
+                            s->runs[slot_run[w]].name, ok ? "done" : "FAILED, see ",
+                            ok ? (rc == 3 ? " (stopped on collapse)" : "") : s->runs[slot_run[w]].dir, el, eta / 60);
             }
     }
+    if (n_stopped) *n_stopped = halted;
     free(pids); free(slot_run); free(todo); free(resume);
     return failed;
 }

@@ -9,6 +9,7 @@
 #include "tidal/tfevents.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,7 @@ typedef struct {
     long perm_epoch;
     long skipped;             /* steps skipped so far */
     double t0;
+    char settings[8192];      /* settings_json: recorded in every trainer_state.json */
 } sft_job;
 
 static double now_s(void)
@@ -97,6 +99,62 @@ static void data_paths(const td_sft_opts *o, char *train, char *eval, size_t cap
     if (o->eval_dataset_path) snprintf(eval, cap, "%s", o->eval_dataset_path);
     else if (eval[0] && !exists(eval)) eval[0] = 0;
 }
+
+/* The settings a resumed run must keep (trainer_state.json "tidal_settings"): everything that
+ * shapes the steps and their /steps rows. Free to change: --max-steps / --epochs (the new total:
+ * HF's Trainer recomputes the schedule from it), --save-steps, --save-dtype and the evaluation
+ * batch (greedy decoding is batch-invariant). */
+static void settings_json(const td_sft_opts *o, char *out, size_t cap)
+{
+    const td_train_opts *t = &o->train;
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)t->seed);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:i, s:f, s:f, s:f, s:f, s:f}",
+                          "model_path", o->model_path, "dataset_path", o->dataset_path, "recipe", o->recipe.name,
+                          "eval_recipe", o->eval_recipe.name, "learning_rate", t->lr,
+                          "lr_scheduler_type", td_lr_schedule_name(t->schedule), "warmup_ratio", t->warmup_ratio,
+                          "warmup_steps", t->warmup_steps, "weight_decay", t->weight_decay,
+                          "max_grad_norm", t->max_grad_norm, "adam_beta1", t->beta1, "adam_beta2", t->beta2,
+                          "adam_epsilon", t->eps);
+    if (o->tokenizer_path) json_object_set_new(j, "tokenizer_path", json_string(o->tokenizer_path));
+    if (o->eval_dataset_path) json_object_set_new(j, "eval_dataset_path", json_string(o->eval_dataset_path));
+    json_object_set_new(j, "lora_r", json_integer(t->lora_r));
+    if (t->lora_r > 0) {
+        json_object_set_new(j, "lora_alpha", json_real(t->lora_alpha));
+        json_object_set_new(j, "lora_target_modules", json_integer(t->lora_modules));
+    }
+    json_object_set_new(j, "seed", json_string(seed));
+    json_object_set_new(j, "per_device_batch_size", json_integer(o->batch));
+    json_object_set_new(j, "gradient_accumulation_steps", json_integer(o->grad_accum));
+    json_object_set_new(j, "eval_steps", json_integer(o->eval_steps));
+    json_object_set_new(j, "eval_max_samples", json_integer(o->eval_max_samples));
+    json_object_set_new(j, "max_new_tokens", json_integer(o->max_new_tokens));
+    char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    snprintf(out, cap, "%s", s ? s : "");
+    free(s);
+    json_decref(j);
+}
+
+/* --resume-from-checkpoint PATH: a checkpoint-K of output_dir (its run file is the one cut back) */
+static int chosen_checkpoint(const td_sft_opts *o, char *ck, size_t cap, td_error *err)
+{
+    const char *p = o->resume_checkpoint, *base = strrchr(p, '/');
+    base = base ? base + 1 : p;
+    char parent[4200], st[4300];
+    snprintf(parent, sizeof parent, "%s/..", p);
+    char *a = realpath(parent, NULL), *b = realpath(o->output_dir, NULL);
+    int k, used = 0, ok = a && b && !strcmp(a, b) && sscanf(base, "checkpoint-%d%n", &k, &used) == 1 && !base[used];
+    free(a);
+    free(b);
+    snprintf(st, sizeof st, "%s/optimizer.safetensors", p);
+    if (!ok || !exists(st))
+        return td_fail(err, "--resume-from-checkpoint %s: expected a checkpoint-K folder of %s with its "
+                       "optimizer.safetensors", p, o->output_dir);
+    snprintf(ck, cap, "%s", p);
+    return 0;
+}
+
+static const td_setting_flag RESUME_FLAGS[] = {{"lr_scheduler_type", "--lr-scheduler", NULL}, {0}};
 
 /* A folder that already holds a run's results is refused unless overwrite (or resume). */
 static int check_output(const td_sft_opts *o, const char *run_path, td_error *err)
@@ -165,7 +223,8 @@ static int open_runfile(sft_job *J, int resume_rows, td_error *err)
             return td_fail(err, "%s: %lld /steps rows, the checkpoint is at step %d: not this run's file",
                            J->run_path, (long long)have, resume_rows);
         if (td_runfile_truncate_group(J->rf, TD_SCHEMA_STEPS, resume_rows, err)) return -1;
-        return td_runfile_set_str(J->rf, "resumed_command_line", o->command ? o->command : "", err);
+        return td_runfile_set_i64(J->rf, "max_steps", J->total, err) ||   /* an extension's new total */
+               td_runfile_set_str(J->rf, "resumed_command_line", o->command ? o->command : "", err) ? -1 : 0;
     }
     J->rf = td_runfile_create(J->run_path, 1, err);
     if (!J->rf) return -1;
@@ -216,7 +275,8 @@ static int save_checkpoint(sft_job *J, int step, td_error *err)
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", J->o->output_dir, step);
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
     sft_remove_dir(tmp);
-    sft_progress p = {step, J->skipped, 0, J->o->train.seed};
+    sft_progress p = {step, J->skipped, 0, J->o->train.seed, ""};
+    snprintf(p.settings, sizeof p.settings, "%s", J->settings);
     p.epoch = (double)step * J->o->batch * J->o->grad_accum / (double)J->train.n;
     if (sft_save_dir(J->tr, J->o, J->tok, tmp, 2, &p, err)) { sft_remove_dir(tmp); return -1; }
     sft_remove_dir(dir);   /* an older one of the same step (a resumed run saving again) */
@@ -305,24 +365,27 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
                        o->eval_steps);
     if (o->run_file) snprintf(J->run_path, sizeof J->run_path, "%s", o->run_file);
     else snprintf(J->run_path, sizeof J->run_path, "%s/sft.h5", o->output_dir);
-    char ck[4200] = "";
-    sft_progress prog = {0};
+    char ck[4200] = "", mine[sizeof ((sft_progress *)0)->settings];
+    sft_progress prog = {0}, done = {0};
+    int finished = 0;
+    settings_json(o, mine, sizeof mine);
+    snprintf(J->settings, sizeof J->settings, "%s", mine);
     if (o->resume) {
         char top[4200];
         snprintf(top, sizeof top, "%s/trainer_state.json", o->output_dir);
         if (exists(top)) {   /* the run finished: its final model is in place */
-            if (sft_read_progress(o->output_dir, &prog, err)) return -1;
-            if (o->progress) fprintf(o->progress, "tidal-sft: %s is complete (%d steps): nothing to resume\n",
-                                     o->output_dir, prog.global_step);
-            res->steps = prog.global_step;
-            return 0;
+            if (sft_read_progress(o->output_dir, &done, err)) return -1;
+            finished = 1;
         }
-        if (!sft_latest_checkpoint(o->output_dir, ck, sizeof ck))
+        if (!sft_latest_checkpoint(o->output_dir, ck, sizeof ck) && !finished)
             return td_fail(err, "--resume: %s holds no checkpoint-K to continue from", o->output_dir);
-        if (sft_read_progress(ck, &prog, err)) return -1;
-        if (prog.seed != o->train.seed)
-            return td_fail(err, "--resume: %s was made with --seed %llu, this command has %llu (the data order "
-                           "would differ)", ck, (unsigned long long)prog.seed, (unsigned long long)o->train.seed);
+        const char *want = o->resume_checkpoint;
+        if (want && strcmp(want, "true") && strcmp(want, "True") && strcmp(want, "last")) {
+            if (chosen_checkpoint(o, ck, sizeof ck, err)) return -1;
+            finished = 0;   /* a checkpoint named: continue from it, whatever came after */
+            done.global_step = 0;
+        }
+        if (ck[0] && sft_read_progress(ck, &prog, err)) return -1;
     } else if (check_output(o, J->run_path, err)) {
         return -1;
     }
@@ -330,6 +393,27 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
     if (load_inputs(J, 1, err)) return -1;
     int S = o->batch * o->grad_accum;
     J->total = o->max_steps > 0 ? o->max_steps : (int)ceil(o->epochs * (double)J->train.n / S);
+    if (finished && done.global_step >= J->total) {
+        if (o->progress) fprintf(o->progress, "tidal-sft: %s is complete (%d steps): nothing to resume\n",
+                                 o->output_dir, done.global_step);
+        res->steps = done.global_step;
+        return 0;
+    }
+    if (o->resume) {   /* continuing (or extending, HF's way: to the new total) needs the run's settings */
+        if (!ck[0] || prog.global_step < done.global_step)
+            return td_fail(err, "--resume: %s finished at step %d and has no checkpoint of that step to continue to "
+                           "%d steps from (a run made before tidal-sft kept its last step's state)", o->output_dir,
+                           done.global_step, J->total);
+        char lines[sizeof err->msg];
+        if (prog.settings[0] && td_settings_diff(prog.settings, mine, RESUME_FLAGS, NULL, lines, sizeof lines) != 0)
+            return td_fail(err, "--resume: %s/trainer_state.json: other settings than the run's (give the run's values, "
+                           "or use a new --output-dir):\n%s", ck, lines);
+        if (prog.seed != o->train.seed)   /* checkpoints without the settings: the seed at least */
+            return td_fail(err, "--resume: %s was made with --seed %llu, this command has %llu (the data order "
+                           "would differ)", ck, (unsigned long long)prog.seed, (unsigned long long)o->train.seed);
+        if (prog.global_step > J->total)
+            return td_fail(err, "--resume: %s is at step %d, past --max-steps %d", ck, prog.global_step, J->total);
+    }
     td_train_opts to = o->train;
     to.max_steps = J->total;
     to.max_seq_len = J->train.max_len;
@@ -403,7 +487,11 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
     char tmp[4300];
     snprintf(tmp, sizeof tmp, "%s/final.tmp", o->output_dir);
     sft_remove_dir(tmp);
-    sft_progress fin = {J->total, res->skipped, (double)J->total * S / J->train.n, o->train.seed};
+    /* the last step's state, always (as HF's Trainer saves its last checkpoint): --resume with a
+     * larger --max-steps continues from it */
+    if (J->total > start && save_checkpoint(J, J->total, err)) return -1;
+    sft_progress fin = {J->total, res->skipped, (double)J->total * S / J->train.n, o->train.seed, ""};
+    snprintf(fin.settings, sizeof fin.settings, "%s", J->settings);
     if (sft_save_dir(J->tr, o, J->tok, tmp, 1, &fin, err) || sft_publish(tmp, o->output_dir, err)) {
         sft_remove_dir(tmp);
         return -1;

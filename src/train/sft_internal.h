@@ -35,6 +35,8 @@ typedef struct {
     long skipped;
     double epoch;
     uint64_t seed;
+    char settings[8192];     /* the run's settings as JSON (sft.c: what --resume must keep); "" in
+                                checkpoints written before tidal recorded them */
 } sft_progress;
 
 /* Writes the model (and tokenizer, generation config) of trainer tr into dir (created), each

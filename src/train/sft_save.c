@@ -121,6 +121,8 @@ int sft_save_dir(const td_trainer *tr, const td_sft_opts *o, const td_tokenizer 
     char seed[32];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)p->seed);   /* a string: JSON integers stop at 2^53 */
     json_object_set_new(j, "seed", json_string(seed));
+    json_t *set = p->settings[0] ? json_loads(p->settings, 0, NULL) : NULL;
+    if (set) json_object_set_new(j, "tidal_settings", set);
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     int rc = write_json(path, j, err);
     json_decref(j);
@@ -159,6 +161,10 @@ int sft_read_progress(const char *dir, sft_progress *p, td_error *err)
         p->skipped = (long)json_integer_value(sk);
         p->epoch = json_number_value(ep);
         p->seed = strtoull(json_string_value(sd), NULL, 10);
+        json_t *set = json_object_get(j, "tidal_settings");
+        char *t = json_is_object(set) ? json_dumps(set, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
+        snprintf(p->settings, sizeof p->settings, "%s", t ? t : "");
+        free(t);
     }
     json_decref(j);
     return rc;

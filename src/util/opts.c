@@ -346,9 +346,19 @@ char *td_command_line_edit(int argc, char **argv, const char *const *drop, const
     int n = 0, have_add = 0;
     for (int i = 0; i < argc; i++) {
         int skip = 0;
-        for (const char *const *d = drop; d && *d; d++) if (!strcmp(argv[i], *d)) skip = 1;
+        for (const char *const *d = drop; d && *d; d++) {
+            size_t k = strlen(*d);
+            if (k > 1 && (*d)[k - 1] == '=') {   /* "--opt=": the option and its value, either form */
+                if (!strncmp(argv[i], *d, k)) skip = 1;
+                else if (!strncmp(argv[i], *d, k - 1) && !argv[i][k - 1]) { skip = 1; i++; }
+                if (skip) break;
+            } else if (!strcmp(argv[i], *d)) {
+                skip = 1;
+            }
+        }
+        if (skip) continue;
         if (add && !strcmp(argv[i], add)) have_add = 1;
-        if (!skip) v[n++] = argv[i];
+        v[n++] = argv[i];
     }
     if (add && !have_add) v[n++] = (char *)add;
     char *s = td_command_line(n, v);

@@ -143,8 +143,10 @@ try:
         paths = [f"{grp}/{k}" for grp in ["tokens", "seqs", "prompts", "progress"] for k in f[grp]]
         same = all(f[p].shape == g[p].shape and np.array_equal(f[p][:], g[p][:], equal_nan=True) for p in paths)
     check(same, f"--resume completes the cut file identical to the uninterrupted run ({len(paths)} datasets)")
-    p = run("tidal-diff", *args, "-o", cut, "--resume", "--seed", "12", ok=False)
-    check(p.returncode != 0 and "different" in p.stderr, "--resume with another seed is refused")
+    p = run("tidal-diff", *args, "-o", cut, "--resume", "--seed", "12", "--top-p", "0.9", ok=False)
+    named = [ln.strip() for ln in p.stderr.splitlines() if ln.startswith("  --")]
+    check(p.returncode == 1 and named == ["--top-p: run has 0.95, command gives 0.9", "--seed: run has 11, command gives 12"],
+          f"--resume with another seed and top-p is refused, naming just those two with both values ({named})")
 
     # ---- 5. replay rollouts taken from the run
     rolls = os.path.join(tmp, "rollouts.jsonl")

@@ -156,7 +156,8 @@ try:
               "tidal-merge keeps lora_mode_b and lora_survival_b")
     p = run("tidal-diff", "--model", base, "--prompts", prompts, "--recipe-a", "fp32", "--recipe-b", "fp32",
             "--max-new-tokens", "4", "--batch", "2", "--shard", "0/2", "--resume", "-o", parts[0], ok=False)
-    check(p.returncode != 0 and "lora_path" in p.stderr, "--resume without the file's adapter refused")
+    check(p.returncode != 0 and f"--lora: run has {ad}, command gives ''" in p.stderr,
+          "--resume without the file's adapter refused, naming --lora and both values")
 
     # ---- 3. survival when merging into bf16 / fp16 weights of a bf16 checkpoint
     bbase = os.path.join(tmp, "base_bf16")

@@ -268,12 +268,13 @@ if ok:   # a run file from before the rename ("kl" held the k1) resumes, its k1 
     with h5py.File(os.path.join(out, "rl.h5"), "r+") as f:
         del f["steps/kl"]
         f.move("steps/rollout_corr_kl", "steps/kl")
-        f.attrs["checkpoint_step"] = 2
-    p = rl(out, ADD, "--max-steps", "3", "--beta", "0.04", "--learning-rate", "1e-3", "--save-steps", "1", "--resume")
+    # continued from its last step's checkpoint (always kept) to a larger total: step 4 is new
+    p = rl(out, ADD, "--max-steps", "4", "--beta", "0.04", "--learning-rate", "1e-3", "--save-steps", "1", "--resume")
     r = steps(out) if p.returncode == 0 else {}
-    check(p.returncode == 0 and np.array_equal(r["rollout_corr_kl"], kl["1e-3"]["rollout_corr_kl"]) and
-          np.array_equal(r["kl"][:2], kl["1e-3"]["rollout_corr_kl"][:2]) and r["kl"][2] == kl["1e-3"]["kl"][2],
-          "an old run file (k1 under 'kl') resumes: rollout_corr_kl holds every step's k1" +
+    check(p.returncode == 0 and np.array_equal(r["rollout_corr_kl"][:3], kl["1e-3"]["rollout_corr_kl"]) and
+          np.isfinite(r["rollout_corr_kl"][3]) and np.array_equal(r["kl"][:3], kl["1e-3"]["rollout_corr_kl"]) and
+          r["kl"][3] > 0 and len(r["kl"]) == 4,
+          "an old run file (k1 under 'kl') resumes: rollout_corr_kl holds every step's k1, a new step TRL's kl" +
           ("" if p.returncode == 0 else f": {p.stderr[-300:]}"))
 out = os.path.join(tmp, "dead")
 p = subprocess.run([RL, *COMMON[:-1], "--dataset-path", ADD, "--output-dir", out, "--max-completion-length", "4",

@@ -69,8 +69,8 @@ for f in ["model.safetensors", "config.json", "generation_config.json", "tokeniz
           "trainer_state.json", "sft.h5"]:
     check(os.path.exists(os.path.join(A, f)), f"final output holds {f}")
 check(sorted(d for d in os.listdir(A) if d.startswith("checkpoint-")) == ["checkpoint-10", "checkpoint-20",
-                                                                        "checkpoint-30"],
-      "checkpoints every --save-steps before the end")
+                                                                        "checkpoint-30", f"checkpoint-{N}"],
+      "checkpoints every --save-steps before the end, and the last step's (what --resume extends)")
 check(os.path.exists(os.path.join(A, "checkpoint-20", "optimizer.safetensors")), "a checkpoint holds the optimiser state")
 st, attrs = steps(os.path.join(A, "sft.h5"))
 want = ["epoch", "eval_accuracy", "eval_reward", "grad_norm", "loss", "loss_scale", "lr", "seconds", "skipped",

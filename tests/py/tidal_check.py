@@ -21,3 +21,43 @@ def run(*args, ok=True):
         print(p.stdout, p.stderr)
         raise SystemExit(f"command failed: {' '.join(args)}")
     return p
+
+
+def interrupt(cmd, ready, sig=None, times=1, timeout=120, env=None):
+    """Starts cmd (a list), waits until ready(stderr_lines_so_far) is true, sends sig (default
+    SIGINT) `times` times, and waits for the end. Returns (returncode, stderr text, sent): sent is
+    False when the process ended before it was ready (a fast machine: the caller may retry)."""
+    import signal
+    import threading
+    import time
+    p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env=env)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(p.stderr.readline, "")), daemon=True)
+    reader.start()
+    t0, sent = time.time(), False
+    while p.poll() is None and time.time() - t0 < timeout:
+        if ready(list(lines)):
+            for _ in range(times):
+                p.send_signal(sig or signal.SIGINT)
+                time.sleep(0.05)
+            sent = True
+            break
+        time.sleep(0.01)
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+    reader.join(timeout=5)
+    return p.returncode, "".join(lines), sent
+
+
+def continue_command(stderr):
+    """The command a stopped tool printed after "to continue..., run:" (split as a shell would)."""
+    import shlex
+    ls = stderr.splitlines()
+    for i, ln in enumerate(ls):
+        if ln.rstrip().endswith("run:") and "to continue" in ln and i + 1 < len(ls):
+            return shlex.split(ls[i + 1].strip())
+    return None
