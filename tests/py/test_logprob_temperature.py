@@ -66,8 +66,8 @@ try:
     p = diff(os.path.join(tmp, "x.h5"), "--logprob-temperature", "0.7", "--rollout-logprobs", "processed", ok=False)
     check(p.returncode == 2 and "--logprob-temperature" in p.stderr, "contradicts --rollout-logprobs processed: exit 2")
     p = diff(t7, "--recipe-a", "fp32", "--recipe-b", "fp32", "--resume", ok=False)
-    check(p.returncode == 1 and "logprob_temperature" in p.stderr,
-          "--resume with another --logprob-temperature is refused: " + p.stderr.strip()[-120:])
+    check(p.returncode == 1 and "--logprob-temperature: run has 0.7, command gives 1" in p.stderr,
+          "--resume with another --logprob-temperature is refused, naming both values: " + p.stderr.strip()[-120:])
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(1 if failures else 0)

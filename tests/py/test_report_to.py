@@ -8,11 +8,12 @@
    steps the /steps/step values and their values the float32 of the column's (NaN rows absent: a
    column NaN on every step, such as kl without --beta, has no tag);
    metrics.jsonl has one line per row with every column, equal to the double (null: NaN).
-2. --resume of that run from its checkpoint-2: the first events file is cut back to steps 0..1,
-   a second one holds steps 2..3, so TensorBoard sees every step once, equal to the new /steps;
-   metrics.jsonl likewise has 4 lines.
+2. --resume of that run with --max-steps 6 (HF's way to continue a finished run): the first
+   events file keeps steps 0..3, a second one holds 4..5, so TensorBoard sees every step once,
+   equal to the new /steps; metrics.jsonl likewise has 6 lines. (The cut-back of steps logged
+   past the checkpoint a killed run resumes from: tests/test_tfevents.c.)
 3. tidal-sft (4 steps, /steps/step 1-based) with --report-to tensorboard: the same equalities;
-   its --resume from checkpoint-2 cuts the first file back to steps 1..2 and adds one for 3..4.
+   its --resume --max-steps 6 keeps steps 1..4 in the first file and adds one for 5..6.
 4. tidal-sweep --report-to tensorboard over 2 seeds: `tensorboard --logdir OUTPUT_DIR`'s
    multiplexer finds both runs, each with its own run file's values.
 TensorBoard is a test-only PyPI package (.ci/deps.sh); without it the test is skipped (77)."""
@@ -145,19 +146,26 @@ try:
     check_jsonl(os.path.join(out, "metrics.jsonl"), table, "tidal-rl")
     first = sorted(glob.glob(os.path.join(out, "runs", "events.out.tfevents.*")))
 
-    # ---- 2. --resume from checkpoint-2: steps 2..3 again, logged once
-    sh(*rl, "--report-to", "all", "--resume")
+    # ---- 2. --resume with a larger --max-steps (HF's way to continue a finished run): the first
+    # events file keeps steps 0..3, a second holds 4..5, no step twice (the cut-back of steps past
+    # a checkpoint after a kill: tests/test_tfevents.c)
+    rl6 = [("6" if i and rl[i - 1] == "--max-steps" else a) for i, a in enumerate(rl)]
+    sh(*rl6, "--report-to", "all", "--resume")
     table2 = steps_table(os.path.join(out, "rl.h5"))
     files = sorted(glob.glob(os.path.join(out, "runs", "events.out.tfevents.*")))
     acc_first = EventAccumulator(first[0], size_guidance={"scalars": 0})
     acc_first.Reload()
+    acc_second = EventAccumulator(files[-1], size_guidance={"scalars": 0})
+    acc_second.Reload()
     check(len(files) == 2 and files[0] == first[0] and
-          [e.step for e in acc_first.Scalars("train/reward")] == [0, 1],
-          f"--resume: a second events file; the first cut back to the checkpoint's steps 0, 1 ({len(files)} files)")
+          [e.step for e in acc_first.Scalars("train/reward")] == [0, 1, 2, 3] and
+          [e.step for e in acc_second.Scalars("train/reward")] == [4, 5],
+          f"--resume --max-steps 6: the first events file keeps steps 0-3, a second holds 4, 5 ({len(files)} files)")
     check_events(os.path.join(out, "runs"), table2, "tidal-rl --resume")
     check_jsonl(os.path.join(out, "metrics.jsonl"), table2, "tidal-rl --resume")
-    same = all(np.array_equal(table[c], table2[c], equal_nan=True) for c in table if not c.startswith("time_"))
-    check(same, "--resume: the recomputed rows equal the first run's (timing aside), so the logs are the same run")
+    same = len(table2["step"]) == 6 and all(np.array_equal(table[c], table2[c][:4], equal_nan=True)
+                                            for c in table if not c.startswith("time_"))
+    check(same, "--resume: the first four rows are the first run's (timing aside), two more after them")
 
     # ---- 3. tidal-sft --report-to tensorboard
     sft = os.path.join(tmp, "sft")
@@ -169,19 +177,18 @@ try:
     check(list(st["step"]) == [1, 2, 3, 4], "tidal-sft: /steps/step 1..4")
     check_events(os.path.join(sft, "runs"), st, "tidal-sft")
     check(not os.path.exists(os.path.join(sft, "metrics.jsonl")), "tidal-sft --report-to tensorboard: no metrics.jsonl")
-    # --resume from checkpoint-2 (the run made to look unfinished: tidal-sft calls a run complete by
-    # its top-level trainer_state.json): steps 1..2 stay in the first file, 3..4 in a second
-    os.remove(os.path.join(sft, "trainer_state.json"))
-    sh(*sft_cmd, "--report-to", "all", "--resume")
+    # --resume with --max-steps 6: steps 1..4 stay in the first file, 5..6 go to a second one
+    sft6 = [("6" if i and sft_cmd[i - 1] == "--max-steps" else a) for i, a in enumerate(sft_cmd)]
+    sh(*sft6, "--report-to", "all", "--resume")
     st2 = steps_table(os.path.join(sft, "sft.h5"))
     files = sorted(glob.glob(os.path.join(sft, "runs", "events.out.tfevents.*")))
     first = EventAccumulator(files[0], size_guidance={"scalars": 0})
     first.Reload()
-    check(len(files) == 2 and [e.step for e in first.Scalars("train/loss")] == [1, 2],
-          f"tidal-sft --resume: the first events file cut back to steps 1, 2, a second one added ({len(files)} files)")
+    check(len(files) == 2 and [e.step for e in first.Scalars("train/loss")] == [1, 2, 3, 4],
+          f"tidal-sft --resume --max-steps 6: the first events file keeps steps 1-4, a second one added ({len(files)} files)")
     check_events(os.path.join(sft, "runs"), st2, "tidal-sft --resume")
     check(len(open(os.path.join(sft, "metrics.jsonl")).readlines()) == 2,
-          "tidal-sft --resume --report-to all: metrics.jsonl from the resumed steps 3, 4 only")
+          "tidal-sft --resume --report-to all: metrics.jsonl from the resumed steps 5, 6 only")
 
     # ---- 4. tidal-sweep --report-to tensorboard: the runs side by side
     sweep_out = os.path.join(tmp, "sweep")
