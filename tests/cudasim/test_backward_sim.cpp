@@ -21,7 +21,9 @@
  *     rows, the library's order): the kernels sum the same terms in another order. Normalised
  *     error max|gpu - cpu| / max|cpu| of each of dq, dk, dv <= 1e-5 in fp32, and under
  *     D = bf16 / fp16 <= 2 units in the last place of D at max|cpu| (one flipped rounding of P, dS
- *     or the gradient); under D every gradient value is a D value (the rounding happened).
+ *     or the gradient); under D every gradient value is a D value (the rounding happened), and at
+ *     most 2% of them differ from the CPU's in any bit (measured: at most 0.6%, fp16's dv; with
+ *     P left unrounded 30-40% of dv differ, and the normalised error alone would not see it).
  * The measured figures are printed. */
 #include "cuda_internal.cuh"
 
@@ -367,7 +369,8 @@ static void attention_backward_case(const rcase &rc, att_shape sh)
         double lim = D == TD_F32 ? 1e-5 : 2 * ulp_of(D, d.max_ref) / d.max_ref;
         printf("  %-22s %-12s NH%d/%d HD%d %s: %ld of %zu differ, normalised %.3g (limit %.3g)\n",
                "attention_backward", rc.name, NH, NKV, HD, names[t], d.ndiff, len[t], nerr, lim);
-        if (nerr > lim)
+        double frac = (double)d.ndiff / len[t];
+        if (nerr > lim || (D != TD_F32 && frac > 0.02))
             fail_msg("attention_backward %s under %s (NH %d/%d HD %d): beyond the tolerance",
                      names[t], rc.name, NH, NKV, HD);
     }
