@@ -1,4 +1,4 @@
-/* The CUDA backend's backward ops (src/backend/cuda/*_backward.cu: embedding, rmsnorm (hidden
+/* The CUDA backend's backward ops (src/backend/cuda/NAME_backward.cu: embedding, rmsnorm (hidden
  * rows and q/k-norm heads), rope, swiglu, logsoftmax, attention) against the CPU backend's
  * backward ops (td_backend_cpu: src/backend/cpu_backward.c over cpu_backward_ref.c) on the same
  * seeded random inputs, under no recipe (the fp32 reference), fp32, bf16-train (HF unfused RoPE:
