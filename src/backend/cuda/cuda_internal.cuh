@@ -1,7 +1,7 @@
 /* tidal — the CUDA backend's shared pieces (internal header of the .cu files of src/backend/cuda).
  *
  * The CUDA backend is the op list of src/model/ops.h run on an NVIDIA GPU: one `op.cu` per op
- * family, each op carrying the CPU op's name and argument order with the suffix `_cuda`
+ * family (its backward ops in `op_backward.cu`), each op carrying the CPU op's name and argument order with the suffix `_cuda`
  * (rmsnorm_forward_cuda <-> rmsnorm_cpu / rmsnorm_forward_ref), and the same rounding points
  * as src/backend/cpu.c under the same recipe. GEMMs run on cuBLASLt (matmul.cu), everything
  * else on tidal's own kernels. Activations are fp32 buffers holding the rounded values, as on
