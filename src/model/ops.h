@@ -10,8 +10,10 @@
  *   CPU   src/backend/cpu.c: an op under a plain fp32 recipe is the fp32 reference form
  *         (`_ref`, src/backend/cpu_ref.c, the ggml name for the obvious form); under any other
  *         recipe the same maths with the recipe's rounding points (src/backend/cpu.c).
- *   CUDA  src/backend/cuda/backend.cu: the same table, forward ops only; each op carries the
- *         name here + `_cuda`, one `op.cu` file per family (cuda_internal.cuh).
+ *   CUDA  src/backend/cuda/backend.cu: the same table, the forward ops and every backward op
+ *         but matmul_backward (the GEMMs' dgrad/wgrad, not written yet); each op carries the
+ *         name here + `_cuda`, one `op.cu` (forward) and `op_backward.cu` file per family
+ *         (cuda_internal.cuh).
  *
  * Optional outputs a backward needs (rstd of RMSNorm, log-sum-exp of attention) are pointers
  * that may be NULL: the forward-only paths pass NULL and pay nothing.
@@ -166,7 +168,8 @@ static inline void td_backend_forget(const td_backend *be)
     if (be->forget) be->forget();
 }
 
-/* Whether the backend runs the backward ops (trainers need them; the CUDA backend has none). */
+/* Whether the backend runs the backward ops (trainers need them; the CUDA backend has all but
+ * matmul_backward so far, so it does not count). */
 static inline int td_backend_has_backward(const td_backend *be)
 {
     return be->matmul_backward != NULL;

@@ -235,8 +235,8 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     if (rows <= 0) rows = (size_t)opts->max_tokens * V <= (1u << 25) ? opts->max_tokens : 256;
     tr->logits_rows = rows < opts->max_tokens ? rows : opts->max_tokens;
     if (m->backend && !td_backend_has_backward(m->backend)) {
-        td_fail(err, "training runs on the CPU only: the %s backend has no backward ops (load the "
-                "model without --device)", m->backend->name);
+        td_fail(err, "training runs on the CPU only: the %s backend lacks backward ops (the GEMMs' "
+                "matmul_backward; load the model without --device)", m->backend->name);
         goto fail;
     }
     tr->f = td_forward_create(m, opts->max_tokens, opts->max_seq_len, tr->logits_rows, err);

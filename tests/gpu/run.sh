@@ -27,7 +27,8 @@ stage() {
       rc=0
       for t in "$BUILD"/gpu/test_*; do
         [ -x "$t" ] || continue
-        echo "=== $t"; "$t" || rc=1
+        echo "=== $t"; "$t"; r=$?   # 77: skipped (a simulator-only test)
+        [ $r -ne 0 ] && [ $r -ne 77 ] && rc=1
       done
       echo "=== tests/py/test_device.py"; "$PY" tests/py/test_device.py || rc=1
       echo "=== tests/gpu/test_vs_transformers.py"; "$PY" tests/gpu/test_vs_transformers.py; r=$?

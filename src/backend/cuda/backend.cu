@@ -219,14 +219,15 @@ extern "C" const td_backend td_backend_cuda = {
     .residual_forward = residual_forward_cuda,
     .scale_forward = scale_forward_cuda,
     .logsoftmax_forward = logsoftmax_forward_cuda,
-    /* no backward on the GPU yet: trainers run on the CPU (td_backend_has_backward) */
-    .embedding_backward = NULL,
-    .rmsnorm_backward = NULL,
+    /* the backward: every op but the GEMMs' (matmul_backward), so td_backend_has_backward is
+     * still false and the trainers refuse --device cuda until it exists */
+    .embedding_backward = embedding_backward_cuda,
+    .rmsnorm_backward = rmsnorm_backward_cuda,
     .matmul_backward = NULL,
-    .rope_backward = NULL,
-    .attention_backward = NULL,
-    .swiglu_backward = NULL,
-    .logsoftmax_backward = NULL,
+    .rope_backward = rope_backward_cuda,
+    .attention_backward = attention_backward_cuda,
+    .swiglu_backward = swiglu_backward_cuda,
+    .logsoftmax_backward = logsoftmax_backward_cuda,
     .sync = cuda_sync,
     .forget = cuda_forget,
 };

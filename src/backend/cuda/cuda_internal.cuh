@@ -1,7 +1,7 @@
 /* tidal — the CUDA backend's shared pieces (internal header of the .cu files of src/backend/cuda).
  *
  * The CUDA backend is the op list of src/model/ops.h run on an NVIDIA GPU: one `op.cu` per op
- * family, each op carrying the CPU op's name and argument order with the suffix `_cuda`
+ * family (its backward ops in `op_backward.cu`), each op carrying the CPU op's name and argument order with the suffix `_cuda`
  * (rmsnorm_forward_cuda <-> rmsnorm_cpu / rmsnorm_forward_ref), and the same rounding points
  * as src/backend/cpu.c under the same recipe. GEMMs run on cuBLASLt (matmul.cu), everything
  * else on tidal's own kernels. Activations are fp32 buffers holding the rounded values, as on
@@ -128,6 +128,22 @@ void residual_forward_cuda(const td_ops *ctx, float *out, const float *inp1, con
                            size_t n);
 void scale_forward_cuda(const td_ops *ctx, float *x, float s, size_t n);
 void logsoftmax_forward_cuda(const td_ops *ctx, float *x, int N, int V);
+
+/* the backward ops (one `op_backward.cu` per family; the GEMMs' matmul_backward not yet) */
+void embedding_backward_cuda(const td_ops *ctx, float *dembed, const float *dout,
+                             const int *tokens, int N, int C);
+void rmsnorm_backward_cuda(const td_ops *ctx, float *dinp, float *dweight, const float *dout,
+                           const float *inp, const float *weight, const float *rstd, int N, int C);
+void rope_backward_cuda(const td_ops *ctx, float *dx, const int *pos, const float *inv_freq, int N,
+                        int nheads, int HD);
+void attention_backward_cuda(const td_ops *ctx, float *dq, float *dk, float *dv, const float *dout,
+                             const float *q, const float *k, const float *v, const float *out,
+                             const float *lse, const int *pos, int N, int NH, int NKV, int HD,
+                             float *scratch, int max_keys);
+void swiglu_backward_cuda(const td_ops *ctx, float *dgate, float *dup, const float *dout,
+                          const float *gate, const float *up, int N, int F);
+void logsoftmax_backward_cuda(const td_ops *ctx, float *dx, const float *logp, const int *target,
+                              const float *dlogp, int N, int V);
 }
 
 #endif
