@@ -78,6 +78,16 @@ int td_runfile_replace(const char *from, const char *to);
 /* Removes an unfinished file (a --force run's OUT.new.tmp, a merge's OUT.tmp) and its journal. */
 int td_runfile_remove(const char *path);
 
+/* A reader's check that a file did not change under it. Read-only handles see the last whole
+ * commit at their open (the rows /progress names), but HDF5 reads metadata lazily: a writer that
+ * commits while a reader reads can move what the reader has not read yet past the end the
+ * reader's open saw, and that read fails. Take a stamp before opening; when a load fails and
+ * td_runfile_changed says the file changed since (a commit came, or one is being applied), open
+ * it again and load again. */
+typedef struct { long long mtime_ns, size; int journal; } td_runfile_stamp;
+void td_runfile_stamp_take(const char *path, td_runfile_stamp *s);
+int  td_runfile_changed(const char *path, const td_runfile_stamp *s);
+
 /* Rewrites a closed run file without the dead space that appends leave behind (old copies of
  * rewritten chunks), through PATH.compact.tmp and a rename: interrupted, it leaves PATH as it
  * was. Data are copied chunk for chunk (identical bytes). Call when a run is complete. */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -571,6 +572,26 @@ static void committed_cut(td_runfile *rf)
     rf->cut[CUT_STEPS] = k;
     rf->cut[CUT_PROGRESS] = k;
     for (int g = 0; g < TD_GROUP_COUNT; g++) free(prog[g]);
+}
+
+void td_runfile_stamp_take(const char *path, td_runfile_stamp *s)
+{
+    struct stat st;
+    char jpath[1100];
+    memset(s, 0, sizeof *s);
+    if (stat(path, &st) == 0) {
+        s->mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+        s->size = (long long)st.st_size;
+    }
+    tdc_journal_path(path, jpath, sizeof jpath);
+    s->journal = access(jpath, F_OK) == 0;
+}
+
+int td_runfile_changed(const char *path, const td_runfile_stamp *s)
+{
+    td_runfile_stamp now;
+    td_runfile_stamp_take(path, &now);
+    return s->journal || now.journal || now.mtime_ns != s->mtime_ns || now.size != s->size;
 }
 
 /* rows of the dataset at path as this handle sees them: a reader's, bounded by the cut */
