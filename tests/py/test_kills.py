@@ -17,7 +17,7 @@ tests/fault/faultfs.c, killbefore: a SIGKILL as that write begins):
      /steps and /tokens columns stand at different lengths (h5py shows it); tidal-report used to
      fail ("/tokens/seq has 96 rows x 1, expected 48"); it now reads the last whole commit, the
      rows /progress names, in every group.
-  5. 20 random kills over the five writers (kills.py --kills 20): every check of the storm.
+  5. 15 random kills over the five writers (kills.py --kills 15): every check of the storm.
 
 Exit 0 pass, 1 fail, 77 skip (h5py missing, or the shim not built).
 """
@@ -145,7 +145,7 @@ check(len(big) >= 1, "4. found %d step commits in the trace" % len(big))
 apply = big[0] if big else []   # the second step: the first to rewrite the columns
 skewed, reads = 0, 0
 side = os.path.join(tmp, "reader.h5")
-for k in apply[::max(len(apply) // 16, 1)]:
+for k in apply[::max(len(apply) // 12, 1)]:
     shutil.rmtree(R.dir, ignore_errors=True)
     os.makedirs(R.dir)
     rc, _ = kill_at(R.cmd(), R.dir, k)
@@ -169,15 +169,15 @@ for k in apply[::max(len(apply) // 16, 1)]:
           "%d seqs; the last whole commit holds %s" % (k, lens, rep["n_tokens"], rep["n_seqs"], want))
 check(skewed > 0, "4. no kill left columns of different lengths: the case is not reached")
 print("4. reader mid-apply: %d kills in the second step's apply, %d left columns of different lengths, "
-      "tidal-report read %d of them" % (len(apply[::max(len(apply) // 16, 1)]), skewed, reads))
+      "tidal-report read %d of them" % (len(apply[::max(len(apply) // 12, 1)]), skewed, reads))
 
 # ---- 5. a sample of the random kills
 work = os.path.join(tmp, "storm")
-r = subprocess.run([sys.executable, "reports/storage/kills.py", "--kills", "20", "--work", work,
+r = subprocess.run([sys.executable, "reports/storage/kills.py", "--kills", "15", "--work", work,
                     "--bin", S.BIN, "--out", os.path.join(tmp, "kills.md")], capture_output=True, text=True)
-check(r.returncode == 0, "5. kills.py --kills 20: rc %d: %s" % (r.returncode, (r.stderr + open(
+check(r.returncode == 0, "5. kills.py --kills 15: rc %d: %s" % (r.returncode, (r.stderr + open(
     os.path.join(tmp, "kills.md")).read() if os.path.exists(os.path.join(tmp, "kills.md")) else r.stderr)[-1500:]))
-print("5. 20 random kills: rc %d" % r.returncode)
+print("5. 15 random kills: rc %d" % r.returncode)
 
 shutil.rmtree(tmp, ignore_errors=True)
 print("test_kills: %s" % ("FAILED: %d problems" % len(failures) if failures else "ok"))
