@@ -12,6 +12,8 @@ tests/fault/faultfs.c, killbefore: a SIGKILL as that write begins):
      before the run file says finished, and `--resume` writes it whole. (3b) Killed between the
      commit that names checkpoint-2 and the removal of checkpoint-1: the resumed run kept both
      (only the latest is kept); `--resume` now removes every checkpoint but the one rl.h5 names.
+     (3c) A tidal-sweep run killed while tidal-rl compacted its finished rl.h5: the sweep skipped
+     the finished run again and left rl.h5.compact.tmp; it now finishes the compaction.
   4. A reader that reads rl.h5 while tidal-rl applies a commit (here: the writer killed between
      two writes of the apply, rl.h5 copied without its journal, so no tool rolls it forward): the
      /steps and /tokens columns stand at different lengths (h5py shows it); tidal-report used to
@@ -170,6 +172,33 @@ for k in apply[::max(len(apply) // 12, 1)]:
 check(skewed > 0, "4. no kill left columns of different lengths: the case is not reached")
 print("4. reader mid-apply: %d kills in the second step's apply, %d left columns of different lengths, "
       "tidal-report read %d of them" % (len(apply[::max(len(apply) // 12, 1)]), skewed, reads))
+
+# ---- 3c. a tidal-sweep run killed while tidal-rl compacted its finished rl.h5: the sweep skipped
+#          the finished run and left rl.h5.compact.tmp; it now finishes the compaction
+sw = os.path.join(tmp, "sweep")
+cfg = os.path.join(tmp, "sweep.json")
+args = {"model-path": os.path.abspath(MODEL), "dataset-path": os.path.abspath("datasets/tasks/add/train.jsonl"),
+        "num-generations": 4, "per-device-batch-size": 4, "gradient-accumulation-steps": 1,
+        "max-completion-length": 12, "learning-rate": 1e-3, "max-steps": 2, "save-steps": 1, "quiet": True}
+with open(cfg, "w") as f:
+    json.dump({"tool": os.path.abspath(os.path.join(S.BIN, "tidal-rl")), "output_dir": sw, "args": args,
+               "grid": [{"axis": "seed", "seed": True, "values": {"s1": {"seed": 1}}}]}, f)
+run_dir = os.path.join(sw, "s1") + os.sep
+rl_cmd = [os.path.join(S.BIN, "tidal-rl")] + [x for k_, v in args.items() for x in (["--" + k_] if v is True else
+                                                                                 ["--" + k_, str(v)])] + \
+    ["--seed", "1", "--output-dir", run_dir]
+os.makedirs(run_dir)
+tr = trace(rl_cmd, run_dir, os.path.join(tmp, "sweep.trace"))
+ks = [k for k, op, name, n in tr if name == "rl.h5.compact.tmp" and op == "pwrite"]
+shutil.rmtree(run_dir)
+os.makedirs(run_dir)
+rc, _ = kill_at(rl_cmd, run_dir, ks[len(ks) // 2])
+check(rc == -9 and os.path.exists(run_dir + "rl.h5.compact.tmp"), "3c. tidal-rl was not killed in its compaction (rc %d)" % rc)
+rc, err = S.run([os.path.join(S.BIN, "tidal-sweep"), cfg, "--no-report"])
+check(rc == 0 and "1 finished (skipped)" in err, "3c. tidal-sweep: rc %d: %s" % (rc, err[-300:]))
+left = [p for p in os.listdir(run_dir) if p.endswith((".tmp", ".journal"))]
+check(not left and S.open_raw(run_dir + "rl.h5"), "3c. after tidal-sweep: left %s" % left)
+print("3c. tidal-sweep over a run killed in its final compaction: rc %d, left %s" % (rc, left))
 
 # ---- 5. a sample of the random kills
 work = os.path.join(tmp, "storm")
