@@ -30,7 +30,10 @@ typedef struct td_runfile td_runfile;
  * mistyped command cannot destroy hours of results. Writes schema_version and tool_version. */
 td_runfile *td_runfile_create(const char *path, int overwrite, td_error *err);
 /* Opens an existing run file for appending (resume) or reading (writable = 0); checks that it
- * is a tidal run file of a schema version this build reads. */
+ * is a tidal run file of a schema version this build reads. A reader sees the last whole commit
+ * of a file that is being written: in a file with /progress, every group it counts (and /layers,
+ * /steps) holds the rows of the last /progress row that all their columns hold, for rows and
+ * reads alike (reports/SCHEMA.md, "Reading a file while it is written"). */
 td_runfile *td_runfile_open(const char *path, int writable, td_error *err);
 int  td_runfile_close(td_runfile *rf, td_error *err);
 const char *td_runfile_path(const td_runfile *rf);
