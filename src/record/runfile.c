@@ -554,6 +554,7 @@ static void committed_cut(td_runfile *rf)
     for (int g = 0; g < TD_GROUP_COUNT && ok; g++) {
         const char *col = td_schema_groups[g].progress->path;
         if (!nb || !td_runfile_exists(rf, col)) continue;
+        if (td_runfile_rows(rf, col) < nb) { ok = 0; break; }   /* rows its storage cannot hold (-1): a corrupt file */
         prog[g] = malloc((size_t)nb * sizeof(int64_t));
         ok = prog[g] && td_runfile_read(rf, col, TD_COL_I64, 0, nb, prog[g], NULL) == 0;
     }
