@@ -7,7 +7,9 @@
  *  - truncate_group for resume, then appending continues where the cut left off;
  *  - an existing file is not replaced without overwrite;
  *  - missing file, non-HDF5 file, HDF5 file without the tidal attribute, schema version from
- *    the future, mismatched appends, reads outside the rows: errors naming file and problem.
+ *    the future, mismatched appends, reads outside the rows: errors naming file and problem;
+ *  - a reader of a file caught between two writes of a commit's apply (datasets of one group at
+ *    different lengths) sees one whole commit: the rows /progress names, in every group.
  * Tolerance: none (stored values are read back exactly). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -377,6 +379,83 @@ static void test_append_mismatch(void **state)
     ok(td_runfile_close(rf, &err), &err);
 }
 
+/* A file as a reader finds it while tidal-rl applies the commit of its second step: the apply
+ * writes the datasets' extents one by one, so some columns hold 2 steps and others 1 (and
+ * /progress itself may be half-way). A reader must see the first step whole, in every group:
+ * /progress row 1, its row counts in /tokens and /seqs, one /steps row; a writer (resume) sees the
+ * file as it is. Without /progress (a merged file, tidal-sft's) nothing is cut. */
+static void test_committed_cut(void **state)
+{
+    (void)state;
+    char path[128];
+    test_path(path, sizeof path, "skew.h5");
+    td_error err = {{0}};
+    td_runfile *rf = td_runfile_create(path, 0, &err);
+    assert_non_null(rf);
+    const int64_t batch[2] = {0, 1}, seq_rows[2] = {2, 4}, tok_rows[2] = {6, 12}, prm_rows[2] = {10, 20};
+    double v[20];
+    for (int i = 0; i < 20; i++) v[i] = i + 0.25;
+    ok(td_runfile_append(rf, "/progress/batch", TD_COL_I64, 1, batch, 2, &err), &err);
+    ok(td_runfile_append(rf, "/progress/seq_rows", TD_COL_I64, 1, seq_rows, 2, &err), &err);
+    ok(td_runfile_append(rf, "/progress/token_rows", TD_COL_I64, 1, tok_rows, 1, &err), &err);   /* half-way */
+    ok(td_runfile_append(rf, "/progress/prompt_rows", TD_COL_I64, 1, prm_rows, 2, &err), &err);
+    ok(td_runfile_append(rf, "/tokens/logp_a", TD_COL_F64, 1, v, 12, &err), &err);               /* new extent */
+    ok(td_runfile_append(rf, "/tokens/logp_b", TD_COL_F64, 1, v, 6, &err), &err);                /* old */
+    ok(td_runfile_append(rf, "/seqs/n", TD_COL_F64, 1, v, 4, &err), &err);
+    ok(td_runfile_append(rf, "/prompts/tokens", TD_COL_F64, 1, v, 20, &err), &err);
+    ok(td_runfile_append(rf, "/steps/reward", TD_COL_F64, 1, v, 2, &err), &err);
+    ok(td_runfile_append(rf, "/steps/loss", TD_COL_F64, 1, v, 1, &err), &err);
+    ok(td_runfile_close(rf, &err), &err);
+
+    rf = td_runfile_open(path, 0, &err);
+    assert_non_null(rf);
+    assert_int_equal(td_runfile_rows(rf, "/progress/batch"), 1);
+    assert_int_equal(td_runfile_rows(rf, "/progress/token_rows"), 1);
+    assert_int_equal(td_runfile_rows(rf, "/tokens/logp_a"), 6);
+    assert_int_equal(td_runfile_rows(rf, "/tokens/logp_b"), 6);
+    assert_int_equal(td_runfile_rows(rf, "/seqs/n"), 2);
+    assert_int_equal(td_runfile_rows(rf, "/prompts/tokens"), 10);
+    assert_int_equal(td_runfile_rows(rf, "/steps/reward"), 1);
+    assert_int_equal(td_runfile_rows(rf, "/steps/loss"), 1);
+    double got[12];
+    ok(td_runfile_read(rf, "/tokens/logp_a", TD_COL_F64, 0, 6, got, &err), &err);
+    assert_memory_equal(got, v, 6 * sizeof(double));
+    assert_int_equal(td_runfile_read(rf, "/tokens/logp_a", TD_COL_F64, 0, 12, got, &err), -1);   /* past the commit */
+    assert_msg_has(err.msg, "/tokens/logp_a");
+    ok(td_runfile_close(rf, &err), &err);
+
+    /* the writer's own view (resume): every row there is */
+    rf = td_runfile_open(path, 1, &err);
+    assert_non_null(rf);
+    assert_int_equal(td_runfile_rows(rf, "/tokens/logp_a"), 12);
+    assert_int_equal(td_runfile_rows(rf, "/steps/reward"), 2);
+    /* the commit completes: every column at 2 steps, and a reader sees them all */
+    ok(td_runfile_append(rf, "/progress/token_rows", TD_COL_I64, 1, tok_rows + 1, 1, &err), &err);
+    ok(td_runfile_append(rf, "/tokens/logp_b", TD_COL_F64, 1, v + 6, 6, &err), &err);
+    ok(td_runfile_append(rf, "/steps/loss", TD_COL_F64, 1, v + 1, 1, &err), &err);
+    ok(td_runfile_close(rf, &err), &err);
+    rf = td_runfile_open(path, 0, &err);
+    assert_int_equal(td_runfile_rows(rf, "/progress/batch"), 2);
+    assert_int_equal(td_runfile_rows(rf, "/tokens/logp_b"), 12);
+    assert_int_equal(td_runfile_rows(rf, "/seqs/n"), 4);
+    assert_int_equal(td_runfile_rows(rf, "/steps/loss"), 2);
+    ok(td_runfile_close(rf, &err), &err);
+
+    /* a reader that finds no whole commit (the first one's rows not all there) sees none */
+    test_path(path, sizeof path, "skew0.h5");
+    rf = td_runfile_create(path, 0, &err);
+    ok(td_runfile_append(rf, "/progress/batch", TD_COL_I64, 1, batch, 1, &err), &err);
+    ok(td_runfile_append(rf, "/progress/token_rows", TD_COL_I64, 1, tok_rows, 1, &err), &err);
+    ok(td_runfile_append(rf, "/tokens/logp_a", TD_COL_F64, 1, v, 6, &err), &err);
+    ok(td_runfile_append(rf, "/tokens/logp_b", TD_COL_F64, 1, v, 0, &err), &err);
+    ok(td_runfile_append(rf, "/tokens/logp_b", TD_COL_F64, 1, v, 3, &err), &err);
+    ok(td_runfile_close(rf, &err), &err);
+    rf = td_runfile_open(path, 0, &err);
+    assert_int_equal(td_runfile_rows(rf, "/progress/batch"), 0);
+    assert_int_equal(td_runfile_rows(rf, "/tokens/logp_a"), 0);
+    ok(td_runfile_close(rf, &err), &err);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -386,6 +465,7 @@ int main(void)
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_foreign_string_attributes),
         cmocka_unit_test(test_append_mismatch),
+        cmocka_unit_test(test_committed_cut),
     };
     return cmocka_run_group_tests(tests, test_dir_setup, test_dir_teardown);
 }

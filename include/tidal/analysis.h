@@ -66,7 +66,9 @@ typedef struct {
  * columns of unequal length, sequence indices out of range, and an empty run (0 tokens).
  * flags: TD_RUN_LAYERS also reads /layers/rel_err; TD_RUN_PLOT reads only what the plots
  * use (seq, pos, logp_a, logp_b, dlogp, kl_ba): token, k3, tv, entropy_a, is_prompt and the
- * ids stay NULL (decompressing them was half of a heatmap's time at 1M tokens). */
+ * ids stay NULL (decompressing them was half of a heatmap's time at 1M tokens). A file that is
+ * being written is read as its last whole commit, and read again when a commit that came during
+ * the read made it fail (td_runfile_changed). */
 enum { TD_RUN_LAYERS = 1, TD_RUN_PLOT = 2 };
 int  td_run_load(td_run *run, const char *path, int flags, td_error *err);
 void td_run_free(td_run *run);

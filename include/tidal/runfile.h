@@ -30,7 +30,10 @@ typedef struct td_runfile td_runfile;
  * mistyped command cannot destroy hours of results. Writes schema_version and tool_version. */
 td_runfile *td_runfile_create(const char *path, int overwrite, td_error *err);
 /* Opens an existing run file for appending (resume) or reading (writable = 0); checks that it
- * is a tidal run file of a schema version this build reads. */
+ * is a tidal run file of a schema version this build reads. A reader sees the last whole commit
+ * of a file that is being written: in a file with /progress, every group it counts (and /layers,
+ * /steps) holds the rows of the last /progress row that all their columns hold, for rows and
+ * reads alike (reports/SCHEMA.md, "Reading a file while it is written"). */
 td_runfile *td_runfile_open(const char *path, int writable, td_error *err);
 int  td_runfile_close(td_runfile *rf, td_error *err);
 const char *td_runfile_path(const td_runfile *rf);
@@ -77,6 +80,16 @@ int td_runfile_failed(const td_runfile *rf);
 int td_runfile_replace(const char *from, const char *to);
 /* Removes an unfinished file (a --force run's OUT.new.tmp, a merge's OUT.tmp) and its journal. */
 int td_runfile_remove(const char *path);
+
+/* A reader's check that a file did not change under it. Read-only handles see the last whole
+ * commit at their open (the rows /progress names), but HDF5 reads metadata lazily: a writer that
+ * commits while a reader reads can move what the reader has not read yet past the end the
+ * reader's open saw, and that read fails. Take a stamp before opening; when a load fails and
+ * td_runfile_changed says the file changed since (a commit came, or one is being applied), open
+ * it again and load again. */
+typedef struct { long long mtime_ns, size; int journal; } td_runfile_stamp;
+void td_runfile_stamp_take(const char *path, td_runfile_stamp *s);
+int  td_runfile_changed(const char *path, const td_runfile_stamp *s);
 
 /* Rewrites a closed run file without the dead space that appends leave behind (old copies of
  * rewritten chunks), through PATH.compact.tmp and a rename: interrupted, it leaves PATH as it

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 /* Deflate cannot compress better than about 1032:1, so a dataset claiming more decoded bytes
  * than 1032 × the file size is lying; refuse before allocating for it. */
@@ -126,7 +127,22 @@ static void load_text(td_run *run, td_runfile *rf, double file_bytes)
     run->response_text_len = rl;
 }
 
+static int load_once(td_run *run, const char *path, int flags, td_error *err);
+
+/* A file that its writer commits to while we read it: a load that failed while the file changed
+ * is tried again (td_runfile_changed); commits come every batch or step, so a few tries do. */
 int td_run_load(td_run *run, const char *path, int flags, td_error *err)
+{
+    for (int attempt = 0;; attempt++) {
+        td_runfile_stamp stamp;
+        td_runfile_stamp_take(path, &stamp);
+        if (load_once(run, path, flags, err) == 0) return 0;
+        if (attempt == 20 || !td_runfile_changed(path, &stamp)) return -1;
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    }
+}
+
+static int load_once(td_run *run, const char *path, int flags, td_error *err)
 {
     memset(run, 0, sizeof *run);
     td_runfile *rf = td_runfile_open(path, 0, err);
@@ -157,6 +173,11 @@ int td_run_load(td_run *run, const char *path, int flags, td_error *err)
         run->label = xstrdup(base);
     }
 
+    if (!td_runfile_exists(rf, td_schema_tokens[TD_TOK_LOGP_A].path) &&
+        td_runfile_rows(rf, td_schema_progress[TD_PRG_BATCH].path) == 0 && !td_runfile_exists(rf, TD_SCHEMA_STEPS)) {
+        td_fail(err, "%s: empty run: no batch or step is committed yet (a run being written: try again later)", path);
+        goto fail;
+    }
     if (!td_runfile_exists(rf, td_schema_tokens[TD_TOK_LOGP_A].path)) {
         td_fail(err, "%s: missing dataset %s (is this a complete tidal-diff run?)", path, td_schema_tokens[TD_TOK_LOGP_A].path);
         goto fail;

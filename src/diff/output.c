@@ -2,6 +2,7 @@
  * by --resume), a batch committed at a time, and --force's replacement of a finished file. */
 #include "job.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,9 +94,17 @@ int open_output(job *J, td_error *err)
     size_t n_keys = sizeof keys / sizeof keys[0];
     int rc;
     struct stat st;
-    int empty = o->resume && stat(o->out_path, &st) == 0 && st.st_size == 0;
+    int there = stat(o->out_path, &st) == 0;
+    int empty = o->resume && there && st.st_size == 0;
     if (empty)   /* created, then stopped before its first commit (which writes the attributes) */
         fprintf(stderr, "tidal-diff: %s is empty (the run stopped before its first commit): starting it afresh\n", o->out_path);
+    /* stopped before it made the file (a kill while the model loaded): a job that is always
+     * restarted with --resume starts it, as tidal-rl --resume does */
+    int missing = o->resume && !there && errno == ENOENT;
+    if (missing) {
+        fprintf(stderr, "tidal-diff: %s does not exist (the run stopped before it made it): starting it\n", o->out_path);
+        empty = 1;
+    }
     if (o->resume && !empty) {
         rc = resume_output(J, keys, vals, n_keys, err);
     } else {

@@ -1,6 +1,7 @@
 /* HDF5 run files (see include/tidal/runfile.h). HDF5's own error printing is switched off;
  * every failure becomes a td_error naming the file and the dataset. */
 #include "tidal/runfile.h"
+#include "tidal/runschema.h"
 #include "commit.h"
 
 #include <errno.h>
@@ -8,14 +9,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+
+/* A reader's committed rows (see committed_cut): the groups it bounds. */
+enum { CUT_SEQS, CUT_TOKENS, CUT_PROMPTS, CUT_TEXT, CUT_LAYERS, CUT_STEPS, CUT_PROGRESS, CUT_COUNT };
+static const char *const CUT_GROUP[CUT_COUNT] = {"/seqs", "/tokens", "/prompts", "/text", "/layers", "/steps", "/progress"};
 
 struct td_runfile {
     hid_t file;
     int writable;
     char path[1024];
     tdc_status st;     /* the commit driver's verdict on every write (writable files) */
+    int64_t cut[CUT_COUNT];   /* read-only: rows of each group one commit holds; -1: no bound */
 };
+
+static int64_t committed_rows(const td_runfile *rf, const char *path, int64_t rows);
+static void committed_cut(td_runfile *rf);
 
 static const hsize_t CHUNK_ROWS = 16384;
 
@@ -104,8 +115,18 @@ td_runfile *td_runfile_open(const char *path, int writable, td_error *err)
     if (tdc_recover(path, why, sizeof why) < 0) { td_fail(err, "%s", why); return NULL; }
     if (H5Fis_hdf5(path) <= 0) { td_fail(err, "%s: not an HDF5 file (or truncated)", path); return NULL; }
     td_runfile *rf = calloc(1, sizeof *rf);
+    for (int g = 0; g < CUT_COUNT; g++) rf->cut[g] = -1;
     hid_t fapl = writable ? tdc_fapl(&rf->st, 0) : H5P_DEFAULT;
     hid_t f = H5Fopen(path, writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, fapl);
+    /* a reader that comes while the writer applies a commit (PATH.journal is there) may find the
+     * file between two of its writes: open it again a little later (a commit's apply takes
+     * milliseconds) */
+    char jpath[1100];
+    tdc_journal_path(path, jpath, sizeof jpath);
+    for (int tries = 0; !writable && f < 0 && tries < 50 && access(jpath, F_OK) == 0; tries++) {
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+        f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    }
     if (writable) H5Pclose(fapl);
     if (f < 0) {
         if (rf->st.locked)
@@ -134,6 +155,7 @@ td_runfile *td_runfile_open(const char *path, int writable, td_error *err)
         td_runfile_close(rf, NULL);
         return NULL;
     }
+    if (!writable) committed_cut(rf);
     return rf;
 }
 
@@ -396,7 +418,7 @@ int64_t td_runfile_rows(td_runfile *rf, const char *path)
     if (d < 0) return 0;
     int ok = rows_backed(d, rows, w);
     H5Dclose(d);
-    return ok ? (int64_t)rows : -1;
+    return ok ? committed_rows(rf, path, (int64_t)rows) : -1;
 }
 
 size_t td_runfile_width(td_runfile *rf, const char *path)
@@ -449,9 +471,10 @@ int td_runfile_read(td_runfile *rf, const char *path, td_coltype type, int64_t r
     hid_t d = open_dataset(rf, path, &rows, &width);
     if (d < 0) return td_fail(err, "%s: missing dataset %s", rf->path, path);
     int rc = 0;
-    if (row0 < 0 || nrows < 0 || row0 > INT64_MAX - nrows || (hsize_t)(row0 + nrows) > rows) {
+    hsize_t seen = (hsize_t)committed_rows(rf, path, (int64_t)rows);   /* a reader: the last commit's rows */
+    if (row0 < 0 || nrows < 0 || row0 > INT64_MAX - nrows || (hsize_t)(row0 + nrows) > seen) {
         rc = td_fail(err, "%s: rows %lld..%lld outside %s (%llu rows)", rf->path, (long long)row0,
-                     (long long)row0 + (long long)(nrows > 0 ? nrows : 0), path, (unsigned long long)rows);
+                     (long long)row0 + (long long)(nrows > 0 ? nrows : 0), path, (unsigned long long)seen);
     } else if (!rows_backed(d, rows, width)) {
         rc = td_fail(err, "%s: %s claims %llu rows that its storage cannot hold (corrupt file?)", rf->path, path,
                      (unsigned long long)rows);
@@ -468,6 +491,120 @@ int td_runfile_read(td_runfile *rf, const char *path, td_coltype type, int64_t r
     }
     H5Dclose(d);
     return rc;
+}
+
+/* ---------------------------------------------------------------- a reader's committed rows */
+
+/* A file that a writer is committing to (or one whose writer was killed inside a commit's apply,
+ * read without the journal beside it) can hold datasets of one group at different lengths: each
+ * dataset's extent lives in its own object header, and the apply writes them one by one (rows
+ * past the old extents were written before, so the new rows are whole wherever an extent says
+ * they are). /progress says what each commit held: the largest k such that every dataset of
+ * every group it counts holds the rows of its k-th row is a commit the reader sees whole. A
+ * reader then sees those rows and no more, in every group, so /tokens never refers to a /seqs
+ * row it cannot see and the /steps columns of a tidal-rl run all have k rows. Files without
+ * /progress (tidal-merge output, which is written whole and renamed; tidal-sft's) are read as
+ * they are. */
+
+typedef struct { int64_t min; } min_ctx;
+
+static herr_t min_one(hid_t group, const char *name, const H5L_info_t *info, void *user)
+{
+    (void)info;
+    min_ctx *c = user;
+    hid_t d = H5Dopen2(group, name, H5P_DEFAULT);
+    if (d < 0) return 0;   /* not a dataset */
+    hid_t sp = H5Dget_space(d);
+    hsize_t dims[2] = {0, 1};
+    if (H5Sget_simple_extent_ndims(sp) >= 1) {
+        H5Sget_simple_extent_dims(sp, dims, NULL);
+        if (c->min < 0 || (int64_t)dims[0] < c->min) c->min = (int64_t)dims[0];
+    }
+    H5Sclose(sp);
+    H5Dclose(d);
+    return 0;
+}
+
+/* The fewest rows of any dataset directly in the group; -1 when it has none (or is absent). */
+static int64_t group_min_rows(td_runfile *rf, const char *group)
+{
+    if (H5Lexists(rf->file, group, H5P_DEFAULT) <= 0) return -1;
+    hid_t g = H5Gopen2(rf->file, group, H5P_DEFAULT);
+    if (g < 0) return -1;
+    min_ctx c = {-1};
+    H5Literate(g, H5_INDEX_NAME, H5_ITER_NATIVE, NULL, min_one, &c);
+    H5Gclose(g);
+    return c.min;
+}
+
+_Static_assert((int)CUT_SEQS == (int)TD_GROUP_SEQS && (int)CUT_TOKENS == (int)TD_GROUP_TOKENS &&
+               (int)CUT_PROMPTS == (int)TD_GROUP_PROMPTS && (int)CUT_TEXT == (int)TD_GROUP_TEXT,
+               "the cut's groups follow td_schema_groups");
+
+static void committed_cut(td_runfile *rf)
+{
+    int64_t have[CUT_COUNT];
+    for (int g = 0; g < CUT_COUNT; g++) have[g] = group_min_rows(rf, CUT_GROUP[g]);
+    int64_t nb = have[CUT_PROGRESS];
+    if (nb < 0 || !td_runfile_exists(rf, td_schema_progress[TD_PRG_BATCH].path)) return;
+    if (nb > ((int64_t)1 << 40)) return;   /* not a count of commits: leave it to the readers' own checks */
+    /* the /progress column of each group it counts (CUT_SEQS.. follow TD_GROUP_SEQS..) */
+    int64_t *prog[TD_GROUP_COUNT] = {0};
+    int ok = 1;
+    for (int g = 0; g < TD_GROUP_COUNT && ok; g++) {
+        const char *col = td_schema_groups[g].progress->path;
+        if (!nb || !td_runfile_exists(rf, col)) continue;
+        if (td_runfile_rows(rf, col) < nb) { ok = 0; break; }   /* rows its storage cannot hold (-1): a corrupt file */
+        prog[g] = malloc((size_t)nb * sizeof(int64_t));
+        ok = prog[g] && td_runfile_read(rf, col, TD_COL_I64, 0, nb, prog[g], NULL) == 0;
+    }
+    int64_t k = ok ? nb : 0;
+    for (; k > 0; k--) {
+        int whole = have[CUT_STEPS] < 0 || have[CUT_STEPS] >= k;   /* tidal-rl: a /steps row per /progress row */
+        for (int g = 0; g < TD_GROUP_COUNT && whole; g++)
+            if (prog[g] && have[g] >= 0 && prog[g][k - 1] > have[g]) whole = 0;
+        if (whole && prog[TD_GROUP_TOKENS] && have[CUT_LAYERS] >= 0 && prog[TD_GROUP_TOKENS][k - 1] > have[CUT_LAYERS])
+            whole = 0;   /* /layers rows are /tokens rows */
+        if (whole) break;
+    }
+    for (int g = 0; g < TD_GROUP_COUNT; g++)
+        if (prog[g]) rf->cut[g] = k ? prog[g][k - 1] : 0;
+    if (prog[TD_GROUP_TOKENS]) rf->cut[CUT_LAYERS] = rf->cut[CUT_TOKENS];
+    rf->cut[CUT_STEPS] = k;
+    rf->cut[CUT_PROGRESS] = k;
+    for (int g = 0; g < TD_GROUP_COUNT; g++) free(prog[g]);
+}
+
+void td_runfile_stamp_take(const char *path, td_runfile_stamp *s)
+{
+    struct stat st;
+    char jpath[1100];
+    memset(s, 0, sizeof *s);
+    if (stat(path, &st) == 0) {
+        s->mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+        s->size = (long long)st.st_size;
+    }
+    tdc_journal_path(path, jpath, sizeof jpath);
+    s->journal = access(jpath, F_OK) == 0;
+}
+
+int td_runfile_changed(const char *path, const td_runfile_stamp *s)
+{
+    td_runfile_stamp now;
+    td_runfile_stamp_take(path, &now);
+    return s->journal || now.journal || now.mtime_ns != s->mtime_ns || now.size != s->size;
+}
+
+/* rows of the dataset at path as this handle sees them: a reader's, bounded by the cut */
+static int64_t committed_rows(const td_runfile *rf, const char *path, int64_t rows)
+{
+    if (rf->writable) return rows;
+    for (int g = 0; g < CUT_COUNT; g++) {
+        size_t n = strlen(CUT_GROUP[g]);
+        if (rf->cut[g] >= 0 && !strncmp(path, CUT_GROUP[g], n) && path[n] == '/')
+            return rows < rf->cut[g] ? rows : rf->cut[g];
+    }
+    return rows;
 }
 
 typedef struct { char **names; size_t max, n; } name_list;

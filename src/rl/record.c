@@ -18,6 +18,7 @@
 #include "rl_internal.h"
 #include "tidal/opts.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -205,6 +206,31 @@ static int check_named(const td_rl_opts *o, int ck, td_error *err)
     return td_fail(err, "--resume-from-checkpoint %s: the run's checkpoint is %s (tidal-rl keeps only the newest)", p, want);
 }
 
+static void remove_checkpoint_dir(const char *dir);
+
+/* Only the latest checkpoint is kept (save_total_limit = 1): a run killed between the commit
+ * that names a new checkpoint and the removal of the one before (or while a checkpoint-K.tmp/
+ * was written) left another; --resume removes every checkpoint-K/ and checkpoint-K.tmp/ but
+ * the one the file names. */
+static void remove_other_checkpoints(const char *output_dir, int64_t keep)
+{
+    DIR *d = opendir(output_dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[4300];
+    while ((e = readdir(d))) {
+        long long k;
+        int used = 0;
+        if (sscanf(e->d_name, "checkpoint-%lld%n", &k, &used) != 1 || k < 1) continue;
+        const char *rest = e->d_name + used;
+        if (*rest && strcmp(rest, ".tmp")) continue;   /* not one of ours */
+        if (!*rest && k == keep) continue;
+        snprintf(path, sizeof path, "%s/%s", output_dir, e->d_name);
+        remove_checkpoint_dir(path);
+    }
+    closedir(d);
+}
+
 int rl_file_open(rl_run *R, int *start, td_error *err)
 {
     const td_rl_opts *o = R->o;
@@ -261,6 +287,7 @@ int rl_file_open(rl_run *R, int *start, td_error *err)
     }
     if (cut_back(R, (int)ck, err) || td_runfile_set_i64(R->rf, "finished", 0, err) || td_runfile_flush(R->rf, err))
         return -1;
+    remove_other_checkpoints(o->output_dir, ck);
     *start = (int)ck;
     return 0;
 }

@@ -299,9 +299,11 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
     }
     char mp[4100];
     snprintf(mp, sizeof mp, "%s/model", o->output_dir);
-    if (rl_file_finish(&R, k, stopped, err) ||
-        td_trainer_save(R.tr, mp, TD_DT_F32, o->command_line ? o->command_line : "tidal-rl", err) ||
-        (o->lora_r == 0 && copy_tokenizer(o->model_path, mp, err)))
+    /* the final model first, then the run file says finished: a run killed while the model is
+     * written is one that --resume (and tidal-sweep, which skips finished runs) finishes */
+    if (td_trainer_save(R.tr, mp, TD_DT_F32, o->command_line ? o->command_line : "tidal-rl", err) ||
+        (o->lora_r == 0 && copy_tokenizer(o->model_path, mp, err)) ||
+        rl_file_finish(&R, k, stopped, err))
         goto done;
     rc = stopped;
 done:

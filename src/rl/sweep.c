@@ -267,7 +267,18 @@ int td_sweep_execute(const td_sweep *s, int workers, int dry_run, volatile sig_a
     int *resume = td_xcalloc(s->n ? s->n : 1, sizeof(int));
     for (size_t i = 0; i < s->n; i++) {
         td_run_state st = td_sweep_state(&s->runs[i]);
-        if (st == TD_RUN_FINISHED) { skipped++; continue; }
+        if (st == TD_RUN_FINISHED) {
+            /* killed while it compacted its finished rl.h5: finish that (the rename removes the
+             * temporary); the file is whole either way */
+            char p[4200], tmp[4300];
+            snprintf(p, sizeof p, "%s/%s", s->runs[i].dir, TD_RL_RUNFILE);
+            snprintf(tmp, sizeof tmp, "%s.compact.tmp", p);
+            td_error e2;
+            if (!dry_run && access(tmp, F_OK) == 0 && td_runfile_compact(p, &e2))
+                fprintf(stderr, "tidal-sweep: warning: %s\n", e2.msg);
+            skipped++;
+            continue;
+        }
         resume[ntodo] = st == TD_RUN_UNFINISHED;
         todo[ntodo++] = i;
     }

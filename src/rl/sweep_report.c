@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 enum { M_REWARD, M_ACC, M_K3, M_DLOGP, M_GNORM, M_ENT, M_ESS, M_CHI2, M_EVAL, M_DRIFT, M_N };
 static const int METRIC[M_N] = {TD_RLM_reward, TD_RLM_accuracy, TD_RLM_k3_kl, TD_RLM_logp_diff_mean,
@@ -22,6 +23,7 @@ typedef struct {
     int n;                   /* steps */
     double *m[M_N];          /* (n) */
     int collapse;            /* first reward_drop step, -1 */
+    int failed;              /* a read failed (the file changed under us: td_runfile_changed) */
     int first[TD_CLP_NSIGNALS];
 } run_data;
 
@@ -42,8 +44,10 @@ static int load_run(const td_sweep_run *r, run_data *d)
     for (int i = 0; i < M_N; i++) {
         d->m[i] = td_xmalloc((size_t)n * sizeof(double));
         snprintf(col, sizeof col, "/steps/%s", td_rl_metric_names[METRIC[i]]);
-        if (td_runfile_read(rf, col, TD_COL_F64, 0, n, d->m[i], NULL))
+        if (td_runfile_read(rf, col, TD_COL_F64, 0, n, d->m[i], NULL)) {
             for (int k = 0; k < n; k++) d->m[i][k] = NAN;
+            d->failed = 1;
+        }
     }
     td_runfile_close(rf, NULL);
     return 0;
@@ -60,7 +64,7 @@ static void marks(const td_sweep_run *r, run_data *d)
     char p[4200];
     snprintf(p, sizeof p, "%s/%s", r->dir, TD_RL_RUNFILE);
     td_runfile *rf = td_runfile_open(p, 0, NULL);
-    if (!rf) return;
+    if (!rf) { d->failed = 1; return; }
     td_collapse_cfg cfg;
     td_collapse_cfg_defaults(&cfg);
     char *js = td_runfile_get_str(rf, "collapse_config", NULL);
@@ -78,7 +82,10 @@ static void marks(const td_sweep_run *r, run_data *d)
     for (int i = 0; i < TD_RLM_COUNT; i++) {
         char name[128];
         snprintf(name, sizeof name, "/steps/%s", td_rl_metric_names[i]);
-        if (td_runfile_read(rf, name, TD_COL_F64, 0, d->n, col, NULL)) for (int k = 0; k < d->n; k++) col[k] = NAN;
+        if (td_runfile_read(rf, name, TD_COL_F64, 0, d->n, col, NULL)) {
+            for (int k = 0; k < d->n; k++) col[k] = NAN;
+            d->failed = 1;
+        }
         for (int k = 0; k < d->n; k++) rows[(size_t)k * TD_RLM_COUNT + i] = col[k];
     }
     td_runfile_close(rf, NULL);
@@ -156,8 +163,18 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
     run_data *rd = td_xcalloc(s->n ? s->n : 1, sizeof *rd);
     int *have = td_xcalloc(s->n ? s->n : 1, sizeof(int)), steps = 0;
     for (size_t i = 0; i < s->n; i++) {
-        have[i] = load_run(&s->runs[i], &rd[i]) == 0;
-        if (have[i]) { marks(&s->runs[i], &rd[i]); if (rd[i].n > steps) steps = rd[i].n; }
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s", s->runs[i].dir, TD_RL_RUNFILE);
+        for (int attempt = 0;; attempt++) {   /* a run being written: read it again if it changed under us */
+            td_runfile_stamp stamp;
+            td_runfile_stamp_take(p, &stamp);
+            have[i] = load_run(&s->runs[i], &rd[i]) == 0;
+            if (have[i]) marks(&s->runs[i], &rd[i]);
+            if (!have[i] || !rd[i].failed || attempt == 20 || !td_runfile_changed(p, &stamp)) break;
+            free_run(&rd[i]);
+            nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+        }
+        if (have[i] && rd[i].n > steps) steps = rd[i].n;
     }
     /* configurations in first-seen order */
     const char **cfg = td_xcalloc(s->n ? s->n : 1, sizeof(char *));

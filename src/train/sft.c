@@ -397,6 +397,13 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
         if (o->progress) fprintf(o->progress, "tidal-sft: %s is complete (%d steps): nothing to resume\n",
                                  o->output_dir, done.global_step);
         res->steps = done.global_step;
+        /* killed after the final model, while its run file was compacted: finish that (it
+         * removes the compaction's temporary, too) */
+        char ctmp[4300], jpath[4300];
+        snprintf(ctmp, sizeof ctmp, "%s.compact.tmp", J->run_path);
+        snprintf(jpath, sizeof jpath, "%s.journal", J->run_path);
+        if ((exists(ctmp) || exists(jpath)) && exists(J->run_path) && td_runfile_compact(J->run_path, err))
+            return -1;
         return 0;
     }
     if (o->resume) {   /* continuing (or extending, HF's way: to the new total) needs the run's settings */
@@ -483,6 +490,12 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
         }
         if (!last && o->save_steps > 0 && (k + 1) % o->save_steps == 0 && save_checkpoint(J, k + 1, err)) return -1;
     }
+    /* the run file's last words committed before the final model is published: once that is in
+     * place, --resume says the run is complete */
+    if (J->has_eval &&
+        (td_runfile_set_f64(J->rf, "final_eval_accuracy", acc, err) || td_runfile_set_f64(J->rf, "final_eval_reward", rew, err) ||
+         td_runfile_set_i64(J->rf, "final_eval_records", (int64_t)J->n_eval, err) || td_runfile_flush(J->rf, err)))
+        return -1;
     /* the final model into output_dir, through a temporary folder */
     char tmp[4300];
     snprintf(tmp, sizeof tmp, "%s/final.tmp", o->output_dir);
@@ -495,11 +508,6 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
     if (sft_save_dir(J->tr, o, J->tok, tmp, 1, &fin, err) || sft_publish(tmp, o->output_dir, err)) {
         sft_remove_dir(tmp);
         return -1;
-    }
-    if (J->has_eval) {
-        td_runfile_set_f64(J->rf, "final_eval_accuracy", acc, NULL);
-        td_runfile_set_f64(J->rf, "final_eval_reward", rew, NULL);
-        td_runfile_set_i64(J->rf, "final_eval_records", (int64_t)J->n_eval, NULL);
     }
     int rc = td_runfile_close(J->rf, err);
     J->rf = NULL;

@@ -10,8 +10,12 @@ reports/storage/README.md. A case that fails prints what it saw.
 Plus the disk-full run of issue 28 on a real 120 KiB tmpfs when this machine lets us mount one
 (root): exit 1 with the message, the file readable, --resume finishing it once there is room.
 
+And a tidal-rl run read while it is written: h5py and tidal-report see the steps committed so
+far; every tidal-report succeeds (after the first step) and reads a whole commit's rows.
+
 Exit 0 pass, 1 fail, 77 skip (h5py missing, or the shim cannot preload: a static build).
 """
+import json
 import os
 import subprocess
 import sys
@@ -107,25 +111,38 @@ if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=120
 else:
     print("(no tmpfs mount here: the 120 KiB run is skipped; the shim cases stand for it)")
 
-# ---- a run read while it is written: tidal-report and h5py see the steps committed so far
+# ---- a run read while it is written: tidal-report and h5py see the steps committed so far, each
+#      time a whole commit (the rows a /progress row names), even when a commit comes mid-read
 live = os.path.join(tmp, "live") + os.sep
 cmd = R.cmd()[:-2] + ["--output-dir", live]
 cmd[cmd.index("--max-steps") + 1] = "10"
 w = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=S.ENV)
-seen, reports = [], 0
+seen, reports, report_tokens, report_fail = [], 0, set(), []
 while w.poll() is None and len(seen) < 40:
     f = os.path.join(live, "rl.h5")
     if os.path.exists(f) and os.path.getsize(f) > 0:
         if S.open_raw(f):
             with h5py.File(f, "r") as h:
                 seen.append(len(h["steps/reward"]) if "steps" in h else 0)
-        r = subprocess.run([os.path.join(S.BIN, "tidal-report"), f], capture_output=True, env=S.ENV)
-        reports += r.returncode == 0
+        r = subprocess.run([os.path.join(S.BIN, "tidal-report"), "--json", f], capture_output=True, text=True, env=S.ENV)
+        if r.returncode == 0:
+            reports += 1
+            report_tokens.add(json.loads(r.stdout)["n_tokens"])
+        elif "empty run" not in r.stderr:   # before the first step: nothing to report yet
+            report_fail.append(r.stderr.strip()[-200:])
     time.sleep(0.2)
 w.wait()
-print("live: steps seen by h5py while tidal-rl wrote: %s; tidal-report read it %d times" % (sorted(set(seen)), reports))
+with h5py.File(os.path.join(live, "rl.h5"), "r") as h:
+    whole = set(int(x) for x in h["progress/token_rows"][:])
+print("live: steps seen by h5py while tidal-rl wrote: %s; tidal-report read it %d times (%d failed), token rows %s" % (
+    sorted(set(seen)), reports, len(report_fail), sorted(report_tokens)))
 if not (seen and max(seen) >= 1 and reports >= 1):
     log.append("a running tidal-rl's rl.h5 was not readable while written (h5py saw %s, tidal-report %d)" % (seen, reports))
+if report_fail:
+    log.append("tidal-report failed on a running tidal-rl's rl.h5: %s" % report_fail[:3])
+if not report_tokens <= whole:
+    log.append("tidal-report read %s token rows of a running tidal-rl's rl.h5, not a whole commit's (%s)" % (
+        sorted(report_tokens - whole), sorted(whole)))
 
 c = counts.c
 print("cases %d, failed %d, crashes %d, unreadable %d (needed tidal to finish a commit first: %d), batches/steps "
