@@ -64,10 +64,12 @@ static int write_json(const char *path, json_t *j, td_error *err)
 {
     char tmp[4400];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    errno = 0;
     int rc = json_dump_file(j, tmp, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     if (rc != 0 || rename(tmp, path) != 0) {
+        int e = errno;   /* json_dump_file's failed write or close, or the rename's */
         remove(tmp);
-        return td_fail(err, "%s: cannot write", path);
+        return td_fail(err, "%s: cannot write: %s", path, e ? strerror(e) : "write failed");
     }
     return 0;
 }

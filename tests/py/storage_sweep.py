@@ -259,6 +259,7 @@ class RlSweep:
         if rc != 0:
             raise SystemExit("clean tidal-rl run failed: " + err)
         self.ref, _ = datasets(self.out, RL_GROUPS)
+        self.ref_checkpoints = sorted(d for d in os.listdir(self.dir) if d.startswith("checkpoint-"))
         self.trace = read_trace(trace)
         shutil.rmtree(self.dir)
 
