@@ -10,11 +10,16 @@ import sys
 import h5py
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-n = size = 0
+n = size = skipped = 0
 SRC, DST = (sys.argv[1], sys.argv[2]) if len(sys.argv) > 2 else ("build/rl", "reports/rl/runs")
 for src in sorted(glob.glob(os.path.join(ROOT, SRC, "*", "*", "rl.h5"))):
     sweep, run = src.split(os.sep)[-3], src.split(os.sep)[-2]
     dst = os.path.join(ROOT, DST, sweep, run, "rl.h5")
+    with h5py.File(src, "r", locking=False) as a:
+        done = bool(a.attrs.get("finished", 0))
+    if not done:   # a run still being written (a resumable grid): packed once it has finished
+        skipped += 1
+        continue
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     with h5py.File(src, "r") as a, h5py.File(dst + ".tmp", "w") as b:
         for k, v in a.attrs.items():
@@ -25,4 +30,4 @@ for src in sorted(glob.glob(os.path.join(ROOT, SRC, "*", "*", "rl.h5"))):
     os.replace(dst + ".tmp", dst)
     n += 1
     size += os.path.getsize(dst)
-print(f"{n} runs, {size / 1e6:.1f} MB in {DST}/")
+print(f"{n} runs, {size / 1e6:.1f} MB in {DST}/" + (f"; {skipped} unfinished runs left out" if skipped else ""))
