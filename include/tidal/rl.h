@@ -92,6 +92,7 @@ typedef enum { TD_PL_PPO = 0, TD_PL_PG } td_rl_policy_loss;
 #define TD_RL_ADV_EPS 1e-4
 
 const char *td_rl_is_name(td_rl_is m);
+const char *td_rl_loss_type_name(td_rl_loss_type t);   /* "grpo", "bnpo", "dr_grpo", "dapo" */
 /* -1 + err listing the names when unknown. */
 int td_rl_is_from_name(const char *name, td_error *err);
 /* The default caps of a correction (above). */

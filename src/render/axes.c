@@ -83,6 +83,14 @@ void td_frame(td_canvas *c, int x, int y, int w, int h)
     td_canvas_line(c, x + w, y - 1, x + w, y + h, TD_BLACK, 0);
 }
 
+void td_zero_band(td_canvas *c, td_font *font, int x, int y, int w, int h, int zb, const char *label)
+{
+    int yz = td_zero_band_y(y, h, zb);
+    td_canvas_line(c, x, y + h - zb, x + w - 1, y + h - zb, TD_GREY, 1);
+    td_canvas_line(c, x - 5, yz, x - 1, yz, TD_BLACK, 0);
+    td_font_draw(font, c, x - 7, yz, TD_FONT_TICK, 2, 1, 0, TD_BLACK, label);
+}
+
 /* Ticks along the bottom (horizontal = 1) or the left edge of a box, data range [d0, d1]
  * mapped onto the box; decades = 1 labels integer ticks t as 10^t. flip: d0 at the bottom. */
 void td_axis_ticks(td_canvas *c, td_font *font, int x, int y, int w, int h, int horizontal, double d0, double d1,

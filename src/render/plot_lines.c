@@ -15,7 +15,6 @@ static const td_rgb LINE_PALETTE[12] = {
 /* On a log axis a value <= 0 has no place: rather than drop it (a series of zeros would just
  * vanish while its legend entry stays), such values go on a band below the axis marked "≤ 0",
  * set off by a dashed line, and the lines run into it. */
-enum { ZERO_BAND = 26 };
 static int ok_value(double v) { return isfinite(v); }
 
 td_canvas *td_plot_lines(const td_line *lines, size_t n, td_font *font, const td_lines_opts *o)
@@ -43,13 +42,9 @@ td_canvas *td_plot_lines(const td_line *lines, size_t n, td_font *font, const td
     int x = ML, y = TOP + 22, W = PW + 100;
     td_frame(c, x, y, W, PH);
     td_axis_ticks(c, font, x, y, W, PH, 1, x0, x1, 0, 0);
-    int ZB = zeros ? ZERO_BAND : 0, DH = PH - ZB;   /* the data's height above the zero band */
+    int ZB = zeros ? TD_ZERO_BAND : 0, DH = PH - ZB;   /* the data's height above the zero band */
     td_axis_ticks(c, font, x, y, W, DH, 0, y0, y1, o->log_y, 1);
-    if (zeros) {
-        td_canvas_line(c, x, y + DH, x + W - 1, y + DH, TD_GREY, 1);
-        td_canvas_line(c, x - 5, y + PH - ZB / 2, x - 1, y + PH - ZB / 2, TD_BLACK, 0);
-        td_font_draw(font, c, x - 7, y + PH - ZB / 2, TD_FONT_TICK, 2, 1, 0, TD_BLACK, "≤ 0");
-    }
+    if (zeros) td_zero_band(c, font, x, y, W, PH, ZB, "≤ 0");
     for (size_t k = 0; k < n; k++) {
         const td_line *L = &lines[k];
         td_rgb col = LINE_PALETTE[L->colour % 12];
@@ -60,7 +55,7 @@ td_canvas *td_plot_lines(const td_line *lines, size_t n, td_font *font, const td
             int cx = x + (int)lround((L->x[i] - x0) / (x1 - x0) * (W - 1));
             int cy;
             if (o->log_y && yv <= 0) {
-                cy = y + PH - ZB / 2;
+                cy = td_zero_band_y(y, PH, ZB);
             } else {
                 double v = o->log_y ? log10(yv) : yv;
                 cy = y + DH - 1 - (int)lround((v - y0) / (y1 - y0) * (DH - 1));

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-enum { MIN_TOKENS = 3, PH = 340, ZERO_BAND = 26 };
+enum { MIN_TOKENS = 3, PH = 340 };
 
 /* Mean of the metric per step 0..S-1 (NaN where fewer than MIN_TOKENS tokens). */
 static double *step_means(const td_run *r, int metric_kl, int S)
@@ -55,13 +55,9 @@ td_canvas *td_plot_steps(const td_run *runs, size_t n, td_font *font, const td_p
     double x1 = S > 1 ? S - 1 : 1;
     td_frame(c, x, y, W, PH);
     td_axis_ticks(c, font, x, y, W, PH, 1, 0, x1, 0, 0);
-    int ZB = zeros ? ZERO_BAND : 0, DH = PH - ZB;
+    int ZB = zeros ? TD_ZERO_BAND : 0, DH = PH - ZB;
     td_axis_ticks(c, font, x, y, W, DH, 0, l0, l1, 1, 1);
-    if (zeros) {
-        td_canvas_line(c, x, y + DH, x + W - 1, y + DH, TD_GREY, 1);
-        td_canvas_line(c, x - 5, y + PH - ZB / 2, x - 1, y + PH - ZB / 2, TD_BLACK, 0);
-        td_font_draw(font, c, x - 7, y + PH - ZB / 2, TD_FONT_TICK, 2, 1, 0, TD_BLACK, "0");
-    }
+    if (zeros) td_zero_band(c, font, x, y, W, PH, ZB, "0");
     for (size_t k = 0; k < n; k++) {
         td_rgb col = TD_PALETTE[k % 6];
         int px = -1, py = -1;
@@ -69,7 +65,7 @@ td_canvas *td_plot_steps(const td_run *runs, size_t n, td_font *font, const td_p
             double v = m[k][s];
             if (!(v >= 0)) { px = -1; continue; }   /* a gap, not a line through missing steps */
             int cx = x + (int)lround(s / x1 * (W - 1));
-            int cy = v == 0 ? y + PH - ZB / 2 : y + DH - 1 - (int)lround((log10(v) - l0) / (l1 - l0) * (DH - 1));
+            int cy = v == 0 ? td_zero_band_y(y, PH, ZB) : y + DH - 1 - (int)lround((log10(v) - l0) / (l1 - l0) * (DH - 1));
             if (px >= 0) { td_canvas_line(c, px, py, cx, cy, col, 0); td_canvas_line(c, px, py + 1, cx, cy + 1, col, 0); }
             else td_canvas_rect(c, cx - 1, cy - 1, 3, 3, col);
             px = cx;

@@ -31,6 +31,12 @@ void td_fmt_tick(char *buf, size_t n, double v);
 void td_fmt_decade(char *buf, size_t n, int e);
 double td_scale_pos(double v, double vmin, double vmax, int log_scale);
 void td_frame(td_canvas *c, int x, int y, int w, int h);
+/* The band under a log y axis (box x, y, w, h; its bottom zb pixels) where values <= 0 are drawn
+ * instead of being dropped: a dashed line sets it off, a tick at its middle says `label`. The
+ * band's row is td_zero_band_y. */
+enum { TD_ZERO_BAND = 26 };
+void td_zero_band(td_canvas *c, td_font *font, int x, int y, int w, int h, int zb, const char *label);
+static inline int td_zero_band_y(int y, int h, int zb) { return y + h - zb / 2; }
 void td_axis_ticks(td_canvas *c, td_font *font, int x, int y, int w, int h, int horizontal, double d0, double d1,
                    int decades, int flip);
 void td_heat_draw(td_canvas *c, td_font *font, const td_heat *hm, int x, int y, int w, int h, double vmin,

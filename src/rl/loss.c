@@ -10,6 +10,12 @@
 static const char *const IS_NAMES[TD_RLIS_COUNT] = {"none", "token-tis", "token-mis", "seq-tis",
                                                      "seq-mis", "geometric", "icepop"};
 
+const char *td_rl_loss_type_name(td_rl_loss_type t)
+{
+    static const char *const names[] = {"grpo", "bnpo", "dr_grpo", "dapo"};
+    return (unsigned)t < sizeof names / sizeof *names ? names[t] : "?";
+}
+
 const char *td_rl_is_name(td_rl_is m) { return (unsigned)m < TD_RLIS_COUNT ? IS_NAMES[m] : "?"; }
 
 int td_rl_is_from_name(const char *name, td_error *err)

@@ -44,7 +44,7 @@ char *rl_config_json(const rl_run *R)
                           "exact_match", o->exact_match, "rollout_logit_noise", o->rollout_logit_noise,
                           "policy_loss", c->policy_loss == TD_PL_PG ? "pg" : "ppo",
                           "epsilon", c->epsilon, "epsilon_high", c->epsilon_high, "dual_clip", c->dual_clip,
-                          "loss_type", (const char *[]){"grpo", "bnpo", "dr_grpo", "dapo"}[c->loss_type],
+                          "loss_type", td_rl_loss_type_name(c->loss_type),
                           "beta", c->beta, "is_correction", td_rl_is_name(c->is_mode),
                           "is_drop_masked", c->is_drop_masked, "is_cap", c->is_cap);
     json_object_set_new(j, "is_cap_low", json_real(c->is_cap_low));

@@ -417,7 +417,7 @@ static int dump_step(rl_run *R, int k, double loss, td_error *err)
         rc = td_st_writer_meta(w, "step", buf, err);
         snprintf(buf, sizeof buf, "%.17g", loss);
         rc = rc || td_st_writer_meta(w, "loss", buf, err);
-        rc = rc || td_st_writer_meta(w, "loss_type", (const char *[]){"grpo", "bnpo", "dr_grpo", "dapo"}[R->lc.loss_type], err);
+        rc = rc || td_st_writer_meta(w, "loss_type", td_rl_loss_type_name(R->lc.loss_type), err);
         snprintf(buf, sizeof buf, "%.17g", R->lc.epsilon);
         rc = rc || td_st_writer_meta(w, "epsilon", buf, err);
         snprintf(buf, sizeof buf, "%.17g", R->lc.epsilon_high);
