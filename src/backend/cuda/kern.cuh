@@ -122,4 +122,17 @@ static inline unsigned tdc_blocks(size_t n, int threads)
     return (unsigned)(b < 1 ? 1 : b > 1048560 ? 1048560 : b);
 }
 
+/* RoPE's cos/sin row of position pos into cs[0..half) and sn[0..half) (a block's threads share
+ * the loop; the caller syncs): a = pos * inv_freq[k] in fp32, cos and sin in double cast to
+ * fp32 as the CPU's, then rounded to Dcs (TD_F32: kept) -- the forward's and the backward's one
+ * table (rope.cu, rope_backward.cu: they differ only in which forms round it). */
+__device__ static inline void tdc_rope_table(float *cs, float *sn, int pos, const float *inv_freq, int half, int Dcs)
+{
+    for (int k = threadIdx.x; k < half; k += blockDim.x) {
+        float a = (float)pos * inv_freq[k];
+        cs[k] = tdc_round(Dcs, (float)cos((double)a));
+        sn[k] = tdc_round(Dcs, (float)sin((double)a));
+    }
+}
+
 #endif

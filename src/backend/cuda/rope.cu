@@ -19,13 +19,7 @@ __global__ static void rope_rows(float *x, const int *pos, const float *inv_freq
     TD_DYN_SMEM(float, cs);   /* cs[half], then sn[half] */
     int half = HD / 2, i = blockIdx.x;
     float *sn = cs + half;
-    for (int k = threadIdx.x; k < half; k += blockDim.x) {
-        float a = (float)pos[i] * inv_freq[k];
-        float c = (float)cos((double)a), s = (float)sin((double)a);
-        if (form != TD_ROPE_FUSED) { c = tdc_round(D, c); s = tdc_round(D, s); }   /* D(cos) */
-        cs[k] = c;
-        sn[k] = s;
-    }
+    tdc_rope_table(cs, sn, pos[i], inv_freq, half, form != TD_ROPE_FUSED ? D : (int)TD_F32);   /* D(cos) */
     __syncthreads();
     float *xi = x + (size_t)i * nheads * HD;
     for (int e = threadIdx.x; e < nheads * half; e += blockDim.x) {

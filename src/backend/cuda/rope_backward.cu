@@ -17,11 +17,7 @@ __global__ static void rope_bwd_rows(float *dx, const int *pos, const float *inv
     TD_DYN_SMEM(float, cs);   /* cs[half], then sn[half] */
     int half = HD / 2, i = blockIdx.x;
     float *sn = cs + half;
-    for (int k = threadIdx.x; k < half; k += blockDim.x) {
-        float a = (float)pos[i] * inv_freq[k];
-        cs[k] = tdc_round(Dcs, (float)cos((double)a));
-        sn[k] = tdc_round(Dcs, (float)sin((double)a));
-    }
+    tdc_rope_table(cs, sn, pos[i], inv_freq, half, Dcs);
     __syncthreads();
     float *gi = dx + (size_t)i * nheads * HD;
     for (int e = threadIdx.x; e < nheads * half; e += blockDim.x) {
