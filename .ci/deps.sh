@@ -8,7 +8,8 @@
 #   PyPI (test-only, into .venv which sees the Debian Python packages): ml_dtypes, safetensors,
 #                    tokenizers, jinja2 (chat templates rendered as transformers renders them);
 #                    optional: transformers, peft (+ accelerate) for the cross-checks against them,
-#                    tensorboard (its own reader checks the event files of --report-to).
+#                    tensorboard (its own reader checks the event files of --report-to),
+#                    math-verify (the reference for datasets/rewards/math_boxed.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -85,5 +86,12 @@ if ! .venv/bin/python -c "import tensorboard" 2>/dev/null; then
       fi ;;
     *) echo "deps: note: could not resolve tensorboard (offline?); test_report_to.py will be skipped" >&2 ;;
   esac
+fi
+# math-verify (tests/py/test_reward_math.py checks datasets/rewards/math_boxed.py's default
+# grader against HF's verifier): pure Python (latex2sympy2_extended, sympy, antlr4 runtime).
+if ! .venv/bin/python -c "import math_verify" 2>/dev/null; then
+  echo "deps: installing optional PyPI test helper: math-verify" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check "math-verify>=0.7,<1" \
+    || echo "deps: note: could not install math-verify; test_reward_math.py checks without it" >&2
 fi
 exit 0
