@@ -6,7 +6,8 @@
    thinking does not count), normalisation (\\dfrac, \\left, units, x =, 1,000, 50\\%, 0.5 vs
    \\frac{1}{2}), wrong answers, countdown expressions (right, number used twice, number not
    given, wrong value), a conversational completion, a malformed line (0 and a message, the
-   run goes on).
+   run goes on); reports/rl/gpu/prepare_data.py --countdown's records with tidal-task's own
+   reference expressions boxed: all 60 graded right (and wrong with one + made -).
 2. against HF's math-verify (the verifier oat runs by default) when it is installed: on every
    case where the reference and the boxed answer are plain forms both graders read, the default
    grader agrees with math_verify.verify; and --verifier math_verify runs through the script.
@@ -94,6 +95,31 @@ def main():
     check(rc == 0 and [o["correct"] for o in out] == [1, 0, 1],
           f"conversational completion graded; a malformed line answers 0 and the run goes on ({out})")
     check("stdin line 2" in err, f"the malformed line is named on stderr ({err.strip()!r})")
+
+    # tidal-task's own countdown solutions, boxed, through prepare_data.py's records: all right
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        build = os.environ.get("BUILD", "build")
+        subprocess.run([os.path.join(build, "bin", "tidal-task"), "generate", "--task", "countdown",
+                        "--seed", "7", "--train-size", "60", "--test-size", "1", "-o", d + "/t"],
+                       check=True, capture_output=True)
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "reports", "rl", "gpu", "prepare_data.py"),
+                            "--countdown", "60", "--seed", "7", "--test-size", "10", "-o", d + "/p"],
+                           capture_output=True, text=True, env=dict(os.environ, BUILD=build))
+        check(p.returncode == 0, f"prepare_data.py --countdown runs ({p.stderr.strip()[-200:]})")
+        ref = [json.loads(l) for l in open(d + "/t/train.jsonl")]
+        got = [json.loads(l) for l in open(d + "/p/train.jsonl")] + \
+              [json.loads(l) for l in open(d + "/p/test.jsonl")]
+        check(len(got) == 60 and all("\\boxed{}" in g["prompt"] and g["prompt"].endswith("<think>\n")
+                                     for g in got), "60 records in the r1_distill_qwen template")
+        jobs = [dict(g, completion="</think>\\boxed{" + r["completion"].splitlines()[-1] + "}")
+                for g, r in zip(got, ref)]
+        rc, out, _ = run(jobs, "--require-think")
+        check(rc == 0 and sum(o["correct"] for o in out) == 60,
+              f"tidal-task's 60 reference expressions graded right ({sum(o['correct'] for o in out)})")
+        bad = [dict(j, completion=j["completion"].replace("+", "-", 1)) for j in jobs]
+        rc, out, _ = run(bad, "--require-think")
+        check(sum(o["correct"] for o in out) <= 6, "the same with one + made - mostly wrong")
 
     # 2. against HF's math-verify
     try:
