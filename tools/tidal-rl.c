@@ -154,7 +154,7 @@ int main(int argc, char **argv)
                  "OUTPUT_DIR/dump-step-K.safetensors, to check the loss against\n"
                  "TRL's or verl's code (K counts from 1, as the progress line)"),
         TD_OPT_I("eval-steps", 0, &o.eval_steps, "N", 0, 1 << 30, "clean evaluation every N steps (default 0 = never): the\n"
-                 "trainer's policy, greedy, training recipe, no engine sync\nor noise -> /steps eval_reward, eval_accuracy"),
+                 "trainer's policy, greedy, training recipe, no engine sync\nor noise -> /steps eval_reward, eval_accuracy (your own\nrecords: your reward; accuracy = share with reward >= 1)"),
         TD_OPT_S("eval-dataset-path", 0, &o.eval_dataset_path, "FILE", "evaluation records (default: test.jsonl beside\n--dataset-path)"),
         TD_OPT_I("eval-max-samples", 0, &o.eval_max_samples, "N", 0, 100000000, "evaluate the first N records (default all)"),
         TD_OPT_F("resume", 0, &o.resume, 1, "continue OUTPUT_DIR from its last checkpoint: a stopped run,\n"

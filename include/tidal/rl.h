@@ -216,7 +216,7 @@ double td_rl_seq_loss(const td_rl_loss_cfg *c, int T, const float *logp, const f
     X(merge_aligned, "merged syncs: <E(W + dW) - E(W), dW> / |dW|^2, the update's own component kept") \
     X(merge_changed_frac, "merged syncs: share of adapted engine weights the update changed") \
     X(eval_reward, "--eval-steps: mean reward of the trainer's policy, greedy, on the eval records (nan between)") \
-    X(eval_accuracy, "--eval-steps: share of eval records answered exactly (greedy; nan between)") \
+    X(eval_accuracy, "--eval-steps: share of eval records answered exactly (own records: reward >= 1; greedy; nan between)") \
     X(time_rollout, "seconds: generation (and the weight sync) on the inference path") \
     X(time_reward, "seconds: decoding and grading") \
     X(time_old, "seconds: pi_old (and reference) on the training path") \
@@ -370,7 +370,10 @@ typedef struct {
      * rollout (k % eval_steps == 0, the policy that step samples from), the trainer's own policy
      * (its weights: the fp32 masters, or the LoRA base and the adapter unmerged as PEFT runs it) on
      * the training recipe, decoded greedily on the KV-cache path (no --rollout-logit-noise, no
-     * engine sync), graded by the task: /steps eval_reward, eval_accuracy. Records:
+     * engine sync), graded by the task: /steps eval_reward, eval_accuracy. With --reward-command
+     * the records may be the user's own (TRL's shapes): eval_reward is then the command's mean
+     * reward and eval_accuracy the share of built-in task records answered exactly, or, when
+     * every record is the user's own, the share whose reward is at least 1. Records:
      * eval_dataset_path, else the test.jsonl beside --dataset-path; the first eval_max_samples
      * (0 = all). */
     int eval_steps;

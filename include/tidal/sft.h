@@ -121,6 +121,15 @@ int td_sft_evaluate(const td_model *m, const td_lora *lora, const td_tokenizer *
                     const td_task_item *items, size_t n, const td_sft_eval_opts *o, double *accuracy,
                     double *mean_reward, FILE *completions, td_error *err);
 
+/* Greedy completions of n tokenized prompts by a model (and adapter, may be NULL) under a recipe
+ * (NULL: fp32), `batch` at a time (0: 32), at most new_tokens each, stopping at any of the n_eos
+ * ids: fn(user, i, tokens, plen, len, err) gets prompt i's sequence (prompt + completion, len
+ * tokens) and returns 0, or -1 + err to stop. 0 or -1 + err. */
+typedef int (*td_greedy_fn)(void *user, size_t i, const int *tokens, int plen, int len, td_error *err);
+int td_greedy_complete(const td_model *m, const td_lora *lora, const td_recipe *rec, int *const *prompt,
+                       const int *plen, size_t n, int batch, int new_tokens, const int *eos, int n_eos,
+                       td_greedy_fn fn, void *user, td_error *err);
+
 TD_END_DECLS
 
 #endif

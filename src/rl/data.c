@@ -13,8 +13,9 @@
 #include <string.h>
 
 /* A record that is not a built-in task's: its prompt, rendered as TRL renders it, into it->prompt;
- * R->chat[i] = 1 for a conversation. */
-static int own_record(rl_run *R, size_t i, json_t *rec, const char *where, td_chat_template **tmpl, td_error *err)
+ * *chat = 1 for a conversation. */
+static int own_record(rl_run *R, td_task_item *it, char *chat, json_t *rec, const char *where, td_chat_template **tmpl,
+                      td_error *err)
 {
     json_t *p = json_object_get(rec, "prompt"), *msgs = json_object_get(rec, "messages");
     if (p && msgs)
@@ -26,7 +27,6 @@ static int own_record(rl_run *R, size_t i, json_t *rec, const char *where, td_ch
                        "{\"role\", \"content\"} messages) or \"messages\" (TRL's dataset shapes)", where,
                        keys[0] ? "the keys " : "no keys", keys);
     }
-    td_task_item *it = &R->items[i];
     if (p && json_is_string(p)) {
         it->prompt = strndup(json_string_value(p), json_string_length(p));
         return 0;
@@ -48,29 +48,29 @@ static int own_record(rl_run *R, size_t i, json_t *rec, const char *where, td_ch
                             td_tokenizer_token_str(R->tkz, td_tokenizer_eos_id(R->tkz)), p ? p : msgs,
                             p ? "prompt" : "messages", where, &it->prompt, &n, err))
         return -1;
-    R->chat[i] = 1;
+    *chat = 1;
     return 0;
 }
 
-int rl_load_records(rl_run *R, td_error *err)
+int rl_read_records(rl_run *R, const char *path, rl_records *out, td_error *err)
 {
     const td_rl_opts *o = R->o;
     td_record *recs;
     size_t n;
-    if (td_records_read(o->dataset_path, &recs, &n, err)) return -1;
-    R->n_items = n;
-    R->items = td_xcalloc(n, sizeof *R->items);
-    R->records = td_xcalloc(n, sizeof *R->records);
-    R->chat = td_xcalloc(n, 1);
+    if (td_records_read(path, &recs, &n, err)) return -1;
+    out->n = n;
+    out->items = td_xcalloc(n ? n : 1, sizeof *out->items);
+    out->records = td_xcalloc(n ? n : 1, sizeof *out->records);
+    out->chat = td_xcalloc(n ? n : 1, 1);
     td_chat_template *tmpl = NULL;
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++) {
         json_t *rec = recs[i].obj, *task = json_object_get(rec, "task");
         char where[4200];
-        snprintf(where, sizeof where, "%s:%ld", o->dataset_path, recs[i].line);
-        R->records[i] = json_incref(rec);
-        R->items[i].line = recs[i].line;
-        td_task_item *it = &R->items[i];
+        snprintf(where, sizeof where, "%s:%ld", path, recs[i].line);
+        out->records[i] = json_incref(rec);
+        out->items[i].line = recs[i].line;
+        td_task_item *it = &out->items[i];
         int builtin = json_is_string(task) && td_task_find(json_string_value(task), NULL);
         if (builtin) {
             td_error terr;
@@ -97,7 +97,7 @@ int rl_load_records(rl_run *R, td_error *err)
                                "\"prompt\" and \"answer\" (datasets/tasks)", where);
             break;
         }
-        if (!builtin) rc = own_record(R, i, rec, where, &tmpl, err);
+        if (!builtin) rc = own_record(R, it, &out->chat[i], rec, where, &tmpl, err);
         if (!rc && !it->id) {
             json_t *id = json_object_get(rec, "id");
             char buf[64];
@@ -108,6 +108,45 @@ int rl_load_records(rl_run *R, td_error *err)
     td_chat_template_free(tmpl);
     td_records_free(recs, n);
     return rc;
+}
+
+int rl_load_records(rl_run *R, td_error *err)
+{
+    rl_records set = {0};
+    int rc = rl_read_records(R, R->o->dataset_path, &set, err);
+    R->items = set.items;
+    R->records = set.records;
+    R->chat = set.chat;
+    R->n_items = set.n;
+    return rc;
+}
+
+int rl_encode_prompt(const rl_run *R, const td_task_item *it, const char *where, int **ids, int *n, td_error *err)
+{
+    int32_t *raw;
+    size_t len;
+    const char *p = it->prompt;
+    bool own = it->task == NULL;
+    if (td_tokenizer_encode(R->tkz, p, strlen(p), own, !own, &raw, &len, err))
+        return td_fail(err, "%s: prompt: %s", where, err->msg);
+    if (len == 0) {
+        free(raw);
+        return td_fail(err, "%s: empty prompt", where);
+    }
+    *ids = td_xmalloc(len * sizeof(int));
+    for (size_t t = 0; t < len; t++) (*ids)[t] = raw[t];
+    *n = (int)len;
+    free(raw);
+    return 0;
+}
+
+void rl_records_clear(rl_records *set)
+{
+    for (size_t i = 0; set->records && i < set->n; i++) json_decref(set->records[i]);
+    free(set->records);
+    free(set->chat);
+    if (set->items) td_task_items_free(set->items, set->n);
+    *set = (rl_records){0};
 }
 
 void rl_records_free(rl_run *R)

@@ -218,14 +218,14 @@ static int parse_reply(const rl_reward *p, const char *line, size_t len, double 
                 rc = -1;
                 break;
             }
-            if (json_is_null(x)) { if (at >= 0) comp[at] = NAN; continue; }   /* TRL: None = does not apply */
+            if (json_is_null(x)) { if (at >= 0 && comp) comp[at] = NAN; continue; }   /* TRL: None = does not apply */
             if (!json_is_number(x) || !isfinite(json_number_value(x))) {
                 snprintf(why, wn, "component \"%s\" to be a finite number or null", k);
                 rc = -1;
                 break;
             }
             double w = at >= 0 ? p->weights[at] : 1.0;
-            if (at >= 0) comp[at] = json_number_value(x);
+            if (at >= 0 && comp) comp[at] = json_number_value(x);
             sum += w * json_number_value(x);
             any = 1;
         }

@@ -36,14 +36,24 @@ int rl_reward_names(const rl_reward *p, const char *const **names);
 /* Closes its input, waits a few seconds for it to exit, then kills its process group. */
 void rl_reward_stop(rl_reward *p);
 
+/* A file of records (data.c): each a built-in task's (items[i].task set) or the user's own (its
+ * prompt rendered into items[i].prompt); records[i] the JSON object (the reward command's input),
+ * chat[i] 1 for a conversational prompt. */
+typedef struct {
+    td_task_item *items;
+    struct json_t **records;
+    char *chat;
+    size_t n;
+} rl_records;
+
 typedef struct {
     const td_rl_opts *o;
     td_model *model;              /* the initial weights (and the reference policy)           */
     td_tokenizer *tkz;
     td_task_item *items;
     size_t n_items;
-    td_task_item *eval_items;     /* --eval-steps: the evaluation records (n_eval used)      */
-    size_t n_eval_items, n_eval;
+    rl_records ev;                /* --eval-steps: the evaluation records (n_eval used)      */
+    size_t n_eval;
     char eval_path[4200];
     int **prompt_ids, *prompt_len;/* (n_items) tokenized prompts                              */
     td_recipe rtrain, rroll;
@@ -93,9 +103,16 @@ typedef struct {
 } rl_run;
 
 /* data.c: R->items, R->records and R->chat from --dataset-path (R->tkz loaded); -1 + err naming
- * the record. rl_records_free frees records and chat (items are td_task_items_free's). */
+ * the record. rl_records_free frees records and chat (items are td_task_items_free's).
+ * rl_read_records reads any such file into *out (rl_records_clear frees it all). */
 int rl_load_records(rl_run *R, td_error *err);
 void rl_records_free(rl_run *R);
+int rl_read_records(rl_run *R, const char *path, rl_records *out, td_error *err);
+void rl_records_clear(rl_records *set);
+/* A record's prompt as the run feeds it: a built-in task's as tidal-sft trained it (BOS added),
+ * the user's as TRL tokenises a model input (special tokens in the text recognised, none added).
+ * *ids malloc'd; -1 + err (where names the record). */
+int rl_encode_prompt(const rl_run *R, const td_task_item *it, const char *where, int **ids, int *n, td_error *err);
 
 /* step.c: step k into metrics (TD_RLM_COUNT values); -1 + err */
 int rl_step(rl_run *R, int k, double *metrics, td_error *err);

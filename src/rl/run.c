@@ -25,33 +25,22 @@ static int load_inputs(rl_run *R, td_error *err)
     int longest = 0;
     size_t at = 0;
     for (size_t i = 0; i < R->n_items; i++) {
-        int32_t *ids;
-        size_t n;
-        const char *p = R->items[i].prompt;
-        /* a built-in task's prompt as tidal-sft trained it (BOS added); the user's as TRL
-         * tokenises a model input (special tokens in the text recognised, none added) */
-        bool own = R->items[i].task == NULL;
-        if (td_tokenizer_encode(R->tkz, p, strlen(p), own, !own, &ids, &n, err))
-            return td_fail(err, "%s:%ld: prompt: %s", o->dataset_path, R->items[i].line, err->msg);
-        R->prompt_ids[i] = td_xmalloc((n ? n : 1) * sizeof(int));
-        for (size_t t = 0; t < n; t++) R->prompt_ids[i][t] = ids[t];
-        R->prompt_len[i] = (int)n;
-        free(ids);
-        if (n == 0) return td_fail(err, "%s:%ld: empty prompt", o->dataset_path, R->items[i].line);
-        if ((int)n > longest) { longest = (int)n; at = i; }
+        char where[4200];
+        snprintf(where, sizeof where, "%s:%ld", o->dataset_path, R->items[i].line);
+        if (rl_encode_prompt(R, &R->items[i], where, &R->prompt_ids[i], &R->prompt_len[i], err)) return -1;
+        if (R->prompt_len[i] > longest) { longest = R->prompt_len[i]; at = i; }
     }
     if (o->eval_steps > 0) {   /* --eval-dataset-path, else the test split beside the data */
         const char *slash = strrchr(o->dataset_path, '/');
         if (o->eval_dataset_path) snprintf(R->eval_path, sizeof R->eval_path, "%s", o->eval_dataset_path);
         else if (slash) snprintf(R->eval_path, sizeof R->eval_path, "%.*s/test.jsonl", (int)(slash - o->dataset_path), o->dataset_path);
         else snprintf(R->eval_path, sizeof R->eval_path, "test.jsonl");
-        td_error why;
-        if (td_task_read_jsonl(R->eval_path, &R->eval_items, &R->n_eval_items, &why))
+        if (rl_read_records(R, R->eval_path, &R->ev, err))
             return td_fail(err, "%s (--eval-steps evaluates on --eval-dataset-path, by default the test.jsonl beside "
-                           "--dataset-path)", why.msg);
-        if (R->n_eval_items == 0) return td_fail(err, "%s: no evaluation records", R->eval_path);
-        R->n_eval = o->eval_max_samples > 0 && (size_t)o->eval_max_samples < R->n_eval_items ? (size_t)o->eval_max_samples
-                                                                                          : R->n_eval_items;
+                           "--dataset-path)", err->msg);
+        if (R->ev.n == 0) return td_fail(err, "%s: no evaluation records", R->eval_path);
+        R->n_eval = o->eval_max_samples > 0 && (size_t)o->eval_max_samples < R->ev.n ? (size_t)o->eval_max_samples
+                                                                                  : R->ev.n;
     }
     R->max_len = longest + o->max_completion_length;
     if (R->max_len > o->max_seq_length)
@@ -174,7 +163,7 @@ static void teardown(rl_run *R)
     for (size_t i = 0; R->prompt_ids && i < R->n_items; i++) free(R->prompt_ids[i]);
     free(R->prompt_ids); free(R->prompt_len);
     if (R->items) td_task_items_free(R->items, R->n_items);
-    if (R->eval_items) td_task_items_free(R->eval_items, R->n_eval_items);
+    rl_records_clear(&R->ev);
     td_tokenizer_free(R->tkz);
 }
 

@@ -213,25 +213,26 @@ static json_t *json_text(const char *s, size_t n)
     return j;
 }
 
-/* The reward command's input line for sequence s (include/tidal/rl.h, "Rewards"). */
-static char *reward_request(const rl_run *R, int s)
+/* The reward command's input line (include/tidal/rl.h, "Rewards") for a completion of record rec
+ * (chat: its prompt is a conversation): tok holds prompt (plen tokens) + completion (len). */
+static char *reward_request(const rl_run *R, json_t *rec, int chat, const int *tok, int plen, int len)
 {
-    json_t *rec = R->records[R->item[s]], *q = json_object();
+    json_t *q = json_object();
     json_object_update(q, rec);
     json_t *msgs = json_object_get(rec, "messages"), *prompt = json_object_get(rec, "prompt");
     if (!prompt && msgs) json_object_set(q, "prompt", msgs);
-    int T = R->len[s] - R->plen[s];
+    int T = len - plen;
     int32_t *ids = td_xmalloc((size_t)(T ? T : 1) * sizeof(int32_t));
     json_t *jids = json_array();
     for (int t = 0; t < T; t++) {
-        ids[t] = R->tok[s][R->plen[s] + t];
+        ids[t] = tok[plen + t];
         json_array_append_new(jids, json_integer(ids[t]));
     }
     size_t n;
     char *text = td_tokenizer_decode(R->tkz, ids, (size_t)T, true, &n);   /* TRL: skip_special_tokens */
     free(ids);
     json_t *comp;
-    if (R->chat[R->item[s]]) {                  /* TRL: [{"role": "assistant", "content": ...}] */
+    if (chat) {                                 /* TRL: [{"role": "assistant", "content": ...}] */
         json_t *conv = prompt ? prompt : msgs, *last = json_array_get(conv, json_array_size(conv) - 1);
         const char *role = json_string_value(json_object_get(last, "role"));
         json_t *pre = json_object_get(last, "content");
@@ -254,6 +255,21 @@ static char *reward_request(const rl_run *R, int s)
     return line;
 }
 
+/* A built-in task's grade of the completion in tok (prompt plen tokens, len in all): the decoded
+ * response with its special tokens (the grader cuts at the first <eos>). */
+static int task_grade(const rl_run *R, const td_task_item *it, const int *tok, int plen, int len, double *r,
+                      td_reward_info *info, td_error *err)
+{
+    size_t n;
+    int32_t *ids = td_xmalloc((size_t)(len - plen + 1) * sizeof(int32_t));
+    for (int t = plen; t < len; t++) ids[t - plen] = tok[t];
+    char *text = td_tokenizer_decode(R->tkz, ids, (size_t)(len - plen), false, &n);
+    free(ids);
+    int rc = td_task_reward(it->task, it->prompt, it->answer, text, n, r, info, err);
+    free(text);
+    return rc;
+}
+
 /* Rewards: the task's grader on the decoded response (special tokens kept: the grader cuts at
  * the first <eos>), or the user's reward command for every completion (it then gets the whole
  * batch at once). accuracy counts the built-in task records. */
@@ -266,22 +282,16 @@ static int rewards(rl_run *R, int k, double *M, td_error *err)
     for (int s = 0; s < R->B && !rc; s++) {
         const td_task_item *it = &R->items[R->item[s]];
         if (it->task) {
-            size_t n;
-            int32_t *ids = td_xmalloc((size_t)R->len[s] * sizeof(int32_t));
-            for (int t = R->plen[s]; t < R->len[s]; t++) ids[t - R->plen[s]] = R->tok[s][t];
-            char *text = td_tokenizer_decode(R->tkz, ids, (size_t)(R->len[s] - R->plen[s]), false, &n);
-            free(ids);
             td_reward_info info;
             double r;
-            rc = td_task_reward(it->task, it->prompt, it->answer, text, n, &r, &info, err);
-            free(text);
+            rc = task_grade(R, it, R->tok[s], R->plen[s], R->len[s], &r, &info, err);
             if (!R->reward_proc) R->reward[s] = r;
             R->exact[s] = info.exact;
             acc += info.exact;
             n_task++;
         }
         if (req) {
-            req[s] = reward_request(R, s);
+            req[s] = reward_request(R, R->records[R->item[s]], R->chat[R->item[s]], R->tok[s], R->plen[s], R->len[s]);
             char w[4400];
             snprintf(w, sizeof w, "completion %d of step %d (record %s:%ld, id %s)", s, k, R->o->dataset_path, it->line,
                      it->id ? it->id : "-");
@@ -468,19 +478,78 @@ static int dump_step(rl_run *R, int k, double loss, td_error *err)
     return rc ? -1 : 0;
 }
 
+/* --eval-steps on the user's own records: one greedy completion each, its reward request kept;
+ * built-in task records graded by their task as well */
+typedef struct {
+    rl_run *R;
+    char **req;
+    double exact;
+    int n_task;
+} eval_ctx;
+
+static int eval_one(void *user, size_t i, const int *tok, int plen, int len, td_error *err)
+{
+    eval_ctx *c = user;
+    rl_run *R = c->R;
+    const td_task_item *it = &R->ev.items[i];
+    if (it->task) {
+        td_reward_info info;
+        double r;
+        if (task_grade(R, it, tok, plen, len, &r, &info, err)) return -1;
+        c->exact += info.exact;
+        c->n_task++;
+    }
+    c->req[i] = reward_request(R, R->ev.records[i], R->ev.chat[i], tok, plen, len);
+    return 0;
+}
+
 /* --eval-steps: the trainer's own policy (its weights, the adapter unmerged as PEFT runs it) on
- * the training recipe, greedy on the KV-cache path: no logit noise, no engine sync */
+ * the training recipe, greedy on the KV-cache path: no logit noise, no engine sync. Built-in task
+ * records without a reward command: the task's grade (td_sft_evaluate, as tidal-sft). With
+ * --reward-command: eval_reward is the command's reward, eval_accuracy the share of built-in
+ * records answered exactly, or, when every record is the user's own, the share whose reward is at
+ * least 1 (a verifiable reward's full marks). */
 static int evaluate(rl_run *R, double *M, td_error *err)
 {
-    td_sft_eval_opts eo = {.recipe = &R->rtrain, .max_new_tokens = R->o->max_completion_length, .batch = R->B};
-    double acc, rew;
-    td_error why;
-    if (td_sft_evaluate(td_trainer_model(R->tr), td_trainer_lora(R->tr), R->tkz, R->eval_items, R->n_eval, &eo, &acc,
-                        &rew, NULL, &why))
-        return td_fail(err, "%s: %s", R->eval_path, why.msg);
-    M[TD_RLM_eval_reward] = rew;
-    M[TD_RLM_eval_accuracy] = acc;
-    return 0;
+    const size_t n = R->n_eval;
+    if (!R->reward_proc) {
+        td_sft_eval_opts eo = {.recipe = &R->rtrain, .max_new_tokens = R->o->max_completion_length, .batch = R->B};
+        double acc, rew;
+        td_error why;
+        if (td_sft_evaluate(td_trainer_model(R->tr), td_trainer_lora(R->tr), R->tkz, R->ev.items, n, &eo, &acc, &rew,
+                            NULL, &why))
+            return td_fail(err, "%s: %s", R->eval_path, why.msg);
+        M[TD_RLM_eval_reward] = rew;
+        M[TD_RLM_eval_accuracy] = acc;
+        return 0;
+    }
+    int **ids = td_xcalloc(n, sizeof *ids), *plen = td_xcalloc(n, sizeof *plen), rc = 0;
+    char **where = td_xcalloc(n, sizeof *where);
+    double *rew = td_xcalloc(n, sizeof *rew);
+    eval_ctx c = {.R = R, .req = td_xcalloc(n, sizeof(char *))};
+    for (size_t i = 0; i < n && !rc; i++) {
+        char w[4400];
+        snprintf(w, sizeof w, "%s:%ld", R->eval_path, R->ev.items[i].line);
+        rc = rl_encode_prompt(R, &R->ev.items[i], w, &ids[i], &plen[i], err);
+        snprintf(w, sizeof w, "evaluation record %s:%ld", R->eval_path, R->ev.items[i].line);
+        where[i] = strdup(w);
+    }
+    if (!rc)
+        rc = td_greedy_complete(td_trainer_model(R->tr), td_trainer_lora(R->tr), &R->rtrain, ids, plen, n, R->B,
+                                R->o->max_completion_length, R->eos, R->n_eos, eval_one, &c, err);
+    if (!rc) rc = rl_reward_score(R->reward_proc, (int)n, c.req, rew, NULL, (const char *const *)where, err);
+    if (!rc) {
+        double sum = 0, full = 0;
+        for (size_t i = 0; i < n; i++) {
+            sum += rew[i];
+            full += rew[i] >= 1.0;
+        }
+        M[TD_RLM_eval_reward] = sum / (double)n;
+        M[TD_RLM_eval_accuracy] = c.n_task ? c.exact / c.n_task : full / (double)n;
+    }
+    for (size_t i = 0; i < n; i++) { free(ids[i]); free(where[i]); free(c.req[i]); }
+    free(ids); free(plen); free(where); free(rew); free(c.req);
+    return rc ? -1 : 0;
 }
 
 int rl_step(rl_run *R, int k, double *M, td_error *err)

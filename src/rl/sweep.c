@@ -364,9 +364,33 @@ static FILE *open_out(const td_sweep *s, const char *name, char *path, size_t n,
     return f;
 }
 
+/* Writes out and closes f; a failed write (a full disk) is an error naming the file. */
+static int close_out(FILE *f, const char *path, td_error *err)
+{
+    int bad = ferror(f);
+    if (fclose(f) || bad) return td_fail(err, "%s: write failed (disk full?)", path);
+    return 0;
+}
+
+/* What one task asks the scheduler for: the largest --n-jobs of the runs (cpus) and a GPU when
+ * a run has --device cuda or cuda:N. */
+static void task_resources(const td_sweep *s, int *cpus, int *gpu)
+{
+    *cpus = 1;
+    *gpu = 0;
+    for (size_t i = 0; i < s->n; i++)
+        for (int a = 1; a + 1 < s->runs[i].argc; a++) {
+            const char *k = s->runs[i].argv[a], *v = s->runs[i].argv[a + 1];
+            if (!strcmp(k, "--n-jobs") && atoi(v) > *cpus) *cpus = atoi(v);
+            if (!strcmp(k, "--device") && !strncmp(v, "cuda", 4)) *gpu = 1;
+        }
+}
+
 int td_sweep_emit(const td_sweep *s, const char *kind, const char *report_cmd, td_error *err)
 {
     if (make_output_dir(s, err)) return -1;
+    int cpus, gpu;
+    task_resources(s, &cpus, &gpu);
     char path[4300], cwd[4096];
     if (!getcwd(cwd, sizeof cwd)) return td_fail(err, "cannot read the working directory");
     FILE *f = open_out(s, "jobs.txt", path, sizeof path, err);
@@ -376,23 +400,23 @@ int td_sweep_emit(const td_sweep *s, const char *kind, const char *report_cmd, t
         fprintf(f, "mkdir -p %s && %s --resume > %s/log.txt 2>&1\n", s->runs[i].dir, cmd, s->runs[i].dir);
         free(cmd);
     }
-    fclose(f);
+    if (close_out(f, path, err)) return -1;
     if (!strcmp(kind, "slurm")) {
         if (!(f = open_out(s, "sweep.sbatch", path, sizeof path, err))) return -1;
-        fprintf(f, "#!/bin/bash\n#SBATCH --job-name=tidal-sweep\n#SBATCH --array=0-%zu\n#SBATCH --cpus-per-task=1\n"
+        fprintf(f, "#!/bin/bash\n#SBATCH --job-name=tidal-sweep\n#SBATCH --array=0-%zu\n#SBATCH --cpus-per-task=%d\n%s"
                 "#SBATCH --output=%s/slurm-%%A_%%a.out\n# one run of %s per array task (line TASK+1 of jobs.txt)\n"
                 "cd %s\neval \"$(sed -n \"$((SLURM_ARRAY_TASK_ID + 1))p\" %s/jobs.txt)\"\n",
-                s->n - 1, s->output_dir, s->path, cwd, s->output_dir);
-        fclose(f);
+                s->n - 1, cpus, gpu ? "#SBATCH --gres=gpu:1\n" : "", s->output_dir, s->path, cwd, s->output_dir);
+        if (close_out(f, path, err)) return -1;
         if (!(f = open_out(s, "report.sbatch", path, sizeof path, err))) return -1;
         fprintf(f, "#!/bin/bash\n#SBATCH --job-name=tidal-sweep-report\n#SBATCH --output=%s/slurm-report.out\ncd %s\n%s\n",
                 s->output_dir, cwd, report_cmd);
-        fclose(f);
+        if (close_out(f, path, err)) return -1;
         if (!(f = open_out(s, "submit.sh", path, sizeof path, err))) return -1;
         fprintf(f, "#!/bin/bash\n# the grid as a job array, then the report once every task has ended\nset -e\n"
                 "jid=$(sbatch --parsable %s/sweep.sbatch)\nsbatch --dependency=afterany:$jid %s/report.sbatch\n",
                 s->output_dir, s->output_dir);
-        fclose(f);
+        if (close_out(f, path, err)) return -1;
         chmod(path, 0755);
         fprintf(stderr, "tidal-sweep: %zu tasks: submit with  bash %s/submit.sh\n", s->n, s->output_dir);
         return 0;
@@ -401,21 +425,23 @@ int td_sweep_emit(const td_sweep *s, const char *kind, const char *report_cmd, t
         if (!(f = open_out(s, "task.sh", path, sizeof path, err))) return -1;
         fprintf(f, "#!/bin/bash\n# HTCondor task $1: line $1+1 of jobs.txt\ncd %s\neval \"$(sed -n \"$(($1 + 1))p\" %s/jobs.txt)\"\n",
                 cwd, s->output_dir);
-        fclose(f);
+        if (close_out(f, path, err)) return -1;
         chmod(path, 0755);
         if (!(f = open_out(s, "sweep.sub", path, sizeof path, err))) return -1;
-        fprintf(f, "# %s: one task per run\nexecutable = %s/%s/task.sh\narguments = $(Process)\nrequest_cpus = 1\n"
+        fprintf(f, "# %s: one task per run\nexecutable = %s%s%s/task.sh\narguments = $(Process)\nrequest_cpus = %d\n%s"
                 "output = %s/condor-$(Process).out\nerror = %s/condor-$(Process).err\nlog = %s/condor.log\nqueue %zu\n",
-                s->path, cwd, s->output_dir, s->output_dir, s->output_dir, s->output_dir, s->n);
-        fclose(f);
+                s->path, s->output_dir[0] == '/' ? "" : cwd, s->output_dir[0] == '/' ? "" : "/", s->output_dir,
+                cpus, gpu ? "request_gpus = 1\n" : "", s->output_dir, s->output_dir,
+                s->output_dir, s->n);
+        if (close_out(f, path, err)) return -1;
         if (!(f = open_out(s, "report.sub", path, sizeof path, err))) return -1;
         fprintf(f, "executable = /bin/bash\narguments = \"-c 'cd %s && %s'\"\noutput = %s/condor-report.out\n"
                 "error = %s/condor-report.err\nlog = %s/condor.log\nqueue\n", cwd, report_cmd, s->output_dir,
                 s->output_dir, s->output_dir);
-        fclose(f);
+        if (close_out(f, path, err)) return -1;
         if (!(f = open_out(s, "sweep.dag", path, sizeof path, err))) return -1;
         fprintf(f, "JOB grid %s/sweep.sub\nJOB report %s/report.sub\nPARENT grid CHILD report\n", s->output_dir, s->output_dir);
-        fclose(f);
+        if (close_out(f, path, err)) return -1;
         fprintf(stderr, "tidal-sweep: %zu tasks: condor_submit %s/sweep.sub (the grid), or condor_submit_dag "
                 "%s/sweep.dag (the grid, then the report)\n", s->n, s->output_dir, s->output_dir);
         return 0;
