@@ -14,11 +14,17 @@
 #   bench: gpu-decodeB-vs-hbm tidal=GB/s peer=GB/s ratio=R  (weight bytes read per step / step time,
 #          against the measured bandwidth; B = 1 and DECODE_BATCH)
 #   bench: gpu-NAME-vs-transformers tidal=X peer=Y ratio=R  (tokens/s, NAME = tf, decode1, decodeB)
-# Targets (issue 17): tf >= 1.5x transformers eager; decode1 >= 50 % of HBM bandwidth.
+#   bench: gpu-diff-vs-transformers tidal=X peer=Y ratio=R  (scored tokens/s of a whole diff:
+#          tidal-diff --device cuda, bf16-train vs bf16-infer, DIFF_PROMPTS prompts of DIFF_PLEN
+#          random tokens, DIFF_NEW sampled tokens each, batch DIFF_BATCH, against
+#          tests/gpu/hf_diff_bench.py: transformers (SDPA, bf16) generating and scoring the same)
+# Targets (issue 17): tf >= 1.5x transformers eager; decode1 >= 50 % of HBM bandwidth;
+# (issue 26) a whole diff >= 1.5x transformers.
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 TF_BATCH=${TF_BATCH:-4} TF_LEN=${TF_LEN:-512} PROMPT=${PROMPT:-32} STEPS=${STEPS:-64} DB=${DECODE_BATCH:-64}
+DIFF_PROMPTS=${DIFF_PROMPTS:-32} DIFF_PLEN=${DIFF_PLEN:-256} DIFF_NEW=${DIFF_NEW:-128} DIFF_BATCH=${DIFF_BATCH:-16}
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q GPU; then
   echo "bench: gpu skipped (no NVIDIA GPU on this machine: run tests/gpu/run.sh bench on one)"
   exit 0
@@ -79,3 +85,20 @@ for c in tf decode1 "decode$DB"; do
     echo "bench: gpu-$c-vs-transformers tidal=$t peer=NA ratio=NA"
   fi
 done
+# a whole diff: tidal-diff --device cuda against transformers generating and scoring the same
+"$PY" -c "import json, random, sys
+r = random.Random(1); V = json.load(open(sys.argv[1]))['vocab_size']
+for _ in range(int(sys.argv[2])): print(json.dumps({'tokens': [r.randrange(V) for _ in range(int(sys.argv[3]))]}))" \
+  "$DIR/config.json" "$DIFF_PROMPTS" "$DIFF_PLEN" > "$tmp/prompts.jsonl"
+"$BUILD/bin/tidal-diff" --model "$DIR" --device cuda --prompts "$tmp/prompts.jsonl" -o "$tmp/diff.h5" \
+  --max-new-tokens "$DIFF_NEW" --batch "$DIFF_BATCH" --no-stop-at-eos --recipe-a bf16-train --recipe-b bf16-infer \
+  > "$tmp/diff.out" 2>&1 || { echo "gpu.sh: tidal-diff failed: $(tail -n1 "$tmp/diff.out")" >&2; exit 1; }
+"$PY" tests/gpu/hf_diff_bench.py --model "$DIR" --prompts "$tmp/prompts.jsonl" --max-new-tokens "$DIFF_NEW" \
+  --batch "$DIFF_BATCH" --dtype bf16 --attn sdpa > "$tmp/hfdiff" 2>&1 || echo "gpu.sh: transformers diff peer failed" >&2
+t=$(awk '$1 == "throughput" { print $2 }' "$tmp/diff.out" | tail -n1)
+p=$(awk '$1 == "throughput" { print $2 }' "$tmp/hfdiff")
+if [ -n "$p" ]; then
+  echo "bench: gpu-diff-vs-transformers tidal=$t peer=$p ratio=$(awk -v a="$t" -v b="$p" 'BEGIN { printf "%.2f", a / b }')"
+else
+  echo "bench: gpu-diff-vs-transformers tidal=$t peer=NA ratio=NA"
+fi
