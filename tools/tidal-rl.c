@@ -113,6 +113,8 @@ int main(int argc, char **argv)
         TD_OPT_D("warmup-ratio", 0, &o.warmup_ratio, "R", 0, 1, "warmup share of the steps (default 0)"),
         TD_OPT_D("weight-decay", 0, &o.weight_decay, "W", 0, 10, "AdamW weight decay (default 0)"),
         TD_OPT_D("max-grad-norm", 0, &o.max_grad_norm, "N", 0, 1e9, "gradient clipping (default 1; 0 = off)"),
+        TD_OPT_F("gradient-checkpointing", 0, &o.gradient_checkpointing, 1, "recompute each layer's activations in the backward\n"
+                 "(HF's activation checkpointing): ~L x less activation\nmemory, one more forward, the same results bit for bit"),
         TD_OPT_FUN("lora-target-modules", 0, &o.lora_modules, "LIST", parse_targets, NULL,
                    "q_proj,k_proj,... or all-linear (default q_proj,v_proj)"),
         TD_OPT_FUN("lora-dropout", 0, &lora_dropout, "P", parse_dropout, "0", "PEFT's lora_dropout: 0 only (the engine has none)"),

@@ -111,6 +111,8 @@ int main(int argc, char **argv)
         TD_OPT_C("lr-scheduler", 0, NULL, "constant|constant_with_warmup|linear|cosine", "schedule (default linear)"),
         TD_OPT_D("weight-decay", 0, &t->weight_decay, "WD", 0, 10, "AdamW decoupled weight decay (default 0; not on\nbiases and norm weights)"),
         TD_OPT_D("max-grad-norm", 0, &t->max_grad_norm, "N", 0, 1e30, "clip the global gradient norm (default 1; 0 = off)"),
+        TD_OPT_F("gradient-checkpointing", 0, &t->gradient_checkpointing, 1, "recompute each layer's activations in the backward\n"
+                 "(HF's activation checkpointing): ~L x less activation\nmemory, one more forward, the same results bit for bit"),
         TD_OPT_D("adam-beta1", 0, &t->beta1, "B1", 0, 0.999999, "AdamW beta1 (default 0.9)"),
         TD_OPT_D("adam-beta2", 0, &t->beta2, "B2", 0, 0.999999999, "AdamW beta2 (default 0.999)"),
         TD_OPT_D("adam-epsilon", 0, &t->eps, "EPS", 0, 1, "AdamW epsilon (default 1e-8)"),

@@ -360,6 +360,7 @@ typedef struct {
     int is_cap_given, is_cap_low_given;
     int mask_truncated;
     double learning_rate, warmup_ratio, weight_decay, max_grad_norm;
+    int gradient_checkpointing;   /* the trainer recomputes activations (train.h); same results */
     int lr_schedule;           /* td_lr_schedule */
     int lora_r;
     double lora_alpha;

@@ -88,6 +88,10 @@ typedef struct {
      * model loaded in that dtype holds it. 0 (TD_F32): the fp32 masters. Full fine-tuning
      * keeps fp32 masters whatever this says (td_trainer_create refuses another value). */
     int lora_base_dtype;
+    /* gradient checkpointing (HF's gradient_checkpointing): keep only the stream entering each
+     * layer and recompute the layer's activations in the backward; the same gradients bit for
+     * bit, activations memory ~L times smaller, one more forward per micro-batch */
+    int gradient_checkpointing;
     /* sizes */
     int max_tokens;            /* rows of one micro-batch (sum of sequence lengths) */
     int max_seq_len;

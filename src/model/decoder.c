@@ -24,7 +24,7 @@ void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int 
     size_t n = (size_t)cap, C = c->hidden_size, F = c->intermediate_size, L = c->num_layers;
     size_t NH = c->num_heads, NKV = c->num_kv_heads;
     size_t QD = NH * c->head_dim, KVD = NKV * c->head_dim;
-    size_t per = save ? L : 1;   /* slices of the per-layer buffers */
+    size_t per = save == TD_ACTS_ALL ? L : 1;   /* slices of the per-layer buffers */
     memset(a, 0, sizeof *a);
     a->be = ops->be;
     a->cap = cap;
@@ -43,19 +43,19 @@ void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int 
     a->scores = acts_buf(a, (size_t)ops->nthreads * ATT_BLOCK * max_keys);
     a->kv_off = td_xmalloc(n * sizeof(size_t));   /* a host table the paths fill (ops copy it) */
     if (!save) return;
-    a->x_mid = acts_buf(a, L * n * C);
-    a->xn1 = acts_buf(a, L * n * C);
-    a->xn2 = acts_buf(a, L * n * C);
-    a->rstd1 = acts_buf(a, L * n);
-    a->rstd2 = acts_buf(a, L * n);
+    a->x_mid = acts_buf(a, per * n * C);
+    a->xn1 = acts_buf(a, per * n * C);
+    a->xn2 = acts_buf(a, per * n * C);
+    a->rstd1 = acts_buf(a, per * n);
+    a->rstd2 = acts_buf(a, per * n);
     a->rstd_f = acts_buf(a, n);
-    a->lse = acts_buf(a, L * n * NH);
-    a->act = acts_buf(a, L * n * F);
+    a->lse = acts_buf(a, per * n * NH);
+    a->act = acts_buf(a, per * n * F);
     if (c->qk_norm) {
-        a->q_raw = acts_buf(a, L * n * QD);
-        a->k_raw = acts_buf(a, L * n * KVD);
-        a->q_rstd = acts_buf(a, L * n * NH);
-        a->k_rstd = acts_buf(a, L * n * NKV);
+        a->q_raw = acts_buf(a, per * n * QD);
+        a->k_raw = acts_buf(a, per * n * KVD);
+        a->q_rstd = acts_buf(a, per * n * NH);
+        a->k_rstd = acts_buf(a, per * n * NKV);
     }
 }
 
@@ -78,9 +78,9 @@ td_layer_acts acts_layer(const td_acts *a, const td_config *c, int l)
                             .att = a->att, .gate = a->gate, .up = a->up, .act = a->gate};
         return v;
     }
-    size_t L = (size_t)l;
+    size_t L = a->save == TD_ACTS_ALL ? (size_t)l : 0;   /* the layer's slice (one under checkpointing) */
     v = (td_layer_acts){
-        .x_in = a->x + L * n * C, .x_mid = a->x_mid + L * n * C, .x_out = a->x + (L + 1) * n * C,
+        .x_in = a->x + (size_t)l * n * C, .x_mid = a->x_mid + L * n * C, .x_out = a->x + ((size_t)l + 1) * n * C,
         .xn1 = a->xn1 + L * n * C, .rstd1 = a->rstd1 + L * n,
         .q = a->q + L * n * QD, .k = a->k + L * n * KVD, .v = a->v + L * n * KVD,
         .att = a->att + L * n * QD, .lse = a->lse + L * n * NH,
@@ -135,71 +135,89 @@ static void layer_observe(const td_ops *ops, td_acts *a, int l, int N, const int
     ops->layer_fn(ops->layer_user, l, N, ops->row_seq, pos, a->x_host);
 }
 
-void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int *tokens,
-                     const int *pos, int N, const td_kv_store *kv)
+/* Layer l's body from its attention input norm (la.xn1 = rmsnorm(la.x_in) already) to silu(gate)
+ * * up; with tail, down_proj, the residual add and the next norm (or the final one), then the
+ * observer and the progress. */
+static void layer_body(const td_ops *ops, const td_model *m, td_acts *a, int l, const int *pos, int N,
+                       const td_kv_store *kv, int tail)
 {
     const td_config *c = &m->cfg;
     int C = c->hidden_size, F = c->intermediate_size, NH = c->num_heads, NKV = c->num_kv_heads;
     int HD = c->head_dim, QD = NH * HD, KVD = NKV * HD;
     float eps = (float)c->rms_norm_eps;
-
     const td_model_weights *W = ops->w ? ops->w : &m->w;   /* the recipe's norms and biases */
     const td_wset *ws = ops->ws;                            /* its matrices (td_wmat) */
-    embedding_forward(ops, a->x, tokens, &ws->embed, N, C);
+    const td_layer_weights *w = &W->layers[l];
+    td_layer_acts la = acts_layer(a, c, l);
+    float *kl = kv->k + (size_t)l * kv->layer_stride;
+    float *vl = kv->v + (size_t)l * kv->layer_stride;
+
+    /* attention sub-block */
+    float *qkv_out[] = {la.q_raw, la.k_raw, la.v};
+    td_wmat qkv_w[] = {*wset_mat(ws, l, TD_LORA_Q), *wset_mat(ws, l, TD_LORA_K), *wset_mat(ws, l, TD_LORA_V)};
+    const float *qkv_b[] = {w->bq, w->bk, w->bv};
+    int qkv_dim[] = {QD, KVD, KVD};
+    matmul_forward_multi(ops, 3, qkv_out, la.xn1, qkv_w, qkv_b, N, C, qkv_dim);
+    lora_forward(ops, l, TD_LORA_Q, la.q_raw, la.xn1, N);   /* unmerged adapters, if any */
+    lora_forward(ops, l, TD_LORA_K, la.k_raw, la.xn1, N);
+    lora_forward(ops, l, TD_LORA_V, la.v, la.xn1, N);
+    if (w->q_norm) {  /* Qwen3: RMSNorm over each head's HD values, before RoPE */
+        rmsnorm_forward(ops, la.q, la.q_rstd, la.q_raw, w->q_norm, N * NH, HD, eps);
+        rmsnorm_forward(ops, la.k, la.k_rstd, la.k_raw, w->k_norm, N * NKV, HD, eps);
+    }
+    rope_forward(ops, la.q, pos, m->inv_freq, N, NH, HD);
+    rope_forward(ops, la.k, pos, m->inv_freq, N, NKV, HD);
+    kv_write(ops, kl, la.k, a->kv_off, pos, N, KVD);
+    kv_write(ops, vl, la.v, a->kv_off, pos, N, KVD);
+    attention_forward(ops, la.att, la.lse, la.q, kl, vl, a->kv_off, pos, N, NH, NKV, HD, a->scores, a->max_keys);
+    matmul_forward(ops, a->proj, la.att, wset_mat(ws, l, TD_LORA_O), NULL, N, QD, C);
+    lora_forward(ops, l, TD_LORA_O, a->proj, la.att, N);
+    add_then_norm(ops, la.x_mid, la.x_in, a->proj, la.xn2, la.rstd2, w->mlp_norm, N, C, eps);
+
+    /* MLP sub-block */
+    float *gu_out[] = {la.gate, la.up};
+    td_wmat gu_w[] = {*wset_mat(ws, l, TD_LORA_GATE), *wset_mat(ws, l, TD_LORA_UP)};
+    int gu_dim[] = {F, F};
+    matmul_forward_multi(ops, 2, gu_out, la.xn2, gu_w, NULL, N, C, gu_dim);
+    lora_forward(ops, l, TD_LORA_GATE, la.gate, la.xn2, N);
+    lora_forward(ops, l, TD_LORA_UP, la.up, la.xn2, N);
+    swiglu_forward(ops, la.act, la.gate, la.up, N, F);
+    if (!tail) return;
+    matmul_forward(ops, a->proj, la.act, wset_mat(ws, l, TD_LORA_DOWN), NULL, N, F, C);
+    lora_forward(ops, l, TD_LORA_DOWN, a->proj, la.act, N);
+    if (l + 1 < c->num_layers) {   /* the next layer's first norm */
+        td_layer_acts nx = acts_layer(a, c, l + 1);
+        add_then_norm(ops, la.x_out, la.x_mid, a->proj, nx.xn1, nx.rstd1, W->layers[l + 1].attn_norm, N, C, eps);
+    } else {                       /* the final norm */
+        add_then_norm(ops, la.x_out, la.x_mid, a->proj, a->xn, a->rstd_f, W->final_norm, N, C, eps);
+    }
+    if (ops->layer_fn) layer_observe(ops, a, l, N, pos, la.x_out, C);
+    if (ops->progress) td_progress_add(ops->progress, N, "token-layers");
+}
+
+void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int *tokens,
+                     const int *pos, int N, const td_kv_store *kv)
+{
+    const td_config *c = &m->cfg;
+    const td_model_weights *W = ops->w ? ops->w : &m->w;
+    embedding_forward(ops, a->x, tokens, &ops->ws->embed, N, c->hidden_size);
     /* each layer's first norm is done by the previous layer's last residual add (or here) */
     td_layer_acts first = acts_layer(a, c, 0);
-    rmsnorm_forward(ops, first.xn1, first.rstd1, first.x_in, W->layers[0].attn_norm, N, C, eps);
-    for (int l = 0; l < c->num_layers; l++) {
-        const td_layer_weights *w = &W->layers[l];
-        td_layer_acts la = acts_layer(a, c, l);
-        float *kl = kv->k + (size_t)l * kv->layer_stride;
-        float *vl = kv->v + (size_t)l * kv->layer_stride;
-
-        /* attention sub-block (la.xn1 = rmsnorm(la.x_in) already) */
-        float *qkv_out[] = {la.q_raw, la.k_raw, la.v};
-        td_wmat qkv_w[] = {*wset_mat(ws, l, TD_LORA_Q), *wset_mat(ws, l, TD_LORA_K), *wset_mat(ws, l, TD_LORA_V)};
-        const float *qkv_b[] = {w->bq, w->bk, w->bv};
-        int qkv_dim[] = {QD, KVD, KVD};
-        matmul_forward_multi(ops, 3, qkv_out, la.xn1, qkv_w, qkv_b, N, C, qkv_dim);
-        lora_forward(ops, l, TD_LORA_Q, la.q_raw, la.xn1, N);   /* unmerged adapters, if any */
-        lora_forward(ops, l, TD_LORA_K, la.k_raw, la.xn1, N);
-        lora_forward(ops, l, TD_LORA_V, la.v, la.xn1, N);
-        if (w->q_norm) {  /* Qwen3: RMSNorm over each head's HD values, before RoPE */
-            rmsnorm_forward(ops, la.q, la.q_rstd, la.q_raw, w->q_norm, N * NH, HD, eps);
-            rmsnorm_forward(ops, la.k, la.k_rstd, la.k_raw, w->k_norm, N * NKV, HD, eps);
-        }
-        rope_forward(ops, la.q, pos, m->inv_freq, N, NH, HD);
-        rope_forward(ops, la.k, pos, m->inv_freq, N, NKV, HD);
-        kv_write(ops, kl, la.k, a->kv_off, pos, N, KVD);
-        kv_write(ops, vl, la.v, a->kv_off, pos, N, KVD);
-        attention_forward(ops, la.att, la.lse, la.q, kl, vl, a->kv_off, pos, N, NH, NKV, HD,
-                          a->scores, a->max_keys);
-        matmul_forward(ops, a->proj, la.att, wset_mat(ws, l, TD_LORA_O), NULL, N, QD, C);
-        lora_forward(ops, l, TD_LORA_O, a->proj, la.att, N);
-        add_then_norm(ops, la.x_mid, la.x_in, a->proj, la.xn2, la.rstd2, w->mlp_norm, N, C, eps);
-
-        /* MLP sub-block */
-        float *gu_out[] = {la.gate, la.up};
-        td_wmat gu_w[] = {*wset_mat(ws, l, TD_LORA_GATE), *wset_mat(ws, l, TD_LORA_UP)};
-        int gu_dim[] = {F, F};
-        matmul_forward_multi(ops, 2, gu_out, la.xn2, gu_w, NULL, N, C, gu_dim);
-        lora_forward(ops, l, TD_LORA_GATE, la.gate, la.xn2, N);
-        lora_forward(ops, l, TD_LORA_UP, la.up, la.xn2, N);
-        swiglu_forward(ops, la.act, la.gate, la.up, N, F);
-        matmul_forward(ops, a->proj, la.act, wset_mat(ws, l, TD_LORA_DOWN), NULL, N, F, C);
-        lora_forward(ops, l, TD_LORA_DOWN, a->proj, la.act, N);
-        if (l + 1 < c->num_layers) {   /* the next layer's first norm */
-            td_layer_acts nx = acts_layer(a, c, l + 1);
-            add_then_norm(ops, la.x_out, la.x_mid, a->proj, nx.xn1, nx.rstd1,
-                          W->layers[l + 1].attn_norm, N, C, eps);
-        } else {                       /* the final norm */
-            add_then_norm(ops, la.x_out, la.x_mid, a->proj, a->xn, a->rstd_f, W->final_norm, N, C,
-                          eps);
-        }
-        if (ops->layer_fn) layer_observe(ops, a, l, N, pos, la.x_out, C);
-        if (ops->progress) td_progress_add(ops->progress, N, "token-layers");
-    }
+    rmsnorm_forward(ops, first.xn1, first.rstd1, first.x_in, W->layers[0].attn_norm, N, c->hidden_size,
+                    (float)c->rms_norm_eps);
+    for (int l = 0; l < c->num_layers; l++) layer_body(ops, m, a, l, pos, N, kv, 1);
     td_ops_sync(ops);   /* the host writes the row tables of the next step after this */
+}
+
+void decoder_recompute_layer(const td_ops *ops, const td_model *m, td_acts *a, int l, const int *pos, int N)
+{
+    const td_config *c = &m->cfg;
+    const td_model_weights *W = ops->w ? ops->w : &m->w;
+    td_layer_acts la = acts_layer(a, c, l);
+    td_kv_store kv = {a->k, a->v, 0};   /* teacher forcing: the rows' own projections are the store */
+    rmsnorm_forward(ops, la.xn1, la.rstd1, la.x_in, W->layers[l].attn_norm, N, c->hidden_size,
+                    (float)c->rms_norm_eps);
+    layer_body(ops, m, a, l, pos, N, &kv, 0);
 }
 
 void head_forward(const td_ops *ops, const td_model *m, float *logits, const float *h, int N,

@@ -11,7 +11,9 @@
  *   embedding      dembed[tok] += dx
  * Weight gradients accumulate into the buffers given (NULL entries are frozen: not computed);
  * an unmerged LoRA adapter's A/B gradients come from lora_backward beside each projection.
- * The weights read are the ones the forward multiplied (the recipe's rounded copy). */
+ * The weights read are the ones the forward multiplied (the recipe's rounded copy). Under
+ * gradient checkpointing (TD_ACTS_CHECKPOINT) each layer's activations are recomputed from the
+ * stream that entered it just before its backward, bit for bit the forward's. */
 #include "model_internal.h"
 
 #include <string.h>
@@ -77,6 +79,8 @@ void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td
     for (int l = L - 1; l >= 0; l--) {
         const td_layer_weights *w = &W->layers[l];
         const td_layer_weights *gw = &grads->layers[l];
+        if (a->save == TD_ACTS_CHECKPOINT)   /* gradient checkpointing: the layer's activations again */
+            decoder_recompute_layer(ops, m, (td_acts *)a, l, pos, N);
         td_layer_acts la = acts_layer(a, c, l);
 
         /* MLP sub-block: x_out = x_mid + down(silu(gate(xn2)) * up(xn2)) */

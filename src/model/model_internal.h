@@ -60,6 +60,9 @@ int param_lora_module(td_param_role role);
  * their rstd, q/k/v as attention read them, the attention output and its log-sum-exp, the
  * stream after attention, gate, up and silu(gate) * up; plus the final norm's rstd. The
  * buffers a mode does not need are not allocated: the forward-only paths pay nothing.
+ * Gradient checkpointing (save 2, TD_ACTS_CHECKPOINT): the residual stream entering every layer
+ * (L+1 slices) and the final norm's rstd are kept, the other per-layer buffers have one slice
+ * that decoder_backward refills layer by layer (decoder_recompute_layer).
  * acts_layer gives the views of one layer in either mode. */
 typedef struct {
     int cap, max_keys, L, save;
@@ -98,6 +101,11 @@ typedef struct {
           *lse, *xn2, *rstd2, *gate, *up, *act;
 } td_layer_acts;
 
+/* save: TD_ACTS_NONE (forward only: one layer's scratch), TD_ACTS_ALL (every layer's activations
+ * for a backward), TD_ACTS_CHECKPOINT (gradient checkpointing, HF's activation recomputation: the
+ * stream entering every layer, the final norm's, and one layer's set, which decoder_backward
+ * refills per layer with decoder_recompute_layer). */
+enum { TD_ACTS_NONE = 0, TD_ACTS_ALL = 1, TD_ACTS_CHECKPOINT = 2 };
 void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int max_keys, int save);
 void acts_free(td_acts *a);
 td_layer_acts acts_layer(const td_acts *a, const td_config *c, int l);
@@ -115,9 +123,15 @@ typedef struct {
  * a->kv_off filled by the caller). Leaves the final-normed hidden states in a->xn (N, C). */
 void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int *tokens,
                      const int *pos, int N, const td_kv_store *kv);
+/* Under TD_ACTS_CHECKPOINT: layer l's activations again, from the stream that entered it, into the
+ * one layer set (teacher-forced rows: a->kv_off as the forward left it), the same ops in the same
+ * order as decoder_forward, so a recipe's values come out bit for bit (a fused-add norm, which
+ * reads the unrounded sum, is the exception: trainers refuse it with checkpointing). */
+void decoder_recompute_layer(const td_ops *ops, const td_model *m, td_acts *a, int l, const int *pos, int N);
 
 /* Teacher-forced structure (src/paths/forward.c): keep every layer's activations of the last
- * micro-batch for a backward (keep 1) or only one layer's scratch (keep 0, the default), and
+ * micro-batch for a backward (keep TD_ACTS_ALL), the streams for recomputing them (TD_ACTS_CHECKPOINT)
+ * or only one layer's scratch (keep 0, the default), and
  * read them. */
 void forward_keep_activations(td_forward *f, int keep);
 const td_acts *forward_acts(const td_forward *f);

@@ -81,7 +81,7 @@ static int decode_packed(td_forward *f, int s0, int s1, const int *const *tokens
         N += lens[s];
     }
     /* the rows' own projections are the keys and values: one layer's, or each layer's slice */
-    size_t stride = f->acts.save ? (size_t)f->acts.cap * KVD : 0;
+    size_t stride = f->acts.save == TD_ACTS_ALL ? (size_t)f->acts.cap * KVD : 0;
     td_kv_store kv = {f->acts.k, f->acts.v, stride};
     f->ops.row_seq = f->row_seq;
     decoder_forward(&f->ops, f->m, &f->acts, f->tok, f->pos, N, &kv);
@@ -149,7 +149,7 @@ void forward_keep_activations(td_forward *f, int keep)
      * model is a trainer's, fp32, small); the recipe was prepared once already, so this cannot
      * fail for want of anything but memory */
     td_error err;
-    if (recipe_state_set(&f->rs, &f->ops, f->m, &f->rs.recipe, f->lora, f->lora_mode, f->max_tokens, keep, &err)) {
+    if (recipe_state_set(&f->rs, &f->ops, f->m, &f->rs.recipe, f->lora, f->lora_mode, f->max_tokens, keep != TD_ACTS_NONE, &err)) {
         fprintf(stderr, "tidal: %s\n", err.msg);
         abort();
     }
@@ -189,7 +189,7 @@ int td_forward_set_recipe_lora(td_forward *f, const td_recipe *r, const td_lora 
 {
     f->lora = lora;
     f->lora_mode = mode;
-    return recipe_state_set(&f->rs, &f->ops, f->m, r, lora, mode, f->max_tokens, f->acts.save, err);
+    return recipe_state_set(&f->rs, &f->ops, f->m, r, lora, mode, f->max_tokens, f->acts.save != TD_ACTS_NONE, err);
 }
 
 td_lora_merge_stats td_forward_lora_stats(const td_forward *f) { return f->rs.merge; }

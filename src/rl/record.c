@@ -64,6 +64,7 @@ char *rl_config_json(const rl_run *R)
     json_object_set_new(j, "warmup_ratio", json_real(o->warmup_ratio));
     json_object_set_new(j, "weight_decay", json_real(o->weight_decay));
     json_object_set_new(j, "max_grad_norm", json_real(o->max_grad_norm));
+    if (o->gradient_checkpointing) json_object_set_new(j, "gradient_checkpointing", json_true());
     json_object_set_new(j, "lora_r", json_integer(o->lora_r));
     json_object_set_new(j, "lora_alpha", json_real(o->lora_alpha));
     if (o->eval_steps > 0) {   /* without --eval-steps the configuration stays as it was */
@@ -186,7 +187,7 @@ static const td_setting_flag RESUME_FLAGS[] = {
     {"is_drop_masked", "--is-masked-normaliser", "keep|drop"}, {"lr_scheduler_type", "--lr-scheduler-type", NULL},
     {"mask_truncated_completions", "--mask-truncated-completions", NULL}, {"log_completions", "--log-completions", NULL},
     {0}};
-static const char *const RESUME_FREE[] = {"max_steps", NULL};
+static const char *const RESUME_FREE[] = {"max_steps", "gradient_checkpointing", NULL};
 
 /* --resume-from-checkpoint PATH: only the newest checkpoint is kept, the one the run file names */
 static int check_named(const td_rl_opts *o, int ck, td_error *err)

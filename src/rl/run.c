@@ -82,6 +82,7 @@ static int build(rl_run *R, td_error *err)
     t.lr = o->learning_rate;
     t.weight_decay = o->weight_decay;
     t.max_grad_norm = o->max_grad_norm;
+    t.gradient_checkpointing = o->gradient_checkpointing;
     t.schedule = (td_lr_schedule)o->lr_schedule;
     t.max_steps = R->total_steps;
     t.warmup_ratio = o->warmup_ratio;

@@ -116,6 +116,7 @@ static void settings_json(const td_sft_opts *o, char *out, size_t cap)
                           "warmup_steps", t->warmup_steps, "weight_decay", t->weight_decay,
                           "max_grad_norm", t->max_grad_norm, "adam_beta1", t->beta1, "adam_beta2", t->beta2,
                           "adam_epsilon", t->eps);
+    if (t->gradient_checkpointing) json_object_set_new(j, "gradient_checkpointing", json_true());
     if (o->tokenizer_path) json_object_set_new(j, "tokenizer_path", json_string(o->tokenizer_path));
     if (o->eval_dataset_path) json_object_set_new(j, "eval_dataset_path", json_string(o->eval_dataset_path));
     json_object_set_new(j, "lora_r", json_integer(t->lora_r));
@@ -412,7 +413,8 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
                            "%d steps from (a run made before tidal-sft kept its last step's state)", o->output_dir,
                            done.global_step, J->total);
         char lines[sizeof err->msg];
-        if (prog.settings[0] && td_settings_diff(prog.settings, mine, RESUME_FLAGS, NULL, lines, sizeof lines) != 0)
+        static const char *const free_keys[] = {"gradient_checkpointing", NULL};   /* same results */
+        if (prog.settings[0] && td_settings_diff(prog.settings, mine, RESUME_FLAGS, free_keys, lines, sizeof lines) != 0)
             return td_fail(err, "--resume: %s/trainer_state.json: other settings than the run's (give the run's values, "
                            "or use a new --output-dir):\n%s", ck, lines);
         if (prog.seed != o->train.seed)   /* checkpoints without the settings: the seed at least */

@@ -241,7 +241,13 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     }
     tr->f = td_forward_create(m, opts->max_tokens, opts->max_seq_len, tr->logits_rows, err);
     if (!tr->f) goto fail;
-    forward_keep_activations(tr->f, 1);
+    if (opts->gradient_checkpointing && tr->recipe.norm == TD_NORM_FUSED_ADD && !tr->recipe.residual_fp32) {
+        td_fail(err, "--gradient-checkpointing: recipe %s's fused-add norm reads the unrounded residual sum, which "
+                "a recomputation from the stored stream cannot give back; use a training recipe without it",
+                tr->recipe.name);
+        goto fail;
+    }
+    forward_keep_activations(tr->f, opts->gradient_checkpointing ? TD_ACTS_CHECKPOINT : TD_ACTS_ALL);
     if (td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err)) goto fail;
     td_ops ops;
     td_ops_init(&ops, &td_backend_cpu);
