@@ -16,8 +16,10 @@ enum { MODE_NONE = -1, MODE_SCALAR = 0, MODE_OUTER = 3, MODE_VEC128 = 4, MODE_BL
 
 typedef struct {
     int M, Nc, K;                  /* D is (M x Nc); K products per element                     */
-    const void *A; cudaDataType_t ta; int lda;   /* the weight, op T                          */
-    const void *B; cudaDataType_t tb; int ldb;   /* the activations, op N                     */
+    const void *A; cudaDataType_t ta; int lda;   /* the weight, op T (stored K x M)           */
+    const void *B; cudaDataType_t tb; int ldb;   /* the activations, op N (stored K x Nc)     */
+    int a_n, b_t;                  /* the backward's other layouts (matmul_backward.cu): A op N
+                                      (stored M x K), B op T (stored Nc x K); 0 = the TN above */
     void *D; int ldd;              /* C = D                                                      */
     cudaDataType_t td;             /* D's type: fp32 (0 = CUDA_R_32F), or bf16/fp16 (matmul.cu fp8_lt) */
     float beta;
