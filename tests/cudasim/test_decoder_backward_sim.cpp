@@ -88,11 +88,11 @@ static result run(int gpu, const char *recipe, int **tok, const std::vector<floa
     size_t ntot = nnorm + (size_t)L * nlayer;
     float *gbuf = (float *)be->alloc(ntot * sizeof(float)), *at = gbuf;
     be->zero(gbuf, ntot * sizeof(float));
-    std::vector<td_layer_weights> gl(L);
-    memset(gl.data(), 0, L * sizeof gl[0]);
+    /* calloc, not a std::vector: nvcc 12's front end fails on vector<td_layer_weights> */
+    td_layer_weights *gl = (td_layer_weights *)calloc(L, sizeof *gl);
     td_model_weights g;
     memset(&g, 0, sizeof g);
-    g.layers = gl.data();
+    g.layers = gl;
     for (int l = 0; l < L; l++) {
         gl[l].attn_norm = carve(&at, C);
         gl[l].mlp_norm = carve(&at, C);
@@ -123,6 +123,7 @@ static result run(int gpu, const char *recipe, int **tok, const std::vector<floa
     res.gm.resize(ntot - nnorm);
     be->download(res.gm.data(), gbuf + nnorm, (ntot - nnorm) * sizeof(float));
     be->free(gbuf);
+    free(gl);
     grad_acts_free(&ga);
     td_forward_free(f);
     td_model_free(m);

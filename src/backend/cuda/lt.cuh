@@ -36,7 +36,8 @@ cublasStatus_t lt_matmul(const lt_gemm *g);
 void lt_matmul_or_die(const lt_gemm *g);
 const char *lt_last_failure(void);
 /* g with the recipe's split_k (> 1): cuBLASLt's split-K with an fp32 reduction, else K slices of
- * ceil(K / split) added onto D in order (beta = 1), as the CPU cuts them. Fatal if refused. */
+ * ceil(K / split) added onto D in order (beta = 1), as the CPU cuts them. Fatal if refused.
+ * The TN layout only (the forward's: K is the contiguous dimension of both operands). */
 void lt_gemm_split(lt_gemm g, int split);
 /* drops the cached plans (be->forget, through matmul_forget_cuda) */
 void lt_forget(void);
