@@ -42,6 +42,10 @@
  *               reduction), so not here either.
  * dbias: one thread per column summing the rows in order from 0 (bias_grad_acc's order: the
  * CPU's bits). The dgrad's D rounding is a kernel over dinp after the GEMM (act_round).
+ * Memory: gradients, dY and X are device buffers or host ones staged per call (tdc_in /
+ * tdc_out); W' in host memory is uploaded once through tdc_const's cache (keyed by its address,
+ * dropped by be->forget), so weights updated in place on the host need be->forget before the
+ * next backward, as when a trainer prepares the recipe again after its optimiser step.
  *
  * Scratch slots (cuda_internal.cuh): GEMM_A dY as the GEMMs read it, GEMM_OUT the second
  * operand (W' codes, X as read), GEMM_SCALES FP8 codes and scales, GEMM_T the transposes of the
