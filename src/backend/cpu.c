@@ -364,6 +364,7 @@ static void logsoftmax_cpu(const td_ops *ctx, float *x, int N, int V)
 static void *cpu_alloc(size_t bytes) { return td_xmalloc(bytes ? bytes : 1); }
 static void cpu_free(void *p) { free(p); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { if (dst != src) memcpy(dst, src, bytes); }
+static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 
 const td_backend td_backend_cpu = {
     .name = "cpu",
@@ -372,6 +373,7 @@ const td_backend td_backend_cpu = {
     .free = cpu_free,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .zero = cpu_zero,
     .embedding_forward = embedding_forward_ref,   /* a gather: nothing to round */
     .rmsnorm_forward = rmsnorm_cpu,
     .matmul_forward = matmul_cpu,

@@ -59,7 +59,8 @@ void grad_acts_free(td_grad_acts *g)
     memset(g, 0, sizeof *g);
 }
 
-static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
+/* gradient buffers are the backend's (be->alloc: device memory on a GPU), zeroed there */
+static void zero(const td_ops *ops, float *p, size_t n) { ops->be->zero(p, n * sizeof(float)); }
 
 void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td_grad_acts *ga,
                       td_model_weights *grads, const lora_grad *lg, const int *tokens,
@@ -73,7 +74,7 @@ void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td
     float *dx = ga->dx, *dxn = ga->dxn;
 
     /* the final norm: dxn holds the gradient of its output (the lm_head's input) */
-    zero(dx, nC);
+    zero(ops, dx, nC);
     rmsnorm_backward(ops, dx, G(grads->final_norm), dxn, a->x + (size_t)L * a->cap * C, W->final_norm,
                      a->rstd_f, N, C);
     for (int l = L - 1; l >= 0; l--) {
@@ -84,13 +85,13 @@ void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td
         td_layer_acts la = acts_layer(a, c, l);
 
         /* MLP sub-block: x_out = x_mid + down(silu(gate(xn2)) * up(xn2)) */
-        zero(ga->dact, nF);
+        zero(ops, ga->dact, nF);
         matmul_backward(ops, ga->dact, G(gw->w_down), NULL, dx, la.act, w->w_down, N, F, C);
         lora_backward(ops, l, TD_LORA_DOWN, ga->dact, dx, la.act, N, lg, ga->lora);
-        zero(ga->dgate, nF);
-        zero(ga->dup, nF);
+        zero(ops, ga->dgate, nF);
+        zero(ops, ga->dup, nF);
         swiglu_backward(ops, ga->dgate, ga->dup, ga->dact, la.gate, la.up, N, F);
-        zero(dxn, nC);
+        zero(ops, dxn, nC);
         matmul_backward(ops, dxn, G(gw->w_gate), NULL, ga->dgate, la.xn2, w->w_gate, N, C, F);
         matmul_backward(ops, dxn, G(gw->w_up), NULL, ga->dup, la.xn2, w->w_up, N, C, F);
         lora_backward(ops, l, TD_LORA_GATE, dxn, ga->dgate, la.xn2, N, lg, ga->lora);
@@ -98,20 +99,20 @@ void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td
         rmsnorm_backward(ops, dx, G(gw->mlp_norm), dxn, la.x_mid, w->mlp_norm, la.rstd2, N, C);
 
         /* attention sub-block: x_mid = x_in + o(attention(rope(q), rope(k), v)) */
-        zero(ga->datt, nQ);
+        zero(ops, ga->datt, nQ);
         matmul_backward(ops, ga->datt, G(gw->wo), NULL, dx, la.att, w->wo, N, QD, C);
         lora_backward(ops, l, TD_LORA_O, ga->datt, dx, la.att, N, lg, ga->lora);
-        zero(ga->dq, nQ);
-        zero(ga->dk, nK);
-        zero(ga->dv, nK);
+        zero(ops, ga->dq, nQ);
+        zero(ops, ga->dk, nK);
+        zero(ops, ga->dv, nK);
         attention_backward(ops, ga->dq, ga->dk, ga->dv, ga->datt, la.q, la.k, la.v, la.att, la.lse,
                            pos, N, NH, NKV, HD, ga->att_scratch, a->max_keys);
         rope_backward(ops, ga->dq, pos, m->inv_freq, N, NH, HD);
         rope_backward(ops, ga->dk, pos, m->inv_freq, N, NKV, HD);
         float *dq = ga->dq, *dk = ga->dk;
         if (w->q_norm) {   /* Qwen3: per-head RMSNorm of the projections */
-            zero(ga->dq_raw, nQ);
-            zero(ga->dk_raw, nK);
+            zero(ops, ga->dq_raw, nQ);
+            zero(ops, ga->dk_raw, nK);
             rmsnorm_backward(ops, ga->dq_raw, G(gw->q_norm), dq, la.q_raw, w->q_norm, la.q_rstd,
                              N * NH, HD);
             rmsnorm_backward(ops, ga->dk_raw, G(gw->k_norm), dk, la.k_raw, w->k_norm, la.k_rstd,
@@ -119,7 +120,7 @@ void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td
             dq = ga->dq_raw;
             dk = ga->dk_raw;
         }
-        zero(dxn, nC);
+        zero(ops, dxn, nC);
         matmul_backward(ops, dxn, G(gw->wq), G(gw->bq), dq, la.xn1, w->wq, N, C, QD);
         matmul_backward(ops, dxn, G(gw->wk), G(gw->bk), dk, la.xn1, w->wk, N, C, KVD);
         matmul_backward(ops, dxn, G(gw->wv), G(gw->bv), ga->dv, la.xn1, w->wv, N, C, KVD);

@@ -113,7 +113,7 @@ void lora_backward(const td_ops *ops, int layer, int module, float *dx, const fl
     matmul_forward(&lo, t, x, &a, NULL, N, p->in, r);            /* t = D(A x), as the forward */
     memcpy(du, dy, nout * sizeof(float));
     scale_forward(ops, du, rt->scale, nout);                      /* du = D(scale dy)           */
-    memset(dt, 0, nr * sizeof(float));
+    ops->be->zero(dt, nr * sizeof(float));
     matmul_backward(&lo, dt, g->db, NULL, du, t, p->b, N, r, p->out);
     matmul_backward(&lo, dx, g->da, NULL, dt, x, p->a, N, p->in, r);
 }

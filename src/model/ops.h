@@ -10,9 +10,9 @@
  *   CPU   src/backend/cpu.c: an op under a plain fp32 recipe is the fp32 reference form
  *         (`_ref`, src/backend/cpu_ref.c, the ggml name for the obvious form); under any other
  *         recipe the same maths with the recipe's rounding points (src/backend/cpu.c).
- *   CUDA  src/backend/cuda/backend.cu: the same table, the forward ops and every backward op
- *         but matmul_backward (the GEMMs' dgrad/wgrad, not written yet); each op carries the
- *         name here + `_cuda`, one `op.cu` (forward) and `op_backward.cu` file per family
+ *   CUDA  src/backend/cuda/backend.cu: the same table, every forward and backward op (the
+ *         GEMMs' dgrad and wgrad on cuBLASLt: matmul_backward.cu); each op carries the name
+ *         here + `_cuda`, one `op.cu` (forward) and `op_backward.cu` file per family
  *         (cuda_internal.cuh).
  *
  * Optional outputs a backward needs (rstd of RMSNorm, log-sum-exp of attention) are pointers
@@ -107,6 +107,9 @@ struct td_backend {
     void (*free)(void *p);
     void (*upload)(void *dst, const void *src, size_t bytes);     /* host -> backend buffer */
     void (*download)(void *dst, const void *src, size_t bytes);   /* backend buffer -> host */
+    void (*zero)(void *p, size_t bytes);                          /* a buffer of alloc's = 0, on
+                                                                     the backend (CUDA: on its
+                                                                     stream, asynchronous) */
 
     void (*embedding_forward)(const td_ops *ctx, float *out, const int *tokens,
                               const td_wmat *embed, int N, int C);
@@ -168,8 +171,7 @@ static inline void td_backend_forget(const td_backend *be)
     if (be->forget) be->forget();
 }
 
-/* Whether the backend runs the backward ops (trainers need them; the CUDA backend has all but
- * matmul_backward so far, so it does not count). */
+/* Whether the backend runs the backward ops (trainers need them; both backends have them all). */
 static inline int td_backend_has_backward(const td_backend *be)
 {
     return be->matmul_backward != NULL;

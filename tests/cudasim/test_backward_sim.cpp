@@ -1,5 +1,5 @@
 /* The CUDA backend's backward ops (src/backend/cuda/NAME_backward.cu: embedding, rmsnorm (hidden
- * rows and q/k-norm heads), rope, swiglu, logsoftmax, attention) against the CPU backend's
+ * rows and q/k-norm heads), rope, swiglu, logsoftmax, attention, matmul) against the CPU backend's
  * backward ops (td_backend_cpu: src/backend/cpu_backward.c over cpu_backward_ref.c) on the same
  * seeded random inputs, under no recipe (the fp32 reference), fp32, bf16-train (HF unfused RoPE:
  * cos/sin rounded to bf16), sglang-bf16 (fused RoPE: fp32 cos/sin) and fp16-train. Every input
@@ -24,6 +24,18 @@
  *     or the gradient); under D every gradient value is a D value (the rounding happened), and at
  *     most 2% of them differ from the CPU's in any bit (measured: at most 0.7%, fp16's dv; with
  *     P left unrounded 30-40% of dv differ, and the normalised error alone would not see it).
+ *   matmul (dgrad, wgrad, bias; shapes N x IN x OUT 20x256x136 and 131x64x128, K over one and
+ *     several 128-wide FP8 groups; with and without dbias, NULL dweight (a frozen LoRA base),
+ *     NULL dinp; under the recipes above plus bf16-autocast, fp8-unified-train (1x128 groups),
+ *     fp8-rollout, vllm-fp8 (per-tensor), vllm-fp8-per-token and fp8-unified-train with MX
+ *     activation blocks): dbias bit-exact (rows in order); the gradients not asked for untouched.
+ *     The GEMMs are cuBLASLt's (on the simulator the model's in-order fp32 sums, which here
+ *     happen to give OpenBLAS's bits for fp32 and the FP8 flow; td_gemm_bf16dp's order differs):
+ *     dweight (fp32) normalised error <= 1e-5 (measured <= 5.5e-7, the bf16 recipes); dinp in
+ *     fp32 <= 1e-5 (measured 0), under D = bf16 / fp16 <= 1 unit in the last place of D at
+ *     max|cpu| with at most 1% of the values differing (one flipped rounding of D; measured 1 of
+ *     8384 values, 7.8e-6 normalised), every value a D value. FP8 operands are quantised by
+ *     fp8_quantize_cuda, bit for bit the CPU's, so only the GEMMs' order can differ.
  * The measured figures are printed. */
 #include "cuda_internal.cuh"
 
@@ -38,6 +50,7 @@
 
 extern "C" {
 #include <cmocka.h>
+#include "tidal/gemm.h"
 #include "tidal/recipe.h"
 #include "tidal/rng.h"
 const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err);
@@ -386,6 +399,105 @@ static void test_attention_backward(void **state)
         for (att_shape sh : shapes) attention_backward_case(rc, sh);
 }
 
+/* ---- matmul_backward ---------------------------------------------------------------------- */
+
+/* Recipes for the GEMMs' backward: those of the other ops, bf16-autocast, and every FP8 preset
+ * (the training flow fp8-unified-train and the engines' schemes, so each act_scaling granularity
+ * the CPU's backward quantises with: 1x128 groups, per-tensor, per-token), plus fp8-unified-train
+ * with MX blocks of 32. */
+static std::vector<rcase> gemm_recipes(void)
+{
+    std::vector<rcase> v = recipes();
+    const char *more[] = {"bf16-autocast", "fp8-unified-train", "fp8-rollout", "vllm-fp8",
+                          "vllm-fp8-per-token"};
+    for (const char *n : more) v.push_back({n, preset(n), 0});
+    td_recipe mx = preset("fp8-unified-train");
+    mx.act_scaling.gran = TD_SCALE_MX;
+    mx.act_scaling.group = 32;
+    v.push_back({"fp8-mx-acts", mx, 0});
+    return v;
+}
+
+/* The measured worst cases, printed at the end (the figures of the header comment). */
+static double MM_WORST[4];   /* fp32 dinp, D dinp (fraction differing, normalised), dW */
+
+/* one (shape, recipe, which gradients) case; want: dinp, dweight, dbias */
+static void matmul_backward_case(const rcase &rc, int N, int IN, int OUT, const int want[3])
+{
+    td_ops ctx = ctx_of(rc);
+    int D = D_of(rc);
+    const td_recipe *r = rc.none ? NULL : &rc.r;
+    size_t nX = (size_t)N * IN, nW = (size_t)OUT * IN, nY = (size_t)N * OUT;
+    std::vector<float> w = normal(nW, 0.05), x = rounded(normal(nX, 1.0), D);
+    if (r) td_gemm_prepare_weight(r, w.data(), OUT, IN, w.data());   /* the forward's W' */
+    std::vector<float> dy = rounded(normal(nY, 0.3), D);
+    dy[3] = 200.0f;   /* an outlier: FP8 scales differ across groups */
+    std::vector<float> dx0 = rounded(normal(nX, 0.5), D), dw0 = normal(nW, 0.5), db0 = normal(OUT, 0.5);
+    std::vector<float> cpu(nX + nW + OUT);
+    std::copy(dx0.begin(), dx0.end(), cpu.begin());
+    std::copy(dw0.begin(), dw0.end(), cpu.begin() + nX);
+    std::copy(db0.begin(), db0.end(), cpu.begin() + nX + nW);
+    td_backend_cpu.matmul_backward(&ctx, want[0] ? cpu.data() : NULL, want[1] ? cpu.data() + nX : NULL,
+                                   want[2] ? cpu.data() + nX + nW : NULL, dy.data(), x.data(), w.data(),
+                                   N, IN, OUT);
+    std::vector<float> gpu = four_ways("matmul_backward", cpu.size(), [&](bufs &b, float *dst) {
+        float *dx = b.copy(dx0), *dw = b.copy(dw0), *db = b.copy(db0);
+        matmul_backward_cuda(&ctx, want[0] ? dx : NULL, want[1] ? dw : NULL, want[2] ? db : NULL,
+                             b.copy(dy), b.copy(x), b.copy(w), N, IN, OUT);
+        b.get(dst, dx, nX);
+        b.get(dst + nX, dw, nW);
+        b.get(dst + nX + nW, db, OUT);
+    });
+    char what[64];
+    snprintf(what, sizeof what, "matmul_backward %dx%dx%d%s%s%s", N, IN, OUT, want[0] ? "" : " -dinp",
+             want[1] ? "" : " -dW", want[2] ? " +db" : "");
+    /* what was not asked for is untouched */
+    if (!want[0] && memcmp(gpu.data(), dx0.data(), nX * 4)) fail_msg("%s: dinp written", what);
+    if (!want[1] && memcmp(gpu.data() + nX, dw0.data(), nW * 4)) fail_msg("%s: dweight written", what);
+    if (!want[2] && memcmp(gpu.data() + nX + nW, db0.data(), OUT * 4)) fail_msg("%s: dbias written", what);
+    if (want[2]) exact(what, rc.name, gpu.data() + nX + nW, cpu.data() + nX + nW, OUT);   /* rows in order */
+    if (want[0]) {
+        diff d = compare(gpu.data(), cpu.data(), nX);
+        double nerr = d.max_abs / d.max_ref, frac = (double)d.ndiff / nX;
+        double lim = D == TD_F32 ? 1e-5 : ulp_of(D, d.max_ref) / d.max_ref;
+        printf("  %-34s %-18s dinp: %5ld of %6zu differ, normalised %.3g (limit %.3g)\n", what,
+               rc.name, d.ndiff, nX, nerr, lim);
+        if (D != TD_F32) {
+            all_in(D, what, gpu.data(), nX);
+            MM_WORST[1] = frac > MM_WORST[1] ? frac : MM_WORST[1];
+            MM_WORST[3] = nerr > MM_WORST[3] ? nerr : MM_WORST[3];
+        } else {
+            MM_WORST[0] = nerr > MM_WORST[0] ? nerr : MM_WORST[0];
+        }
+        if (nerr > lim || (D != TD_F32 && frac > 0.01))
+            fail_msg("%s under %s: dinp beyond the tolerance", what, rc.name);
+    }
+    if (want[1]) {
+        diff d = compare(gpu.data() + nX, cpu.data() + nX, nW);
+        double nerr = d.max_abs / d.max_ref;
+        printf("  %-34s %-18s dW:   %5ld of %6zu differ, normalised %.3g (limit 1e-05)\n", what,
+               rc.name, d.ndiff, nW, nerr);
+        MM_WORST[2] = nerr > MM_WORST[2] ? nerr : MM_WORST[2];
+        if (nerr > 1e-5) fail_msg("%s under %s: dweight beyond the tolerance", what, rc.name);
+    }
+}
+
+static void test_matmul_backward(void **state)
+{
+    (void)state;
+    /* K of every GEMM over one and several 128-wide FP8 groups, tokens over two groups along N */
+    const int shapes[][3] = {{20, 256, 136}, {131, 64, 128}};
+    const int wants[][3] = {{1, 1, 1}, {1, 1, 0}, {1, 0, 1}, {0, 1, 0}};   /* all; no bias; frozen
+                                                                              weight; no dinp */
+    for (int s = 0; s < 2; s++)
+        for (const rcase &rc : gemm_recipes())
+            for (int k = 0; k < 4; k += 1 + s)   /* the second shape: all, frozen weight */
+                matmul_backward_case(rc, shapes[s][0], shapes[s][1], shapes[s][2], wants[k]);
+    printf("  matmul_backward worst: fp32 dinp normalised %.3g; 16-bit dinp values differing %.3g%%, "
+           "normalised %.3g; dW normalised %.3g\n", MM_WORST[0], 100 * MM_WORST[1], MM_WORST[3],
+           MM_WORST[2]);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -405,6 +517,7 @@ int main(void)
         cmocka_unit_test(test_swiglu_backward),
         cmocka_unit_test(test_logsoftmax_backward),
         cmocka_unit_test(test_attention_backward),
+        cmocka_unit_test(test_matmul_backward),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

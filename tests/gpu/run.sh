@@ -5,8 +5,10 @@
 #
 #   build       make CUDA=1 -j tests gpu-tests (the whole toolkit with the CUDA backend)
 #   check       the CUDA backend's tests on the real GPU: every tests/cudasim/test_*.cpp built
-#               against the real backend ($BUILD/gpu/test_*: the ops and the whole forward
-#               against the CPU backend, tolerances stated in each), tests/py/test_device.py (fp32
+#               against the real backend ($BUILD/gpu/test_*: the ops, the backward ops with
+#               matmul_backward's dgrad/wgrad (test_backward_sim), the whole forward and the
+#               whole decoder_backward (test_decoder_backward_sim) against the CPU backend,
+#               tolerances stated in each), tests/py/test_device.py (fp32
 #               on the GPU within 1e-4 of the CPU), tests/gpu/test_vs_transformers.py
 #   bench       tests/bench/gpu.sh (fractions of cuBLAS peak and HBM bandwidth, tokens/s against
 #               transformers)

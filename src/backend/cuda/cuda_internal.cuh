@@ -78,7 +78,7 @@ cudaStream_t tdc_stream(void);
  * their header comment). Valid until the next call with the same slot. */
 void *tdc_scratch(int slot, size_t bytes);
 enum { TDC_SLOT_GEMM_A = 0, TDC_SLOT_GEMM_SCALES = 1, TDC_SLOT_GEMM_OUT = 2, TDC_SLOT_WORKSPACE = 3,
-       TDC_SLOT_ATTN = 4, TDC_SLOT_MISC = 5 };
+       TDC_SLOT_ATTN = 4, TDC_SLOT_MISC = 5, TDC_SLOT_GEMM_T = 6 };
 
 /* ---- roundings: formats.h, on the device ------------------------------------------------- */
 
@@ -129,9 +129,12 @@ void residual_forward_cuda(const td_ops *ctx, float *out, const float *inp1, con
 void scale_forward_cuda(const td_ops *ctx, float *x, float s, size_t n);
 void logsoftmax_forward_cuda(const td_ops *ctx, float *x, int N, int V);
 
-/* the backward ops (one `op_backward.cu` per family; the GEMMs' matmul_backward not yet) */
+/* the backward ops (one `op_backward.cu` per family) */
 void embedding_backward_cuda(const td_ops *ctx, float *dembed, const float *dout,
                              const int *tokens, int N, int C);
+void matmul_backward_cuda(const td_ops *ctx, float *dinp, float *dweight, float *dbias,
+                          const float *dout, const float *inp, const float *weight, int N, int IN,
+                          int OUT);
 void rmsnorm_backward_cuda(const td_ops *ctx, float *dinp, float *dweight, const float *dout,
                            const float *inp, const float *weight, const float *rstd, int N, int C);
 void rope_backward_cuda(const td_ops *ctx, float *dx, const int *pos, const float *inv_freq, int N,

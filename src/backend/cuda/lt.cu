@@ -112,7 +112,7 @@ static cublasStatus_t pick_splitk(const lt_gemm *g, cublasLtMatmulDesc_t op, cub
 
 /* a plan (see the top): its key, and what the heuristic said */
 typedef struct {
-    int M, Nc, K, lda, ldb, ldd, ta, tb, td, amode, bmode, fast, split_k;
+    int M, Nc, K, lda, ldb, ldd, ta, tb, td, amode, bmode, fast, split_k, a_n, b_t;
     uint32_t al[3];
 } plan_key;
 typedef struct {
@@ -144,7 +144,7 @@ static void plan_make(const lt_gemm *g, lt_plan *p)
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t res[8];
     int nres = 0;
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const cublasOperation_t ta = g->a_n ? CUBLAS_OP_N : CUBLAS_OP_T, tb = g->b_t ? CUBLAS_OP_T : CUBLAS_OP_N;
     const size_t ws_bytes = WORKSPACE_BYTES;
     const char *lt_failed_call = "";
     int lt_failed_line = 0;
@@ -170,8 +170,11 @@ static void plan_make(const lt_gemm *g, lt_plan *p)
         int8_t fast = (int8_t)g->fast;
         LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
     }
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->ad, g->ta, (uint64_t)g->K, (uint64_t)g->M, g->lda));
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->bd, g->tb, (uint64_t)g->K, (uint64_t)g->Nc, g->ldb));
+    /* the stored shapes: op(A) is (M x K), op(B) (K x Nc) */
+    if (g->a_n) LT_TRY(cublasLtMatrixLayoutCreate(&p->ad, g->ta, (uint64_t)g->M, (uint64_t)g->K, g->lda));
+    else LT_TRY(cublasLtMatrixLayoutCreate(&p->ad, g->ta, (uint64_t)g->K, (uint64_t)g->M, g->lda));
+    if (g->b_t) LT_TRY(cublasLtMatrixLayoutCreate(&p->bd, g->tb, (uint64_t)g->Nc, (uint64_t)g->K, g->ldb));
+    else LT_TRY(cublasLtMatrixLayoutCreate(&p->bd, g->tb, (uint64_t)g->K, (uint64_t)g->Nc, g->ldb));
     LT_TRY(cublasLtMatrixLayoutCreate(&p->dd, g->td, (uint64_t)g->M, (uint64_t)g->Nc, g->ldd));
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
@@ -202,7 +205,7 @@ static lt_plan *plan_of(const lt_gemm *g)
     memset(&k, 0, sizeof k);   /* keys are compared as bytes */
     k.M = g->M; k.Nc = g->Nc; k.K = g->K; k.lda = g->lda; k.ldb = g->ldb; k.ldd = g->ldd;
     k.ta = g->ta; k.tb = g->tb; k.td = g->td; k.amode = g->amode; k.bmode = g->bmode;
-    k.fast = g->fast; k.split_k = g->split_k;
+    k.fast = g->fast; k.split_k = g->split_k; k.a_n = g->a_n; k.b_t = g->b_t;
     k.al[0] = lt_align(g->A); k.al[1] = lt_align(g->B); k.al[2] = lt_align(g->D);
     for (int i = NPLANS - 1; i >= 0; i--)
         if (!memcmp(&PLANS[i].key, &k, sizeof k)) return &PLANS[i];

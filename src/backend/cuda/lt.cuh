@@ -16,8 +16,10 @@ enum { MODE_NONE = -1, MODE_SCALAR = 0, MODE_OUTER = 3, MODE_VEC128 = 4, MODE_BL
 
 typedef struct {
     int M, Nc, K;                  /* D is (M x Nc); K products per element                     */
-    const void *A; cudaDataType_t ta; int lda;   /* the weight, op T                          */
-    const void *B; cudaDataType_t tb; int ldb;   /* the activations, op N                     */
+    const void *A; cudaDataType_t ta; int lda;   /* the weight, op T (stored K x M)           */
+    const void *B; cudaDataType_t tb; int ldb;   /* the activations, op N (stored K x Nc)     */
+    int a_n, b_t;                  /* the backward's other layouts (matmul_backward.cu): A op N
+                                      (stored M x K), B op T (stored Nc x K); 0 = the TN above */
     void *D; int ldd;              /* C = D                                                      */
     cudaDataType_t td;             /* D's type: fp32 (0 = CUDA_R_32F), or bf16/fp16 (matmul.cu fp8_lt) */
     float beta;
@@ -34,7 +36,8 @@ cublasStatus_t lt_matmul(const lt_gemm *g);
 void lt_matmul_or_die(const lt_gemm *g);
 const char *lt_last_failure(void);
 /* g with the recipe's split_k (> 1): cuBLASLt's split-K with an fp32 reduction, else K slices of
- * ceil(K / split) added onto D in order (beta = 1), as the CPU cuts them. Fatal if refused. */
+ * ceil(K / split) added onto D in order (beta = 1), as the CPU cuts them. Fatal if refused.
+ * The TN layout only (the forward's: K is the contiguous dimension of both operands). */
 void lt_gemm_split(lt_gemm g, int split);
 /* drops the cached plans (be->forget, through matmul_forget_cuda) */
 void lt_forget(void);
