@@ -58,6 +58,7 @@ typedef struct {
     td_forward *fa;
     td_session *sb;
     td_lora *lora;           /* --lora adapter, or NULL */
+    char *memory_plan;       /* the device memory plan as JSON (run file attribute), or NULL */
     td_sampler *sampler;
     td_runfile *rf;
     int max_len;             /* longest prompt + max_new_tokens (context-bounded) */
@@ -102,5 +103,11 @@ void model_fingerprint(const char *dir, char out[32]);
 
 /* lora_report.c */
 int lora_report(job *J, char path, td_lora_merge_stats st, const td_recipe *r, td_error *err);
+
+/* memory.c: the device memory plan before the paths are created: prints it, lowers o->batch and
+ * the training path's micro-batch (*fwd_tokens; *chunk the prefill chunk) to what the GPU holds,
+ * records it in J->memory_plan; -1 + err (the numbers, what helps) when one sequence does not fit. */
+int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format storage, int *fwd_tokens,
+                     int *chunk, td_error *err);
 
 #endif
