@@ -49,6 +49,24 @@ size_t td_memplan_kv_bytes(const td_config *c, const td_recipe *b, int as_alloca
  * pointer), and/or holds bytes of its own (a prepared copy, and its widened copy). */
 typedef struct { int model_up, model_widen; size_t own; } wuse;
 
+/* Whether matmul.cu's fp8_lt takes an FP8 product of an (O, K) weight stored as pd through
+ * cuBLASLt (its conditions); when not, fp8_emulated widens the weight to an fp32 copy. A GPU
+ * whose cuBLASLt refuses a mode at run time also falls back (noted on stderr): not planned. */
+static int fp8_lt_takes(const td_recipe *r, td_format pd, size_t O, size_t K)
+{
+    if (!is_fp8(pd) || (pd == TD_E5M2 && r->gemm_inputs == TD_E5M2) || K % 16 || O % 16 || r->split_k > 1)
+        return 0;
+    td_fp8_scheme ws = r->weight_scaling;
+    ws.fmt = pd;
+    size_t sr, sc;
+    td_fp8_block_shape(&ws, O, K, &sr, &sc);
+    int wsingle = sr >= O && sc >= K, wrow = sr == 1 && sc >= K, wblk = sr == 128 && sc == 128;
+    int ag = r->act_scaling.gran, g = r->act_scaling.group ? r->act_scaling.group : 128;
+    if (wsingle && ag == TD_SCALE_TENSOR) return 1;
+    if ((wsingle || wrow) && (ag == TD_SCALE_TENSOR || ag == TD_SCALE_ROW)) return 1;
+    return (wsingle || wblk) && ag == TD_SCALE_GROUP && g == 128 && K % 128 == 0;
+}
+
 static wuse weight_use(const td_recipe *r, td_format storage, int merged, size_t rows, size_t cols)
 {
     wuse u = {0, 0, 0};
@@ -71,7 +89,7 @@ static wuse weight_use(const td_recipe *r, td_format storage, int merged, size_t
     /* matmul_forward_cuda: which operand the GEMM reads */
     int plain = td_recipe_is_plain_fp32(r), widen;
     if (plain) widen = pd != TD_F32;
-    else if (td_recipe_fp8_gemm(r)) widen = !is_fp8(pd) || r->batch_invariant;
+    else if (td_recipe_fp8_gemm(r)) widen = r->batch_invariant || !fp8_lt_takes(r, pd, rows, cols);
     else widen = pd != TD_F32 && (pd != r->gemm_inputs || r->batch_invariant);
     if (widen) {
         if (model) u.model_widen = 1;
