@@ -339,7 +339,7 @@ static const char *human(char *buf, size_t n, size_t b)
 void td_memplan_print(FILE *f, const char *tool, const td_memplan *p, const td_memplan_in *in)
 {
     char b1[32], b2[32], b3[32];
-    fprintf(f, "%s: memory plan (GPU):\n", tool);
+    fprintf(f, "%s: memory plan (GPU): %zu bytes\n", tool, p->total);
     fprintf(f, "%s:   weights     %12s  (A own %s, B own %s, shared the rest)\n", tool, human(b1, sizeof b1, p->weights),
             human(b2, sizeof b2, p->weights_a), human(b3, sizeof b3, p->weights_b));
     if (in->b && in->slots > 0)

@@ -8,16 +8,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-static double gib(size_t b) { return (double)b / (double)(1ull << 30); }
+/* bytes as GiB, or MiB below one GiB */
+static const char *human(char *buf, size_t n, size_t b)
+{
+    if (b >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", (double)b / (double)(1ull << 30));
+    else snprintf(buf, n, "%.1f MiB", (double)b / (1 << 20));
+    return buf;
+}
 
 /* The component that weighs most, for the refusal's message. */
 static const char *largest(const td_memplan *p)
 {
     size_t acts = p->acts_a + p->acts_b;
-    if (p->weights >= p->kv_cache && p->weights >= acts && p->weights >= p->workspace) return "the weights";
-    if (p->kv_cache >= acts && p->kv_cache >= p->workspace) return "the KV cache";
-    if (acts >= p->workspace) return "the activations";
-    return "the workspace";
+    if (p->weights >= p->kv_cache && p->weights >= acts && p->weights >= p->workspace) return "weights";
+    if (p->kv_cache >= acts && p->kv_cache >= p->workspace) return "KV cache";
+    if (acts >= p->workspace) return "activations";
+    return "workspace";
 }
 
 int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format storage, int *fwd_tokens,
@@ -46,15 +52,17 @@ int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format st
     td_memplan_print(stderr, "tidal-diff", &p, &in);
     if (!fits) {
         size_t need = p.total, have = p.free - td_memplan_reserve(p.free);
+        char h[8][32];
         return td_fail(err, "does not fit the GPU: one sequence of %d tokens (batch 1, micro-batch %d tokens) needs "
-                       "%.2f GiB (weights %.2f, KV cache %.2f, activations %.2f, workspace %.2f GiB; %s weigh most), "
-                       "%s has %.2f GiB free less %.2f GiB kept back: short by %.2f GiB. What helps: shorter "
+                       "%s (weights %s, KV cache %s, activations %s, workspace %s; largest: %s), "
+                       "%s has %s free less %s kept back: short by %s. What helps: shorter "
                        "prompts or a lower --max-new-tokens (the KV cache and the activations grow with the "
                        "sequence), a recipe pair that shares the checkpoint's weights (e.g. bf16 recipes on a bf16 "
                        "checkpoint), or a GPU with more memory (--ignore-memory-plan runs anyway)",
-                       J->max_len, in.fwd_tokens, gib(need), gib(p.weights), gib(p.kv_cache),
-                       gib(p.acts_a + p.acts_b), gib(p.workspace), largest(&p), o->device, gib(p.free),
-                       gib(td_memplan_reserve(p.free)), gib(need - have));
+                       J->max_len, in.fwd_tokens, human(h[0], 32, need), human(h[1], 32, p.weights),
+                       human(h[2], 32, p.kv_cache), human(h[3], 32, p.acts_a + p.acts_b), human(h[4], 32, p.workspace),
+                       largest(&p), o->device, human(h[5], 32, p.free), human(h[6], 32, td_memplan_reserve(p.free)),
+                       human(h[7], 32, need - have));
     }
     if (in.fwd_tokens != tokens0)
         fprintf(stderr, "tidal-diff: note: the training path's micro-batch is lowered from %d to %d tokens to fit "
