@@ -84,6 +84,10 @@ char *td_memplan_json(const td_memplan *p, const td_memplan_in *in);
  * does). 0, or -1 + err (no CUDA build, no GPU). src/backend/device.c. */
 int td_device_mem_info(const char *device, size_t *free_bytes, size_t *total_bytes, td_error *err);
 
+/* The most device memory tidal's CUDA backend has held at once in this process (every cudaMalloc
+ * and cudaMallocAsync it made, less what it freed): what the plan bounds. 0 without CUDA. */
+size_t td_device_mem_peak(void);
+
 TD_END_DECLS
 
 #endif

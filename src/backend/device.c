@@ -12,6 +12,7 @@
 const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err);
 const char *td_cuda_backend_desc(void);
 int td_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+size_t td_cuda_mem_peak(void);
 #endif
 
 /* "cpu" -> 0 with *index -1; "cuda" / "cuda:N" -> 0 with *index N (0 for "cuda"); else -1. */
@@ -85,5 +86,14 @@ int td_device_mem_info(const char *device, size_t *free_bytes, size_t *total_byt
 #else
     return td_fail(err, "--device %s: this tidal was built without CUDA (nvcc was not on PATH when it was built): "
                    "rebuild with the CUDA Toolkit installed, or use --device cpu", device);
+#endif
+}
+
+size_t td_device_mem_peak(void)
+{
+#ifdef TD_HAVE_CUDA
+    return td_cuda_mem_peak();
+#else
+    return 0;
 #endif
 }

@@ -210,6 +210,7 @@ int td_diff_run(const td_diff_opts *opts, td_diff_summary *sum, td_error *err)
         }
         if (run_batch(&J, (int64_t)bi, J.mine + i0, (int)n, err)) goto out;
         if (commit_batch(&J, (int64_t)bi, err)) goto out;
+        diff_memory_sample(&J);
         ran++;
         double el = difftime(time(NULL), w0);
         fprintf(stderr, "%stidal-diff: batch %zu/%zu  sequences %lld  tokens %lld  %.0f s%s", tty ? "\r" : "", bi + 1,
@@ -218,6 +219,7 @@ int td_diff_run(const td_diff_opts *opts, td_diff_summary *sum, td_error *err)
     clock_gettime(CLOCK_MONOTONIC, &ts1);
     if (tty && nbatches) fprintf(stderr, "\n");
     if (skipped) fprintf(stderr, "tidal-diff: resumed: %zu batches were already complete\n", skipped);
+    if (diff_memory_record(&J, err)) goto out;
     if (td_runfile_close(J.rf, err)) { J.rf = NULL; goto out; }
     J.rf = NULL;
     if (take_place(&J, 0, err)) goto out;   /* a run with no batch to do */

@@ -79,5 +79,24 @@ int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format st
     *chunk = in.chunk;
     free(J->memory_plan);
     J->memory_plan = td_memplan_json(&p, &in);
+    J->mem_free0 = J->mem_free_min = p.free;
     return 0;
+}
+
+void diff_memory_sample(job *J)
+{
+    size_t fr, tot;
+    td_error e;
+    if (!J->mem_free0 || td_device_mem_info(J->o->device, &fr, &tot, &e)) return;
+    if (fr < J->mem_free_min) J->mem_free_min = fr;
+}
+
+int diff_memory_record(job *J, td_error *err)
+{
+    if (!J->mem_free0 || !J->rf) return 0;
+    size_t peak = td_device_mem_peak(), used = J->mem_free0 - J->mem_free_min;
+    fprintf(stderr, "tidal-diff: GPU memory: tidal held at most %.3f GiB; cudaMemGetInfo: %.3f GiB more in use "
+            "after a batch than at the start\n", (double)peak / (1ull << 30), (double)used / (1ull << 30));
+    return td_runfile_set_i64(J->rf, "memory_peak", (int64_t)peak, err) ||
+           td_runfile_set_i64(J->rf, "memory_used_max", (int64_t)used, err);
 }

@@ -2,7 +2,7 @@
 GPU (tests/cudasim: CUDASIM_MEM sets the device's memory, which cudaMalloc and cudaMemGetInfo
 honour; CUDASIM_PEAK=1 prints the most device memory allocated at once):
 
-1. plan vs measured peak: build/sim/bin/tidal-diff on datasets/models/add (4 prompts, 8 new
+1. plan vs measured peak (and the run file's memory_peak, the backend's own count, equal to it): build/sim/bin/tidal-diff on datasets/models/add (4 prompts, 8 new
    tokens, batch 4) for fp32/fp32, bf16-train/bf16-infer, bf16-train/fp8-rollout (FP8 codes and
    the fp32 copies of the products cuBLASLt's conditions refuse: K = 192 is no multiple of 128)
    and fp16-train/fp16-infer: the plan (the run file's memory_plan attribute) is an upper
@@ -85,6 +85,11 @@ for a, b in [("fp32", "fp32"), ("bf16-train", "bf16-infer"), ("bf16-train", "fp8
           f"{a}/{b}: plan {plan} bytes is an upper bound of the measured peak {peak} and within 10 % "
           f"(+{100 * (plan - peak) / peak:.1f} %)")
     check("memory plan (GPU)" in p.stderr and "KV cache" in p.stderr, f"{a}/{b}: the plan is printed on stderr")
+    with h5py.File(out, "r") as f:
+        own, used = int(f.attrs["memory_peak"]), int(f.attrs["memory_used_max"])
+    # the backend's own count of what it holds (what tests/gpu/run.sh memory compares on a GPU)
+    check(own == peak and 0 < used <= peak, f"{a}/{b}: run file memory_peak {own} = the simulator's peak, "
+          f"memory_used_max {used} (cudaMemGetInfo after a batch) <= it")
 
 base = plan_attr(os.path.join(tmp, "bf16-train_bf16-infer.h5"))
 L = base["max_len"]

@@ -19,6 +19,8 @@
 
 #include <omp.h>
 
+#include <unordered_map>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,10 +74,21 @@ void tdc_check_cuda(cudaError_t e, const char *what, const char *file, int line)
  * message with the bytes asked for, what they were for, and the device's free memory, then
  * exit(1) (HDF5 closes open run files at exit: every batch committed so far stays readable and
  * tidal-diff --resume continues it). */
+/* What tidal holds on the device: every tdc_malloc'd block by address, their sum and its peak
+ * (td_cuda_mem_peak: run files record it beside the memory plan). */
+static std::unordered_map<void *, size_t> held;
+static size_t held_bytes, held_peak;
+
 void tdc_malloc(void **p, size_t bytes, int async, const char *what, const char *file, int line)
 {
-    cudaError_t e = async ? cudaMallocAsync(p, bytes ? bytes : 1, G.stream) : cudaMalloc(p, bytes ? bytes : 1);
-    if (e == cudaSuccess) return;
+    if (!bytes) bytes = 1;
+    cudaError_t e = async ? cudaMallocAsync(p, bytes, G.stream) : cudaMalloc(p, bytes);
+    if (e == cudaSuccess) {
+        held[*p] = bytes;
+        held_bytes += bytes;
+        if (held_bytes > held_peak) held_peak = held_bytes;
+        return;
+    }
     if (e != cudaErrorMemoryAllocation) tdc_check_cuda(e, async ? "cudaMallocAsync" : "cudaMalloc", file, line);
     (void)cudaGetLastError();
     size_t fr = 0, tot = 0;
@@ -86,6 +99,19 @@ void tdc_malloc(void **p, size_t bytes, int async, const char *what, const char 
             (double)tot / (1 << 20), hint_for(cudaErrorMemoryAllocation));
     exit(1);
 }
+
+void tdc_free(void *p, int async)
+{
+    if (!p) return;
+    auto it = held.find(p);
+    if (it != held.end()) {
+        held_bytes -= it->second;
+        held.erase(it);
+    }
+    CUDA_CHECK(async ? cudaFreeAsync(p, G.stream) : cudaFree(p));
+}
+
+extern "C" size_t td_cuda_mem_peak(void) { return held_peak; }
 
 extern "C" int td_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
 {
@@ -167,7 +193,7 @@ void tdc_done(void)
             CUDA_CHECK(cudaMemcpyAsync(s->host, s->dev, s->bytes, cudaMemcpyDeviceToHost, G.stream));
             any_out = 1;
         }
-        CUDA_CHECK(cudaFreeAsync(s->dev, G.stream));
+        tdc_free(s->dev, 1);
     }
     G.nstaged = 0;
     if (any_out) CUDA_CHECK(cudaStreamSynchronize(G.stream));
@@ -179,7 +205,7 @@ void *tdc_scratch(int slot, size_t bytes)
     if (bytes > G.scratch_bytes[slot]) {
         if (G.scratch[slot]) {
             CUDA_CHECK(cudaStreamSynchronize(G.stream));
-            CUDA_CHECK(cudaFree(G.scratch[slot]));
+            tdc_free(G.scratch[slot], 0);
         }
         size_t grow = bytes + bytes / 4;
         TDC_MALLOC(&G.scratch[slot], grow, "scratch (GEMM operands, cuBLASLt workspace, attention)");
@@ -208,7 +234,7 @@ static void cuda_free(void *p)
 {
     if (!p) return;
     CUDA_CHECK(cudaStreamSynchronize(G.stream));
-    CUDA_CHECK(cudaFree(p));
+    tdc_free(p, 0);
 }
 
 static void cuda_copy(void *dst, const void *src, size_t bytes)
@@ -224,7 +250,7 @@ static void cuda_forget(void)
 {
     matmul_forget_cuda();   /* matmul.cu's fp32 copies of non-fp32 weights, keyed by host address too */
     CUDA_CHECK(cudaStreamSynchronize(G.stream));
-    for (size_t i = 0; i < G.ncache; i++) CUDA_CHECK(cudaFree(G.cache[i].dev));
+    for (size_t i = 0; i < G.ncache; i++) tdc_free(G.cache[i].dev, 0);
     G.ncache = 0;
 }
 

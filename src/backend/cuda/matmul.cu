@@ -243,7 +243,7 @@ extern "C" void matmul_forget_cuda(void)
     lt_forget();   /* plans are cheap to find again */
     if (!NWC) return;
     CUDA_CHECK(cudaStreamSynchronize(tdc_stream()));
-    for (size_t i = 0; i < NWC; i++) CUDA_CHECK(cudaFree(WC[i].dev));
+    for (size_t i = 0; i < NWC; i++) tdc_free(WC[i].dev, 0);
     NWC = 0;
 }
 
