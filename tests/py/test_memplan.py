@@ -10,7 +10,7 @@ honour; CUDASIM_PEAK=1 prints the most device memory allocated at once):
    (40 MiB with tdc_scratch's 1.25x growth) is most of both numbers; the 8B case below checks
    the other terms by hand.
 2. refusal: CUDASIM_MEM=30M: exit 1, the message names the shortfall and what helps, no run
-   file is made. With --ignore-memory-plan the first cudaMalloc that fails is one clear message,
+   file is made (tidal-logprobs too). With --ignore-memory-plan the first cudaMalloc that fails is one clear message,
    exit 1 (no abort), and the run file already created stays readable.
 3. automatic lowering: CUDASIM_MEM between the plans of --batch 2 and --batch 3 (one sequence
    per micro-batch): --batch 4 is lowered to 2 (and the micro-batch to one sequence) with a note,
@@ -113,6 +113,10 @@ if os.path.exists(out):
     except OSError:
         readable = False
 check(readable, "out of memory: the run file already made is kept and readable")
+p = subprocess.run([os.path.join(SIMBIN, "tidal-logprobs"), "--model", MODEL, "--tokens", "1,5,6,7,8", "--device", "cuda"],
+                   capture_output=True, text=True, env=dict(ENV, CUDASIM_MEM="30M"))
+check(p.returncode == 1 and "do not fit the GPU" in p.stderr and "memory plan (GPU)" in p.stderr,
+      f"tidal-logprobs at 30M: the plan printed, refused with exit 1 (rc {p.returncode})")
 
 
 # 3. automatic lowering: memory between the plans of --batch 2 and --batch 3
