@@ -45,7 +45,11 @@ int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format st
     *chunk = in.chunk;
     if (!on_gpu && !o->plan_only) return 0;   /* host memory: the CPU's own business */
     td_memplan p = {0};
-    if (on_gpu && td_device_mem_info(o->device, &p.free, &p.device_total, err)) return -1;
+    if (on_gpu && td_device_mem_info(o->device, &p.free, &p.device_total, err)) {
+        if (!o->plan_only) return -1;
+        fprintf(stderr, "tidal-diff: note: %s: the plan without the free memory\n", err->msg);
+        on_gpu = 0;   /* --plan-only on a machine without the GPU: the plan alone */
+    }
     int batch0 = in.slots, tokens0 = in.fwd_tokens, fits = 1;
     if (on_gpu && !o->ignore_memory_plan) fits = td_memplan_fit(&in, &p) == 0;
     else td_memplan_compute(&in, &p);
