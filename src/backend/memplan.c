@@ -364,7 +364,7 @@ char *td_memplan_json(const td_memplan *p, const td_memplan_in *in)
     snprintf(s, 768,
              "{\"weights\": %zu, \"weights_a_own\": %zu, \"weights_b_own\": %zu, \"kv_cache\": %zu, "
              "\"kv_cache_recipe_format\": %zu, \"activations_a\": %zu, \"activations_b\": %zu, \"workspace\": %zu, "
-             "\"total\": %zu, \"free\": %zu, \"device_total\": %zu, \"batch\": %d, \"max_len\": %d, "
+             "\"total\": %zu, \"free\": %zu, \"device_total\": %zu, \"slots\": %d, \"max_len\": %d, "
              "\"max_num_batched_tokens\": %d}",
              p->weights, p->weights_a, p->weights_b, p->kv_cache, p->kv_cache_recipe, p->acts_a, p->acts_b,
              p->workspace, p->total, p->free, p->device_total, in->slots, in->max_len, in->fwd_tokens);

@@ -168,8 +168,8 @@ int td_diff_run(const td_diff_opts *opts, td_diff_summary *sum, td_error *err)
     if (J.max_len > ctx) J.max_len = ctx;
     if (J.max_len < 2) J.max_len = 2;
 
-    int fwd_tokens, chunk;
-    if (diff_memory_plan(&J, o, cfg, storage, &fwd_tokens, &chunk, err)) goto out;
+    int fwd_tokens, chunk, slots;
+    if (diff_memory_plan(&J, o, cfg, storage, &fwd_tokens, &chunk, &slots, err)) goto out;
     if (o->plan_only) { rc = 0; goto out; }
 
     J.has_text = J.tok != NULL;   /* --resume: as the file has it (resume_output) */
@@ -182,7 +182,7 @@ int td_diff_run(const td_diff_opts *opts, td_diff_summary *sum, td_error *err)
     if (lora_report(&J, 'a', td_forward_lora_stats(J.fa), &o->recipe_a, err)) goto out;
     if (o->logprob_temperature > 0 && o->logprob_temperature != 1) td_forward_set_temperature(J.fa, (float)o->logprob_temperature);
     if (!J.prompts.has_rollouts) {
-        J.sb = td_session_create(J.model, o->batch, J.max_len, chunk, err);
+        J.sb = td_session_create(J.model, slots, J.max_len, chunk, err);
         if (!J.sb || td_session_set_recipe_lora(J.sb, &o->recipe_b, J.lora, o->lora_merge_b, err)) goto out;
         if (lora_report(&J, 'b', td_session_lora_stats(J.sb), &o->recipe_b, err)) goto out;
         J.sampler = td_sampler_create(cfg->vocab_size);

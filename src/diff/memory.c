@@ -27,10 +27,12 @@ static const char *largest(const td_memplan *p)
 }
 
 int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format storage, int *fwd_tokens,
-                     int *chunk, td_error *err)
+                     int *chunk, int *slots, td_error *err)
 {
     int gen = !J->prompts.has_rollouts;
-    int tokens = o->max_batched_tokens ? o->max_batched_tokens : J->max_len * (o->batch < 4 ? o->batch : 4);
+    /* a batch never holds more sequences than the shard has: no slot or row is made for more */
+    int most = o->batch < (int64_t)J->n_mine ? o->batch : J->n_mine > 0 ? (int)J->n_mine : 1;
+    int tokens = o->max_batched_tokens ? o->max_batched_tokens : J->max_len * (most < 4 ? most : 4);
     if (tokens < J->max_len)
         return td_fail(err, "--max-num-batched-tokens %d is below the longest sequence (%d tokens: prompt + "
                        "--max-new-tokens): the training path scores each sequence whole", tokens, J->max_len);
@@ -38,11 +40,12 @@ int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format st
     td_memplan_in in = {.cfg = cfg, .storage = storage, .a = &o->recipe_a, .b = gen ? &o->recipe_b : NULL,
                         .lora = J->lora, .lora_mode_a = o->lora_merge_a, .lora_mode_b = o->lora_merge_b,
                         .fwd_tokens = tokens, .fwd_seq_len = J->max_len, .fwd_logits_rows = 0,
-                        .slots = gen ? o->batch : 0, .max_len = J->max_len, .chunk = 128,
+                        .slots = gen ? most : 0, .max_len = J->max_len, .chunk = 128,
                         .nthreads = omp_get_max_threads()};
     if (in.chunk > tokens) in.chunk = tokens;
     *fwd_tokens = tokens;
     *chunk = in.chunk;
+    *slots = most;
     if (!on_gpu && !o->plan_only) return 0;   /* host memory: the CPU's own business */
     td_memplan p = {0};
     if (on_gpu && td_device_mem_info(o->device, &p.free, &p.device_total, err)) {
@@ -73,12 +76,13 @@ int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format st
                 "the GPU (as --max-num-batched-tokens %d; sequences are packed differently, the log-probs of a "
                 "batch-invariant recipe A do not change)\n", tokens0, in.fwd_tokens, in.fwd_tokens);
     if (gen && in.slots != batch0)
-        fprintf(stderr, "tidal-diff: note: --batch %d does not fit the GPU: lowered to --batch %d (%s)\n", batch0,
+        fprintf(stderr, "tidal-diff: note: --batch %d does not fit the GPU: lowered to --batch %d (%s)\n", o->batch,
                 in.slots, o->recipe_b.batch_invariant
                 ? "recipe B is batch-invariant: the same tokens and log-probs as --batch of any size"
                 : "recipe B is not batch-invariant: its decode GEMMs see another batch shape, so rollouts may "
                   "differ from a run with a larger batch; the run file records the batch used");
-    if (gen) o->batch = in.slots;
+    if (gen && in.slots != batch0) o->batch = in.slots;
+    *slots = gen ? in.slots : most;
     *fwd_tokens = in.fwd_tokens;
     *chunk = in.chunk;
     free(J->memory_plan);

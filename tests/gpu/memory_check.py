@@ -66,13 +66,13 @@ subprocess.run([os.path.join(B, "tidal-init"), "--preset", "llama-3.1-8b", "--dt
                check=True, capture_output=True)
 p8k = os.path.join(work, "prompts-8192.jsonl")
 with open(p8k, "w") as f:
-    for i in range(8):
+    for i in range(64):   # --batch 64 needs 64 prompts: a batch never has more slots than prompts
         f.write(json.dumps({"tokens": [r.randrange(128000) for _ in range(8192)]}) + "\n")
 for batch in ["8", "64"]:
     p = subprocess.run([os.path.join(B, "tidal-diff"), "--model", l8b, "--prompts", p8k, "--max-new-tokens", "1024",
                         "--batch", batch, "--device", "cuda", "--plan-only"], capture_output=True, text=True)
     plan = [l for l in p.stderr.splitlines() if "memory plan" in l or l.startswith("tidal-diff:   ") or "note:" in l]
-    lines += ["", f"8B, 8 x (8192 + 1024), --batch {batch}, --plan-only (exit {p.returncode}):", "```", *plan, "```"]
+    lines += ["", f"8B, 64 prompts of 8192 + 1024, --batch {batch}, --plan-only (exit {p.returncode}):", "```", *plan, "```"]
     print("\n".join(plan))
     check(p.returncode == 0, f"8B / 8K --batch {batch}: the plan fits (lowered if need be), exit 0")
 with open(os.path.join(OUT, "memory.md"), "w") as f:
