@@ -5,7 +5,7 @@ honour; CUDASIM_PEAK=1 prints the most device memory allocated at once):
 1. plan vs measured peak (and the run file's memory_peak, the backend's own count, equal to it): build/sim/bin/tidal-diff on datasets/models/add (4 prompts, 8 new
    tokens, batch 4) for fp32/fp32, bf16-train/bf16-infer, bf16-train/fp8-rollout (FP8 codes and
    the fp32 copies of the products cuBLASLt's conditions refuse: K = 192 is no multiple of 128)
-   and fp16-train/fp16-infer: the plan (the run file's memory_plan attribute) is an upper
+   and fp16-train/fp16-infer, and a LoRA (r 8) unmerged and merged into B: the plan (the run file's memory_plan attribute) is an upper
    bound of the peak and at most 10 % above it. On this tiny model cuBLASLt's 32 MiB workspace
    (40 MiB with tdc_scratch's 1.25x growth) is most of both numbers; the 8B case below checks
    the other terms by hand.
@@ -90,6 +90,23 @@ for a, b in [("fp32", "fp32"), ("bf16-train", "bf16-infer"), ("bf16-train", "fp8
     # the backend's own count of what it holds (what tests/gpu/run.sh memory compares on a GPU)
     check(own == peak and 0 < used <= peak, f"{a}/{b}: run file memory_peak {own} = the simulator's peak, "
           f"memory_used_max {used} (cudaMemGetInfo after a batch) <= it")
+
+# LoRA (tidal-init --lora-for, r 8): unmerged in both paths (each path's rounded A and B, the
+# staged LoRA scratch), and merged into B's bf16 weights (B's own copy of every adapted matrix)
+lora = os.path.join(tmp, "lora")
+subprocess.run([os.path.join(BIN, "tidal-init"), "--lora-for", MODEL, "--rank", "8", "--lora-std", "0.01", "-o", lora],
+               check=True, capture_output=True)
+for name, extra in [("unmerged", []), ("merged-b", ["--lora-merge-b"])]:
+    out = os.path.join(tmp, f"lora-{name}.h5")
+    p = diff(out, "bf16-train", "bf16-infer", "--batch", "4", "--lora", lora, *extra, peak=True)
+    m = re.search(r"cudasim: peak device memory (\d+) bytes", p.stderr)
+    if p.returncode != 0 or not m:
+        print(p.stderr)
+        check(False, f"LoRA {name}: the simulated run completes")
+        continue
+    peak, plan = int(m.group(1)), plan_attr(out)["total"]
+    check(peak <= plan <= 1.10 * peak, f"LoRA {name}, bf16 pair: plan {plan} >= peak {peak}, within 10 % "
+          f"(+{100 * (plan - peak) / peak:.1f} %)")
 
 base = plan_attr(os.path.join(tmp, "bf16-train_bf16-infer.h5"))
 L = base["max_len"]
