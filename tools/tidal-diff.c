@@ -95,6 +95,13 @@ int main(int argc, char **argv)
                  "given explicitly still win); without it tidal prints what\nthe file sets and uses the defaults above"),
         TD_OPT_I("batch", 0, &o.batch, "B", 1, 4096, "prompts decoded together (default 8); with a recipe B\n"
                  "that is not batch_invariant, B changes the rollouts (README)"),
+        TD_OPT_I("max-num-batched-tokens", 0, &o.max_batched_tokens, "N", 1, 1 << 30, "tokens of one training-path micro-batch (vLLM's\n"
+                 "max_num_batched_tokens; default: the longest sequence x\nmin(batch, 4)); with --device cuda it and then --batch are\n"
+                 "lowered to what the GPU's free memory holds (a note says so)"),
+        TD_OPT_F("plan-only", 0, &o.plan_only, 1, "print the GPU memory plan (weights, KV cache, activations,\n"
+                 "workspace vs free memory) from config.json and exit 0:\nno weights are read, no output is written"),
+        TD_OPT_F("ignore-memory-plan", 0, &o.ignore_memory_plan, 1, "--device cuda: run even when the plan says it does not\n"
+                 "fit (the plan is an upper bound)"),
         TD_OPT_F("score-prompt", 0, &o.score_prompt, 1, "also score prompt tokens"),
         TD_OPT_F("layers", 0, &o.layers, 1, "record per-layer residual error ||h_a - h_b|| / ||h_a||"),
         TD_OPT_F("no-stop-at-eos", 0, &o.stop_at_eos, 0, "always generate --max-new-tokens tokens"),
@@ -121,6 +128,7 @@ int main(int argc, char **argv)
         {0}};
     /* what users bring from vLLM (max_tokens) and HF/TRL (underscores, read by the parser) */
     td_opt_get(opts, "max-new-tokens")->aliases = "max-tokens";
+    td_opt_get(opts, "max-num-batched-tokens")->aliases = "max-batch-tokens";
     td_opt_get(opts, "top-p")->lo_open = 1;
     td_opt_get(opts, "repetition-penalty")->lo_open = 1;
     td_opt_get(opts, "logprob-temperature")->lo_open = 1;
@@ -146,7 +154,7 @@ int main(int argc, char **argv)
                           "--temperature to the training path's rows)");
     if (!o.model_dir) return td_cli_bad(&cli, "--model", NULL, "required (DIR)");
     if (!o.prompts_path) return td_cli_bad(&cli, "--prompts", NULL, "required (FILE)");
-    if (!o.out_path) return td_cli_bad(&cli, "--output", NULL, "required (-o OUT.h5)");
+    if (!o.out_path && !o.plan_only) return td_cli_bad(&cli, "--output", NULL, "required (-o OUT.h5)");
     if (o.sampling.top_k < 0) o.sampling.top_k = 0;   /* -1 = off, as vLLM and verl write it */
     if (gave_sync) {
         if (!o.lora_dir) return td_cli_bad(&cli, "--lora-sync", NULL, "needs --lora DIR");
@@ -158,7 +166,7 @@ int main(int argc, char **argv)
         o.lora_merge_b = lora_sync == 2 ? TD_LORA_PUNICA : TD_LORA_MERGED;
     }
     if ((o.lora_merge_a || o.lora_merge_b) && !o.lora_dir) return td_cli_bad(&cli, o.lora_merge_a ? "--lora-merge-a" : "--lora-merge-b", NULL, "needs --lora DIR");
-    if (!o.resume && td_make_parent_dirs(o.out_path, &err)) { fprintf(stderr, "tidal-diff: %s\n", err.msg); return 1; }
+    if (!o.resume && !o.plan_only && td_make_parent_dirs(o.out_path, &err)) { fprintf(stderr, "tidal-diff: %s\n", err.msg); return 1; }
     if (o.resume && o.force) return td_cli_bad(&cli, "--resume", NULL, "contradicts --force (--resume continues OUT, --force replaces it)");
     if (td_recipe_resolve(o.recipe_a_arg, &o.recipe_a, &err) || td_recipe_resolve(o.recipe_b_arg, &o.recipe_b, &err)) {
         fprintf(stderr, "tidal-diff: %s\n", err.msg);
@@ -210,6 +218,10 @@ int main(int argc, char **argv)
                                   s.out_untouched ? NULL : drop, s.out_untouched ? NULL : "--resume");
         }
         return *stop_requested ? TD_EXIT_STOPPED : 1;
+    }
+    if (o.plan_only) {
+        free((char *)o.command_line);
+        return 0;
     }
     if (json) {
         print_json_summary(&o, &s);

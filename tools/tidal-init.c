@@ -71,7 +71,7 @@ int main(int argc, char **argv)
     double alpha = 16, lora_std = 0.01;
     unsigned long long seed = 0;
     td_init_opts init = {0.02, -1, 0, 1.0, TD_OUTLIER_NORM};
-    int outlier_site = 0;
+    int outlier_site = 0, config_only = 0;
     const int MAXDIM = 1 << 24;
     /* shape flags take the config.json names too (--num-hidden-layers, --num_attention_heads ...) */
     td_opt opts[] = {
@@ -96,6 +96,8 @@ int main(int argc, char **argv)
         TD_OPT_I("bos-token-id", 0, &bos, "ID", -1, 0x7FFFFFFF, "beginning-of-sequence id (-1: none)"),
         TD_OPT_F("tie", 0, &tie, 1, "tie the embedding and the LM head (tie_word_embeddings)"),
         TD_OPT_F("no-tie", 0, &tie, 0, "untied LM head"),
+        TD_OPT_F("config-only", 0, &config_only, 1, "write DIR/config.json only (no weights): enough for\n"
+                 "tidal-diff --plan-only's memory plan of a large model"),
         TD_OPT_S("dtype", 0, &dtype, "f32|bf16|f16", "stored dtype (default f32)"),
         TD_OPT_D("init-std", 0, &init.std, "S", 0, 1e3, "std of GEMM weights and biases (default 0.02)"),
         TD_OPT_D("embed-std", 0, &init.embed_std, "S", 0, 1e3, "std of the embedding (default --init-std); a larger one\n"
@@ -192,6 +194,14 @@ int main(int argc, char **argv)
         return td_cli_bad(&cli, "--dtype", dtype, "f32, bf16 or f16");
     }
 
+    if (config_only) {   /* the shape alone: what a memory plan reads */
+        snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s", dt == TD_DT_BF16 ? "bfloat16" : dt == TD_DT_F16 ? "float16" : "float32");
+        char cpath[4096];
+        snprintf(cpath, sizeof cpath, "%s/config.json", out);
+        if (td_make_parent_dirs(cpath, &err) || td_config_write(cpath, &cfg, &err)) { fprintf(stderr, "tidal-init: %s\n", err.msg); return 1; }
+        fprintf(stderr, "tidal-init: wrote %s (config only: no weights)\n", cpath);
+        return 0;
+    }
     /* the command line, recorded in the checkpoint */
     if (init.embed_std < 0) init.embed_std = init.std;
     init.outlier_site = outlier_site ? TD_OUTLIER_EMBED : TD_OUTLIER_NORM;

@@ -9,10 +9,12 @@
  * and with --top-logprobs K the K most likely tokens after the last position. --recipe NAME|FILE runs
  * the structure under a precision recipe (default fp32).
  */
+#include "tidal/memplan.h"
 #include "tidal/model.h"
 #include "tidal/opts.h"
 
 #include <errno.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +76,29 @@ int main(int argc, char **argv)
         td_model_free(m);
         free(ids);
         return 1;
+    }
+    if (strncmp(device, "cuda", 4) == 0) {   /* the GPU memory plan: printed, refused when short */
+        td_memplan_in in = {.cfg = &m->cfg, .storage = td_model_weight_storage(m), .a = decode ? NULL : &recipe,
+                            .b = decode || top ? &recipe : NULL, .fwd_tokens = n, .fwd_seq_len = n, .slots = 1,
+                            .max_len = n, .nthreads = omp_get_max_threads()};
+        td_memplan p = {0};
+        if (td_device_mem_info(device, &p.free, &p.device_total, &err)) {
+            fprintf(stderr, "tidal-logprobs: %s\n", err.msg);
+            td_model_free(m);
+            free(ids);
+            return 1;
+        }
+        td_memplan_compute(&in, &p);
+        td_memplan_print(stderr, "tidal-logprobs", &p, &in);
+        if (!td_memplan_fits(&p)) {
+            fprintf(stderr, "tidal-logprobs: %zu tokens do not fit the GPU: the plan needs %.1f MiB, %s has %.1f MiB free "
+                    "(less %.1f MiB kept back): fewer tokens, or a GPU with more memory\n", (size_t)n,
+                    (double)p.total / (1 << 20), device, (double)p.free / (1 << 20),
+                    (double)td_memplan_reserve(p.free) / (1 << 20));
+            td_model_free(m);
+            free(ids);
+            return 1;
+        }
     }
     int V = m->cfg.vocab_size, rc = 0;
     float *logp = malloc((size_t)n * sizeof(float));

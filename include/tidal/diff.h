@@ -28,6 +28,11 @@ typedef struct {
     int max_new_tokens;
     uint64_t seed;
     int batch;                 /* prompts per batch (decode slots)                       */
+    int max_batched_tokens;    /* --max-num-batched-tokens: tokens of one training-path micro-
+                                  batch (0: the longest sequence x min(batch, 4)); --device cuda
+                                  lowers it, then batch, to what the memory plan fits          */
+    int plan_only;             /* print the memory plan from config.json and exit (no weights) */
+    int ignore_memory_plan;    /* run even when the plan says it does not fit                 */
     int score_prompt;          /* also score prompt tokens (positions 1..P-1)            */
     int layers;                /* record /layers/rel_err: per-layer residual error       */
     int shard_k, shard_n;      /* this run does prompts i with i % shard_n == shard_k    */

@@ -90,6 +90,10 @@ void td_model_param_f32(const td_model *m, size_t i, float *dst);
 
 void td_model_free(td_model *m);
 
+/* The storage dtype of the model's GEMM matrices as loaded: TD_BF16 / TD_F16 for a 16-bit
+ * checkpoint (mapped as it is), else TD_F32 (the device memory plan, memplan.h). */
+td_format td_model_weight_storage(const td_model *m);
+
 /* Where the model's forward runs (both paths, every tool): "cpu" (the default) or "cuda" /
  * "cuda:N" (src/backend/cuda: weights uploaded in their storage dtype on first use, GEMMs on
  * cuBLASLt, the recipes' rounding points in tidal's kernels). 0, or -1 + err: an unknown name,

@@ -2,6 +2,7 @@
  * The CUDA backend is linked in when the build found nvcc (TD_HAVE_CUDA, Makefile); without
  * it "cuda" is still a known name, and asking for it says how to get it. */
 #include "../model/ops.h"
+#include "tidal/memplan.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,8 @@
 #ifdef TD_HAVE_CUDA
 const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err);
 const char *td_cuda_backend_desc(void);
+int td_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+size_t td_cuda_mem_peak(void);
 #endif
 
 /* "cpu" -> 0 with *index -1; "cuda" / "cuda:N" -> 0 with *index N (0 for "cuda"); else -1. */
@@ -67,4 +70,30 @@ const char *td_model_device(const td_model *m)
     if (m->backend) return td_cuda_backend_desc();
 #endif
     return m->backend ? m->backend->name : "cpu";
+}
+
+int td_device_mem_info(const char *device, size_t *free_bytes, size_t *total_bytes, td_error *err)
+{
+    int index;
+    *free_bytes = *total_bytes = 0;
+    if (parse_device(device, &index) || index < 0)
+        return td_fail(err, "device '%s': no device memory to query (expected cuda or cuda:N)", device ? device : "");
+#ifdef TD_HAVE_CUDA
+    if (!td_cuda_backend_open(index, NULL, 0, err)) return -1;
+    if (td_cuda_mem_info(free_bytes, total_bytes))
+        return td_fail(err, "--device %s: cudaMemGetInfo failed", device);
+    return 0;
+#else
+    return td_fail(err, "--device %s: this tidal was built without CUDA (nvcc was not on PATH when it was built): "
+                   "rebuild with the CUDA Toolkit installed, or use --device cpu", device);
+#endif
+}
+
+size_t td_device_mem_peak(void)
+{
+#ifdef TD_HAVE_CUDA
+    return td_cuda_mem_peak();
+#else
+    return 0;
+#endif
 }

@@ -65,14 +65,17 @@ static void job_free(job *J)
     free(J->mine);
     free(J->layer_rows);
     if (J->tok) td_tokenizer_free(J->tok);
+    free(J->memory_plan);
     td_lora_free(J->lora);
     if (J->model) td_model_free(J->model);
 }
 
-int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
+int td_diff_run(const td_diff_opts *opts, td_diff_summary *sum, td_error *err)
 {
     job J;
     memset(&J, 0, sizeof J);
+    td_diff_opts eff = *opts;   /* the options as run: the memory plan may lower the batch */
+    td_diff_opts *o = &eff;
     J.o = o;
     td_columns_init(J.tcols, td_schema_tokens, TD_TOK_COUNT);
     td_columns_init(J.scols, td_schema_seqs, TD_SEQ_COUNT);
@@ -87,9 +90,9 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     if (td_sampling_check(&o->sampling, err)) goto out;
     /* fail on an unwritable output before the long work, not after it; a finished file that
      * --force replaces stays until the new run has a completed batch (take_place) */
-    J.replacing = !o->resume && o->force && access(o->out_path, F_OK) == 0;
-    snprintf(J.write_path, sizeof J.write_path, J.replacing ? "%s.new.tmp" : "%s", o->out_path);
-    if (!o->resume) {
+    J.replacing = !o->plan_only && !o->resume && o->force && access(o->out_path, F_OK) == 0;
+    snprintf(J.write_path, sizeof J.write_path, J.replacing ? "%s.new.tmp" : "%s", o->out_path ? o->out_path : "");
+    if (!o->resume && !o->plan_only) {
         if (!o->force && access(o->out_path, F_OK) == 0) {
             td_fail(err, "%s: already exists; not replacing it (use --resume to continue it, or --force to replace it)", o->out_path);
             goto out;
@@ -102,10 +105,22 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
         close(fd);
         remove(J.write_path);
     }
-    fprintf(stderr, "tidal-diff: loading %s\n", o->model_dir);
-    J.model = td_model_load_progress(o->model_dir, stderr, err);   /* progress of long work: stderr */
-    if (!J.model || td_model_set_device(J.model, o->device ? o->device : "cpu", err)) goto out;
-    const td_config *cfg = &J.model->cfg;
+    td_config cfg_only;   /* --plan-only: config.json alone, no weights */
+    const td_config *cfg;
+    td_format storage;
+    if (o->plan_only) {
+        char cpath[4096];
+        snprintf(cpath, sizeof cpath, "%s/config.json", o->model_dir);
+        if (td_config_parse(cpath, &cfg_only, err)) goto out;
+        cfg = &cfg_only;
+        storage = !strcmp(cfg->torch_dtype, "bfloat16") ? TD_BF16 : !strcmp(cfg->torch_dtype, "float16") ? TD_F16 : TD_F32;
+    } else {
+        fprintf(stderr, "tidal-diff: loading %s\n", o->model_dir);
+        J.model = td_model_load_progress(o->model_dir, stderr, err);   /* progress of long work: stderr */
+        if (!J.model || td_model_set_device(J.model, o->device ? o->device : "cpu", err)) goto out;
+        cfg = &J.model->cfg;
+        storage = td_model_weight_storage(J.model);
+    }
     if (o->lora_dir && !(J.lora = td_lora_load(o->lora_dir, cfg, err))) goto out;
     char tok_path[4096];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", o->model_dir);
@@ -153,17 +168,21 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     if (J.max_len > ctx) J.max_len = ctx;
     if (J.max_len < 2) J.max_len = 2;
 
+    int fwd_tokens, chunk, slots;
+    if (diff_memory_plan(&J, o, cfg, storage, &fwd_tokens, &chunk, &slots, err)) goto out;
+    if (o->plan_only) { rc = 0; goto out; }
+
     J.has_text = J.tok != NULL;   /* --resume: as the file has it (resume_output) */
     if (open_output(&J, err)) goto out;
     done = td_xcalloc(J.prompts.n, 1);
     if (mark_done(&J, done, err)) goto out;
 
-    J.fa = td_forward_create(J.model, J.max_len * (o->batch < 4 ? o->batch : 4), J.max_len, 0, err);
+    J.fa = td_forward_create(J.model, fwd_tokens, J.max_len, 0, err);
     if (!J.fa || td_forward_set_recipe_lora(J.fa, &o->recipe_a, J.lora, o->lora_merge_a, err)) goto out;
     if (lora_report(&J, 'a', td_forward_lora_stats(J.fa), &o->recipe_a, err)) goto out;
     if (o->logprob_temperature > 0 && o->logprob_temperature != 1) td_forward_set_temperature(J.fa, (float)o->logprob_temperature);
     if (!J.prompts.has_rollouts) {
-        J.sb = td_session_create(J.model, o->batch, J.max_len, 0, err);
+        J.sb = td_session_create(J.model, slots, J.max_len, chunk, err);
         if (!J.sb || td_session_set_recipe_lora(J.sb, &o->recipe_b, J.lora, o->lora_merge_b, err)) goto out;
         if (lora_report(&J, 'b', td_session_lora_stats(J.sb), &o->recipe_b, err)) goto out;
         J.sampler = td_sampler_create(cfg->vocab_size);
@@ -191,6 +210,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
         }
         if (run_batch(&J, (int64_t)bi, J.mine + i0, (int)n, err)) goto out;
         if (commit_batch(&J, (int64_t)bi, err)) goto out;
+        diff_memory_sample(&J);
         ran++;
         double el = difftime(time(NULL), w0);
         fprintf(stderr, "%stidal-diff: batch %zu/%zu  sequences %lld  tokens %lld  %.0f s%s", tty ? "\r" : "", bi + 1,
@@ -199,6 +219,7 @@ int td_diff_run(const td_diff_opts *o, td_diff_summary *sum, td_error *err)
     clock_gettime(CLOCK_MONOTONIC, &ts1);
     if (tty && nbatches) fprintf(stderr, "\n");
     if (skipped) fprintf(stderr, "tidal-diff: resumed: %zu batches were already complete\n", skipped);
+    if (diff_memory_record(&J, err)) goto out;
     if (td_runfile_close(J.rf, err)) { J.rf = NULL; goto out; }
     J.rf = NULL;
     if (take_place(&J, 0, err)) goto out;   /* a run with no batch to do */

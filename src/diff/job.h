@@ -58,6 +58,9 @@ typedef struct {
     td_forward *fa;
     td_session *sb;
     td_lora *lora;           /* --lora adapter, or NULL */
+    char *memory_plan;       /* the device memory plan as JSON (run file attribute), or NULL */
+    size_t mem_free0, mem_free_min;  /* --device cuda: cudaMemGetInfo's free memory at the plan,
+                                        and the least seen after a batch                     */
     td_sampler *sampler;
     td_runfile *rf;
     int max_len;             /* longest prompt + max_new_tokens (context-bounded) */
@@ -102,5 +105,17 @@ void model_fingerprint(const char *dir, char out[32]);
 
 /* lora_report.c */
 int lora_report(job *J, char path, td_lora_merge_stats st, const td_recipe *r, td_error *err);
+
+/* memory.c: the device memory plan before the paths are created: prints it, lowers o->batch and
+ * the training path's micro-batch (*fwd_tokens; *chunk the prefill chunk; *slots the session's
+ * slots: the batch, at most the shard's prompts) to what the GPU holds,
+ * records it in J->memory_plan; -1 + err (the numbers, what helps) when one sequence does not fit. */
+int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format storage, int *fwd_tokens,
+                     int *chunk, int *slots, td_error *err);
+/* After a batch: cudaMemGetInfo's free memory sampled (its least value kept). At the end: the
+ * run file's memory_peak (td_device_mem_peak) and memory_used_max (free at the plan less the
+ * least free seen) attributes, and a line on stderr. Nothing on the CPU. */
+void diff_memory_sample(job *J);
+int diff_memory_record(job *J, td_error *err);
 
 #endif

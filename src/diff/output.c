@@ -52,7 +52,8 @@ static int write_attributes(job *J, const char *const *keys, const char *const *
     char eos[16 * TD_CONFIG_MAX_EOS];
     eos_json(J, eos, sizeof eos);
     if (td_runfile_set_str(J->rf, "eos_token_ids", eos, err) ||
-        td_runfile_set_str(J->rf, "config_unknown_keys", J->model->cfg.unknown_keys, err))
+        td_runfile_set_str(J->rf, "config_unknown_keys", J->model->cfg.unknown_keys, err) ||
+        (J->memory_plan && td_runfile_set_str(J->rf, "memory_plan", J->memory_plan, err)))
         goto done;
     /* a replay: where the engine's log-probs came from, and what they are (raw log-softmax, or
      * after the engine's temperature / top-p / top-k: --rollout-logprobs) */

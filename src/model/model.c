@@ -109,3 +109,11 @@ void td_model_free(td_model *m)
     if (m->ck) td_checkpoint_close(m->ck);   /* the maps the mapped tensors point into */
     free(m);
 }
+
+td_format td_model_weight_storage(const td_model *m)
+{
+    /* a loaded 16-bit checkpoint keeps its matrices in their dtype (load.c); norms are fp32 */
+    for (size_t i = 0; m->store && i < m->store->n; i++)
+        if (m->store->t[i].dtype == TD_BF16 || m->store->t[i].dtype == TD_F16) return m->store->t[i].dtype;
+    return TD_F32;
+}

@@ -35,6 +35,7 @@ struct Alloc {
 std::mutex mu;             /* guards everything below */
 std::map<uintptr_t, Alloc> allocs;
 size_t device_bytes;       /* device + managed bytes in use */
+size_t device_peak;        /* the most device_bytes has been (CUDASIM_PEAK=1 prints it at exit) */
 std::set<cudaStream_t> streams;
 std::set<cudaEvent_t> events;
 std::map<const void *, int> max_dyn_smem;   /* cudaFuncAttributeMaxDynamicSharedMemorySize */
@@ -183,7 +184,16 @@ cudaError_t allocate(void **p, size_t size, cudaMemoryType type)
         abort();
     }
     allocs[(uintptr_t)m] = Alloc{size, type, true, mapped};
-    if (type != cudaMemoryTypeHost) device_bytes += size;
+    if (type != cudaMemoryTypeHost) {
+        device_bytes += size;
+        if (device_bytes > device_peak) device_peak = device_bytes;
+        static bool reported;
+        if (!reported) {   /* the peak on stderr at exit: tests compare the memory plan with it */
+            reported = true;
+            const char *e = getenv("CUDASIM_PEAK");
+            if (e && !strcmp(e, "1")) atexit([] { fprintf(stderr, "cudasim: peak device memory %zu bytes\n", device_peak); });
+        }
+    }
     *p = m;
     return cudaSuccess;
 }
@@ -474,6 +484,12 @@ cudaError_t cudaRuntimeGetVersion(int *v)
     if (!v) return set_error(cudaErrorInvalidValue);
     *v = CUDART_VERSION;
     return cudaSuccess;
+}
+
+size_t cudasim_peak_bytes(void)
+{
+    std::lock_guard<std::mutex> lock(mu);
+    return device_peak;
 }
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)

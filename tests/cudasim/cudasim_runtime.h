@@ -14,7 +14,9 @@
  * every device call return cudaErrorNoDevice), CUDASIM_NO_DRIVER=1 (no driver: calls return
  * cudaErrorInsufficientDriver, cudaDriverGetVersion gives 0, as libcudart does without one),
  * CUDASIM_MEM=bytes[K|M|G] (the device's totalGlobalMem; default 80G; cudaMalloc beyond it
- * returns cudaErrorMemoryAllocation). */
+ * returns cudaErrorMemoryAllocation; cudaMemGetInfo reports it less what is allocated),
+ * CUDASIM_PEAK=1 (at exit, "cudasim: peak device memory N bytes" on stderr: the most device and
+ * managed memory allocated at once; cudasim_peak_bytes() gives it to a test). */
 #ifndef TIDAL_CUDASIM_RUNTIME_H
 #define TIDAL_CUDASIM_RUNTIME_H
 
@@ -166,6 +168,7 @@ cudaError_t cudaDeviceReset(void);
 cudaError_t cudaDriverGetVersion(int *driverVersion);
 cudaError_t cudaRuntimeGetVersion(int *runtimeVersion);
 cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
+size_t cudasim_peak_bytes(void);   /* the most device + managed bytes allocated at once */
 
 /* memory */
 cudaError_t cudaMalloc(void **devPtr, size_t size);

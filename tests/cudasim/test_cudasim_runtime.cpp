@@ -158,6 +158,33 @@ static void test_copies_and_memset(void **state)
     cudaFree(dev);
 }
 
+/* CUDASIM_MEM sets the device's memory: cudaMalloc past it fails, cudaMemGetInfo reports it less
+ * what is allocated; cudasim_peak_bytes is the most allocated at once (the memory plan's test) */
+static void test_memory_size_and_peak(void **state)
+{
+    (void)state;
+    setenv("CUDASIM_MEM", "8M", 1);
+    size_t free_b = 0, total = 0, base = cudasim_peak_bytes();
+    assert_int_equal(cudaMemGetInfo(&free_b, &total), cudaSuccess);
+    assert_int_equal(total, (size_t)8 << 20);
+    void *a = nullptr, *b = nullptr, *c = nullptr;
+    assert_int_equal(cudaMalloc(&a, (size_t)3 << 20), cudaSuccess);
+    assert_int_equal(cudaMalloc(&b, (size_t)4 << 20), cudaSuccess);
+    size_t free2 = 0;
+    assert_int_equal(cudaMemGetInfo(&free2, &total), cudaSuccess);
+    assert_int_equal(free_b - free2, (size_t)7 << 20);
+    assert_int_equal(cudaMalloc(&c, (size_t)2 << 20), cudaErrorMemoryAllocation);   /* 9M > 8M */
+    cudaGetLastError();
+    assert_int_equal(cudaFree(b), cudaSuccess);
+    assert_int_equal(cudaMallocAsync(&c, (size_t)2 << 20, nullptr), cudaSuccess);   /* 5M now */
+    size_t peak = cudasim_peak_bytes();
+    assert_true(peak >= ((size_t)7 << 20) && peak >= base);
+    assert_int_equal(cudaFree(a), cudaSuccess);
+    assert_int_equal(cudaFreeAsync(c, nullptr), cudaSuccess);
+    assert_int_equal(cudasim_peak_bytes(), peak);   /* a peak stays */
+    unsetenv("CUDASIM_MEM");
+}
+
 static void test_streams_events(void **state)
 {
     cudaStream_t s;
@@ -240,6 +267,7 @@ int main(void)
         cmocka_unit_test(test_device_properties),
         cmocka_unit_test(test_pointer_attributes),
         cmocka_unit_test(test_copies_and_memset),
+        cmocka_unit_test(test_memory_size_and_peak),
         cmocka_unit_test(test_streams_events),
         cmocka_unit_test(test_error_texts),
         cmocka_unit_test(test_device_guard),

@@ -14,6 +14,9 @@
 #               transformers)
 #   fidelity    reports/gpu/fidelity.sh small (trained add model, Qwen2.5-0.5B-shaped random)
 #   fidelity-8b reports/gpu/fidelity.sh 8b (Llama-3-8B-shaped random; writes a 16 GB checkpoint)
+#   memory      tests/gpu/memory_check.py: the memory plan against what the backend held
+#               (memory_peak) and what cudaMemGetInfo saw, Qwen2.5-0.5B-shaped, 8 x (1024 + 64);
+#               the 8B / 8K plan on this GPU ($OUT/memory.md; about a minute)
 #
 # Each stage's log goes to $OUT/STAGE.log; the exit status is 1 if any stage failed.
 set -u
@@ -39,10 +42,11 @@ stage() {
     bench) bash tests/bench/gpu.sh ;;
     fidelity) bash reports/gpu/fidelity.sh small ;;
     fidelity-8b) bash reports/gpu/fidelity.sh 8b ;;
-    *) echo "run.sh: unknown stage '$1' (build, check, bench, fidelity, fidelity-8b)" >&2; return 2 ;;
+    memory) "$PY" tests/gpu/memory_check.py ;;
+    *) echo "run.sh: unknown stage '$1' (build, check, bench, fidelity, fidelity-8b, memory)" >&2; return 2 ;;
   esac
 }
-[ $# -gt 0 ] || set -- build check bench fidelity
+[ $# -gt 0 ] || set -- build check bench fidelity memory
 nvidia-smi -L 2>/dev/null | head -n1 || echo "run.sh: no NVIDIA GPU here (nvidia-smi -L failed)"
 for s in "$@"; do
   echo "### $s" >&2

@@ -19,6 +19,8 @@
 
 #include <omp.h>
 
+#include <unordered_map>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,8 +45,8 @@ static const char *hint_for(cudaError_t e)
 {
     switch (e) {
     case cudaErrorMemoryAllocation:
-        return "the GPU is out of memory: lower --max-num-batched-tokens / --max-num-seqs, or use a "
-               "GPU with more memory";
+        return "the GPU is out of memory: lower --batch or --max-num-batched-tokens (tidal-diff prints its "
+               "memory plan before the run), or use a GPU with more memory";
     case cudaErrorNoDevice:
     case cudaErrorInsufficientDriver:
         return "no usable NVIDIA GPU or driver on this machine: run without --device cuda";
@@ -66,6 +68,56 @@ void tdc_check_cuda(cudaError_t e, const char *what, const char *file, int line)
     fprintf(stderr, "tidal: CUDA error at %s:%d: %s: %s (%s)\n  hint: %s\n", file, line, what,
             cudaGetErrorString(e), cudaGetErrorName(e), hint_for(e));
     exit(1);
+}
+
+/* cudaMalloc / cudaMallocAsync that never crashes on out-of-memory: the failure becomes one
+ * message with the bytes asked for, what they were for, and the device's free memory, then
+ * exit(1) (HDF5 closes open run files at exit: every batch committed so far stays readable and
+ * tidal-diff --resume continues it). */
+/* What tidal holds on the device: every tdc_malloc'd block by address, their sum and its peak
+ * (td_cuda_mem_peak: run files record it beside the memory plan). */
+static std::unordered_map<void *, size_t> held;
+static size_t held_bytes, held_peak;
+
+void tdc_malloc(void **p, size_t bytes, int async, const char *what, const char *file, int line)
+{
+    if (!bytes) bytes = 1;
+    cudaError_t e = async ? cudaMallocAsync(p, bytes, G.stream) : cudaMalloc(p, bytes);
+    if (e == cudaSuccess) {
+        held[*p] = bytes;
+        held_bytes += bytes;
+        if (held_bytes > held_peak) held_peak = held_bytes;
+        return;
+    }
+    if (e != cudaErrorMemoryAllocation) tdc_check_cuda(e, async ? "cudaMallocAsync" : "cudaMalloc", file, line);
+    (void)cudaGetLastError();
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) { (void)cudaGetLastError(); fr = tot = 0; }
+    fprintf(stderr, "tidal: the GPU ran out of memory: %.1f MiB for %s could not be allocated (%s:%d; %.1f MiB "
+            "free of %.1f MiB)\n  hint: %s; a run file keeps every batch completed so far (tidal-diff --resume "
+            "continues it)\n", (double)bytes / (1 << 20), what, file, line, (double)fr / (1 << 20),
+            (double)tot / (1 << 20), hint_for(cudaErrorMemoryAllocation));
+    exit(1);
+}
+
+void tdc_free(void *p, int async)
+{
+    if (!p) return;
+    auto it = held.find(p);
+    if (it != held.end()) {
+        held_bytes -= it->second;
+        held.erase(it);
+    }
+    CUDA_CHECK(async ? cudaFreeAsync(p, G.stream) : cudaFree(p));
+}
+
+extern "C" size_t td_cuda_mem_peak(void) { return held_peak; }
+
+extern "C" int td_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    if (cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess) return 0;
+    (void)cudaGetLastError();
+    return -1;
 }
 
 cudaStream_t tdc_stream(void) { return G.stream; }
@@ -100,7 +152,7 @@ const void *tdc_const(const void *p, size_t bytes)
         if (!G.cache) { fprintf(stderr, "tidal: out of host memory\n"); exit(1); }
     }
     char *d = NULL;
-    CUDA_CHECK(cudaMalloc((void **)&d, bytes ? bytes : 1));
+    TDC_MALLOC((void **)&d, bytes, "a weight's device copy");
     CUDA_CHECK(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, G.stream));
     G.cache[G.ncache++] = centry{h, bytes, d};
     return d;
@@ -114,7 +166,7 @@ static void *stage_buf(void *host, size_t bytes, int copy_in, int out)
         if (!G.staged) { fprintf(stderr, "tidal: out of host memory\n"); exit(1); }
     }
     void *d = NULL;
-    CUDA_CHECK(cudaMallocAsync(&d, bytes ? bytes : 1, G.stream));
+    tdc_malloc(&d, bytes, 1, "an op's staging buffer", __FILE__, __LINE__);
     if (copy_in) CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, G.stream));
     G.staged[G.nstaged++] = stage{host, d, bytes, out};
     return d;
@@ -141,7 +193,7 @@ void tdc_done(void)
             CUDA_CHECK(cudaMemcpyAsync(s->host, s->dev, s->bytes, cudaMemcpyDeviceToHost, G.stream));
             any_out = 1;
         }
-        CUDA_CHECK(cudaFreeAsync(s->dev, G.stream));
+        tdc_free(s->dev, 1);
     }
     G.nstaged = 0;
     if (any_out) CUDA_CHECK(cudaStreamSynchronize(G.stream));
@@ -153,10 +205,10 @@ void *tdc_scratch(int slot, size_t bytes)
     if (bytes > G.scratch_bytes[slot]) {
         if (G.scratch[slot]) {
             CUDA_CHECK(cudaStreamSynchronize(G.stream));
-            CUDA_CHECK(cudaFree(G.scratch[slot]));
+            tdc_free(G.scratch[slot], 0);
         }
         size_t grow = bytes + bytes / 4;
-        CUDA_CHECK(cudaMalloc(&G.scratch[slot], grow));
+        TDC_MALLOC(&G.scratch[slot], grow, "scratch (GEMM operands, cuBLASLt workspace, attention)");
         G.scratch_bytes[slot] = grow;
     }
     return G.scratch[slot];
@@ -174,7 +226,7 @@ static void cuda_init(td_ops *ctx)
 static void *cuda_alloc(size_t bytes)
 {
     void *p = NULL;
-    CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+    TDC_MALLOC(&p, bytes, "activations / KV cache / logits");
     return p;
 }
 
@@ -182,7 +234,7 @@ static void cuda_free(void *p)
 {
     if (!p) return;
     CUDA_CHECK(cudaStreamSynchronize(G.stream));
-    CUDA_CHECK(cudaFree(p));
+    tdc_free(p, 0);
 }
 
 static void cuda_copy(void *dst, const void *src, size_t bytes)
@@ -204,7 +256,7 @@ static void cuda_forget(void)
 {
     matmul_forget_cuda();   /* matmul.cu's fp32 copies of non-fp32 weights, keyed by host address too */
     CUDA_CHECK(cudaStreamSynchronize(G.stream));
-    for (size_t i = 0; i < G.ncache; i++) CUDA_CHECK(cudaFree(G.cache[i].dev));
+    for (size_t i = 0; i < G.ncache; i++) tdc_free(G.cache[i].dev, 0);
     G.ncache = 0;
 }
 

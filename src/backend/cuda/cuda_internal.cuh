@@ -55,6 +55,10 @@ extern "C" {
 #define CUDA_CHECK(call) tdc_check_cuda((call), #call, __FILE__, __LINE__)
 #define CUDA_CHECK_LAUNCH() tdc_check_cuda(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
 void tdc_check_cuda(cudaError_t e, const char *what, const char *file, int line);
+/* Device allocations: out of memory is a clear message (bytes, purpose, free memory) and exit 1. */
+void tdc_malloc(void **p, size_t bytes, int async, const char *what, const char *file, int line);
+void tdc_free(void *p, int async);   /* a tdc_malloc'd block (cudaFree / cudaFreeAsync) */
+#define TDC_MALLOC(pp, bytes, what) tdc_malloc((void **)(pp), (bytes), 0, (what), __FILE__, __LINE__)
 
 /* ---- memory: host or device pointers at the seam (backend.cu) -------------------------------
  * The model code hands the ops pointers from be->alloc (device memory, cudaMalloc) and pointers

@@ -225,7 +225,7 @@ static const float *widened(const td_wmat *w, int rows, int cols)
     if (w->dtype == TD_E4M3 || w->dtype == TD_E5M2)
         sc = (const float *)tdc_const(w->scale, (size_t)((rows + w->sr - 1) / w->sr) * w->nbc * sizeof(float));
     float *dst = NULL;
-    CUDA_CHECK(cudaMalloc((void **)&dst, n * sizeof(float)));
+    TDC_MALLOC(&dst, n * sizeof(float), "an fp32 copy of a weight (fp32 GEMM operand)");
     TD_LAUNCH(widen_kernel, nblk(n), TPB, 0, tdc_stream(), src, (int)w->dtype, sc, w->sr, w->sc, w->nbc,
               rows, cols, dst);
     CUDA_CHECK_LAUNCH();
@@ -243,7 +243,7 @@ extern "C" void matmul_forget_cuda(void)
     lt_forget();   /* plans are cheap to find again */
     if (!NWC) return;
     CUDA_CHECK(cudaStreamSynchronize(tdc_stream()));
-    for (size_t i = 0; i < NWC; i++) CUDA_CHECK(cudaFree(WC[i].dev));
+    for (size_t i = 0; i < NWC; i++) tdc_free(WC[i].dev, 0);
     NWC = 0;
 }
 

@@ -1,0 +1,93 @@
+/* tidal — the device memory plan of a run (src/backend/memplan.c): what a diff or a scoring
+ * run will hold on the GPU, computed before anything is allocated, from the configuration, the
+ * checkpoint's storage dtype, both recipes and the shapes the paths are created with:
+ *
+ *   weights     the GEMM matrices as the CUDA backend keeps them (tdc_const: the prepared
+ *               td_wmat's storage, once per host copy; matmul.cu's fp32 widened copies where a
+ *               recipe multiplies in fp32), both recipes, copies they share counted once; norms,
+ *               biases, inv_freq; an unmerged LoRA's rounded A and B
+ *   kv_cache    the inference path's cache, as td_session_create allocates it (fp32 today);
+ *               kv_cache_recipe: what the recipe's kv format would take
+ *   acts        td_acts of each path (acts_alloc, forward only) and its logits rows
+ *   workspace   the backend's grow-only scratch slots (their 1.25x growth included), cuBLASLt's
+ *               32 MiB workspace, split-KV attention partials, and the largest per-op staging
+ *               (host rows copied in: the embedding gather, decode logits)
+ *
+ * The plan is an upper bound of the peak the backend allocates (tests/py/test_memplan.py checks
+ * it against the simulator's measured peak). Dimension letters as in config.h. */
+#ifndef TIDAL_MEMPLAN_H
+#define TIDAL_MEMPLAN_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "tidal/common.h"
+#include "tidal/config.h"
+#include "tidal/lora.h"
+#include "tidal/recipe.h"
+
+TD_BEGIN_DECLS
+
+typedef struct {
+    const td_config *cfg;
+    td_format storage;         /* the checkpoint's GEMM matrices: TD_F32, TD_BF16 or TD_F16      */
+    const td_recipe *a;        /* training path (td_forward), NULL: none                         */
+    const td_recipe *b;        /* inference path (td_session), NULL: none                        */
+    const td_lora *lora;       /* adapter of both paths (NULL: none), and how each path runs it  */
+    int lora_mode_a, lora_mode_b;   /* TD_LORA_UNMERGED / MERGED / PUNICA (lora.h)                */
+    int fwd_tokens, fwd_seq_len, fwd_logits_rows;   /* td_forward_create's arguments             */
+    int slots, max_len, chunk;                      /* td_session_create's arguments            */
+    int nthreads;              /* the backend's ops context (omp_get_max_threads())              */
+} td_memplan_in;
+
+typedef struct {
+    size_t weights;            /* A and B together, shared copies once                           */
+    size_t weights_a, weights_b;    /* each path's own share (copies only it holds)              */
+    size_t kv_cache;           /* as allocated                                                   */
+    size_t kv_cache_recipe;    /* in recipe B's kv format (what an engine holds)                 */
+    size_t acts_a, acts_b;     /* activations + logits rows of each path                         */
+    size_t workspace;
+    size_t total;
+    size_t free, device_total; /* cudaMemGetInfo when the device is open, else 0                 */
+} td_memplan;
+
+/* Bytes of K and V of one token in one layer, as the inference path's cache holds them:
+ * 2 * NKV * HD * bytes of an element. as_allocated != 0: what td_session_create allocates
+ * today (fp32 elements whatever the recipe); 0: the recipe's kv format (bf16/fp16 2 bytes,
+ * fp8 1 byte). ONE place for the KV cache's size: when the device cache moves to the recipe's
+ * format (kv_write_cuda, the session's allocation), change the as_allocated branch here and the
+ * plan follows. */
+size_t td_memplan_kv_bytes(const td_config *c, const td_recipe *b, int as_allocated);
+
+/* Computes the plan (free/device_total left 0: set them from td_device_mem_info). */
+void td_memplan_compute(const td_memplan_in *in, td_memplan *p);
+
+/* The bytes kept back from the free memory (fragmentation, the driver's own): free / 64. */
+size_t td_memplan_reserve(size_t free_bytes);
+
+/* Whether the plan fits the free memory less the reserve. */
+int td_memplan_fits(const td_memplan *p);
+
+/* Lowers in->fwd_tokens (not below fwd_seq_len: a sequence is scored whole) and in->slots (not
+ * below 1), in that order, until the plan fits p->free; in->chunk follows fwd_tokens when it
+ * was larger. Returns 0 when it fits (possibly lowered), -1 when even one sequence does not:
+ * then *p is the plan of one slot and one sequence. p->free must be set. */
+int td_memplan_fit(td_memplan_in *in, td_memplan *p);
+
+/* The plan as one compact table on f, lines prefixed by `tool`. */
+void td_memplan_print(FILE *f, const char *tool, const td_memplan *p, const td_memplan_in *in);
+
+/* The plan as a JSON object (caller frees): recorded in run files (attribute memory_plan). */
+char *td_memplan_json(const td_memplan *p, const td_memplan_in *in);
+
+/* Free and total bytes of the device named ("cuda", "cuda:N"; opens it as td_model_set_device
+ * does). 0, or -1 + err (no CUDA build, no GPU). src/backend/device.c. */
+int td_device_mem_info(const char *device, size_t *free_bytes, size_t *total_bytes, td_error *err);
+
+/* The most device memory tidal's CUDA backend has held at once in this process (every cudaMalloc
+ * and cudaMallocAsync it made, less what it freed): what the plan bounds. 0 without CUDA. */
+size_t td_device_mem_peak(void);
+
+TD_END_DECLS
+
+#endif

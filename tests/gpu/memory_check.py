@@ -1,0 +1,80 @@
+"""The memory plan against a real GPU (tests/gpu/run.sh memory; the simulator's version is
+tests/py/test_memplan.py). On the Qwen2.5-0.5B-shaped random bf16 checkpoint that
+reports/gpu/fidelity.sh small writes ($BUILD/gpu/qwen2.5-0.5b-bf16, made here if absent),
+8 prompts of 1024 random tokens + 64 generated, --batch 8, for bf16-train/bf16-infer and
+bf16-train/fp8-rollout:
+  - the run completes, and its run file's memory_peak (every cudaMalloc / cudaMallocAsync the
+    backend made, less what it freed) is at most the plan's total, the plan at most 15 % above;
+  - memory_used_max (cudaMemGetInfo's free memory at the plan less its least value after a
+    batch: what the driver really gave, allocation rounding and cuBLASLt's own memory included)
+    is printed beside them, and must stay under plan + 5 % + 256 MiB (the context is already
+    open when the plan reads the free memory);
+  - with the free memory the GPU has now, --plan-only of the Llama-3.1-8B 8 x (8192 + 1024)
+    case is printed (tidal-init --config-only) and the same plan with --batch 64 is lowered.
+Figures go to $OUT/memory.md. Exit 0 pass, 1 fail."""
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+
+import h5py
+
+BUILD = os.environ.get("BUILD", "build")
+OUT = os.environ.get("OUT", "out/gpu")
+B = os.path.join(BUILD, "bin")
+Q = os.path.join(BUILD, "gpu", "qwen2.5-0.5b-bf16")
+work = os.path.join(OUT, "memory")
+os.makedirs(work, exist_ok=True)
+fails, lines = [], ["# The memory plan on a real GPU (tests/gpu/memory_check.py)", ""]
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    lines.append(("- ok " if cond else "- FAIL ") + what)
+    if not cond:
+        fails.append(what)
+
+
+if not os.path.exists(os.path.join(Q, "config.json")):
+    subprocess.run([os.path.join(B, "tidal-init"), "--preset", "qwen2.5-0.5b", "--dtype", "bf16", "--seed", "1",
+                    "-o", Q], check=True, capture_output=True)
+prompts = os.path.join(work, "prompts-1024.jsonl")
+r = random.Random(1)
+with open(prompts, "w") as f:
+    for _ in range(8):
+        f.write(json.dumps({"tokens": [r.randrange(151000) for _ in range(1024)]}) + "\n")
+for a, b in [("bf16-train", "bf16-infer"), ("bf16-train", "fp8-rollout")]:
+    out = os.path.join(work, f"{a}_{b}.h5")
+    p = subprocess.run([os.path.join(B, "tidal-diff"), "--model", Q, "--prompts", prompts, "-o", out, "--force",
+                        "--recipe-a", a, "--recipe-b", b, "--device", "cuda", "--max-new-tokens", "64", "--batch", "8",
+                        "--seed", "1"], capture_output=True, text=True)
+    print(p.stderr[-3000:])
+    if p.returncode != 0:
+        check(False, f"{a}/{b}: the run completes (exit {p.returncode})")
+        continue
+    with h5py.File(out, "r") as f:
+        plan = json.loads(f.attrs["memory_plan"])
+        peak, used = int(f.attrs["memory_peak"]), int(f.attrs["memory_used_max"])
+    tot = plan["total"]
+    check(peak <= tot <= 1.15 * peak, f"{a}/{b}: plan {tot / 2**30:.3f} GiB >= tidal's peak {peak / 2**30:.3f} GiB, "
+          f"within 15 % (+{100 * (tot - peak) / max(peak, 1):.1f} %)")
+    check(used <= 1.05 * tot + (256 << 20), f"{a}/{b}: cudaMemGetInfo's use {used / 2**30:.3f} GiB <= plan + 5 % + 256 MiB")
+l8b = os.path.join(work, "llama-3.1-8b-config")
+subprocess.run([os.path.join(B, "tidal-init"), "--preset", "llama-3.1-8b", "--dtype", "bf16", "--config-only", "-o", l8b],
+               check=True, capture_output=True)
+p8k = os.path.join(work, "prompts-8192.jsonl")
+with open(p8k, "w") as f:
+    for i in range(64):   # --batch 64 needs 64 prompts: a batch never has more slots than prompts
+        f.write(json.dumps({"tokens": [r.randrange(128000) for _ in range(8192)]}) + "\n")
+for batch in ["8", "64"]:
+    p = subprocess.run([os.path.join(B, "tidal-diff"), "--model", l8b, "--prompts", p8k, "--max-new-tokens", "1024",
+                        "--batch", batch, "--device", "cuda", "--plan-only"], capture_output=True, text=True)
+    plan = [l for l in p.stderr.splitlines() if "memory plan" in l or l.startswith("tidal-diff:   ") or "note:" in l]
+    lines += ["", f"8B, 64 prompts of 8192 + 1024, --batch {batch}, --plan-only (exit {p.returncode}):", "```", *plan, "```"]
+    print("\n".join(plan))
+    check(p.returncode == 0, f"8B / 8K --batch {batch}: the plan fits (lowered if need be), exit 0")
+with open(os.path.join(OUT, "memory.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+sys.exit(1 if fails else 0)
