@@ -364,6 +364,21 @@ static void logsoftmax_cpu(const td_ops *ctx, float *x, int N, int V)
 static void *cpu_alloc(size_t bytes) { return td_xmalloc(bytes ? bytes : 1); }
 static void cpu_free(void *p) { free(p); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { if (dst != src) memcpy(dst, src, bytes); }
+static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+
+/* ops.h logprob_gather: each row's target log-prob and its first largest column */
+static void logprob_gather_cpu(const td_ops *ctx, float *tlogp, int *top1, const float *logp,
+                               const int *target, int N, int V)
+{
+    (void)ctx;
+    for (int i = 0; i < N; i++) {
+        const float *row = logp + (size_t)i * V;
+        int best = 0;
+        for (int v = 1; v < V; v++) best = row[v] > row[best] ? v : best;
+        tlogp[i] = row[target[i]];
+        top1[i] = best;
+    }
+}
 
 const td_backend td_backend_cpu = {
     .name = "cpu",
@@ -372,6 +387,7 @@ const td_backend td_backend_cpu = {
     .free = cpu_free,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .zero = cpu_zero,
     .embedding_forward = embedding_forward_ref,   /* a gather: nothing to round */
     .rmsnorm_forward = rmsnorm_cpu,
     .matmul_forward = matmul_cpu,
@@ -382,6 +398,7 @@ const td_backend td_backend_cpu = {
     .residual_forward = residual_cpu,
     .scale_forward = scale_cpu,
     .logsoftmax_forward = logsoftmax_cpu,
+    .logprob_gather = logprob_gather_cpu,
     /* the backward (cpu_backward.c) */
     .embedding_backward = embedding_backward_cpu,
     .rmsnorm_backward = rmsnorm_backward_cpu,

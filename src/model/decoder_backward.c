@@ -57,7 +57,6 @@ void grad_acts_free(td_grad_acts *g)
     memset(g, 0, sizeof *g);
 }
 
-static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
 
 void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td_grad_acts *ga,
                       td_model_weights *grads, const lora_grad *lg, const int *tokens,
@@ -69,6 +68,7 @@ void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td
     const td_model_weights *W = ops->w ? ops->w : &m->w;
     size_t nC = (size_t)N * C, nF = (size_t)N * F, nQ = (size_t)N * QD, nK = (size_t)N * KVD;
     float *dx = ga->dx, *dxn = ga->dxn;
+#define zero(p, n) ops->be->zero((p), (size_t)(n) * sizeof(float))   /* the backend's buffers */
 
     /* the final norm: dxn holds the gradient of its output (the lm_head's input) */
     zero(dx, nC);
@@ -125,4 +125,5 @@ void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td
         rmsnorm_backward(ops, dx, G(gw->attn_norm), dxn, la.x_in, w->attn_norm, la.rstd1, N, C);
     }
     if (grads->embed) embedding_backward(ops, G(grads->embed), dx, tokens, N, C);
+#undef zero
 }

@@ -111,9 +111,11 @@ void lora_backward(const td_ops *ops, int layer, int module, float *dx, const fl
     float *t = scratch, *dt = scratch + nr, *du = scratch + 2 * nr;
     td_wmat a = td_wmat_f32(p->a);
     matmul_forward(&lo, t, x, &a, NULL, N, p->in, r);            /* t = D(A x), as the forward */
-    memcpy(du, dy, nout * sizeof(float));
-    scale_forward(ops, du, rt->scale, nout);                      /* du = D(scale dy)           */
-    memset(dt, 0, nr * sizeof(float));
+    /* du = D(scale dy): a copy of dy in the backend's memory (be->upload copies between two
+     * of its buffers too: memcpy on the CPU, cudaMemcpyDefault on CUDA), scaled in place */
+    ops->be->upload(du, dy, nout * sizeof(float));
+    scale_forward(ops, du, rt->scale, nout);
+    ops->be->zero(dt, nr * sizeof(float));
     matmul_backward(&lo, dt, g->db, NULL, du, t, p->b, N, r, p->out);
     matmul_backward(&lo, dx, g->da, NULL, dt, x, p->a, N, p->in, r);
 }

@@ -107,6 +107,7 @@ struct td_backend {
     void (*free)(void *p);
     void (*upload)(void *dst, const void *src, size_t bytes);     /* host -> backend buffer */
     void (*download)(void *dst, const void *src, size_t bytes);   /* backend buffer -> host */
+    void (*zero)(void *p, size_t bytes);                          /* memset 0 of a buffer  */
 
     void (*embedding_forward)(const td_ops *ctx, float *out, const int *tokens,
                               const td_wmat *embed, int N, int C);
@@ -128,6 +129,8 @@ struct td_backend {
                              size_t n);
     void (*scale_forward)(const td_ops *ctx, float *x, float s, size_t n);
     void (*logsoftmax_forward)(const td_ops *ctx, float *x, int N, int V);
+    void (*logprob_gather)(const td_ops *ctx, float *tlogp, int *top1, const float *logp,
+                           const int *target, int N, int V);
 
     void (*embedding_backward)(const td_ops *ctx, float *dembed, const float *dout,
                                const int *tokens, int N, int C);
@@ -168,8 +171,8 @@ static inline void td_backend_forget(const td_backend *be)
     if (be->forget) be->forget();
 }
 
-/* Whether the backend runs the backward ops (trainers need them; the CUDA backend has all but
- * matmul_backward so far, so it does not count). */
+/* Whether the backend runs the backward ops (what the trainers need: a backend without
+ * matmul_backward, the last one written, does not count). */
 static inline int td_backend_has_backward(const td_backend *be)
 {
     return be->matmul_backward != NULL;
@@ -286,6 +289,16 @@ static inline void scale_forward(const td_ops *ctx, float *x, float s, size_t n)
 static inline void logsoftmax_forward(const td_ops *ctx, float *x, int N, int V)
 {
     ctx->be->logsoftmax_forward(ctx, x, N, V);
+}
+
+/* Per row of the log-softmax rows logp (N, V): tlogp[i] = logp[i, target[i]] and top1[i] =
+ * the first index of the row's largest value (a strict > scan from column 0). What a trainer
+ * reads of a micro-batch's logits on the host: N floats and N ints, not N * V. tlogp and
+ * top1 may be host memory (a device backend stages them). */
+static inline void logprob_gather(const td_ops *ctx, float *tlogp, int *top1, const float *logp,
+                                  const int *target, int N, int V)
+{
+    ctx->be->logprob_gather(ctx, tlogp, top1, logp, target, N, V);
 }
 
 /* ---- the backward ops (see the top of this file: input gradients accumulate) ------------- */

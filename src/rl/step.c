@@ -354,7 +354,7 @@ static int update(rl_run *R, double *M, td_error *err)
     td_step_info info;
     double scaled = td_trainer_loss_scale(R->tr);
     if (scaled == 1.0 && !grads_finite(R)) {
-        memset((float *)td_trainer_grads(R->tr), 0, td_trainer_num_params(R->tr) * sizeof(float));
+        td_trainer_zero_grads(R->tr);
         info = (td_step_info){.grad_norm = NAN, .loss_scale = 1.0, .skipped = 1, .lr = NAN};
         R->nonfinite++;
         R->skipped_extra++;

@@ -111,7 +111,7 @@ int td_trainer_load_state(td_trainer *tr, const char *path, td_error *err)
         tr->scaler.scale = scale;
         tr->scaler.growth_tracker = (int)tracker;
     }
-    memset(tr->grads, 0, tr->nparams * sizeof(float));
+    train_zero_grads(tr);
     rc = td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err);
 out:
     td_checkpoint_close(ck);

@@ -32,7 +32,12 @@ struct td_trainer {
     td_lora *lora;                /* the adapter trained (its owned block is the parameters)   */
     float *params;                /* trained parameters: m->owned, or lora->owned               */
     size_t nparams;
-    float *grads, *m1, *m2;       /* (nparams) carved like params                               */
+    const td_backend *be;         /* who runs the forward and backward (the model's backend)   */
+    float *grads;                 /* (nparams) carved like params, in be's memory: what the
+                                     backward ops accumulate into                              */
+    float *grads_host;            /* (nparams) their host copy for the optimiser: grads itself
+                                     on the CPU, downloaded once per step on a device          */
+    float *m1, *m2;               /* (nparams) AdamW moments, host (see td_trainer_step)        */
     train_tensor *tensors;        /* the trained tensors, in table (or layer, module) order     */
     size_t ntensors;
     td_model_weights gw;          /* gradient views of the model (NULL entries under LoRA)     */
@@ -40,16 +45,22 @@ struct td_trainer {
     td_forward *f;                /* the training path, activations kept                        */
     td_grad_acts ga;
     int logits_rows;
-    float *logits;                /* (logits_rows, V)                                           */
-    float *tlogp, *dlogp;         /* (max_tokens) target log-prob / dL/dlogp per row            */
-    int *target;                  /* (max_tokens) the token each row predicts (0: none)         */
+    float *logits;                /* (logits_rows, V) in be's memory                            */
+    float *tlogp, *dlogp;         /* (max_tokens) target log-prob / dL/dlogp per row, host: the
+                                     only per-row values that cross to and from a device      */
+    int *target;                  /* (max_tokens) the token each row predicts (0: none), host   */
     int step;                     /* optimiser steps taken                                      */
     long skipped;
     train_scaler scaler;
-    int *top1;                    /* (max_tokens) each row's most probable token                */
-    long acc_correct, acc_total;
-    int loss_overflow;            /* loss scaling: a micro-batch's loss was not finite          */  /* targets in the loss whose row's top token is the target    */
+    int *top1;                    /* (max_tokens) each row's most probable token, host          */
+    long acc_correct, acc_total;  /* targets in the loss whose row's top token is the target    */
+    int loss_overflow;            /* loss scaling: a micro-batch's loss was not finite          */
 };
+
+/* The accumulated gradients on the host (downloaded from a device first), and zeroing them
+ * (device and host copy) (trainer.c). */
+float *train_grads_host(const td_trainer *tr);
+void train_zero_grads(td_trainer *tr);
 
 /* optim.c */
 int train_warmup_steps(const td_train_opts *o);

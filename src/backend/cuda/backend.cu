@@ -192,6 +192,11 @@ static void cuda_copy(void *dst, const void *src, size_t bytes)
     CUDA_CHECK(cudaStreamSynchronize(G.stream));
 }
 
+static void cuda_zero(void *p, size_t bytes)
+{
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, G.stream));
+}
+
 static void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(G.stream)); }
 
 static void cuda_forget(void)
@@ -209,6 +214,7 @@ extern "C" const td_backend td_backend_cuda = {
     .free = cuda_free,
     .upload = cuda_copy,
     .download = cuda_copy,
+    .zero = cuda_zero,
     .embedding_forward = embedding_forward_cuda,
     .rmsnorm_forward = rmsnorm_forward_cuda,
     .matmul_forward = matmul_forward_cuda,
@@ -219,6 +225,7 @@ extern "C" const td_backend td_backend_cuda = {
     .residual_forward = residual_forward_cuda,
     .scale_forward = scale_forward_cuda,
     .logsoftmax_forward = logsoftmax_forward_cuda,
+    .logprob_gather = logprob_gather_cuda,
     /* the backward: every op but the GEMMs' (matmul_backward), so td_backend_has_backward is
      * still false and the trainers refuse --device cuda until it exists */
     .embedding_backward = embedding_backward_cuda,

@@ -128,6 +128,8 @@ void residual_forward_cuda(const td_ops *ctx, float *out, const float *inp1, con
                            size_t n);
 void scale_forward_cuda(const td_ops *ctx, float *x, float s, size_t n);
 void logsoftmax_forward_cuda(const td_ops *ctx, float *x, int N, int V);
+void logprob_gather_cuda(const td_ops *ctx, float *tlogp, int *top1, const float *logp,
+                         const int *target, int N, int V);
 
 /* the backward ops (one `op_backward.cu` per family; the GEMMs' matmul_backward not yet) */
 void embedding_backward_cuda(const td_ops *ctx, float *dembed, const float *dout,
