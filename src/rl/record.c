@@ -100,6 +100,7 @@ static int write_attrs(rl_run *R, td_error *err)
              td_runfile_set_str(R->rf, "created", created, err) ||
              td_runfile_set_str(R->rf, "mode", "rl", err) ||
              td_runfile_set_str(R->rf, "model_path", o->model_path, err) ||
+             td_runfile_set_str(R->rf, "device", td_model_device(R->model), err) ||
              td_runfile_set_str(R->rf, "dataset_path", o->dataset_path, err) ||
              td_runfile_set_i64(R->rf, "seed", (int64_t)o->seed, err) ||
              td_runfile_set_str(R->rf, "recipe_a_name", R->rtrain.name, err) ||
