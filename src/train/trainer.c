@@ -210,8 +210,8 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     const td_config *c = &src->cfg;
     if (td_config_check_len(c, opts->max_seq_len, err)) return NULL;
     if (src->backend && !td_backend_has_backward(src->backend))
-        return td_fail(err, "training on %s: the %s backend lacks backward ops (matmul_backward): "
-                       "train on the CPU (--device cpu)", td_model_device(src), src->backend->name), NULL;
+        return td_fail(err, "training: the %s backend lacks backward ops (matmul_backward): train on "
+                       "the CPU (--device cpu)", src->backend->name), NULL;
     td_model *m = td_model_alloc(c, err);
     if (!m) return NULL;
     m->backend = src->backend;   /* the forward, backward and the paths made on tr->m run there */
