@@ -18,11 +18,12 @@ non-zero gradient). Checked, per /steps column of rl.h5 (reports/SCHEMA.md):
    equal (the loss of on-policy data is the advantages' sum: ratio 1 on both devices).
 2. bf16-train / bf16-infer: when the sampled completions are the same (a bf16 ulp flip between
    the devices could change a sampled token; then only finiteness is checked, and the script
-   says so), loss and grad_norm within 1e-3 relative, and the mismatch itself
-   (logp_diff_mean, probs_diff_mean) within 2x of the CPU's: the quantity tidal studies must not
-   depend on the device. Measured: the same completions; grad_norm 2.2e-8; the mismatch 6e-6
-   relative at step 1, 7 % at step 2 (the weights after one bf16 step differ by the GEMMs'
-   orders, and the mismatch is itself a difference of two bf16 paths).
+   says so), loss and grad_norm within 1e-3 relative (1e-2 on a GPU: test_device_sft.py 2),
+   and the mismatch itself (logp_diff_mean, probs_diff_mean) within 2x of the CPU's: the
+   quantity tidal studies must not depend on the device. Measured: the same completions;
+   grad_norm 2.2e-8; the mismatch 6e-6 relative at step 1, 7 % at step 2 (the weights after one
+   bf16 step differ by the GEMMs' orders, and the mismatch is itself a difference of two bf16
+   paths).
 3. LoRA r 4, fp32, --lora-sync merge-unmerge (the engine's own copy of the base, on the device):
    the same completions, loss and grad_norm within 1e-4 relative. Measured: grad_norm 1.3e-7.
 4. rl.h5's device attribute: "cpu" and "cuda:0 (...)"; --device tpu is a usage error (exit 2).
@@ -34,7 +35,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from device_train import DEVBIN, ENV, close, cpu, device_attrs, np, pair, sh, tmp  # noqa: E402
+from device_train import DEVBIN, ENV, LOW_TOL, close, cpu, device_attrs, np, pair, sh, tmp  # noqa: E402
 from tidal_check import BUILD, check, failures, run  # noqa: E402
 
 init = os.path.join(tmp, "init")
@@ -79,7 +80,7 @@ close(c, g, ["loss", "grad_norm", "entropy", "training_ppl", "rollout_ppl"], 1e-
 # 2. bf16-train / bf16-infer
 (c, _), (g, _) = rl_pair("bf16", "--train-recipe", "bf16-train", "--rollout-recipe", "bf16-infer")
 if same_completions(c, g):
-    close(c, g, ["loss", "grad_norm"], 1e-3, "bf16-train / bf16-infer, 2 steps")
+    close(c, g, ["loss", "grad_norm"], LOW_TOL, "bf16-train / bf16-infer, 2 steps")
     for k in ["logp_diff_mean", "probs_diff_mean"]:
         r = g[k] / np.maximum(c[k], 1e-30)
         print(f"  {k}: CPU {list(c[k])}, device {list(g[k])}")

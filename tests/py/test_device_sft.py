@@ -15,12 +15,14 @@ tokens) after the last step; kept small so the simulated device runs in seconds.
    each weight by ~lr whatever its gradient's size, which carries such differences into the
    next steps' weights. Measured on the simulator: loss 3.3e-9, grad_norm 1.0e-8 (this model's
    sums are short).
-2. bf16-train (bf16 activations and GEMM operands, fp32 masters), 2 steps: loss and grad_norm within 1e-3
-   relative, token accuracy within 0.02. Why looser: where the two devices' fp32 sums differ in
-   the last bit, a bf16 rounding (2^-8 relative) can go either way. Measured: loss 8e-10,
-   grad_norm 0 (2 steps; 1.7e-6 and 4.3e-6 with 4 sequences per micro-batch and 3 steps).
-3. fp16-train (loss scaling, GradScaler semantics), 2 steps: the same loss scales and skipped steps, loss
-   and grad_norm within 1e-3 relative (as 2). Measured: loss 2.5e-9, grad_norm 2.5e-8.
+2. bf16-train (bf16 activations and GEMM operands, fp32 masters), 2 steps: loss and grad_norm
+   within 1e-3 relative (1e-2 on a GPU), token accuracy within 0.02. Why looser: where the two
+   devices' fp32 sums differ in the last bit, a bf16 rounding (2^-8 relative) can go either way;
+   the simulator's cuBLASLt model sums exactly, a GPU's kernels in an order of their own, so
+   more roundings flip there. Measured on the simulator: loss 8e-10, grad_norm 0 (2 steps;
+   1.7e-6 and 4.3e-6 with 4 sequences per micro-batch and 3 steps).
+3. fp16-train (loss scaling, GradScaler semantics), 2 steps: the same loss scales and skipped
+   steps, loss and grad_norm within the bound of 2. Measured: loss 2.5e-9, grad_norm 2.5e-8.
 4. LoRA r 4 on q_proj, v_proj, down_proj, fp32, 2 steps: the unmerged adapter's forward and its A/B
    gradients on the device: loss and grad_norm within 1e-4 relative (as 1). Measured: loss
    3.3e-9, grad_norm 5.0e-8.
@@ -36,7 +38,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from device_train import DEVBIN, close, cpu, device, device_attrs, np, pair, steps, tmp  # noqa: E402
+from device_train import DEVBIN, LOW_TOL, SIM, close, cpu, device, device_attrs, np, pair, steps, tmp  # noqa: E402
 from tidal_check import check, failures, run  # noqa: E402
 
 MODEL = os.path.join(tmp, "init")
@@ -58,7 +60,7 @@ def sft_pair(name, *extra):
 p = cpu("tidal-sft", *SFT, "-o", os.path.join(tmp, "bad"), "--device", "tpu", ok=False)
 check(p.returncode == 2 and "tidal-sft: --device: expected cpu, cuda or cuda:N, got 'tpu'" in p.stderr,
       "tidal-sft --device tpu: usage error (exit 2) naming the option and the accepted names")
-if "DEVICE_BIN" not in os.environ:   # the simulator: this machine has no GPU for the CPU build
+if SIM:   # the simulator: this machine has no GPU for the CPU build
     out = os.path.join(tmp, "nogpu")
     p = cpu("tidal-sft", *SFT, "-o", out, "--device", "cuda", ok=False)
     why = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
@@ -77,7 +79,7 @@ check(np.array_equal(c["token_accuracy"], g["token_accuracy"]) and np.array_equa
 
 # 2. bf16-train
 (c, _), (g, _) = sft_pair("bf16", "--max-steps", "2", "--recipe", "bf16-train")
-close(c, g, ["loss", "grad_norm"], 1e-3, "bf16-train, 2 steps")
+close(c, g, ["loss", "grad_norm"], LOW_TOL, "bf16-train, 2 steps")
 check(float(np.max(np.abs(c["token_accuracy"] - g["token_accuracy"]))) <= 0.02, "bf16-train: token accuracy within 0.02")
 
 # 3. fp16-train: loss scaling
@@ -85,7 +87,7 @@ check(float(np.max(np.abs(c["token_accuracy"] - g["token_accuracy"]))) <= 0.02, 
 print(f"  fp16-train loss scales: CPU {list(c['loss_scale'])}, device {list(g['loss_scale'])}")
 check(np.array_equal(c["loss_scale"], g["loss_scale"]) and np.array_equal(c["skipped"], g["skipped"]),
       "fp16-train: the same loss scales and skipped steps (GradScaler)")
-close(c, g, ["loss", "grad_norm"], 1e-3, "fp16-train, 2 steps")
+close(c, g, ["loss", "grad_norm"], LOW_TOL, "fp16-train, 2 steps")
 
 # 4. LoRA
 (c, _), (g, _) = sft_pair("lora", "--max-steps", "2", "--lora-r", "4", "--lora-alpha", "8",
