@@ -16,6 +16,7 @@
  * --report-to: each committed /steps row also goes to TensorBoard / metrics.jsonl (log_step;
  * include/tidal/tfevents.h), cut back with the file on --resume (td_rl_run). */
 #include "rl_internal.h"
+#include "tidal/diff.h"
 #include "tidal/opts.h"
 
 #include <dirent.h>
@@ -265,6 +266,8 @@ int rl_file_open(rl_run *R, int *start, td_error *err)
     else if (td_settings_diff(cfg, mine, RESUME_FLAGS, RESUME_FREE, lines, sizeof lines) != 0)
         rc = td_fail(err, "%s: --resume with other settings than the run's (give the run's values, or use a new "
                      "--output-dir):\n%s", path, lines);
+    else if (td_resume_device_check(R->rf, td_model_device(R->model), "--output-dir", err))
+        rc = -1;
     free(tool); free(cfg);
     int64_t ck = 0;
     if (!rc && td_runfile_get_i64(R->rf, "checkpoint_step", &ck, err)) rc = -1;

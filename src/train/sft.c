@@ -3,6 +3,7 @@
  * checkpoints and the final save. Data: sft_data.c; evaluation: sft_eval.c; files: sft_save.c. */
 #include "sft_internal.h"
 #include "tidal/checkpoint.h"
+#include "tidal/diff.h"
 #include "tidal/opts.h"
 #include "tidal/rng.h"
 #include "tidal/runschema.h"
@@ -217,7 +218,7 @@ static int open_runfile(sft_job *J, int resume_rows, td_error *err)
     const td_sft_opts *o = J->o;
     if (resume_rows >= 0) {
         J->rf = td_runfile_open(J->run_path, 1, err);
-        if (!J->rf) return -1;
+        if (!J->rf || td_resume_device_check(J->rf, td_model_device(J->model), "--output-dir", err)) return -1;
         int64_t have = td_runfile_rows(J->rf, td_schema_steps[TD_STP_STEP].path);
         if (have < resume_rows)
             return td_fail(err, "%s: %lld /steps rows, the checkpoint is at step %d: not this run's file",

@@ -26,7 +26,8 @@ non-zero gradient). Checked, per /steps column of rl.h5 (reports/SCHEMA.md):
    paths).
 3. LoRA r 4, fp32, --lora-sync merge-unmerge (the engine's own copy of the base, on the device):
    the same completions, loss and grad_norm within 1e-4 relative. Measured: grad_norm 1.3e-7.
-4. rl.h5's device attribute: "cpu" and "cuda:0 (...)"; --device tpu is a usage error (exit 2).
+4. rl.h5's device attribute: "cpu" and "cuda:0 (...)"; --device tpu is a usage error (exit 2);
+   --resume of the device's run on the CPU is refused (exit 1), naming both devices.
 Exit 0 pass, 1 fail, 77 skip (device tools not built, or h5py missing).
 """
 import json
@@ -94,6 +95,10 @@ else:
 (c, _), (g, _) = rl_pair("lora", "--train-recipe", "fp32", "--rollout-recipe", "fp32", "--lora-r", "4",
                          "--lora-alpha", "8", "--lora-sync", "merge-unmerge")
 check(same_completions(c, g), "LoRA merge-unmerge fp32: the same completions")
+p = cpu("tidal-rl", *RL, "-o", os.path.join(tmp, "lora-dev"), "--train-recipe", "fp32", "--rollout-recipe", "fp32",
+        "--lora-r", "4", "--lora-alpha", "8", "--lora-sync", "merge-unmerge", "--max-steps", "3", "--resume", ok=False)
+check(p.returncode == 1 and "--resume on another device (the file was made on cuda:0 (" in p.stderr,
+      "the device's run resumed on the CPU: refused (exit 1), both devices named")
 close(c, g, ["loss", "grad_norm"], 1e-4, "LoRA merge-unmerge fp32, 2 steps")
 
 print(f"device tools: {DEVBIN}")

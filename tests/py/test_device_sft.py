@@ -27,7 +27,8 @@ tokens) after the last step; kept small so the simulated device runs in seconds.
    gradients on the device: loss and grad_norm within 1e-4 relative (as 1). Measured: loss
    3.3e-9, grad_norm 5.0e-8.
 5. On the device: 2 steps with a checkpoint, then --resume to 3 steps, against the 3 straight
-   steps of 1: /steps loss, grad_norm and lr equal bit for bit (the masters, moments
+   steps of 1: /steps loss, grad_norm and lr equal bit for bit; --resume of that run on the
+   CPU is refused, naming both devices, as tidal-diff's (the masters, moments
    and scaler state downloaded for saving and loaded back continue exactly).
 6. The run file's device attribute: "cpu" and "cuda:0 (...)". Refusals: --device tpu is a usage
    error (exit 2, the one message of every --device tool); on a machine without a GPU the CPU
@@ -103,6 +104,9 @@ r, _ = steps(os.path.join(part, "sft.h5"))
 print(f"  resume: straight loss {list(s['loss'])}, resumed {list(r['loss'])}")
 check(len(s["loss"]) == len(r["loss"]) == 3 and all(np.array_equal(s[k], r[k]) for k in ["loss", "grad_norm", "lr"]),
       "on the device: 2 steps, a checkpoint, --resume to 3 equals 3 straight steps bit for bit")
+p = cpu("tidal-sft", *SFT, "-o", part, "--max-steps", "4", "--resume", ok=False)
+check(p.returncode == 1 and "--resume on another device (the file was made on cuda:0 (" in p.stderr
+      and "this run is on cpu" in p.stderr, "the device's run resumed on the CPU: refused (exit 1), both devices named")
 
 print(f"device tools: {DEVBIN}")
 if failures:
