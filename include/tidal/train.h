@@ -185,6 +185,9 @@ size_t td_trainer_num_params(const td_trainer *tr);
  * this call into a host copy: read it, do not write it; td_trainer_zero_grads zeroes both. */
 const float *td_trainer_grads(const td_trainer *tr);
 void td_trainer_zero_grads(td_trainer *tr);
+/* Whether every accumulated gradient is finite (their sum of squares, on the trainer's device:
+ * nothing but one double crosses). */
+int td_trainer_grads_finite(const td_trainer *tr);
 float *td_trainer_params(td_trainer *tr);
 /* After writing into td_trainer_params (tests: finite differences): prepares the recipe's
  * weights again. 0 or -1 + err. */

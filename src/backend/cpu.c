@@ -407,4 +407,7 @@ const td_backend td_backend_cpu = {
     .attention_backward = attention_backward_cpu,
     .swiglu_backward = swiglu_backward_cpu,
     .logsoftmax_backward = logsoftmax_backward_ref,  /* fp32 over fp32 log-probs */
+    .optim_adamw = optim_adamw_cpu,
+    .optim_sumsq = optim_sumsq_cpu,
+    .optim_scale = optim_scale_cpu,
 };

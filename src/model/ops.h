@@ -73,6 +73,16 @@ const float *wmat_rows(const td_wmat *w, long r0, long nr, int cols, float *dst)
 void wmat_gemm_fixed(const td_wmat *w, long r0, long nr, int cols, const float *inp, int N,
                      float *out, int ldo, float *dst);
 
+/* AdamW's per-step scalars (src/train/optim.c adamw_scalars: formed in double, used as fp32,
+ * torch's _single_tensor_adamw): per element, with g the gradient,
+ *   p = decay_on ? param * decay : param;   m = m1 * b1 + a1 * g;   v = m2 * b2 + a2 * (g * g)
+ *   param = p + step_size * (m / (sqrtf(v) / bc2_sqrt + eps));   m1 = m;   m2 = v
+ * each operation rounded to fp32 in this order (no contraction). */
+typedef struct td_adamw_k {
+    float decay, b1, b2, a1, a2, bc2_sqrt, eps, step_size;
+    int decay_on;
+} td_adamw_k;
+
 typedef struct td_ops {
     const td_backend *be;         /* who runs the ops (td_backend_cpu)                         */
     int nthreads;                 /* threads the ops may use (>= 1)                            */
@@ -150,6 +160,16 @@ struct td_backend {
                             const float *gate, const float *up, int N, int F);
     void (*logsoftmax_backward)(const td_ops *ctx, float *dx, const float *logp,
                                 const int *target, const float *dlogp, int N, int V);
+
+    /* The optimiser's element-wise steps on the backend's buffers (src/train/optim.c says what
+     * each reproduces), the CPU's arithmetic on every backend: AdamW (td_adamw_k above) over n
+     * elements; the sum of squares of n gradients in double (returned to the host; the CPU sums
+     * in its vector order, a device in a fixed tree: they differ in the double's last bits);
+     * g *= k in fp32. */
+    void (*optim_adamw)(float *param, const float *grad, float *m1, float *m2, size_t n,
+                        const td_adamw_k *k);
+    double (*optim_sumsq)(const float *g, size_t n);
+    void (*optim_scale)(float *g, size_t n, float k);
 
     /* A backend whose ops run asynchronously (CUDA): sync waits until they are done, so the
      * host may read what they wrote; forget drops the device copies of host weights (a recipe

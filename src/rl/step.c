@@ -336,11 +336,7 @@ static int score_old(rl_run *R, td_error *err)
  * does it itself (GradScaler) */
 static int grads_finite(const rl_run *R)
 {
-    const float *g = td_trainer_grads(R->tr);
-    size_t n = td_trainer_num_params(R->tr);
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
-    return isfinite(s);
+    return td_trainer_grads_finite(R->tr);
 }
 
 static int update(rl_run *R, double *M, td_error *err)

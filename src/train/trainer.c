@@ -17,11 +17,14 @@
  * gradients, the weight gradients and the logits live in the backend's memory and every op of
  * the forward and backward runs there; per micro-batch the host sees only each row's target
  * log-prob and top token (logprob_gather: N floats, N ints) and hands back dL/dlogp (N floats,
- * staged by logsoftmax_backward). The optimiser is the CPU's (optim.c): FIRST VERSION, the
- * gradients are downloaded once per optimiser step, AdamW runs on the host masters and moments,
- * and the recipe's weights are prepared again, which drops their device copies
- * (td_backend_forget) so the next forward uploads the new ones. Device-resident masters and
- * moments with AdamW, clipping and the GradScaler as kernels are not written yet.
+ * staged by logsoftmax_backward). The optimiser step runs there too (the table's optim_*
+ * entries, optim.c's arithmetic): the fp32 masters and AdamW moments stay in device buffers,
+ * unscaling, the per-tensor sums of squares (the host gets ntensors doubles: the norm, the
+ * Inf/NaN test, the clip coefficient, the GradScaler's decision), clipping and AdamW run as
+ * kernels. What still crosses once per step: the updated masters come down (nparams floats)
+ * and the recipe's weights are prepared from them on the host, which drops their device copies
+ * (td_backend_forget) so the next forward uploads the new ones; preparing them on the device
+ * is not written. The moments come down only for a state file.
  */
 #include "train_internal.h"
 #include "tidal/rng.h"
@@ -243,6 +246,16 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     tr->grads_host = tr->be->sync ? td_xcalloc(tr->nparams, sizeof(float)) : tr->grads;
     tr->m1 = td_xcalloc(tr->nparams, sizeof(float));
     tr->m2 = td_xcalloc(tr->nparams, sizeof(float));
+    if (tr->be->sync) {   /* a device: its own masters and moments, uploaded now */
+        tr->params_dev = tr->be->alloc(tr->nparams * sizeof(float));
+        tr->m1_dev = tr->be->alloc(tr->nparams * sizeof(float));
+        tr->m2_dev = tr->be->alloc(tr->nparams * sizeof(float));
+    } else {
+        tr->params_dev = tr->params;
+        tr->m1_dev = tr->m1;
+        tr->m2_dev = tr->m2;
+    }
+    train_state_to_device(tr);
     tr->gw.layers = td_xcalloc((size_t)c->num_layers, sizeof *tr->gw.layers);
     tr->lg = td_xcalloc((size_t)c->num_layers * TD_LORA_NMOD, sizeof *tr->lg);
     build_tensors(tr);
@@ -281,6 +294,9 @@ void td_trainer_free(td_trainer *tr)
     if (tr->ga.be) grad_acts_free(&tr->ga);
     if (tr->be) {
         if (tr->grads_host != tr->grads) free(tr->grads_host);
+        if (tr->params_dev != tr->params) tr->be->free(tr->params_dev);
+        if (tr->m1_dev != tr->m1) tr->be->free(tr->m1_dev);
+        if (tr->m2_dev != tr->m2) tr->be->free(tr->m2_dev);
         tr->be->free(tr->grads);
         tr->be->free(tr->logits);
     }
@@ -301,7 +317,8 @@ void td_trainer_free(td_trainer *tr)
 static int first_nonfinite_tensor(const td_trainer *tr)
 {
     for (size_t i = 0; i < tr->ntensors; i++)
-        if (!isfinite(grad_sumsq(tr->params + tr->tensors[i].offset, tr->tensors[i].numel))) return (int)i;
+        if (!isfinite(td_backend_cpu.optim_sumsq(tr->params + tr->tensors[i].offset, tr->tensors[i].numel)))
+            return (int)i;
     return -1;
 }
 
@@ -426,12 +443,12 @@ int td_trainer_accumulate_sft(td_trainer *tr, int nseq, const int *const *tokens
 int td_trainer_step(td_trainer *tr, td_step_info *info, td_error *err)
 {
     td_step_info in = {.loss_scale = tr->scaler.scale, .nonfinite_param = -1};
+    const td_backend *be = tr->be;   /* the gradients, masters and moments are its buffers */
     size_t n = tr->nparams;
-    float *grads = train_grads_host(tr);   /* a device's: downloaded once per step (see the top) */
-    if (tr->scaler.on) grad_scale(grads, n, (float)(1.0 / tr->scaler.scale));   /* unscale_ */
+    if (tr->scaler.on) be->optim_scale(tr->grads, n, (float)(1.0 / tr->scaler.scale));   /* unscale_ */
     double sumsq = 0.0;
     for (size_t i = 0; i < tr->ntensors; i++) {
-        double s = grad_sumsq(grads + tr->tensors[i].offset, tr->tensors[i].numel);
+        double s = be->optim_sumsq(tr->grads + tr->tensors[i].offset, tr->tensors[i].numel);
         if (!isfinite(s) && in.nonfinite_param < 0) in.nonfinite_param = (int)i;
         sumsq += s;
     }
@@ -448,19 +465,22 @@ int td_trainer_step(td_trainer *tr, td_step_info *info, td_error *err)
     } else {
         if (tr->o.max_grad_norm > 0) {
             float coef = clip_coef(in.grad_norm, tr->o.max_grad_norm);
-            if (coef < 1.0f) grad_scale(grads, n, coef);
+            if (coef < 1.0f) be->optim_scale(tr->grads, n, coef);
         }
         in.lr = tr->o.lr * td_lr_lambda(&tr->o, tr->step);
         tr->step++;
         for (size_t i = 0; i < tr->ntensors; i++) {
             const train_tensor *t = &tr->tensors[i];
-            adamw_update(tr->params + t->offset, grads + t->offset, tr->m1 + t->offset,
-                         tr->m2 + t->offset, t->numel, in.lr, tr->o.beta1, tr->o.beta2, tr->o.eps,
-                         t->decay ? tr->o.weight_decay : 0.0, tr->step);
+            td_adamw_k k = adamw_scalars(in.lr, tr->o.beta1, tr->o.beta2, tr->o.eps,
+                                         t->decay ? tr->o.weight_decay : 0.0, tr->step);
+            be->optim_adamw(tr->params_dev + t->offset, tr->grads + t->offset, tr->m1_dev + t->offset,
+                            tr->m2_dev + t->offset, t->numel, &k);
         }
         train_zero_grads(tr);
         if (tr->scaler.on) scaler_update(&tr->scaler, 0);
-        /* the recipe's rounded weights (and adapter copy) from the new masters */
+        /* the host masters (a device's, downloaded), then the recipe's rounded weights (and
+         * adapter copy) from them */
+        if (tr->params_dev != tr->params) be->download(tr->params, tr->params_dev, n * sizeof(float));
         if (td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err)) return -1;
     }
     in.step = tr->step;
@@ -497,7 +517,30 @@ float *td_trainer_params(td_trainer *tr) { return tr->params; }
 
 int td_trainer_params_changed(td_trainer *tr, td_error *err)
 {
+    if (tr->params_dev != tr->params)
+        tr->be->upload(tr->params_dev, tr->params, tr->nparams * sizeof(float));
     return td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err);
+}
+
+void train_state_to_host(const td_trainer *tr)
+{
+    if (tr->params_dev == tr->params) return;
+    tr->be->download(tr->params, tr->params_dev, tr->nparams * sizeof(float));
+    tr->be->download(tr->m1, tr->m1_dev, tr->nparams * sizeof(float));
+    tr->be->download(tr->m2, tr->m2_dev, tr->nparams * sizeof(float));
+}
+
+void train_state_to_device(td_trainer *tr)
+{
+    if (tr->params_dev == tr->params) return;
+    tr->be->upload(tr->params_dev, tr->params, tr->nparams * sizeof(float));
+    tr->be->upload(tr->m1_dev, tr->m1, tr->nparams * sizeof(float));
+    tr->be->upload(tr->m2_dev, tr->m2, tr->nparams * sizeof(float));
+}
+
+int td_trainer_grads_finite(const td_trainer *tr)
+{
+    return isfinite(tr->be->optim_sumsq(tr->grads, tr->nparams));
 }
 
 double td_trainer_loss_scale(const td_trainer *tr) { return tr->scaler.scale; }

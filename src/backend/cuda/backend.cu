@@ -235,6 +235,9 @@ extern "C" const td_backend td_backend_cuda = {
     .attention_backward = attention_backward_cuda,
     .swiglu_backward = swiglu_backward_cuda,
     .logsoftmax_backward = logsoftmax_backward_cuda,
+    .optim_adamw = optim_adamw_cuda,
+    .optim_sumsq = optim_sumsq_cuda,
+    .optim_scale = optim_scale_cuda,
     .sync = cuda_sync,
     .forget = cuda_forget,
 };
