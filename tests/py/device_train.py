@@ -31,6 +31,9 @@ SIM = "DEVICE_BIN" not in os.environ   # the simulated device (its cuBLASLt mode
 # order of their own, so more bf16 / fp16 roundings of activations and gradients go the other way
 LOW_TOL = 1e-3 if SIM else 1e-2
 ENV = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+# On the simulator, host code that touches device memory faults (CUDASIM_DEVICE_GUARD=1): the
+# device runs must keep every device buffer on the device side of the seam.
+GUARD = True
 tmp = tempfile.mkdtemp(prefix="tidal-devtrain-")
 
 
@@ -50,11 +53,9 @@ def cpu(tool, *args, ok=True):
 
 
 def device(tool, *args, ok=True):
-    """DEVBIN/tool ... --device cuda. On the simulator CUDASIM_DEVICE_GUARD (host code touching
-    device memory faults) is not set: matmul_backward's TEMPORARY stand-in in
-    src/backend/cuda/backend.cu is the CPU op reading device buffers from the host. Set it here
-    when matmul_backward_cuda replaces the stand-in."""
-    return sh(os.path.join(DEVBIN, tool), *args, "--device", "cuda", ok=ok)
+    """DEVBIN/tool ... --device cuda (on the simulator under CUDASIM_DEVICE_GUARD, see GUARD)."""
+    env = dict(ENV, CUDASIM_DEVICE_GUARD="1") if SIM and GUARD else ENV
+    return sh(os.path.join(DEVBIN, tool), *args, "--device", "cuda", ok=ok, env=env)
 
 
 def steps(path):
