@@ -16,8 +16,8 @@
 #               tests/py/test_device_sft.py and test_device_rl.py with DEVICE_BIN=$BUILD/bin (the
 #               real backend; tiny models, a minute or two): /steps loss, grad_norm within 1e-4
 #               relative under fp32, bf16 / fp16 within the looser bound each script states,
-#               LoRA, --resume on the device bit for bit. Needs matmul_backward_cuda (a build
-#               with the simulator-only stand-in aborts at the first backward)
+#               LoRA, --resume on the device bit for bit. Meant for matmul_backward_cuda (a
+#               TEMPORARY stand-in copies every GEMM operand of the backward through the host)
 #
 # Each stage's log goes to $OUT/STAGE.log; the exit status is 1 if any stage failed.
 set -u
