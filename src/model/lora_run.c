@@ -21,7 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int punica)
+lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int punica,
+                        const td_backend *be)
 {
     lora_rt *rt = td_xcalloc(1, sizeof *rt);
     int L = lora->num_layers, rank = lora->rank;
@@ -64,8 +65,11 @@ lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int pu
         d->b = q;
         q += nb;
     }
-    rt->t = td_xmalloc((size_t)cap * rank * sizeof(float));
-    rt->u = td_xmalloc((size_t)cap * max_out * sizeof(float));
+    /* the branch's activations: written and read by ops only, so in the backend's memory (a
+     * device's ops would otherwise stage host buffers at every call) */
+    rt->be = be;
+    rt->t = be->alloc((size_t)cap * rank * sizeof(float));
+    rt->u = be->alloc((size_t)cap * max_out * sizeof(float));
     rt->qin = td_xmalloc((size_t)cap * max_in * sizeof(float));
     return rt;
 }
@@ -75,8 +79,8 @@ void lora_rt_free(lora_rt *rt)
     if (!rt) return;
     free(rt->pairs);
     free(rt->owned);
-    free(rt->t);
-    free(rt->u);
+    rt->be->free(rt->t);
+    rt->be->free(rt->u);
     free(rt->qin);
     free(rt);
 }
