@@ -340,7 +340,7 @@ static void run_branch(const td_lora *lo, const td_recipe *rec, int mode, const 
     td_ops_init(&ops, &td_backend_cpu);
     ops.recipe = rec;
     ops.qin = td_xmalloc((size_t)N * (p->in > lo->rank ? p->in : lo->rank) * sizeof(float));
-    lora_rt *rt = lora_rt_create(lo, rec, N, mode == TD_LORA_PUNICA);
+    lora_rt *rt = lora_rt_create(lo, rec, N, mode == TD_LORA_PUNICA, &td_backend_cpu);
     ops.lora = rt;
     memcpy(y, y0, (size_t)N * p->out * sizeof(float));
     lora_forward(&ops, 0, TD_LORA_O, y, x, N);

@@ -20,6 +20,10 @@
  * 5. LoRA r=1 on every projection: after a step the saved PEFT adapter reads back through
  *    td_lora_load (the loader tidal-diff uses) with A and B bit-identical to the trained ones,
  *    and only A/B moved (the base masters unchanged).
+ * 6. A model whose backend has no backward ops (the CPU table without matmul_backward) is refused
+ *    by td_trainer_create with a message naming the backend and what to do; with the CPU table
+ *    itself set as the model's backend (its buffers host memory, be->zero a memset) one step's
+ *    gradients are bit-identical to the model without a backend.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -378,6 +382,47 @@ static void test_nan_weight_stops(void **st)
     td_model_free(m);
 }
 
+static void test_backend_without_backward(void **st)
+{
+    (void)st;
+    td_model *m = make_model(TD_ARCH_QWEN2, 0, 1, 0, 12);
+    td_backend fwd_only = td_backend_cpu;
+    fwd_only.name = "forward-only";
+    fwd_only.matmul_backward = NULL;
+    m->backend = &fwd_only;
+    td_train_opts o;
+    td_train_opts_defaults(&o);
+    o.max_tokens = 40;
+    o.max_seq_len = 16;
+    td_error err;
+    td_trainer *tr = td_trainer_create(m, NULL, &o, NULL, &err);
+    assert_null(tr);
+    assert_non_null(strstr(err.msg, "the forward-only backend lacks backward ops (matmul_backward)"));
+    assert_non_null(strstr(err.msg, "--device cpu"));
+
+    /* the CPU table as an explicit backend: the same gradients as no backend */
+    test_batch b;
+    make_batch(&b, m->cfg.vocab_size);
+    float *g[2];
+    size_t n = 0;
+    for (int k = 0; k < 2; k++) {
+        m->backend = k ? &td_backend_cpu : NULL;
+        tr = trainer_for(m, "fp32");
+        double loss;
+        assert_int_equal(td_trainer_accumulate_sft(tr, NSEQ, (const int *const *)b.tokens, LENS,
+                                                   (const float *const *)b.weights, 0, &loss, &err), 0);
+        n = td_trainer_num_params(tr);
+        g[k] = malloc(n * sizeof(float));
+        memcpy(g[k], td_trainer_grads(tr), n * sizeof(float));
+        td_trainer_free(tr);
+    }
+    assert_memory_equal(g[0], g[1], n * sizeof(float));
+    free(g[0]);
+    free(g[1]);
+    m->backend = NULL;
+    td_model_free(m);
+}
+
 static void test_lora_save_roundtrip(void **st)
 {
     (void)st;
@@ -434,6 +479,7 @@ int main(void)
         cmocka_unit_test(test_threads_bit_identical),
         cmocka_unit_test(test_nan_weight_stops),
         cmocka_unit_test(test_lora_save_roundtrip),
+        cmocka_unit_test(test_backend_without_backward),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -81,6 +81,7 @@ int main(int argc, char **argv)
     unsigned long long seed = o.seed;
     td_opt opts[] = {
         TD_OPT_S("model-path", 0, &o.model_path, "DIR", "the policy to start from (config.json, safetensors,\ntokenizer.json)"),
+        TD_OPT_DEVICE(&o.device),
         TD_OPT_S("dataset-path", 0, &o.dataset_path, "FILE", "records, .jsonl/.json/.json.gz: a built-in task's\n"
                  "(task, prompt, answer: datasets/tasks) or TRL's shapes\n"
                  "({\"prompt\": str|messages} or {\"messages\"}, any other\n"

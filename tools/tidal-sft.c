@@ -93,6 +93,7 @@ int main(int argc, char **argv)
     double epochs = 3.0;
     td_opt opts[] = {
         TD_OPT_S("model-path", 0, &o.model_path, "DIR", "checkpoint to start from (tidal-init's random one, or trained)"),
+        TD_OPT_DEVICE(&o.device),
         TD_OPT_S("tokenizer-path", 0, &o.tokenizer_path, "PATH", "tokenizer.json or its folder (default: the model's)"),
         TD_OPT_S("dataset-path", 0, &o.dataset_path, "PATH", "folder with train.jsonl (test.jsonl), or a .jsonl, .json or\n"
                  ".json.gz file of task records or TRL-shaped records"),

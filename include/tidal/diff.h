@@ -12,6 +12,7 @@
 #define TIDAL_DIFF_H
 
 #include "tidal/recipe.h"
+#include "tidal/runfile.h"
 #include "tidal/sampling.h"
 
 #include <signal.h>
@@ -57,6 +58,10 @@ typedef struct {
  * "cpu", or a run file's device attribute without its GPU index ("(NVIDIA H100 ..., sm_90,
  * 79 GiB)": shards may run on cuda:0 and cuda:1, but another GPU model sums its GEMMs otherwise). */
 const char *td_diff_device_key(const char *device_attr);
+/* --resume of a run file made on another device (its `device` attribute's key against now's,
+ * td_model_device): -1 + err naming both and new_out (the option that starts a new run), else 0.
+ * tidal-diff, tidal-sft and tidal-rl. */
+int td_resume_device_check(td_runfile *rf, const char *now, const char *new_out, td_error *err);
 
 /* err.msg of a run stopped through opts.stop starts with this. */
 #define TD_DIFF_INTERRUPTED "interrupted"

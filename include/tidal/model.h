@@ -98,7 +98,7 @@ td_format td_model_weight_storage(const td_model *m);
  * "cuda:N" (src/backend/cuda: weights uploaded in their storage dtype on first use, GEMMs on
  * cuBLASLt, the recipes' rounding points in tidal's kernels). 0, or -1 + err: an unknown name,
  * a tidal built without nvcc, no driver or GPU, a bad index (the message says which).
- * Trainers run on the CPU only (the CUDA backend has no backward). */
+ * A trainer made from a model with a device runs its forward and backward there (train.h). */
 int td_model_set_device(td_model *m, const char *device, td_error *err);
 /* The device the forward runs on, as set: "cpu" or "cuda:0 (NVIDIA H100 ..., sm_90, 79 GiB)". */
 const char *td_model_device(const td_model *m);

@@ -353,6 +353,7 @@ const char *td_rl_lora_sync_name(td_rl_lora_sync s);
 /* ---- the run ---- */
 typedef struct {
     const char *model_path, *dataset_path, *output_dir;
+    const char *device;        /* where rollouts, pi_old and the update run: "cpu" (NULL), "cuda[:N]" */
     const char *train_recipe, *rollout_recipe;   /* names or JSON files */
     int exact_match;           /* control: mu := pi_old scored by the training path itself */
     double rollout_logit_noise;/* synthetic mismatch (dose-response arm); 0 = none */

@@ -54,6 +54,7 @@ TD_BEGIN_DECLS
 
 typedef struct {
     const char *model_path;        /* HF checkpoint directory (tidal-init or a trained one)          */
+    const char *device;            /* where training and evaluation run: "cpu" (NULL), "cuda[:N]"   */
     const char *tokenizer_path;    /* tokenizer.json or its folder; NULL: model_path's              */
     const char *dataset_path;      /* a folder with train.jsonl (and test.jsonl), or a JSONL file    */
     const char *eval_dataset_path; /* NULL: the folder's test.jsonl (or the file's sibling test.jsonl) */

@@ -185,7 +185,13 @@ int td_trainer_save(const td_trainer *tr, const char *dir, int dtype, const char
  * buffers carved by the parameter table (LoRA: A and B of each adapted pair in layer, module
  * order). */
 size_t td_trainer_num_params(const td_trainer *tr);
+/* On a device (the model given to td_trainer_create had one) the gradients are downloaded by
+ * this call into a host copy: read it, do not write it; td_trainer_zero_grads zeroes both. */
 const float *td_trainer_grads(const td_trainer *tr);
+void td_trainer_zero_grads(td_trainer *tr);
+/* Whether every accumulated gradient is finite (their sum of squares, on the trainer's device:
+ * nothing but one double crosses). */
+int td_trainer_grads_finite(const td_trainer *tr);
 float *td_trainer_params(td_trainer *tr);
 /* After writing into td_trainer_params (tests: finite differences): prepares the recipe's
  * weights again. 0 or -1 + err. */

@@ -366,6 +366,20 @@ static void cpu_free(void *p) { free(p); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { if (dst != src) memcpy(dst, src, bytes); }
 static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 
+/* ops.h logprob_gather: each row's target log-prob and its first largest column */
+static void logprob_gather_cpu(const td_ops *ctx, float *tlogp, int *top1, const float *logp,
+                               const int *target, int N, int V)
+{
+    (void)ctx;
+    for (int i = 0; i < N; i++) {
+        const float *row = logp + (size_t)i * V;
+        int best = 0;
+        for (int v = 1; v < V; v++) best = row[v] > row[best] ? v : best;
+        tlogp[i] = row[target[i]];
+        top1[i] = best;
+    }
+}
+
 const td_backend td_backend_cpu = {
     .name = "cpu",
     .init = cpu_init,
@@ -384,6 +398,7 @@ const td_backend td_backend_cpu = {
     .residual_forward = residual_cpu,
     .scale_forward = scale_cpu,
     .logsoftmax_forward = logsoftmax_cpu,
+    .logprob_gather = logprob_gather_cpu,
     /* the backward (cpu_backward.c) */
     .embedding_backward = embedding_backward_cpu,
     .rmsnorm_backward = rmsnorm_backward_cpu,
@@ -392,4 +407,7 @@ const td_backend td_backend_cpu = {
     .attention_backward = attention_backward_cpu,
     .swiglu_backward = swiglu_backward_cpu,
     .logsoftmax_backward = logsoftmax_backward_ref,  /* fp32 over fp32 log-probs */
+    .optim_adamw = optim_adamw_cpu,
+    .optim_sumsq = optim_sumsq_cpu,
+    .optim_scale = optim_scale_cpu,
 };

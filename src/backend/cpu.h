@@ -36,6 +36,11 @@ static inline __attribute__((always_inline)) float td_expf(float x)
 /* Files whose loops call td_expf add #pragma GCC optimize("no-trapping-math") (cpu_ref.c says
  * why). */
 
+/* the optimiser's steps (cpu_optim.c; ops.h optim_*) */
+void optim_adamw_cpu(float *param, const float *grad, float *m1, float *m2, size_t n, const td_adamw_k *k);
+double optim_sumsq_cpu(const float *g, size_t n);
+void optim_scale_cpu(float *g, size_t n, float k);
+
 void cpu_init(td_ops *ctx);   /* one OpenMP pool, OpenBLAS single-threaded inside it */
 
 void embedding_forward_ref(const td_ops *ctx, float *out, const int *tokens, const td_wmat *embed,

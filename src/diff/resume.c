@@ -19,18 +19,22 @@ const char *td_diff_device_key(const char *desc)
     return desc;
 }
 
-static int check_device(job *J, td_error *err)
+int td_resume_device_check(td_runfile *rf, const char *now, const char *new_out, td_error *err)
 {
     td_error e2;
-    char *have = td_runfile_get_str(J->rf, "device", &e2);
-    const char *now = td_model_device(J->model);
+    char *have = td_runfile_get_str(rf, "device", &e2);
     int same = !strcmp(td_diff_device_key(have ? have : "cpu"), td_diff_device_key(now));
     if (!same)
         td_fail(err, "%s: --resume on another device (the file was made on %s, this run is on %s): the two "
-                "devices' kernels give other numbers; resume on that device, or use a new -o",
-                td_runfile_path(J->rf), have ? have : "cpu", now);
+                "devices' kernels give other numbers; resume on that device, or use a new %s",
+                td_runfile_path(rf), have ? have : "cpu", now, new_out);
     free(have);
     return same ? 0 : -1;
+}
+
+static int check_device(job *J, td_error *err)
+{
+    return td_resume_device_check(J->rf, td_model_device(J->model), "-o", err);
 }
 
 /* The attributes that must match for --resume to continue a file, and the options they come

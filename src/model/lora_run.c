@@ -21,7 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int punica)
+lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int punica,
+                        const td_backend *be)
 {
     lora_rt *rt = td_xcalloc(1, sizeof *rt);
     int L = lora->num_layers, rank = lora->rank;
@@ -64,8 +65,11 @@ lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int pu
         d->b = q;
         q += nb;
     }
-    rt->t = td_xmalloc((size_t)cap * rank * sizeof(float));
-    rt->u = td_xmalloc((size_t)cap * max_out * sizeof(float));
+    /* the branch's activations: written and read by ops only, so in the backend's memory (a
+     * device's ops would otherwise stage host buffers at every call) */
+    rt->be = be;
+    rt->t = be->alloc((size_t)cap * rank * sizeof(float));
+    rt->u = be->alloc((size_t)cap * max_out * sizeof(float));
     rt->qin = td_xmalloc((size_t)cap * max_in * sizeof(float));
     return rt;
 }
@@ -75,8 +79,8 @@ void lora_rt_free(lora_rt *rt)
     if (!rt) return;
     free(rt->pairs);
     free(rt->owned);
-    free(rt->t);
-    free(rt->u);
+    rt->be->free(rt->t);
+    rt->be->free(rt->u);
     free(rt->qin);
     free(rt);
 }
@@ -111,8 +115,10 @@ void lora_backward(const td_ops *ops, int layer, int module, float *dx, const fl
     float *t = scratch, *dt = scratch + nr, *du = scratch + 2 * nr;
     td_wmat a = td_wmat_f32(p->a);
     matmul_forward(&lo, t, x, &a, NULL, N, p->in, r);            /* t = D(A x), as the forward */
-    memcpy(du, dy, nout * sizeof(float));
-    scale_forward(ops, du, rt->scale, nout);                      /* du = D(scale dy)           */
+    /* du = D(scale dy): a copy of dy in the backend's memory (be->upload copies between two
+     * of its buffers too: memcpy on the CPU, cudaMemcpyDefault on CUDA), scaled in place */
+    ops->be->upload(du, dy, nout * sizeof(float));
+    scale_forward(ops, du, rt->scale, nout);
     ops->be->zero(dt, nr * sizeof(float));
     matmul_backward(&lo, dt, g->db, NULL, du, t, p->b, N, r, p->out);
     matmul_backward(&lo, dx, g->da, NULL, dt, x, p->a, N, p->in, r);

@@ -165,12 +165,14 @@ typedef struct lora_rt {
     td_recipe recipe;      /* the LoRA GEMMs' recipe (never fp8, split_k 1)             */
     td_lora_pair *pairs;   // (L, TD_LORA_NMOD) rounded A (r, in), B (out, r); a NULL = not adapted
     float *owned;          /* storage of the rounded A and B                            */
+    const td_backend *be;  /* whose buffers t and u are (the path's backend)               */
     float *t;              // (cap, r)        D(A x)
     float *u;              // (cap, max out)  D(B t), then D(scale u)
     float *qin;            // (cap, max(in, r)) GEMM operand scratch
 } lora_rt;
 
-lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int punica);
+lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int punica,
+                        const td_backend *be);
 void lora_rt_free(lora_rt *rt);
 /* y (N, out) += the LoRA branch of projection `module` of `layer` on its input x (N, in);
  * nothing when ops has no adapter or this projection is not adapted. */

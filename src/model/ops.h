@@ -73,6 +73,16 @@ const float *wmat_rows(const td_wmat *w, long r0, long nr, int cols, float *dst)
 void wmat_gemm_fixed(const td_wmat *w, long r0, long nr, int cols, const float *inp, int N,
                      float *out, int ldo, float *dst);
 
+/* AdamW's per-step scalars (src/train/optim.c adamw_scalars: formed in double, used as fp32,
+ * torch's _single_tensor_adamw): per element, with g the gradient,
+ *   p = decay_on ? param * decay : param;   m = m1 * b1 + a1 * g;   v = m2 * b2 + a2 * (g * g)
+ *   param = p + step_size * (m / (sqrtf(v) / bc2_sqrt + eps));   m1 = m;   m2 = v
+ * each operation rounded to fp32 in this order (no contraction). */
+typedef struct td_adamw_k {
+    float decay, b1, b2, a1, a2, bc2_sqrt, eps, step_size;
+    int decay_on;
+} td_adamw_k;
+
 typedef struct td_ops {
     const td_backend *be;         /* who runs the ops (td_backend_cpu)                         */
     int nthreads;                 /* threads the ops may use (>= 1)                            */
@@ -131,6 +141,8 @@ struct td_backend {
                              size_t n);
     void (*scale_forward)(const td_ops *ctx, float *x, float s, size_t n);
     void (*logsoftmax_forward)(const td_ops *ctx, float *x, int N, int V);
+    void (*logprob_gather)(const td_ops *ctx, float *tlogp, int *top1, const float *logp,
+                           const int *target, int N, int V);
 
     void (*embedding_backward)(const td_ops *ctx, float *dembed, const float *dout,
                                const int *tokens, int N, int C);
@@ -150,6 +162,16 @@ struct td_backend {
                             const float *gate, const float *up, int N, int F);
     void (*logsoftmax_backward)(const td_ops *ctx, float *dx, const float *logp,
                                 const int *target, const float *dlogp, int N, int V);
+
+    /* The optimiser's element-wise steps on the backend's buffers (src/train/optim.c says what
+     * each reproduces), the CPU's arithmetic on every backend: AdamW (td_adamw_k above) over n
+     * elements; the sum of squares of n gradients in double (returned to the host; the CPU sums
+     * in its vector order, a device in a fixed tree: they differ in the double's last bits);
+     * g *= k in fp32. */
+    void (*optim_adamw)(float *param, const float *grad, float *m1, float *m2, size_t n,
+                        const td_adamw_k *k);
+    double (*optim_sumsq)(const float *g, size_t n);
+    void (*optim_scale)(float *g, size_t n, float k);
 
     /* A backend whose ops run asynchronously (CUDA): sync waits until they are done, so the
      * host may read what they wrote; forget drops the device copies of host weights (a recipe
@@ -288,6 +310,16 @@ static inline void scale_forward(const td_ops *ctx, float *x, float s, size_t n)
 static inline void logsoftmax_forward(const td_ops *ctx, float *x, int N, int V)
 {
     ctx->be->logsoftmax_forward(ctx, x, N, V);
+}
+
+/* Per row of the log-softmax rows logp (N, V): tlogp[i] = logp[i, target[i]] and top1[i] =
+ * the first index of the row's largest value (a strict > scan from column 0). What a trainer
+ * reads of a micro-batch's logits on the host: N floats and N ints, not N * V. tlogp and
+ * top1 may be host memory (a device backend stages them). */
+static inline void logprob_gather(const td_ops *ctx, float *tlogp, int *top1, const float *logp,
+                                  const int *target, int N, int V)
+{
+    ctx->be->logprob_gather(ctx, tlogp, top1, logp, target, N, V);
 }
 
 /* ---- the backward ops (see the top of this file: input gradients accumulate) ------------- */

@@ -287,7 +287,7 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
     st->head = td_recipe_for_head(&rc);
     st->f32 = f32;
     if (lora && mode != TD_LORA_MERGED) {
-        st->lora = lora_rt_create(lora, &rc, cap, mode == TD_LORA_PUNICA);
+        st->lora = lora_rt_create(lora, &rc, cap, mode == TD_LORA_PUNICA, ops->be);
         ops->lora = st->lora;
     }
     prep P = {.st = st, .m = m, .err = err};

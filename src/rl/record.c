@@ -16,6 +16,7 @@
  * --report-to: each committed /steps row also goes to TensorBoard / metrics.jsonl (log_step;
  * include/tidal/tfevents.h), cut back with the file on --resume (td_rl_run). */
 #include "rl_internal.h"
+#include "tidal/diff.h"
 #include "tidal/opts.h"
 
 #include <dirent.h>
@@ -101,6 +102,7 @@ static int write_attrs(rl_run *R, td_error *err)
              td_runfile_set_str(R->rf, "created", created, err) ||
              td_runfile_set_str(R->rf, "mode", "rl", err) ||
              td_runfile_set_str(R->rf, "model_path", o->model_path, err) ||
+             td_runfile_set_str(R->rf, "device", td_model_device(R->model), err) ||
              td_runfile_set_str(R->rf, "dataset_path", o->dataset_path, err) ||
              td_runfile_set_i64(R->rf, "seed", (int64_t)o->seed, err) ||
              td_runfile_set_str(R->rf, "recipe_a_name", R->rtrain.name, err) ||
@@ -265,6 +267,8 @@ int rl_file_open(rl_run *R, int *start, td_error *err)
     else if (td_settings_diff(cfg, mine, RESUME_FLAGS, RESUME_FREE, lines, sizeof lines) != 0)
         rc = td_fail(err, "%s: --resume with other settings than the run's (give the run's values, or use a new "
                      "--output-dir):\n%s", path, lines);
+    else if (td_resume_device_check(R->rf, td_model_device(R->model), "--output-dir", err))
+        rc = -1;
     free(tool); free(cfg);
     int64_t ck = 0;
     if (!rc && td_runfile_get_i64(R->rf, "checkpoint_step", &ck, err)) rc = -1;

@@ -48,7 +48,7 @@ static int load_inputs(rl_run *R, td_error *err)
                        "--max-seq-length %d", o->dataset_path, R->items[at].line, longest,
                        o->max_completion_length, o->max_seq_length);
     R->model = td_model_load(o->model_path, err);
-    if (!R->model) return -1;
+    if (!R->model || td_model_set_device(R->model, o->device ? o->device : "cpu", err)) return -1;
     R->V = R->model->cfg.vocab_size;
     /* the same stop set as tidal-diff: generation_config.json's list, else config.json's */
     R->n_eos = td_checkpoint_stop_ids(o->model_path, &R->model->cfg, td_tokenizer_eos_id(R->tkz), R->eos, err);

@@ -346,11 +346,7 @@ static int score_old(rl_run *R, td_error *err)
  * does it itself (GradScaler) */
 static int grads_finite(const rl_run *R)
 {
-    const float *g = td_trainer_grads(R->tr);
-    size_t n = td_trainer_num_params(R->tr);
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
-    return isfinite(s);
+    return td_trainer_grads_finite(R->tr);
 }
 
 static int update(rl_run *R, double *M, td_error *err)
@@ -364,7 +360,7 @@ static int update(rl_run *R, double *M, td_error *err)
     td_step_info info;
     double scaled = td_trainer_loss_scale(R->tr);
     if (scaled == 1.0 && !grads_finite(R)) {
-        memset((float *)td_trainer_grads(R->tr), 0, td_trainer_num_params(R->tr) * sizeof(float));
+        td_trainer_zero_grads(R->tr);
         info = (td_step_info){.grad_norm = NAN, .loss_scale = 1.0, .skipped = 1, .lr = NAN};
         R->nonfinite++;
         R->skipped_extra++;

@@ -70,6 +70,7 @@ int rl_sync_init(rl_run *R, td_error *err)
     if (R->o->lora_sync == TD_RL_SYNC_MERGE_UNMERGE) {   /* the engine's own copy of the weights */
         R->engine = td_model_alloc(&base->cfg, err);
         if (!R->engine) return -1;
+        R->engine->backend = base->backend;   /* the rollouts run where the trainer does */
         memcpy(R->engine->owned, base->owned, base->owned_floats * sizeof(float));
     }
     return 0;

@@ -13,9 +13,6 @@
 #include <string.h>
 #include <strings.h>
 
-/* sqrtf without errno handling, so the AdamW loop vectorises (tidal never reads errno here) */
-#pragma GCC optimize("no-math-errno")
-
 static const char *const SCHED_NAMES[TD_SCHED_COUNT] = {
     "constant", "constant_with_warmup", "linear", "cosine"};
 
@@ -57,44 +54,19 @@ double td_lr_lambda(const td_train_opts *o, int k)
     }
 }
 
-void adamw_update(float *param, const float *grad, float *m1, float *m2, size_t n, double lr,
-                  double beta1, double beta2, double eps, double weight_decay, int step)
+td_adamw_k adamw_scalars(double lr, double beta1, double beta2, double eps, double weight_decay, int step)
 {
     /* torch: param.mul_(1 - lr*wd); exp_avg.mul_(b1).add_(g, alpha=1-b1);
      * exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2); denom = (exp_avg_sq.sqrt() /
-     * sqrt(bc2)).add_(eps); param.addcdiv_(exp_avg, denom, value=-lr/bc1) */
-    float decay = (float)(1.0 - lr * weight_decay);
-    float b1 = (float)beta1, b2 = (float)beta2, a1 = (float)(1.0 - beta1), a2 = (float)(1.0 - beta2);
+     * sqrt(bc2)).add_(eps); param.addcdiv_(exp_avg, denom, value=-lr/bc1). The element-wise
+     * loop is the backend's optim_adamw (src/model/ops.h; CPU: src/backend/cpu_optim.c). */
     double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
-    float bc2_sqrt = (float)sqrt(bc2), e = (float)eps, step_size = (float)(-(lr / bc1));
-    #pragma omp parallel for simd if (n >= 65536)
-    for (size_t i = 0; i < n; i++) {
-        float p = weight_decay != 0.0 ? param[i] * decay : param[i];
-        float g = grad[i];
-        float m = m1[i] * b1;
-        m = m + a1 * g;
-        float v = m2[i] * b2;
-        v = v + a2 * (g * g);
-        float denom = sqrtf(v) / bc2_sqrt + e;
-        param[i] = p + step_size * (m / denom);
-        m1[i] = m;
-        m2[i] = v;
-    }
-}
-
-double grad_sumsq(const float *g, size_t n)
-{
-    /* a fixed summation order (the build's vector width), whatever the thread count */
-    double s = 0.0;
-    #pragma omp simd reduction(+ : s)
-    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
-    return s;
-}
-
-void grad_scale(float *g, size_t n, float k)
-{
-    #pragma omp parallel for simd if (n >= 65536)
-    for (size_t i = 0; i < n; i++) g[i] *= k;
+    td_adamw_k k = {
+        .decay = (float)(1.0 - lr * weight_decay),
+        .b1 = (float)beta1, .b2 = (float)beta2, .a1 = (float)(1.0 - beta1), .a2 = (float)(1.0 - beta2),
+        .bc2_sqrt = (float)sqrt(bc2), .eps = (float)eps, .step_size = (float)(-(lr / bc1)),
+        .decay_on = weight_decay != 0.0};
+    return k;
 }
 
 float clip_coef(double total_norm, double max_norm)

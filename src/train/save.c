@@ -37,9 +37,10 @@ int td_trainer_dump_grads(const td_trainer *tr, const char *path, int nseq,
         td_st_writer_declare(w, "loss_mask", TD_DT_I64, 2, bt, err) || td_st_writer_begin(w, err))
         goto out;
     float inv = (float)(1.0 / tr->scaler.scale);   /* the gradients are held scaled */
+    const float *grads = train_grads_host(tr);     /* a device's: downloaded */
     for (size_t i = 0; i < tr->ntensors; i++) {
         const train_tensor *t = &tr->tensors[i];
-        const float *src = tr->grads + t->offset;
+        const float *src = grads + t->offset;
         if (tr->scaler.on) {
             g = realloc(g, t->numel * sizeof(float));
             for (size_t k = 0; k < t->numel; k++) g[k] = src[k] * inv;

@@ -3,6 +3,7 @@
  * checkpoints and the final save. Data: sft_data.c; evaluation: sft_eval.c; files: sft_save.c. */
 #include "sft_internal.h"
 #include "tidal/checkpoint.h"
+#include "tidal/diff.h"
 #include "tidal/opts.h"
 #include "tidal/rng.h"
 #include "tidal/runschema.h"
@@ -186,7 +187,7 @@ static int load_inputs(sft_job *J, int with_train, td_error *err)
 {
     const td_sft_opts *o = J->o;
     J->model = td_model_load(o->model_path, err);
-    if (!J->model) return -1;
+    if (!J->model || td_model_set_device(J->model, o->device ? o->device : "cpu", err)) return -1;
     const td_config *c = &J->model->cfg;
     char tpath[4200];
     const char *tp = o->tokenizer_path ? o->tokenizer_path : o->model_path;
@@ -218,7 +219,7 @@ static int open_runfile(sft_job *J, int resume_rows, td_error *err)
     const td_sft_opts *o = J->o;
     if (resume_rows >= 0) {
         J->rf = td_runfile_open(J->run_path, 1, err);
-        if (!J->rf) return -1;
+        if (!J->rf || td_resume_device_check(J->rf, td_model_device(J->model), "--output-dir", err)) return -1;
         int64_t have = td_runfile_rows(J->rf, td_schema_steps[TD_STP_STEP].path);
         if (have < resume_rows)
             return td_fail(err, "%s: %lld /steps rows, the checkpoint is at step %d: not this run's file",
@@ -233,6 +234,7 @@ static int open_runfile(sft_job *J, int resume_rows, td_error *err)
     int rc = td_runfile_set_str(J->rf, "command_line", o->command ? o->command : "", err) ||
              td_runfile_set_str(J->rf, "tool", "tidal-sft", err) ||
              td_runfile_set_str(J->rf, "model_path", o->model_path, err) ||
+             td_runfile_set_str(J->rf, "device", td_model_device(J->model), err) ||
              td_runfile_set_str(J->rf, "dataset_path", J->train.path, err) ||
              td_runfile_set_str(J->rf, "recipe", rj, err) || td_runfile_set_str(J->rf, "eval_recipe", ej, err) ||
              td_runfile_set_i64(J->rf, "seed", (int64_t)o->train.seed, err) ||

@@ -46,6 +46,7 @@ int td_trainer_save_state(const td_trainer *tr, const char *path, td_error *err)
                 goto out;
         }
     if (td_st_writer_begin(w, err)) goto out;
+    train_state_to_host(tr);   /* a device's moments (the masters are current on the host) */
     for (int k = 0; k < 3; k++)
         for (size_t i = 0; i < tr->ntensors; i++) {
             snprintf(name, sizeof name, "%s.%s", PART[k], tr->tensors[i].name);
@@ -111,7 +112,8 @@ int td_trainer_load_state(td_trainer *tr, const char *path, td_error *err)
         tr->scaler.scale = scale;
         tr->scaler.growth_tracker = (int)tracker;
     }
-    memset(tr->grads, 0, tr->nparams * sizeof(float));
+    train_zero_grads(tr);
+    train_state_to_device(tr);
     rc = td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err);
 out:
     td_checkpoint_close(ck);

@@ -30,9 +30,19 @@ struct td_trainer {
     td_param_spec *specs;         /* the table                                                  */
     size_t nspecs;
     td_lora *lora;                /* the adapter trained (its owned block is the parameters)   */
-    float *params;                /* trained parameters: m->owned, or lora->owned               */
+    float *params;                /* trained parameters: m->owned, or lora->owned (host)        */
     size_t nparams;
-    float *grads, *m1, *m2;       /* (nparams) carved like params                               */
+    const td_backend *be;         /* who runs the forward and backward (the model's backend)   */
+    float *grads;                 /* (nparams) carved like params, in be's memory: what the
+                                     backward ops accumulate into                              */
+    float *grads_host;            /* (nparams) their host copy (td_trainer_grads, --dump-grads):
+                                     grads itself on the CPU, downloaded when asked on a device */
+    float *m1, *m2;               /* (nparams) AdamW moments, host: the state file's copy       */
+    float *params_dev, *m1_dev, *m2_dev; /* (nparams) the masters and moments the optimiser
+                                     updates, in be's memory: params, m1, m2 themselves on the
+                                     CPU; on a device params is downloaded after each step
+                                     (the recipe's weights are prepared from it), m1/m2 only for
+                                     a state file (train_state_to_host)                       */
     train_tensor *tensors;        /* the trained tensors, in table (or layer, module) order     */
     size_t ntensors;
     td_model_weights gw;          /* gradient views of the model (NULL entries under LoRA)     */
@@ -40,23 +50,31 @@ struct td_trainer {
     td_forward *f;                /* the training path, activations kept                        */
     td_grad_acts ga;
     int logits_rows;
-    float *logits;                /* (logits_rows, V)                                           */
-    float *tlogp, *dlogp;         /* (max_tokens) target log-prob / dL/dlogp per row            */
-    int *target;                  /* (max_tokens) the token each row predicts (0: none)         */
+    float *logits;                /* (logits_rows, V) in be's memory                            */
+    float *tlogp, *dlogp;         /* (max_tokens) target log-prob / dL/dlogp per row, host: the
+                                     only per-row values that cross to and from a device      */
+    int *target;                  /* (max_tokens) the token each row predicts (0: none), host   */
     int step;                     /* optimiser steps taken                                      */
     long skipped;
     train_scaler scaler;
-    int *top1;                    /* (max_tokens) each row's most probable token                */
-    long acc_correct, acc_total;
-    int loss_overflow;            /* loss scaling: a micro-batch's loss was not finite          */  /* targets in the loss whose row's top token is the target    */
+    int *top1;                    /* (max_tokens) each row's most probable token, host          */
+    long acc_correct, acc_total;  /* targets in the loss whose row's top token is the target    */
+    int loss_overflow;            /* loss scaling: a micro-batch's loss was not finite          */
 };
+
+/* The accumulated gradients on the host (downloaded from a device first), and zeroing them
+ * (device and host copy) (trainer.c). */
+float *train_grads_host(const td_trainer *tr);
+void train_zero_grads(td_trainer *tr);
+/* A device's masters and moments: copied to the host arrays (before a state file is written),
+ * and back (after the host arrays were written: a state loaded, params changed). No-ops on the
+ * CPU, whose arrays are the same. */
+void train_state_to_host(const td_trainer *tr);
+void train_state_to_device(td_trainer *tr);
 
 /* optim.c */
 int train_warmup_steps(const td_train_opts *o);
-void adamw_update(float *param, const float *grad, float *m1, float *m2, size_t n, double lr,
-                  double beta1, double beta2, double eps, double weight_decay, int step);
-double grad_sumsq(const float *g, size_t n);
-void grad_scale(float *g, size_t n, float k);
+td_adamw_k adamw_scalars(double lr, double beta1, double beta2, double eps, double weight_decay, int step);
 float clip_coef(double total_norm, double max_norm);
 void scaler_update(train_scaler *s, int found_inf);
 

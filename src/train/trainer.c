@@ -12,6 +12,19 @@
  *                            when the micro-batch's logits do not all fit in the buffer)
  *   matmul_backward          the lm_head under its own recipe (td_recipe_for_head)
  *   decoder_backward         every layer back to the embedding
+ *
+ * On a device (the model's backend, td_model_set_device: --device cuda) the activations, their
+ * gradients, the weight gradients and the logits live in the backend's memory and every op of
+ * the forward and backward runs there; per micro-batch the host sees only each row's target
+ * log-prob and top token (logprob_gather: N floats, N ints) and hands back dL/dlogp (N floats,
+ * staged by logsoftmax_backward). The optimiser step runs there too (the table's optim_*
+ * entries, optim.c's arithmetic): the fp32 masters and AdamW moments stay in device buffers,
+ * unscaling, the per-tensor sums of squares (the host gets ntensors doubles: the norm, the
+ * Inf/NaN test, the clip coefficient, the GradScaler's decision), clipping and AdamW run as
+ * kernels. What still crosses once per step: the updated masters come down (nparams floats)
+ * and the recipe's weights are prepared from them on the host, which drops their device copies
+ * (td_backend_forget) so the next forward uploads the new ones; preparing them on the device
+ * is not written. The moments come down only for a state file.
  */
 #include "train_internal.h"
 #include "tidal/rng.h"
@@ -199,8 +212,12 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     if (check_opts(opts, err)) return NULL;
     const td_config *c = &src->cfg;
     if (td_config_check_len(c, opts->max_seq_len, err)) return NULL;
+    if (src->backend && !td_backend_has_backward(src->backend))
+        return td_fail(err, "training: the %s backend lacks backward ops (matmul_backward): train on "
+                       "the CPU (--device cpu)", src->backend->name), NULL;
     td_model *m = td_model_alloc(c, err);
     if (!m) return NULL;
+    m->backend = src->backend;   /* the forward, backward and the paths made on tr->m run there */
     td_trainer *tr = td_xcalloc(1, sizeof *tr);
     tr->o = *opts;
     tr->m = m;
@@ -223,9 +240,22 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
         tr->params = m->owned;
         tr->nparams = m->owned_floats;
     }
-    tr->grads = td_xcalloc(tr->nparams, sizeof(float));
+    tr->be = m->backend ? m->backend : &td_backend_cpu;
+    tr->grads = tr->be->alloc(tr->nparams * sizeof(float));
+    tr->be->zero(tr->grads, tr->nparams * sizeof(float));
+    tr->grads_host = tr->be->sync ? td_xcalloc(tr->nparams, sizeof(float)) : tr->grads;
     tr->m1 = td_xcalloc(tr->nparams, sizeof(float));
     tr->m2 = td_xcalloc(tr->nparams, sizeof(float));
+    if (tr->be->sync) {   /* a device: its own masters and moments, uploaded now */
+        tr->params_dev = tr->be->alloc(tr->nparams * sizeof(float));
+        tr->m1_dev = tr->be->alloc(tr->nparams * sizeof(float));
+        tr->m2_dev = tr->be->alloc(tr->nparams * sizeof(float));
+    } else {
+        tr->params_dev = tr->params;
+        tr->m1_dev = tr->m1;
+        tr->m2_dev = tr->m2;
+    }
+    train_state_to_device(tr);
     tr->gw.layers = td_xcalloc((size_t)c->num_layers, sizeof *tr->gw.layers);
     tr->lg = td_xcalloc((size_t)c->num_layers * TD_LORA_NMOD, sizeof *tr->lg);
     build_tensors(tr);
@@ -234,11 +264,6 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     int rows = opts->logits_rows;
     if (rows <= 0) rows = (size_t)opts->max_tokens * V <= (1u << 25) ? opts->max_tokens : 256;
     tr->logits_rows = rows < opts->max_tokens ? rows : opts->max_tokens;
-    if (m->backend && !td_backend_has_backward(m->backend)) {
-        td_fail(err, "training runs on the CPU only: the %s backend lacks backward ops (the GEMMs' "
-                "matmul_backward; load the model without --device)", m->backend->name);
-        goto fail;
-    }
     tr->f = td_forward_create(m, opts->max_tokens, opts->max_seq_len, tr->logits_rows, err);
     if (!tr->f) goto fail;
     if (opts->gradient_checkpointing && tr->recipe.norm == TD_NORM_FUSED_ADD && !tr->recipe.residual_fp32) {
@@ -250,9 +275,9 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     forward_keep_activations(tr->f, opts->gradient_checkpointing ? TD_ACTS_CHECKPOINT : TD_ACTS_ALL);
     if (td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err)) goto fail;
     td_ops ops;
-    td_ops_init(&ops, &td_backend_cpu);
+    td_ops_init(&ops, tr->be);
     grad_acts_alloc(&tr->ga, c, &ops, opts->max_tokens, opts->max_seq_len, tr->lora ? tr->lora->rank : 0);
-    tr->logits = td_xmalloc((size_t)tr->logits_rows * V * sizeof(float));
+    tr->logits = tr->be->alloc((size_t)tr->logits_rows * V * sizeof(float));
     tr->tlogp = td_xmalloc((size_t)opts->max_tokens * sizeof(float));
     tr->dlogp = td_xmalloc((size_t)opts->max_tokens * sizeof(float));
     tr->target = td_xmalloc((size_t)opts->max_tokens * sizeof(int));
@@ -273,14 +298,22 @@ void td_trainer_free(td_trainer *tr)
     if (!tr) return;
     td_forward_free(tr->f);
     if (tr->ga.be) grad_acts_free(&tr->ga);
+    if (tr->be) {
+        if (tr->grads_host != tr->grads) free(tr->grads_host);
+        if (tr->params_dev != tr->params) tr->be->free(tr->params_dev);
+        if (tr->m1_dev != tr->m1) tr->be->free(tr->m1_dev);
+        if (tr->m2_dev != tr->m2) tr->be->free(tr->m2_dev);
+        tr->be->free(tr->grads);
+        tr->be->free(tr->logits);
+    }
     td_lora_free(tr->lora);
     td_model_free(tr->m);
     free(tr->specs);
     free(tr->tensors);
-    free(tr->grads); free(tr->m1); free(tr->m2);
+    free(tr->m1); free(tr->m2);
     free(tr->gw.layers);
     free(tr->lg);
-    free(tr->logits); free(tr->tlogp); free(tr->dlogp); free(tr->target); free(tr->top1);
+    free(tr->tlogp); free(tr->dlogp); free(tr->target); free(tr->top1);
     free(tr);
 }
 
@@ -290,7 +323,8 @@ void td_trainer_free(td_trainer *tr)
 static int first_nonfinite_tensor(const td_trainer *tr)
 {
     for (size_t i = 0; i < tr->ntensors; i++)
-        if (!isfinite(grad_sumsq(tr->params + tr->tensors[i].offset, tr->tensors[i].numel))) return (int)i;
+        if (!isfinite(td_backend_cpu.optim_sumsq(tr->params + tr->tensors[i].offset, tr->tensors[i].numel)))
+            return (int)i;
     return -1;
 }
 
@@ -312,13 +346,7 @@ static int micro_batch(td_trainer *tr, int s0, int s1, const int *const *tokens,
     for (int r0 = 0; r0 < N; r0 += tr->logits_rows) {
         int R = N - r0 < tr->logits_rows ? N - r0 : tr->logits_rows;
         head_forward(ops, m, tr->logits, a->xn + (size_t)r0 * C, R, 0);
-        for (int i = 0; i < R; i++) {
-            const float *row = tr->logits + (size_t)i * V;
-            int best = 0;
-            for (int v = 1; v < V; v++) best = row[v] > row[best] ? v : best;
-            tr->tlogp[r0 + i] = row[tr->target[r0 + i]];
-            tr->top1[r0 + i] = best;
-        }
+        logprob_gather(ops, tr->tlogp + r0, tr->top1 + r0, tr->logits, tr->target + r0, R, V);
     }
     /* the loss: each sequence's targets are its rows but the last */
     double sum = 0.0;
@@ -349,7 +377,7 @@ static int micro_batch(td_trainer *tr, int s0, int s1, const int *const *tokens,
     /* the lm_head backward (its own recipe), chunk by chunk, then the decoder's */
     const td_model_weights *W = ops->w ? ops->w : &m->w;
     td_ops head = td_ops_gemm(ops, ops->head, ops->qin, ops->gscratch);
-    memset(tr->ga.dxn, 0, (size_t)N * C * sizeof(float));
+    tr->be->zero(tr->ga.dxn, (size_t)N * C * sizeof(float));
     for (int r0 = 0; r0 < N; r0 += tr->logits_rows) {
         int R = N - r0 < tr->logits_rows ? N - r0 : tr->logits_rows;
         if (N > tr->logits_rows) head_forward(ops, m, tr->logits, a->xn + (size_t)r0 * C, R, 0);
@@ -421,11 +449,12 @@ int td_trainer_accumulate_sft(td_trainer *tr, int nseq, const int *const *tokens
 int td_trainer_step(td_trainer *tr, td_step_info *info, td_error *err)
 {
     td_step_info in = {.loss_scale = tr->scaler.scale, .nonfinite_param = -1};
+    const td_backend *be = tr->be;   /* the gradients, masters and moments are its buffers */
     size_t n = tr->nparams;
-    if (tr->scaler.on) grad_scale(tr->grads, n, (float)(1.0 / tr->scaler.scale));   /* unscale_ */
+    if (tr->scaler.on) be->optim_scale(tr->grads, n, (float)(1.0 / tr->scaler.scale));   /* unscale_ */
     double sumsq = 0.0;
     for (size_t i = 0; i < tr->ntensors; i++) {
-        double s = grad_sumsq(tr->grads + tr->tensors[i].offset, tr->tensors[i].numel);
+        double s = be->optim_sumsq(tr->grads + tr->tensors[i].offset, tr->tensors[i].numel);
         if (!isfinite(s) && in.nonfinite_param < 0) in.nonfinite_param = (int)i;
         sumsq += s;
     }
@@ -434,7 +463,7 @@ int td_trainer_step(td_trainer *tr, td_step_info *info, td_error *err)
         if (!tr->scaler.on)
             return td_fail(err, "training step %d: gradient of %s is not finite (no loss scaling "
                            "to skip the step)", tr->step, tr->tensors[in.nonfinite_param].name);
-        memset(tr->grads, 0, n * sizeof(float));   /* GradScaler: the step is skipped */
+        train_zero_grads(tr);   /* GradScaler: the step is skipped */
         scaler_update(&tr->scaler, 1);
         tr->skipped++;
         tr->loss_overflow = 0;
@@ -442,19 +471,22 @@ int td_trainer_step(td_trainer *tr, td_step_info *info, td_error *err)
     } else {
         if (tr->o.max_grad_norm > 0) {
             float coef = clip_coef(in.grad_norm, tr->o.max_grad_norm);
-            if (coef < 1.0f) grad_scale(tr->grads, n, coef);
+            if (coef < 1.0f) be->optim_scale(tr->grads, n, coef);
         }
         in.lr = tr->o.lr * td_lr_lambda(&tr->o, tr->step);
         tr->step++;
         for (size_t i = 0; i < tr->ntensors; i++) {
             const train_tensor *t = &tr->tensors[i];
-            adamw_update(tr->params + t->offset, tr->grads + t->offset, tr->m1 + t->offset,
-                         tr->m2 + t->offset, t->numel, in.lr, tr->o.beta1, tr->o.beta2, tr->o.eps,
-                         t->decay ? tr->o.weight_decay : 0.0, tr->step);
+            td_adamw_k k = adamw_scalars(in.lr, tr->o.beta1, tr->o.beta2, tr->o.eps,
+                                         t->decay ? tr->o.weight_decay : 0.0, tr->step);
+            be->optim_adamw(tr->params_dev + t->offset, tr->grads + t->offset, tr->m1_dev + t->offset,
+                            tr->m2_dev + t->offset, t->numel, &k);
         }
-        memset(tr->grads, 0, n * sizeof(float));
+        train_zero_grads(tr);
         if (tr->scaler.on) scaler_update(&tr->scaler, 0);
-        /* the recipe's rounded weights (and adapter copy) from the new masters */
+        /* the host masters (a device's, downloaded), then the recipe's rounded weights (and
+         * adapter copy) from them */
+        if (tr->params_dev != tr->params) be->download(tr->params, tr->params_dev, n * sizeof(float));
         if (td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err)) return -1;
     }
     in.step = tr->step;
@@ -469,12 +501,52 @@ const td_model *td_trainer_model(const td_trainer *tr) { return tr->m; }
 const td_lora *td_trainer_lora(const td_trainer *tr) { return tr->lora; }
 td_model *td_trainer_base(td_trainer *tr) { return tr->lora ? tr->m : NULL; }
 size_t td_trainer_num_params(const td_trainer *tr) { return tr->nparams; }
-const float *td_trainer_grads(const td_trainer *tr) { return tr->grads; }
+const float *td_trainer_grads(const td_trainer *tr) { return train_grads_host(tr); }
+
+float *train_grads_host(const td_trainer *tr)
+{
+    if (tr->grads_host != tr->grads) {
+        td_ops_sync(&(td_ops){.be = tr->be});
+        tr->be->download(tr->grads_host, tr->grads, tr->nparams * sizeof(float));
+    }
+    return tr->grads_host;
+}
+
+void train_zero_grads(td_trainer *tr)
+{
+    tr->be->zero(tr->grads, tr->nparams * sizeof(float));
+    if (tr->grads_host != tr->grads) memset(tr->grads_host, 0, tr->nparams * sizeof(float));
+}
+
+void td_trainer_zero_grads(td_trainer *tr) { train_zero_grads(tr); }
 float *td_trainer_params(td_trainer *tr) { return tr->params; }
 
 int td_trainer_params_changed(td_trainer *tr, td_error *err)
 {
+    if (tr->params_dev != tr->params)
+        tr->be->upload(tr->params_dev, tr->params, tr->nparams * sizeof(float));
     return td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err);
+}
+
+void train_state_to_host(const td_trainer *tr)
+{
+    if (tr->params_dev == tr->params) return;
+    tr->be->download(tr->params, tr->params_dev, tr->nparams * sizeof(float));
+    tr->be->download(tr->m1, tr->m1_dev, tr->nparams * sizeof(float));
+    tr->be->download(tr->m2, tr->m2_dev, tr->nparams * sizeof(float));
+}
+
+void train_state_to_device(td_trainer *tr)
+{
+    if (tr->params_dev == tr->params) return;
+    tr->be->upload(tr->params_dev, tr->params, tr->nparams * sizeof(float));
+    tr->be->upload(tr->m1_dev, tr->m1, tr->nparams * sizeof(float));
+    tr->be->upload(tr->m2_dev, tr->m2, tr->nparams * sizeof(float));
+}
+
+int td_trainer_grads_finite(const td_trainer *tr)
+{
+    return isfinite(tr->be->optim_sumsq(tr->grads, tr->nparams));
 }
 
 double td_trainer_loss_scale(const td_trainer *tr) { return tr->scaler.scale; }

@@ -54,7 +54,8 @@ $(BUILD)/sim/test_%: tests/cudasim/test_%.cpp $(SIM_LIB) $(LIB)
 # main build used, and its td_cuda_backend_open resolves to the sim library's backend (the
 # first archive of the group), never to libtidal's nvcc objects. tests/py/test_device_sim.py
 # runs them against the CPU tools.
-SIMTOOLS     := $(BUILD)/sim/bin/tidal-diff $(BUILD)/sim/bin/tidal-logprobs $(BUILD)/sim/bin/tidal-bench-model
+SIMTOOLS     := $(BUILD)/sim/bin/tidal-diff $(BUILD)/sim/bin/tidal-logprobs $(BUILD)/sim/bin/tidal-bench-model \
+                $(BUILD)/sim/bin/tidal-sft $(BUILD)/sim/bin/tidal-rl
 SIM_DEVICE   := $(BUILD)/sim/obj/device.o
 
 $(SIM_DEVICE): src/backend/device.c

@@ -19,9 +19,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${BUILD:-build-gpu}
 command -v nvcc >/dev/null || { echo "pack.sh: nvcc not found: the CUDA backend cannot be built here" >&2; exit 1; }
-make --no-print-directory BUILD="$B" CUDA=1 -j"$(nproc)" all gpu-tests >/dev/null
+# (tests/helpers/rl_base_sft: the rl stage's tidal-rl test trains its tiny base with it)
+make --no-print-directory BUILD="$B" CUDA=1 -j"$(nproc)" all gpu-tests "$B/tests/helpers/rl_base_sft" >/dev/null
 rm -rf "$B/lib" && mkdir -p "$B/lib"
-progs=("$B"/bin/* "$B"/gpu/peer $(ls "$B"/gpu/test_* 2>/dev/null | grep -v '\.o$' || true))
+progs=("$B"/bin/* "$B"/gpu/peer "$B"/tests/helpers/rl_base_sft $(ls "$B"/gpu/test_* 2>/dev/null | grep -v '\.o$' || true))
 strip --strip-debug "${progs[@]}" 2>/dev/null || true
 { ldd "${progs[@]}" 2>/dev/null || true; } | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u | while read -r so; do
   case "$(basename "$so")" in

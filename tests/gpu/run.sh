@@ -17,6 +17,11 @@
 #   memory      tests/gpu/memory_check.py: the memory plan against what the backend held
 #               (memory_peak) and what cudaMemGetInfo saw, Qwen2.5-0.5B-shaped, 8 x (1024 + 64);
 #               the 8B / 8K plan on this GPU ($OUT/memory.md; about a minute)
+#   rl          tidal-sft and tidal-rl --device cuda against the same tools on the CPU (issue 27):
+#               tests/py/test_device_sft.py and test_device_rl.py with DEVICE_BIN=$BUILD/bin (the
+#               real backend, matmul_backward_cuda included; tiny models, a minute or two):
+#               /steps loss, grad_norm within 1e-4 relative under fp32, bf16 / fp16 within the
+#               looser bound each script states, LoRA, --resume on the device bit for bit
 #
 # Each stage's log goes to $OUT/STAGE.log; the exit status is 1 if any stage failed.
 set -u
@@ -43,7 +48,13 @@ stage() {
     fidelity) bash reports/gpu/fidelity.sh small ;;
     fidelity-8b) bash reports/gpu/fidelity.sh 8b ;;
     memory) "$PY" tests/gpu/memory_check.py ;;
-    *) echo "run.sh: unknown stage '$1' (build, check, bench, fidelity, fidelity-8b, memory)" >&2; return 2 ;;
+    rl)
+      rc=0
+      for t in tests/py/test_device_sft.py tests/py/test_device_rl.py; do
+        echo "=== $t"; DEVICE_BIN="$BUILD/bin" "$PY" "$t" || rc=1   # 77 (h5py missing) fails here too
+      done
+      return $rc ;;
+    *) echo "run.sh: unknown stage '$1' (build, check, bench, fidelity, fidelity-8b, memory, rl)" >&2; return 2 ;;
   esac
 }
 [ $# -gt 0 ] || set -- build check bench fidelity memory

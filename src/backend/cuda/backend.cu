@@ -278,6 +278,7 @@ extern "C" const td_backend td_backend_cuda = {
     .residual_forward = residual_forward_cuda,
     .scale_forward = scale_forward_cuda,
     .logsoftmax_forward = logsoftmax_forward_cuda,
+    .logprob_gather = logprob_gather_cuda,
     /* the backward (op_backward.cu files; the GEMMs' in matmul_backward.cu) */
     .embedding_backward = embedding_backward_cuda,
     .rmsnorm_backward = rmsnorm_backward_cuda,
@@ -286,6 +287,9 @@ extern "C" const td_backend td_backend_cuda = {
     .attention_backward = attention_backward_cuda,
     .swiglu_backward = swiglu_backward_cuda,
     .logsoftmax_backward = logsoftmax_backward_cuda,
+    .optim_adamw = optim_adamw_cuda,
+    .optim_sumsq = optim_sumsq_cuda,
+    .optim_scale = optim_scale_cuda,
     .sync = cuda_sync,
     .forget = cuda_forget,
 };

@@ -132,6 +132,12 @@ void residual_forward_cuda(const td_ops *ctx, float *out, const float *inp1, con
                            size_t n);
 void scale_forward_cuda(const td_ops *ctx, float *x, float s, size_t n);
 void logsoftmax_forward_cuda(const td_ops *ctx, float *x, int N, int V);
+void optim_adamw_cuda(float *param, const float *grad, float *m1, float *m2, size_t n,
+                      const td_adamw_k *k);
+double optim_sumsq_cuda(const float *g, size_t n);
+void optim_scale_cuda(float *g, size_t n, float k);
+void logprob_gather_cuda(const td_ops *ctx, float *tlogp, int *top1, const float *logp,
+                         const int *target, int N, int V);
 
 /* the backward ops (one `op_backward.cu` per family) */
 void embedding_backward_cuda(const td_ops *ctx, float *dembed, const float *dout,
