@@ -30,15 +30,21 @@ const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, t
 
 static const td_backend *GPU;
 
-typedef struct { const char *name; td_sampling s; } scase;
+/* (plain arrays: nvcc's front end fails on a std::vector of td_sampling / td_rng, anonymous
+ * structs, when this file is built for the GPU) */
+typedef struct scase { const char *name; td_sampling s; } scase;
+enum { NCASES = 16 };
+static scase CASES[NCASES];
 
-static std::vector<scase> cases(void)
+static void cases(void)
 {
-    std::vector<scase> c;
+    int nc = 0;
     auto add = [&](const char *name, double T, double top_p, int top_k, double min_p, double rep) {
         td_sampling s = td_sampling_default();
         s.temperature = T; s.top_p = top_p; s.top_k = top_k; s.min_p = min_p; s.repetition_penalty = rep;
-        c.push_back({name, s});
+        CASES[nc].name = name;
+        CASES[nc].s = s;
+        nc++;
     };
     add("greedy", 0, 1, 0, 0, 1);
     add("greedy+rep1.2", 0, 1, 0, 0, 1.2);
@@ -56,7 +62,7 @@ static std::vector<scase> cases(void)
     add("min-p0.05 top-p0.9 T0.7", 0.7, 0.9, 0, 0.05, 1);
     add("all: T1.3 k5 p0.9 minp0.05 rep1.2", 1.3, 0.9, 5, 0.05, 1.2);
     add("T0.7 top-p0.5 rep1.2", 0.7, 0.5, 0, 0, 1.2);
-    return c;
+    if (nc != NCASES) abort();
 }
 
 /* rows of kind 0..3: N(0,1), N(0,9), N(0,64), N(0,4) rounded to 0.5 (ties) */
@@ -73,7 +79,7 @@ static void fill_rows(float *x, int n, int V, td_rng *r)
     }
 }
 
-static void run_case(int V, int n, int draws, int force, const std::vector<scase> &cs, uint64_t seed)
+static void run_case(int V, int n, int draws, int force, const scase *const *cs, int ncs, uint64_t seed)
 {
     td_rng data;
     td_rng_seed(&data, seed);
@@ -93,14 +99,15 @@ static void run_case(int V, int n, int draws, int force, const std::vector<scase
     }
     td_sampler *smp = td_sampler_create(V);
     sample_cuda_force_exact = force;
-    for (const scase &c : cs) {
-        std::vector<td_rng> rc(n), rg(n);
+    td_rng *rc = (td_rng *)malloc((size_t)n * sizeof(td_rng)), *rg = (td_rng *)malloc((size_t)n * sizeof(td_rng));
+    for (int ci = 0; ci < ncs; ci++) {
+        const scase &c = *cs[ci];
         for (int i = 0; i < n; i++) { td_rng_stream(&rc[i], seed, (uint64_t)i); rg[i] = rc[i]; }
         int ndiff_tok = 0, ndiff_lp = 0, ndiff_row = 0, nhost = 0;
         for (int d = 0; d < draws; d++) {
             std::vector<int> tg(n);
             std::vector<float> lg(n);
-            nhost += sample_cuda(NULL, &c.s, logits.data(), n, V, seenp.data(), nseen.data(), rg.data(),
+            nhost += sample_cuda(NULL, &c.s, logits.data(), n, V, seenp.data(), nseen.data(), rg,
                                  tg.data(), lg.data(), d == 0 ? proc_g.data() : NULL);
             for (int i = 0; i < n; i++) {
                 int t = td_sample(smp, &c.s, logits.data() + (size_t)i * V, seenp[i], nseen[i], &rc[i],
@@ -122,23 +129,28 @@ static void run_case(int V, int n, int draws, int force, const std::vector<scase
         if (force && c.s.temperature != 0 && c.s.top_p < 1) assert_int_equal(nhost, n * draws);
     }
     sample_cuda_force_exact = 0;
+    free(rc);
+    free(rg);
     td_sampler_free(smp);
 }
 
 static void test_small_vocab(void **state)
 {
     (void)state;
-    run_case(100, 8, 8, 0, cases(), 11);
-    run_case(100, 8, 2, 1, cases(), 12);
+    const scase *all[NCASES];
+    for (int i = 0; i < NCASES; i++) all[i] = &CASES[i];
+    run_case(100, 8, 8, 0, all, NCASES, 11);
+    run_case(100, 8, 2, 1, all, NCASES, 12);
 }
 
 static void test_qwen_vocab(void **state)
 {
     (void)state;
-    std::vector<scase> all = cases();
-    run_case(151936, 4, 1, 0, all, 13);
-    std::vector<scase> some = {all[2], all[8], all[14]};
-    run_case(151936, 2, 1, 1, some, 14);
+    const scase *all[NCASES];
+    for (int i = 0; i < NCASES; i++) all[i] = &CASES[i];
+    run_case(151936, 4, 1, 0, all, NCASES, 13);
+    const scase *some[3] = {&CASES[2], &CASES[8], &CASES[14]};
+    run_case(151936, 2, 1, 1, some, 3, 14);
 }
 
 /* device-resident logits (what a decode step leaves on the GPU) and a NULL logp */
@@ -172,6 +184,7 @@ static int setup(void **state)
     td_error err;
     GPU = td_cuda_backend_open(0, NULL, 0, &err);
     if (!GPU) { fprintf(stderr, "%s\n", err.msg); return -1; }
+    cases();
     return 0;
 }
 
