@@ -35,6 +35,7 @@
 #include <stddef.h>
 
 #include "tidal/model.h"
+#include "tidal/sampling.h"
 
 typedef struct td_backend td_backend;
 struct td_wset;
@@ -178,6 +179,15 @@ struct td_backend {
      * is prepared again, a path is freed). NULL on the CPU. */
     void (*sync)(void);
     void (*forget)(void);
+
+    /* td_sample on the backend (include/tidal/sampling.h): n rows of logits (V wide, backend or
+     * host memory), each row's seen tokens (host) and stream rng (advanced as td_sample does);
+     * writes tok (n), logp (n, the processed log-prob of each token; NULL = none) and proc (n, V
+     * processed rows; NULL = none) to host memory: the tokens td_sample draws. Returns how many
+     * rows were sampled on the host. NULL on the CPU (the paths call td_sample). */
+    int (*sample)(const td_ops *ctx, const td_sampling *s, const float *logits, int n, int V,
+                  const int *const *seen, const int *n_seen, td_rng *rng, int *tok, float *logp,
+                  float *proc);
 };
 
 extern const td_backend td_backend_cpu;   /* src/backend/cpu.c */

@@ -18,5 +18,7 @@ static inline float *paths_host_mirror(const td_ops *ops, float *buf, size_t n)
 int session_vocab(const td_session *s);
 /* Where long work on the session's model reports progress (m->progress; NULL: silent). */
 FILE *session_progress(const td_session *s);
+/* The session's op context (its backend: be->sample, be->alloc for rows kept on the device). */
+const td_ops *session_ops(const td_session *s);
 
 #endif

@@ -23,20 +23,24 @@ static bool is_eos(const td_rollout_opts *o, int y)
     return false;
 }
 
-/* The log-probs of the token at pos, predicted by raw logits `lg`: to the batch's buffers and
- * row_fn. */
-static void deliver(rollout *r, int s, int pos, const float *lg, const float *proc)
+/* The log-probs of the token at pos, predicted by raw logits `lg` (host; NULL when the row
+ * stayed on the device and nothing here needs it): to the batch's buffers and row_fn. lp_proc:
+ * the token's processed log-prob (the sampler's), NULL for a prompt row. */
+static void deliver(rollout *r, int s, int pos, const float *lg, const float *lp_proc)
 {
     td_rollout_batch *b = r->b;
-    if (!r->row_fn && !(b->logp && b->logp[s]) && !(b->logp_proc && b->logp_proc[s])) return;
     int y = b->tokens[s][pos];
+    if (!r->row_fn && !(b->logp && b->logp[s])) {
+        if (lp_proc && b->logp_proc && b->logp_proc[s]) b->logp_proc[s][pos] = *lp_proc;
+        if (lp_proc || !(b->logp_proc && b->logp_proc[s])) return;
+    }
     float T = r->o->row_temperature;
     if (T > 0 && T != 1.0f)
         for (int v = 0; v < r->V; v++) r->row[v] = lg[v] / T;
     else
         memcpy(r->row, lg, (size_t)r->V * sizeof(float));
     td_log_softmax(r->row, r->V);
-    float lp = proc ? proc[y] : r->row[y];
+    float lp = lp_proc ? *lp_proc : r->row[y];
     if (b->logp && b->logp[s]) b->logp[s][pos] = r->row[y];
     if (b->logp_proc && b->logp_proc[s]) b->logp_proc[s][pos] = lp;
     if (r->row_fn) r->row_fn(r->user, s, pos, r->row, lp);
@@ -47,6 +51,70 @@ static void on_prefill_row(void *user, int slot, int t, const float *logits)
 {
     rollout *r = user;
     if (t + 1 < r->b->prompt_len[slot]) deliver(r, slot, t + 1, logits, NULL);
+}
+
+/* The decode loop on a backend that samples (be->sample, the CUDA backend): each step's rows
+ * stay in backend memory, the backend draws the tokens (td_sample's, same streams) and only
+ * the tokens and their processed log-probs come down; the full rows are downloaded only for a
+ * caller that reads them (row_fn, b->logp). Sequences, order and stopping rules are the host
+ * loop's below. logits: the prefill's last rows (host); out: n_seq rows of host scratch. */
+static int decode_on_device(td_session *sess, rollout *r, td_rng *rng, const float *logits, float *out,
+                            int *slots, int *next, td_progress *pr, td_error *err)
+{
+    const td_ops *ops = session_ops(sess);
+    const td_rollout_opts *o = r->o;
+    td_rollout_batch *b = r->b;
+    const int n_seq = b->n, V = r->V;
+    const int need_rows = r->row_fn || b->logp;
+    float *drows = ops->be->alloc((size_t)n_seq * V * sizeof(float));
+    int *act = td_xmalloc((size_t)n_seq * sizeof(int)), *tok = td_xmalloc((size_t)n_seq * sizeof(int));
+    int *nseen = td_xmalloc((size_t)n_seq * sizeof(int));
+    const int **seen = td_xmalloc((size_t)n_seq * sizeof(int *));
+    float *lp = td_xmalloc((size_t)n_seq * sizeof(float));
+    td_rng *rg = td_xmalloc((size_t)n_seq * sizeof(td_rng));
+    int rc = -1, n = 0;
+    for (int s = 0; s < n_seq; s++) {   /* the first step samples the prefill's rows (host) */
+        if (b->finish[s] >= 0) continue;
+        if (b->len[s] >= o->max_len) { b->finish[s] = TD_FINISH_LENGTH; continue; }
+        memcpy(out + (size_t)n * V, logits + (size_t)s * V, (size_t)V * sizeof(float));
+        act[n++] = s;
+    }
+    const float *rows = out;
+    for (int step = 0; step < o->max_new_tokens && n > 0; step++) {
+        for (int i = 0; i < n; i++) {
+            seen[i] = b->tokens[act[i]];
+            nseen[i] = b->len[act[i]];
+            rg[i] = rng[act[i]];
+        }
+        ops->be->sample(ops, &o->sampling, rows, n, V, seen, nseen, rg, tok, lp, NULL);
+        for (int i = 0; i < n; i++) rng[act[i]] = rg[i];
+        if (need_rows && rows != out) ops->be->download(out, rows, (size_t)n * V * sizeof(float));
+        int n2 = 0;
+        for (int i = 0; i < n; i++) {
+            int s = act[i], pos = b->len[s], y = tok[i];
+            b->tokens[s][pos] = y;
+            deliver(r, s, pos, need_rows ? out + (size_t)i * V : NULL, &lp[i]);
+            b->len[s]++;
+            if (o->stop_at_eos && is_eos(o, y)) b->finish[s] = TD_FINISH_EOS;
+            else if (b->len[s] - b->prompt_len[s] >= o->max_new_tokens || b->len[s] >= o->max_len)
+                b->finish[s] = TD_FINISH_LENGTH;
+            if (b->finish[s] >= 0) continue;
+            slots[n2] = s;
+            next[n2] = y;
+            n2++;
+        }
+        if (n2 == 0) break;
+        if (td_session_decode(sess, n2, slots, next, drows, err)) goto done;
+        memcpy(act, slots, (size_t)n2 * sizeof(int));
+        n = n2;
+        rows = drows;
+        td_progress_add(pr, 1, "decode steps");
+    }
+    rc = 0;
+done:
+    ops->be->free(drows);
+    free(act); free(tok); free(nseen); free(seen); free(lp); free(rg);
+    return rc;
 }
 
 int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts *o, td_rollout_batch *b,
@@ -78,6 +146,10 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
     td_progress_end(&pr);
     td_progress_start(&pr, session_progress(sess), "rollout decode");
     pr.total = o->max_new_tokens;
+    if (session_ops(sess)->be->sample && !noise) {   /* the rows stay on the device */
+        rc = decode_on_device(sess, &r, rng, logits, out, slots, next, &pr, err);
+        goto done;
+    }
     int active = n_seq;
     for (int step = 0; step < o->max_new_tokens && active > 0; step++) {
         int n = 0;
@@ -90,7 +162,7 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
             int pos = b->len[s];                          /* position of the token drawn */
             int y = td_sample(smp, &o->sampling, lg, b->tokens[s], b->len[s], &rng[s], proc);
             b->tokens[s][pos] = y;
-            deliver(&r, s, pos, lg, proc);
+            deliver(&r, s, pos, lg, &proc[y]);
             b->len[s]++;
             if (o->stop_at_eos && is_eos(o, y)) b->finish[s] = TD_FINISH_EOS;
             else if (b->len[s] - b->prompt_len[s] >= o->max_new_tokens || b->len[s] >= o->max_len)
@@ -105,10 +177,12 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
         for (int i = 0; i < n; i++) memcpy(logits + (size_t)slots[i] * V, out + (size_t)i * V, (size_t)V * sizeof(float));
         td_progress_add(&pr, 1, "decode steps");
     }
-    td_progress_end(&pr);
-    for (int s = 0; s < n_seq; s++) if (b->finish[s] < 0) b->finish[s] = TD_FINISH_LENGTH;
     rc = 0;
 done:
+    if (rc == 0) {
+        td_progress_end(&pr);
+        for (int s = 0; s < n_seq; s++) if (b->finish[s] < 0) b->finish[s] = TD_FINISH_LENGTH;
+    }
     free(r.row); free(logits); free(proc); free(slots); free(next); free(rng); free(noise); free(out);
     return rc;
 }

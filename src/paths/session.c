@@ -184,6 +184,7 @@ void td_session_set_raw_logits(td_session *s, int raw) { s->raw_logits = raw; }
 int session_vocab(const td_session *s) { return s->m->cfg.vocab_size; }
 
 FILE *session_progress(const td_session *s) { return s->m->progress; }
+const td_ops *session_ops(const td_session *s) { return &s->ops; }
 
 int td_session_set_recipe(td_session *s, const td_recipe *r, td_error *err)
 {

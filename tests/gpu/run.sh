@@ -8,7 +8,11 @@
 #               against the real backend ($BUILD/gpu/test_*: the ops, the backward ops with
 #               matmul_backward's dgrad/wgrad (test_backward_sim), the whole forward and the
 #               whole decoder_backward (test_decoder_backward_sim) against the CPU backend,
-#               tolerances stated in each), tests/py/test_device.py (fp32
+#               tolerances stated in each; test_sampling_sim: the device sampler's tokens and
+#               processed log-probs bit-identical to td_sample's, also with its sequential
+#               fallbacks forced, where the GPU's double exp/log replace glibc's;
+#               test_rollout_sim: rollouts sampled on the device give the CPU's tokens;
+#               test_token_metrics_sim: per-token metrics on the device), tests/py/test_device.py (fp32
 #               on the GPU within 1e-4 of the CPU), tests/gpu/test_vs_transformers.py
 #   bench       tests/bench/gpu.sh (fractions of cuBLAS peak and HBM bandwidth, tokens/s against
 #               transformers)

@@ -292,6 +292,7 @@ extern "C" const td_backend td_backend_cuda = {
     .optim_scale = optim_scale_cuda,
     .sync = cuda_sync,
     .forget = cuda_forget,
+    .sample = sample_cuda,
 };
 
 extern "C" int tdc_lt_load(char *why, size_t why_len);   /* lt_dl.cu */

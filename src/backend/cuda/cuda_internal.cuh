@@ -157,6 +157,21 @@ void swiglu_backward_cuda(const td_ops *ctx, float *dgate, float *dup, const flo
                           const float *gate, const float *up, int N, int F);
 void logsoftmax_backward_cuda(const td_ops *ctx, float *dx, const float *logp, const int *target,
                               const float *dlogp, int N, int V);
+
+} /* extern "C" */
+#include "tidal/sampling.h"
+extern "C" {
+/* td_sample on the device (sampling.cu): n rows of logits (V wide, device or host memory), the
+ * tokens seen by each row (host arrays, for the repetition penalty), each row's stream rng
+ * (advanced as td_sample advances it). Writes tok (n), logp (n, the processed log-prob of each
+ * token; may be NULL) and proc (n, V processed log-prob rows; NULL = none), host or device
+ * memory. The tokens are td_sample's; returns how many rows were sampled on the host (td_sample
+ * itself, when a top-p sum could not be certified on the device). */
+int sample_cuda(const td_ops *ctx, const td_sampling *s, const float *logits, int n, int V,
+                const int *const *seen, const int *n_seen, td_rng *rng, int *tok, float *logp,
+                float *proc);
+/* tests: 1 = take no certified decision (every sequential / host fallback runs) */
+extern int sample_cuda_force_exact;
 }
 
 #endif
