@@ -45,6 +45,8 @@
 
 enum { ATT_REF = 0, ATT_EAGER = 1, ATT_FLASH = 2 };
 
+int tdc_attn_kernel = 0;   /* cuda_internal.cuh */
+
 typedef struct {
     float *out, *lse;        /* (N, NH * HD), (N, NH) or NULL */
     float *part;             /* split-KV: (N, NH, splits, HD + 2): o, then m, l */
@@ -291,8 +293,10 @@ extern "C" void attention_forward_cuda(const td_ops *ctx, float *out, float *lse
     a.TK = HD <= 128 ? 32 : 16;
     a.scale = 1.0f / sqrtf((float)HD);
 
-    /* row groups: runs of one sequence at consecutive positions, at most ATT_ROWS rows (single
-     * rows under split-KV, whose parts differ per row) */
+    /* row groups: runs of one sequence at consecutive positions, at most `run` rows (single
+     * rows under split-KV, whose parts differ per row). The flash form without split-KV takes
+     * the tiled kernel (attention_tiled.cu) when its runs average 16 rows or more (prefill,
+     * teacher forcing), the simple one otherwise (decode); tdc_attn_kernel overrides. */
     static int *gs;
     static int gcap;
     if (N + 1 > gcap) {
@@ -302,17 +306,23 @@ extern "C" void attention_forward_cuda(const td_ops *ctx, float *out, float *lse
         if (!gs) { fprintf(stderr, "tidal: attention_forward_cuda: out of host memory\n"); exit(1); }
         gcap = N + 1;
     }
+    int tiled = a.mode == ATT_FLASH && a.splits == 1 && tdc_attn_kernel != 1;
     int ng = 0, widest = 1;
-    for (int i = 0; i < N;) {
-        int n = 1;
-        while (a.splits == 1 && n < ATT_ROWS && i + n < N && kv_off[i + n] == kv_off[i] &&
-               pos[i + n] == pos[i] + n)
-            n++;
-        gs[ng++] = i;
-        widest = n > widest ? n : widest;
-        i += n;
+    for (int pass = 0; pass < 2; pass++) {
+        int run = tiled ? attention_tiled_rows(HD, NH, NKV) : a.splits == 1 ? ATT_ROWS : 1;
+        ng = 0;
+        widest = 1;
+        for (int i = 0; i < N;) {
+            int n = 1;
+            while (n < run && i + n < N && kv_off[i + n] == kv_off[i] && pos[i + n] == pos[i] + n) n++;
+            gs[ng++] = i;
+            widest = n > widest ? n : widest;
+            i += n;
+        }
+        gs[ng] = N;
+        if (!tiled || tdc_attn_kernel == 2 || N >= 16 * ng) break;
+        tiled = 0;   /* short runs: the simple kernel */
     }
-    gs[ng] = N;
     int R = widest > 1 ? ATT_ROWS : 1;   /* decode: a warp per block */
 
     size_t kvn = kv_extent(kv_off, pos, N, a.KVD) * sizeof(float);
@@ -326,6 +336,12 @@ extern "C" void attention_forward_cuda(const td_ops *ctx, float *out, float *lse
     a.lse = lse ? (float *)tdc_out(lse, (size_t)N * NH * sizeof(float), 0) : NULL;
     a.part = a.splits > 1 ? (float *)tdc_scratch(TDC_SLOT_ATTN, (size_t)N * NH * a.splits * (HD + 2) * sizeof(float))
                           : NULL;
+    if (tiled) {
+        attention_tiled_launch(a.out, a.lse, a.q, a.k, a.v, a.kv_off, a.pos, a.gstart, ng, NH, NKV,
+                               HD, a.D, a.block);
+        tdc_done();
+        return;
+    }
     size_t smem = ((size_t)R * HD + (size_t)a.TK * (HD + 1) + (size_t)R * ATT_SEG) * sizeof(float);
     TD_LAUNCH(attn_rows, dim3(ng, NH, a.splits), 32 * R, smem, tdc_stream(), a);
     CUDA_CHECK_LAUNCH();
