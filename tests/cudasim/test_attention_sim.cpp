@@ -293,13 +293,13 @@ static int bench(void)
     for (int i = 0; i < N; i++) flops += 4.0 * HD * NH * (pos[i] + 1);
     int rc = 0;
     const char *names[] = {"bf16-train", "vllm-bf16"};
+    for (float *dst : {q, k, v}) {   /* bf16 values: both recipes' activations */
+        size_t n = dst == q ? nq : nkv;
+        for (size_t j = 0; j < n; j++) h[j] = td_round(TD_BF16, (float)td_rng_normal(&RNG));
+        CUDA_CHECK(cudaMemcpy(dst, h.data(), n * 4, cudaMemcpyHostToDevice));
+    }
     for (const char *name : names) {
         td_recipe r = preset(name);
-        for (float *dst : {q, k, v}) {
-            size_t n = dst == q ? nq : nkv;
-            for (size_t j = 0; j < n; j++) h[j] = td_round(r.activations, (float)td_rng_normal(&RNG));
-            CUDA_CHECK(cudaMemcpy(dst, h.data(), n * 4, cudaMemcpyHostToDevice));
-        }
         td_ops ctx;
         td_ops_init(&ctx, &td_backend_cpu);
         ctx.recipe = &r;

@@ -40,6 +40,9 @@
  * Causal by pos: row i sees keys 0..pos[i]. GQA: head h reads kv head h / (NH / NKV). */
 #include "kern.cuh"
 
+#include <stdlib.h>
+#include <string.h>
+
 #define ATT_ROWS 8     /* query rows (warps) per block for prefill runs */
 #define ATT_SEG 256    /* the CPU's score buffer: flash segments of at most 256 keys */
 
@@ -305,6 +308,12 @@ extern "C" void attention_forward_cuda(const td_ops *ctx, float *out, float *lse
         gs = (int *)malloc((size_t)(N + 1) * sizeof(int));
         if (!gs) { fprintf(stderr, "tidal: attention_forward_cuda: out of host memory\n"); exit(1); }
         gcap = N + 1;
+    }
+    static int env_kernel = -1;   /* TIDAL_CUDA_ATTN=simple|tiled: tdc_attn_kernel's default */
+    if (env_kernel < 0) {
+        const char *e = getenv("TIDAL_CUDA_ATTN");
+        env_kernel = e && !strcmp(e, "simple") ? 1 : e && !strcmp(e, "tiled") ? 2 : 0;
+        if (!tdc_attn_kernel) tdc_attn_kernel = env_kernel;
     }
     int tiled = a.mode == ATT_FLASH && a.splits == 1 && tdc_attn_kernel != 1;
     int ng = 0, widest = 1;

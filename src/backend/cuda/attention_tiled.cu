@@ -74,7 +74,9 @@ __global__ static void attn_tile(tile_args a)
     /* P.V ownership: rows pr + 16 u, columns pc + 16 t */
     const int pr = tid >> 4, pc = tid & 15;
     float o[RP][CT];
+    #pragma unroll
     for (int u = 0; u < RP; u++)
+        #pragma unroll
         for (int t = 0; t < CT; t++) o[u][t] = 0.0f;
     /* score ownership: rows sr + 32 u, keys sk + 8 m of a tile */
     const int sr = tid >> 3, sk = tid & 7;
@@ -95,27 +97,41 @@ __global__ static void attn_tile(tile_args a)
                 }
                 __syncthreads();
                 float acc[RS][4][4];
+                #pragma unroll
                 for (int u = 0; u < RS; u++)
+                    #pragma unroll
                     for (int m = 0; m < 4; m++)
+                        #pragma unroll
                         for (int l = 0; l < 4; l++) acc[u][m][l] = 0.0f;
                 int c = 0;
                 for (; c + 4 <= HD; c += 4) {
                     float qv[RS][4], kx[4][4];
+                    #pragma unroll
                     for (int u = 0; u < RS; u++)
+                        #pragma unroll
                         for (int l = 0; l < 4; l++) qv[u][l] = qs[(sr + 32 * u) * QP + c + l];
+                    #pragma unroll
                     for (int m = 0; m < 4; m++)
+                        #pragma unroll
                         for (int l = 0; l < 4; l++) kx[m][l] = kv[(sk + 8 * m) * QP + c + l];
+                    #pragma unroll
                     for (int u = 0; u < RS; u++)
+                        #pragma unroll
                         for (int m = 0; m < 4; m++)
+                            #pragma unroll
                             for (int l = 0; l < 4; l++)
                                 acc[u][m][l] = tdc_add(acc[u][m][l], tdc_mul(qv[u][l], kx[m][l]));
                 }
                 for (; c < HD; c++)   /* the tail of HD mod 4: partial 0 */
+                    #pragma unroll
                     for (int u = 0; u < RS; u++)
+                        #pragma unroll
                         for (int m = 0; m < 4; m++)
                             acc[u][m][0] = tdc_add(acc[u][m][0], tdc_mul(qs[(sr + 32 * u) * QP + c],
                                                                          kv[(sk + 8 * m) * QP + c]));
+                #pragma unroll
                 for (int u = 0; u < RS; u++)
+                    #pragma unroll
                     for (int m = 0; m < 4; m++) {
                         int r = sr + 32 * u, j = t0 + sk + 8 * m;
                         if (sk + 8 * m >= nt || j >= re[r]) continue;
@@ -157,8 +173,10 @@ __global__ static void attn_tile(tile_args a)
                 }
             }
             __syncthreads();
+            #pragma unroll
             for (int u = 0; u < RP; u++) {
                 float al = ra[pr + 16 * u];
+                #pragma unroll
                 for (int t = 0; t < CT; t++) o[u][t] = tdc_mul(o[u][t], al);
             }
             /* o += D(p) v, key by key */
@@ -172,22 +190,27 @@ __global__ static void attn_tile(tile_args a)
                 __syncthreads();
                 for (int j = 0; j < nt; j++) {
                     float vv[CT];
+                    #pragma unroll
                     for (int t = 0; t < CT; t++) vv[t] = pc + 16 * t < HD ? kv[j * QP + pc + 16 * t] : 0.0f;
+                    #pragma unroll
                     for (int u = 0; u < RP; u++) {
                         int r = pr + 16 * u;
                         if (t0 + j >= re[r]) continue;
                         float p = S[r * SW + t0 + j - c0];
+                        #pragma unroll
                         for (int t = 0; t < CT; t++) o[u][t] = tdc_add(o[u][t], tdc_mul(p, vv[t]));
                     }
                 }
             }
         }
     }
+    #pragma unroll
     for (int u = 0; u < RP; u++) {
         int r = pr + 16 * u, p = r / a.GQ;
         if (p >= cnt) continue;
         size_t oi = (size_t)(r0 + p) * QD + (size_t)(h0 + r % a.GQ) * HD;
         float l = rl[r];
+        #pragma unroll
         for (int t = 0; t < CT; t++)
             if (pc + 16 * t < HD) a.out[oi + pc + 16 * t] = tdc_round(a.D, o[u][t] / l);
         if (a.lse && pc == 0) a.lse[(size_t)(r0 + p) * a.NH + h0 + r % a.GQ] = rm[r] + tdc_logf(l);
