@@ -152,8 +152,8 @@ void decoder_forward(const td_ops *ops, const td_model *m, td_acts *a, const int
     for (int l = 0; l < c->num_layers; l++) {
         const td_layer_weights *w = &W->layers[l];
         td_layer_acts la = acts_layer(a, c, l);
-        float *kl = kv->k + (size_t)l * kv->layer_stride;
-        float *vl = kv->v + (size_t)l * kv->layer_stride;
+        float *kl = (float *)((char *)kv->k + (size_t)l * kv->layer_stride * kv->esize);
+        float *vl = (float *)((char *)kv->v + (size_t)l * kv->layer_stride * kv->esize);
 
         /* attention sub-block (la.xn1 = rmsnorm(la.x_in) already) */
         float *qkv_out[] = {la.q_raw, la.k_raw, la.v};

@@ -44,6 +44,7 @@
 
 extern "C" {
 #include <cmocka.h>
+#include "tidal/formats.h"
 #include "tidal/recipe.h"
 #include "tidal/rng.h"
 const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err);
@@ -270,6 +271,94 @@ static void test_decode_split(void **state)
     }
 }
 
+/* ---- the KV cache as codes ------------------------------------------------------------------- */
+
+/* A KV cache of codes (ctx->kv_fmt, ops.h td_kv_store_format) against the CPU's float cache: the
+ * codes kv_write_cuda writes, decoded (times the fp8 cache's kv_scale), are the CPU kv_write's
+ * floats bit for bit, and attention over the codes (tiled prefill; decode, split-KV where the
+ * recipe splits) gives the bits of attention over those floats. Store size: td_kv_esize bytes
+ * an element. */
+static void test_kv_codes(void **state)
+{
+    (void)state;
+    td_error err;
+    const td_backend *gpu = td_cuda_backend_open(0, NULL, 0, &err);
+    assert_non_null(gpu);
+    std::vector<rcase> cases;
+    const char *names[] = {"bf16-infer", "fp16-train", "fp32"};
+    for (const char *n : names) cases.push_back({n, preset(n), 0});
+    td_recipe k = preset("vllm-bf16");
+    k.kv_cache = TD_E4M3;
+    cases.push_back({"kv-e4m3", k, 0});
+    k.kv_scale = 0.0625f;
+    cases.push_back({"kv-e4m3-s16", k, 0});
+    const int NH = 4, NKV = 2, HD = 64, KVD = NKV * HD, SLOT = 320, SLOTS = 2;
+    for (const rcase &rc : cases) {
+        int fmt = td_kv_store_format(gpu, &rc.r);
+        size_t es = td_kv_esize(fmt), elems = (size_t)SLOTS * SLOT * KVD;
+        printf("  %-14s KV cache: %s elements, %zu bytes each (%zu bytes a token and layer at "
+               "NKV %d, HD %d)\n", rc.name, td_format_info((td_format)fmt)->name, es, 2 * KVD * es, NKV, HD);
+        assert_int_equal(fmt, rc.r.kv_cache == TD_F32 ? TD_F32 : rc.r.kv_cache);
+        /* a prefill of 300 tokens into slot 0 and 40 into slot 1, then a decode row each */
+        std::vector<size_t> off;
+        std::vector<int> pos;
+        for (int i = 0; i < 300; i++) { off.push_back(0); pos.push_back(i); }
+        for (int i = 0; i < 40; i++) { off.push_back((size_t)SLOT * KVD); pos.push_back(i); }
+        int NP = (int)pos.size();
+        off.push_back(0); pos.push_back(300);
+        off.push_back((size_t)SLOT * KVD); pos.push_back(40);
+        int N = (int)pos.size();
+        std::vector<float> kr = normal((size_t)N * KVD, 1.0), vr = normal((size_t)N * KVD, 1.0);
+        std::vector<float> q = normal((size_t)N * NH * HD, 2.0);
+        for (float &x : kr) x = td_round(rc.r.activations, x);
+        for (float &x : vr) x = td_round(rc.r.activations, x);
+        for (float &x : q) x = td_round(rc.r.activations, x);
+        td_ops ctx;
+        td_ops_init(&ctx, &td_backend_cpu);
+        ctx.recipe = &rc.r;
+        ctx.cache = 1;
+        std::vector<float> kc(elems, 0.0f), vc(elems, 0.0f);   /* the CPU's float cache */
+        td_backend_cpu.kv_write(&ctx, kc.data(), kr.data(), off.data(), pos.data(), N, KVD);
+        td_backend_cpu.kv_write(&ctx, vc.data(), vr.data(), off.data(), pos.data(), N, KVD);
+        td_ops cctx = ctx;
+        cctx.kv_fmt = fmt;
+        std::vector<unsigned char> kb(elems * es, 0), vb(elems * es, 0);   /* the codes */
+        kv_write_cuda(&cctx, (float *)kb.data(), kr.data(), off.data(), pos.data(), N, KVD);
+        kv_write_cuda(&cctx, (float *)vb.data(), vr.data(), off.data(), pos.data(), N, KVD);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        float sc = rc.r.kv_cache != rc.r.activations && rc.r.kv_scale > 0 ? rc.r.kv_scale : 1.0f;
+        long bad = 0;
+        for (int i = 0; i < N; i++)
+            for (int c = 0; c < KVD; c++) {
+                size_t e = off[i] + (size_t)pos[i] * KVD + c;
+                for (int kv = 0; kv < 2; kv++) {
+                    const unsigned char *b = (kv ? vb : kb).data() + e * es;
+                    uint32_t code = es == 4 ? 0 : es == 2 ? *(const uint16_t *)b : *b;
+                    float x = es == 4 ? *(const float *)b : td_decode((td_format)fmt, code) * sc;
+                    float want = (kv ? vc : kc)[e];
+                    bad += memcmp(&x, &want, 4) != 0;
+                }
+            }
+        if (bad) fail_msg("%s: %ld cached values decode to other than the CPU's floats", rc.name, bad);
+        /* attention: prefill (tiled) and decode over codes vs over the CPU's floats */
+        for (int decode = 0; decode < 2; decode++) {
+            int r0 = decode ? NP : 0, n = decode ? N - NP : NP;
+            size_t no = (size_t)n * NH * HD;
+            std::vector<float> a(no + (size_t)n * NH), b(no + (size_t)n * NH);
+            ctx.decode = cctx.decode = decode;
+            attention_forward_cuda(&ctx, a.data(), a.data() + no, q.data() + (size_t)r0 * NH * HD, kc.data(),
+                                   vc.data(), off.data() + r0, pos.data() + r0, n, NH, NKV, HD, NULL, SLOT);
+            attention_forward_cuda(&cctx, b.data(), b.data() + no, q.data() + (size_t)r0 * NH * HD,
+                                   (const float *)kb.data(), (const float *)vb.data(), off.data() + r0,
+                                   pos.data() + r0, n, NH, NKV, HD, NULL, SLOT);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            same_bits(decode ? "decode over codes vs floats" : "prefill over codes vs floats", rc, b, a);
+        }
+        printf("  %-14s KV codes: decoded = the CPU's cache (%zu values), attention over codes = over "
+               "floats (prefill %d rows, decode 2 rows): same bits\n", rc.name, (size_t)2 * N * KVD, NP);
+    }
+}
+
 /* ---- the GPU bench --------------------------------------------------------------------------- */
 
 #ifndef TD_CUDASIM
@@ -361,6 +450,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill),
         cmocka_unit_test(test_decode_split),
+        cmocka_unit_test(test_kv_codes),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

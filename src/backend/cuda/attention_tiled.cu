@@ -35,11 +35,12 @@
 
 typedef struct {
     float *out, *lse;           /* (N, NH * HD), (N, NH) or NULL */
-    const float *q, *k, *v;
+    const float *q;
+    const void *k, *v;          /* floats, or a KV cache's codes of format kfmt times ks */
     const size_t *kv_off;
     const int *pos, *gstart;    /* block x: positions gstart[x] .. gstart[x + 1] - 1 */
-    int NH, group, GQ, HD, KVD, D, block, SW;
-    float scale;
+    int NH, group, GQ, HD, KVD, D, block, SW, kfmt;
+    float scale, ks;
 } tile_args;
 
 /* RS rows x 4 keys of scores per thread, RP rows x CT columns of o */
@@ -54,8 +55,7 @@ __global__ static void attn_tile(tile_args a)
     float *qs = sm, *kv = qs + BR * QP, *S = kv + AT_TK * QP, *rm = S + BR * SW, *rl = rm + BR,
           *ra = rl + BR;
     int *re = (int *)(ra + BR);   /* row r's end: keys [0, re[r]) (0: a padding row) */
-    const float *kb = a.k + a.kv_off[r0] + (size_t)(h0 / a.group) * HD;
-    const float *vb = a.v + a.kv_off[r0] + (size_t)(h0 / a.group) * HD;
+    const size_t kvb = a.kv_off[r0] + (size_t)(h0 / a.group) * HD;   /* the head's element 0 */
 
     for (int r = tid; r < BR; r += AT_THREADS) {
         int p = r / a.GQ;
@@ -93,7 +93,7 @@ __global__ static void attn_tile(tile_args a)
                 __syncthreads();
                 for (int e = tid; e < nt * HD; e += AT_THREADS) {
                     int j = e / HD, c = e - j * HD;
-                    kv[j * QP + c] = kb[(size_t)(t0 + j) * a.KVD + c];
+                    kv[j * QP + c] = tdc_kv_get(a.k, kvb + (size_t)(t0 + j) * a.KVD + c, a.kfmt, a.ks);
                 }
                 __syncthreads();
                 float acc[RS][4][4];
@@ -185,7 +185,7 @@ __global__ static void attn_tile(tile_args a)
                 __syncthreads();
                 for (int e = tid; e < nt * HD; e += AT_THREADS) {
                     int j = e / HD, c = e - j * HD;
-                    kv[j * QP + c] = vb[(size_t)(t0 + j) * a.KVD + c];
+                    kv[j * QP + c] = tdc_kv_get(a.v, kvb + (size_t)(t0 + j) * a.KVD + c, a.kfmt, a.ks);
                 }
                 __syncthreads();
                 for (int j = 0; j < nt; j++) {
@@ -225,15 +225,16 @@ extern "C" int attention_tiled_rows(int HD, int NH, int NKV)
     return (HD <= 128 ? 64 : 32) / tile_gq(NH / NKV);
 }
 
-/* q, k, v, kv_off, pos: device pointers; gstart: device, ng + 1 entries (runs of at most
- * attention_tiled_rows positions) */
-extern "C" void attention_tiled_launch(float *out, float *lse, const float *q, const float *k,
-                                       const float *v, const size_t *kv_off, const int *pos,
-                                       const int *gstart, int ng, int NH, int NKV, int HD, int D,
-                                       int block)
+/* q, k, v, kv_off, pos: device pointers (k, v: floats, or codes of kfmt times ks: kern.cuh
+ * tdc_kv_get); gstart: device, ng + 1 entries (runs of at most attention_tiled_rows positions) */
+extern "C" void attention_tiled_launch(float *out, float *lse, const float *q, const void *k,
+                                       const void *v, int kfmt, float ks, const size_t *kv_off,
+                                       const int *pos, const int *gstart, int ng, int NH, int NKV,
+                                       int HD, int D, int block)
 {
     tile_args a;
-    a.out = out; a.lse = lse; a.q = q; a.k = k; a.v = v; a.kv_off = kv_off; a.pos = pos;
+    a.out = out; a.lse = lse; a.q = q; a.k = k; a.v = v; a.kfmt = kfmt; a.ks = ks;
+    a.kv_off = kv_off; a.pos = pos;
     a.gstart = gstart;
     a.NH = NH; a.group = NH / NKV; a.GQ = tile_gq(a.group); a.HD = HD; a.KVD = NKV * HD; a.D = D;
     a.block = block;

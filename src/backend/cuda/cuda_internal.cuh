@@ -129,9 +129,9 @@ void swiglu_forward_cuda(const td_ops *ctx, float *out, const float *gate, const
  * (attention_tiled.cu) takes runs of at most attention_tiled_rows positions. */
 extern int tdc_attn_kernel;
 int attention_tiled_rows(int HD, int NH, int NKV);
-void attention_tiled_launch(float *out, float *lse, const float *q, const float *k, const float *v,
-                            const size_t *kv_off, const int *pos, const int *gstart, int ng, int NH,
-                            int NKV, int HD, int D, int block);
+void attention_tiled_launch(float *out, float *lse, const float *q, const void *k, const void *v,
+                            int kfmt, float ks, const size_t *kv_off, const int *pos,
+                            const int *gstart, int ng, int NH, int NKV, int HD, int D, int block);
 void residual_forward_cuda(const td_ops *ctx, float *out, const float *inp1, const float *inp2,
                            size_t n);
 void scale_forward_cuda(const td_ops *ctx, float *x, float s, size_t n);
