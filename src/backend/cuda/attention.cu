@@ -4,9 +4,17 @@
  *
  * kv_write: row i of rows (N, KVD) to store + kv_off[i] + pos[i] * KVD, one block per row,
  * rounded there to the recipe's kv_cache format when the context is a KV cache's and that
- * format is not the activations': fp8 as q(x / s) * s (s = kv_scale, 1.0 when 0).
+ * format is not the activations': fp8 as q(x / s) * s (s = kv_scale, 1.0 when 0). A KV cache
+ * of codes (ctx->cache with ctx->kv_fmt not fp32: a session on this backend, ops.h
+ * td_kv_store_format) gets the code of x / s instead, and attention decodes code * s on
+ * loading its K/V tiles (kern.cuh tdc_kv_get): the CPU cache's floats, bit for bit, in 2 bytes
+ * (bf16, fp16) or 1 (e4m3) instead of 4.
  *
- * attention: one kernel, attn_rows, for the three forms of the CPU, and attn_merge for split-KV.
+ * attention: the flash form without split-KV on runs of rows (prefill, teacher forcing: runs
+ * averaging 16 rows or more) takes the tiled kernel attn_tile (attention_tiled.cu: 64 query
+ * rows a block, the same arithmetic in the same order, so the same bits); everything else one
+ * kernel, attn_rows, for the three forms of the CPU, and attn_merge for split-KV.
+ * TIDAL_CUDA_ATTN=simple|tiled (or tdc_attn_kernel) forces the choice for the flash form.
  * A block is (a group of up to 8 query rows, a head, a split part); each warp owns one query row
  * and the lanes own columns c = lane + 32 t of its output (HD <= 256: 8 registers per lane).
  * The rows of a group are consecutive rows of one sequence (same kv_off, consecutive positions:
