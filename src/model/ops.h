@@ -240,11 +240,15 @@ static inline void rope_forward(const td_ops *ctx, float *x, const int *pos, con
  * otherwise (the CPU: TD_F32 always). Codes hold exactly the values the CPU's float cache holds:
  * kv_write rounds to kv_cache when it differs from the activations (the value is the code's,
  * times kv_scale for a scaled fp8 cache), and when it is the activations' format the rows are
- * already rounded to it. A KV cache takes td_kv_esize(fmt) bytes per element: per token and
- * layer 2 * NKV * HD * td_kv_esize(fmt) bytes (K and V). */
+ * already rounded to it (GEMM outputs, RoPE, LoRA's residual add all round to D) — except under
+ * residual_fp32, where an unmerged LoRA's add to K or V stays fp32: floats there. A KV cache
+ * takes td_kv_esize(fmt) bytes per element: per token and layer 2 * NKV * HD *
+ * td_kv_esize(fmt) bytes (K and V). */
 static inline int td_kv_store_format(const td_backend *be, const td_recipe *r)
 {
-    return be->kv_codes && r && r->kv_cache != TD_F32 ? (int)r->kv_cache : (int)TD_F32;
+    if (!be->kv_codes || !r || r->kv_cache == TD_F32) return TD_F32;
+    if (r->kv_cache == r->activations && r->residual_fp32) return TD_F32;
+    return (int)r->kv_cache;
 }
 static inline size_t td_kv_esize(int fmt) { return fmt == TD_F32 ? 4 : fmt == TD_BF16 || fmt == TD_F16 ? 2 : 1; }
 

@@ -292,6 +292,8 @@ static void test_kv_codes(void **state)
     cases.push_back({"kv-e4m3", k, 0});
     k.kv_scale = 0.0625f;
     cases.push_back({"kv-e4m3-s16", k, 0});
+    td_recipe au = preset("bf16-autocast");   /* residual_fp32: an unmerged LoRA's fp32 add */
+    assert_int_equal(td_kv_store_format(gpu, &au), au.kv_cache == au.activations ? TD_F32 : au.kv_cache);
     const int NH = 4, NKV = 2, HD = 64, KVD = NKV * HD, SLOT = 320, SLOTS = 2;
     for (const rcase &rc : cases) {
         int fmt = td_kv_store_format(gpu, &rc.r);
@@ -299,6 +301,7 @@ static void test_kv_codes(void **state)
         printf("  %-14s KV cache: %s elements, %zu bytes each (%zu bytes a token and layer at "
                "NKV %d, HD %d)\n", rc.name, td_format_info((td_format)fmt)->name, es, 2 * KVD * es, NKV, HD);
         assert_int_equal(fmt, rc.r.kv_cache == TD_F32 ? TD_F32 : rc.r.kv_cache);
+        assert_int_equal(td_kv_store_format(&td_backend_cpu, &rc.r), TD_F32);   /* the CPU: floats */
         /* a prefill of 300 tokens into slot 0 and 40 into slot 1, then a decode row each */
         std::vector<size_t> off;
         std::vector<int> pos;
