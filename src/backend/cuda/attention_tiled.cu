@@ -25,8 +25,8 @@
  * the CPU's but for expf's rare last bits (tests/cudasim/test_attention_sim.cpp checks both).
  * Arithmetic: fp32 CUDA cores, uncontracted (tdc_mul / tdc_add), no tensor cores: an mma P.V
  * would sum the keys of a tile in another order than the CPU's flash_part.
- * Shared memory: (BR + 32) (HD + 1) + BR (min(attn_block, 256) + 1) + 4 BR floats, 71 KB at
- * HD 128 with blocks of 64 keys (above the 48 KB default: the launch opts in). */
+ * Shared memory: (BR + 32) (HD + 1) + BR (min(attn_block, 256) + 1) + 4 BR floats, 67 KB at
+ * HD 128 with blocks of 64 keys, 84 KB with 128 (above the 48 KB default: the launch opts in). */
 #include "kern.cuh"
 
 #define AT_THREADS 256
