@@ -20,6 +20,7 @@
 #include "tidal/lora.h"
 #include "tidal/formats.h"
 #include "tidal/scaling.h"
+#include "../model/ops.h"   /* td_kv_store_format: how a session on the CUDA backend stores its cache */
 
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +38,10 @@ static size_t maxz(size_t a, size_t b) { return a > b ? a : b; }
 size_t td_memplan_kv_bytes(const td_config *c, const td_recipe *b, int as_allocated)
 {
     size_t elems = 2 * (size_t)c->num_kv_heads * c->head_dim;   /* K and V */
-    if (as_allocated) return elems * sizeof(float);   /* session.c: fp32 rows rounded to the format */
+    if (as_allocated) {   /* session.c on the CUDA backend (kv_codes): ops.h td_kv_store_format */
+        td_backend codes = {.kv_codes = 1};
+        return elems * td_kv_esize(td_kv_store_format(&codes, b));
+    }
     td_format f = b ? b->kv_cache : TD_F32;
     return elems * fmt_bytes(f);
 }
@@ -343,9 +347,10 @@ void td_memplan_print(FILE *f, const char *tool, const td_memplan *p, const td_m
     fprintf(f, "%s:   weights     %12s  (A own %s, B own %s, shared the rest)\n", tool, human(b1, sizeof b1, p->weights),
             human(b2, sizeof b2, p->weights_a), human(b3, sizeof b3, p->weights_b));
     if (in->b && in->slots > 0)
-        fprintf(f, "%s:   KV cache    %12s  (%d slots x %d positions, fp32 as allocated; %s in %s)\n", tool,
-                human(b1, sizeof b1, p->kv_cache), in->slots, in->max_len, human(b2, sizeof b2, p->kv_cache_recipe),
-                td_format_info(in->b->kv_cache)->name);
+        fprintf(f, "%s:   KV cache    %12s  (%d slots x %d positions, %s as stored; %s in %s)\n", tool,
+                human(b1, sizeof b1, p->kv_cache), in->slots, in->max_len,
+                p->kv_cache == p->kv_cache_recipe ? td_format_info(in->b->kv_cache)->name : "fp32",
+                human(b2, sizeof b2, p->kv_cache_recipe), td_format_info(in->b->kv_cache)->name);
     fprintf(f, "%s:   activations %12s  (A: %d tokens per micro-batch %s; B: %s)\n", tool,
             human(b1, sizeof b1, p->acts_a + p->acts_b), in->a ? in->fwd_tokens : 0, human(b2, sizeof b2, p->acts_a),
             human(b3, sizeof b3, p->acts_b));

@@ -149,8 +149,8 @@ static void layer_body(const td_ops *ops, const td_model *m, td_acts *a, int l, 
     const td_wset *ws = ops->ws;                            /* its matrices (td_wmat) */
     const td_layer_weights *w = &W->layers[l];
     td_layer_acts la = acts_layer(a, c, l);
-    float *kl = kv->k + (size_t)l * kv->layer_stride;
-    float *vl = kv->v + (size_t)l * kv->layer_stride;
+    float *kl = (float *)((char *)kv->k + (size_t)l * kv->layer_stride * kv->esize);
+    float *vl = (float *)((char *)kv->v + (size_t)l * kv->layer_stride * kv->esize);
 
     /* attention sub-block */
     float *qkv_out[] = {la.q_raw, la.k_raw, la.v};
@@ -214,7 +214,7 @@ void decoder_recompute_layer(const td_ops *ops, const td_model *m, td_acts *a, i
     const td_config *c = &m->cfg;
     const td_model_weights *W = ops->w ? ops->w : &m->w;
     td_layer_acts la = acts_layer(a, c, l);
-    td_kv_store kv = {a->k, a->v, 0};   /* teacher forcing: the rows' own projections are the store */
+    td_kv_store kv = {a->k, a->v, 0, sizeof(float)};   /* teacher forcing: the rows' own projections are the store */
     rmsnorm_forward(ops, la.xn1, la.rstd1, la.x_in, W->layers[l].attn_norm, N, c->hidden_size,
                     (float)c->rms_norm_eps);
     layer_body(ops, m, a, l, pos, N, &kv, 0);

@@ -116,7 +116,9 @@ td_layer_acts acts_layer(const td_acts *a, const td_config *c, int l);
  * serve as the store (teacher forcing); a KV cache uses one region per layer and slot. */
 typedef struct {
     float *k, *v;
-    size_t layer_stride;
+    size_t layer_stride;   /* elements */
+    size_t esize;          /* bytes an element: 4 (floats), or 2 / 1 for a cache of codes
+                              (ops.h td_kv_esize of ctx->kv_fmt) */
 } td_kv_store;
 
 /* Embedding, all L decoder layers and the final norm for N token rows (tokens, pos, and

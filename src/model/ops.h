@@ -96,6 +96,8 @@ typedef struct td_ops {
     size_t wtile_per_thread;      /* TD_GEMM_TILE * the widest GEMM input                     */
     int decode;                   /* this step is a decode step (split-KV attention applies)   */
     int cache;                    /* keys/values are stored in a KV cache (kv_cache rounding)  */
+    int kv_fmt;                   /* a KV cache's element format (td_kv_store_format): TD_F32 =
+                                     floats, else codes of that td_format (kv_codes backends)  */
     float temperature;            /* logits / T before log-softmax (0 or 1: none; recipe.h)    */
     float *qin;                   /* quantised GEMM input, rows * max(C, F, NH*HD) floats      */
     float *gscratch;              /* fp8-fast accumulators, nthreads * gscratch_per_thread     */
@@ -121,6 +123,7 @@ struct td_backend {
     void (*zero)(void *p, size_t bytes);                          /* a buffer of alloc's = 0, on
                                                                      the backend (CUDA: on its
                                                                      stream, asynchronous) */
+    int kv_codes;   /* stores a KV cache as codes of the recipe's kv_cache format (ctx->kv_fmt) */
 
     void (*embedding_forward)(const td_ops *ctx, float *out, const int *tokens,
                               const td_wmat *embed, int N, int C);
@@ -266,9 +269,28 @@ static inline void rope_forward(const td_ops *ctx, float *x, const int *pos, con
     ctx->be->rope_forward(ctx, x, pos, inv_freq, N, nheads, HD);
 }
 
+/* The element format of a KV cache under recipe r on backend be: codes of the recipe's kv_cache
+ * format where the backend stores codes (CUDA) and that format is narrower than fp32, floats
+ * otherwise (the CPU: TD_F32 always). Codes hold exactly the values the CPU's float cache holds:
+ * kv_write rounds to kv_cache when it differs from the activations (the value is the code's,
+ * times kv_scale for a scaled fp8 cache), and when it is the activations' format the rows are
+ * already rounded to it (GEMM outputs, RoPE, LoRA's residual add all round to D) — except under
+ * residual_fp32, where an unmerged LoRA's add to K or V stays fp32: floats there. A KV cache
+ * takes td_kv_esize(fmt) bytes per element: per token and layer 2 * NKV * HD *
+ * td_kv_esize(fmt) bytes (K and V). */
+static inline int td_kv_store_format(const td_backend *be, const td_recipe *r)
+{
+    if (!be->kv_codes || !r || r->kv_cache == TD_F32) return TD_F32;
+    if (r->kv_cache == r->activations && r->residual_fp32) return TD_F32;
+    return (int)r->kv_cache;
+}
+static inline size_t td_kv_esize(int fmt) { return fmt == TD_F32 ? 4 : fmt == TD_BF16 || fmt == TD_F16 ? 2 : 1; }
+
 /* KV write: row i of rows (N, KVD) goes to store + kv_off[i] + pos[i]*KVD (nothing is copied
  * when that is the row itself), rounded there to the recipe's kv_cache format when the context
- * is a KV cache's (inference path): fp8 as D(q(x / kv_scale) * kv_scale). */
+ * is a KV cache's (inference path): fp8 as D(q(x / kv_scale) * kv_scale). With ctx->cache and a
+ * ctx->kv_fmt other than TD_F32 the store holds codes of that format (offsets in elements) and
+ * attention_forward reads them (kv_codes backends only). */
 static inline void kv_write(const td_ops *ctx, float *store, const float *rows,
                             const size_t *kv_off, const int *pos, int N, int KVD)
 {

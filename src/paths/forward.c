@@ -82,7 +82,7 @@ static int decode_packed(td_forward *f, int s0, int s1, const int *const *tokens
     }
     /* the rows' own projections are the keys and values: one layer's, or each layer's slice */
     size_t stride = f->acts.save == TD_ACTS_ALL ? (size_t)f->acts.cap * KVD : 0;
-    td_kv_store kv = {f->acts.k, f->acts.v, stride};
+    td_kv_store kv = {f->acts.k, f->acts.v, stride, sizeof(float)};
     f->ops.row_seq = f->row_seq;
     decoder_forward(&f->ops, f->m, &f->acts, f->tok, f->pos, N, &kv);
     return N;

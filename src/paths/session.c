@@ -1,6 +1,9 @@
 /* tidal — the incremental structure (inference path): a KV cache of nslots slots, prefill in
  * chunks, then one token per slot per batched decode step. Every buffer is allocated here, at
- * creation; prefill and decode allocate nothing. */
+ * creation, but the KV cache: its element format is the recipe's (ops.h td_kv_store_format:
+ * floats on the CPU, the recipe's kv_cache codes on CUDA, 2-4x smaller), so it is allocated at
+ * the first prefill under a recipe, and again only when a recipe changes that format (which
+ * empties every slot: the codes of one format are not another's). */
 #include "../model/model_internal.h"
 #include "paths_internal.h"
 
@@ -12,8 +15,9 @@ struct td_session {
     td_ops ops;
     td_acts acts;            // cap = max(prefill_chunk, nslots), max_keys = max_len
     int nslots, max_len, chunk, logits_rows;
-    float *kcache;           // (L, nslots, max_len, NKV*HD)
+    float *kcache;           // (L, nslots, max_len, NKV*HD) elements of kv_fmt, NULL until used
     float *vcache;           // (L, nslots, max_len, NKV*HD)
+    int kv_fmt;              // the format the cache was allocated for (ops.kv_fmt: the recipe's)
     int *len;                // (nslots) tokens held per slot
     float *logits;           // (logits_rows, V) for prefill row callbacks, backend memory
     float *logits_host;      // the rows the host reads: logits itself on the CPU, a copy else
@@ -41,10 +45,6 @@ td_session *td_session_create(const td_model *m, int nslots, int max_len, int pr
     if (s->chunk > max_len) s->chunk = max_len;
     int cap = s->chunk > nslots ? s->chunk : nslots;
     acts_alloc(&s->acts, c, &s->ops, cap, max_len, 0);
-    size_t KVD = (size_t)c->num_kv_heads * c->head_dim;
-    size_t cache = (size_t)c->num_layers * nslots * max_len * KVD;
-    s->kcache = s->ops.be->alloc(cache * sizeof(float));
-    s->vcache = s->ops.be->alloc(cache * sizeof(float));
     s->len = td_xcalloc((size_t)nslots, sizeof(int));
     s->logits_rows = s->chunk < 64 ? s->chunk : 64;
     s->logits = s->ops.be->alloc((size_t)s->logits_rows * c->vocab_size * sizeof(float));
@@ -65,8 +65,8 @@ void td_session_free(td_session *s)
     acts_free(&s->acts);
     recipe_state_free(&s->rs);
     td_backend_forget(s->ops.be);
-    s->ops.be->free(s->kcache);
-    s->ops.be->free(s->vcache);
+    if (s->kcache) s->ops.be->free(s->kcache);
+    if (s->vcache) s->ops.be->free(s->vcache);
     if (s->logits_host != s->logits) free(s->logits_host);
     s->ops.be->free(s->logits);
     free(s->len); free(s->pos);
@@ -85,10 +85,18 @@ int td_session_len(const td_session *s, int slot)
     return slot >= 0 && slot < s->nslots ? s->len[slot] : -1;
 }
 
-static td_kv_store cache_store(const td_session *s)
+/* the KV cache in the recipe's format, allocated on first use */
+static td_kv_store cache_store(td_session *s)
 {
-    size_t KVD = (size_t)s->m->cfg.num_kv_heads * s->m->cfg.head_dim;
-    td_kv_store kv = {s->kcache, s->vcache, (size_t)s->nslots * s->max_len * KVD};
+    const td_config *c = &s->m->cfg;
+    size_t KVD = (size_t)c->num_kv_heads * c->head_dim, per_layer = (size_t)s->nslots * s->max_len * KVD;
+    size_t esize = td_kv_esize(s->ops.kv_fmt);
+    if (!s->kcache) {
+        s->kcache = s->ops.be->alloc((size_t)c->num_layers * per_layer * esize);
+        s->vcache = s->ops.be->alloc((size_t)c->num_layers * per_layer * esize);
+        s->kv_fmt = s->ops.kv_fmt;
+    }
+    td_kv_store kv = {s->kcache, s->vcache, per_layer, esize};
     return kv;
 }
 
@@ -197,6 +205,13 @@ int td_session_set_recipe_lora(td_session *s, const td_recipe *r, const td_lora 
     int cap = s->chunk > s->nslots ? s->chunk : s->nslots;
     if (recipe_state_set(&s->rs, &s->ops, s->m, r, lora, mode, cap, 0, err)) return -1;
     s->ops.cache = 1;
+    s->ops.kv_fmt = td_kv_store_format(s->ops.be, s->ops.recipe);
+    if (s->kcache && s->kv_fmt != s->ops.kv_fmt) {   /* another format: a new, empty cache */
+        s->ops.be->free(s->kcache);
+        s->ops.be->free(s->vcache);
+        s->kcache = s->vcache = NULL;
+        for (int i = 0; i < s->nslots; i++) s->len[i] = 0;
+    }
     return 0;
 }
 

@@ -16,6 +16,9 @@
 #               on the GPU within 1e-4 of the CPU), tests/gpu/test_vs_transformers.py
 #   bench       tests/bench/gpu.sh (fractions of cuBLAS peak and HBM bandwidth, tokens/s against
 #               transformers)
+#   attn-bench  $BUILD/gpu/test_attention_sim --bench: the tiled flash attention kernel against the
+#               simple one, 8 x 8,192-token prefill at Llama-3-8B head shapes (bf16-train,
+#               vllm-bf16): time of each, and whether their outputs are the same bits (exit 1 if not)
 #   fidelity    reports/gpu/fidelity.sh small (trained add model, Qwen2.5-0.5B-shaped random)
 #   fidelity-8b reports/gpu/fidelity.sh 8b (Llama-3-8B-shaped random; writes a 16 GB checkpoint)
 #   memory      tests/gpu/memory_check.py: the memory plan against what the backend held
@@ -49,6 +52,7 @@ stage() {
       [ $r -ne 0 ] && [ $r -ne 77 ] && rc=1
       return $rc ;;
     bench) bash tests/bench/gpu.sh ;;
+    attn-bench) "$BUILD/gpu/test_attention_sim" --bench ;;
     fidelity) bash reports/gpu/fidelity.sh small ;;
     fidelity-8b) bash reports/gpu/fidelity.sh 8b ;;
     memory) "$PY" tests/gpu/memory_check.py ;;
@@ -58,10 +62,10 @@ stage() {
         echo "=== $t"; DEVICE_BIN="$BUILD/bin" "$PY" "$t" || rc=1   # 77 (h5py missing) fails here too
       done
       return $rc ;;
-    *) echo "run.sh: unknown stage '$1' (build, check, bench, fidelity, fidelity-8b, memory, rl)" >&2; return 2 ;;
+    *) echo "run.sh: unknown stage '$1' (build, check, rl, bench, attn-bench, fidelity, fidelity-8b, memory)" >&2; return 2 ;;
   esac
 }
-[ $# -gt 0 ] || set -- build check bench fidelity memory
+[ $# -gt 0 ] || set -- build check rl bench attn-bench fidelity memory
 nvidia-smi -L 2>/dev/null | head -n1 || echo "run.sh: no NVIDIA GPU here (nvidia-smi -L failed)"
 for s in "$@"; do
   echo "### $s" >&2

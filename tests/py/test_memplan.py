@@ -182,8 +182,8 @@ QD, KVD, T, S, nthreads = NH * HD, NKV * HD, 8192 + 1024, 8, 2
 # weights: every matrix is the checkpoint's bf16, shared by both bf16 recipes, once; each recipe's
 # rounded fp32 copies of the 65 norm vectors; inv_freq
 weights = 2 * (Lyr * (2 * C * QD + 2 * C * KVD + 3 * C * F) + V * C) + 2 * (2 * Lyr + 1) * C * 4 + HD // 2 * 4
-kv = Lyr * S * T * 2 * KVD * 4                       # fp32 as allocated
-kv_bf16 = kv // 2
+kv_bf16 = Lyr * S * T * 2 * KVD * 2                  # the device stores bf16-infer's bf16 codes
+kv = kv_bf16
 per_row = (3 * C + 2 * QD + 2 * KVD + 2 * F) * 4     # x xn proj, q att, k v, gate up (fp32)
 fwd_tokens = T * 4                                   # the longest sequence x min(batch, 4)
 acts = (fwd_tokens * per_row + nthreads * 64 * T * 4 + 256 * V * 4) + (128 * per_row + nthreads * 64 * T * 4 + 64 * V * 4)

@@ -4,9 +4,17 @@
  *
  * kv_write: row i of rows (N, KVD) to store + kv_off[i] + pos[i] * KVD, one block per row,
  * rounded there to the recipe's kv_cache format when the context is a KV cache's and that
- * format is not the activations': fp8 as q(x / s) * s (s = kv_scale, 1.0 when 0).
+ * format is not the activations': fp8 as q(x / s) * s (s = kv_scale, 1.0 when 0). A KV cache
+ * of codes (ctx->cache with ctx->kv_fmt not fp32: a session on this backend, ops.h
+ * td_kv_store_format) gets the code of x / s instead, and attention decodes code * s on
+ * loading its K/V tiles (kern.cuh tdc_kv_get): the CPU cache's floats, bit for bit, in 2 bytes
+ * (bf16, fp16) or 1 (e4m3) instead of 4.
  *
- * attention: one kernel, attn_rows, for the three forms of the CPU, and attn_merge for split-KV.
+ * attention: the flash form without split-KV on runs of rows (prefill, teacher forcing: runs
+ * averaging 16 rows or more) takes the tiled kernel attn_tile (attention_tiled.cu: 64 query
+ * rows a block, the same arithmetic in the same order, so the same bits); everything else one
+ * kernel, attn_rows, for the three forms of the CPU, and attn_merge for split-KV.
+ * TIDAL_CUDA_ATTN=simple|tiled (or tdc_attn_kernel) forces the choice for the flash form.
  * A block is (a group of up to 8 query rows, a head, a split part); each warp owns one query row
  * and the lanes own columns c = lane + 32 t of its output (HD <= 256: 8 registers per lane).
  * The rows of a group are consecutive rows of one sequence (same kv_off, consecutive positions:
@@ -40,19 +48,25 @@
  * Causal by pos: row i sees keys 0..pos[i]. GQA: head h reads kv head h / (NH / NKV). */
 #include "kern.cuh"
 
+#include <stdlib.h>
+#include <string.h>
+
 #define ATT_ROWS 8     /* query rows (warps) per block for prefill runs */
 #define ATT_SEG 256    /* the CPU's score buffer: flash segments of at most 256 keys */
 
 enum { ATT_REF = 0, ATT_EAGER = 1, ATT_FLASH = 2 };
 
+int tdc_attn_kernel = 0;   /* cuda_internal.cuh */
+
 typedef struct {
     float *out, *lse;        /* (N, NH * HD), (N, NH) or NULL */
     float *part;             /* split-KV: (N, NH, splits, HD + 2): o, then m, l */
-    const float *q, *k, *v;
+    const float *q;
+    const void *k, *v;       /* floats, or a KV cache's codes of format kfmt times ks */
     const size_t *kv_off;
     const int *pos, *gstart; /* groups: rows gstart[g] .. gstart[g + 1] - 1 */
-    int NH, group, HD, KVD, mode, D, block, splits, TK;
-    float scale;
+    int NH, group, HD, KVD, mode, D, block, splits, TK, kfmt;
+    float scale, ks;
 } attn_args;
 
 /* q . k over HD in the CPU's order (see the header) */
@@ -70,12 +84,14 @@ __device__ static inline float attn_dot(const float *q, const float *k, int HD)
     return (((0.0f + p0) + p1) + p2) + p3;
 }
 
-/* keys/values j0 .. j0 + nt - 1 of a head (rows KVD apart) into the tile (rows HD + 1 apart) */
-__device__ static inline void attn_load(float *t, const float *base, int j0, int nt, int HD, int KVD)
+/* keys/values j0 .. j0 + nt - 1 of a head (element b of the store, rows KVD apart) into the
+ * tile (rows HD + 1 apart), decoded from a KV cache's codes */
+__device__ static inline void attn_load(const attn_args *a, float *t, const void *store, size_t b, int j0, int nt)
 {
+    int HD = a->HD;
     for (int e = threadIdx.x; e < nt * HD; e += blockDim.x) {
         int j = e / HD, c = e - j * HD;
-        t[j * (HD + 1) + c] = base[(size_t)(j0 + j) * KVD + c];
+        t[j * (HD + 1) + c] = tdc_kv_get(store, b + (size_t)(j0 + j) * a->KVD + c, a->kfmt, a->ks);
     }
 }
 
@@ -125,8 +141,7 @@ __global__ static void attn_rows(attn_args a)
     const int cnt = a.gstart[blockIdx.x + 1] - r0;
     float *qs = sm + warp * HD, *kt = sm + R * HD, *ps = kt + TK * (HD + 1) + warp * ATT_SEG;
     const int act = warp < cnt, i = r0 + (act ? warp : 0);
-    const float *kb = a.k + a.kv_off[r0] + (size_t)(h / a.group) * HD;
-    const float *vb = a.v + a.kv_off[r0] + (size_t)(h / a.group) * HD;
+    const size_t kvb = a.kv_off[r0] + (size_t)(h / a.group) * HD;   /* the head's element 0 */
     /* this warp's keys [j0, j1); the block's [J0, J1) (the group's rows share their start) */
     int j0, j1, J0 = 0x7fffffff, J1 = 0;
     attn_range(&a, i, z, &j0, &j1);
@@ -149,7 +164,7 @@ __global__ static void attn_rows(attn_args a)
                 for (int t0 = c0; t0 < c1; t0 += TK) {  /* scores of the segment */
                     int nt = c1 - t0 < TK ? c1 - t0 : TK;
                     __syncthreads();
-                    attn_load(kt, kb, t0, nt, HD, a.KVD);
+                    attn_load(&a, kt, a.k, kvb, t0, nt);
                     __syncthreads();
                     if (live && lane < nt && t0 + lane < e1)
                         ps[t0 - c0 + lane] = tdc_mul(attn_dot(qs, kt + lane * (HD + 1), HD), a.scale);
@@ -171,7 +186,7 @@ __global__ static void attn_rows(attn_args a)
                 for (int t0 = c0; t0 < c1; t0 += TK) {  /* o += D(p) v */
                     int nt = c1 - t0 < TK ? c1 - t0 : TK;
                     __syncthreads();
-                    attn_load(kt, vb, t0, nt, HD, a.KVD);
+                    attn_load(&a, kt, a.v, kvb, t0, nt);
                     __syncthreads();
                     if (live) attn_pv(&a, o, kt, ps, c0, t0, t0 + nt < e1 ? t0 + nt : e1, 1);
                 }
@@ -199,7 +214,7 @@ __global__ static void attn_rows(attn_args a)
         for (int t0 = J0; t0 < J1; t0 += TK) {
             int nt = J1 - t0 < TK ? J1 - t0 : TK;
             __syncthreads();
-            attn_load(kt, kb, t0, nt, HD, a.KVD);
+            attn_load(&a, kt, a.k, kvb, t0, nt);
             __syncthreads();
             int mine = act && lane < nt && t0 + lane < j1;
             float s = mine ? attn_score_full(&a, qs, kt + lane * (HD + 1)) : 0.0f;
@@ -213,7 +228,7 @@ __global__ static void attn_rows(attn_args a)
                     ps[lane] = a.mode == ATT_EAGER ? tdc_round(a.D, p) : p;
                 }
                 __syncthreads();
-                attn_load(kt, vb, t0, nt, HD, a.KVD);
+                attn_load(&a, kt, a.v, kvb, t0, nt);
                 __syncthreads();
                 if (act) attn_pv(&a, o, kt, ps, t0, t0, t0 + nt < j1 ? t0 + nt : j1, 0);
             }
@@ -257,7 +272,7 @@ __global__ static void attn_merge(attn_args a)
     if (a.lse && lane == 0) a.lse[(size_t)i * a.NH + h] = lse_acc;
 }
 
-/* floats of a K/V store the rows reach: keys 0..pos[i] at kv_off[i] */
+/* elements of a K/V store the rows reach: keys 0..pos[i] at kv_off[i] */
 static size_t kv_extent(const size_t *kv_off, const int *pos, int N, int KVD)
 {
     size_t hi = 0;
@@ -266,6 +281,19 @@ static size_t kv_extent(const size_t *kv_off, const int *pos, int N, int KVD)
         hi = e > hi ? e : hi;
     }
     return hi;
+}
+
+/* whether the K/V store of this call holds codes (a KV cache of ctx->kv_fmt: ops.h), and the
+ * scale of its values: kv_write's divisor of a rounded fp8 cache (kv_scale, 1.0 when 0), else 1 */
+static int kv_codes(const td_ops *ctx) { return ctx->cache && ctx->kv_fmt != TD_F32; }
+static int kv_rounds(const td_ops *ctx)
+{
+    const td_recipe *r = ctx->recipe;
+    return r && ctx->cache && r->kv_cache != r->activations && r->kv_cache != TD_F32;
+}
+static float kv_code_scale(const td_ops *ctx)
+{
+    return kv_rounds(ctx) && ctx->recipe->kv_scale > 0 ? ctx->recipe->kv_scale : 1.0f;
 }
 
 extern "C" void attention_forward_cuda(const td_ops *ctx, float *out, float *lse, const float *q,
@@ -290,9 +318,13 @@ extern "C" void attention_forward_cuda(const td_ops *ctx, float *out, float *lse
     a.splits = a.mode == ATT_FLASH && ctx->decode && r->decode_splits > 1 ? r->decode_splits : 1;
     a.TK = HD <= 128 ? 32 : 16;
     a.scale = 1.0f / sqrtf((float)HD);
+    a.kfmt = kv_codes(ctx) ? ctx->kv_fmt : (int)TD_F32;
+    a.ks = kv_code_scale(ctx);
 
-    /* row groups: runs of one sequence at consecutive positions, at most ATT_ROWS rows (single
-     * rows under split-KV, whose parts differ per row) */
+    /* row groups: runs of one sequence at consecutive positions, at most `run` rows (single
+     * rows under split-KV, whose parts differ per row). The flash form without split-KV takes
+     * the tiled kernel (attention_tiled.cu) when its runs average 16 rows or more (prefill,
+     * teacher forcing), the simple one otherwise (decode); tdc_attn_kernel overrides. */
     static int *gs;
     static int gcap;
     if (N + 1 > gcap) {
@@ -302,23 +334,35 @@ extern "C" void attention_forward_cuda(const td_ops *ctx, float *out, float *lse
         if (!gs) { fprintf(stderr, "tidal: attention_forward_cuda: out of host memory\n"); exit(1); }
         gcap = N + 1;
     }
-    int ng = 0, widest = 1;
-    for (int i = 0; i < N;) {
-        int n = 1;
-        while (a.splits == 1 && n < ATT_ROWS && i + n < N && kv_off[i + n] == kv_off[i] &&
-               pos[i + n] == pos[i] + n)
-            n++;
-        gs[ng++] = i;
-        widest = n > widest ? n : widest;
-        i += n;
+    static int env_kernel = -1;   /* TIDAL_CUDA_ATTN=simple|tiled: tdc_attn_kernel's default */
+    if (env_kernel < 0) {
+        const char *e = getenv("TIDAL_CUDA_ATTN");
+        env_kernel = e && !strcmp(e, "simple") ? 1 : e && !strcmp(e, "tiled") ? 2 : 0;
+        if (!tdc_attn_kernel) tdc_attn_kernel = env_kernel;
     }
-    gs[ng] = N;
+    int tiled = a.mode == ATT_FLASH && a.splits == 1 && tdc_attn_kernel != 1;
+    int ng = 0, widest = 1;
+    for (int pass = 0; pass < 2; pass++) {
+        int run = tiled ? attention_tiled_rows(HD, NH, NKV) : a.splits == 1 ? ATT_ROWS : 1;
+        ng = 0;
+        widest = 1;
+        for (int i = 0; i < N;) {
+            int n = 1;
+            while (n < run && i + n < N && kv_off[i + n] == kv_off[i] && pos[i + n] == pos[i] + n) n++;
+            gs[ng++] = i;
+            widest = n > widest ? n : widest;
+            i += n;
+        }
+        gs[ng] = N;
+        if (!tiled || tdc_attn_kernel == 2 || N >= 16 * ng) break;
+        tiled = 0;   /* short runs: the simple kernel */
+    }
     int R = widest > 1 ? ATT_ROWS : 1;   /* decode: a warp per block */
 
-    size_t kvn = kv_extent(kv_off, pos, N, a.KVD) * sizeof(float);
+    size_t kvn = kv_extent(kv_off, pos, N, a.KVD) * td_kv_esize(a.kfmt);
     a.q = (const float *)tdc_in(q, (size_t)N * NH * HD * sizeof(float));
-    a.k = (const float *)tdc_in(k, kvn);
-    a.v = (const float *)tdc_in(v, kvn);
+    a.k = tdc_in(k, kvn);
+    a.v = tdc_in(v, kvn);
     a.kv_off = (const size_t *)tdc_in(kv_off, (size_t)N * sizeof(size_t));
     a.pos = (const int *)tdc_in(pos, (size_t)N * sizeof(int));
     a.gstart = (const int *)tdc_in(gs, (size_t)(ng + 1) * sizeof(int));
@@ -326,6 +370,12 @@ extern "C" void attention_forward_cuda(const td_ops *ctx, float *out, float *lse
     a.lse = lse ? (float *)tdc_out(lse, (size_t)N * NH * sizeof(float), 0) : NULL;
     a.part = a.splits > 1 ? (float *)tdc_scratch(TDC_SLOT_ATTN, (size_t)N * NH * a.splits * (HD + 2) * sizeof(float))
                           : NULL;
+    if (tiled) {
+        attention_tiled_launch(a.out, a.lse, a.q, a.k, a.v, a.kfmt, a.ks, a.kv_off, a.pos, a.gstart,
+                               ng, NH, NKV, HD, a.D, a.block);
+        tdc_done();
+        return;
+    }
     size_t smem = ((size_t)R * HD + (size_t)a.TK * (HD + 1) + (size_t)R * ATT_SEG) * sizeof(float);
     TD_LAUNCH(attn_rows, dim3(ng, NH, a.splits), 32 * R, smem, tdc_stream(), a);
     CUDA_CHECK_LAUNCH();
@@ -338,15 +388,18 @@ extern "C" void attention_forward_cuda(const td_ops *ctx, float *out, float *lse
 
 /* ---------------------------------------------------------------- KV write */
 
-__global__ static void kv_rows(float *store, const float *rows, const size_t *kv_off, const int *pos,
-                               int KVD, int fmt, float s)
+/* row i to its place: floats rounded as kv_write_cpu rounds them (fmt: the kv_cache format when
+ * it rounds, TD_F32 when not), or into a KV cache of codes of cfmt, the code of x / s */
+__global__ static void kv_rows(void *store, const float *rows, const size_t *kv_off, const int *pos,
+                               int KVD, int fmt, int cfmt, float s)
 {
     int i = blockIdx.x;
-    float *d = store + kv_off[i] + (size_t)pos[i] * KVD;
+    size_t d = kv_off[i] + (size_t)pos[i] * KVD;
     const float *src = rows + (size_t)i * KVD;
     for (int c = threadIdx.x; c < KVD; c += blockDim.x) {
         float x = src[c];
-        d[c] = fmt == TD_F32 ? x : tdc_round(fmt, x / s) * s;
+        if (cfmt != TD_F32) tdc_kv_put(store, d + c, cfmt, x / s);
+        else ((float *)store)[d + c] = fmt == TD_F32 ? x : tdc_round(fmt, x / s) * s;
     }
 }
 
@@ -355,23 +408,23 @@ extern "C" void kv_write_cuda(const td_ops *ctx, float *store, const float *rows
 {
     if (N <= 0) return;
     const td_recipe *r = ctx->recipe;
-    int round = r && ctx->cache && r->kv_cache != r->activations && r->kv_cache != TD_F32;
-    float s = round && r->kv_scale > 0 ? r->kv_scale : 1.0f;
-    int moved = 0;   /* a row not already in its place */
+    int round = kv_rounds(ctx), codes = kv_codes(ctx);
+    float s = kv_code_scale(ctx);
+    int moved = codes;   /* a row not already in its place (a cache of codes is never the rows) */
     for (int i = 0; i < N && !moved; i++)
         moved = store + kv_off[i] + (size_t)pos[i] * KVD != rows + (size_t)i * KVD;
     if (!moved && !round) return;   /* teacher forcing: the rows are the store */
     size_t hi = kv_extent(kv_off, pos, N, KVD);
-    float *d_store = (float *)tdc_out(store, hi * sizeof(float), 1);
+    void *d_store = tdc_out(store, hi * td_kv_esize(codes ? ctx->kv_fmt : (int)TD_F32), 1);
     const float *d_rows;
     if (!moved)                      /* in place: the rows are inside the staged store */
-        d_rows = d_store + (rows - store);
+        d_rows = (const float *)d_store + (rows - store);
     else
         d_rows = (const float *)tdc_in(rows, (size_t)N * KVD * sizeof(float));
     const size_t *d_off = (const size_t *)tdc_in(kv_off, (size_t)N * sizeof(size_t));
     const int *d_pos = (const int *)tdc_in(pos, (size_t)N * sizeof(int));
     TD_LAUNCH(kv_rows, N, 128, 0, tdc_stream(), d_store, d_rows, d_off, d_pos, KVD,
-              round ? (int)r->kv_cache : (int)TD_F32, s);
+              round ? (int)r->kv_cache : (int)TD_F32, codes ? ctx->kv_fmt : (int)TD_F32, s);
     CUDA_CHECK_LAUNCH();
     tdc_done();
 }

@@ -268,6 +268,7 @@ extern "C" const td_backend td_backend_cuda = {
     .upload = cuda_copy,
     .download = cuda_copy,
     .zero = cuda_zero,
+    .kv_codes = 1,   /* KV caches in the recipe's kv_cache format (ops.h td_kv_store_format) */
     .embedding_forward = embedding_forward_cuda,
     .rmsnorm_forward = rmsnorm_forward_cuda,
     .matmul_forward = matmul_forward_cuda,

@@ -128,6 +128,14 @@ void attention_forward_cuda(const td_ops *ctx, float *out, float *lse, const flo
                             int N, int NH, int NKV, int HD, float *scratch, int max_keys);
 void swiglu_forward_cuda(const td_ops *ctx, float *out, const float *gate, const float *up, int N,
                          int F);
+/* attention_forward_cuda's kernels: tdc_attn_kernel picks one for the flash form (0: by shape,
+ * 1: the simple attn_rows, 2: the tiled attn_tile; tests and benches set it). The tiled one
+ * (attention_tiled.cu) takes runs of at most attention_tiled_rows positions. */
+extern int tdc_attn_kernel;
+int attention_tiled_rows(int HD, int NH, int NKV);
+void attention_tiled_launch(float *out, float *lse, const float *q, const void *k, const void *v,
+                            int kfmt, float ks, const size_t *kv_off, const int *pos,
+                            const int *gstart, int ng, int NH, int NKV, int HD, int D, int block);
 void residual_forward_cuda(const td_ops *ctx, float *out, const float *inp1, const float *inp2,
                            size_t n);
 void scale_forward_cuda(const td_ops *ctx, float *x, float s, size_t n);

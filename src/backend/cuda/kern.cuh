@@ -50,6 +50,33 @@ TDC_DEV float tdc_td_expf(float x)
     return tdc_mul(p, scale);
 }
 
+/* ---- KV stores ------------------------------------------------------------------------------
+ * A K/V store holds floats (fmt TD_F32) or, a KV cache on this backend, codes of the recipe's
+ * kv_cache format (ops.h td_kv_store_format): element idx's value is the code's times s (the fp8
+ * cache's kv_scale where kv_write divided by it, else 1): the CPU cache's float, exactly. */
+TDC_DEV float tdc_kv_get(const void *base, size_t idx, int fmt, float s)
+{
+    switch (fmt) {
+    case 0: return ((const float *)base)[idx];
+    case 1: return tdc_mul(tdc_bf16_dec(((const uint16_t *)base)[idx]), s);
+    case 2: return tdc_mul(tdc_f16_dec(((const uint16_t *)base)[idx]), s);
+    case 3: return tdc_mul(tdc_e4m3_dec(((const uint8_t *)base)[idx]), s);
+    default: return tdc_mul(tdc_e5m2_dec(((const uint8_t *)base)[idx]), s);
+    }
+}
+
+/* the code of x (already divided by s) at element idx */
+TDC_DEV void tdc_kv_put(void *base, size_t idx, int fmt, float x)
+{
+    switch (fmt) {
+    case 0: ((float *)base)[idx] = x; break;
+    case 1: ((uint16_t *)base)[idx] = tdc_bf16_enc(x); break;
+    case 2: ((uint16_t *)base)[idx] = tdc_f16_enc(x); break;
+    case 3: ((uint8_t *)base)[idx] = tdc_e4m3_enc(x); break;
+    default: ((uint8_t *)base)[idx] = tdc_e5m2_enc(x); break;
+    }
+}
+
 /* ---- reductions (warps of 32; blocks a multiple of 32 threads) ---------------------------- */
 
 #define TDC_FULL 0xffffffffu
