@@ -29,6 +29,10 @@
 #               real backend, matmul_backward_cuda included; tiny models, a minute or two):
 #               /steps loss, grad_norm within 1e-4 relative under fp32, bf16 / fp16 within the
 #               looser bound each script states, LoRA, --resume on the device bit for bit
+#   rl-bench    tests/gpu/rl_bench.sh: a GRPO step (64 completions, rollout / pi_old / update) of
+#               tidal-rl --device cuda against tests/gpu/grpo_bench.py (PyTorch + transformers) on
+#               Qwen2.5-0.5B- and 1.5B-shaped random checkpoints, 1,024-token responses
+#               ($RL_BENCH="0.5b:4096 1.5b:4096" for the long ones); $OUT/rl-bench.md
 #
 # Each stage's log goes to $OUT/STAGE.log; the exit status is 1 if any stage failed.
 set -u
@@ -56,16 +60,17 @@ stage() {
     fidelity) bash reports/gpu/fidelity.sh small ;;
     fidelity-8b) bash reports/gpu/fidelity.sh 8b ;;
     memory) "$PY" tests/gpu/memory_check.py ;;
+    rl-bench) bash tests/gpu/rl_bench.sh ;;
     rl)
       rc=0
       for t in tests/py/test_device_sft.py tests/py/test_device_rl.py; do
         echo "=== $t"; DEVICE_BIN="$BUILD/bin" "$PY" "$t" || rc=1   # 77 (h5py missing) fails here too
       done
       return $rc ;;
-    *) echo "run.sh: unknown stage '$1' (build, check, rl, bench, attn-bench, fidelity, fidelity-8b, memory)" >&2; return 2 ;;
+    *) echo "run.sh: unknown stage '$1' (build, check, rl, bench, attn-bench, fidelity, fidelity-8b, memory, rl-bench)" >&2; return 2 ;;
   esac
 }
-[ $# -gt 0 ] || set -- build check rl bench attn-bench fidelity memory
+[ $# -gt 0 ] || set -- build check rl bench attn-bench fidelity memory rl-bench
 nvidia-smi -L 2>/dev/null | head -n1 || echo "run.sh: no NVIDIA GPU here (nvidia-smi -L failed)"
 for s in "$@"; do
   echo "### $s" >&2
