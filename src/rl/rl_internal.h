@@ -54,6 +54,7 @@ typedef struct {
     size_t n_items;
     rl_records ev;                /* --eval-steps: the evaluation records (n_eval used)      */
     size_t n_eval;
+    int **eval_ids, *eval_len;    /* with --reward-command: the n_eval prompts, tokenized once  */
     char eval_path[4200];
     int **prompt_ids, *prompt_len;/* (n_items) tokenized prompts                              */
     td_recipe rtrain, rroll;

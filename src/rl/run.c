@@ -41,6 +41,15 @@ static int load_inputs(rl_run *R, td_error *err)
         if (R->ev.n == 0) return td_fail(err, "%s: no evaluation records", R->eval_path);
         R->n_eval = o->eval_max_samples > 0 && (size_t)o->eval_max_samples < R->ev.n ? (size_t)o->eval_max_samples
                                                                                   : R->ev.n;
+        if (o->reward_command) {   /* scored by the command (step.c evaluate): the prompts as the run feeds them */
+            R->eval_ids = td_xcalloc(R->n_eval, sizeof *R->eval_ids);
+            R->eval_len = td_xcalloc(R->n_eval, sizeof *R->eval_len);
+            for (size_t i = 0; i < R->n_eval; i++) {
+                char w[4400];
+                snprintf(w, sizeof w, "%s:%ld", R->eval_path, R->ev.items[i].line);
+                if (rl_encode_prompt(R, &R->ev.items[i], w, &R->eval_ids[i], &R->eval_len[i], err)) return -1;
+            }
+        }
     }
     R->max_len = longest + o->max_completion_length;
     if (R->max_len > o->max_seq_length)
@@ -164,6 +173,8 @@ static void teardown(rl_run *R)
     for (size_t i = 0; R->prompt_ids && i < R->n_items; i++) free(R->prompt_ids[i]);
     free(R->prompt_ids); free(R->prompt_len);
     if (R->items) td_task_items_free(R->items, R->n_items);
+    for (size_t i = 0; R->eval_ids && i < R->n_eval; i++) free(R->eval_ids[i]);
+    free(R->eval_ids); free(R->eval_len);
     rl_records_clear(&R->ev);
     td_tokenizer_free(R->tkz);
 }

@@ -519,20 +519,17 @@ static int evaluate(rl_run *R, double *M, td_error *err)
         M[TD_RLM_eval_accuracy] = acc;
         return 0;
     }
-    int **ids = td_xcalloc(n, sizeof *ids), *plen = td_xcalloc(n, sizeof *plen), rc = 0;
+    int rc = 0;
     char **where = td_xcalloc(n, sizeof *where);
     double *rew = td_xcalloc(n, sizeof *rew);
     eval_ctx c = {.R = R, .req = td_xcalloc(n, sizeof(char *))};
-    for (size_t i = 0; i < n && !rc; i++) {
+    for (size_t i = 0; i < n; i++) {
         char w[4400];
-        snprintf(w, sizeof w, "%s:%ld", R->eval_path, R->ev.items[i].line);
-        rc = rl_encode_prompt(R, &R->ev.items[i], w, &ids[i], &plen[i], err);
         snprintf(w, sizeof w, "evaluation record %s:%ld", R->eval_path, R->ev.items[i].line);
         where[i] = strdup(w);
     }
-    if (!rc)
-        rc = td_greedy_complete(td_trainer_model(R->tr), td_trainer_lora(R->tr), &R->rtrain, ids, plen, n, R->B,
-                                R->o->max_completion_length, R->eos, R->n_eos, eval_one, &c, err);
+    rc = td_greedy_complete(td_trainer_model(R->tr), td_trainer_lora(R->tr), &R->rtrain, R->eval_ids, R->eval_len,
+                            n, R->B, R->o->max_completion_length, R->eos, R->n_eos, eval_one, &c, err);
     if (!rc) rc = rl_reward_score(R->reward_proc, (int)n, c.req, rew, NULL, (const char *const *)where, err);
     if (!rc) {
         double sum = 0, full = 0;
@@ -543,8 +540,8 @@ static int evaluate(rl_run *R, double *M, td_error *err)
         M[TD_RLM_eval_reward] = sum / (double)n;
         M[TD_RLM_eval_accuracy] = c.n_task ? c.exact / c.n_task : full / (double)n;
     }
-    for (size_t i = 0; i < n; i++) { free(ids[i]); free(where[i]); free(c.req[i]); }
-    free(ids); free(plen); free(where); free(rew); free(c.req);
+    for (size_t i = 0; i < n; i++) { free(where[i]); free(c.req[i]); }
+    free(where); free(rew); free(c.req);
     return rc ? -1 : 0;
 }
 
