@@ -6,8 +6,10 @@ chosen: tests/py/device_train.py (the simulator's by default; DEVICE_BIN=build/b
 Model: a tiny tidal-init Qwen2 (C 64, 2 layers, V 100) taught the add task's format by
 tests/helpers/rl_base_sft on the CPU (so completions end and rewards vary, as
 tests/py/test_rl_tool.py does); datasets/tasks/add, 2 prompts x 2 completions per step in 2
-micro-batches, completions up to 40 tokens, lr 1e-3, 2 steps, seed 3 (both steps have a
-non-zero gradient). Checked, per /steps column of rl.h5 (reports/SCHEMA.md):
+micro-batches, completions up to 40 tokens, lr 1e-3, 2 steps, seed 3 (step 1 has a non-zero
+gradient in every build; step 2's rewards depend on the build: the sanitizer build's omp simd sums
+are not vectorised, so its base model differs in the last bits after 150 SFT steps and its step 2
+may draw only wrong answers, a zero advantage). Checked, per /steps column of rl.h5 (reports/SCHEMA.md):
 1. fp32 train and rollout recipes: the same completions (response_length_mean, reward,
    accuracy equal), loss, grad_norm, entropy, training_ppl and rollout_ppl within 1e-4 relative
    of the CPU's (the project's fp32 standard; why: tests/py/test_device_sft.py 1). Not compared:
@@ -74,8 +76,8 @@ check(p.returncode == 2 and "tidal-rl: --device: expected cpu, cuda or cuda:N, g
 (c, ca), (g, ga) = rl_pair("fp32", "--train-recipe", "fp32", "--rollout-recipe", "fp32")
 device_attrs(ca, ga, "rl.h5")
 print(f"  fp32 rewards: CPU {list(c['reward'])}, device {list(g['reward'])}; grad_norm CPU {list(c['grad_norm'])}")
-check(same_completions(c, g) and bool(np.all(c["grad_norm"] > 0)),
-      "fp32: the same completions (lengths, rewards, accuracy), a non-zero gradient at every step")
+check(same_completions(c, g) and bool(np.any(c["grad_norm"] > 0)),
+      "fp32: the same completions (lengths, rewards, accuracy), a non-zero gradient (not a comparison of zeros)")
 close(c, g, ["loss", "grad_norm", "entropy", "training_ppl", "rollout_ppl"], 1e-4, "fp32, 2 steps")
 
 # 2. bf16-train / bf16-infer
