@@ -124,6 +124,39 @@ class Counts:
         self.c[key] = self.c.get(key, 0) + n
 
 
+def exit_verdict(rc, err, mode, errno_name, counts, bad):
+    """A case's exit status: 0 (the fault landed on a call whose failure does not matter), SIGKILL
+    under a kill, else 1 with a message naming the error; any other signal death is a crash."""
+    counts.add("cases")
+    if rc == 0:
+        counts.add("finished anyway")
+    elif mode.startswith("kill"):
+        if rc != -9:
+            bad.append("rc %d, not SIGKILL" % rc)
+    elif rc != 1:
+        bad.append("rc %d, not 1" % rc)
+    elif ERRTEXT[errno_name] not in err:
+        bad.append("message does not name the error: " + err.strip()[-200:])
+    if rc < 0 and rc != -9:
+        counts.add("crashes")
+
+
+def file_opens(path, name, counts, bad):
+    """Whether the run file at path opens after a case (readable); counts a stop inside a commit
+    and a file h5py could not read raw. name: the file as a failure names it."""
+    if os.path.exists(path + ".journal"):
+        counts.add("stopped inside a commit")
+    sig = has_signature(path)
+    ok, raw = readable(path)
+    if not ok:
+        counts.add("unreadable")
+        bad.append(name + " does not open")
+    if os.path.exists(path) and os.path.getsize(path) and not raw:
+        # cut inside a new file's first commit: no HDF5 file yet, and nothing in it was complete
+        counts.add("raw_unreadable" if sig else "cut in its first commit")
+    return ok
+
+
 # ---------------------------------------------------------------- tidal-diff
 
 class DiffSweep:
@@ -190,16 +223,7 @@ class DiffSweep:
                 bad.append("left behind: " + ", ".join(os.path.basename(p) for p in leftovers))
         if rc < 0 and rc != -9:
             counts.add("crashes")
-        if os.path.exists(self.out + ".journal"):
-            counts.add("stopped inside a commit")
-        sig = has_signature(self.out)
-        ok, raw = readable(self.out)
-        if not ok:
-            counts.add("unreadable")
-            bad.append("the file does not open")
-        if os.path.exists(self.out) and os.path.getsize(self.out) and not raw:
-            # cut inside a new file's first commit: no HDF5 file yet, and nothing in it was complete
-            counts.add("raw_unreadable" if sig else "cut in its first commit")
+        ok = file_opens(self.out, "the file", counts, bad)
         done = err.count("tidal-diff: batch ")
         if ok and os.path.exists(self.out) and os.path.getsize(self.out) > 0:
             have, _ = datasets(self.out, DIFF_GROUPS)
@@ -287,18 +311,7 @@ class RlSweep:
         rc, err = run(self.cmd(), watch=self.dir, at=at, mode=mode, errno_name=errno_name)
         tag = "rl K=%d %s%s" % (at, mode, "" if mode.startswith("kill") else " " + errno_name)
         bad = []
-        counts.add("cases")
-        if rc == 0:
-            counts.add("finished anyway")
-        elif mode.startswith("kill"):
-            if rc != -9:
-                bad.append("rc %d, not SIGKILL" % rc)
-        elif rc != 1:
-            bad.append("rc %d, not 1" % rc)
-        elif ERRTEXT[errno_name] not in err:
-            bad.append("message does not name the error: " + err.strip()[-200:])
-        if rc < 0 and rc != -9:
-            counts.add("crashes")
+        exit_verdict(rc, err, mode, errno_name, counts, bad)
         ckdirs = [d for d in glob.glob(self.dir + "checkpoint-*")]
         if mode == "fail" and rc != 0:
             tmpdirs = [d for d in ckdirs if d.endswith(".tmp")]
@@ -307,16 +320,7 @@ class RlSweep:
         for d in ckdirs:
             if not d.endswith(".tmp") and not os.path.exists(os.path.join(d, "trainer_state.bin")):
                 bad.append(os.path.basename(d) + " has no trainer_state.bin")
-        if os.path.exists(self.out + ".journal"):
-            counts.add("stopped inside a commit")
-        sig = has_signature(self.out)
-        ok, raw = readable(self.out)
-        if not ok:
-            counts.add("unreadable")
-            bad.append("rl.h5 does not open")
-        if os.path.exists(self.out) and os.path.getsize(self.out) and not raw:
-            # cut inside a new file's first commit: no HDF5 file yet, and nothing in it was complete
-            counts.add("raw_unreadable" if sig else "cut in its first commit")
+        ok = file_opens(self.out, "rl.h5", counts, bad)
         if ok and os.path.exists(self.out) and os.path.getsize(self.out) > 0:
             have, attrs = datasets(self.out, RL_GROUPS)
             ck = int(attrs.get("checkpoint_step", 0))
@@ -401,32 +405,12 @@ class SftSweep:
         rc, err = run(self.cmd(), watch=self.dir, at=at, mode=mode, errno_name=errno_name)
         tag = "sft K=%d %s%s" % (at, mode, "" if mode.startswith("kill") else " " + errno_name)
         bad = []
-        counts.add("cases")
-        if rc == 0:
-            counts.add("finished anyway")
-        elif mode.startswith("kill"):
-            if rc != -9:
-                bad.append("rc %d, not SIGKILL" % rc)
-        elif rc != 1:
-            bad.append("rc %d, not 1" % rc)
-        elif ERRTEXT[errno_name] not in err:
-            bad.append("message does not name the error: " + err.strip()[-200:])
-        if rc < 0 and rc != -9:
-            counts.add("crashes")
+        exit_verdict(rc, err, mode, errno_name, counts, bad)
         if mode == "fail" and rc != 0:
             tmps = [p for p in glob.glob(self.dir + "*") if p.endswith(".tmp")]
             if tmps:
                 bad.append("left behind: " + ", ".join(map(os.path.basename, tmps)))
-        if os.path.exists(self.out + ".journal"):
-            counts.add("stopped inside a commit")
-        sig = has_signature(self.out)
-        ok, raw = readable(self.out)
-        if not ok:
-            counts.add("unreadable")
-            bad.append("sft.h5 does not open")
-        if os.path.exists(self.out) and os.path.getsize(self.out) and not raw:
-            # cut inside a new file's first commit: no HDF5 file yet, and nothing in it was complete
-            counts.add("raw_unreadable" if sig else "cut in its first commit")
+        ok = file_opens(self.out, "sft.h5", counts, bad)
         if ok and os.path.exists(self.out) and os.path.getsize(self.out) > 0:
             have, _ = datasets(self.out, ("steps",))
             n = len(have.get("/steps/step", []))
