@@ -124,6 +124,26 @@ class Counts:
         self.c[key] = self.c.get(key, 0) + n
 
 
+def fresh_case(folder, cmd, writer, at, mode, errno_name, counts):
+    """Runs cmd in folder, emptied first, with the fault at call `at`: (rc, stderr, the case's tag,
+    what is wrong so far: its exit status, exit_verdict)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    rc, err = run(cmd, watch=folder, at=at, mode=mode, errno_name=errno_name)
+    tag = "%s K=%d %s%s" % (writer, at, mode, "" if mode.startswith("kill") else " " + errno_name)
+    bad = []
+    exit_verdict(rc, err, mode, errno_name, counts, bad)
+    return rc, err, tag, bad
+
+
+def case_done(tag, bad, counts, log):
+    """Logs a failed case (its tag and everything wrong); whether it passed."""
+    if bad:
+        counts.add("failed cases")
+        log.append(tag + ": " + "; ".join(bad))
+    return not bad
+
+
 def exit_verdict(rc, err, mode, errno_name, counts, bad):
     """A case's exit status: 0 (the fault landed on a call whose failure does not matter), SIGKILL
     under a kill, else 1 with a message naming the error; any other signal death is a crash."""
@@ -262,10 +282,7 @@ class DiffSweep:
             left = [p for p in glob.glob(self.dir + "*") if not p.endswith("run.h5")]
             if left:
                 bad.append("after --resume left behind: " + ", ".join(map(os.path.basename, left)))
-        if bad:
-            counts.add("failed cases")
-            log.append(tag + ": " + "; ".join(bad))
-        return not bad
+        return case_done(tag, bad, counts, log)
 
 
 # ---------------------------------------------------------------- tidal-rl
@@ -306,12 +323,7 @@ class RlSweep:
         return ph
 
     def case(self, at, mode, errno_name, counts, log):
-        shutil.rmtree(self.dir, ignore_errors=True)
-        os.makedirs(self.dir)
-        rc, err = run(self.cmd(), watch=self.dir, at=at, mode=mode, errno_name=errno_name)
-        tag = "rl K=%d %s%s" % (at, mode, "" if mode.startswith("kill") else " " + errno_name)
-        bad = []
-        exit_verdict(rc, err, mode, errno_name, counts, bad)
+        rc, err, tag, bad = fresh_case(self.dir, self.cmd(), "rl", at, mode, errno_name, counts)
         ckdirs = [d for d in glob.glob(self.dir + "checkpoint-*")]
         if mode == "fail" and rc != 0:
             tmpdirs = [d for d in ckdirs if d.endswith(".tmp")]
@@ -352,10 +364,7 @@ class RlSweep:
             left = [p for p in glob.glob(self.dir + "*") if p.endswith((".tmp", ".journal"))]
             if left:
                 bad.append("after --resume left behind: " + ", ".join(map(os.path.basename, left)))
-        if bad:
-            counts.add("failed cases")
-            log.append(tag + ": " + "; ".join(bad))
-        return not bad
+        return case_done(tag, bad, counts, log)
 
 
 def pick(phases, per_phase):
@@ -400,12 +409,7 @@ class SftSweep:
         return ph
 
     def case(self, at, mode, errno_name, counts, log):
-        shutil.rmtree(self.dir, ignore_errors=True)
-        os.makedirs(self.dir)
-        rc, err = run(self.cmd(), watch=self.dir, at=at, mode=mode, errno_name=errno_name)
-        tag = "sft K=%d %s%s" % (at, mode, "" if mode.startswith("kill") else " " + errno_name)
-        bad = []
-        exit_verdict(rc, err, mode, errno_name, counts, bad)
+        rc, err, tag, bad = fresh_case(self.dir, self.cmd(), "sft", at, mode, errno_name, counts)
         if mode == "fail" and rc != 0:
             tmps = [p for p in glob.glob(self.dir + "*") if p.endswith(".tmp")]
             if tmps:
@@ -434,10 +438,7 @@ class SftSweep:
                 bad.append("after --resume differs: " + ", ".join(diffs[:4]))
             else:
                 counts.add("resumed bit-identical")
-        if bad:
-            counts.add("failed cases")
-            log.append(tag + ": " + "; ".join(bad))
-        return not bad
+        return case_done(tag, bad, counts, log)
 
 
 # ---------------------------------------------------------------- tidal-merge
@@ -498,9 +499,7 @@ class MergeSweep:
                 bad.append("merged.h5 is neither the old file nor the whole merge")
         if mode == "fail" and rc != 0 and os.path.exists(self.out + ".tmp"):
             bad.append("left behind: merged.h5.tmp")
-        if bad:
-            counts.add("failed cases")
-            log.append(tag + ": " + "; ".join(bad))
+        passed = case_done(tag, bad, counts, log)
         for p in glob.glob(self.dir + "*.tmp*"):
             os.remove(p)
-        return not bad
+        return passed
