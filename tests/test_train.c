@@ -209,6 +209,21 @@ static td_trainer *trainer_for(const td_model *m, const char *recipe)
     return tr;
 }
 
+/* the gradients of one accumulation of batch b by a fresh trainer of m under recipe: *n floats,
+ * malloc'd */
+static float *batch_grads(const td_model *m, const char *recipe, const test_batch *b, size_t *n)
+{
+    td_trainer *tr = trainer_for(m, recipe);
+    double loss;
+    td_error err;
+    assert_int_equal(td_trainer_accumulate_sft(tr, NSEQ, b->tokens, LENS, b->weights, 0, &loss, &err), 0);
+    *n = td_trainer_num_params(tr);
+    float *g = malloc(*n * sizeof(float));
+    memcpy(g, td_trainer_grads(tr), *n * sizeof(float));
+    td_trainer_free(tr);
+    return g;
+}
+
 static void fd_check(td_model *m, const char *what)
 {
     test_batch b;
@@ -340,22 +355,13 @@ static void test_threads_bit_identical(void **st)
     td_model *m = make_model(TD_ARCH_QWEN3, 1, 1, 1, 10);
     test_batch b;
     make_batch(&b, m->cfg.vocab_size);
-    const int *const *tokens = b.tokens;
-    const float *const *weights = b.weights;
-    td_error err;
     const char *recipes[] = {"fp32", "bf16-train"};
     for (int ri = 0; ri < 2; ri++) {
         float *g[2];
         size_t n = 0;
         for (int nt = 1; nt <= 2; nt++) {
             omp_set_num_threads(nt);
-            td_trainer *tr = trainer_for(m, recipes[ri]);
-            double loss;
-            assert_int_equal(td_trainer_accumulate_sft(tr, NSEQ, tokens, LENS, weights, 0, &loss, &err), 0);
-            n = td_trainer_num_params(tr);
-            g[nt - 1] = malloc(n * sizeof(float));
-            memcpy(g[nt - 1], td_trainer_grads(tr), n * sizeof(float));
-            td_trainer_free(tr);
+            g[nt - 1] = batch_grads(m, recipes[ri], &b, &n);
         }
         assert_memory_equal(g[0], g[1], n * sizeof(float));
         free(g[0]); free(g[1]);
@@ -407,14 +413,7 @@ static void test_backend_without_backward(void **st)
     size_t n = 0;
     for (int k = 0; k < 2; k++) {
         m->backend = k ? &td_backend_cpu : NULL;
-        tr = trainer_for(m, "fp32");
-        double loss;
-        assert_int_equal(td_trainer_accumulate_sft(tr, NSEQ, (const int *const *)b.tokens, LENS,
-                                                   (const float *const *)b.weights, 0, &loss, &err), 0);
-        n = td_trainer_num_params(tr);
-        g[k] = malloc(n * sizeof(float));
-        memcpy(g[k], td_trainer_grads(tr), n * sizeof(float));
-        td_trainer_free(tr);
+        g[k] = batch_grads(m, "fp32", &b, &n);
     }
     assert_memory_equal(g[0], g[1], n * sizeof(float));
     free(g[0]);

@@ -8,9 +8,10 @@
 # for `make check`. No GPU and no nvcc are needed. $(SAN) instruments it for check-asan.
 #
 # A sim test: tests/cudasim/test_NAME.cpp includes "cuda_internal.cuh" (-Isrc/backend/cuda)
-# (or "cudasim.h") and "simtest.h" (cmocka, sim_managed<T>(n)), calls the _cuda ops and compares
-# them with the CPU ops of libtidal. Run a test under another thread order to catch a missing
-# barrier: CUDASIM_ORDER=reverse build/sim/test_NAME (or shuffle:SEED).
+# (or "cudasim.h") and "simtest.h" (cmocka, sim_managed<T>(n); after cuda_internal.cuh the
+# harness: recipe cases, an op run four ways, comparisons with the CPU), calls the _cuda ops and
+# compares them with the CPU ops of libtidal. Run a test under another thread order to catch a
+# missing barrier: CUDASIM_ORDER=reverse build/sim/test_NAME (or shuffle:SEED).
 
 SIM_CXX      ?= g++
 SIM_CXXFLAGS := -std=c++20 -DTD_CUDASIM -Itests/cudasim -Iinclude $(PKG_CFLAGS) -O1 -g -fopenmp \

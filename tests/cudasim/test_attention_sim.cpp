@@ -33,90 +33,44 @@
  * vllm-bf16, the tiled kernel against the simple one: time of each (cudaEvent), and whether
  * their outputs are the same bits. */
 #include "cuda_internal.cuh"
+#include "simtest.h"
 
 #include <math.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
 
 extern "C" {
-#include <cmocka.h>
 #include "tidal/formats.h"
-#include "tidal/recipe.h"
-#include "tidal/rng.h"
-const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err);
 }
 
 static td_rng RNG;
 
-struct rcase { const char *name; td_recipe r; int none; };
-
-static td_recipe preset(const char *name)
+static std::vector<sim_rcase> recipes(void)
 {
-    const td_recipe *p = td_recipe_find_preset(name);
-    if (!p) fail_msg("no preset %s", name);
-    return *p;
-}
-
-static std::vector<rcase> recipes(void)
-{
-    std::vector<rcase> v;
-    v.push_back({"(none)", preset("fp32"), 1});
+    std::vector<sim_rcase> v;
+    v.push_back({"(none)", sim_preset("fp32"), 1});
     const char *names[] = {"fp32", "bf16-train", "bf16-infer", "fp16-train", "sglang-bf16"};
-    for (const char *n : names) v.push_back({n, preset(n), 0});
-    td_recipe k = preset("vllm-bf16");
+    for (const char *n : names) v.push_back({n, sim_preset(n), 0});
+    td_recipe k = sim_preset("vllm-bf16");
     k.kv_cache = TD_E4M3;
     v.push_back({"kv-e4m3", k, 0});
-    td_recipe fb = preset("vllm-bf16");
+    td_recipe fb = sim_preset("vllm-bf16");
     fb.attn_block = 512;
     fb.decode_splits = 2;
     v.push_back({"flash-b512-s2", fb, 0});
-    td_recipe f32f = preset("fp32");
+    td_recipe f32f = sim_preset("fp32");
     f32f.attention = TD_ATTN_FLASH;
     f32f.attn_block = 64;
     v.push_back({"flash-fp32", f32f, 0});
-    td_recipe e = preset("bf16-train");
+    td_recipe e = sim_preset("bf16-train");
     e.attention = TD_ATTN_FULL;
     v.push_back({"eager-bf16", e, 0});
     return v;
 }
 
-static int D_of(const rcase &rc) { return rc.none ? TD_F32 : rc.r.activations; }
-static int is_flash(const rcase &rc) { return !rc.none && rc.r.attention == TD_ATTN_FLASH; }
-
-static std::vector<float> normal(size_t n, double sd)
-{
-    std::vector<float> v(n);
-    for (size_t i = 0; i < n; i++) v[i] = (float)(sd * td_rng_normal(&RNG));
-    return v;
-}
-
-static double ulp_of(int D, double x)
-{
-    int e;
-    frexp(x > 0 ? x : 1e-30, &e);
-    int mant = D == TD_BF16 ? 8 : D == TD_F16 ? 11 : 24;
-    return ldexp(1.0, e - mant);
-}
-
-struct diff { double max_abs, max_ref; long ndiff; };
-
-static diff compare(const float *g, const float *c, size_t n)
-{
-    diff d = {0, 0, 0};
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(g[i]) != isnan(c[i])) fail_msg("element %zu: gpu %g cpu %g", i, g[i], c[i]);
-        double e = isnan(c[i]) ? 0 : fabs((double)g[i] - c[i]);
-        if (memcmp(&g[i], &c[i], 4)) d.ndiff++;
-        d.max_abs = e > d.max_abs ? e : d.max_abs;
-        d.max_ref = fabs(c[i]) > d.max_ref ? fabs(c[i]) : d.max_ref;
-    }
-    return d;
-}
+static int is_flash(const sim_rcase &rc) { return !rc.none && rc.r.attention == TD_ATTN_FLASH; }
 
 struct problem {
     int N, NH, NKV, HD, max_keys;
@@ -126,11 +80,11 @@ struct problem {
 };
 
 /* prefill rows of seqs A, B, C (header), or decode rows at 4,096 and 1,000 keys */
-static problem make_problem(const rcase &rc, int NH, int NKV, int HD, int decode)
+static problem make_problem(const sim_rcase &rc, int NH, int NKV, int HD, int decode)
 {
     problem p;
     p.NH = NH; p.NKV = NKV; p.HD = HD;
-    int KVD = NKV * HD, D = D_of(rc);
+    int KVD = NKV * HD, D = sim_D(rc);
     size_t keys;
     if (!decode) {
         for (int i = 0; i < 300; i++) { p.off.push_back(0); p.pos.push_back(i); }
@@ -145,12 +99,9 @@ static problem make_problem(const rcase &rc, int NH, int NKV, int HD, int decode
         p.max_keys = 4096;
     }
     p.N = (int)p.pos.size();
-    p.k = normal(keys * KVD, 1.0);
-    p.v = normal(keys * KVD, 1.0);
-    p.q = normal((size_t)p.N * NH * HD, 2.0);
-    for (float &x : p.q) x = td_round((td_format)D, x);
-    for (float &x : p.k) x = td_round((td_format)D, x);
-    for (float &x : p.v) x = td_round((td_format)D, x);
+    p.k = sim_rounded(sim_normal(&RNG, keys * KVD, 1.0), D);
+    p.v = sim_rounded(sim_normal(&RNG, keys * KVD, 1.0), D);
+    p.q = sim_rounded(sim_normal(&RNG, (size_t)p.N * NH * HD, 2.0), D);
     if (!rc.none && rc.r.kv_cache != rc.r.activations && rc.r.kv_cache != TD_F32) {
         /* the KV cache's format: rounded as the CPU's kv_write does it */
         td_ops ctx;
@@ -166,20 +117,19 @@ static problem make_problem(const rcase &rc, int NH, int NKV, int HD, int decode
     return p;
 }
 
-static td_ops ctx_of(const rcase &rc, const td_backend *be, int decode)
+/* the CPU context of the case, KV cache on (the CUDA ops read only its recipe and flags) */
+static td_ops ctx_of(const sim_rcase &rc, int decode)
 {
-    td_ops c;
-    td_ops_init(&c, be);
-    c.recipe = rc.none ? NULL : &rc.r;
+    td_ops c = sim_ctx(rc);
     c.decode = decode;
     c.cache = 1;
     return c;
 }
 
 /* out (N NH HD) then lse (N NH) */
-static std::vector<float> run_cpu(const rcase &rc, const problem &p, int decode)
+static std::vector<float> run_cpu(const sim_rcase &rc, const problem &p, int decode)
 {
-    td_ops ctx = ctx_of(rc, &td_backend_cpu, decode);
+    td_ops ctx = ctx_of(rc, decode);
     size_t no = (size_t)p.N * p.NH * p.HD;
     std::vector<float> r(no + (size_t)p.N * p.NH);
     std::vector<float> scratch((size_t)ctx.nthreads * ATT_BLOCK * p.max_keys);
@@ -190,9 +140,9 @@ static std::vector<float> run_cpu(const rcase &rc, const problem &p, int decode)
 }
 
 /* the CUDA attention with kernel choice `kernel` (tdc_attn_kernel) under CUDASIM_ORDER `order` */
-static std::vector<float> run_gpu(const rcase &rc, const problem &p, int decode, int kernel, const char *order)
+static std::vector<float> run_gpu(const sim_rcase &rc, const problem &p, int decode, int kernel, const char *order)
 {
-    td_ops ctx = ctx_of(rc, &td_backend_cpu, decode);   /* the ops read only recipe and flags */
+    td_ops ctx = ctx_of(rc, decode);
     size_t no = (size_t)p.N * p.NH * p.HD;
     std::vector<float> r(no + (size_t)p.N * p.NH, 0.0f);
     setenv("CUDASIM_ORDER", order, 1);
@@ -205,70 +155,26 @@ static std::vector<float> run_gpu(const rcase &rc, const problem &p, int decode,
     return r;
 }
 
-/* Whether this build of cpu.c sums q.k as the kernels do (GCC's 4-lane SSE reduction at -O2;
- * -O1, as check-asan builds it, sums in order: then the bits are not compared, only the
- * normalised error and lse). test_ops_sim's probe: the CPU's flash attention of one row over one
- * key, whose lse is q.k scale. */
-static int cpu_dot_like_kernels(void)
-{
-    static int known = -1;
-    if (known >= 0) return known;
-    td_recipe r = preset("bf16-train");
-    r.activations = TD_F32;
-    td_ops ctx;
-    td_ops_init(&ctx, &td_backend_cpu);
-    ctx.recipe = &r;
-    const int HD = 64;
-    const size_t off = 0;
-    const int pos = 0;
-    int same = 0, n = 20;
-    for (int t = 0; t < n; t++) {
-        std::vector<float> q = normal(HD, 1.0), k = normal(HD, 1.0), v = normal(HD, 1.0), out(HD);
-        std::vector<float> scratch((size_t)ctx.nthreads * ATT_BLOCK);
-        float lse;
-        td_backend_cpu.attention_forward(&ctx, out.data(), &lse, q.data(), k.data(), v.data(), &off,
-                                         &pos, 1, 1, 1, HD, scratch.data(), 1);
-        float p[4] = {0, 0, 0, 0};
-        for (int c = 0; c < HD; c++) p[c % 4] += q[c] * k[c];
-        float d = (((0.0f + p[0]) + p[1]) + p[2]) + p[3];
-        same += d * (1.0f / sqrtf((float)HD)) == lse;
-    }
-    known = same == n;
-    printf("  the CPU's q.k order is %s\n", known ? "the kernels' (4-lane SSE): bits compared"
-                                                   : "another (not vectorised?): bits not compared");
-    return known;
-}
-
-/* test_ops_sim's tolerances against the CPU (header); prints the figures */
-static void against_cpu(const char *what, const rcase &rc, const problem &p, const std::vector<float> &gpu,
+/* test_ops_sim's tolerances against the CPU (header; simtest.h's sim_attention_figures); prints
+ * the figures */
+static void against_cpu(const char *what, const sim_rcase &rc, const problem &p, const std::vector<float> &gpu,
                         const std::vector<float> &cpu)
 {
     size_t no = (size_t)p.N * p.NH * p.HD, nl = (size_t)p.N * p.NH;
-    int D = D_of(rc);
-    diff d = compare(gpu.data(), cpu.data(), no);
-    diff dl = compare(gpu.data() + no, cpu.data() + no, nl);
-    double nerr = d.max_abs / d.max_ref;
-    double lim = D == TD_F32 ? 1e-5 : 2 * ulp_of(D, d.max_ref) / d.max_ref;
-    double llim = 1e-5;
-    for (size_t j = 0; D != TD_F32 && j < nl; j++) {
-        double u = 2 * ulp_of(D, fabs(cpu[no + j]) > 1 ? fabs(cpu[no + j]) : 1.0);
-        llim = u > llim ? u : llim;
-    }
-    int reference = rc.none || (rc.r.attention == TD_ATTN_FULL && D == TD_F32 && !rc.r.batch_invariant);
-    double frac = (double)d.ndiff / no, flim = reference ? 1.0 : D == TD_F32 ? 0.05 : 0.005;
-    if (!cpu_dot_like_kernels()) flim = 1.0;
+    sim_att_figures f = sim_attention_figures(rc, gpu.data(), cpu.data(), no, nl);
+    if (!sim_cpu_dot_like_kernels(&RNG)) f.flim = 1.0;
     printf("  %-14s %-8s NH%d/%d HD%3d: vs CPU out %ld of %zu differ (%.3f%%), normalised %.3g (limit %.3g); "
-           "lse %ld differ, max %.3g\n", rc.name, what, p.NH, p.NKV, p.HD, d.ndiff, no, 100 * frac, nerr,
-           lim, dl.ndiff, dl.max_abs);
-    if (nerr > lim || dl.max_abs > llim || frac > flim)
+           "lse %ld differ, max %.3g\n", rc.name, what, p.NH, p.NKV, p.HD, f.out.ndiff, no, 100 * f.frac, f.nerr,
+           f.lim, f.lse.ndiff, f.lse.max_abs);
+    if (!sim_attention_within(f))
         fail_msg("attention under %s (%s, NH %d/%d, HD %d): beyond the tolerance", rc.name, what, p.NH,
                  p.NKV, p.HD);
 }
 
-static void same_bits(const char *what, const rcase &rc, const std::vector<float> &a, const std::vector<float> &b)
+static void same_bits(const char *what, const sim_rcase &rc, const std::vector<float> &a, const std::vector<float> &b)
 {
     if (a.size() != b.size() || memcmp(a.data(), b.data(), a.size() * sizeof(float))) {
-        diff d = compare(a.data(), b.data(), a.size());
+        sim_diff d = sim_compare(a.data(), b.data(), a.size());
         fail_msg("%s under %s: %ld of %zu values differ (max %.3g)", what, rc.name, d.ndiff, a.size(), d.max_abs);
     }
 }
@@ -277,7 +183,7 @@ static void test_prefill(void **state)
 {
     (void)state;
     struct { int NH, NKV, HD; } shapes[] = {{2, 2, 64}, {4, 2, 64}, {4, 1, 128}, {2, 1, 256}, {3, 3, 38}};
-    for (const rcase &rc : recipes())
+    for (const sim_rcase &rc : recipes())
         for (auto sh : shapes) {
             problem p = make_problem(rc, sh.NH, sh.NKV, sh.HD, 0);
             std::vector<float> cpu = run_cpu(rc, p, 0);
@@ -295,7 +201,7 @@ static void test_prefill(void **state)
 static void test_decode_split(void **state)
 {
     (void)state;
-    for (const rcase &rc : recipes()) {
+    for (const sim_rcase &rc : recipes()) {
         if (!is_flash(rc) || rc.r.decode_splits <= 1) continue;
         problem p = make_problem(rc, 4, 2, 64, 1);
         std::vector<float> cpu = run_cpu(rc, p, 1);
@@ -317,21 +223,20 @@ static void test_decode_split(void **state)
 static void test_kv_codes(void **state)
 {
     (void)state;
-    td_error err;
-    const td_backend *gpu = td_cuda_backend_open(0, NULL, 0, &err);
+    const td_backend *gpu = sim_open_gpu();
     assert_non_null(gpu);
-    std::vector<rcase> cases;
+    std::vector<sim_rcase> cases;
     const char *names[] = {"bf16-infer", "fp16-train", "fp32"};
-    for (const char *n : names) cases.push_back({n, preset(n), 0});
-    td_recipe k = preset("vllm-bf16");
+    for (const char *n : names) cases.push_back({n, sim_preset(n), 0});
+    td_recipe k = sim_preset("vllm-bf16");
     k.kv_cache = TD_E4M3;
     cases.push_back({"kv-e4m3", k, 0});
     k.kv_scale = 0.0625f;
     cases.push_back({"kv-e4m3-s16", k, 0});
-    td_recipe au = preset("bf16-autocast");   /* residual_fp32: an unmerged LoRA's fp32 add */
+    td_recipe au = sim_preset("bf16-autocast");   /* residual_fp32: an unmerged LoRA's fp32 add */
     assert_int_equal(td_kv_store_format(gpu, &au), au.kv_cache == au.activations ? TD_F32 : au.kv_cache);
     const int NH = 4, NKV = 2, HD = 64, KVD = NKV * HD, SLOT = 320, SLOTS = 2;
-    for (const rcase &rc : cases) {
+    for (const sim_rcase &rc : cases) {
         int fmt = td_kv_store_format(gpu, &rc.r);
         size_t es = td_kv_esize(fmt), elems = (size_t)SLOTS * SLOT * KVD;
         printf("  %-14s KV cache: %s elements, %zu bytes each (%zu bytes a token and layer at "
@@ -347,11 +252,9 @@ static void test_kv_codes(void **state)
         off.push_back(0); pos.push_back(300);
         off.push_back((size_t)SLOT * KVD); pos.push_back(40);
         int N = (int)pos.size();
-        std::vector<float> kr = normal((size_t)N * KVD, 1.0), vr = normal((size_t)N * KVD, 1.0);
-        std::vector<float> q = normal((size_t)N * NH * HD, 2.0);
-        for (float &x : kr) x = td_round(rc.r.activations, x);
-        for (float &x : vr) x = td_round(rc.r.activations, x);
-        for (float &x : q) x = td_round(rc.r.activations, x);
+        std::vector<float> kr = sim_rounded(sim_normal(&RNG, (size_t)N * KVD, 1.0), rc.r.activations);
+        std::vector<float> vr = sim_rounded(sim_normal(&RNG, (size_t)N * KVD, 1.0), rc.r.activations);
+        std::vector<float> q = sim_rounded(sim_normal(&RNG, (size_t)N * NH * HD, 2.0), rc.r.activations);
         td_ops ctx;
         td_ops_init(&ctx, &td_backend_cpu);
         ctx.recipe = &rc.r;
@@ -427,7 +330,7 @@ static int bench(void)
         CUDA_CHECK(cudaMemcpy(dst, h.data(), n * 4, cudaMemcpyHostToDevice));
     }
     for (const char *name : names) {
-        td_recipe r = preset(name);
+        td_recipe r = sim_preset(name);
         td_ops ctx;
         td_ops_init(&ctx, &td_backend_cpu);
         ctx.recipe = &r;
@@ -474,8 +377,7 @@ static int setup(void **state)
 
 int main(int argc, char **argv)
 {
-    td_error err;
-    if (!td_cuda_backend_open(0, NULL, 0, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    if (!sim_open_gpu()) return 1;
     if (argc > 1 && !strcmp(argv[1], "--bench")) {
 #ifdef TD_CUDASIM
         fprintf(stderr, "test_attention_sim: --bench needs a real GPU (build/gpu/test_attention_sim)\n");

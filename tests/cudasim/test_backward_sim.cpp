@@ -6,7 +6,7 @@
  * gradient starts from random values (the ops accumulate), the forward values the ops read are
  * the CPU forward's under the same recipe.
  *
- * Every op runs four ways, as in test_ops_sim.cpp: host buffers (staged by tdc_in / tdc_out) and
+ * Every op runs four ways (simtest.h's sim_four_ways): host buffers (staged by tdc_in / tdc_out) and
  * device buffers (cudaMalloc), each under CUDASIM_ORDER=forward and reverse: the four results
  * must be the same bits (no atomics, no missing barrier: the ops are deterministic).
  *
@@ -38,143 +38,35 @@
  *     fp8_quantize_cuda, bit for bit the CPU's, so only the GEMMs' order can differ.
  * The measured figures are printed. */
 #include "cuda_internal.cuh"
+#include "simtest.h"
 
 #include <math.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
 
 extern "C" {
-#include <cmocka.h>
 #include "tidal/gemm.h"
-#include "tidal/recipe.h"
-#include "tidal/rng.h"
-const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err);
 }
 
 static td_rng RNG;
-static const td_backend *GPU;
-
-static std::vector<float> normal(size_t n, double sd)
-{
-    std::vector<float> v(n);
-    for (size_t i = 0; i < n; i++) v[i] = (float)(sd * td_rng_normal(&RNG));
-    return v;
-}
 
 /* ---- recipes ------------------------------------------------------------------------------ */
 
-struct rcase { const char *name; td_recipe r; int none; };
-
-static td_recipe preset(const char *name)
+static std::vector<sim_rcase> recipes(void)
 {
-    const td_recipe *p = td_recipe_find_preset(name);
-    if (!p) fail_msg("no preset %s", name);
-    return *p;
-}
-
-static std::vector<rcase> recipes(void)
-{
-    std::vector<rcase> v;
-    v.push_back({"(none)", preset("fp32"), 1});
+    std::vector<sim_rcase> v;
+    v.push_back({"(none)", sim_preset("fp32"), 1});
     const char *names[] = {"fp32", "bf16-train", "sglang-bf16", "fp16-train"};
-    for (const char *n : names) v.push_back({n, preset(n), 0});
+    for (const char *n : names) v.push_back({n, sim_preset(n), 0});
     return v;
 }
 
-static td_ops ctx_of(const rcase &rc)
-{
-    td_ops c;
-    td_ops_init(&c, &td_backend_cpu);
-    c.recipe = rc.none ? NULL : &rc.r;
-    return c;
-}
-
-static int D_of(const rcase &rc) { return rc.none ? TD_F32 : rc.r.activations; }
-
-static std::vector<float> rounded(std::vector<float> v, int D)
-{
-    for (float &x : v) x = td_round((td_format)D, x);
-    return v;
-}
-
-/* ---- buffers and the four ways (test_ops_sim.cpp's) --------------------------------------- */
-
-struct bufs {
-    int dev;
-    std::vector<void *> host, devp;
-    explicit bufs(int d) : dev(d) {}
-    ~bufs()
-    {
-        for (void *p : host) free(p);
-        for (void *p : devp) CUDA_CHECK(cudaFree(p));
-    }
-    template <class T> T *copy(const T *h, size_t n)
-    {
-        size_t bytes = n ? n * sizeof(T) : 1;
-        if (!dev) {
-            T *p = (T *)malloc(bytes);
-            memcpy(p, h, n * sizeof(T));
-            host.push_back(p);
-            return p;
-        }
-        T *p = NULL;
-        CUDA_CHECK(cudaMalloc((void **)&p, bytes));
-        CUDA_CHECK(cudaMemcpy(p, h, n * sizeof(T), cudaMemcpyHostToDevice));
-        devp.push_back(p);
-        return p;
-    }
-    template <class T> T *copy(const std::vector<T> &v) { return copy(v.data(), v.size()); }
-    void get(float *dst, const float *src, size_t n)
-    {
-        CUDA_CHECK(cudaDeviceSynchronize());
-        if (dev) CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost));
-        else memcpy(dst, src, n * sizeof(float));
-    }
-};
-
-template <class F> static std::vector<float> four_ways(const char *what, size_t n, F run)
-{
-    static const char *ORDER[2] = {"forward", "reverse"};
-    std::vector<float> first(n), other(n);
-    for (int w = 0; w < 4; w++) {
-        setenv("CUDASIM_ORDER", ORDER[w & 1], 1);
-        bufs b(w >> 1);
-        run(b, w ? other.data() : first.data());
-        if (w && memcmp(first.data(), other.data(), n * sizeof(float)))
-            fail_msg("%s: %s buffers under CUDASIM_ORDER=%s differ from host buffers, forward", what,
-                     w >> 1 ? "device" : "host", ORDER[w & 1]);
-    }
-    setenv("CUDASIM_ORDER", "forward", 1);
-    td_backend_forget(GPU);
-    return first;
-}
-
-struct diff { double max_abs, max_ref; long ndiff; };
-
-static diff compare(const float *g, const float *c, size_t n)
-{
-    diff d = {0, 0, 0};
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(g[i]) != isnan(c[i])) fail_msg("element %zu: gpu %g cpu %g", i, g[i], c[i]);
-        double e = isnan(c[i]) ? 0 : fabs((double)g[i] - c[i]);
-        if (memcmp(&g[i], &c[i], 4)) d.ndiff++;
-        d.max_abs = e > d.max_abs ? e : d.max_abs;
-        d.max_ref = fabs(c[i]) > d.max_ref ? fabs(c[i]) : d.max_ref;
-    }
-    return d;
-}
-
+/* bit for bit, in this file's columns */
 static void exact(const char *op, const char *rname, const float *g, const float *c, size_t n)
 {
-    diff d = compare(g, c, n);
-    printf("  %-22s %-12s %7zu values, %ld differ (bit-exact required), max |d| %.3g\n", op, rname,
-           n, d.ndiff, d.max_abs);
-    if (d.ndiff) fail_msg("%s under %s: %ld of %zu values differ from the CPU", op, rname, d.ndiff, n);
+    sim_exact(22, 12, op, rname, g, c, n);
 }
 
 /* every value a D value (the op rounded its gradient to the activations dtype) */
@@ -182,14 +74,6 @@ static void all_in(int D, const char *op, const float *g, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (td_round((td_format)D, g[i]) != g[i]) fail_msg("%s: value %zu (%g) is not rounded", op, i, g[i]);
-}
-
-static double ulp_of(int D, double x)
-{
-    int m = D == TD_BF16 ? 7 : D == TD_F16 ? 10 : 23;
-    int e;
-    frexp(x, &e);
-    return ldexp(1.0, e - 1 - m);
 }
 
 /* ---- the ops ------------------------------------------------------------------------------ */
@@ -203,13 +87,14 @@ static void test_embedding_backward(void **state)
     int tok[N];
     for (int i = 0; i < N; i++) tok[i] = (int)td_rng_below(&RNG, 12) * 2 + (i % 3 == 0);
     tok[5] = tok[9] = tok[17] = 7;
-    for (const rcase &rc : recipes()) {
-        td_ops ctx = ctx_of(rc);
-        std::vector<float> de = normal((size_t)V * C, 1.0), dout = normal((size_t)N * C, 3.0);
-        dout = rounded(dout, D_of(rc));
+    for (const sim_rcase &rc : recipes()) {
+        td_ops ctx = sim_ctx(rc);
+        std::vector<float> de = sim_normal(&RNG, (size_t)V * C, 1.0);
+        std::vector<float> dout = sim_normal(&RNG, (size_t)N * C, 3.0);
+        dout = sim_rounded(dout, sim_D(rc));
         std::vector<float> cpu = de;
         td_backend_cpu.embedding_backward(&ctx, cpu.data(), dout.data(), tok, N, C);
-        std::vector<float> gpu = four_ways("embedding_backward", de.size(), [&](bufs &b, float *dst) {
+        std::vector<float> gpu = sim_four_ways("embedding_backward", de.size(), [&](sim_bufs &b, float *dst) {
             float *d = b.copy(de), *g = b.copy(dout);
             embedding_backward_cuda(&ctx, d, g, tok, N, C);
             b.get(dst, d, de.size());
@@ -223,23 +108,24 @@ static void test_rmsnorm_backward(void **state)
     (void)state;
     struct { int N, C; } shapes[] = {{7, 300}, {12, 64}};   /* hidden rows; q/k-norm heads */
     for (auto sh : shapes)
-        for (const rcase &rc : recipes())
+        for (const sim_rcase &rc : recipes())
             for (int with_dw = 0; with_dw < 2; with_dw++) {
-                td_ops ctx = ctx_of(rc);
-                int N = sh.N, C = sh.C, D = D_of(rc);
+                td_ops ctx = sim_ctx(rc);
+                int N = sh.N, C = sh.C, D = sim_D(rc);
                 size_t n = (size_t)N * C;
-                std::vector<float> x = rounded(normal(n, 1.5), D), w = normal(C, 0.2);
+                std::vector<float> x = sim_rounded(sim_normal(&RNG, n, 1.5), D), w = sim_normal(&RNG, C, 0.2);
                 for (float &v : w) v += 1.0f;
                 std::vector<float> y(n), rs(N);
                 td_backend_cpu.rmsnorm_forward(&ctx, y.data(), rs.data(), x.data(), w.data(), N, C, 1e-6f);
-                std::vector<float> dy = rounded(normal(n, 1.0), D), dx0 = rounded(normal(n, 0.5), D);
-                std::vector<float> dw0 = normal(C, 2.0);
+                std::vector<float> dy = sim_rounded(sim_normal(&RNG, n, 1.0), D);
+                std::vector<float> dx0 = sim_rounded(sim_normal(&RNG, n, 0.5), D);
+                std::vector<float> dw0 = sim_normal(&RNG, C, 2.0);
                 std::vector<float> cpu(n + C);
                 std::copy(dx0.begin(), dx0.end(), cpu.begin());
                 std::copy(dw0.begin(), dw0.end(), cpu.begin() + n);
                 td_backend_cpu.rmsnorm_backward(&ctx, cpu.data(), with_dw ? cpu.data() + n : NULL, dy.data(),
                                                 x.data(), w.data(), rs.data(), N, C);
-                std::vector<float> gpu = four_ways("rmsnorm_backward", n + C, [&](bufs &b, float *dst) {
+                std::vector<float> gpu = sim_four_ways("rmsnorm_backward", n + C, [&](sim_bufs &b, float *dst) {
                     float *dx = b.copy(dx0), *dw = b.copy(dw0), *g = b.copy(dy), *in = b.copy(x);
                     float *r = b.copy(rs);
                     rmsnorm_backward_cuda(&ctx, dx, with_dw ? dw : NULL, g, in, w.data(), r, N, C);
@@ -258,16 +144,16 @@ static void test_rope_backward(void **state)
     (void)state;
     const int N = 6, NHd = 3, HDs[] = {64, 256};
     for (int HD : HDs)
-        for (const rcase &rc : recipes()) {
-            td_ops ctx = ctx_of(rc);
+        for (const sim_rcase &rc : recipes()) {
+            td_ops ctx = sim_ctx(rc);
             std::vector<float> f(HD / 2);
             for (int k = 0; k < HD / 2; k++) f[k] = (float)pow(1e6, -2.0 * k / HD);
             int pos[N];
             for (int i = 0; i < N; i++) pos[i] = (int)td_rng_below(&RNG, 40000);
-            std::vector<float> g = rounded(normal((size_t)N * NHd * HD, 1.0), D_of(rc));
+            std::vector<float> g = sim_rounded(sim_normal(&RNG, (size_t)N * NHd * HD, 1.0), sim_D(rc));
             std::vector<float> cpu = g;
             td_backend_cpu.rope_backward(&ctx, cpu.data(), pos, f.data(), N, NHd, HD);
-            std::vector<float> gpu = four_ways("rope_backward", g.size(), [&](bufs &b, float *dst) {
+            std::vector<float> gpu = sim_four_ways("rope_backward", g.size(), [&](sim_bufs &b, float *dst) {
                 float *d = b.copy(g);
                 rope_backward_cuda(&ctx, d, pos, f.data(), N, NHd, HD);
                 b.get(dst, d, g.size());
@@ -283,19 +169,21 @@ static void test_swiglu_backward(void **state)
     (void)state;
     const int N = 8, F = 300;
     size_t n = (size_t)N * F;
-    for (const rcase &rc : recipes()) {
-        td_ops ctx = ctx_of(rc);
-        int D = D_of(rc);
-        std::vector<float> g = rounded(normal(n, 4.0), D), u = rounded(normal(n, 1.0), D);
-        std::vector<float> dy = rounded(normal(n, 1.0), D);
-        std::vector<float> dg0 = rounded(normal(n, 0.3), D), du0 = rounded(normal(n, 0.3), D);
+    for (const sim_rcase &rc : recipes()) {
+        td_ops ctx = sim_ctx(rc);
+        int D = sim_D(rc);
+        std::vector<float> g = sim_rounded(sim_normal(&RNG, n, 4.0), D);
+        std::vector<float> u = sim_rounded(sim_normal(&RNG, n, 1.0), D);
+        std::vector<float> dy = sim_rounded(sim_normal(&RNG, n, 1.0), D);
+        std::vector<float> dg0 = sim_rounded(sim_normal(&RNG, n, 0.3), D);
+        std::vector<float> du0 = sim_rounded(sim_normal(&RNG, n, 0.3), D);
         g[0] = 100.0f;   /* td_expf's clamps */
         g[1] = -100.0f;
         std::vector<float> cpu(2 * n);
         std::copy(dg0.begin(), dg0.end(), cpu.begin());
         std::copy(du0.begin(), du0.end(), cpu.begin() + n);
         td_backend_cpu.swiglu_backward(&ctx, cpu.data(), cpu.data() + n, dy.data(), g.data(), u.data(), N, F);
-        std::vector<float> gpu = four_ways("swiglu_backward", 2 * n, [&](bufs &b, float *dst) {
+        std::vector<float> gpu = sim_four_ways("swiglu_backward", 2 * n, [&](sim_bufs &b, float *dst) {
             float *dg = b.copy(dg0), *du = b.copy(du0);
             swiglu_backward_cuda(&ctx, dg, du, b.copy(dy), b.copy(g), b.copy(u), N, F);
             b.get(dst, dg, n);
@@ -310,16 +198,16 @@ static void test_logsoftmax_backward(void **state)
 {
     (void)state;
     const int N = 4, V = 5000;
-    rcase none = recipes()[0];
-    td_ops ctx = ctx_of(none);   /* the CPU table runs the fp32 form under every recipe */
-    std::vector<float> lp = normal((size_t)N * V, 3.0);
+    sim_rcase none = recipes()[0];
+    td_ops ctx = sim_ctx(none);   /* the CPU table runs the fp32 form under every recipe */
+    std::vector<float> lp = sim_normal(&RNG, (size_t)N * V, 3.0);
     td_backend_cpu.logsoftmax_forward(&ctx, lp.data(), N, V);
     const int target[N] = {17, 0, 4999, 3};
     const float dlogp[N] = {-0.25f, 1.5f, 0.0f, -3.0f};   /* row 2 masked: zeros */
     std::vector<float> cpu((size_t)N * V, 7.0f);
     td_backend_cpu.logsoftmax_backward(&ctx, cpu.data(), lp.data(), target, dlogp, N, V);
     for (int inplace = 0; inplace < 2; inplace++) {
-        std::vector<float> gpu = four_ways("logsoftmax_backward", cpu.size(), [&](bufs &b, float *dst) {
+        std::vector<float> gpu = sim_four_ways("logsoftmax_backward", cpu.size(), [&](sim_bufs &b, float *dst) {
             float *l = b.copy(lp), *dx = inplace ? l : b.copy(std::vector<float>(cpu.size(), 7.0f));
             logsoftmax_backward_cuda(&ctx, dx, l, target, dlogp, N, V);
             b.get(dst, dx, cpu.size());
@@ -335,10 +223,10 @@ struct att_shape { int NH, NKV, HD; };
 
 /* two packed sequences of 70 and 9 rows (positions from 0 each; 70: two of the CPU's ATT_BLOCK
  * row blocks), teacher forcing */
-static void attention_backward_case(const rcase &rc, att_shape sh)
+static void attention_backward_case(const sim_rcase &rc, att_shape sh)
 {
     const int L0 = 70, L1 = 9, N = L0 + L1;
-    int NH = sh.NH, NKV = sh.NKV, HD = sh.HD, KVD = NKV * HD, QD = NH * HD, D = D_of(rc);
+    int NH = sh.NH, NKV = sh.NKV, HD = sh.HD, KVD = NKV * HD, QD = NH * HD, D = sim_D(rc);
     std::vector<size_t> off(N);
     std::vector<int> pos(N);
     for (int i = 0; i < N; i++) {
@@ -346,19 +234,19 @@ static void attention_backward_case(const rcase &rc, att_shape sh)
         off[i] = (size_t)r0 * KVD;
         pos[i] = i - r0;
     }
-    td_ops ctx = ctx_of(rc);
+    td_ops ctx = sim_ctx(rc);
     int max_keys = L0;
-    std::vector<float> q = rounded(normal((size_t)N * QD, 1.5), D);
-    std::vector<float> k = rounded(normal((size_t)N * KVD, 1.0), D);
-    std::vector<float> v = rounded(normal((size_t)N * KVD, 1.0), D);
+    std::vector<float> q = sim_rounded(sim_normal(&RNG, (size_t)N * QD, 1.5), D);
+    std::vector<float> k = sim_rounded(sim_normal(&RNG, (size_t)N * KVD, 1.0), D);
+    std::vector<float> v = sim_rounded(sim_normal(&RNG, (size_t)N * KVD, 1.0), D);
     std::vector<float> out((size_t)N * QD), lse((size_t)N * NH);
     std::vector<float> scratch((size_t)ctx.nthreads * 2 * ATT_BLOCK * max_keys);
     td_backend_cpu.attention_forward(&ctx, out.data(), lse.data(), q.data(), k.data(), v.data(),
                                      off.data(), pos.data(), N, NH, NKV, HD, scratch.data(), max_keys);
-    std::vector<float> dout = rounded(normal((size_t)N * QD, 1.0), D);
-    std::vector<float> dq0 = rounded(normal((size_t)N * QD, 0.1), D);
-    std::vector<float> dk0 = rounded(normal((size_t)N * KVD, 0.1), D);
-    std::vector<float> dv0 = rounded(normal((size_t)N * KVD, 0.1), D);
+    std::vector<float> dout = sim_rounded(sim_normal(&RNG, (size_t)N * QD, 1.0), D);
+    std::vector<float> dq0 = sim_rounded(sim_normal(&RNG, (size_t)N * QD, 0.1), D);
+    std::vector<float> dk0 = sim_rounded(sim_normal(&RNG, (size_t)N * KVD, 0.1), D);
+    std::vector<float> dv0 = sim_rounded(sim_normal(&RNG, (size_t)N * KVD, 0.1), D);
     size_t nq = dq0.size(), nk = dk0.size();
     std::vector<float> cpu(nq + 2 * nk);
     std::copy(dq0.begin(), dq0.end(), cpu.begin());
@@ -367,7 +255,7 @@ static void attention_backward_case(const rcase &rc, att_shape sh)
     td_backend_cpu.attention_backward(&ctx, cpu.data(), cpu.data() + nq, cpu.data() + nq + nk,
                                       dout.data(), q.data(), k.data(), v.data(), out.data(),
                                       lse.data(), pos.data(), N, NH, NKV, HD, scratch.data(), max_keys);
-    std::vector<float> gpu = four_ways("attention_backward", cpu.size(), [&](bufs &b, float *dst) {
+    std::vector<float> gpu = sim_four_ways("attention_backward", cpu.size(), [&](sim_bufs &b, float *dst) {
         float *dq = b.copy(dq0), *dk = b.copy(dk0), *dv = b.copy(dv0);
         attention_backward_cuda(&ctx, dq, dk, dv, b.copy(dout), b.copy(q), b.copy(k), b.copy(v),
                                 b.copy(out), b.copy(lse), pos.data(), N, NH, NKV, HD, NULL, max_keys);
@@ -378,9 +266,9 @@ static void attention_backward_case(const rcase &rc, att_shape sh)
     const char *names[3] = {"dq", "dk", "dv"};
     size_t at[3] = {0, nq, nq + nk}, len[3] = {nq, nk, nk};
     for (int t = 0; t < 3; t++) {
-        diff d = compare(gpu.data() + at[t], cpu.data() + at[t], len[t]);
+        sim_diff d = sim_compare(gpu.data() + at[t], cpu.data() + at[t], len[t]);
         double nerr = d.max_abs / d.max_ref;
-        double lim = D == TD_F32 ? 1e-5 : 2 * ulp_of(D, d.max_ref) / d.max_ref;
+        double lim = D == TD_F32 ? 1e-5 : 2 * sim_ulp(D, d.max_ref) / d.max_ref;
         printf("  %-22s %-12s NH%d/%d HD%d %s: %ld of %zu differ, normalised %.3g (limit %.3g)\n",
                "attention_backward", rc.name, NH, NKV, HD, names[t], d.ndiff, len[t], nerr, lim);
         double frac = (double)d.ndiff / len[t];
@@ -395,7 +283,7 @@ static void test_attention_backward(void **state)
 {
     (void)state;
     const att_shape shapes[] = {{4, 2, 64}, {2, 1, 256}, {3, 3, 38}};
-    for (const rcase &rc : recipes())
+    for (const sim_rcase &rc : recipes())
         for (att_shape sh : shapes) attention_backward_case(rc, sh);
 }
 
@@ -405,13 +293,13 @@ static void test_attention_backward(void **state)
  * (the training flow fp8-unified-train and the engines' schemes, so each act_scaling granularity
  * the CPU's backward quantises with: 1x128 groups, per-tensor, per-token), plus fp8-unified-train
  * with MX blocks of 32. */
-static std::vector<rcase> gemm_recipes(void)
+static std::vector<sim_rcase> gemm_recipes(void)
 {
-    std::vector<rcase> v = recipes();
+    std::vector<sim_rcase> v = recipes();
     const char *more[] = {"bf16-autocast", "fp8-unified-train", "fp8-rollout", "vllm-fp8",
                           "vllm-fp8-per-token"};
-    for (const char *n : more) v.push_back({n, preset(n), 0});
-    td_recipe mx = preset("fp8-unified-train");
+    for (const char *n : more) v.push_back({n, sim_preset(n), 0});
+    td_recipe mx = sim_preset("fp8-unified-train");
     mx.act_scaling.gran = TD_SCALE_MX;
     mx.act_scaling.group = 32;
     v.push_back({"fp8-mx-acts", mx, 0});
@@ -422,17 +310,18 @@ static std::vector<rcase> gemm_recipes(void)
 static double MM_WORST[4];   /* fp32 dinp, D dinp (fraction differing, normalised), dW */
 
 /* one (shape, recipe, which gradients) case; want: dinp, dweight, dbias */
-static void matmul_backward_case(const rcase &rc, int N, int IN, int OUT, const int want[3])
+static void matmul_backward_case(const sim_rcase &rc, int N, int IN, int OUT, const int want[3])
 {
-    td_ops ctx = ctx_of(rc);
-    int D = D_of(rc);
+    td_ops ctx = sim_ctx(rc);
+    int D = sim_D(rc);
     const td_recipe *r = rc.none ? NULL : &rc.r;
     size_t nX = (size_t)N * IN, nW = (size_t)OUT * IN, nY = (size_t)N * OUT;
-    std::vector<float> w = normal(nW, 0.05), x = rounded(normal(nX, 1.0), D);
+    std::vector<float> w = sim_normal(&RNG, nW, 0.05), x = sim_rounded(sim_normal(&RNG, nX, 1.0), D);
     if (r) td_gemm_prepare_weight(r, w.data(), OUT, IN, w.data());   /* the forward's W' */
-    std::vector<float> dy = rounded(normal(nY, 0.3), D);
+    std::vector<float> dy = sim_rounded(sim_normal(&RNG, nY, 0.3), D);
     dy[3] = 200.0f;   /* an outlier: FP8 scales differ across groups */
-    std::vector<float> dx0 = rounded(normal(nX, 0.5), D), dw0 = normal(nW, 0.5), db0 = normal(OUT, 0.5);
+    std::vector<float> dx0 = sim_rounded(sim_normal(&RNG, nX, 0.5), D), dw0 = sim_normal(&RNG, nW, 0.5);
+    std::vector<float> db0 = sim_normal(&RNG, OUT, 0.5);
     std::vector<float> cpu(nX + nW + OUT);
     std::copy(dx0.begin(), dx0.end(), cpu.begin());
     std::copy(dw0.begin(), dw0.end(), cpu.begin() + nX);
@@ -440,7 +329,7 @@ static void matmul_backward_case(const rcase &rc, int N, int IN, int OUT, const 
     td_backend_cpu.matmul_backward(&ctx, want[0] ? cpu.data() : NULL, want[1] ? cpu.data() + nX : NULL,
                                    want[2] ? cpu.data() + nX + nW : NULL, dy.data(), x.data(), w.data(),
                                    N, IN, OUT);
-    std::vector<float> gpu = four_ways("matmul_backward", cpu.size(), [&](bufs &b, float *dst) {
+    std::vector<float> gpu = sim_four_ways("matmul_backward", cpu.size(), [&](sim_bufs &b, float *dst) {
         float *dx = b.copy(dx0), *dw = b.copy(dw0), *db = b.copy(db0);
         matmul_backward_cuda(&ctx, want[0] ? dx : NULL, want[1] ? dw : NULL, want[2] ? db : NULL,
                              b.copy(dy), b.copy(x), b.copy(w), N, IN, OUT);
@@ -457,9 +346,9 @@ static void matmul_backward_case(const rcase &rc, int N, int IN, int OUT, const 
     if (!want[2] && memcmp(gpu.data() + nX + nW, db0.data(), OUT * 4)) fail_msg("%s: dbias written", what);
     if (want[2]) exact(what, rc.name, gpu.data() + nX + nW, cpu.data() + nX + nW, OUT);   /* rows in order */
     if (want[0]) {
-        diff d = compare(gpu.data(), cpu.data(), nX);
+        sim_diff d = sim_compare(gpu.data(), cpu.data(), nX);
         double nerr = d.max_abs / d.max_ref, frac = (double)d.ndiff / nX;
-        double lim = D == TD_F32 ? 1e-5 : ulp_of(D, d.max_ref) / d.max_ref;
+        double lim = D == TD_F32 ? 1e-5 : sim_ulp(D, d.max_ref) / d.max_ref;
         printf("  %-34s %-18s dinp: %5ld of %6zu differ, normalised %.3g (limit %.3g)\n", what,
                rc.name, d.ndiff, nX, nerr, lim);
         if (D != TD_F32) {
@@ -473,7 +362,7 @@ static void matmul_backward_case(const rcase &rc, int N, int IN, int OUT, const 
             fail_msg("%s under %s: dinp beyond the tolerance", what, rc.name);
     }
     if (want[1]) {
-        diff d = compare(gpu.data() + nX, cpu.data() + nX, nW);
+        sim_diff d = sim_compare(gpu.data() + nX, cpu.data() + nX, nW);
         double nerr = d.max_abs / d.max_ref;
         printf("  %-34s %-18s dW:   %5ld of %6zu differ, normalised %.3g (limit 1e-05)\n", what,
                rc.name, d.ndiff, nW, nerr);
@@ -490,7 +379,7 @@ static void test_matmul_backward(void **state)
     const int wants[][3] = {{1, 1, 1}, {1, 1, 0}, {1, 0, 1}, {0, 1, 0}};   /* all; no bias; frozen
                                                                               weight; no dinp */
     for (int s = 0; s < 2; s++)
-        for (const rcase &rc : gemm_recipes())
+        for (const sim_rcase &rc : gemm_recipes())
             for (int k = 0; k < 4; k += 1 + s)   /* the second shape: all, frozen weight */
                 matmul_backward_case(rc, shapes[s][0], shapes[s][1], shapes[s][2], wants[k]);
     printf("  matmul_backward worst: fp32 dinp normalised %.3g; 16-bit dinp values differing %.3g%%, "
@@ -502,10 +391,7 @@ static int setup(void **state)
 {
     (void)state;
     td_rng_seed(&RNG, 20261126);
-    td_error err;
-    GPU = td_cuda_backend_open(0, NULL, 0, &err);
-    if (!GPU) { fprintf(stderr, "%s\n", err.msg); return -1; }
-    return 0;
+    return sim_open_gpu() ? 0 : -1;
 }
 
 int main(void)

@@ -19,23 +19,17 @@
  *     cosine >= 0.999 and a normalised error <= 0.05 is asked (the figures are printed).
  * Real-GPU builds (nvcc, $(BUILD)/gpu) run it too: nothing here needs the simulator. */
 #include "cuda_internal.cuh"
+#include "simtest.h"
 
 #include <math.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
 
 extern "C" {
-#include <cmocka.h>
 #include "tidal/model.h"
-#include "tidal/recipe.h"
-#include "tidal/rng.h"
 #include "../../model/model_internal.h"
-const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err);
 }
 
 #define MODEL "datasets/models/add"
@@ -189,10 +183,8 @@ static void test_bf16(void **state) { (void)state; check("bf16-train", 0.05, 0.9
 static int setup(void **state)
 {
     (void)state;
-    td_error err;
-    GPU = td_cuda_backend_open(0, NULL, 0, &err);
-    if (!GPU) { fprintf(stderr, "%s\n", err.msg); return -1; }
-    return 0;
+    GPU = sim_open_gpu();
+    return GPU ? 0 : -1;
 }
 
 int main(void)

@@ -8,20 +8,14 @@
  *   GPU), and it is closer to the CPU's run of the same recipe than that is to fp32.
  * What only a GPU can show (real cuBLASLt sums, device expf) is in tests/gpu. */
 #include "cuda_internal.cuh"
+#include "simtest.h"
 
 #include <math.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 extern "C" {
-#include <cmocka.h>
 #include "tidal/model.h"
-#include "tidal/rng.h"
-const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err);
 }
 
 #define MODEL "datasets/models/add"

@@ -38,7 +38,6 @@
 
 extern "C" {
 #include "tidal/gemm.h"
-const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err);
 }
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;

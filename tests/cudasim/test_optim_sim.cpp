@@ -13,31 +13,14 @@
  *                   log-probs and top tokens equal to the CPU's
  * Simulator here; the same source on a GPU in tests/gpu/run.sh check. */
 #include "cuda_internal.cuh"
+#include "simtest.h"
 
 #include <math.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <vector>
-
-extern "C" {
-#include <cmocka.h>
-#include "tidal/rng.h"
-const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err);
-}
 
 static td_rng RNG;
 static const td_backend *GPU;
-
-static std::vector<float> normal(size_t n, double sd)
-{
-    std::vector<float> v(n);
-    for (size_t i = 0; i < n; i++) v[i] = (float)(sd * td_rng_normal(&RNG));
-    return v;
-}
 
 static float *dev(const std::vector<float> &h)
 {
@@ -68,7 +51,7 @@ static void test_adamw(void **state)
     const size_t n = 70001;
     const double cases[][3] = {{1e-3, 0.0, 1}, {1e-3, 0.01, 7}, {3e-2, 0.1, 1}};
     for (const auto &c : cases) {
-        std::vector<float> p = normal(n, 0.05), g = normal(n, 1e-3), m1 = normal(n, 1e-3), m2(n);
+        std::vector<float> p = sim_normal(&RNG, n, 0.05), g = sim_normal(&RNG, n, 1e-3), m1 = sim_normal(&RNG, n, 1e-3), m2(n);
         for (size_t i = 0; i < n; i++) m2[i] = (float)(1e-6 * fabs(td_rng_normal(&RNG)));
         g[5] = 0.0f;   /* a zero gradient: the update is the moments' alone */
         float *dp = dev(p), *dg = dev(g), *dm1 = dev(m1), *dm2 = dev(m2);
@@ -87,7 +70,7 @@ static void test_scale_sumsq(void **state)
 {
     (void)state;
     const size_t n = 70001;
-    std::vector<float> g = normal(n, 0.3);
+    std::vector<float> g = sim_normal(&RNG, n, 0.3);
     float *dg = dev(g);
     GPU->optim_scale(dg, n, 0.37f);
     td_backend_cpu.optim_scale(g.data(), n, 0.37f);
@@ -111,7 +94,7 @@ static void test_logprob_gather(void **state)
 {
     (void)state;
     const int N = 37, V = 1000;
-    std::vector<float> lp = normal((size_t)N * V, 2.0);
+    std::vector<float> lp = sim_normal(&RNG, (size_t)N * V, 2.0);
     std::vector<int> target(N);
     for (int i = 0; i < N; i++) {
         target[i] = (int)td_rng_below(&RNG, V);
@@ -140,10 +123,8 @@ static int setup(void **state)
 {
     (void)state;
     td_rng_seed(&RNG, 20261126);
-    td_error err;
-    GPU = td_cuda_backend_open(0, NULL, 0, &err);
-    if (!GPU) { fprintf(stderr, "%s\n", err.msg); return -1; }
-    return 0;
+    GPU = sim_open_gpu();
+    return GPU ? 0 : -1;
 }
 
 int main(void)

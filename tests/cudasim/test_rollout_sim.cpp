@@ -11,23 +11,17 @@
  *     give the same tokens and bit-identical processed log-probs; the callback sees every
  *     response position once, with the processed log-prob that was stored */
 #include "cuda_internal.cuh"
+#include "simtest.h"
 
 #include <math.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <vector>
 
 extern "C" {
-#include <cmocka.h>
 #include "tidal/model.h"
-#include "tidal/rng.h"
 #include "tidal/rollout.h"
 #include "tidal/sampling.h"
-const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err);
 }
 
 #define MODEL "datasets/models/add"

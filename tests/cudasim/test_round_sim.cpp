@@ -7,16 +7,13 @@
  * (every sign and exponent, the rounding boundaries of all four formats) plus 2^16 random patterns; TD_ROUND_ALL=1 takes all
  * 2^32 patterns (for a GPU: seconds there, long under the simulator). */
 #include "cuda_internal.cuh"
+#include "simtest.h"
 
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 extern "C" {
-#include <cmocka.h>
 #include "tidal/formats.h"
 }
 

@@ -11,24 +11,17 @@
  * Rows: N(0, s^2) logits with s = 1, 3 or 8 (flat to peaked), and rows rounded to multiples of
  * 0.5 (many ties, for top-k's tie rule and top-p's token order among equal values). */
 #include "cuda_internal.cuh"
+#include "simtest.h"
 
 #include <math.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
 
 extern "C" {
-#include <cmocka.h>
-#include "tidal/rng.h"
 #include "tidal/sampling.h"
-const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err);
 }
-
-static const td_backend *GPU;
 
 /* (plain arrays: nvcc's front end fails on a std::vector of td_sampling / td_rng, anonymous
  * structs, when this file is built for the GPU) */
@@ -181,9 +174,7 @@ static void test_device_rows(void **state)
 static int setup(void **state)
 {
     (void)state;
-    td_error err;
-    GPU = td_cuda_backend_open(0, NULL, 0, &err);
-    if (!GPU) { fprintf(stderr, "%s\n", err.msg); return -1; }
+    if (!sim_open_gpu()) return -1;
     cases();
     return 0;
 }

@@ -6,22 +6,16 @@
  *   kl_ba, kl_ab, tv, entropy_a/b: within 1e-9 relative (sums of non-negative terms in another
  *   order: the bound is ~2 V 2^-53, 3.4e-11 at V 151,936) */
 #include "cuda_internal.cuh"
+#include "simtest.h"
 
 #include <math.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <vector>
 
 extern "C" {
-#include <cmocka.h>
 #include "tidal/logprob.h"
 #include "tidal/metrics.h"
-#include "tidal/rng.h"
-const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, td_error *err);
 void token_metrics_cuda(const td_ops *ctx, td_token_metrics *m, const float *la, const float *lb,
                         const int *y, int n, int V);   /* token_metrics.cu */
 }
@@ -93,9 +87,7 @@ static void test_metrics(void **state)
 static int setup(void **state)
 {
     (void)state;
-    td_error err;
-    if (!td_cuda_backend_open(0, NULL, 0, &err)) { fprintf(stderr, "%s\n", err.msg); return -1; }
-    return 0;
+    return sim_open_gpu() ? 0 : -1;
 }
 
 int main(void)

@@ -124,6 +124,59 @@ class Counts:
         self.c[key] = self.c.get(key, 0) + n
 
 
+def fresh_case(folder, cmd, writer, at, mode, errno_name, counts):
+    """Runs cmd in folder, emptied first, with the fault at call `at`: (rc, stderr, the case's tag,
+    what is wrong so far: its exit status, exit_verdict)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    rc, err = run(cmd, watch=folder, at=at, mode=mode, errno_name=errno_name)
+    tag = "%s K=%d %s%s" % (writer, at, mode, "" if mode.startswith("kill") else " " + errno_name)
+    bad = []
+    exit_verdict(rc, err, mode, errno_name, counts, bad)
+    return rc, err, tag, bad
+
+
+def case_done(tag, bad, counts, log):
+    """Logs a failed case (its tag and everything wrong); whether it passed."""
+    if bad:
+        counts.add("failed cases")
+        log.append(tag + ": " + "; ".join(bad))
+    return not bad
+
+
+def exit_verdict(rc, err, mode, errno_name, counts, bad):
+    """A case's exit status: 0 (the fault landed on a call whose failure does not matter), SIGKILL
+    under a kill, else 1 with a message naming the error; any other signal death is a crash."""
+    counts.add("cases")
+    if rc == 0:
+        counts.add("finished anyway")
+    elif mode.startswith("kill"):
+        if rc != -9:
+            bad.append("rc %d, not SIGKILL" % rc)
+    elif rc != 1:
+        bad.append("rc %d, not 1" % rc)
+    elif ERRTEXT[errno_name] not in err:
+        bad.append("message does not name the error: " + err.strip()[-200:])
+    if rc < 0 and rc != -9:
+        counts.add("crashes")
+
+
+def file_opens(path, name, counts, bad):
+    """Whether the run file at path opens after a case (readable); counts a stop inside a commit
+    and a file h5py could not read raw. name: the file as a failure names it."""
+    if os.path.exists(path + ".journal"):
+        counts.add("stopped inside a commit")
+    sig = has_signature(path)
+    ok, raw = readable(path)
+    if not ok:
+        counts.add("unreadable")
+        bad.append(name + " does not open")
+    if os.path.exists(path) and os.path.getsize(path) and not raw:
+        # cut inside a new file's first commit: no HDF5 file yet, and nothing in it was complete
+        counts.add("raw_unreadable" if sig else "cut in its first commit")
+    return ok
+
+
 # ---------------------------------------------------------------- tidal-diff
 
 class DiffSweep:
@@ -190,16 +243,7 @@ class DiffSweep:
                 bad.append("left behind: " + ", ".join(os.path.basename(p) for p in leftovers))
         if rc < 0 and rc != -9:
             counts.add("crashes")
-        if os.path.exists(self.out + ".journal"):
-            counts.add("stopped inside a commit")
-        sig = has_signature(self.out)
-        ok, raw = readable(self.out)
-        if not ok:
-            counts.add("unreadable")
-            bad.append("the file does not open")
-        if os.path.exists(self.out) and os.path.getsize(self.out) and not raw:
-            # cut inside a new file's first commit: no HDF5 file yet, and nothing in it was complete
-            counts.add("raw_unreadable" if sig else "cut in its first commit")
+        ok = file_opens(self.out, "the file", counts, bad)
         done = err.count("tidal-diff: batch ")
         if ok and os.path.exists(self.out) and os.path.getsize(self.out) > 0:
             have, _ = datasets(self.out, DIFF_GROUPS)
@@ -238,10 +282,7 @@ class DiffSweep:
             left = [p for p in glob.glob(self.dir + "*") if not p.endswith("run.h5")]
             if left:
                 bad.append("after --resume left behind: " + ", ".join(map(os.path.basename, left)))
-        if bad:
-            counts.add("failed cases")
-            log.append(tag + ": " + "; ".join(bad))
-        return not bad
+        return case_done(tag, bad, counts, log)
 
 
 # ---------------------------------------------------------------- tidal-rl
@@ -282,23 +323,7 @@ class RlSweep:
         return ph
 
     def case(self, at, mode, errno_name, counts, log):
-        shutil.rmtree(self.dir, ignore_errors=True)
-        os.makedirs(self.dir)
-        rc, err = run(self.cmd(), watch=self.dir, at=at, mode=mode, errno_name=errno_name)
-        tag = "rl K=%d %s%s" % (at, mode, "" if mode.startswith("kill") else " " + errno_name)
-        bad = []
-        counts.add("cases")
-        if rc == 0:
-            counts.add("finished anyway")
-        elif mode.startswith("kill"):
-            if rc != -9:
-                bad.append("rc %d, not SIGKILL" % rc)
-        elif rc != 1:
-            bad.append("rc %d, not 1" % rc)
-        elif ERRTEXT[errno_name] not in err:
-            bad.append("message does not name the error: " + err.strip()[-200:])
-        if rc < 0 and rc != -9:
-            counts.add("crashes")
+        rc, err, tag, bad = fresh_case(self.dir, self.cmd(), "rl", at, mode, errno_name, counts)
         ckdirs = [d for d in glob.glob(self.dir + "checkpoint-*")]
         if mode == "fail" and rc != 0:
             tmpdirs = [d for d in ckdirs if d.endswith(".tmp")]
@@ -307,16 +332,7 @@ class RlSweep:
         for d in ckdirs:
             if not d.endswith(".tmp") and not os.path.exists(os.path.join(d, "trainer_state.bin")):
                 bad.append(os.path.basename(d) + " has no trainer_state.bin")
-        if os.path.exists(self.out + ".journal"):
-            counts.add("stopped inside a commit")
-        sig = has_signature(self.out)
-        ok, raw = readable(self.out)
-        if not ok:
-            counts.add("unreadable")
-            bad.append("rl.h5 does not open")
-        if os.path.exists(self.out) and os.path.getsize(self.out) and not raw:
-            # cut inside a new file's first commit: no HDF5 file yet, and nothing in it was complete
-            counts.add("raw_unreadable" if sig else "cut in its first commit")
+        ok = file_opens(self.out, "rl.h5", counts, bad)
         if ok and os.path.exists(self.out) and os.path.getsize(self.out) > 0:
             have, attrs = datasets(self.out, RL_GROUPS)
             ck = int(attrs.get("checkpoint_step", 0))
@@ -348,10 +364,7 @@ class RlSweep:
             left = [p for p in glob.glob(self.dir + "*") if p.endswith((".tmp", ".journal"))]
             if left:
                 bad.append("after --resume left behind: " + ", ".join(map(os.path.basename, left)))
-        if bad:
-            counts.add("failed cases")
-            log.append(tag + ": " + "; ".join(bad))
-        return not bad
+        return case_done(tag, bad, counts, log)
 
 
 def pick(phases, per_phase):
@@ -396,37 +409,12 @@ class SftSweep:
         return ph
 
     def case(self, at, mode, errno_name, counts, log):
-        shutil.rmtree(self.dir, ignore_errors=True)
-        os.makedirs(self.dir)
-        rc, err = run(self.cmd(), watch=self.dir, at=at, mode=mode, errno_name=errno_name)
-        tag = "sft K=%d %s%s" % (at, mode, "" if mode.startswith("kill") else " " + errno_name)
-        bad = []
-        counts.add("cases")
-        if rc == 0:
-            counts.add("finished anyway")
-        elif mode.startswith("kill"):
-            if rc != -9:
-                bad.append("rc %d, not SIGKILL" % rc)
-        elif rc != 1:
-            bad.append("rc %d, not 1" % rc)
-        elif ERRTEXT[errno_name] not in err:
-            bad.append("message does not name the error: " + err.strip()[-200:])
-        if rc < 0 and rc != -9:
-            counts.add("crashes")
+        rc, err, tag, bad = fresh_case(self.dir, self.cmd(), "sft", at, mode, errno_name, counts)
         if mode == "fail" and rc != 0:
             tmps = [p for p in glob.glob(self.dir + "*") if p.endswith(".tmp")]
             if tmps:
                 bad.append("left behind: " + ", ".join(map(os.path.basename, tmps)))
-        if os.path.exists(self.out + ".journal"):
-            counts.add("stopped inside a commit")
-        sig = has_signature(self.out)
-        ok, raw = readable(self.out)
-        if not ok:
-            counts.add("unreadable")
-            bad.append("sft.h5 does not open")
-        if os.path.exists(self.out) and os.path.getsize(self.out) and not raw:
-            # cut inside a new file's first commit: no HDF5 file yet, and nothing in it was complete
-            counts.add("raw_unreadable" if sig else "cut in its first commit")
+        ok = file_opens(self.out, "sft.h5", counts, bad)
         if ok and os.path.exists(self.out) and os.path.getsize(self.out) > 0:
             have, _ = datasets(self.out, ("steps",))
             n = len(have.get("/steps/step", []))
@@ -450,10 +438,7 @@ class SftSweep:
                 bad.append("after --resume differs: " + ", ".join(diffs[:4]))
             else:
                 counts.add("resumed bit-identical")
-        if bad:
-            counts.add("failed cases")
-            log.append(tag + ": " + "; ".join(bad))
-        return not bad
+        return case_done(tag, bad, counts, log)
 
 
 # ---------------------------------------------------------------- tidal-merge
@@ -514,9 +499,7 @@ class MergeSweep:
                 bad.append("merged.h5 is neither the old file nor the whole merge")
         if mode == "fail" and rc != 0 and os.path.exists(self.out + ".tmp"):
             bad.append("left behind: merged.h5.tmp")
-        if bad:
-            counts.add("failed cases")
-            log.append(tag + ": " + "; ".join(bad))
+        passed = case_done(tag, bad, counts, log)
         for p in glob.glob(self.dir + "*.tmp*"):
             os.remove(p)
-        return not bad
+        return passed
