@@ -46,7 +46,9 @@ int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format st
     /* B's rows of a batch wait on the device for A (the metrics computed there): every scored
      * position of a slot, the prompt's too with --score-prompt */
     J->keep_rows = 0;
-    if (gen && on_gpu) in.keep_rows = o->score_prompt ? J->max_len - 1 : o->max_new_tokens;
+    const char *host_rows = getenv("TIDAL_METRICS_ON_HOST");   /* diagnostic: the download path */
+    if (gen && on_gpu && !(host_rows && *host_rows && strcmp(host_rows, "0")))
+        in.keep_rows = o->score_prompt ? J->max_len - 1 : o->max_new_tokens;
     *fwd_tokens = tokens;
     *chunk = in.chunk;
     *slots = most;
