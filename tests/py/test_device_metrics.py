@@ -22,6 +22,9 @@ with a random model whose vocabulary (V 4096: a row is 16 KiB) is large against 
    ~2 V 2^-53 = 9e-13 absolutely, which is what the TV of near fp32 / fp32 rows, ~1e-7, shows).
 3. Against the CPU tool (fp32 / fp32): the same tokens, logp_a / logp_b within 1e-4 (the
    project's fp32 standard, test_device_sim.py), entropies within 1e-4, KL / TV within 1e-5.
+On a GPU (tests/gpu/run.sh check, DEVICE_BIN=$BUILD/bin: the real backend) the same checks hold:
+the certified log-softmax gives td_log_softmax's floats there too (its margins cover the GPU's
+double exp / log).
 Exit 0 pass, 1 fail, 77 skip (sim tools not built, or h5py missing)."""
 import json
 import os
@@ -40,7 +43,7 @@ except ImportError as e:
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tidal_check import BIN, BUILD, check, failures, run  # noqa: E402
 
-SIMBIN = os.path.join(BUILD, "sim", "bin")
+SIMBIN = os.environ.get("DEVICE_BIN", os.path.join(BUILD, "sim", "bin"))   # DEVICE_BIN=build/bin on a GPU
 if not os.access(os.path.join(SIMBIN, "tidal-diff"), os.X_OK):
     print(f"skip: {SIMBIN}/tidal-diff not built (make tests builds it: tests/cudasim/sim.mk)")
     sys.exit(77)
