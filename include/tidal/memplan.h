@@ -38,6 +38,8 @@ typedef struct {
     int fwd_tokens, fwd_seq_len, fwd_logits_rows;   /* td_forward_create's arguments             */
     int slots, max_len, chunk;                      /* td_session_create's arguments            */
     int nthreads;              /* the backend's ops context (omp_get_max_threads())              */
+    int keep_rows;             /* B's log-softmax rows kept on the device per slot for the per-
+                                  token metrics (tidal-diff: td_rows_dev), 0 = none              */
 } td_memplan_in;
 
 typedef struct {
@@ -47,6 +49,7 @@ typedef struct {
     size_t kv_cache_recipe;    /* in recipe B's kv format (what an engine holds)                 */
     size_t acts_a, acts_b;     /* activations + logits rows of each path                         */
     size_t workspace;
+    size_t rows_b;             /* B's kept rows: slots x keep_rows x V floats                    */
     size_t total;
     size_t free, device_total; /* cudaMemGetInfo when the device is open, else 0                 */
 } td_memplan;
@@ -87,6 +90,10 @@ int td_device_mem_info(const char *device, size_t *free_bytes, size_t *total_byt
 /* The most device memory tidal's CUDA backend has held at once in this process (every cudaMalloc
  * and cudaMallocAsync it made, less what it freed): what the plan bounds. 0 without CUDA. */
 size_t td_device_mem_peak(void);
+
+/* Bytes tidal's CUDA backend has copied from the device to the host in this process (downloads,
+ * the ops' host outputs, reductions): what tidal-diff reports per decode step. 0 without CUDA. */
+size_t td_device_d2h_bytes(void);
 
 TD_END_DECLS
 

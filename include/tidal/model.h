@@ -18,6 +18,7 @@
 
 #include "tidal/common.h"
 #include "tidal/config.h"
+#include "tidal/metrics.h"
 #include "tidal/recipe.h"
 
 TD_BEGIN_DECLS
@@ -150,6 +151,34 @@ void td_forward_set_temperature(td_forward *f, float T);
  * t = 0 .. lens[s]-1 (the last one predicts past the end). 0, or -1 + err. */
 int td_forward_logprobs(td_forward *f, int nseq, const int *const *tokens, const int *lens,
                         float *const *logp, td_row_fn row_fn, void *user, td_error *err);
+
+/* ---- per-token metrics on the model's device ----------------------------------------------- */
+
+/* Log-softmax rows kept in the model's backend memory (tidal-diff --device cuda: the inference
+ * path's rows of a batch, by position), so that the per-token metrics (metrics.h) are computed
+ * where both paths' rows are and only one td_token_metrics per token comes to the host: the
+ * rollout fills them (td_rollout_batch.keep, rollout.h), td_forward_metrics scores A's rows
+ * against them. NULL (err untouched) when the model's backend has no such ops (the CPU: its rows
+ * are host memory already); nrows * V floats of device memory (tidal-diff's memory plan counts
+ * them; a failed allocation exits as every device allocation does). */
+typedef struct td_rows_dev td_rows_dev;
+td_rows_dev *td_rows_dev_create(const td_model *m, size_t nrows);
+void td_rows_dev_free(td_rows_dev *r);
+
+/* Which kept row holds the log-softmax row that predicted position pos of sequence s:
+ * base[s] + pos - from[s], for from[s] <= pos (positions before from[s] are not kept). */
+typedef struct {
+    const td_rows_dev *rows;
+    const int *from;         /* (nseq) first kept position of each sequence (>= 1) */
+    const size_t *base;      /* (nseq) its row                                      */
+} td_rows_dev_map;
+
+/* td_forward_logprobs, scoring instead of handing rows out: for every s and position pos with
+ * from[s] <= pos < lens[s], m[s][pos] = td_token_metrics_compute(A's row at pos - 1, B's kept row
+ * of pos, V, tokens[s][pos]), computed on the device (A's rows never leave it). The layer
+ * observer runs as in td_forward_logprobs. 0, or -1 + err. */
+int td_forward_metrics(td_forward *f, int nseq, const int *const *tokens, const int *lens,
+                       const td_rows_dev_map *b_rows, td_token_metrics *const *m, td_error *err);
 
 /* ---- incremental structure (inference path) ------------------------------------------------ */
 

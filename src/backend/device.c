@@ -13,6 +13,7 @@ const td_backend *td_cuda_backend_open(int index, char *desc, size_t desc_len, t
 const char *td_cuda_backend_desc(void);
 int td_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 size_t td_cuda_mem_peak(void);
+size_t td_cuda_d2h_bytes(void);
 #endif
 
 /* "cpu" -> 0 with *index -1; "cuda" / "cuda:N" -> 0 with *index N (0 for "cuda"); else -1. */
@@ -93,6 +94,15 @@ size_t td_device_mem_peak(void)
 {
 #ifdef TD_HAVE_CUDA
     return td_cuda_mem_peak();
+#else
+    return 0;
+#endif
+}
+
+size_t td_device_d2h_bytes(void)
+{
+#ifdef TD_HAVE_CUDA
+    return td_cuda_d2h_bytes();
 #else
     return 0;
 #endif

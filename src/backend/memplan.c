@@ -285,9 +285,11 @@ void td_memplan_compute(const td_memplan_in *in, td_memplan *p)
         staging = maxz(staging, (size_t)cap * C * embed_bytes(in->b, in->storage));
         staging = maxz(staging, (size_t)in->slots * V * sizeof(float));   /* a decode step's rows */
     }
+    if (in->b && in->slots > 0 && in->keep_rows > 0)   /* td_rows_dev_create (tidal-diff) */
+        p->rows_b = (size_t)in->slots * (size_t)in->keep_rows * V * sizeof(float);
     for (int s = 0; s < S_N; s++) p->workspace += req[s] ? SCRATCH_GROWTH(req[s]) : 0;
     p->workspace += staging + STAGING_SLACK;
-    p->total = p->weights + p->kv_cache + p->acts_a + p->acts_b + p->workspace;
+    p->total = p->weights + p->kv_cache + p->acts_a + p->acts_b + p->rows_b + p->workspace;
 }
 
 size_t td_memplan_reserve(size_t free_bytes) { return free_bytes / 64; }
@@ -354,6 +356,9 @@ void td_memplan_print(FILE *f, const char *tool, const td_memplan *p, const td_m
     fprintf(f, "%s:   activations %12s  (A: %d tokens per micro-batch %s; B: %s)\n", tool,
             human(b1, sizeof b1, p->acts_a + p->acts_b), in->a ? in->fwd_tokens : 0, human(b2, sizeof b2, p->acts_a),
             human(b3, sizeof b3, p->acts_b));
+    if (p->rows_b)
+        fprintf(f, "%s:   B's rows    %12s  (%d slots x %d scored positions x V: the metrics on the device)\n", tool,
+                human(b1, sizeof b1, p->rows_b), in->slots, in->keep_rows);
     fprintf(f, "%s:   workspace   %12s  (GEMM scratch, cuBLASLt, attention, staging)\n", tool, human(b1, sizeof b1, p->workspace));
     if (p->free)
         fprintf(f, "%s:   total       %12s  of %s free (%s total, %s kept back)%s\n", tool, human(b1, sizeof b1, p->total),
@@ -369,9 +374,9 @@ char *td_memplan_json(const td_memplan *p, const td_memplan_in *in)
     snprintf(s, 768,
              "{\"weights\": %zu, \"weights_a_own\": %zu, \"weights_b_own\": %zu, \"kv_cache\": %zu, "
              "\"kv_cache_recipe_format\": %zu, \"activations_a\": %zu, \"activations_b\": %zu, \"workspace\": %zu, "
-             "\"total\": %zu, \"free\": %zu, \"device_total\": %zu, \"slots\": %d, \"max_len\": %d, "
+             "\"rows_b\": %zu, \"total\": %zu, \"free\": %zu, \"device_total\": %zu, \"slots\": %d, \"max_len\": %d, "
              "\"max_num_batched_tokens\": %d}",
              p->weights, p->weights_a, p->weights_b, p->kv_cache, p->kv_cache_recipe, p->acts_a, p->acts_b,
-             p->workspace, p->total, p->free, p->device_total, in->slots, in->max_len, in->fwd_tokens);
+             p->workspace, p->rows_b, p->total, p->free, p->device_total, in->slots, in->max_len, in->fwd_tokens);
     return s;
 }

@@ -21,6 +21,10 @@ void batch_alloc(batch_state *b, const job *J, const size_t *idx, int n)
     b->m = td_xcalloc((size_t)n, sizeof(td_token_metrics *));
     b->have = td_xcalloc((size_t)n, sizeof(unsigned char *));
     int replay = J->prompts.has_rollouts;
+    if (J->rows_dev) {
+        b->keep_from = td_xcalloc((size_t)n, sizeof(int));
+        b->keep_base = td_xcalloc((size_t)n, sizeof(size_t));
+    }
     if (replay) b->replay_b = td_xcalloc((size_t)n, sizeof(float *));
     if (replay && o->rollout_logprobs && !strcmp(o->rollout_logprobs, "processed")) {
         b->proc = td_sampler_create(b->V);
@@ -45,7 +49,12 @@ void batch_alloc(batch_state *b, const job *J, const size_t *idx, int n)
             b->finish[s] = TD_FINISH_REPLAY;
             b->replay_b[s] = p->rollout_logp;
         } else {
-            b->rows_b[s] = td_xmalloc((size_t)maxl * b->V * sizeof(float));
+            if (J->rows_dev) {   /* B's scored rows wait on the device: slot s's block */
+                b->keep_from[s] = o->score_prompt ? 1 : p->n_prompt;
+                b->keep_base[s] = (size_t)s * (size_t)J->keep_rows;
+            } else {
+                b->rows_b[s] = td_xmalloc((size_t)maxl * b->V * sizeof(float));
+            }
             b->logp_b_proc[s] = td_xmalloc((size_t)maxl * sizeof(float));
         }
         b->m[s] = td_xcalloc((size_t)maxl, sizeof(td_token_metrics));
@@ -65,7 +74,7 @@ void batch_free(batch_state *b)
     }
     free(b->res_b); free(b->rel);
     free(b->seq); free(b->len); free(b->plen); free(b->finish); free(b->rows_b); free(b->logp_b_proc);
-    free(b->m); free(b->have); free(b->replay_b);
+    free(b->m); free(b->have); free(b->replay_b); free(b->keep_from); free(b->keep_base);
     td_sampler_free(b->proc);
     free(b->proc_row);
     memset(b, 0, sizeof *b);

@@ -2,6 +2,7 @@
  * a rollout: src/paths/rollout.c) and the training path (A), metrics per token, rows appended
  * to the run file per batch. The job's parts: src/diff/job.h. */
 #include "job.h"
+#include "tidal/memplan.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -28,7 +29,15 @@ static int generate(job *J, batch_state *b, const size_t *idx, td_error *err)
     for (int s = 0; s < b->n; s++) stream[s] = idx[s];   /* a prompt's draws follow its index */
     td_rollout_batch rb = {.n = b->n, .tokens = b->seq, .prompt_len = b->plen, .stream = stream,
                            .len = b->len, .finish = b->finish};
-    int rc = td_rollout_generate(J->sb, J->sampler, &ro, &rb, on_row_b, b, err);
+    td_rollout_row_fn row_fn = on_row_b;
+    if (b->keep_from) {   /* B's rows stay on the device; its processed log-probs come down */
+        rb.keep = (td_rows_dev_map){J->rows_dev, b->keep_from, b->keep_base};
+        rb.logp_proc = b->logp_b_proc;
+        row_fn = NULL;
+    }
+    size_t d2h0 = td_device_d2h_bytes();
+    int rc = td_rollout_generate(J->sb, J->sampler, &ro, &rb, row_fn, b, err);
+    J->d2h_generate += td_device_d2h_bytes() - d2h0;
     free(stream);
     return rc;
 }
@@ -43,7 +52,16 @@ static int run_batch(job *J, int64_t batch_no, const size_t *idx, int n, td_erro
         td_forward_set_layer_fn(J->fa, on_layer_a, &b);
     }
     if (!J->prompts.has_rollouts && generate(J, &b, idx, err)) goto done;
-    if (td_forward_logprobs(J->fa, n, (const int *const *)b.seq, b.len, NULL, on_row_a, &b, err)) goto done;
+    size_t d2h0 = td_device_d2h_bytes();
+    if (b.keep_from) {   /* both paths' rows on the device: the metrics computed there */
+        td_rows_dev_map map = {J->rows_dev, b.keep_from, b.keep_base};
+        if (td_forward_metrics(J->fa, n, (const int *const *)b.seq, b.len, &map, b.m, err)) goto done;
+        for (int s = 0; s < n; s++)
+            for (int pos = b.keep_from[s]; pos < b.len[s]; pos++) b.have[s][pos] = 1;
+    } else if (td_forward_logprobs(J->fa, n, (const int *const *)b.seq, b.len, NULL, on_row_a, &b, err)) {
+        goto done;
+    }
+    J->d2h_score += td_device_d2h_bytes() - d2h0;
     collect(J, &b, idx, batch_no);
     rc = 0;
 done:
@@ -54,6 +72,7 @@ done:
 
 static void job_free(job *J)
 {
+    td_rows_dev_free(J->rows_dev);
     td_forward_free(J->fa);
     td_session_free(J->sb);
     td_sampler_free(J->sampler);
@@ -186,6 +205,7 @@ int td_diff_run(const td_diff_opts *opts, td_diff_summary *sum, td_error *err)
         if (!J.sb || td_session_set_recipe_lora(J.sb, &o->recipe_b, J.lora, o->lora_merge_b, err)) goto out;
         if (lora_report(&J, 'b', td_session_lora_stats(J.sb), &o->recipe_b, err)) goto out;
         J.sampler = td_sampler_create(cfg->vocab_size);
+        if (J.keep_rows > 0) J.rows_dev = td_rows_dev_create(J.model, (size_t)slots * (size_t)J.keep_rows);
     } else if (o->lora_merge_b) {
         fprintf(stderr, "tidal-diff: note: --lora-merge-b has no effect when replaying rollouts (path B is the recorded log-probs)\n");
     }
@@ -219,6 +239,10 @@ int td_diff_run(const td_diff_opts *opts, td_diff_summary *sum, td_error *err)
     clock_gettime(CLOCK_MONOTONIC, &ts1);
     if (tty && nbatches) fprintf(stderr, "\n");
     if (skipped) fprintf(stderr, "tidal-diff: resumed: %zu batches were already complete\n", skipped);
+    if (J.model && J.model->backend && ran)
+        fprintf(stderr, "tidal-diff: device to host: generation %zu bytes (%s), scoring %zu bytes (per-token "
+                "metrics %s)\n", J.d2h_generate, J.rows_dev ? "B's rows kept on the device" : "B's rows downloaded",
+                J.d2h_score, J.rows_dev ? "computed on the device" : "computed on the host");
     if (diff_memory_record(&J, err)) goto out;
     if (td_runfile_close(J.rf, err)) { J.rf = NULL; goto out; }
     J.rf = NULL;

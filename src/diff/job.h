@@ -32,7 +32,10 @@ typedef struct {
     int **seq;                /* (n) prompt + response tokens                             */
     int *len, *plen;          /* (n) full and prompt lengths                              */
     int *finish;              /* (n)                                                      */
-    float **rows_b;           /* (n) B's raw log-softmax rows: (len, V) by position       */
+    float **rows_b;           /* (n) B's raw log-softmax rows: (len, V) by position; NULL
+                                 entries when they are kept on the device (rows_dev)      */
+    int *keep_from;           /* (n) --device cuda: first scored position of each sequence */
+    size_t *keep_base;        /*     and its row in the job's rows_dev                     */
     float **logp_b_proc;      /* (n) processed log-prob of the token at each position     */
     const float **replay_b;   /* (n) rollout mode: recorded log-probs of response tokens  */
     td_sampler *proc;         /* replay of processed log-probs: A's row processed the same way */
@@ -62,6 +65,9 @@ typedef struct {
     size_t mem_free0, mem_free_min;  /* --device cuda: cudaMemGetInfo's free memory at the plan,
                                         and the least seen after a batch                     */
     td_sampler *sampler;
+    int keep_rows;           /* the memory plan's: B's rows kept on the device per slot (0 = host) */
+    td_rows_dev *rows_dev;   /* those rows (slots x keep_rows), NULL: B's rows come to the host */
+    size_t d2h_generate, d2h_score;   /* bytes the device copied to the host in either phase */
     td_runfile *rf;
     int max_len;             /* longest prompt + max_new_tokens (context-bounded) */
     int eos[TD_CONFIG_MAX_EOS];  /* ids that end a sequence: generation_config.json's list, else config.json's */

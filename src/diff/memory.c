@@ -43,6 +43,12 @@ int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format st
                         .slots = gen ? most : 0, .max_len = J->max_len, .chunk = 128,
                         .nthreads = omp_get_max_threads()};
     if (in.chunk > tokens) in.chunk = tokens;
+    /* B's rows of a batch wait on the device for A (the metrics computed there): every scored
+     * position of a slot, the prompt's too with --score-prompt */
+    J->keep_rows = 0;
+    const char *host_rows = getenv("TIDAL_METRICS_ON_HOST");   /* diagnostic: the download path */
+    if (gen && on_gpu && !(host_rows && *host_rows && strcmp(host_rows, "0")))
+        in.keep_rows = o->score_prompt ? J->max_len - 1 : o->max_new_tokens;
     *fwd_tokens = tokens;
     *chunk = in.chunk;
     *slots = most;
@@ -54,8 +60,24 @@ int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format st
         on_gpu = 0;   /* --plan-only on a machine without the GPU: the plan alone */
     }
     int batch0 = in.slots, tokens0 = in.fwd_tokens, fits = 1;
-    if (on_gpu && !o->ignore_memory_plan) fits = td_memplan_fit(&in, &p) == 0;
-    else td_memplan_compute(&in, &p);
+    if (on_gpu && !o->ignore_memory_plan) {
+        td_memplan_in in0 = in;
+        fits = td_memplan_fit(&in, &p) == 0;
+        if (in0.keep_rows && (!fits || in.slots != batch0 || in.fwd_tokens != tokens0)) {
+            /* keeping B's rows would cost batch or micro-batch: they come to the host instead */
+            char h[32];
+            fprintf(stderr, "tidal-diff: note: B's rows for the per-token metrics (%s at --batch %d) do not fit "
+                    "the GPU beside the rest: they are downloaded per decode step and the metrics computed "
+                    "on the host\n", human(h, sizeof h, (size_t)in0.slots * in0.keep_rows * cfg->vocab_size * 4),
+                    in0.slots);
+            in = in0;
+            in.keep_rows = 0;
+            fits = td_memplan_fit(&in, &p) == 0;
+        }
+    } else {
+        td_memplan_compute(&in, &p);
+    }
+    J->keep_rows = on_gpu ? in.keep_rows : 0;
     td_memplan_print(stderr, "tidal-diff", &p, &in);
     if (!fits) {
         size_t need = p.total, have = p.free - td_memplan_reserve(p.free);

@@ -34,6 +34,7 @@
 
 #include <stddef.h>
 
+#include "tidal/metrics.h"
 #include "tidal/model.h"
 #include "tidal/sampling.h"
 
@@ -191,6 +192,20 @@ struct td_backend {
     int (*sample)(const td_ops *ctx, const td_sampling *s, const float *logits, int n, int V,
                   const int *const *seen, const int *n_seen, td_rng *rng, int *tok, float *logp,
                   float *proc);
+
+    /* Per-token metrics on the backend (tidal-diff with both paths' rows kept there; NULL on the
+     * CPU, whose paths call td_log_softmax and td_token_metrics_compute on host rows).
+     * row_logsoftmax: for i < n, dst + dst_row[i] * V (backend memory) = td_log_softmax of src
+     * row i (backend or host memory) divided by T first (an fp32 division, when T > 0 and != 1):
+     * td_log_softmax's floats (include/tidal/logprob.h).
+     * token_metrics: m[i] (host) = td_token_metrics_compute(la + ia[i] * V, lb + ib[i] * V, V,
+     * y[i]) for n pairs of log-prob rows in backend memory (ia, ib, y host; ia or ib NULL = i):
+     * logp, k3, top-1 and rank exactly, the double sums in another order (metrics.h). */
+    void (*row_logsoftmax)(const td_ops *ctx, float *dst, const size_t *dst_row, const float *src,
+                           int n, int V, float T);
+    void (*token_metrics)(const td_ops *ctx, td_token_metrics *m, const float *la,
+                          const size_t *ia, const float *lb, const size_t *ib, const int *y,
+                          int n, int V);
 };
 
 extern const td_backend td_backend_cpu;   /* src/backend/cpu.c */

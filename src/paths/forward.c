@@ -110,6 +110,86 @@ static void run_micro_batch(td_forward *f, int s0, int s1, const int *const *tok
     }
 }
 
+/* td_forward_metrics's micro-batch: the rows of each logits chunk stay in backend memory; the
+ * chunk's scored rows are paired with B's kept rows and the backend computes their metrics
+ * (R td_token_metrics come down instead of R rows). */
+typedef struct {
+    const td_rows_dev_map *b;
+    td_token_metrics *const *m;
+    size_t *ia, *ib;         /* (logits_rows) A's chunk row and B's kept row of each pair */
+    int *y;
+    td_token_metrics *out;
+} metrics_req;
+
+static void run_micro_batch_metrics(td_forward *f, int s0, int s1, const int *const *tokens,
+                                    const int *lens, metrics_req *q)
+{
+    const td_model *m = f->m;
+    int V = m->cfg.vocab_size;
+    int N = decode_packed(f, s0, s1, tokens, lens);
+    for (int r0 = 0; r0 < N; r0 += f->logits_rows) {
+        int R = N - r0 < f->logits_rows ? N - r0 : f->logits_rows, n = 0;
+        for (int r = 0; r < R; r++) {
+            int s = f->row_seq[r0 + r], pos = f->pos[r0 + r] + 1;
+            long kb = pos < lens[s] ? rows_dev_row(q->b, s, pos) : -1;
+            if (kb < 0) continue;
+            q->ia[n] = (size_t)r;
+            q->ib[n] = (size_t)kb;
+            q->y[n] = tokens[s][pos];
+            n++;
+        }
+        if (n == 0) continue;   /* nothing scored in this chunk: no lm_head either */
+        head_forward(&f->ops, m, f->logits, f->acts.xn + (size_t)r0 * m->cfg.hidden_size, R, 0);
+        f->ops.be->token_metrics(&f->ops, q->out, f->logits, q->ia, q->b->rows->rows, q->ib, q->y, n, V);
+        for (int i = 0; i < n; i++) {
+            int r = (int)q->ia[i], s = f->row_seq[r0 + r];
+            q->m[s][f->pos[r0 + r] + 1] = q->out[i];
+        }
+    }
+}
+
+static int check_sequences(const td_forward *f, int nseq, const int *const *tokens, const int *lens,
+                           const char *fn, td_error *err)
+{
+    int V = f->m->cfg.vocab_size;
+    for (int s = 0; s < nseq; s++) {
+        if (lens[s] < 1 || lens[s] > f->max_seq_len)
+            return td_fail(err, "%s: sequence %d has length %d (expected 1..%d)", fn, s, lens[s],
+                           f->max_seq_len);
+        for (int t = 0; t < lens[s]; t++)
+            if (tokens[s][t] < 0 || tokens[s][t] >= V)
+                return td_fail(err, "%s: sequence %d position %d: token %d outside the "
+                               "vocabulary 0..%d", fn, s, t, tokens[s][t], V - 1);
+    }
+    return 0;
+}
+
+int td_forward_metrics(td_forward *f, int nseq, const int *const *tokens, const int *lens,
+                       const td_rows_dev_map *b_rows, td_token_metrics *const *m, td_error *err)
+{
+    if (!b_rows || !b_rows->rows || b_rows->rows->ops.be != f->ops.be || !f->ops.be->token_metrics)
+        return td_fail(err, "td_forward_metrics: B's rows are not kept on this path's device");
+    if (check_sequences(f, nseq, tokens, lens, "td_forward_metrics", err)) return -1;
+    metrics_req q = {b_rows, m, td_xmalloc((size_t)f->logits_rows * sizeof(size_t)),
+                     td_xmalloc((size_t)f->logits_rows * sizeof(size_t)),
+                     td_xmalloc((size_t)f->logits_rows * sizeof(int)),
+                     td_xmalloc((size_t)f->logits_rows * sizeof(td_token_metrics))};
+    td_progress pr;
+    td_progress_start(&pr, f->m->progress, "teacher-forced forward");
+    f->ops.progress = &pr;
+    for (int s = 0; s < nseq; s++) pr.total += (double)lens[s] * f->m->cfg.num_layers;
+    for (int s0 = 0; s0 < nseq;) {   /* the micro-batches of td_forward_logprobs */
+        int s1 = s0, total = 0;
+        while (s1 < nseq && total + lens[s1] <= f->max_tokens) total += lens[s1++];
+        run_micro_batch_metrics(f, s0, s1, tokens, lens, &q);
+        s0 = s1;
+    }
+    f->ops.progress = NULL;
+    td_progress_end(&pr);
+    free(q.ia); free(q.ib); free(q.y); free(q.out);
+    return 0;
+}
+
 int td_forward_logprobs(td_forward *f, int nseq, const int *const *tokens, const int *lens,
                         float *const *logp, td_row_fn row_fn, void *user, td_error *err)
 {

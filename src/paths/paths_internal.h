@@ -14,6 +14,20 @@ static inline float *paths_host_mirror(const td_ops *ops, float *buf, size_t n)
     return ops->be->sync ? td_xmalloc(n * sizeof(float)) : buf;
 }
 
+/* Rows kept in backend memory (model.h td_rows_dev): nrows * V floats at rows. */
+struct td_rows_dev {
+    td_ops ops;              /* the model's backend (row_logsoftmax, token_metrics, upload)  */
+    float *rows;
+    size_t nrows;
+    int V;
+};
+
+/* The kept row of position pos of sequence s under map m, or -1 when pos is not kept. */
+static inline long rows_dev_row(const td_rows_dev_map *m, int s, int pos)
+{
+    return m && m->rows && pos >= m->from[s] ? (long)(m->base[s] + (size_t)(pos - m->from[s])) : -1;
+}
+
 /* The vocabulary size of the session's model: the length of its rows. */
 int session_vocab(const td_session *s);
 /* Where long work on the session's model reports progress (m->progress; NULL: silent). */

@@ -24,13 +24,15 @@ static bool is_eos(const td_rollout_opts *o, int y)
 }
 
 /* The log-probs of the token at pos, predicted by raw logits `lg` (host; NULL when the row
- * stayed on the device and nothing here needs it): to the batch's buffers and row_fn. lp_proc:
- * the token's processed log-prob (the sampler's), NULL for a prompt row. */
-static void deliver(rollout *r, int s, int pos, const float *lg, const float *lp_proc)
+ * stayed on the device and nothing here needs it): to the batch's buffers, row_fn and the kept
+ * device rows (unless the caller kept it there already: kept). lp_proc: the token's processed
+ * log-prob (the sampler's), NULL for a prompt row. */
+static void deliver(rollout *r, int s, int pos, const float *lg, const float *lp_proc, int kept)
 {
     td_rollout_batch *b = r->b;
     int y = b->tokens[s][pos];
-    if (!r->row_fn && !(b->logp && b->logp[s])) {
+    long krow = kept || !lg ? -1 : rows_dev_row(&b->keep, s, pos);
+    if (!r->row_fn && !(b->logp && b->logp[s]) && krow < 0) {
         if (lp_proc && b->logp_proc && b->logp_proc[s]) b->logp_proc[s][pos] = *lp_proc;
         if (lp_proc || !(b->logp_proc && b->logp_proc[s])) return;
     }
@@ -44,13 +46,17 @@ static void deliver(rollout *r, int s, int pos, const float *lg, const float *lp
     if (b->logp && b->logp[s]) b->logp[s][pos] = r->row[y];
     if (b->logp_proc && b->logp_proc[s]) b->logp_proc[s][pos] = lp;
     if (r->row_fn) r->row_fn(r->user, s, pos, r->row, lp);
+    if (krow >= 0) {   /* a host row (prefill's): td_log_softmax's floats, as the device makes them */
+        const td_rows_dev *k = b->keep.rows;
+        k->ops.be->upload(k->rows + (size_t)krow * k->V, r->row, (size_t)r->V * sizeof(float));
+    }
 }
 
 /* Prefill rows: row t predicts the token at t + 1; the last prompt row is the decode loop's. */
 static void on_prefill_row(void *user, int slot, int t, const float *logits)
 {
     rollout *r = user;
-    if (t + 1 < r->b->prompt_len[slot]) deliver(r, slot, t + 1, logits, NULL);
+    if (t + 1 < r->b->prompt_len[slot]) deliver(r, slot, t + 1, logits, NULL, 0);
 }
 
 /* The decode loop on a backend that samples (be->sample, the CUDA backend): each step's rows
@@ -72,6 +78,7 @@ static int decode_on_device(td_session *sess, rollout *r, td_rng *rng, const flo
     const int **seen = td_xmalloc((size_t)n_seq * sizeof(int *));
     float *lp = td_xmalloc((size_t)n_seq * sizeof(float));
     td_rng *rg = td_xmalloc((size_t)n_seq * sizeof(td_rng));
+    size_t *krow = td_xmalloc((size_t)n_seq * sizeof(size_t));   /* kept rows of a step */
     int rc = -1, n = 0;
     for (int s = 0; s < n_seq; s++) {   /* the first step samples the prefill's rows (host) */
         if (b->finish[s] >= 0) continue;
@@ -88,12 +95,27 @@ static int decode_on_device(td_session *sess, rollout *r, td_rng *rng, const flo
         }
         ops->be->sample(ops, &o->sampling, rows, n, V, seen, nseen, rg, tok, lp, NULL);
         for (int i = 0; i < n; i++) rng[act[i]] = rg[i];
+        if (b->keep.rows) {   /* the step's kept rows: log-softmax on the device, into their rows */
+            int nk = 0;
+            for (int i = 0; i < n; i++) {
+                long k = rows_dev_row(&b->keep, act[i], b->len[act[i]]);
+                if (k >= 0) krow[nk++] = (size_t)k;
+            }
+            const td_rows_dev *kd = b->keep.rows;
+            if (nk == n)   /* every row (tidal-diff keeps every response position): one launch */
+                ops->be->row_logsoftmax(ops, kd->rows, krow, rows, n, V, o->row_temperature);
+            else
+                for (int i = 0, j = 0; i < n; i++)
+                    if (rows_dev_row(&b->keep, act[i], b->len[act[i]]) >= 0)
+                        ops->be->row_logsoftmax(ops, kd->rows, &krow[j++], rows + (size_t)i * V, 1, V,
+                                                o->row_temperature);
+        }
         if (need_rows && rows != out) ops->be->download(out, rows, (size_t)n * V * sizeof(float));
         int n2 = 0;
         for (int i = 0; i < n; i++) {
             int s = act[i], pos = b->len[s], y = tok[i];
             b->tokens[s][pos] = y;
-            deliver(r, s, pos, need_rows ? out + (size_t)i * V : NULL, &lp[i]);
+            deliver(r, s, pos, need_rows ? out + (size_t)i * V : NULL, &lp[i], b->keep.rows != NULL);
             b->len[s]++;
             if (o->stop_at_eos && is_eos(o, y)) b->finish[s] = TD_FINISH_EOS;
             else if (b->len[s] - b->prompt_len[s] >= o->max_new_tokens || b->len[s] >= o->max_len)
@@ -113,7 +135,7 @@ static int decode_on_device(td_session *sess, rollout *r, td_rng *rng, const flo
     rc = 0;
 done:
     ops->be->free(drows);
-    free(act); free(tok); free(nseen); free(seen); free(lp); free(rg);
+    free(act); free(tok); free(nseen); free(seen); free(lp); free(rg); free(krow);
     return rc;
 }
 
@@ -121,6 +143,8 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
                         td_rollout_row_fn row_fn, void *user, td_error *err)
 {
     const int n_seq = b->n, V = session_vocab(sess);
+    if (b->keep.rows && b->keep.rows->ops.be != session_ops(sess)->be)
+        return td_fail(err, "td_rollout_generate: the kept rows are not on the session's device");
     rollout r = {o, b, row_fn, user, V, td_xmalloc((size_t)V * sizeof(float))};
     float *logits = td_xmalloc((size_t)n_seq * V * sizeof(float));   /* each sequence's next row */
     float *proc = td_xmalloc((size_t)V * sizeof(float));
@@ -162,7 +186,7 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
             int pos = b->len[s];                          /* position of the token drawn */
             int y = td_sample(smp, &o->sampling, lg, b->tokens[s], b->len[s], &rng[s], proc);
             b->tokens[s][pos] = y;
-            deliver(&r, s, pos, lg, &proc[y]);
+            deliver(&r, s, pos, lg, &proc[y], 0);
             b->len[s]++;
             if (o->stop_at_eos && is_eos(o, y)) b->finish[s] = TD_FINISH_EOS;
             else if (b->len[s] - b->prompt_len[s] >= o->max_new_tokens || b->len[s] >= o->max_len)

@@ -4,7 +4,12 @@
  * both rows, rows with tied values; V 100 and 151,936; y random and the argmax:
  *   logp_a, logp_b, k3, top1_a/b, rank_a/b: identical
  *   kl_ba, kl_ab, tv, entropy_a/b: within 1e-9 relative (sums of non-negative terms in another
- *   order: the bound is ~2 V 2^-53, 3.4e-11 at V 151,936) */
+ *   order: the bound is ~2 V 2^-53, 3.4e-11 at V 151,936)
+ * and the same pairs read through row indices from device buffers (tidal-diff's layout): the
+ * same bits. row_logsoftmax_cuda (B's rows kept on the device): raw rows N(0, s^2), s 1 / 4 / 12,
+ * ties, -inf entries and an all -inf row, T 1 / 0.7 / 1.3 / 0.6, from host and device memory
+ * into scattered rows, with and without the certified shortcut: x / T then td_log_softmax's
+ * floats, bit for bit. */
 #include "cuda_internal.cuh"
 #include "simtest.h"
 
@@ -16,8 +21,9 @@
 extern "C" {
 #include "tidal/logprob.h"
 #include "tidal/metrics.h"
-void token_metrics_cuda(const td_ops *ctx, td_token_metrics *m, const float *la, const float *lb,
-                        const int *y, int n, int V);   /* token_metrics.cu */
+#include "tidal/rng.h"
+void token_metrics_cuda(const td_ops *ctx, td_token_metrics *m, const float *la, const size_t *ia,
+                        const float *lb, const size_t *ib, const int *y, int n, int V);   /* token_metrics.cu */
 }
 
 static double rel(double a, double b)
@@ -55,7 +61,7 @@ static void run(int V, int n, uint64_t seed)
     }
     /* malloc: nvcc's front end fails on a std::vector of an anonymous struct (GPU build) */
     td_token_metrics *g = (td_token_metrics *)malloc((size_t)n * sizeof *g);
-    token_metrics_cuda(NULL, g, la.data(), lb.data(), y.data(), n, V);
+    token_metrics_cuda(NULL, g, la.data(), NULL, lb.data(), NULL, y.data(), n, V);
     double worst = 0;
     for (int i = 0; i < n; i++) {
         td_token_metrics c;
@@ -72,9 +78,80 @@ static void run(int V, int n, uint64_t seed)
         for (double x : e) { assert_true(x <= 1e-9); worst = x > worst ? x : worst; }
         assert_true(g[i].kl_ba >= 0 && g[i].kl_ab >= 0);
     }
+    /* the same pairs read from device buffers through row indices (tidal-diff's layout: A's
+     * chunk rows in one order, B's kept rows in another): the same bits */
+    const td_backend *be = &td_backend_cuda;
+    size_t row = (size_t)V * sizeof(float);
+    float *da = (float *)be->alloc((size_t)(n + 2) * row), *db = (float *)be->alloc((size_t)(n + 3) * row);
+    std::vector<size_t> ia(n), ib(n);
+    for (int i = 0; i < n; i++) {
+        ia[i] = (size_t)(n - 1 - i) + 2;
+        ib[i] = (size_t)((i * 7) % n);
+        if (n % 7 == 0) ib[i] = (size_t)i;   /* keep it a permutation */
+        be->upload(da + ia[i] * V, la.data() + (size_t)i * V, row);
+        be->upload(db + ib[i] * V, lb.data() + (size_t)i * V, row);
+    }
+    td_token_metrics *gi = (td_token_metrics *)malloc((size_t)n * sizeof *gi);
+    token_metrics_cuda(NULL, gi, da, ia.data(), db, ib.data(), y.data(), n, V);
+    assert_memory_equal(g, gi, (size_t)n * sizeof *g);
+    be->free(da);
+    be->free(db);
+    free(gi);
     free(g);
-    printf("V %6d, %d row pairs: logp, k3, top-1, rank identical; KL, TV, entropy max relative difference %.2g\n",
-           V, n, worst);
+    printf("V %6d, %d row pairs: logp, k3, top-1, rank identical; KL, TV, entropy max relative difference %.2g; "
+           "through row indices from device buffers: identical\n", V, n, worst);
+}
+
+/* row_logsoftmax_cuda: n rows of raw logits (host, as a rollout's first step has them, or
+ * device) divided by T and log-softmaxed into scattered device rows, against the host's
+ * x / T then td_log_softmax: bit for bit, with the certified shortcut and without it. */
+static void run_lsm(int V, int n, float T, uint64_t seed, int force)
+{
+    td_rng r;
+    td_rng_seed(&r, seed);
+    std::vector<float> x((size_t)n * V), want((size_t)n * V), got((size_t)n * V);
+    for (int i = 0; i < n; i++) {
+        float *a = x.data() + (size_t)i * V;
+        double sd = i % 3 == 0 ? 1.0 : i % 3 == 1 ? 4.0 : 12.0;
+        for (int v = 0; v < V; v++) {
+            a[v] = (float)(sd * td_rng_normal(&r));
+            if (i % 4 == 3) a[v] = roundf(a[v]);   /* ties */
+        }
+        if (i % 5 == 4)
+            for (int k = 0; k < V / 3; k++) a[td_rng_below(&r, (uint64_t)V)] = -INFINITY;
+        if (i == n - 1 && n > 2)   /* every entry filtered: td_log_sum_exp's 0 */
+            for (int v = 0; v < V; v++) a[v] = -INFINITY;
+        float *w = want.data() + (size_t)i * V;
+        for (int v = 0; v < V; v++) w[v] = T > 0 && T != 1.0f ? a[v] / T : a[v];
+        td_log_softmax(w, V);
+    }
+    const td_backend *be = &td_backend_cuda;
+    size_t row = (size_t)V * sizeof(float);
+    float *dst = (float *)be->alloc((size_t)(2 * n + 1) * row), *src = (float *)be->alloc((size_t)n * row);
+    be->upload(src, x.data(), (size_t)n * row);
+    std::vector<size_t> at(n);
+    for (int i = 0; i < n; i++) at[i] = (size_t)(2 * (n - 1 - i) + 1);
+    row_logsoftmax_cuda_force_exact = force;
+    for (int from_host = 0; from_host < 2; from_host++) {
+        row_logsoftmax_cuda(NULL, dst, at.data(), from_host ? x.data() : src, n, V, T);
+        for (int i = 0; i < n; i++) be->download(got.data() + (size_t)i * V, dst + at[i] * V, row);
+        assert_memory_equal(want.data(), got.data(), (size_t)n * row);
+    }
+    row_logsoftmax_cuda_force_exact = 0;
+    be->free(dst);
+    be->free(src);
+    printf("row_logsoftmax: V %6d, %d rows, T %.2f%s: td_log_softmax's floats bit for bit (from host and device rows)\n",
+           V, n, (double)T, force ? ", sequential sums only" : "");
+}
+
+static void test_row_logsoftmax(void **state)
+{
+    (void)state;
+    float Ts[3] = {1.0f, 0.7f, 1.3f};
+    for (int k = 0; k < 3; k++) run_lsm(100, 40, Ts[k], 10 + k, 0);
+    run_lsm(100, 12, 0.7f, 20, 1);
+    run_lsm(151936, 6, 1.0f, 30, 0);
+    run_lsm(151936, 6, 0.6f, 31, 0);
 }
 
 static void test_metrics(void **state)
@@ -92,6 +169,6 @@ static int setup(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_metrics)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_metrics), cmocka_unit_test(test_row_logsoftmax)};
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -13,7 +13,9 @@
 #               fallbacks forced, where the GPU's double exp/log replace glibc's;
 #               test_rollout_sim: rollouts sampled on the device give the CPU's tokens;
 #               test_token_metrics_sim: per-token metrics on the device), tests/py/test_device.py (fp32
-#               on the GPU within 1e-4 of the CPU), tests/gpu/test_vs_transformers.py
+#               on the GPU within 1e-4 of the CPU), tests/py/test_device_metrics.py (tidal-diff's
+#               metrics on the device: a decode step brings down no V-wide row, the metrics equal
+#               the host path's and the CPU's), tests/gpu/test_vs_transformers.py
 #   bench       tests/bench/gpu.sh (fractions of cuBLAS peak and HBM bandwidth, tokens/s against
 #               transformers)
 #   attn-bench  $BUILD/gpu/test_attention_sim --bench: the tiled flash attention kernel against the
@@ -52,6 +54,7 @@ stage() {
         [ $r -ne 0 ] && [ $r -ne 77 ] && rc=1
       done
       echo "=== tests/py/test_device.py"; "$PY" tests/py/test_device.py || rc=1
+      echo "=== tests/py/test_device_metrics.py"; DEVICE_BIN="$BUILD/bin" "$PY" tests/py/test_device_metrics.py || rc=1
       echo "=== tests/gpu/test_vs_transformers.py"; "$PY" tests/gpu/test_vs_transformers.py; r=$?
       [ $r -ne 0 ] && [ $r -ne 77 ] && rc=1
       return $rc ;;

@@ -18,7 +18,8 @@ honour; CUDASIM_PEAK=1 prints the most device memory allocated at once):
    --max-num-batched-tokens L explicitly on the full memory.
 4. the plan of a Llama-3.1-8B-shaped bf16 config (tidal-init --config-only, no weights) with
    8 prompts of 8192 tokens + 1024 new (--plan-only): weights, KV cache, activations, workspace
-   as printed, against a hand computation below.
+   and B's rows kept on the device for the per-token metrics (8 x 1024 x V fp32) as printed,
+   against a hand computation below.
 Exit 0 pass, 1 fail, 77 skip (sim tools not built, or h5py missing)."""
 import json
 import os
@@ -190,6 +191,9 @@ acts = (fwd_tokens * per_row + nthreads * 64 * T * 4 + 256 * V * 4) + (128 * per
 # workspace: GEMM_A bf16 codes of the widest input (36864 x 14336), cuBLASLt's 32 MiB, both
 # grown 1.25x, the embedding rows staged (36864 x 4096 bf16), 1 MiB of tables
 work = 1.25 * fwd_tokens * F * 2 + 1.25 * 32 * 2 ** 20 + fwd_tokens * C * 2 + 2 ** 20
+# B's log-softmax rows of a batch kept on the device for the per-token metrics: every response
+# position of every slot (8 x 1024 x V fp32)
+rows_b = S * 1024 * V * 4
 
 
 def printed(name):
@@ -197,13 +201,14 @@ def printed(name):
     return float(m.group(1)) if m else None
 
 
-for name, want in [("weights", weights), ("KV cache", kv), ("activations", acts), ("workspace", work)]:
+for name, want in [("weights", weights), ("KV cache", kv), ("activations", acts), ("workspace", work),
+                   ("B's rows", rows_b)]:
     got = printed(name)
     check(got is not None and abs(got - want / GiB) <= 0.006,
           f"8B / 8K plan: {name} {got} GiB, by hand {want / GiB:.3f} GiB")
 check(f"{kv_bf16 / GiB:.2f} GiB in bf16" in p.stderr, f"8B / 8K plan: the KV cache in the recipe's bf16: {kv_bf16 / GiB:.2f} GiB")
 total = printed("total")
-check(p.returncode == 0 and total is not None and abs(total - (weights + kv + acts + work) / GiB) <= 0.01,
+check(p.returncode == 0 and total is not None and abs(total - (weights + kv + acts + work + rows_b) / GiB) <= 0.01,
       f"8B / 8K plan: total {total} GiB of 80 GiB, exit 0 without weights")
 
 sys.exit(1 if failures else 0)

@@ -112,6 +112,11 @@ void tdc_free(void *p, int async)
 }
 
 extern "C" size_t td_cuda_mem_peak(void) { return held_peak; }
+/* Bytes copied device -> host (be->download, the ops' staged outputs, reductions): what a decode
+ * step or a batch brings down, for tests and the run's stderr line (td_device_d2h_bytes). */
+static size_t d2h_bytes;
+extern "C" void tdc_d2h_count(size_t bytes) { d2h_bytes += bytes; }
+extern "C" size_t td_cuda_d2h_bytes(void) { return d2h_bytes; }
 
 extern "C" int td_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
 {
@@ -191,6 +196,7 @@ void tdc_done(void)
         stage *s = &G.staged[i];
         if (s->out) {
             CUDA_CHECK(cudaMemcpyAsync(s->host, s->dev, s->bytes, cudaMemcpyDeviceToHost, G.stream));
+            d2h_bytes += s->bytes;
             any_out = 1;
         }
         tdc_free(s->dev, 1);
@@ -243,6 +249,11 @@ static void cuda_copy(void *dst, const void *src, size_t bytes)
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, G.stream));
     CUDA_CHECK(cudaStreamSynchronize(G.stream));
 }
+static void cuda_download(void *dst, const void *src, size_t bytes)
+{
+    if (dst != src && is_host(dst)) d2h_bytes += bytes;
+    cuda_copy(dst, src, bytes);
+}
 
 /* on the backend's stream: ordered after the ops before it, no host wait */
 static void cuda_zero(void *p, size_t bytes)
@@ -266,7 +277,7 @@ extern "C" const td_backend td_backend_cuda = {
     .alloc = cuda_alloc,
     .free = cuda_free,
     .upload = cuda_copy,
-    .download = cuda_copy,
+    .download = cuda_download,
     .zero = cuda_zero,
     .kv_codes = 1,   /* KV caches in the recipe's kv_cache format (ops.h td_kv_store_format) */
     .embedding_forward = embedding_forward_cuda,
@@ -294,6 +305,8 @@ extern "C" const td_backend td_backend_cuda = {
     .sync = cuda_sync,
     .forget = cuda_forget,
     .sample = sample_cuda,
+    .row_logsoftmax = row_logsoftmax_cuda,
+    .token_metrics = token_metrics_cuda,
 };
 
 extern "C" int tdc_lt_load(char *why, size_t why_len);   /* lt_dl.cu */

@@ -146,6 +146,16 @@ double optim_sumsq_cuda(const float *g, size_t n);
 void optim_scale_cuda(float *g, size_t n, float k);
 void logprob_gather_cuda(const td_ops *ctx, float *tlogp, int *top1, const float *logp,
                          const int *target, int N, int V);
+/* the diff's per-token metrics (token_metrics.cu; ops.h row_logsoftmax, token_metrics) */
+void row_logsoftmax_cuda(const td_ops *ctx, float *dst, const size_t *dst_row, const float *src, int n,
+                         int V, float T);
+void token_metrics_cuda(const td_ops *ctx, td_token_metrics *m, const float *la, const size_t *ia,
+                        const float *lb, const size_t *ib, const int *y, int n, int V);
+extern int row_logsoftmax_cuda_force_exact;   /* tests: every row summed in td_log_sum_exp's order */
+/* bytes copied device -> host by the backend so far: downloads, staged outputs of the ops,
+ * reductions brought back (tdc_d2h counts them; td_device_d2h_bytes, memplan.h) */
+size_t td_cuda_d2h_bytes(void);
+void tdc_d2h_count(size_t bytes);
 
 /* the backward ops (one `op_backward.cu` per family) */
 void embedding_backward_cuda(const td_ops *ctx, float *dembed, const float *dout,

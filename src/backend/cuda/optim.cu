@@ -89,6 +89,7 @@ extern "C" double optim_sumsq_cuda(const float *g, size_t n)
     CUDA_CHECK_LAUNCH();
     double host[SQ_BLOCKS];
     CUDA_CHECK(cudaMemcpyAsync(host, part, nb * sizeof(double), cudaMemcpyDeviceToHost, tdc_stream()));
+    tdc_d2h_count(nb * sizeof(double));
     CUDA_CHECK(cudaStreamSynchronize(tdc_stream()));
     tdc_done();
     double s = 0.0;

@@ -357,6 +357,7 @@ extern "C" int sample_cuda(const td_ops *ctx, const td_sampling *s, const float 
             prow = (float *)malloc((size_t)V * sizeof(float));
         }
         CUDA_CHECK(cudaMemcpy(row, logits + (size_t)i * V, (size_t)V * sizeof(float), cudaMemcpyDefault));
+        tdc_d2h_count((size_t)V * sizeof(float));
         rng[i] = before[i];
         tok[i] = td_sample(smp, s, row, seen ? seen[i] : NULL, seen && n_seen ? n_seen[i] : 0, &rng[i], prow);
         lp[i] = prow[tok[i]];

@@ -1,8 +1,9 @@
 /* tidal — token_metrics_cuda: td_token_metrics_compute (src/analysis/metrics.c) on the device,
  * one block per pair of log-prob rows (A's and B's for the same token), so a caller holding both
  * paths' rows on the device brings down one td_token_metrics per token instead of two V-wide
- * rows (issue 26, item 2's last part; not wired into tidal-diff yet: its rows of B are kept on
- * the host by position until A scores the batch, src/diff/collect.c).
+ * rows (issue 26, item 2's last part). tidal-diff --device cuda uses it (the table's
+ * token_metrics entry): B's log-softmax rows kept on the device by position
+ * (row_logsoftmax_cuda below, td_rows_dev in src/paths/rows_dev.c), A's scored chunk by chunk.
  * The same formulas term by term: each row renormalised in double (za, zb = td_log_sum_exp),
  * KL(B||A) and KL(A||B) in the termwise non-negative form p k3, entropy, total variation; top-1
  * the first index of the maximum, rank 1 + the count of larger values, logp_a / logp_b the rows'
@@ -52,13 +53,14 @@ TDC_DEV double tm_lse(const float *x, int V, float *fred, double *dred)
     return mx + log(s);
 }
 
-__global__ static void token_metrics_rows(const float *la_all, const float *lb_all, int V, const int *ys,
-                                          td_token_metrics *out)
+__global__ static void token_metrics_rows(const float *la_all, const size_t *ia, const float *lb_all,
+                                          const size_t *ib, int V, const int *ys, td_token_metrics *out)
 {
     __shared__ float fred[TM_THREADS / 32];
     __shared__ double dred[TM_THREADS / 32];
     __shared__ int ired;
-    const float *la = la_all + (size_t)blockIdx.x * V, *lb = lb_all + (size_t)blockIdx.x * V;
+    const float *la = la_all + (ia ? ia[blockIdx.x] : (size_t)blockIdx.x) * V;
+    const float *lb = lb_all + (ib ? ib[blockIdx.x] : (size_t)blockIdx.x) * V;
     int y = ys[blockIdx.x];
     const float ya = la[y], yb = lb[y];
     double za = tm_lse(la, V, fred, dred), zb = tm_lse(lb, V, fred, dred);
@@ -100,17 +102,94 @@ __global__ static void token_metrics_rows(const float *la_all, const float *lb_a
     }
 }
 
-/* n pairs of rows (V wide, device or host), y (n, host or device): m (n, host or device). */
-extern "C" void token_metrics_cuda(const td_ops *ctx, td_token_metrics *m, const float *la, const float *lb,
-                                   const int *y, int n, int V)
+/* n pairs of rows (V wide, device or host; pair i: la + ia[i] * V and lb + ib[i] * V, ia / ib
+ * NULL = i), y (n, host or device): m (n, host or device). The rows a NULL index reads are
+ * n * V floats from la / lb; with an index, la / lb must be device memory (no staging). */
+extern "C" void token_metrics_cuda(const td_ops *ctx, td_token_metrics *m, const float *la, const size_t *ia,
+                                   const float *lb, const size_t *ib, const int *y, int n, int V)
 {
     (void)ctx;
     if (n <= 0 || V <= 0) return;
-    const float *d_la = (const float *)tdc_in(la, (size_t)n * V * sizeof(float));
-    const float *d_lb = (const float *)tdc_in(lb, (size_t)n * V * sizeof(float));
+    const float *d_la = ia ? la : (const float *)tdc_in(la, (size_t)n * V * sizeof(float));
+    const float *d_lb = ib ? lb : (const float *)tdc_in(lb, (size_t)n * V * sizeof(float));
+    const size_t *d_ia = (const size_t *)tdc_in(ia, (size_t)n * sizeof(size_t));
+    const size_t *d_ib = (const size_t *)tdc_in(ib, (size_t)n * sizeof(size_t));
     const int *d_y = (const int *)tdc_in(y, (size_t)n * sizeof(int));
     td_token_metrics *d_m = (td_token_metrics *)tdc_out(m, (size_t)n * sizeof(td_token_metrics), 0);
-    TD_LAUNCH(token_metrics_rows, n, TM_THREADS, 0, tdc_stream(), d_la, d_lb, V, d_y, d_m);
+    TD_LAUNCH(token_metrics_rows, n, TM_THREADS, 0, tdc_stream(), d_la, d_ia, d_lb, d_ib, V, d_y, d_m);
+    CUDA_CHECK_LAUNCH();
+    tdc_done();
+}
+
+/* ---- row_logsoftmax_cuda: td_log_softmax (src/numerics/logprob.c) on the device ------------
+ * td_log_softmax subtracts (float)(mx + log(sum)), sum = the double sum of exp(x - mx) in
+ * index order. The block sums in another order, within (2n + 16) 2^-53 sum of it (n non-zero
+ * terms; also a few ulp of exp / log on a real GPU): the float is taken on the device when
+ * both ends of that interval round to it, else thread 0 sums in td_log_sum_exp's order (rare:
+ * about 1e-4 of the rows at V = 151,936; sampling.cu's log-softmax is certified the same way).
+ * So a row kept on the device is bit for bit the row the host would have made of the same
+ * logits. */
+#define TM_U53 1.1102230246251565e-16
+
+extern "C" { int row_logsoftmax_cuda_force_exact = 0; }   /* tests: always the sequential sum */
+
+__global__ static void row_logsoftmax_rows(float *dst, const size_t *drow, const float *src, int V, float T,
+                                           int force)
+{
+    __shared__ float fred[TM_THREADS / 32];
+    __shared__ double dred[TM_THREADS / 32];
+    __shared__ float sh_lse;
+    const float *x = src + (size_t)blockIdx.x * V;
+    float *w = dst + (drow ? drow[blockIdx.x] : (size_t)blockIdx.x) * V;
+    int tid = threadIdx.x, nt = blockDim.x;
+    float fmx = -INFINITY;
+    for (int j = tid; j < V; j += nt) {
+        float v = x[j];
+        if (T != 1.0f) v = v / T;
+        w[j] = v;
+        fmx = v > fmx ? v : fmx;
+    }
+    fmx = tdc_block_max(fmx, fred);   /* synchronises: w is visible to all */
+    double sum = 0, cnt = 0;
+    for (int j = tid; j < V; j += nt) {
+        double e = exp((double)w[j] - fmx);
+        sum += e;
+        cnt += e > 0;
+    }
+    sum = tdc_block_sum_d(sum, dred);
+    cnt = tdc_block_sum_d(cnt, dred);
+    if (tid == 0) {
+        float lse = 0.0f;
+        if (fmx != -INFINITY) {
+            double d = (2.0 * cnt + 16.0) * TM_U53 * 1.01;     /* relative error of sum */
+            double l = log(sum);
+            double e = 1.01 * d + 8.0 * TM_U53 * (fabs((double)fmx) + fabs(l));
+            double c = fmx + l;
+            float lo = (float)(c - e), hi = (float)(c + e);
+            if (lo == hi && !force) lse = lo;
+            else {   /* td_log_sum_exp itself */
+                double s = 0;
+                for (int j = 0; j < V; j++) s += exp((double)w[j] - fmx);
+                lse = (float)(fmx + log(s));
+            }
+        }
+        sh_lse = lse;
+    }
+    __syncthreads();
+    float lse = sh_lse;
+    for (int j = tid; j < V; j += nt) w[j] -= lse;
+}
+
+extern "C" void row_logsoftmax_cuda(const td_ops *ctx, float *dst, const size_t *dst_row, const float *src, int n,
+                                    int V, float T)
+{
+    (void)ctx;
+    if (n <= 0 || V <= 0) return;
+    if (!(T > 0)) T = 1.0f;
+    const float *d_src = (const float *)tdc_in(src, (size_t)n * V * sizeof(float));
+    const size_t *d_row = (const size_t *)tdc_in(dst_row, (size_t)n * sizeof(size_t));
+    TD_LAUNCH(row_logsoftmax_rows, n, TM_THREADS, 0, tdc_stream(), dst, d_row, d_src, V, T,
+              row_logsoftmax_cuda_force_exact);
     CUDA_CHECK_LAUNCH();
     tdc_done();
 }
