@@ -109,6 +109,8 @@ typedef struct {
     int gradient_checkpointing;
     int max_tokens, max_seq_len;   /* one micro-batch: rows, longest sequence                         */
     int scoring_forwards;          /* forward-only td_forward of max_tokens rows: pi_old, reference   */
+    int reference_model;           /* the reference forward reads the loaded checkpoint (not the
+                                      trainer's model): its matrices uploaded too (<= 4 bytes each)  */
     int slots, max_len;            /* the session: sequences decoded together, prompt + new tokens   */
     int sampler;                   /* the session samples on the device (sampling.cu's scratch)      */
     int nthreads;

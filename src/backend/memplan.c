@@ -492,6 +492,10 @@ void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p
     /* each scoring forward (pi_old, the reference) prepares the recipe again without the fp32
      * copies: the recipe's own codes (plan_weights' share of path A) */
     p->weights += (size_t)in->scoring_forwards * sa.a;
+    if (in->reference_model) {
+        int dummy;
+        p->weights += train_path_bytes(c, in->train, &dummy);
+    }
     if (in->infer) {   /* the session: on the trainer's model, or on the engine's own fp32 copy */
         td_memplan_in wb = {.cfg = c, .storage = TD_F32, .b = in->infer, .lora = in->engine_copy ? NULL : lora,
                             .lora_mode_b = in->lora_merged ? TD_LORA_MERGED : TD_LORA_UNMERGED};

@@ -149,6 +149,7 @@ static int build(rl_run *R, td_error *err)
 static void teardown(rl_run *R)
 {
     rl_reward_stop(R->reward_proc);   /* first: it sees EOF at once and exits while we free */
+    free(R->memory_plan);
     rl_records_free(R);
     td_steplog_close(R->log, NULL);   /* every step was flushed when written */
     free(R->comp);
@@ -215,7 +216,9 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
     memset(&R, 0, sizeof R);
     R.o = o;
     int rc = -1, start = 0, stopped = 0, interrupted = 0, k, dead_said = 0;
-    if (load_inputs(&R, err) || build(&R, err) || rl_file_open(&R, &start, err)) goto done;
+    if (o->plan_only) return rl_plan_only(o, err);
+    /* the plan before the trainer is made and before the run file is touched */
+    if (load_inputs(&R, err) || rl_memory_plan(&R, err) || build(&R, err) || rl_file_open(&R, &start, err)) goto done;
     /* the logs cut back to the steps rl.h5 keeps (0..start-1), then this invocation's sinks */
     if (!(R.log = td_steplog_open(o->output_dir, o->report_to, start, err))) goto done;
     if (!o->quiet && (o->report_to & TD_REPORT_TENSORBOARD))
