@@ -113,6 +113,9 @@ typedef struct {
                                       trainer's model): its matrices uploaded too (<= 4 bytes each)  */
     int slots, max_len;            /* the session: sequences decoded together, prompt + new tokens   */
     int sampler;                   /* the session samples on the device (sampling.cu's scratch)      */
+    const td_recipe *eval;         /* tidal-rl --eval-steps: a second session on the trainer's model
+                                      beside the rollouts' (NULL: none), eval_slots x eval_len        */
+    int eval_slots, eval_len;
     int nthreads;
 } td_memplan_train_in;
 

@@ -462,6 +462,28 @@ static size_t trained_params(const td_config *c, int rank, unsigned mods)
     return total;
 }
 
+/* td_session_create(slots, max_len, chunk 0: 128) on the CUDA backend: its KV cache, activations
+ * and logits rows, its GEMMs' scratch, the device sampler's, the staging of a chunk's rows. */
+static void session_plan(const td_config *c, const td_recipe *r, int slots, int max_len, int sampler, int nt,
+                         size_t req[S_N + 1], size_t *staging, size_t *kv, size_t *acts)
+{
+    size_t V = (size_t)c->vocab_size, C = (size_t)c->hidden_size;
+    int chunk = max_len < 128 ? max_len : 128;
+    int cap = chunk > slots ? chunk : slots;
+    int srows = chunk < 64 ? chunk : 64;
+    *acts += acts_bytes(c, cap, max_len, nt) + (size_t)srows * V * sizeof(float);
+    *kv += (size_t)c->num_layers * slots * (size_t)max_len * td_memplan_kv_bytes(c, r, 1);
+    size_t sreq[S_N] = {0};
+    path_scratch(sreq, c, r, (size_t)cap, (size_t)(slots > srows ? slots : srows), TD_F32);
+    for (int s = 0; s < S_N; s++) req[s] = maxz(req[s], sreq[s]);
+    if (r->attention == TD_ATTN_FLASH && r->decode_splits > 1)
+        req[S_ATTN] = maxz(req[S_ATTN], (size_t)slots * c->num_heads * r->decode_splits * (c->head_dim + 2) * sizeof(float));
+    if (sampler)   /* sampling.cu: slot 6, shared with the FP8 backward's transposes */
+        req[S_N] = maxz(req[S_N], (size_t)slots * V * sizeof(float) + (size_t)slots * ((V + 31) / 32) * sizeof(unsigned));
+    *staging = maxz(*staging, (size_t)cap * C * sizeof(float));
+    *staging = maxz(*staging, (size_t)slots * V * sizeof(float));
+}
+
 void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p)
 {
     const td_config *c = in->cfg;
@@ -530,21 +552,12 @@ void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p
         size_t r2 = N < 256 ? N : 256;
         p->rollout_acts += (size_t)in->scoring_forwards * (acts_bytes(c, (int)N, in->max_seq_len, nt) + r2 * V * sizeof(float));
     }
-    if (in->infer && in->slots > 0) {   /* td_session_create(slots, max_len, chunk 0: 128) */
-        int chunk = in->max_len < 128 ? in->max_len : 128;
-        int cap = chunk > in->slots ? chunk : in->slots;
-        int srows = chunk < 64 ? chunk : 64;
-        p->rollout_acts += acts_bytes(c, cap, in->max_len, nt) + (size_t)srows * V * sizeof(float);
-        p->rollout_kv = (size_t)c->num_layers * in->slots * (size_t)in->max_len * td_memplan_kv_bytes(c, in->infer, 1);
-        size_t sreq[S_N] = {0};
-        path_scratch(sreq, c, in->infer, (size_t)cap, (size_t)(in->slots > srows ? in->slots : srows), TD_F32);
-        for (int s = 0; s < S_N; s++) req[s] = maxz(req[s], sreq[s]);
-        if (in->infer->attention == TD_ATTN_FLASH && in->infer->decode_splits > 1)
-            req[S_ATTN] = maxz(req[S_ATTN], (size_t)in->slots * c->num_heads * in->infer->decode_splits * (c->head_dim + 2) * sizeof(float));
-        if (in->sampler)   /* sampling.cu: slot 6, shared with the FP8 backward's transposes */
-            req[S_N] = maxz(req[S_N], (size_t)in->slots * V * sizeof(float) + (size_t)in->slots * ((V + 31) / 32) * sizeof(unsigned));
-        staging = maxz(staging, (size_t)cap * C * sizeof(float));
-        staging = maxz(staging, (size_t)in->slots * V * sizeof(float));
+    if (in->infer && in->slots > 0)
+        session_plan(c, in->infer, in->slots, in->max_len, in->sampler, nt, req, &staging, &p->rollout_kv, &p->rollout_acts);
+    if (in->eval && in->eval_slots > 0) {   /* a second session beside the first, under the training recipe */
+        session_plan(c, in->eval, in->eval_slots, in->eval_len, in->sampler, nt, req, &staging, &p->rollout_kv,
+                     &p->rollout_acts);
+        p->weights += sa.a;   /* its own prepared codes, as a scoring forward's */
     }
     for (int s = 0; s <= S_N; s++) p->workspace += req[s] ? SCRATCH_GROWTH(req[s]) : 0;
     p->workspace += staging + STAGING_SLACK;
@@ -567,9 +580,11 @@ void td_memplan_train_print(FILE *f, const char *tool, const td_memplan_train *p
                                        : "every layer's saved tensors", human(b2, sizeof b2, p->grad_acts));
     fprintf(f, "%s:   logits         %12s  (rows x V fp32 and their gradient)\n", tool, human(b1, sizeof b1, p->logits));
     if (in->infer && in->slots > 0)
-        fprintf(f, "%s:   %-14s %12s  (KV cache %s: %d sequences x %d positions; activations %s)\n", tool,
+        fprintf(f, "%s:   %-14s %12s  (KV cache %s: %d sequences x %d positions%s; activations %s%s)\n", tool,
                 in->scoring_forwards ? "rollout" : "evaluation", human(b1, sizeof b1, p->rollout_kv + p->rollout_acts),
-                human(b2, sizeof b2, p->rollout_kv), in->slots, in->max_len, human(b3, sizeof b3, p->rollout_acts));
+                human(b2, sizeof b2, p->rollout_kv), in->slots, in->max_len,
+                in->eval && in->eval_slots > 0 ? ", and the evaluation's beside it" : "", human(b3, sizeof b3, p->rollout_acts),
+                in->scoring_forwards ? ", the pi_old forward's included" : "");
     fprintf(f, "%s:   workspace      %12s  (GEMM scratch, cuBLASLt, attention, sampler, staging)\n", tool,
             human(b1, sizeof b1, p->workspace));
     if (p->free)

@@ -11,9 +11,10 @@ which is most of a tiny model's peak; datasets/tasks/add, one step.
 1. plan vs measured peak: the plan (printed, and the run file's memory_plan attribute) is an
    upper bound of the simulator's peak and at most 1.5x it, for tidal-sft fp32 full fine-tuning,
    bf16-train with --gradient-checkpointing, LoRA r 8 on all linear layers; tidal-rl bf16 with
-   --gradient-checkpointing (pi_old forward, the rollout session of 4 completions), bf16 LoRA r 8
+   --gradient-checkpointing (pi_old forward, the rollout session of 4 completions) and --eval-steps
+   (the evaluation's session beside the rollouts'), bf16 LoRA r 8
    (merged sync), fp32 with beta 0.1 (the reference forward on the loaded checkpoint). The ratios
-   are printed (measured when written: 1.03 to 1.09).
+   are printed (measured when written: 1.03 to 1.07).
 2. --gradient-checkpointing lowers the planned activations (--plan-only of the same run).
 3. refusal: CUDASIM_MEM=30M: tidal-sft --overwrite-output-dir on a folder holding an earlier run
    exits 1 with the numbers (needed, free, short by, the largest items, what to change) and leaves
@@ -84,7 +85,8 @@ def plan_attr(path):
 cases = [("tidal-sft", "sft.h5", "fp32", SFT + ["--recipe", "fp32"]),
          ("tidal-sft", "sft.h5", "bf16-train, gradient checkpointing", SFT + ["--recipe", "bf16-train", "--gradient-checkpointing"]),
          ("tidal-sft", "sft.h5", "LoRA r 8 all-linear", SFT + ["--lora-r", "8", "--lora-target-modules", "all-linear"]),
-         ("tidal-rl", "rl.h5", "bf16, gradient checkpointing", RL + ["--dtype", "bf16", "--gradient-checkpointing"]),
+         ("tidal-rl", "rl.h5", "bf16, gradient checkpointing, evaluation", RL + ["--dtype", "bf16", "--gradient-checkpointing",
+                                                                          "--eval-steps", "1", "--eval-max-samples", "2"]),
          ("tidal-rl", "rl.h5", "bf16 LoRA r 8 merged", RL + ["--dtype", "bf16", "--lora-r", "8"]),
          ("tidal-rl", "rl.h5", "fp32, beta 0.1", RL + ["--dtype", "fp32", "--beta", "0.1"])]
 for i, (name, runfile, what, args) in enumerate(cases):
