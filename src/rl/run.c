@@ -1,6 +1,7 @@
 /* tidal — the tidal-rl run (include/tidal/rl.h): setup, resume, the step loop with progress
  * and checkpoints, the end. */
 #include "rl_internal.h"
+#include "tidal/memplan.h"
 #include "tidal/checkpoint.h"
 #include "tidal/io.h"
 #include "tidal/sampling.h"
@@ -149,10 +150,12 @@ static int build(rl_run *R, td_error *err)
 static void teardown(rl_run *R)
 {
     rl_reward_stop(R->reward_proc);   /* first: it sees EOF at once and exits while we free */
-    free(R->memory_plan);
     rl_records_free(R);
     td_steplog_close(R->log, NULL);   /* every step was flushed when written */
     free(R->comp);
+    /* what the backend held at most (the plan bounds it: tests/py/test_memplan_train.py) */
+    if (R->rf && R->memory_plan) td_runfile_set_i64(R->rf, "memory_peak", (int64_t)td_device_mem_peak(), NULL);
+    free(R->memory_plan);
     if (R->rf) td_runfile_close(R->rf, NULL);
     td_columns_free(R->tcols, TD_TOK_LOGP_TRAINER);
     td_columns_free(R->scols, TD_SEQ_TEXT_OFFSET);

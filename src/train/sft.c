@@ -572,6 +572,8 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
         sft_remove_dir(tmp);
         return -1;
     }
+    /* what the backend held at most (the plan bounds it: tests/py/test_memplan_train.py) */
+    if (J->memory_plan && td_runfile_set_i64(J->rf, "memory_peak", (int64_t)td_device_mem_peak(), err)) return -1;
     int rc = td_runfile_close(J->rf, err);
     J->rf = NULL;
     if (rc || td_runfile_compact(J->run_path, err)) return -1;
