@@ -612,13 +612,16 @@ int td_memplan_train_refuse(const char *tool, const char *device, const td_mempl
     int rl = strcmp(tool, "tidal-rl") == 0;
     return td_fail(err, "does not fit the GPU: the plan needs %s, %s has %s free less %s kept back: short by %s; "
                    "largest: %s %s, %s %s, %s %s. What helps: %s--per-device-batch-size lower (%d tokens per "
-                   "micro-batch now)%s, --lora-r R (trains an adapter: no full optimizer state), or a GPU with more "
-                   "memory (--ignore-memory-plan runs anyway)",
+                   "micro-batch now)%s%s, or a GPU with more memory (--ignore-memory-plan runs anyway)",
                    human(h[0], 32, p->total), device, human(h[1], 32, p->free), human(h[2], 32, td_memplan_reserve(p->free)),
                    human(h[3], 32, p->total > have ? p->total - have : 0), it[0].name, human(h[4], 32, it[0].b), it[1].name,
                    human(h[5], 32, it[1].b), it[2].name, human(h[6], 32, it[2].b),
                    in->gradient_checkpointing ? "" : "--gradient-checkpointing (activations ~L x smaller), ",
-                   in->max_tokens, rl ? ", --max-completion-length lower (the KV cache and the activations grow with it)" : "");
+                   in->max_tokens,
+                   rl ? ", --max-completion-length lower (the KV cache and the activations grow with it), fewer "
+                        "completions per step (--per-device-batch-size x --gradient-accumulation-steps: the rollout "
+                        "KV cache holds them all)" : "",
+                   in->lora_rank > 0 ? "" : ", --lora-r R (trains an adapter: no full optimizer state)");
 }
 
 char *td_memplan_train_json(const td_memplan_train *p, const td_memplan_train_in *in)
