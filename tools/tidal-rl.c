@@ -116,6 +116,11 @@ int main(int argc, char **argv)
         TD_OPT_D("max-grad-norm", 0, &o.max_grad_norm, "N", 0, 1e9, "gradient clipping (default 1; 0 = off)"),
         TD_OPT_F("gradient-checkpointing", 0, &o.gradient_checkpointing, 1, "recompute each layer's activations in the backward\n"
                  "(HF's activation checkpointing): ~L x less activation\nmemory, one more forward, the same results bit for bit"),
+        TD_OPT_F("plan-only", 0, &o.plan_only, 1, "print the GPU memory plan (weights, optimizer state,\n"
+                 "activations, rollout KV cache, workspace) from config.json\nfor sequences of --max-seq-length tokens and exit 0: no\n"
+                 "weights read, nothing written (with --device cuda: against\nthe GPU's free memory)"),
+        TD_OPT_F("ignore-memory-plan", 0, &o.ignore_memory_plan, 1, "--device cuda: run even when the plan says it does not\n"
+                 "fit (the plan is an upper bound)"),
         TD_OPT_FUN("lora-target-modules", 0, &o.lora_modules, "LIST", parse_targets, NULL,
                    "q_proj,k_proj,... or all-linear (default q_proj,v_proj)"),
         TD_OPT_FUN("lora-dropout", 0, &lora_dropout, "P", parse_dropout, "0", "PEFT's lora_dropout: 0 only (the engine has none)"),
@@ -194,7 +199,6 @@ int main(int argc, char **argv)
     td_opt_get(opts, "lora-target-modules")->given = &gave_targets;
     td_opt_get(opts, "model-path")->required = 1;
     td_opt_get(opts, "dataset-path")->required = 1;
-    td_opt_get(opts, "output-dir")->required = 1;
     td_cli cli = {"tidal-rl", "--model-path DIR --dataset-path FILE --output-dir DIR [options]",
                   "GRPO on a built-in verifiable task, or on your own records scored by your own reward\n"
                   "program (--reward-command, any language, as TRL's reward functions): rollouts on the\n"
@@ -214,6 +218,7 @@ int main(int argc, char **argv)
     int nargs, rc = td_cli_parse(&cli, argc, argv, NULL, &nargs);
     if (rc >= 0) return rc;
     o.seed = seed;
+    if (!o.output_dir && !o.plan_only) return td_cli_bad(&cli, "--output-dir", NULL, "required (DIR)");
     if (dtype >= 0 && (gave_train || gave_roll))
         return td_cli_bad(&cli, "--dtype", NULL, "sets both recipes: give it or --train-recipe/--rollout-recipe, not both");
     if (gave_targets && o.lora_r == 0)

@@ -114,6 +114,11 @@ int main(int argc, char **argv)
         TD_OPT_D("max-grad-norm", 0, &t->max_grad_norm, "N", 0, 1e30, "clip the global gradient norm (default 1; 0 = off)"),
         TD_OPT_F("gradient-checkpointing", 0, &t->gradient_checkpointing, 1, "recompute each layer's activations in the backward\n"
                  "(HF's activation checkpointing): ~L x less activation\nmemory, one more forward, the same results bit for bit"),
+        TD_OPT_F("plan-only", 0, &o.plan_only, 1, "print the GPU memory plan (weights, optimizer state,\n"
+                 "activations, evaluation, workspace) from config.json and\nthe data, and exit 0: no weights read, nothing written\n"
+                 "(with --device cuda: against the GPU's free memory)"),
+        TD_OPT_F("ignore-memory-plan", 0, &o.ignore_memory_plan, 1, "--device cuda: train even when the plan says it does not\n"
+                 "fit (the plan is an upper bound)"),
         TD_OPT_D("adam-beta1", 0, &t->beta1, "B1", 0, 0.999999, "AdamW beta1 (default 0.9)"),
         TD_OPT_D("adam-beta2", 0, &t->beta2, "B2", 0, 0.999999999, "AdamW beta2 (default 0.999)"),
         TD_OPT_D("adam-epsilon", 0, &t->eps, "EPS", 0, 1, "AdamW epsilon (default 1e-8)"),
@@ -169,7 +174,8 @@ int main(int argc, char **argv)
                   ABOUT, FOOTER, opts, 0, 0};
     int nargs, rc = td_cli_parse(&cli, argc, argv, NULL, &nargs);
     if (rc >= 0) return rc;
-    if (!eval_only && !o.output_dir) return td_cli_bad(&cli, "--output-dir", NULL, "required (where the model goes)");
+    if (o.plan_only && eval_only) return td_cli_bad(&cli, "--plan-only", NULL, "plans a training run: not with --eval-only");
+    if (!eval_only && !o.output_dir && !o.plan_only) return td_cli_bad(&cli, "--output-dir", NULL, "required (where the model goes)");
     if (lora_given && t->lora_r == 0)
         return td_cli_bad(&cli, "--lora-target-modules", NULL, "applies with --lora-r R > 0");
     int dt = td_dtype_parse(save_dtype);
@@ -215,6 +221,7 @@ int main(int argc, char **argv)
         return TD_EXIT_STOPPED;
     }
     if (rc) return 1;
+    if (o.plan_only) return 0;
     if (eval_only || !isnan(res.eval_accuracy))
         printf("{\"eval_accuracy\": %.6f, \"eval_reward\": %.6f, \"eval_records\": %d, \"steps\": %d, \"seconds\": %.1f}\n",
                res.eval_accuracy, res.eval_reward, res.eval_n, res.steps, res.seconds);

@@ -83,6 +83,60 @@ void td_memplan_print(FILE *f, const char *tool, const td_memplan *p, const td_m
 /* The plan as a JSON object (caller frees): recorded in run files (attribute memory_plan). */
 char *td_memplan_json(const td_memplan *p, const td_memplan_in *in);
 
+/* ---- the trainers (tidal-sft, tidal-rl --device cuda) ------------------------------------- *
+ * What td_trainer_create (src/train/trainer.c) and the paths beside it hold on the device:
+ *   weights      the trainer's model is fp32 (td_model_alloc); each path's prepared GEMM matrices
+ *                as for tidal-diff (storage fp32), plus the backward's fp32 view of every matrix
+ *                a recipe rounds (weights_recipe.c: a trainer's recipe keeps an fp32 copy,
+ *                uploaded by matmul_backward_cuda's tdc_const)
+ *   state        fp32 masters, gradients, AdamW m and v of the trained parameters (all of them, or
+ *                the LoRA adapter's A and B only): 4 x nparams x 4 bytes
+ *   acts         acts_alloc of the training forward (every layer's saved tensors; with gradient
+ *                checkpointing each layer's input stream + one layer's set, recomputed)
+ *   grad_acts    grad_acts_alloc (one layer's activation gradients, the attention backward's
+ *                scratch, the LoRA branch's)
+ *   logits       the forward's logits rows and the trainer's dlogits rows (rows x V fp32 each)
+ *   rollout      tidal-rl: the pi_old forward (and the reference's, beta > 0) of one micro-batch,
+ *                the session's KV cache for num-generations x prompts slots at prompt +
+ *                max-completion-length and its activations; tidal-sft: the evaluation's session
+ *   workspace    tdc_scratch slots of the forward and backward GEMMs (1.25x growth), cuBLASLt's
+ *                32 MiB, the attention backward's, the device sampler's, staging */
+typedef struct {
+    const td_config *cfg;
+    const td_recipe *train;        /* the training recipe                                           */
+    const td_recipe *infer;        /* the session's recipe (rollouts / evaluation), NULL: no session */
+    int lora_rank;                 /* 0: full fine-tuning                                            */
+    unsigned lora_modules;         /* td_lora_module bit mask (0: q_proj, v_proj)                    */
+    int lora_merged;               /* the session merges the adapter into its own weights            */
+    int engine_copy;               /* the session runs a separate fp32 copy of the model (merge-unmerge) */
+    int gradient_checkpointing;
+    int max_tokens, max_seq_len;   /* one micro-batch: rows, longest sequence                         */
+    int scoring_forwards;          /* forward-only td_forward of max_tokens rows: pi_old, reference   */
+    int reference_model;           /* the reference forward reads the loaded checkpoint (not the
+                                      trainer's model): its matrices uploaded too (<= 4 bytes each)  */
+    int slots, max_len;            /* the session: sequences decoded together, prompt + new tokens   */
+    int sampler;                   /* the session samples on the device (sampling.cu's scratch)      */
+    const td_recipe *eval;         /* tidal-rl --eval-steps: a second session on the trainer's model
+                                      beside the rollouts' (NULL: none), eval_slots x eval_len        */
+    int eval_slots, eval_len;
+    int nthreads;
+} td_memplan_train_in;
+
+typedef struct {
+    size_t nparams;                /* trained parameters                                             */
+    size_t weights, state, acts, grad_acts, logits, rollout_kv, rollout_acts, workspace;
+    size_t total;
+    size_t free, device_total;     /* cudaMemGetInfo when the device is open, else 0                 */
+} td_memplan_train;
+
+void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p);
+int td_memplan_train_fits(const td_memplan_train *p);
+void td_memplan_train_print(FILE *f, const char *tool, const td_memplan_train *p, const td_memplan_train_in *in);
+/* The refusal: needed, free, the biggest items and what to change (flags named for `tool`). */
+int td_memplan_train_refuse(const char *tool, const char *device, const td_memplan_train *p,
+                            const td_memplan_train_in *in, td_error *err);
+char *td_memplan_train_json(const td_memplan_train *p, const td_memplan_train_in *in);
+
 /* Free and total bytes of the device named ("cuda", "cuda:N"; opens it as td_model_set_device
  * does). 0, or -1 + err (no CUDA build, no GPU). src/backend/device.c. */
 int td_device_mem_info(const char *device, size_t *free_bytes, size_t *total_bytes, td_error *err);

@@ -362,6 +362,8 @@ typedef struct {
     int mask_truncated;
     double learning_rate, warmup_ratio, weight_decay, max_grad_norm;
     int gradient_checkpointing;   /* the trainer recomputes activations (train.h); same results */
+    int plan_only;             /* print the GPU memory plan (config.json, --max-seq-length) and stop */
+    int ignore_memory_plan;    /* --device cuda: run even when the plan says it does not fit */
     int lr_schedule;           /* td_lr_schedule */
     int lora_r;
     double lora_alpha;

@@ -81,6 +81,9 @@ typedef struct {
     volatile sig_atomic_t *stop;   /* set by a signal: checkpoint at the next step boundary and stop  */
     FILE *progress;                /* stderr, or NULL                                                  */
     unsigned report_to;            /* --report-to: TD_REPORT_* mask (tfevents.h; 0 = none, default)   */
+    int plan_only;                 /* print the GPU memory plan (config.json, the data) and stop: no
+                                      weights read, nothing written                                   */
+    int ignore_memory_plan;        /* --device cuda: train even when the plan says it does not fit   */
 } td_sft_opts;
 
 void td_sft_opts_defaults(td_sft_opts *o);

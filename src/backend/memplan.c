@@ -20,6 +20,7 @@
 #include "tidal/lora.h"
 #include "tidal/formats.h"
 #include "tidal/scaling.h"
+#include "../model/model_internal.h"   /* param_table */
 #include "../model/ops.h"   /* td_kv_store_format: how a session on the CUDA backend stores its cache */
 
 #include <stdlib.h>
@@ -378,5 +379,266 @@ char *td_memplan_json(const td_memplan *p, const td_memplan_in *in)
              "\"max_num_batched_tokens\": %d}",
              p->weights, p->weights_a, p->weights_b, p->kv_cache, p->kv_cache_recipe, p->acts_a, p->acts_b,
              p->workspace, p->rows_b, p->total, p->free, p->device_total, in->slots, in->max_len, in->fwd_tokens);
+    return s;
+}
+
+/* ---- the trainers --------------------------------------------------------------------------- */
+
+/* acts_alloc (decoder.c) for save = TD_ACTS_ALL (1) or TD_ACTS_CHECKPOINT (2): the per-layer
+ * buffers hold L slices under ALL, one under CHECKPOINT; the stream x L + 1 slices either way. */
+static size_t acts_train_bytes(const td_config *c, size_t n, size_t max_keys, int save, int nthreads)
+{
+    size_t C = c->hidden_size, F = c->intermediate_size, L = c->num_layers, NH = c->num_heads, NKV = c->num_kv_heads;
+    size_t QD = NH * c->head_dim, KVD = NKV * c->head_dim, per = save == 1 ? L : 1;
+    size_t f = (L + 1) * n * C + n * C /* xn */ + per * n * (2 * QD + 2 * KVD + 2 * F) /* q k v att gate up */ +
+               n * C /* proj */ + (size_t)nthreads * ATT_BLOCK_ROWS * max_keys /* scores */ +
+               per * n * 3 * C /* x_mid xn1 xn2 */ + per * n * 2 + n /* rstd */ + per * n * NH /* lse */ +
+               per * n * F /* act */;
+    if (c->qk_norm) f += per * n * (QD + KVD + NH + NKV);
+    return f * sizeof(float);
+}
+
+/* grad_acts_alloc (decoder_backward.c) */
+static size_t grad_acts_bytes(const td_config *c, size_t n, size_t max_keys, int lora_rank, int nthreads)
+{
+    size_t C = c->hidden_size, F = c->intermediate_size;
+    size_t QD = (size_t)c->num_heads * c->head_dim, KVD = (size_t)c->num_kv_heads * c->head_dim;
+    size_t f = n * (2 * C + 3 * QD + 3 * KVD + 3 * F) + (size_t)nthreads * 2 * ATT_BLOCK_ROWS * max_keys;
+    if (lora_rank > 0) f += n * (2 * (size_t)lora_rank + maxz(maxz(C, F), QD));
+    return f * sizeof(float);
+}
+
+/* The training path's GEMM matrices (weights_recipe.c with f32 set: a trainer's recipe keeps its
+ * rounded weights as fp32 copies, which the forward and the backward both read): every matrix is
+ * one fp32 upload, the model's own (shared with a session that uploads it too) when the recipe
+ * leaves it as it is, a rounded copy when it rounds. identity gets whether all were the model's. */
+static size_t train_path_bytes(const td_config *c, const td_recipe *r, int *identity)
+{
+    size_t s = 0, L = (size_t)c->num_layers;
+    for (int m = 0; m < TD_LORA_NMOD; m++) {
+        int out, inw;
+        td_lora_module_shape(c, m, &out, &inw);
+        s += L * (size_t)out * inw * sizeof(float);
+    }
+    td_recipe h = td_recipe_for_head(r);
+    s += (size_t)c->vocab_size * c->hidden_size * sizeof(float);
+    *identity = r->weights == TD_F32 && h.weights == TD_F32;
+    return s;
+}
+
+/* The scratch requests of matmul_backward_cuda for N rows of (IN -> OUT) under r. */
+static void gemm_backward_scratch(size_t req[S_N + 1], const td_recipe *r, size_t N, size_t IN, size_t OUT)
+{
+    if (!N || td_recipe_is_plain_fp32(r)) {
+        req[S_WS] = maxz(req[S_WS], LT_WORKSPACE);
+        return;
+    }
+    size_t nY = N * OUT, nX = N * IN, nW = OUT * IN;
+    int G = r->gemm_inputs, fp8 = td_recipe_fp8_gemm(r);
+    int w16 = !fp8 && (G == TD_BF16 || G == TD_F16) && (int)r->weights == G;
+    if (G != TD_F32) req[S_A] = maxz(req[S_A], nY * sizeof(float));
+    if (fp8) {
+        size_t big = maxz(nY, nX);
+        req[S_N] = maxz(req[S_N], 3 * up(big, 64) * sizeof(float));   /* TDC_SLOT_GEMM_T */
+        td_fp8_scheme s = r->act_scaling;
+        s.fmt = r->gemm_inputs;
+        size_t n = maxz(big, nY);
+        req[S_SCALES] = maxz(req[S_SCALES], up(n, 64) + td_fp8_num_scales(&s, maxz(N, maxz(IN, OUT)), maxz(N, maxz(IN, OUT))) * sizeof(float));
+    } else if (w16) {
+        req[S_OUT] = maxz(req[S_OUT], maxz(nW, nX) * sizeof(uint16_t));
+    } else if (G != TD_F32) {
+        req[S_OUT] = maxz(req[S_OUT], nX * sizeof(float));
+    }
+    req[S_WS] = maxz(req[S_WS], LT_WORKSPACE);
+}
+
+static size_t trained_params(const td_config *c, int rank, unsigned mods)
+{
+    size_t n = 0, total = 0;
+    if (rank > 0) {
+        td_lora *lo = td_lora_new(c, rank, 16.0, mods ? mods : (1u << TD_LORA_Q) | (1u << TD_LORA_V));
+        for (int m = 0; m < TD_LORA_NMOD; m++) total += lora_pair_bytes(lo, m) / sizeof(float);
+        td_lora_free(lo);
+        return total;
+    }
+    td_param_spec *specs = param_table(c, &n);
+    for (size_t i = 0; i < n; i++) total += specs[i].numel;
+    free(specs);
+    return total;
+}
+
+/* td_session_create(slots, max_len, chunk 0: 128) on the CUDA backend: its KV cache, activations
+ * and logits rows, its GEMMs' scratch, the device sampler's, the staging of a chunk's rows. */
+static void session_plan(const td_config *c, const td_recipe *r, int slots, int max_len, int sampler, int nt,
+                         size_t req[S_N + 1], size_t *staging, size_t *kv, size_t *acts)
+{
+    size_t V = (size_t)c->vocab_size, C = (size_t)c->hidden_size;
+    int chunk = max_len < 128 ? max_len : 128;
+    int cap = chunk > slots ? chunk : slots;
+    int srows = chunk < 64 ? chunk : 64;
+    *acts += acts_bytes(c, cap, max_len, nt) + (size_t)srows * V * sizeof(float);
+    *kv += (size_t)c->num_layers * slots * (size_t)max_len * td_memplan_kv_bytes(c, r, 1);
+    size_t sreq[S_N] = {0};
+    path_scratch(sreq, c, r, (size_t)cap, (size_t)(slots > srows ? slots : srows), TD_F32);
+    for (int s = 0; s < S_N; s++) req[s] = maxz(req[s], sreq[s]);
+    if (r->attention == TD_ATTN_FLASH && r->decode_splits > 1)
+        req[S_ATTN] = maxz(req[S_ATTN], (size_t)slots * c->num_heads * r->decode_splits * (c->head_dim + 2) * sizeof(float));
+    if (sampler)   /* sampling.cu: slot 6, shared with the FP8 backward's transposes */
+        req[S_N] = maxz(req[S_N], (size_t)slots * V * sizeof(float) + (size_t)slots * ((V + 31) / 32) * sizeof(unsigned));
+    *staging = maxz(*staging, (size_t)cap * C * sizeof(float));
+    *staging = maxz(*staging, (size_t)slots * V * sizeof(float));
+}
+
+void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p)
+{
+    const td_config *c = in->cfg;
+    size_t free_b = p->free, total_b = p->device_total;
+    memset(p, 0, sizeof *p);
+    p->free = free_b;
+    p->device_total = total_b;
+    int nt = in->nthreads > 0 ? in->nthreads : 1;
+    size_t V = (size_t)c->vocab_size, C = (size_t)c->hidden_size, F = (size_t)c->intermediate_size;
+    size_t QD = (size_t)c->num_heads * c->head_dim, KVD = (size_t)c->num_kv_heads * c->head_dim;
+    size_t N = (size_t)in->max_tokens;
+
+    /* weights: the training path (A) and the session (B) on the trainer's fp32 model */
+    td_lora *lora = NULL;
+    if (in->lora_rank > 0)
+        lora = td_lora_new(c, in->lora_rank, 16.0, in->lora_modules ? in->lora_modules : (1u << TD_LORA_Q) | (1u << TD_LORA_V));
+    int identity;
+    p->weights = train_path_bytes(c, in->train, &identity);
+    td_memplan_in wa = {.cfg = c, .storage = TD_F32, .a = in->train, .lora = lora, .lora_mode_a = TD_LORA_UNMERGED};
+    wsum sa = plan_weights(&wa);   /* its norms and biases, the adapter's rounded A and B, inv_freq */
+    size_t QDs = (size_t)c->num_heads * c->head_dim, KVDs = (size_t)c->num_kv_heads * c->head_dim, Ls = c->num_layers;
+    size_t small = ((2 * Ls + 1) * c->hidden_size + (c->qk_norm ? 2 * Ls * c->head_dim : 0) +
+                    (c->qkv_bias ? Ls * (QDs + 2 * KVDs) : 0)) * sizeof(float);
+    size_t lora_a = 0;
+    if (lora)
+        for (int m = 0; m < TD_LORA_NMOD; m++) lora_a += lora_pair_bytes(lora, m);
+    p->weights += small + lora_a + (size_t)c->head_dim / 2 * sizeof(float);
+    /* each scoring forward (pi_old, the reference) prepares the recipe again without the fp32
+     * copies: the recipe's own codes (plan_weights' share of path A) */
+    p->weights += (size_t)in->scoring_forwards * sa.a;
+    if (in->reference_model) {
+        int dummy;
+        p->weights += train_path_bytes(c, in->train, &dummy);
+    }
+    if (in->infer) {   /* the session: on the trainer's model, or on the engine's own fp32 copy */
+        td_memplan_in wb = {.cfg = c, .storage = TD_F32, .b = in->infer, .lora = in->engine_copy ? NULL : lora,
+                            .lora_mode_b = in->lora_merged ? TD_LORA_MERGED : TD_LORA_UNMERGED};
+        wsum sb = plan_weights(&wb);
+        p->weights += sb.b + (identity && !in->engine_copy ? 0 : sb.shared);
+    }
+    td_lora_free(lora);
+
+    p->nparams = trained_params(c, in->lora_rank, in->lora_modules);
+    p->state = 4 * p->nparams * sizeof(float);   /* masters, gradients, m, v (trainer.c) */
+
+    int save = in->gradient_checkpointing ? 2 : 1;
+    size_t rows = N * V <= (1u << 25) ? N : 256;   /* td_trainer_create's logits_rows */
+    if (rows > N) rows = N;
+    p->acts = acts_train_bytes(c, N, (size_t)in->max_seq_len, save, nt);
+    p->grad_acts = grad_acts_bytes(c, N, (size_t)in->max_seq_len, in->lora_rank, nt);
+    p->logits = 2 * rows * V * sizeof(float);   /* the forward's rows and the trainer's dlogits */
+
+    size_t req[S_N + 1] = {0}, staging = N * C * sizeof(float);   /* the embedding rows */
+    path_scratch(req, c, in->train, N, rows, TD_F32);
+    gemm_backward_scratch(req, in->train, N, C, maxz(QD, KVD));
+    gemm_backward_scratch(req, in->train, N, QD, C);
+    gemm_backward_scratch(req, in->train, N, C, F);
+    gemm_backward_scratch(req, in->train, N, F, C);
+    td_recipe h = td_recipe_for_head(in->train);
+    gemm_backward_scratch(req, &h, rows, C, V);
+    req[S_ATTN] = maxz(req[S_ATTN], N * c->num_heads * sizeof(float));   /* attention_backward.cu */
+    req[S_MISC] = maxz(req[S_MISC], (size_t)4096 * sizeof(double));     /* optim.cu's partial sums */
+    staging = maxz(staging, rows * V * sizeof(float));
+
+    if (in->scoring_forwards > 0) {   /* td_forward_create(max_tokens, 0 logits rows: 256) */
+        size_t r2 = N < 256 ? N : 256;
+        p->rollout_acts += (size_t)in->scoring_forwards * (acts_bytes(c, (int)N, in->max_seq_len, nt) + r2 * V * sizeof(float));
+    }
+    if (in->infer && in->slots > 0)
+        session_plan(c, in->infer, in->slots, in->max_len, in->sampler, nt, req, &staging, &p->rollout_kv, &p->rollout_acts);
+    if (in->eval && in->eval_slots > 0) {   /* a second session beside the first, under the training recipe */
+        session_plan(c, in->eval, in->eval_slots, in->eval_len, in->sampler, nt, req, &staging, &p->rollout_kv,
+                     &p->rollout_acts);
+        p->weights += sa.a;   /* its own prepared codes, as a scoring forward's */
+    }
+    for (int s = 0; s <= S_N; s++) p->workspace += req[s] ? SCRATCH_GROWTH(req[s]) : 0;
+    p->workspace += staging + STAGING_SLACK;
+    p->total = p->weights + p->state + p->acts + p->grad_acts + p->logits + p->rollout_kv + p->rollout_acts + p->workspace;
+}
+
+int td_memplan_train_fits(const td_memplan_train *p) { return p->total <= p->free - td_memplan_reserve(p->free); }
+
+void td_memplan_train_print(FILE *f, const char *tool, const td_memplan_train *p, const td_memplan_train_in *in)
+{
+    char b1[32], b2[32], b3[32];
+    fprintf(f, "%s: memory plan (GPU): %zu bytes\n", tool, p->total);
+    fprintf(f, "%s:   weights        %12s  (training path fp32 copies, scoring and session copies)\n", tool,
+            human(b1, sizeof b1, p->weights));
+    fprintf(f, "%s:   optimizer      %12s  (%zu trained parameters%s: fp32 masters, gradients, AdamW m and v)\n", tool,
+            human(b1, sizeof b1, p->state), p->nparams, in->lora_rank > 0 ? ", the LoRA adapter" : "");
+    fprintf(f, "%s:   activations    %12s  (%d tokens per micro-batch, %s; their gradients %s)\n", tool,
+            human(b1, sizeof b1, p->acts + p->grad_acts), in->max_tokens,
+            in->gradient_checkpointing ? "gradient checkpointing: each layer's input + one layer recomputed"
+                                       : "every layer's saved tensors", human(b2, sizeof b2, p->grad_acts));
+    fprintf(f, "%s:   logits         %12s  (rows x V fp32 and their gradient)\n", tool, human(b1, sizeof b1, p->logits));
+    if (in->infer && in->slots > 0)
+        fprintf(f, "%s:   %-14s %12s  (KV cache %s: %d sequences x %d positions%s; activations %s%s)\n", tool,
+                in->scoring_forwards ? "rollout" : "evaluation", human(b1, sizeof b1, p->rollout_kv + p->rollout_acts),
+                human(b2, sizeof b2, p->rollout_kv), in->slots, in->max_len,
+                in->eval && in->eval_slots > 0 ? ", and the evaluation's beside it" : "", human(b3, sizeof b3, p->rollout_acts),
+                in->scoring_forwards ? ", the pi_old forward's included" : "");
+    fprintf(f, "%s:   workspace      %12s  (GEMM scratch, cuBLASLt, attention, sampler, staging)\n", tool,
+            human(b1, sizeof b1, p->workspace));
+    if (p->free)
+        fprintf(f, "%s:   total          %12s  of %s free (%s total, %s kept back)%s\n", tool, human(b1, sizeof b1, p->total),
+                human(b2, sizeof b2, p->free), human(b3, sizeof b3, p->device_total),
+                human((char[32]){0}, 32, td_memplan_reserve(p->free)), td_memplan_train_fits(p) ? "" : "  DOES NOT FIT");
+    else
+        fprintf(f, "%s:   total          %12s  (free memory unknown: no device opened)\n", tool, human(b1, sizeof b1, p->total));
+}
+
+int td_memplan_train_refuse(const char *tool, const char *device, const td_memplan_train *p,
+                            const td_memplan_train_in *in, td_error *err)
+{
+    typedef struct { const char *name; size_t b; } item;
+    item it[] = {
+        {"weights", p->weights}, {"optimizer state", p->state}, {"activations", p->acts + p->grad_acts},
+        {"logits", p->logits}, {"KV cache", p->rollout_kv}, {"rollout activations", p->rollout_acts},
+        {"workspace", p->workspace}};
+    int n = (int)(sizeof it / sizeof it[0]);
+    for (int i = 0; i < n; i++)   /* largest first */
+        for (int j = i + 1; j < n; j++)
+            if (it[j].b > it[i].b) { item t = it[i]; it[i] = it[j]; it[j] = t; }
+    char h[8][32];
+    size_t have = p->free - td_memplan_reserve(p->free);
+    int rl = strcmp(tool, "tidal-rl") == 0;
+    return td_fail(err, "does not fit the GPU: the plan needs %s, %s has %s free less %s kept back: short by %s; "
+                   "largest: %s %s, %s %s, %s %s. What helps: %s--per-device-batch-size lower (%d tokens per "
+                   "micro-batch now)%s%s, or a GPU with more memory (--ignore-memory-plan runs anyway)",
+                   human(h[0], 32, p->total), device, human(h[1], 32, p->free), human(h[2], 32, td_memplan_reserve(p->free)),
+                   human(h[3], 32, p->total > have ? p->total - have : 0), it[0].name, human(h[4], 32, it[0].b), it[1].name,
+                   human(h[5], 32, it[1].b), it[2].name, human(h[6], 32, it[2].b),
+                   in->gradient_checkpointing ? "" : "--gradient-checkpointing (activations ~L x smaller), ",
+                   in->max_tokens,
+                   rl ? ", --max-completion-length lower (the KV cache and the activations grow with it), fewer "
+                        "completions per step (--per-device-batch-size x --gradient-accumulation-steps: the rollout "
+                        "KV cache holds them all)" : "",
+                   in->lora_rank > 0 ? "" : ", --lora-r R (trains an adapter: no full optimizer state)");
+}
+
+char *td_memplan_train_json(const td_memplan_train *p, const td_memplan_train_in *in)
+{
+    char *s = td_xmalloc(1024);
+    snprintf(s, 1024,
+             "{\"weights\": %zu, \"optimizer_state\": %zu, \"trained_parameters\": %zu, \"activations\": %zu, "
+             "\"activation_gradients\": %zu, \"logits\": %zu, \"kv_cache\": %zu, \"rollout_activations\": %zu, "
+             "\"workspace\": %zu, \"total\": %zu, \"free\": %zu, \"device_total\": %zu, \"micro_batch_tokens\": %d, "
+             "\"max_seq_len\": %d, \"slots\": %d, \"max_len\": %d, \"gradient_checkpointing\": %s, \"lora_r\": %d}",
+             p->weights, p->state, p->nparams, p->acts, p->grad_acts, p->logits, p->rollout_kv, p->rollout_acts,
+             p->workspace, p->total, p->free, p->device_total, in->max_tokens, in->max_seq_len, in->slots, in->max_len,
+             in->gradient_checkpointing ? "true" : "false", in->lora_rank);
     return s;
 }

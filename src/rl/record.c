@@ -103,6 +103,7 @@ static int write_attrs(rl_run *R, td_error *err)
              td_runfile_set_str(R->rf, "mode", "rl", err) ||
              td_runfile_set_str(R->rf, "model_path", o->model_path, err) ||
              td_runfile_set_str(R->rf, "device", td_model_device(R->model), err) ||
+             (R->memory_plan && td_runfile_set_str(R->rf, "memory_plan", R->memory_plan, err)) ||
              td_runfile_set_str(R->rf, "dataset_path", o->dataset_path, err) ||
              td_runfile_set_i64(R->rf, "seed", (int64_t)o->seed, err) ||
              td_runfile_set_str(R->rf, "recipe_a_name", R->rtrain.name, err) ||

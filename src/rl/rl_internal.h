@@ -87,6 +87,7 @@ typedef struct {
     float *dump_logp, *dump_dlogp;/* --dump-step: (N) pi_theta and dloss/dlogp of the step dumped */
     int nonfinite;
     long skipped_extra;           /* steps skipped for a non-finite gradient without loss scaling */
+    char *memory_plan;            /* the GPU memory plan (JSON) recorded in rl.h5; NULL on the CPU */
     /* the run file */
     td_runfile *rf;
     td_column tcols[TD_TOK_COUNT], scols[TD_SEQ_COUNT], pcols[TD_PRM_COUNT];
@@ -135,5 +136,13 @@ int rl_checkpoint_save(rl_run *R, int k, td_error *err);
 int rl_file_finish(rl_run *R, int steps_done, int stopped, td_error *err);
 /* the configuration a resumed run must share with the file (JSON; caller frees) */
 char *rl_config_json(const rl_run *R);
+
+/* The GPU memory plan (memory.c, include/tidal/memplan.h) of a run whose inputs are loaded, before
+ * anything is allocated on the device or written: printed, kept in R->memory_plan, and a refusal
+ * with the numbers (-1 + err) when it does not fit (--ignore-memory-plan: run anyway). No-op on
+ * the CPU. */
+int rl_memory_plan(rl_run *R, td_error *err);
+/* --plan-only: the plan from config.json alone, for sequences of --max-seq-length tokens. */
+int rl_plan_only(const td_rl_opts *o, td_error *err);
 
 #endif

@@ -1,6 +1,7 @@
 /* tidal — the tidal-rl run (include/tidal/rl.h): setup, resume, the step loop with progress
  * and checkpoints, the end. */
 #include "rl_internal.h"
+#include "tidal/memplan.h"
 #include "tidal/checkpoint.h"
 #include "tidal/io.h"
 #include "tidal/sampling.h"
@@ -152,6 +153,9 @@ static void teardown(rl_run *R)
     rl_records_free(R);
     td_steplog_close(R->log, NULL);   /* every step was flushed when written */
     free(R->comp);
+    /* what the backend held at most (the plan bounds it: tests/py/test_memplan_train.py) */
+    if (R->rf && R->memory_plan) td_runfile_set_i64(R->rf, "memory_peak", (int64_t)td_device_mem_peak(), NULL);
+    free(R->memory_plan);
     if (R->rf) td_runfile_close(R->rf, NULL);
     td_columns_free(R->tcols, TD_TOK_LOGP_TRAINER);
     td_columns_free(R->scols, TD_SEQ_TEXT_OFFSET);
@@ -215,7 +219,9 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
     memset(&R, 0, sizeof R);
     R.o = o;
     int rc = -1, start = 0, stopped = 0, interrupted = 0, k, dead_said = 0;
-    if (load_inputs(&R, err) || build(&R, err) || rl_file_open(&R, &start, err)) goto done;
+    if (o->plan_only) return rl_plan_only(o, err);
+    /* the plan before the trainer is made and before the run file is touched */
+    if (load_inputs(&R, err) || rl_memory_plan(&R, err) || build(&R, err) || rl_file_open(&R, &start, err)) goto done;
     /* the logs cut back to the steps rl.h5 keeps (0..start-1), then this invocation's sinks */
     if (!(R.log = td_steplog_open(o->output_dir, o->report_to, start, err))) goto done;
     if (!o->quiet && (o->report_to & TD_REPORT_TENSORBOARD))

@@ -4,6 +4,7 @@
 #include "sft_internal.h"
 #include "tidal/checkpoint.h"
 #include "tidal/diff.h"
+#include "tidal/memplan.h"
 #include "tidal/opts.h"
 #include "tidal/rng.h"
 #include "tidal/runschema.h"
@@ -12,6 +13,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -34,6 +36,8 @@ void td_sft_opts_defaults(td_sft_opts *o)
 typedef struct {
     const td_sft_opts *o;
     td_model *model;
+    td_config cfg;            /* --plan-only: config.json alone (no weights); else the model's */
+    char *memory_plan;        /* the GPU memory plan (JSON) recorded in sft.h5; NULL on the CPU */
     td_tokenizer *tok;
     sft_data train, eval;
     int has_eval;
@@ -186,9 +190,16 @@ static int check_output(const td_sft_opts *o, const char *run_path, td_error *er
 static int load_inputs(sft_job *J, int with_train, td_error *err)
 {
     const td_sft_opts *o = J->o;
-    J->model = td_model_load(o->model_path, err);
-    if (!J->model || td_model_set_device(J->model, o->device ? o->device : "cpu", err)) return -1;
-    const td_config *c = &J->model->cfg;
+    if (o->plan_only) {   /* the plan needs the shapes only */
+        char cpath[4200];
+        snprintf(cpath, sizeof cpath, "%s/config.json", o->model_path);
+        if (td_config_parse(cpath, &J->cfg, err)) return -1;
+    } else {
+        J->model = td_model_load(o->model_path, err);
+        if (!J->model || td_model_set_device(J->model, o->device ? o->device : "cpu", err)) return -1;
+        J->cfg = J->model->cfg;
+    }
+    const td_config *c = &J->cfg;
     char tpath[4200];
     const char *tp = o->tokenizer_path ? o->tokenizer_path : o->model_path;
     struct stat st;
@@ -242,7 +253,8 @@ static int open_runfile(sft_job *J, int resume_rows, td_error *err)
              td_runfile_set_i64(J->rf, "train_records", (int64_t)J->train.n, err) ||
              td_runfile_set_i64(J->rf, "eval_records", (int64_t)J->n_eval, err) ||
              td_runfile_set_str(J->rf, "loss", "mean token cross-entropy over the completion tokens and EOS of "
-                                "each optimiser step's sequences (all micro-batches)", err);
+                                "each optimiser step's sequences (all micro-batches)", err) ||
+             (J->memory_plan && td_runfile_set_str(J->rf, "memory_plan", J->memory_plan, err));
     free(rj);
     free(ej);
     return rc ? -1 : 0;
@@ -358,6 +370,46 @@ out:
     return rc;
 }
 
+/* The GPU memory plan of this run (include/tidal/memplan.h): printed with --device cuda and with
+ * --plan-only (then the free memory only when a GPU answers), kept for sft.h5's memory_plan, and
+ * a refusal with the numbers when it does not fit, before anything in OUTPUT_DIR is touched. */
+static int memory_plan(sft_job *J, char **json, td_error *err)
+{
+    const td_sft_opts *o = J->o;
+    int on_gpu = o->device && strncmp(o->device, "cuda", 4) == 0;
+    if (!on_gpu && !o->plan_only) return 0;
+    /* the evaluation's session (td_sft_evaluate): eval batch slots, its longest prompt + budget */
+    int eval_len = 0;
+    if (J->has_eval && J->n_eval > 0) {
+        int max_prompt = 0, max_ref = 0;
+        for (size_t i = 0; i < J->n_eval; i++) {
+            if (J->eval.ex[i].plen > max_prompt) max_prompt = J->eval.ex[i].plen;
+            const char *comp = J->eval.items[i].completion;
+            int r = comp ? (int)strlen(comp) + 1 : 0;
+            if (r > max_ref) max_ref = r;
+        }
+        eval_len = max_prompt + (o->max_new_tokens > 0 ? o->max_new_tokens : max_ref + 16);
+    }
+    td_memplan_train_in in = {.cfg = &J->cfg, .train = &o->recipe, .infer = eval_len ? &o->eval_recipe : NULL,
+                              .lora_rank = o->train.lora_r, .lora_modules = o->train.lora_modules,
+                              .gradient_checkpointing = o->train.gradient_checkpointing,
+                              .max_tokens = o->batch * J->train.max_len, .max_seq_len = J->train.max_len,
+                              .slots = eval_len ? o->eval_batch : 0, .max_len = eval_len, .sampler = 1,
+                              .nthreads = omp_get_max_threads()};
+    td_memplan_train p = {0};
+    if (on_gpu && td_device_mem_info(o->device, &p.free, &p.device_total, err)) {
+        if (!o->plan_only) return -1;
+        fprintf(stderr, "tidal-sft: note: %s: the plan without the free memory\n", err->msg);
+        on_gpu = 0;
+    }
+    td_memplan_train_compute(&in, &p);
+    td_memplan_train_print(stderr, "tidal-sft", &p, &in);
+    if (on_gpu && !o->ignore_memory_plan && !td_memplan_train_fits(&p))
+        return td_memplan_train_refuse("tidal-sft", o->device, &p, &in, err);
+    if (on_gpu) *json = td_memplan_train_json(&p, &in);
+    return 0;
+}
+
 static int run(sft_job *J, td_sft_result *res, td_error *err)
 {
     const td_sft_opts *o = J->o;
@@ -367,12 +419,19 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
                        "%d, eval_steps %d", o->batch, o->grad_accum, o->max_steps, o->epochs, o->save_steps,
                        o->eval_steps);
     if (o->run_file) snprintf(J->run_path, sizeof J->run_path, "%s", o->run_file);
-    else snprintf(J->run_path, sizeof J->run_path, "%s/sft.h5", o->output_dir);
+    else snprintf(J->run_path, sizeof J->run_path, "%s/sft.h5", o->output_dir ? o->output_dir : ".");
     char ck[4200] = "", mine[sizeof ((sft_progress *)0)->settings];
     sft_progress prog = {0}, done = {0};
     int finished = 0;
     settings_json(o, mine, sizeof mine);
     snprintf(J->settings, sizeof J->settings, "%s", mine);
+    char *plan_json = NULL;
+    if (o->plan_only || (o->device && strncmp(o->device, "cuda", 4) == 0)) {
+        /* the plan first: a refusal leaves OUTPUT_DIR as it was (check_output may clear it) */
+        if (load_inputs(J, 1, err) || memory_plan(J, &plan_json, err)) return -1;
+        if (o->plan_only) return 0;
+    }
+    J->memory_plan = plan_json;
     if (o->resume) {
         char top[4200];
         snprintf(top, sizeof top, "%s/trainer_state.json", o->output_dir);
@@ -393,7 +452,7 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
         return -1;
     }
     if (o->progress) fprintf(o->progress, "tidal-sft: loading %s\n", o->model_path);
-    if (load_inputs(J, 1, err)) return -1;
+    if (!J->model && load_inputs(J, 1, err)) return -1;
     int S = o->batch * o->grad_accum;
     J->total = o->max_steps > 0 ? o->max_steps : (int)ceil(o->epochs * (double)J->train.n / S);
     if (finished && done.global_step >= J->total) {
@@ -513,6 +572,8 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
         sft_remove_dir(tmp);
         return -1;
     }
+    /* what the backend held at most (the plan bounds it: tests/py/test_memplan_train.py) */
+    if (J->memory_plan && td_runfile_set_i64(J->rf, "memory_peak", (int64_t)td_device_mem_peak(), err)) return -1;
     int rc = td_runfile_close(J->rf, err);
     J->rf = NULL;
     if (rc || td_runfile_compact(J->run_path, err)) return -1;
@@ -570,5 +631,6 @@ static void job_free(sft_job *J0)
     sft_data_free(&J.eval);
     td_tokenizer_free(J.tok);
     td_model_free(J.model);
+    free(J.memory_plan);
     free(J.perm);
 }

@@ -31,6 +31,8 @@
 #               real backend, matmul_backward_cuda included; tiny models, a minute or two):
 #               /steps loss, grad_norm within 1e-4 relative under fp32, bf16 / fp16 within the
 #               looser bound each script states, LoRA, --resume on the device bit for bit
+#               and tests/py/test_memplan_train.py: the trainers' memory plan >= the run file's
+#               memory_peak (the backend's own count) and <= 1.5x it
 #   rl-bench    tests/gpu/rl_bench.sh: a GRPO step (64 completions, rollout / pi_old / update) of
 #               tidal-rl --device cuda against tests/gpu/grpo_bench.py (PyTorch + transformers) on
 #               Qwen2.5-0.5B- and 1.5B-shaped random checkpoints, 1,024-token responses
@@ -66,7 +68,7 @@ stage() {
     rl-bench) bash tests/gpu/rl_bench.sh ;;
     rl)
       rc=0
-      for t in tests/py/test_device_sft.py tests/py/test_device_rl.py; do
+      for t in tests/py/test_device_sft.py tests/py/test_device_rl.py tests/py/test_memplan_train.py; do
         echo "=== $t"; DEVICE_BIN="$BUILD/bin" "$PY" "$t" || rc=1   # 77 (h5py missing) fails here too
       done
       return $rc ;;
