@@ -19,7 +19,8 @@ import re
 import subprocess
 import sys
 
-import h5py
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
+import runfile_read  # noqa: E402  (h5py, or tidal-export where this python has none)
 
 BUILD = os.environ.get("BUILD", "build")
 OUT = os.environ.get("OUT", "out/gpu")
@@ -54,9 +55,12 @@ for a, b in [("bf16-train", "bf16-infer"), ("bf16-train", "fp8-rollout")]:
     if p.returncode != 0:
         check(False, f"{a}/{b}: the run completes (exit {p.returncode})")
         continue
-    with h5py.File(out, "r") as f:
-        plan = json.loads(f.attrs["memory_plan"])
-        peak, used = int(f.attrs["memory_peak"]), int(f.attrs["memory_used_max"])
+    at = runfile_read.attrs(out, ["memory_plan", "memory_peak", "memory_used_max"])
+    if len(at) < 3:
+        check(False, f"{a}/{b}: the run file has memory_plan, memory_peak, memory_used_max (has {sorted(at)})")
+        continue
+    plan = json.loads(at["memory_plan"])
+    peak, used = int(at["memory_peak"]), int(at["memory_used_max"])
     tot = plan["total"]
     check(peak <= tot <= 1.15 * peak, f"{a}/{b}: plan {tot / 2**30:.3f} GiB >= tidal's peak {peak / 2**30:.3f} GiB, "
           f"within 15 % (+{100 * (tot - peak) / max(peak, 1):.1f} %)")
