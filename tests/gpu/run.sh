@@ -69,6 +69,9 @@
 # every stage script to use tiny models and shapes; run files are read through tidal-export (as
 # where the python has no h5py). What needs real CUDA (attn-bench, peer) says so (exit 77,
 # listed as skipped). TIDAL_GPU_CHECK="test_round_sim ..." limits check's test programs.
+# (The whole script is one { ... } block: bash reads it entirely before running it, so an edit of
+# this file while it runs cannot change what the running call does.)
+{
 set -u
 cd "$(dirname "$0")/../.."
 export BUILD=${BUILD:-build} OUT=${OUT:-out/gpu} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} PYTHONUNBUFFERED=1
@@ -81,6 +84,8 @@ declare -A EXPECT=([build]=0 [check]=150 [rl]=60 [bench]=90 [attn-bench]=30 [fid
 declare -A LIMIT=([build]=600 [check]=240 [rl]=150 [bench]=180 [attn-bench]=90 [fidelity]=300 [fidelity-8b]=600
                   [memory]=120 [rl-bench]=300)
 BUDGET=${TIDAL_GPU_BUDGET_S:-540}
+# TIDAL_GPU_LIMITS="stage=S ...": other limits; TIDAL_GPU_LIMIT_SCALE=K multiplies every limit (the
+# rehearsal's default is 4: the simulator is slower than a GPU, and the budget grows with it)
 
 # one stage, run in a process of its own under timeout (run.sh --one STAGE)
 stage() {
@@ -150,18 +155,46 @@ EOF
   chmod +x "$R/gpu/peer" "$R/fakebin/nvidia-smi"
   export BUILD=$R PATH=$R/fakebin:$PATH TIDAL_GPU_TINY=1 TIDAL_RUNFILE_READER=tidal-export TIDAL_TORCH_DEVICE=cpu
   echo "run.sh: rehearsal on the CUDA simulator (BUILD=$R, tiny shapes)" >&2
+  SCALE=${TIDAL_GPU_LIMIT_SCALE:-4}
+else
+  SCALE=${TIDAL_GPU_LIMIT_SCALE:-1}
 fi
+if [ "$SCALE" != 1 ]; then
+  for k in "${!LIMIT[@]}"; do LIMIT[$k]=$(( LIMIT[$k] * SCALE )); done
+  [ -n "${TIDAL_GPU_BUDGET_S:-}" ] || BUDGET=$(( BUDGET * SCALE ))
+fi
+for kv in ${TIDAL_GPU_LIMITS:-}; do LIMIT[${kv%%=*}]=${kv#*=}; done
+
+# Libraries. The tools of a pack (tests/gpu/pack.sh) need $BUILD/lib: this build machine's
+# HDF5, GSL, OpenBLAS ... and their dependencies (OpenSSL, zlib, libffi, zstd, ...). run.sh puts it
+# first on the tools' LD_LIBRARY_PATH itself (the command need not, and one that sets
+# LD_LIBRARY_PATH=$PWD/build-gpu/lib is taken apart the same way), but python starts without it:
+# those copies must not shadow the libraries torch and python's own modules were built against
+# (tests/gpu/py.sh; its sitecustomize hands the tools' path to what python starts).
+PACKLIB=
+[ -d "$BUILD/lib" ] && PACKLIB=$(cd "$BUILD/lib" && pwd)
+rest=
+IFS=: read -ra parts <<< "${LD_LIBRARY_PATH:-}"
+for d in "${parts[@]}"; do
+  [ -n "$d" ] || continue
+  [ -n "$PACKLIB" ] && [ "$(cd "$d" 2>/dev/null && pwd)" = "$PACKLIB" ] && continue
+  rest=${rest:+$rest:}$d
+done
+export TIDAL_PY_LD_LIBRARY_PATH=$rest
+if [ -n "$PACKLIB" ]; then export LD_LIBRARY_PATH=$PACKLIB${rest:+:$rest}; fi
 
 # the python every stage uses: TIDAL_PY, else the tree's .venv (absent on the device machine
-# unless carried), else python3
-PY=${TIDAL_PY:-.venv/bin/python}; [ -x "$PY" ] || PY=python3
-export TIDAL_PY=$PY
+# unless carried), else python3; started through tests/gpu/py.sh (above)
+PY=${TIDAL_PY:-.venv/bin/python}; [ -x "$PY" ] || PY=$(command -v python3)
+export TIDAL_PY_REAL=$PY TIDAL_PY=$PWD/tests/gpu/py.sh
+PY=$TIDAL_PY
 
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
   echo "gpu: $(nvidia-smi -L 2>/dev/null | head -n1 || echo 'none (nvidia-smi -L failed)')"
   echo "BUILD=$BUILD OUT=$OUT budget ${BUDGET} s; stages: $*"
-  echo "python: $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])' 2>&1))"
+  echo "python: $TIDAL_PY_REAL ($("$PY" -c 'import sys; print(sys.version.split()[0])' 2>&1)), through tests/gpu/py.sh"
+  echo "libraries: tools ${LD_LIBRARY_PATH:-(system)}; python ${TIDAL_PY_LD_LIBRARY_PATH:-(system)}"
   "$PY" - <<'EOF' 2>&1
 import importlib
 for m in ["numpy", "h5py", "safetensors", "ml_dtypes", "torch", "transformers"]:
@@ -238,3 +271,4 @@ for s in "$@"; do
 done
 cat "$OUT/summary.md" >&2
 exit $status
+}
