@@ -6,8 +6,8 @@
 # The device machine lends one call of at most 10 minutes, so the stages run in the order given
 # (most important first: check, rl, then the benches), each under its own time limit (GNU
 # timeout, the whole process group killed) and all within TIDAL_GPU_BUDGET_S (default 540 s): a
-# stage that hangs is logged as timed out and the next one runs; a stage that cannot start
-# within the budget is listed as not run. Each stage writes $OUT/STAGE.log as it goes, and
+# stage that hangs is logged as timed out and the next one runs; a stage's limit is cut to what
+# is left of the budget, and once less than 20 s is left the remaining stages are listed as not run. Each stage writes $OUT/STAGE.log as it goes, and
 # $OUT/summary.md (stage, status, seconds, expected, limit) is rewritten after every stage, so a
 # call killed from outside still returns what was done. $OUT/env.log says first what the machine
 # has (GPU, the python and which of torch / CUDA / transformers / numpy / h5py / safetensors it
@@ -247,7 +247,7 @@ summary() {
 for s in "$@"; do
   left=$(( BUDGET - ($(date +%s) - T0) ))
   lim=${LIMIT[$s]}; [ "$lim" -gt "$left" ] && lim=$left
-  if [ "$lim" -lt 20 ]; then
+  if [ "$left" -lt 20 ]; then
     echo "### $s: not run, ${left} s of the budget left" >&2
     rows+=("| $s | not run (budget: ${left} s left) | 0 | ${EXPECT[$s]} | ${LIMIT[$s]} |"); status=1; summary
     continue
