@@ -58,7 +58,7 @@
 #               checkpoint, ~1-2 min; its CPU runs read 32 GB of weights a decode step: more than
 #               one call's 10 minutes on 16 cores, run it alone and expect it to be cut)
 #
-# The default list, check rl bench attn-bench fidelity memory rl-bench, is ~650 s expected: more
+# The default list, check rl bench attn-bench fidelity memory rl-bench, is ~670 s expected: more
 # than TIDAL_GPU_BUDGET_S, so the last stage gets what is left (rl-bench.md keeps the rows done).
 #
 # Rehearsal without a GPU (TIDAL_GPU_REHEARSAL=1, tests/py/test_gpu_rehearsal.py): the same stages

@@ -111,6 +111,32 @@ check(os.path.exists(os.path.join(out, "rl-bench-tiny-8.rl.h5"))
       and not os.path.exists(os.path.join(out, "rl-bench-tiny-8", "checkpoint-2")),
       "rl-bench: rl.h5 copied to OUT, tidal-rl's checkpoint kept out of it")
 
+# the run file reader without h5py (tidal-export) against h5py, on rl-bench's rl.h5
+rlh5 = os.path.join(out, "rl-bench-tiny-8.rl.h5")
+try:
+    import h5py  # noqa: F401
+    have_h5py = True
+except ImportError:
+    have_h5py = False
+if have_h5py and os.path.exists(rlh5):
+    code = ("import json, sys; sys.path.insert(0, 'tests/py'); import runfile_read as r; "
+            "s = r.steps(sys.argv[1]); a = r.attrs(sys.argv[1], ['device', 'seed', 'nosuch']); "
+            "print(r.BACKEND, json.dumps({k: [float(x) for x in v] for k, v in s.items()}), json.dumps({k: str(v) for k, v in a.items()}))")
+    res = {}
+    for reader in ["h5py", "tidal-export"]:
+        q = subprocess.run([sys.executable, "-c", code, rlh5], capture_output=True, text=True,
+                           env=dict(os.environ, TIDAL_RUNFILE_READER=reader))
+        res[reader] = q.stdout.split(" ", 1)
+    h, t = res["h5py"], res["tidal-export"]
+    check(len(h) == 2 and len(t) == 2 and h[0] == "h5py" and t[0] == "tidal-export" and h[1] == t[1]
+          and '"time_update"' in t[1] and '"device": "cuda:0 (' in t[1],
+          "runfile_read: /steps and root attributes through tidal-export equal h5py's (every column, bit for bit)")
+tx = os.path.join(BUILD, "bin", "tidal-export")
+q = subprocess.run([tx, rlh5, "--attr", "nosuch"], capture_output=True, text=True)
+check(q.returncode == 1 and "no root attribute 'nosuch'" in q.stderr, "tidal-export --attr of an absent attribute: exit 1, says so")
+q = subprocess.run([tx, rlh5, "--group", "stepz"], capture_output=True, text=True)
+check(q.returncode == 2, "tidal-export --group stepz: usage error (exit 2)")
+
 # 2. limits and budget
 out2 = os.path.join(tmp, "limits")
 p = run_sh(out2, "bench", "attn-bench", TIDAL_GPU_LIMITS="bench=3")
