@@ -153,6 +153,7 @@ esac
 EOF
   printf '#!/bin/sh\necho "GPU 0: cudasim rehearsal (the CUDA simulator, no GPU) (UUID: GPU-rehearsal)"\n' > "$R/fakebin/nvidia-smi"
   chmod +x "$R/gpu/peer" "$R/fakebin/nvidia-smi"
+  mkdir -p "$R/lib"   # as a pack's (empty: this machine's libraries are the system's)
   export BUILD=$R PATH=$R/fakebin:$PATH TIDAL_GPU_TINY=1 TIDAL_RUNFILE_READER=tidal-export TIDAL_TORCH_DEVICE=cpu
   echo "run.sh: rehearsal on the CUDA simulator (BUILD=$R, tiny shapes)" >&2
   SCALE=${TIDAL_GPU_LIMIT_SCALE:-4}
@@ -186,12 +187,14 @@ if [ -n "$PACKLIB" ]; then export LD_LIBRARY_PATH=$PACKLIB${rest:+:$rest}; fi
 # the python every stage uses: TIDAL_PY, else the tree's .venv (absent on the device machine
 # unless carried), else python3; started through tests/gpu/py.sh (above)
 PY=${TIDAL_PY:-.venv/bin/python}; [ -x "$PY" ] || PY=$(command -v python3)
+case $PY in /*) ;; */*) PY=$PWD/$PY ;; esac
 export TIDAL_PY_REAL=$PY TIDAL_PY=$PWD/tests/gpu/py.sh
 PY=$TIDAL_PY
 
+GPU=$(nvidia-smi -L 2>/dev/null | head -n1)
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-  echo "gpu: $(nvidia-smi -L 2>/dev/null | head -n1 || echo 'none (nvidia-smi -L failed)')"
+  echo "gpu: ${GPU:-none (nvidia-smi -L failed)}"
   echo "BUILD=$BUILD OUT=$OUT budget ${BUDGET} s; stages: $*"
   echo "python: $TIDAL_PY_REAL ($("$PY" -c 'import sys; print(sys.version.split()[0])' 2>&1)), through tests/gpu/py.sh"
   echo "libraries: tools ${LD_LIBRARY_PATH:-(system)}; python ${TIDAL_PY_LD_LIBRARY_PATH:-(system)}"
@@ -235,7 +238,7 @@ status=0
 rows=()
 summary() {
   {
-    echo "# tests/gpu/run.sh on $(nvidia-smi -L 2>/dev/null | head -n1 | sed 's/ (UUID.*//' || echo 'no GPU')"
+    echo "# tests/gpu/run.sh on ${GPU:-no GPU (nvidia-smi -L failed)}" | sed 's/ (UUID[^)]*)//' 
     echo
     echo "Budget ${BUDGET} s, $(( $(date +%s) - T0 )) s used. Logs: STAGE.log beside this file."
     echo

@@ -84,6 +84,9 @@ for s in stages:
 env = read(os.path.join(out, "env.log"))
 check("cudasim rehearsal" in env and "python: " in env and re.search(r"numpy \S+", env) is not None,
       "env.log names the GPU, the python and its numpy")
+check(re.search(r"libraries: tools \S+/rehearsal-build/lib(:|$| )", env) is not None
+      and "rehearsal-build/lib" not in env.split("; python ", 1)[-1].splitlines()[0],
+      "the pack's lib/ is first on the tools' library path, not on python's")
 
 log = read(os.path.join(out, "check.log"))
 check(re.search(r"=== \S+/gpu/test_round_sim: exit 0", log) is not None and "NVIDIA GPU present" in log
