@@ -7,11 +7,13 @@
 # (most important first: check, rl, then the benches), each under its own time limit (GNU
 # timeout, the whole process group killed) and all within TIDAL_GPU_BUDGET_S (default 540 s): a
 # stage that hangs is logged as timed out and the next one runs; a stage's limit is cut to what
-# is left of the budget, and once less than 20 s is left the remaining stages are listed as not run. Each stage writes $OUT/STAGE.log as it goes, and
-# $OUT/summary.md (stage, status, seconds, expected, limit) is rewritten after every stage, so a
-# call killed from outside still returns what was done. $OUT/env.log says first what the machine
-# has (GPU, the python and which of torch / CUDA / transformers / numpy / h5py / safetensors it
-# imports, the tools' shared libraries). Exit status 1 if any stage failed or timed out.
+# is left of the budget, and once less than 20 s is left the remaining stages are listed as not
+# run. $OUT/summary.md (stage, status, seconds, expected, limit), run.log (the stages' logs) and
+# results.tar.gz (their result files) are rewritten after every stage and the running stage logs
+# to $OUT/stage.log, so a call killed from outside still returns what was done (at most 6 files:
+# the device tool returns 8; below). $OUT/env.log says first what the machine has (GPU, the python
+# and which of torch / CUDA / transformers / numpy / h5py / safetensors it imports, the tools'
+# shared libraries). Exit status 1 if any stage failed or timed out.
 #
 #   stage       expected on an H100 / limit   what
 #   build       -     / 600 s  make CUDA=1 -j tests gpu-tests (where nvcc is; not in the packed run)
@@ -191,11 +193,25 @@ case $PY in /*) ;; */*) PY=$PWD/$PY ;; esac
 export TIDAL_PY_REAL=$PY TIDAL_PY=$PWD/tests/gpu/py.sh
 PY=$TIDAL_PY
 
+# What comes back. The device tool returns at most 8 files from $OUT (16 MiB each, 64 MiB in
+# all), so the stages write into a work folder, WORK (TIDAL_GPU_WORK, default $BUILD/gpu-work: the
+# stage scripts' own OUT), and $OUT holds no more than: env.log, summary.md, bench-lines.txt,
+# run.log (every finished stage's log, each cut to its first and last MiB beyond 2 MiB),
+# stage.log (the running stage's, live; gone when it ends) and results.tar.gz (WORK's text
+# results, logs and run files, less checkpoints; without the .h5 files if over 15 MiB), the last
+# rewritten after every stage.
+RET=$OUT
+WORK=${TIDAL_GPU_WORK:-$BUILD/gpu-work}
+mkdir -p "$WORK" && WORK=$(cd "$WORK" && pwd)
+[ "$WORK" != "$RET" ] || { echo "run.sh: TIDAL_GPU_WORK must not be OUT" >&2; exit 2; }
+rm -f "$RET/run.log" "$RET/stage.log" "$RET/results.tar.gz"
+export OUT=$WORK
+
 GPU=$(nvidia-smi -L 2>/dev/null | head -n1)
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
   echo "gpu: ${GPU:-none (nvidia-smi -L failed)}"
-  echo "BUILD=$BUILD OUT=$OUT budget ${BUDGET} s; stages: $*"
+  echo "BUILD=$BUILD OUT=$RET WORK=$WORK budget ${BUDGET} s; stages: $*"
   echo "python: $TIDAL_PY_REAL ($("$PY" -c 'import sys; print(sys.version.split()[0])' 2>&1)), through tests/gpu/py.sh"
   echo "libraries: tools ${LD_LIBRARY_PATH:-(system)}; python ${TIDAL_PY_LD_LIBRARY_PATH:-(system)}"
   "$PY" - <<'EOF' 2>&1
@@ -223,8 +239,8 @@ EOF
       echo "$t: not built in $BUILD/bin"
     fi
   done
-} > "$OUT/env.log" 2>&1
-cat "$OUT/env.log" >&2
+} > "$RET/env.log" 2>&1
+cat "$RET/env.log" >&2
 
 
 [ $# -gt 0 ] || set -- check rl bench attn-bench fidelity memory rl-bench
@@ -234,18 +250,27 @@ done
 command -v timeout >/dev/null || { echo "run.sh: GNU timeout not found (coreutils)" >&2; exit 1; }
 T0=$(date +%s)
 status=0
-: > "$OUT/bench-lines.txt"
+: > "$RET/bench-lines.txt"
 rows=()
 summary() {
   {
     echo "# tests/gpu/run.sh on ${GPU:-no GPU (nvidia-smi -L failed)}" | sed 's/ (UUID[^)]*)//' 
     echo
-    echo "Budget ${BUDGET} s, $(( $(date +%s) - T0 )) s used. Logs: STAGE.log beside this file."
+    echo "Budget ${BUDGET} s, $(( $(date +%s) - T0 )) s used. Logs: run.log beside this file (stage.log: the stage"
+    echo "that was running when the call ended), every file in results.tar.gz."
     echo
     echo "| stage | status | seconds | expected (H100) | limit |"
     echo "|---|---|---|---|---|"
     for r in "${rows[@]}"; do echo "$r"; done
-  } > "$OUT/summary.md"
+  } > "$RET/summary.md"
+}
+pack() {   # WORK's results into $RET/results.tar.gz
+  local ex=(--exclude='*.safetensors' --exclude='*.tmp' --exclude='prompts-8192.jsonl')
+  tar -czf "$RET/results.tar.gz.part" -C "$WORK" "${ex[@]}" . 2>/dev/null
+  if [ "$(stat -c %s "$RET/results.tar.gz.part" 2>/dev/null || echo 0)" -gt $((15 << 20)) ]; then
+    tar -czf "$RET/results.tar.gz.part" -C "$WORK" "${ex[@]}" --exclude='*.h5' . 2>/dev/null
+  fi
+  mv -f "$RET/results.tar.gz.part" "$RET/results.tar.gz"
 }
 for s in "$@"; do
   left=$(( BUDGET - ($(date +%s) - T0) ))
@@ -257,21 +282,35 @@ for s in "$@"; do
   fi
   echo "### $s (limit $lim s)" >&2
   t0=$(date +%s)
-  timeout -k 10 "$lim" bash tests/gpu/run.sh --one "$s" > "$OUT/$s.log" 2>&1; rc=$?
+  log=$RET/stage.log
+  echo "### $s (limit $lim s), started $(date -u +%H:%M:%S)" > "$log"
+  timeout -k 10 "$lim" bash tests/gpu/run.sh --one "$s" >> "$log" 2>&1; rc=$?
   dt=$(( $(date +%s) - t0 ))
   case $rc in
     0) st=ok ;;
     77) st="skipped (exit 77)" ;;
-    124|137) st="TIMED OUT after $lim s"; echo "run.sh: $s killed after $lim s (limit)" >> "$OUT/$s.log" ;;
+    124|137) st="TIMED OUT after $lim s"; echo "run.sh: $s killed after $lim s (limit)" >> "$log" ;;
     *) st="FAILED (exit $rc)" ;;
   esac
   case $rc in 0|77) ;; *) status=1 ;; esac
   rows+=("| $s | $st | $dt | ${EXPECT[$s]} | ${LIMIT[$s]} |")
+  mv -f "$log" "$WORK/$s.log"
+  {
+    echo "### $s: $st, $dt s"
+    if [ "$(stat -c %s "$WORK/$s.log")" -gt $((2 << 20)) ]; then
+      head -c $((1 << 20)) "$WORK/$s.log"; echo; echo "[... cut: the whole log is $s.log in results.tar.gz ...]"
+      tail -c $((1 << 20)) "$WORK/$s.log"
+    else
+      cat "$WORK/$s.log"
+    fi
+    echo
+  } >> "$RET/run.log"
+  grep -h '^bench: ' "$WORK/$s.log" >> "$RET/bench-lines.txt" 2>/dev/null
   summary
-  grep -h '^bench: ' "$OUT/$s.log" >> "$OUT/bench-lines.txt" 2>/dev/null
-  echo "### $s: $st, $dt s; tail of $OUT/$s.log:" >&2
-  tail -n 25 "$OUT/$s.log" >&2
+  pack
+  echo "### $s: $st, $dt s; tail of its log:" >&2
+  tail -n 25 "$WORK/$s.log" >&2
 done
-cat "$OUT/summary.md" >&2
+cat "$RET/summary.md" >&2
 exit $status
 }

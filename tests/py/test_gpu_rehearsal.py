@@ -4,7 +4,8 @@ not in the few minutes a GPU is lent for. The cheap stages, in one call:
   check (test_round_sim only, test_device.py, test_vs_transformers.py), memory, attn-bench (77 on
   the simulator: listed as skipped), bench, rl-bench
 Checked: run.sh exits 0; $OUT/summary.md has a row per stage, ok or skipped; env.log names the
-python and its modules; each stage's results are where the README says and parse: check's
+python and its modules; $OUT holds no more than the device tool returns (8 files under 16 MiB),
+run.log every stage's log, results.tar.gz their results; each stage's results parse: check's
 test program exit line and test_device.py's "0 failure(s)", memory.md's ok lines, bench's
 gpu-tf-vs-cublas / decode / diff lines with numbers for tidal, rl-bench.md's four phase rows with
 tidal's seconds (rl.h5 read through tidal-export, as where the python has no h5py).
@@ -84,17 +85,30 @@ for s in stages:
 env = read(os.path.join(out, "env.log"))
 check("cudasim rehearsal" in env and "python: " in env and re.search(r"numpy \S+", env) is not None,
       "env.log names the GPU, the python and its numpy")
-check(re.search(r"libraries: tools \S+/rehearsal-build/lib(:|$| )", env) is not None
+check(re.search(r"libraries: tools [^ ;]*/rehearsal-build/lib[:;]", env) is not None
       and "rehearsal-build/lib" not in env.split("; python ", 1)[-1].splitlines()[0],
       "the pack's lib/ is first on the tools' library path, not on python's")
 
-log = read(os.path.join(out, "check.log"))
+work = os.path.join(out, "rehearsal-build", "gpu-work")   # the stages' OUT (run.sh: WORK)
+back = sorted(os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs
+              if not os.path.relpath(d, out).startswith("rehearsal-build"))
+print("OUT holds", back)
+check(len(back) <= 8 and all(os.path.getsize(os.path.join(out, f)) < 16 << 20 for f in back)
+      and all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in back)
+      and {"summary.md", "env.log", "run.log", "results.tar.gz", "bench-lines.txt"} <= set(back),
+      "OUT holds what the device tool returns: at most 8 files under 16 MiB, plain names; summary, logs, results")
+q = subprocess.run(["tar", "tzf", os.path.join(out, "results.tar.gz")], capture_output=True, text=True)
+check(all(f"./{f}" in q.stdout.split() for f in ["check.log", "memory.md", "rl-bench.md", "memory.log"]),
+      "results.tar.gz holds the stages' logs and result files")
+run_log = read(os.path.join(out, "run.log"))
+check(all(f"### {s}: " in run_log for s in stages), "run.log holds every stage's log")
+log = read(os.path.join(work, "check.log"))
 check(re.search(r"=== \S+/gpu/test_round_sim: exit 0", log) is not None and "NVIDIA GPU present" in log
       and "0 failure(s)" in log, "check: test_round_sim ran (exit 0); test_device.py took the GPU path, 0 failures")
 check("skip: torch/transformers unavailable" in log or "failure(s)" in log.split("test_vs_transformers.py")[-1],
       "check: test_vs_transformers.py ran or said why it skipped")
 
-mem = read(os.path.join(out, "memory.md"))
+mem = read(os.path.join(work, "memory.md"))
 check(mem.count("- ok ") >= 5 and "- FAIL" not in mem,
       f"memory.md: the plan's bounds and the 8B plan, every line ok ({mem.count('- ok ')} ok)")
 
@@ -107,15 +121,15 @@ for name in ["gpu-tf-vs-cublas", "gpu-decode1-vs-hbm", "gpu-decode2-vs-hbm", "gp
 for ph in ["rollout", "pi_old", "update", "step"]:
     check(re.search(rf"^bench: gpu-grpo-tiny-8-{ph} tidal={num} ", bench, re.M) is not None,
           f"rl-bench: the {ph} line with tidal's seconds")
-rl = read(os.path.join(out, "rl-bench.md"))
+rl = read(os.path.join(work, "rl-bench.md"))
 check(len(re.findall(r"^\| tiny \| 8 \(tidal's mean [0-9]+\) \| \S+ \| [0-9.]+ \|", rl, re.M)) == 4,
       "rl-bench.md: four phase rows with tidal's seconds")
-check(os.path.exists(os.path.join(out, "rl-bench-tiny-8.rl.h5"))
-      and not os.path.exists(os.path.join(out, "rl-bench-tiny-8", "checkpoint-2")),
-      "rl-bench: rl.h5 copied to OUT, tidal-rl's checkpoint kept out of it")
+check(os.path.exists(os.path.join(work, "rl-bench-tiny-8.rl.h5"))
+      and not os.path.exists(os.path.join(work, "rl-bench-tiny-8", "checkpoint-2")),
+      "rl-bench: rl.h5 copied to the results, tidal-rl's checkpoint kept out of them")
 
 # the run file reader without h5py (tidal-export) against h5py, on rl-bench's rl.h5
-rlh5 = os.path.join(out, "rl-bench-tiny-8.rl.h5")
+rlh5 = os.path.join(work, "rl-bench-tiny-8.rl.h5")
 try:
     import h5py  # noqa: F401
     have_h5py = True
@@ -148,7 +162,7 @@ print(read(os.path.join(out2, "summary.md")))
 check(p.returncode == 1 and r.get("bench", ("",))[0].startswith("TIMED OUT") and r["bench"][1] <= 20
       and r.get("attn-bench", ("",))[0] == "skipped (exit 77)",
       "a stage past its limit is killed, listed as TIMED OUT, the next stage runs, exit 1")
-check("killed after 3 s" in read(os.path.join(out2, "bench.log")), "the killed stage's log says so")
+check("killed after 3 s" in read(os.path.join(out2, "run.log")), "the killed stage's log says so")
 out3 = os.path.join(tmp, "budget")
 p = run_sh(out3, "memory", TIDAL_GPU_BUDGET_S="10")
 r = rows(read(os.path.join(out3, "summary.md")))
