@@ -58,8 +58,9 @@ for i in range(8): print(json.dumps({'tokens': [r.randrange(128000) for _ in ran
     MODELS=("$L $P 32 8") ;;
   *) echo "fidelity.sh: SET is small or 8b" >&2; exit 2 ;;
 esac
-# the table grows in $OUT row by row (what the device machine returns, even from a killed call),
-# and is copied into this folder when complete (not by a rehearsal)
+# the table grows in $OUT row by row, each row printed as it comes (so a killed run's log has
+# it: tests/gpu/run.sh returns the log live), and is copied into this folder when complete (not
+# by a rehearsal)
 MD=reports/gpu/fidelity-$SET.md
 [ "$TINY" = 1 ] && MD=$OUT/fidelity-$SET-tiny.md
 TMP=$OUT/fidelity-$SET.md.partial
