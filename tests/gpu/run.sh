@@ -190,6 +190,21 @@ if [ -n "$PACKLIB" ]; then export LD_LIBRARY_PATH=$PACKLIB${rest:+:$rest}; fi
 # unless carried), else python3; started through tests/gpu/py.sh (above)
 PY=${TIDAL_PY:-.venv/bin/python}; [ -x "$PY" ] || PY=$(command -v python3)
 case $PY in /*) ;; */*) PY=$PWD/$PY ;; esac
+
+# cuBLASLt: the backend dlopens libcublasLt.so.MAJOR by name, then from the build machine's
+# CUDA_HOME/lib64 (src/backend/cuda/lt_dl.cu), and the peer links it. Where the loader would not
+# find it, the first copy in the image's CUDA or python's nvidia-cublas wheel joins the tools' path.
+LT=$(ldd "$BUILD/gpu/peer" 2>/dev/null | awk '/libcublasLt/ { print $1; exit }')
+LT=${LT:-libcublasLt.so.13}
+LTDIR=
+if ! ldconfig -p 2>/dev/null | grep -q "$LT "; then
+  for d in ${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64 \
+           $("$PY" -c 'import nvidia.cublas as m; print(*[p + "/lib" for p in m.__path__])' 2>/dev/null) \
+           $(find /usr/local /opt -maxdepth 8 -name "$LT" -printf '%h\n' 2>/dev/null | head -n1); do
+    if [ -e "$d/$LT" ]; then LTDIR=$d; break; fi
+  done
+  [ -n "$LTDIR" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$LTDIR
+fi
 export TIDAL_PY_REAL=$PY TIDAL_PY=$PWD/tests/gpu/py.sh
 PY=$TIDAL_PY
 
@@ -214,6 +229,7 @@ GPU=$(nvidia-smi -L 2>/dev/null | head -n1)
   echo "BUILD=$BUILD OUT=$RET WORK=$WORK budget ${BUDGET} s; stages: $*"
   echo "python: $TIDAL_PY_REAL ($("$PY" -c 'import sys; print(sys.version.split()[0])' 2>&1)), through tests/gpu/py.sh"
   echo "libraries: tools ${LD_LIBRARY_PATH:-(system)}; python ${TIDAL_PY_LD_LIBRARY_PATH:-(system)}"
+  echo "cuBLASLt: $LT $([ -n "$LTDIR" ] && echo "from $LTDIR" || (ldconfig -p 2>/dev/null | grep -q "$LT " && echo "(ldconfig)" || echo "NOT FOUND: --device cuda will fail"))"
   "$PY" - <<'EOF' 2>&1
 import importlib
 for m in ["numpy", "h5py", "safetensors", "ml_dtypes", "torch", "transformers"]:
