@@ -70,7 +70,8 @@
 # cuBLASLt peer (fixed figures); a stand-in nvidia-smi comes first on PATH; TIDAL_GPU_TINY=1 tells
 # every stage script to use tiny models and shapes; run files are read through tidal-export (as
 # where the python has no h5py). What needs real CUDA (attn-bench, peer) says so (exit 77,
-# listed as skipped). TIDAL_GPU_CHECK="test_round_sim ..." limits check's test programs.
+# listed as skipped). TIDAL_GPU_CHECK="test_round_sim ..." limits check's test programs;
+# TIDAL_GPU_TEST_LIMIT (default 90 s) is each one's time limit.
 # (The whole script is one { ... } block: bash reads it entirely before running it, so an edit of
 # this file while it runs cannot change what the running call does.)
 {
@@ -99,7 +100,11 @@ stage() {
         [ -x "$t" ] && [ ! -d "$t" ] || continue
         case $t in *.o|*.d) continue ;; esac
         if [ -n "${TIDAL_GPU_CHECK:-}" ] && ! [[ " $TIDAL_GPU_CHECK " == *" $(basename "$t") "* ]]; then continue; fi
-        echo "=== $t"; s0=$(date +%s); "$t"; r=$?   # 77: skipped (a simulator-only test)
+        # 77: skipped (a simulator-only test); each program under its own limit, so that one
+        # that hangs leaves the stage's time to the others (--foreground: in the stage's process
+        # group, which the stage's own limit kills)
+        echo "=== $t"; s0=$(date +%s); timeout --foreground -k 5 "${TIDAL_GPU_TEST_LIMIT:-90}" "$t"; r=$?
+        [ $r -eq 124 ] || [ $r -eq 137 ] && echo "=== $t: killed after ${TIDAL_GPU_TEST_LIMIT:-90} s"
         echo "=== $t: exit $r, $(( $(date +%s) - s0 )) s"
         [ $r -ne 0 ] && [ $r -ne 77 ] && rc=1
       done
@@ -162,6 +167,7 @@ EOF
 else
   SCALE=${TIDAL_GPU_LIMIT_SCALE:-1}
 fi
+export TIDAL_GPU_TEST_LIMIT=$(( ${TIDAL_GPU_TEST_LIMIT:-90} * SCALE ))   # check: each test program's
 if [ "$SCALE" != 1 ]; then
   for k in "${!LIMIT[@]}"; do LIMIT[$k]=$(( LIMIT[$k] * SCALE )); done
   [ -n "${TIDAL_GPU_BUDGET_S:-}" ] || BUDGET=$(( BUDGET * SCALE ))
