@@ -4,7 +4,9 @@
 # on the machine where `make check` works and nvcc is installed:
 #
 #   tests/gpu/pack.sh            -> build-gpu/ (tools, GPU tests, peer; stripped) + build-gpu/lib,
-#                                   packed into .gpu-pack/build-gpu.tar.xz (~17 MB; git ignores it)
+#                                   what runs packed into .gpu-pack/build-gpu.tar.xz (~15 MiB; git
+#                                   ignores it); it fails if the tree and the pack are over the
+#                                   64 MiB a device call carries
 #
 # build-gpu/lib holds the shared libraries those programs load that are not glibc's (libresolv
 # included), the GCC runtime's or NVIDIA's (HDF5, GSL, OpenBLAS, jansson, PCRE2, libpng, FreeType,
@@ -45,6 +47,16 @@ for p in bin/tidal-diff bin/tidal-logprobs bin/tidal-bench-model bin/tidal-sft b
          gpu/test_decoder_backward_sim gpu/test_forward_sim gpu/test_sampling_sim tests/helpers/rl_base_sft; do
   [ -x "$B/$p" ] || { echo "pack.sh: $B/$p was not built" >&2; exit 1; }
 done
+# only what runs there (no objects, libtidal.a, dependency files), xz -9: the device tool carries
+# 64 MiB in all, the tracked files included (~47 MiB on 2026-11-26), so every MiB counts
 mkdir -p .gpu-pack
-tar -cJf .gpu-pack/build-gpu.tar.xz "$B"
+gpu_progs=$(cd "$B" && ls gpu/test_* | grep -v '\.[od]$')
+tar -C "$(dirname "$B")" -cf - $(for p in bin gpu/peer $gpu_progs lib tests/helpers/rl_base_sft; do echo "$(basename "$B")/$p"; done) |
+  xz -9 -T"$(nproc)" > .gpu-pack/build-gpu.tar.xz.part
+mv .gpu-pack/build-gpu.tar.xz.part .gpu-pack/build-gpu.tar.xz
 du -sh .gpu-pack/build-gpu.tar.xz | sed 's/^/pack.sh: /'
+# what one device call would carry: the tracked and untracked-not-ignored files, and the pack
+tree=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
+packb=$(stat -c %s .gpu-pack/build-gpu.tar.xz)
+echo "pack.sh: a device call carries $(( (tree + packb) >> 20 )) MiB of 64 (tree $(( tree >> 20 )) MiB + pack $(( packb >> 20 )) MiB)"
+[ $(( tree + packb )) -lt $(( 64 << 20 )) ] || { echo "pack.sh: over the 64 MiB a device call carries: slim the tree or the pack" >&2; exit 1; }
