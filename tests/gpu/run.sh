@@ -49,13 +49,13 @@
 #               64) tokens, 64 decode steps reading ~2 GB of weights each) dominate, ~10 s each
 #   memory       40 s / 120 s  tests/gpu/memory_check.py: the memory plan against what the backend held
 #               (memory_peak) and what cudaMemGetInfo saw, Qwen2.5-0.5B-shaped, 8 x (1024 + 64);
-#               the 8B / 8K plan on this GPU ($OUT/memory.md)
+#               the 8B / 8K plan on this GPU (memory.md in results.tar.gz)
 #   rl-bench    150 s / 300 s  tests/gpu/rl_bench.sh: a GRPO step (64 completions, rollout / pi_old /
 #               update) of tidal-rl --device cuda against tests/gpu/grpo_bench.py (PyTorch +
 #               transformers) on a Qwen2.5-0.5B-shaped random checkpoint, 1,024-token responses
 #               (2 steps: 2 x 1,024 decode steps at batch 64, ~20 ms each untuned, and the update's
 #               ~0.4 PFLOP; the peer one step); $RL_BENCH="0.5b:1024 1.5b:1024" adds the 1.5B
-#               (another ~200 s: a call of its own), "0.5b:4096" the long responses; $OUT/rl-bench.md
+#               (another ~200 s: a call of its own), "0.5b:4096" the long responses; rl-bench.md
 #   fidelity-8b  -    / 600 s  reports/gpu/fidelity.sh 8b (Llama-3-8B-shaped random; writes a 16 GB
 #               checkpoint, ~1-2 min; its CPU runs read 32 GB of weights a decode step: more than
 #               one call's 10 minutes on 16 cores, run it alone and expect it to be cut)
