@@ -1,11 +1,14 @@
 /* tidal-export — a run file's rows as CSV, for pandas (pd.read_csv), R or a spreadsheet,
  * without h5py.
  *
- *   tidal-export RUN.h5 [--group tokens|seqs|progress] [-o OUT.csv]
+ *   tidal-export RUN.h5 [--group tokens|seqs|progress|steps] [-o OUT.csv]
+ *   tidal-export RUN.h5 --attr NAME
  *
  * One column per dataset of the group (1-D datasets; /layers/rel_err is 2-D and is left out),
  * in name order, one line per row; numbers in %.17g (doubles round-trip exactly, integers print
- * as integers, NaN as "nan", which pandas reads as NaN). */
+ * as integers, NaN as "nan", which pandas reads as NaN). --attr prints one root attribute (a
+ * string as it is, an integer, a double in %.17g): with --group steps, what the GPU scripts read
+ * from sft.h5 / rl.h5 where the python has no h5py (tests/py/runfile_read.py). */
 #include "tidal/opts.h"
 #include "tidal/runfile.h"
 
@@ -18,22 +21,36 @@
 
 int main(int argc, char **argv)
 {
-    const char *run_path[1] = {NULL}, *out = NULL;
+    const char *run_path[1] = {NULL}, *out = NULL, *attr = NULL;
     int group = 0;
     td_opt opts[] = {
-        TD_OPT_C("group", 0, &group, "tokens|seqs|progress", "which rows: one per scored token (default), per\n"
-                 "sequence, per completed batch"),
+        TD_OPT_C("group", 0, &group, "tokens|seqs|progress|steps", "which rows: one per scored token (default), per\n"
+                 "sequence, per completed batch, per optimiser step\n(sft.h5, rl.h5)"),
         TD_OPT_S("output", 'o', &out, "OUT.csv", "write there (default stdout)"),
+        TD_OPT_S("attr", 0, &attr, "NAME", "print the root attribute NAME instead (exit 1 if absent)"),
         {0}};
-    td_cli cli = {"tidal-export", "RUN.h5 [--group tokens|seqs|progress] [-o OUT.csv]",
+    td_cli cli = {"tidal-export", "RUN.h5 [--group tokens|seqs|progress|steps] [-o OUT.csv] | RUN.h5 --attr NAME",
                   "A run file's rows as CSV (header: the dataset names; reports/SCHEMA.md says what each is):\n"
                   "  pandas.read_csv(\"tokens.csv\")", NULL, opts, 1, 1};
     int nargs, rc = td_cli_parse(&cli, argc, argv, run_path, &nargs);
     if (rc >= 0) return rc;
-    static const char *groups[] = {"/tokens", "/seqs", "/progress"};
+    static const char *groups[] = {"/tokens", "/seqs", "/progress", "/steps"};
     td_error err;
     td_runfile *rf = td_runfile_open(run_path[0], 0, &err);
     if (!rf) { fprintf(stderr, "tidal-export: %s\n", err.msg); return 1; }
+    if (attr) {   /* a string, else an integer, else a double */
+        char *sv = td_runfile_get_str(rf, attr, &err);
+        int64_t iv;
+        double dv;
+        rc = 0;
+        if (sv) printf("%s\n", sv);
+        else if (!td_runfile_get_i64(rf, attr, &iv, &err)) printf("%lld\n", (long long)iv);
+        else if (!td_runfile_get_f64(rf, attr, &dv, &err)) printf("%.17g\n", dv);
+        else { fprintf(stderr, "tidal-export: %s: no root attribute '%s'\n", run_path[0], attr); rc = 1; }
+        free(sv);
+        td_runfile_close(rf, NULL);
+        return rc;
+    }
     char *names[MAX_COLS], path[MAX_COLS][128];
     size_t n = td_runfile_list(rf, groups[group], names, MAX_COLS), nc = 0;
     if (n > MAX_COLS) n = MAX_COLS;

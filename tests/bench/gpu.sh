@@ -20,18 +20,34 @@
 #          tests/gpu/hf_diff_bench.py: transformers (SDPA, bf16) generating and scoring the same)
 # Targets (issue 17): tf >= 1.5x transformers eager; decode1 >= 50 % of HBM bandwidth;
 # (issue 26) a whole diff >= 1.5x transformers.
+# Needs: the CUDA build's tools and $BUILD/gpu/peer (tests/gpu/pack.sh packs them; built here
+# with nvcc if absent); python with torch (CUDA) + transformers for the peers (else their ratios
+# are NA). TIDAL_GPU_TINY=1 (tests/gpu/run.sh's rehearsal on the simulator): a tiny Qwen2 and
+# tiny shapes; TIDAL_TORCH_DEVICE=cpu runs the transformers peers on the CPU.
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
+PY=${TIDAL_PY:-.venv/bin/python}; [ -x "$PY" ] || PY=python3
+TDEV=${TIDAL_TORCH_DEVICE:-cuda}
+if [ "${TIDAL_GPU_TINY:-0}" = 1 ]; then
+  : "${TF_BATCH:=1}" "${TF_LEN:=16}" "${PROMPT:=4}" "${STEPS:=4}" "${DECODE_BATCH:=2}"
+  : "${DIFF_PROMPTS:=2}" "${DIFF_PLEN:=8}" "${DIFF_NEW:=4}" "${DIFF_BATCH:=2}"
+fi
 TF_BATCH=${TF_BATCH:-4} TF_LEN=${TF_LEN:-512} PROMPT=${PROMPT:-32} STEPS=${STEPS:-64} DB=${DECODE_BATCH:-64}
 DIFF_PROMPTS=${DIFF_PROMPTS:-32} DIFF_PLEN=${DIFF_PLEN:-256} DIFF_NEW=${DIFF_NEW:-128} DIFF_BATCH=${DIFF_BATCH:-16}
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q GPU; then
   echo "bench: gpu skipped (no NVIDIA GPU on this machine: run tests/gpu/run.sh bench on one)"
   exit 0
 fi
-DIR=$BUILD/bench/qwen2.5-0.5b-bf16
+# the checkpoint the other GPU stages use too (tests/gpu/test_vs_transformers.py, fidelity, memory)
+DIR=$BUILD/gpu/qwen2.5-0.5b-bf16
+INIT=(--preset qwen2.5-0.5b)
+if [ "${TIDAL_GPU_TINY:-0}" = 1 ]; then
+  DIR=$BUILD/gpu/tiny-qwen2-bf16
+  INIT=(--arch qwen2 --hidden-size 64 --num-layers 2 --num-heads 4 --num-kv-heads 2 --intermediate-size 128 --vocab-size 512)
+fi
 if [ ! -f "$DIR/config.json" ]; then
-  "$BUILD/bin/tidal-init" --preset qwen2.5-0.5b --dtype bf16 --seed 1 -o "$DIR" 2>/dev/null \
+  "$BUILD/bin/tidal-init" "${INIT[@]}" --dtype bf16 --seed 1 -o "$DIR" >/dev/null \
     || { echo "gpu.sh: tidal-init failed" >&2; exit 1; }
 fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -39,13 +55,16 @@ if ! "$BUILD/bin/tidal-bench-model" --model "$DIR" --device cuda --only tf --tf-
   echo "bench: gpu skipped ($(tail -n1 "$tmp/err"))"
   exit 0
 fi
-make --no-print-directory "$BUILD/gpu/peer" >/dev/null || { echo "gpu.sh: building the peer failed" >&2; exit 1; }
+# the packed peer as it is (the device machine has no nvcc, and make would rebuild it whenever the
+# copied tests/gpu/peer.cu looks newer than the archive's binary)
+if [ ! -x "$BUILD/gpu/peer" ]; then
+  make --no-print-directory "$BUILD/gpu/peer" >/dev/null || { echo "gpu.sh: $BUILD/gpu/peer absent and building it failed" >&2; exit 1; }
+fi
 B="$BUILD/bin/tidal-bench-model --model $DIR --device cuda --prompt $PROMPT --steps $STEPS"
 $B --recipe bf16-train --only tf --tf-batch "$TF_BATCH" --tf-len "$TF_LEN" > "$tmp/tf" || exit 1
 $B --recipe bf16-infer --only decode1 --bandwidth > "$tmp/d1" || exit 1
 $B --recipe bf16-infer --only decodeB --decode-batch "$DB" > "$tmp/dB" || exit 1
-PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
-"$PY" tests/gpu/hf_bench.py --model "$DIR" --dtype bf16 --attn eager --tf-batch "$TF_BATCH" --tf-len "$TF_LEN" \
+"$PY" tests/gpu/hf_bench.py --model "$DIR" --device "$TDEV" --dtype bf16 --attn eager --tf-batch "$TF_BATCH" --tf-len "$TF_LEN" \
   --prompt "$PROMPT" --steps "$STEPS" --decode-batch "$DB" > "$tmp/hf" || echo "gpu.sh: transformers peer failed" >&2
 "$BUILD/gpu/peer" bandwidth > "$tmp/bw" || exit 1
 # the model's GEMMs, (M, N, K, count): each layer's projections at M = TF_BATCH*TF_LEN rows, the
@@ -94,7 +113,8 @@ for _ in range(int(sys.argv[2])): print(json.dumps({'tokens': [r.randrange(V) fo
   --max-new-tokens "$DIFF_NEW" --batch "$DIFF_BATCH" --no-stop-at-eos --recipe-a bf16-train --recipe-b bf16-infer \
   > "$tmp/diff.out" 2>&1 || { echo "gpu.sh: tidal-diff failed: $(tail -n1 "$tmp/diff.out")" >&2; exit 1; }
 "$PY" tests/gpu/hf_diff_bench.py --model "$DIR" --prompts "$tmp/prompts.jsonl" --max-new-tokens "$DIFF_NEW" \
-  --batch "$DIFF_BATCH" --dtype bf16 --attn sdpa > "$tmp/hfdiff" 2>&1 || echo "gpu.sh: transformers diff peer failed" >&2
+  --batch "$DIFF_BATCH" --dtype bf16 --attn sdpa --device "$TDEV" > "$tmp/hfdiff" 2>&1 ||
+  echo "gpu.sh: transformers diff peer failed: $(tail -n2 "$tmp/hfdiff")" >&2
 t=$(awk '$1 == "throughput" { print $2 }' "$tmp/diff.out" | tail -n1)
 p=$(awk '$1 == "throughput" { print $2 }' "$tmp/hfdiff")
 if [ -n "$p" ]; then

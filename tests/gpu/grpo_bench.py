@@ -32,12 +32,18 @@ from transformers import AutoModelForCausalLM
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def load(path, dtype, attn):
+def load(path, dtype, attn, dev="cuda"):
     kw = {"attn_implementation": attn}
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
-    except TypeError:   # transformers 4.x spells it torch_dtype
-        return AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, **kw)
+        try:
+            return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+        except TypeError:   # transformers 4.x spells it torch_dtype
+            return AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, **kw)
+    except ImportError as e:   # SDPA on a torch before 2.1.1: only a CPU rehearsal may fall back
+        if dev.startswith("cuda") or attn == "eager":
+            raise
+        print(f"note: attention {attn} unavailable ({e}); eager instead (a rehearsal's figures)", flush=True)
+        return load(path, dtype, "eager", dev)
 
 
 def sync(dev):
@@ -69,10 +75,10 @@ def main():
     a = ap.parse_args()
     dt, dev = DT[a.dtype], a.device
     torch.manual_seed(a.seed)
-    model = load(a.model, dt if a.pure else torch.float32, a.attn).to(dev)
+    model = load(a.model, dt if a.pure else torch.float32, a.attn, dev).to(dev)
     V = model.config.vocab_size
     eos = model.generation_config.eos_token_id
-    gen = model if a.pure or dt == torch.float32 else load(a.model, dt, a.attn).to(dev)  # the engine's copy
+    gen = model if a.pure or dt == torch.float32 else load(a.model, dt, a.attn, dev).to(dev)  # the engine's copy
     gen.eval()
     if dev.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()

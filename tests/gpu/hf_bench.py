@@ -8,7 +8,8 @@ checkpoint, dtype and shapes with AutoModelForCausalLM on the GPU. Prints the C 
              each producing the full log-softmax rows (B = 1 and --decode-batch)
 
   hf_bench.py --model DIR [--dtype bf16] [--attn eager|sdpa] [--tf-batch 2] [--tf-len 512]
-              [--prompt 32] [--steps 32] [--decode-batch 64] [--rounds 3]
+              [--prompt 32] [--steps 32] [--decode-batch 64] [--rounds 3] [--device cuda]
+(--device cpu: tests/gpu/run.sh's rehearsal without a GPU, where only the script's logic counts)
 """
 import argparse
 import time
@@ -17,40 +18,48 @@ import torch
 from transformers import AutoModelForCausalLM
 
 
+DEV = "cuda"
+
+
+def sync():
+    if DEV.startswith("cuda"):
+        sync()
+
+
 def load(path, dtype, attn):
     try:
         m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
     except TypeError:   # transformers 4.x spells it torch_dtype
         m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, attn_implementation=attn)
-    return m.cuda().eval()
+    return m.to(DEV).eval()
 
 
 @torch.no_grad()
 def teacher(m, B, T, V, gen):
-    ids = torch.randint(0, V, (B, T), generator=gen).cuda()
-    torch.cuda.synchronize()
+    ids = torch.randint(0, V, (B, T), generator=gen).to(DEV)
+    sync()
     t0 = time.perf_counter()
     logits = m(ids).logits
     lp = torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, ids[:, 1:, None])
-    torch.cuda.synchronize()
+    sync()
     assert lp.shape == (B, T - 1, 1)
     return time.perf_counter() - t0
 
 
 @torch.no_grad()
 def decode(m, B, prompt, steps, V, gen):
-    ids = torch.randint(0, V, (B, prompt), generator=gen).cuda()
+    ids = torch.randint(0, V, (B, prompt), generator=gen).to(DEV)
     out = m(ids, use_cache=True)
     past = out.past_key_values
     torch.log_softmax(out.logits[:, -1].float(), -1)
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(steps):
-        nxt = torch.randint(0, V, (B, 1), generator=gen).cuda()
+        nxt = torch.randint(0, V, (B, 1), generator=gen).to(DEV)
         out = m(nxt, past_key_values=past, use_cache=True)
         past = out.past_key_values
         rows = torch.log_softmax(out.logits[:, -1].float(), -1)
-    torch.cuda.synchronize()
+    sync()
     assert rows.shape == (B, V)
     return time.perf_counter() - t0
 
@@ -66,7 +75,10 @@ def main():
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--decode-batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
+    global DEV
+    DEV = a.device
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     m = load(a.model, dtype, a.attn)
     V = m.config.vocab_size

@@ -23,6 +23,20 @@ from transformers import AutoModelForCausalLM
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+def load(path, dtype, attn, dev):
+    kw = {"attn_implementation": attn}
+    try:
+        try:
+            return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+        except TypeError:   # transformers 4.x spells it torch_dtype
+            return AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, **kw)
+    except ImportError as e:   # SDPA on a torch before 2.1.1: only a CPU rehearsal may fall back
+        if dev.startswith("cuda") or attn == "eager":
+            raise
+        print(f"note: attention {attn} unavailable ({e}); eager instead (a rehearsal's figures)", flush=True)
+        return load(path, dtype, "eager", dev)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -33,11 +47,7 @@ def main():
     ap.add_argument("--attn", default="sdpa")
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
-    kw = {"attn_implementation": a.attn}
-    try:
-        m = AutoModelForCausalLM.from_pretrained(a.model, dtype=DT[a.dtype], **kw)
-    except TypeError:
-        m = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=DT[a.dtype], **kw)
+    m = load(a.model, DT[a.dtype], a.attn, a.device)
     m = m.to(a.device).eval()
     prompts = [json.loads(l)["tokens"] for l in open(a.prompts) if l.strip()]
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)

@@ -4,8 +4,9 @@
 The device tools are build/sim/bin/tidal-sft and tidal-rl by default (linked with the CUDA backend
 compiled against tests/cudasim, a CPU simulator of CUDA: tests/cudasim/sim.mk); with
 DEVICE_BIN=build/bin (tests/gpu/run.sh stage rl) the real CUDA build on a GPU. The CPU runs are
-BUILD/bin's. A script importing this exits 77 (skip) when the device tools are not built or
-h5py is missing."""
+BUILD/bin's. Run files are read with h5py, or without it through tidal-export
+(tests/py/runfile_read.py: the GPU machine's python may lack h5py). A script importing this exits
+77 (skip) when the device tools are not built or numpy is missing."""
 import os
 import subprocess
 import sys
@@ -13,11 +14,11 @@ import tempfile
 import time
 
 try:
-    import h5py
     import numpy as np
 except ImportError as e:
     print(f"skip: {e}")
     sys.exit(77)
+import runfile_read  # noqa: E402
 
 from tidal_check import BIN, BUILD, check  # noqa: E402
 
@@ -59,10 +60,8 @@ def device(tool, *args, ok=True):
 
 
 def steps(path):
-    """/steps columns and the root attributes of a run file."""
-    with h5py.File(path, "r") as f:
-        return ({k: f["steps"][k][:] for k in f["steps"]},
-                {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()})
+    """/steps columns and the root attributes the checks read (device) of a run file."""
+    return runfile_read.steps(path), runfile_read.attrs(path, ["device"])
 
 
 def rel(a, b):

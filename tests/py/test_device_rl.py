@@ -30,7 +30,8 @@ may draw only wrong answers, a zero advantage). Checked, per /steps column of rl
    the same completions, loss and grad_norm within 1e-4 relative. Measured: grad_norm 1.3e-7.
 4. rl.h5's device attribute: "cpu" and "cuda:0 (...)"; --device tpu is a usage error (exit 2);
    --resume of the device's run on the CPU is refused (exit 1), naming both devices.
-Exit 0 pass, 1 fail, 77 skip (device tools not built, or h5py missing).
+Exit 0 pass, 1 fail, 77 skip (device tools not built, or numpy missing; without h5py the run
+files are read through tidal-export: tests/py/runfile_read.py).
 """
 import json
 import math

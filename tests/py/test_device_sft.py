@@ -33,7 +33,8 @@ tokens) after the last step; kept small so the simulated device runs in seconds.
 6. The run file's device attribute: "cpu" and "cuda:0 (...)". Refusals: --device tpu is a usage
    error (exit 2, the one message of every --device tool); on a machine without a GPU the CPU
    build's --device cuda exits 1 saying why and what to do, and writes no run file.
-Exit 0 pass, 1 fail, 77 skip (device tools not built, or h5py missing).
+Exit 0 pass, 1 fail, 77 skip (device tools not built, or numpy missing; without h5py the run
+files are read through tidal-export: tests/py/runfile_read.py).
 """
 import os
 import sys
