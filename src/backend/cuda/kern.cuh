@@ -129,6 +129,51 @@ TDC_DEV float tdc_block_max(float v, float *red)
     return m;
 }
 
+/* td_log_softmax's rows (src/numerics/logprob.c) in place on w[0..V), one block a row, fmx the
+ * row's block-wide max: w -= (float)(fmx + log(sum exp(w - fmx))). td_log_softmax sums in index
+ * order in double; the block sums in another order, within (2n + 16) 2^-53 of it (n non-zero
+ * terms; also a few ulp of exp / log on a real GPU): the float is taken from the block's sum when
+ * both ends of that interval round to it, else thread 0 sums in td_log_sum_exp's order (force:
+ * always). The sampler (sampling.cu) and B's rows kept on the device (token_metrics.cu) share it,
+ * so both give the host's bits. fred, dred: blockDim.x / 32 floats and doubles of shared memory;
+ * sh_lse: one shared float. Synchronises the block before it returns. */
+#define TDC_U53 1.1102230246251565e-16
+TDC_DEV void tdc_block_log_softmax_certified(float *w, int V, float fmx, int force, float *fred, double *dred,
+                                             float *sh_lse)
+{
+    (void)fred;
+    int tid = threadIdx.x, nt = blockDim.x;
+    double sum = 0, n = 0;
+    for (int j = tid; j < V; j += nt) {
+        double e = exp((double)w[j] - fmx);
+        sum += e;
+        n += e > 0;
+    }
+    sum = tdc_block_sum_d(sum, dred);
+    n = tdc_block_sum_d(n, dred);
+    if (tid == 0) {
+        float lse = 0.0f;
+        if (fmx != -INFINITY) {
+            double d = (2.0 * n + 16.0) * TDC_U53 * 1.01;     /* relative error of sum */
+            double l = log(sum);
+            double e = 1.01 * d + 8.0 * TDC_U53 * (fabs((double)fmx) + fabs(l));
+            double c = fmx + l;
+            float lo = (float)(c - e), hi = (float)(c + e);
+            if (lo == hi && !force) lse = lo;
+            else {   /* td_log_sum_exp itself */
+                double s = 0;
+                for (int j = 0; j < V; j++) s += exp((double)w[j] - fmx);
+                lse = (float)(fmx + log(s));
+            }
+        }
+        *sh_lse = lse;
+    }
+    __syncthreads();
+    float lse = *sh_lse;
+    for (int j = tid; j < V; j += nt) w[j] -= lse;
+    __syncthreads();
+}
+
 /* An output that may be one of the op's inputs (in place): out staged with its contents when
  * it is the input itself (*d_in then points at it), else the input staged on its own. */
 static inline float *tdc_out_in(float *out, const float *in, size_t bytes, const float **d_in)

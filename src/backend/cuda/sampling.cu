@@ -197,40 +197,12 @@ __global__ static void sample_rows(const float *logits, float *work, unsigned *m
             __syncthreads();
         }
     }
-    /* log-softmax: (float)td_log_sum_exp, certified */
+    /* log-softmax: (float)td_log_sum_exp, certified (kern.cuh) */
     {
         float fmx = -INFINITY;
         for (int j = tid; j < V; j += nt) fmx = w[j] > fmx ? w[j] : fmx;
         fmx = tdc_block_max(fmx, fred);
-        double sum = 0, n = 0;
-        for (int j = tid; j < V; j += nt) {
-            double e = exp((double)w[j] - fmx);
-            sum += e;
-            n += e > 0;
-        }
-        sum = tdc_block_sum_d(sum, dred);
-        n = tdc_block_sum_d(n, dred);
-        if (tid == 0) {
-            float lse = 0.0f;
-            if (fmx != -INFINITY) {
-                double d = (2.0 * n + 16.0) * U53 * 1.01;     /* relative error of sum */
-                double l = log(sum);
-                double e = 1.01 * d + 8.0 * U53 * (fabs((double)fmx) + fabs(l));
-                double c = fmx + l;
-                float lo = (float)(c - e), hi = (float)(c + e);
-                if (lo == hi && !p.force) lse = lo;
-                else {   /* td_log_sum_exp itself */
-                    double s = 0;
-                    for (int j = 0; j < V; j++) s += exp((double)w[j] - fmx);
-                    lse = (float)(fmx + log(s));
-                }
-            }
-            sh_lse = lse;
-        }
-        __syncthreads();
-        float lse = sh_lse;
-        for (int j = tid; j < V; j += nt) w[j] -= lse;
-        __syncthreads();
+        tdc_block_log_softmax_certified(w, V, fmx, p.force, fred, dred, &sh_lse);
     }
     if (p.greedy) {   /* first index of the maximum */
         float bv = -INFINITY;

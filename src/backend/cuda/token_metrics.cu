@@ -129,7 +129,6 @@ extern "C" void token_metrics_cuda(const td_ops *ctx, td_token_metrics *m, const
  * about 1e-4 of the rows at V = 151,936; sampling.cu's log-softmax is certified the same way).
  * So a row kept on the device is bit for bit the row the host would have made of the same
  * logits. */
-#define TM_U53 1.1102230246251565e-16
 
 extern "C" { int row_logsoftmax_cuda_force_exact = 0; }   /* tests: always the sequential sum */
 
@@ -150,34 +149,7 @@ __global__ static void row_logsoftmax_rows(float *dst, const size_t *drow, const
         fmx = v > fmx ? v : fmx;
     }
     fmx = tdc_block_max(fmx, fred);   /* synchronises: w is visible to all */
-    double sum = 0, cnt = 0;
-    for (int j = tid; j < V; j += nt) {
-        double e = exp((double)w[j] - fmx);
-        sum += e;
-        cnt += e > 0;
-    }
-    sum = tdc_block_sum_d(sum, dred);
-    cnt = tdc_block_sum_d(cnt, dred);
-    if (tid == 0) {
-        float lse = 0.0f;
-        if (fmx != -INFINITY) {
-            double d = (2.0 * cnt + 16.0) * TM_U53 * 1.01;     /* relative error of sum */
-            double l = log(sum);
-            double e = 1.01 * d + 8.0 * TM_U53 * (fabs((double)fmx) + fabs(l));
-            double c = fmx + l;
-            float lo = (float)(c - e), hi = (float)(c + e);
-            if (lo == hi && !force) lse = lo;
-            else {   /* td_log_sum_exp itself */
-                double s = 0;
-                for (int j = 0; j < V; j++) s += exp((double)w[j] - fmx);
-                lse = (float)(fmx + log(s));
-            }
-        }
-        sh_lse = lse;
-    }
-    __syncthreads();
-    float lse = sh_lse;
-    for (int j = tid; j < V; j += nt) w[j] -= lse;
+    tdc_block_log_softmax_certified(w, V, fmx, force, fred, dred, &sh_lse);
 }
 
 extern "C" void row_logsoftmax_cuda(const td_ops *ctx, float *dst, const size_t *dst_row, const float *src, int n,
