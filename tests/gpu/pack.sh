@@ -48,7 +48,8 @@ for p in bin/tidal-diff bin/tidal-logprobs bin/tidal-bench-model bin/tidal-sft b
   [ -x "$B/$p" ] || { echo "pack.sh: $B/$p was not built" >&2; exit 1; }
 done
 # only what runs there (no objects, libtidal.a, dependency files), xz -9: the device tool carries
-# 64 MiB in all, the tracked files included (~47 MiB on 2026-11-26), so every MiB counts
+# 64 MiB in all, the tracked files included (~44 MiB on 2026-11-26: 50.5 before reports/rl/pack_runs.py
+# stored the packed run files' columns as float32), so every MiB counts
 mkdir -p .gpu-pack
 gpu_progs=$(cd "$B" && ls gpu/test_* | grep -v '\.[od]$')
 tar -C "$(dirname "$B")" -cf - $(for p in bin gpu/peer $gpu_progs lib tests/helpers/rl_base_sft; do echo "$(basename "$B")/$p"; done) |
