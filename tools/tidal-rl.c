@@ -198,7 +198,6 @@ int main(int argc, char **argv)
     td_opt_get(opts, "dtype")->aliases = "torch-dtype";
     td_opt_get(opts, "lora-target-modules")->given = &gave_targets;
     td_opt_get(opts, "model-path")->required = 1;
-    td_opt_get(opts, "dataset-path")->required = 1;
     td_cli cli = {"tidal-rl", "--model-path DIR --dataset-path FILE --output-dir DIR [options]",
                   "GRPO on a built-in verifiable task, or on your own records scored by your own reward\n"
                   "program (--reward-command, any language, as TRL's reward functions): rollouts on the\n"
@@ -219,6 +218,8 @@ int main(int argc, char **argv)
     if (rc >= 0) return rc;
     o.seed = seed;
     if (!o.output_dir && !o.plan_only) return td_cli_bad(&cli, "--output-dir", NULL, "required (DIR)");
+    /* --plan-only plans from config.json at --max-seq-length: no records read */
+    if (!o.dataset_path && !o.plan_only) return td_cli_bad(&cli, "--dataset-path", NULL, "required (FILE)");
     if (dtype >= 0 && (gave_train || gave_roll))
         return td_cli_bad(&cli, "--dtype", NULL, "sets both recipes: give it or --train-recipe/--rollout-recipe, not both");
     if (gave_targets && o.lora_r == 0)
