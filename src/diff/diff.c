@@ -57,7 +57,12 @@ static int run_batch(job *J, int64_t batch_no, const size_t *idx, int n, td_erro
         td_rows_dev_map map = {J->rows_dev, b.keep_from, b.keep_base};
         if (td_forward_metrics(J->fa, n, (const int *const *)b.seq, b.len, &map, b.m, err)) goto done;
         for (int s = 0; s < n; s++)
-            for (int pos = b.keep_from[s]; pos < b.len[s]; pos++) b.have[s][pos] = 1;
+            for (int pos = b.keep_from[s]; pos < b.len[s]; pos++) {
+                b.have[s][pos] = 1;
+                /* a prompt row stayed on the device: its "processed" log-prob is the raw one,
+                 * the kept row's value at the token (td_rollout_batch.logp_proc) */
+                if (pos < b.plen[s]) b.logp_b_proc[s][pos] = (float)b.m[s][pos].logp_b;
+            }
     } else if (td_forward_logprobs(J->fa, n, (const int *const *)b.seq, b.len, NULL, on_row_a, &b, err)) {
         goto done;
     }
