@@ -31,6 +31,12 @@ logits / T), with --score-prompt and without:
 3. Against the CPU tool (fp32 / fp32), with and without --score-prompt: the same tokens, logp_a /
    logp_b within 1e-4 (the project's fp32 standard, test_device_sim.py), entropies within 1e-4,
    KL / TV within 1e-5.
+4. A replay of rollouts (tidal's format, written from the CPU's run without --score-prompt, raw
+   log-probs): B is the recorded log-prob, A's rows are scored on the device
+   (td_forward_metrics_replay) instead of downloaded: scoring at most 80 bytes per token against
+   A's every row on the host path; device vs host: the EXACT columns and the B-side NaNs
+   identical, entropy_a within 1e-8 relative + 2e-12; vs the CPU: logp_a and entropy_a within 1e-4,
+   logp_b the recorded value on both.
 On a GPU (tests/gpu/run.sh check, DEVICE_BIN=$BUILD/bin: the real backend) the same checks hold:
 the certified log-softmax gives td_log_softmax's floats there too (its margins cover the GPU's
 double exp / log).
@@ -154,5 +160,45 @@ for sp in (True, False):
             check(e <= tol, f"[{tag}] GPU (device metrics) vs CPU: {k} within {tol:g} (max {e:.2g})")
     for f in (c, d, h):
         f.close()
+
+# 4. a replay of rollouts (tidal's format, written from the CPU's generated run without --score-prompt): B
+#    is the recorded log-prob of each token, A's rows are scored on the device (td_forward_metrics_replay:
+#    token_metrics_cuda on A's rows alone) instead of downloaded
+cpu_gen = h5py.File(os.path.join(tmp, "cpu_False.h5"), "r")
+dump = os.path.join(tmp, "rollouts.jsonl")
+ids, seqs = cpu_gen["prompts/tokens"][:], cpu_gen["seqs"]
+with open(dump, "w") as out:
+    for q in range(len(seqs["prompt_len"])):
+        o, p_, r_, t0 = (int(seqs[k][q]) for k in ("tokens_offset", "prompt_len", "response_len", "token_offset"))
+        out.write(json.dumps({"prompt_ids": ids[o:o + p_].tolist(), "response_ids": ids[o + p_:o + p_ + r_].tolist(),
+                              "rollout_logprobs": [float(x) for x in cpu_gen["tokens/logp_b"][t0:t0 + r_]]}) + "\n")
+cpu_gen.close()
+RARGS = ["--model", model, "--prompts", dump, "--recipe-a", "fp32", "--logprob-temperature", "0.7"]
+cpu, dev, host = (os.path.join(tmp, f"replay_{k}.h5") for k in ("cpu", "dev", "host"))
+run("tidal-diff", *RARGS, "-o", cpu)
+gen_d, how_d, score_d = sim(dev, False, RARGS)
+gen_h, how_h, score_h = sim(host, True, RARGS)
+scored = n * NEW
+rows_a = sum(L + NEW for L in lens)
+print(f"[replay] device path: scoring {score_d} bytes ({score_d / scored:.0f} per token); host path {score_h} bytes "
+      f"({score_h / scored:.0f} per token)")
+check(gen_d == 0 and gen_h == 0 and how_d == "a replay: none", "[replay] no generation")
+check(score_d <= ROW_METRICS * scored + 4096,
+      f"[replay] device path: scoring brings down {score_d} bytes <= {ROW_METRICS} per scored token ({scored} tokens)")
+check(score_h >= rows_a * V * 4, f"[replay] host path: scoring downloads A's {rows_a} rows ({score_h} bytes)")
+c, d, h = (h5py.File(p_, "r") for p_ in (cpu, dev, host))
+check(len(T(d, "token")) == scored and np.array_equal(T(d, "token"), T(c, "token")),
+      f"[replay] {scored} tokens scored, the CPU's")
+for k in EXACT + ["kl_ba", "kl_ab", "tv", "entropy_b"]:   # the B-side sums are NaN on both paths
+    check(np.array_equal(T(d, k), T(h, k), equal_nan=True), f"[replay] device vs host metrics: {k} identical")
+a, b = T(h, "entropy_a"), T(d, "entropy_a")
+r = float(np.max(np.abs(a - b) / (1e-8 * np.abs(a) + 2e-12)))
+check(r <= 1, f"[replay] device vs host metrics: entropy_a within 1e-8 relative + 2e-12 (max {r:.2g} of it)")
+for k, tol in [("logp_a", 1e-4), ("entropy_a", 1e-4)]:
+    e = float(np.max(np.abs(T(c, k) - T(d, k))))
+    check(e <= tol, f"[replay] GPU (device metrics) vs CPU: {k} within {tol:g} (max {e:.2g})")
+check(np.array_equal(T(c, "logp_b"), T(d, "logp_b")), "[replay] logp_b is the recorded log-prob on both")
+for f in (c, d, h):
+    f.close()
 
 sys.exit(1 if failures else 0)
