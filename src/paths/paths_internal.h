@@ -40,10 +40,10 @@ typedef void (*session_rows_fn)(void *user, int slot, int pos0, const float *row
 
 /* td_session_prefill whose outputs stay in backend memory (the rollout on a device): last_dev
  * (V floats of backend memory, not NULL) receives the row after the last token, rows_fn (if
- * set) every appended position's row chunk by chunk, in backend memory; row_fn (if set) gets
- * them on the host as td_session_prefill's does. Nothing comes to the host but for row_fn. */
+ * set) every appended position's row chunk by chunk, in backend memory. Nothing comes to the
+ * host. */
 int session_prefill_dev(td_session *s, int slot, const int *tokens, int n, float *last_dev,
-                        td_row_fn row_fn, session_rows_fn rows_fn, void *user, td_error *err);
+                        session_rows_fn rows_fn, void *user, td_error *err);
 
 /* The session's op context (its backend: be->sample, be->alloc for rows kept on the device). */
 const td_ops *session_ops(const td_session *s);

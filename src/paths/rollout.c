@@ -195,7 +195,7 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
     rollout r = {o, b, row_fn, user, V, td_xmalloc((size_t)V * sizeof(float)), td_xmalloc((size_t)maxp * sizeof(size_t))};
     float *drows = on_dev ? ops->be->alloc((size_t)n_seq * V * sizeof(float)) : NULL;
     float *logits = td_xmalloc((size_t)n_seq * V * sizeof(float));   /* each sequence's next row (host) */
-    unsigned char *host = td_xcalloc((size_t)n_seq, 1);   /* on_dev: whose prompt rows came to the host */
+    unsigned char *host = td_xcalloc((size_t)n_seq, 1);   /* whose prefill rows (the last one too) came to the host */
     float *proc = td_xmalloc((size_t)V * sizeof(float));
     int *slots = td_xmalloc((size_t)n_seq * sizeof(int)), *next = td_xmalloc((size_t)n_seq * sizeof(int));
     td_rng *rng = td_xmalloc((size_t)n_seq * sizeof(td_rng));
@@ -217,8 +217,8 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
         host[s] = !on_dev || (o->prompt_rows && prompt_rows_on_host(&r, s));
         if (!host[s]) {
             session_rows_fn dev = o->prompt_rows && b->keep.rows ? on_prefill_rows_dev : NULL;
-            if (session_prefill_dev(sess, s, b->tokens[s], b->prompt_len[s], drows + (size_t)s * V, NULL, dev,
-                                    &r, err)) goto done;
+            if (session_prefill_dev(sess, s, b->tokens[s], b->prompt_len[s], drows + (size_t)s * V, dev, &r, err))
+                goto done;
         } else if (td_session_prefill(sess, s, b->tokens[s], b->prompt_len[s], logits + (size_t)s * V,
                                       o->prompt_rows ? on_prefill_row : NULL, &r, err)) {
             goto done;
