@@ -15,6 +15,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <algorithm>
 #include <cmath>
@@ -256,15 +257,14 @@ static void test_prompt_rows_kept(void **state)
     /* the kept rows of both GPU runs, scored against one training path's rows */
     td_forward *fa = td_forward_create(gpu, NSEQ * MAXLEN, MAXLEN, 0, &err);
     if (!fa) fail_msg("%s", err.msg);
-    std::vector<std::vector<td_token_metrics>> met[2];
+    /* calloc: nvcc's front end fails on a std::vector of an anonymous struct (GPU build) */
+    td_token_metrics *met[2][NSEQ];
     std::vector<const int *> tk(NSEQ);
-    std::vector<td_token_metrics *> mp(NSEQ);
     for (int q = 0; q < NSEQ; q++) tk[q] = tok[0][q].data();
     for (int k = 0; k < 2; k++) {
-        met[k].assign(NSEQ, std::vector<td_token_metrics>(MAXLEN));
-        for (int q = 0; q < NSEQ; q++) { memset(met[k][q].data(), 0, MAXLEN * sizeof(td_token_metrics)); mp[q] = met[k][q].data(); }
+        for (int q = 0; q < NSEQ; q++) met[k][q] = (td_token_metrics *)calloc(MAXLEN, sizeof(td_token_metrics));
         td_rows_dev_map map = {kept[k], from.data(), base.data()};
-        if (td_forward_metrics(fa, NSEQ, tk.data(), len[0].data(), &map, mp.data(), &err)) fail_msg("%s", err.msg);
+        if (td_forward_metrics(fa, NSEQ, tk.data(), len[0].data(), &map, met[k], &err)) fail_msg("%s", err.msg);
     }
     int npos = 0, ndiff = 0, nproc = 0;
     double worst = 0;
@@ -289,6 +289,8 @@ static void test_prompt_rows_kept(void **state)
     assert_true(worst <= 1e-4);
     assert_true(nproc > 0);
     assert_true(d2h > 0 && d2h <= (size_t)64 * sampled);
+    for (int k = 0; k < 2; k++)
+        for (int q = 0; q < NSEQ; q++) free(met[k][q]);
     td_forward_free(fa);
     td_rows_dev_free(kept[0]);
     td_rows_dev_free(kept[1]);
