@@ -180,6 +180,17 @@ typedef struct {
 int td_forward_metrics(td_forward *f, int nseq, const int *const *tokens, const int *lens,
                        const td_rows_dev_map *b_rows, td_token_metrics *const *m, td_error *err);
 
+/* The same for replayed rollouts, B known only by the log-prob of each token: for every s and
+ * from[s] <= pos < lens[s] (from[s] >= 1), m[s][pos] = td_token_metrics_replay(A's row at pos - 1,
+ * V, tokens[s][pos], logp_b[s][pos - from[s]]) computed on the device: logp_a, top1_a, rank_a
+ * and k3 exactly, entropy_a summed in another order (metrics.h). 0, or -1 + err (a backend that
+ * computes no metrics: the CPU, see td_forward_device_metrics). */
+int td_forward_metrics_replay(td_forward *f, int nseq, const int *const *tokens, const int *lens, const int *from,
+                              const float *const *logp_b, td_token_metrics *const *m, td_error *err);
+/* Whether this path's backend computes the per-token metrics itself (CUDA): td_forward_metrics
+ * and td_forward_metrics_replay run there. */
+int td_forward_device_metrics(const td_forward *f);
+
 /* ---- incremental structure (inference path) ------------------------------------------------ */
 
 typedef struct td_session td_session;

@@ -56,12 +56,15 @@ typedef struct {
                                 logp[s][pos] = raw log-prob of the token at pos, for response
                                 positions (and prompt positions 1.. with prompt_rows)            */
     float **logp_proc;       /* (n) optional, as logp: the processed log-prob (prompt positions:
-                                the raw one)                                                     */
+                                the raw one; on a device that samples, left unwritten where keep
+                                holds the row and neither row_fn nor logp reads it: it is that
+                                row's value at the token, td_forward_metrics' logp_b)            */
     td_rows_dev_map keep;    /* optional (keep.rows NULL: none): the raw log-softmax row of every
                                 kept position (model.h td_rows_dev_map; response positions, and
                                 prompt positions with prompt_rows) is written to the device rows
-                                there; a decode step's rows then never come to the host unless
-                                row_fn or logp asks for them                                     */
+                                there; neither a decode step's rows nor prefill's (prompt rows,
+                                each sequence's last row) then come to the host unless row_fn or
+                                logp asks for them                                               */
 } td_rollout_batch;
 
 /* Called for every position pos a row predicted (response positions; prompt positions 1 .. P-1

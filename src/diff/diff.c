@@ -57,7 +57,17 @@ static int run_batch(job *J, int64_t batch_no, const size_t *idx, int n, td_erro
         td_rows_dev_map map = {J->rows_dev, b.keep_from, b.keep_base};
         if (td_forward_metrics(J->fa, n, (const int *const *)b.seq, b.len, &map, b.m, err)) goto done;
         for (int s = 0; s < n; s++)
-            for (int pos = b.keep_from[s]; pos < b.len[s]; pos++) b.have[s][pos] = 1;
+            for (int pos = b.keep_from[s]; pos < b.len[s]; pos++) {
+                b.have[s][pos] = 1;
+                /* a prompt row stayed on the device: its "processed" log-prob is the raw one,
+                 * the kept row's value at the token (td_rollout_batch.logp_proc) */
+                if (pos < b.plen[s]) b.logp_b_proc[s][pos] = (float)b.m[s][pos].logp_b;
+            }
+    } else if (J->replay_dev && !b.proc) {   /* a replay: A's rows on the device, B's log-probs from the file */
+        if (td_forward_metrics_replay(J->fa, n, (const int *const *)b.seq, b.len, b.plen, b.replay_b, b.m, err))
+            goto done;
+        for (int s = 0; s < n; s++)
+            for (int pos = b.plen[s]; pos < b.len[s]; pos++) b.have[s][pos] = 1;
     } else if (td_forward_logprobs(J->fa, n, (const int *const *)b.seq, b.len, NULL, on_row_a, &b, err)) {
         goto done;
     }
@@ -200,6 +210,10 @@ int td_diff_run(const td_diff_opts *opts, td_diff_summary *sum, td_error *err)
     if (!J.fa || td_forward_set_recipe_lora(J.fa, &o->recipe_a, J.lora, o->lora_merge_a, err)) goto out;
     if (lora_report(&J, 'a', td_forward_lora_stats(J.fa), &o->recipe_a, err)) goto out;
     if (o->logprob_temperature > 0 && o->logprob_temperature != 1) td_forward_set_temperature(J.fa, (float)o->logprob_temperature);
+    /* a replay of raw log-probs on a device: A's rows scored there (processed ones are formed
+     * from A's rows by td_sample on the host: those rows come down) */
+    J.replay_dev = J.prompts.has_rollouts && td_forward_device_metrics(J.fa) && !diff_metrics_on_host() &&
+                   !(o->rollout_logprobs && !strcmp(o->rollout_logprobs, "processed"));
     if (!J.prompts.has_rollouts) {
         J.sb = td_session_create(J.model, slots, J.max_len, chunk, err);
         if (!J.sb || td_session_set_recipe_lora(J.sb, &o->recipe_b, J.lora, o->lora_merge_b, err)) goto out;
@@ -241,8 +255,9 @@ int td_diff_run(const td_diff_opts *opts, td_diff_summary *sum, td_error *err)
     if (skipped) fprintf(stderr, "tidal-diff: resumed: %zu batches were already complete\n", skipped);
     if (J.model && J.model->backend && ran)
         fprintf(stderr, "tidal-diff: device to host: generation %zu bytes (%s), scoring %zu bytes (per-token "
-                "metrics %s)\n", J.d2h_generate, J.rows_dev ? "B's rows kept on the device" : "B's rows downloaded",
-                J.d2h_score, J.rows_dev ? "computed on the device" : "computed on the host");
+                "metrics %s)\n", J.d2h_generate,
+                J.prompts.has_rollouts ? "a replay: none" : J.rows_dev ? "B's rows kept on the device" : "B's rows downloaded",
+                J.d2h_score, J.rows_dev || J.replay_dev ? "computed on the device" : "computed on the host");
     if (diff_memory_record(&J, err)) goto out;
     if (td_runfile_close(J.rf, err)) { J.rf = NULL; goto out; }
     J.rf = NULL;

@@ -67,6 +67,8 @@ typedef struct {
     td_sampler *sampler;
     int keep_rows;           /* the memory plan's: B's rows kept on the device per slot (0 = host) */
     td_rows_dev *rows_dev;   /* those rows (slots x keep_rows), NULL: B's rows come to the host */
+    int replay_dev;          /* a replay of raw log-probs whose metrics the device computes from A's
+                                rows (td_forward_metrics_replay): A's rows stay there         */
     size_t d2h_generate, d2h_score;   /* bytes the device copied to the host in either phase */
     td_runfile *rf;
     int max_len;             /* longest prompt + max_new_tokens (context-bounded) */
@@ -122,6 +124,9 @@ int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format st
  * run file's memory_peak (td_device_mem_peak) and memory_used_max (free at the plan less the
  * least free seen) attributes, and a line on stderr. Nothing on the CPU. */
 void diff_memory_sample(job *J);
+/* TIDAL_METRICS_ON_HOST=1 (a diagnostic): a device run downloads the paths' rows and computes
+ * the per-token metrics on the host, as before they moved to the device. */
+int diff_metrics_on_host(void);
 int diff_memory_record(job *J, td_error *err);
 
 #endif

@@ -26,6 +26,12 @@ static const char *largest(const td_memplan *p)
     return "workspace";
 }
 
+int diff_metrics_on_host(void)
+{
+    const char *host_rows = getenv("TIDAL_METRICS_ON_HOST");   /* diagnostic: the download path */
+    return host_rows && *host_rows && strcmp(host_rows, "0");
+}
+
 int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format storage, int *fwd_tokens,
                      int *chunk, int *slots, td_error *err)
 {
@@ -46,8 +52,7 @@ int diff_memory_plan(job *J, td_diff_opts *o, const td_config *cfg, td_format st
     /* B's rows of a batch wait on the device for A (the metrics computed there): every scored
      * position of a slot, the prompt's too with --score-prompt */
     J->keep_rows = 0;
-    const char *host_rows = getenv("TIDAL_METRICS_ON_HOST");   /* diagnostic: the download path */
-    if (gen && on_gpu && !(host_rows && *host_rows && strcmp(host_rows, "0")))
+    if (gen && on_gpu && !diff_metrics_on_host())
         in.keep_rows = o->score_prompt ? J->max_len - 1 : o->max_new_tokens;
     *fwd_tokens = tokens;
     *chunk = in.chunk;

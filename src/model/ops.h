@@ -200,7 +200,9 @@ struct td_backend {
      * td_log_softmax's floats (include/tidal/logprob.h).
      * token_metrics: m[i] (host) = td_token_metrics_compute(la + ia[i] * V, lb + ib[i] * V, V,
      * y[i]) for n pairs of log-prob rows in backend memory (ia, ib, y host; ia or ib NULL = i):
-     * logp, k3, top-1 and rank exactly, the double sums in another order (metrics.h). */
+     * logp, k3, top-1 and rank exactly, the double sums in another order (metrics.h). lb NULL:
+     * A's rows alone, td_token_metrics_replay's A side (logp_a, top1_a, rank_a exactly, entropy_a
+     * in another order) with logp_b and k3 NaN, for the caller to set from its logp_b. */
     void (*row_logsoftmax)(const td_ops *ctx, float *dst, const size_t *dst_row, const float *src,
                            int n, int V, float T);
     void (*token_metrics)(const td_ops *ctx, td_token_metrics *m, const float *la,

@@ -112,9 +112,12 @@ static void run_micro_batch(td_forward *f, int s0, int s1, const int *const *tok
 
 /* td_forward_metrics's micro-batch: the rows of each logits chunk stay in backend memory; the
  * chunk's scored rows are paired with B's kept rows and the backend computes their metrics
- * (R td_token_metrics come down instead of R rows). */
+ * (R td_token_metrics come down instead of R rows). A replay (b NULL): A's rows alone, scored
+ * from from[s] on, B's log-prob logp_b[s][pos - from[s]] set here. */
 typedef struct {
     const td_rows_dev_map *b;
+    const int *from;                 /* replay: first scored position of each sequence */
+    const float *const *logp_b;      /* replay: B's log-prob of each scored token        */
     td_token_metrics *const *m;
     size_t *ia, *ib;         /* (logits_rows) A's chunk row and B's kept row of each pair */
     int *y;
@@ -131,7 +134,7 @@ static void run_micro_batch_metrics(td_forward *f, int s0, int s1, const int *co
         int R = N - r0 < f->logits_rows ? N - r0 : f->logits_rows, n = 0;
         for (int r = 0; r < R; r++) {
             int s = f->row_seq[r0 + r], pos = f->pos[r0 + r] + 1;
-            long kb = pos < lens[s] ? rows_dev_row(q->b, s, pos) : -1;
+            long kb = pos >= lens[s] ? -1 : q->b ? rows_dev_row(q->b, s, pos) : pos >= q->from[s] ? 0 : -1;
             if (kb < 0) continue;
             q->ia[n] = (size_t)r;
             q->ib[n] = (size_t)kb;
@@ -140,10 +143,16 @@ static void run_micro_batch_metrics(td_forward *f, int s0, int s1, const int *co
         }
         if (n == 0) continue;   /* nothing scored in this chunk: no lm_head either */
         head_forward(&f->ops, m, f->logits, f->acts.xn + (size_t)r0 * m->cfg.hidden_size, R, 0);
-        f->ops.be->token_metrics(&f->ops, q->out, f->logits, q->ia, q->b->rows->rows, q->ib, q->y, n, V);
+        f->ops.be->token_metrics(&f->ops, q->out, f->logits, q->ia, q->b ? q->b->rows->rows : NULL,
+                                 q->b ? q->ib : NULL, q->y, n, V);
         for (int i = 0; i < n; i++) {
-            int r = (int)q->ia[i], s = f->row_seq[r0 + r];
-            q->m[s][f->pos[r0 + r] + 1] = q->out[i];
+            int r = (int)q->ia[i], s = f->row_seq[r0 + r], pos = f->pos[r0 + r] + 1;
+            td_token_metrics *mt = &q->m[s][pos];
+            *mt = q->out[i];
+            if (!q->b) {   /* td_token_metrics_replay's B side */
+                mt->logp_b = q->logp_b[s][pos - q->from[s]];
+                mt->k3 = td_k3(mt->logp_a, mt->logp_b);
+            }
         }
     }
 }
@@ -164,16 +173,14 @@ static int check_sequences(const td_forward *f, int nseq, const int *const *toke
     return 0;
 }
 
-int td_forward_metrics(td_forward *f, int nseq, const int *const *tokens, const int *lens,
-                       const td_rows_dev_map *b_rows, td_token_metrics *const *m, td_error *err)
+static int forward_metrics(td_forward *f, int nseq, const int *const *tokens, const int *lens, metrics_req *q,
+                           const char *fn, td_error *err)
 {
-    if (!b_rows || !b_rows->rows || b_rows->rows->ops.be != f->ops.be || !f->ops.be->token_metrics)
-        return td_fail(err, "td_forward_metrics: B's rows are not kept on this path's device");
-    if (check_sequences(f, nseq, tokens, lens, "td_forward_metrics", err)) return -1;
-    metrics_req q = {b_rows, m, td_xmalloc((size_t)f->logits_rows * sizeof(size_t)),
-                     td_xmalloc((size_t)f->logits_rows * sizeof(size_t)),
-                     td_xmalloc((size_t)f->logits_rows * sizeof(int)),
-                     td_xmalloc((size_t)f->logits_rows * sizeof(td_token_metrics))};
+    if (check_sequences(f, nseq, tokens, lens, fn, err)) return -1;
+    q->ia = td_xmalloc((size_t)f->logits_rows * sizeof(size_t));
+    q->ib = td_xmalloc((size_t)f->logits_rows * sizeof(size_t));
+    q->y = td_xmalloc((size_t)f->logits_rows * sizeof(int));
+    q->out = td_xmalloc((size_t)f->logits_rows * sizeof(td_token_metrics));
     td_progress pr;
     td_progress_start(&pr, f->m->progress, "teacher-forced forward");
     f->ops.progress = &pr;
@@ -181,13 +188,37 @@ int td_forward_metrics(td_forward *f, int nseq, const int *const *tokens, const 
     for (int s0 = 0; s0 < nseq;) {   /* the micro-batches of td_forward_logprobs */
         int s1 = s0, total = 0;
         while (s1 < nseq && total + lens[s1] <= f->max_tokens) total += lens[s1++];
-        run_micro_batch_metrics(f, s0, s1, tokens, lens, &q);
+        run_micro_batch_metrics(f, s0, s1, tokens, lens, q);
         s0 = s1;
     }
     f->ops.progress = NULL;
     td_progress_end(&pr);
-    free(q.ia); free(q.ib); free(q.y); free(q.out);
+    free(q->ia); free(q->ib); free(q->y); free(q->out);
     return 0;
+}
+
+int td_forward_device_metrics(const td_forward *f) { return f->ops.be->token_metrics != NULL; }
+
+int td_forward_metrics(td_forward *f, int nseq, const int *const *tokens, const int *lens,
+                       const td_rows_dev_map *b_rows, td_token_metrics *const *m, td_error *err)
+{
+    if (!b_rows || !b_rows->rows || b_rows->rows->ops.be != f->ops.be || !f->ops.be->token_metrics)
+        return td_fail(err, "td_forward_metrics: B's rows are not kept on this path's device");
+    metrics_req q = {.b = b_rows, .m = m};
+    return forward_metrics(f, nseq, tokens, lens, &q, "td_forward_metrics", err);
+}
+
+int td_forward_metrics_replay(td_forward *f, int nseq, const int *const *tokens, const int *lens, const int *from,
+                              const float *const *logp_b, td_token_metrics *const *m, td_error *err)
+{
+    if (!f->ops.be->token_metrics)
+        return td_fail(err, "td_forward_metrics_replay: this path's backend (%s) computes no metrics", f->ops.be->name);
+    for (int s = 0; s < nseq; s++)
+        if (from[s] < 1)
+            return td_fail(err, "td_forward_metrics_replay: sequence %d scored from position %d (expected >= 1)", s,
+                           from[s]);
+    metrics_req q = {.from = from, .logp_b = logp_b, .m = m};
+    return forward_metrics(f, nseq, tokens, lens, &q, "td_forward_metrics_replay", err);
 }
 
 int td_forward_logprobs(td_forward *f, int nseq, const int *const *tokens, const int *lens,

@@ -32,6 +32,19 @@ static inline long rows_dev_row(const td_rows_dev_map *m, int s, int pos)
 int session_vocab(const td_session *s);
 /* Where long work on the session's model reports progress (m->progress; NULL: silent). */
 FILE *session_progress(const td_session *s);
+/* Called by session_prefill_dev with R consecutive rows in backend memory (raw logits or
+ * log-softmax, as the session is set): row r, at rows + r * V, follows position pos0 + r of
+ * the slot (it predicts pos0 + r + 1). Valid during the call; work the callee queues on the
+ * backend's stream (row_logsoftmax) runs before the buffer is written again. */
+typedef void (*session_rows_fn)(void *user, int slot, int pos0, const float *rows, int R);
+
+/* td_session_prefill whose outputs stay in backend memory (the rollout on a device): last_dev
+ * (V floats of backend memory, not NULL) receives the row after the last token, rows_fn (if
+ * set) every appended position's row chunk by chunk, in backend memory. Nothing comes to the
+ * host. */
+int session_prefill_dev(td_session *s, int slot, const int *tokens, int n, float *last_dev,
+                        session_rows_fn rows_fn, void *user, td_error *err);
+
 /* The session's op context (its backend: be->sample, be->alloc for rows kept on the device). */
 const td_ops *session_ops(const td_session *s);
 

@@ -14,6 +14,7 @@ typedef struct {
     void *user;
     int V;
     float *row;              /* (V) the log-softmax row being handed out */
+    size_t *krow;            /* (longest prompt) kept rows of a prefill chunk's prompt rows */
 } rollout;
 
 static bool is_eos(const td_rollout_opts *o, int y)
@@ -59,34 +60,72 @@ static void on_prefill_row(void *user, int slot, int t, const float *logits)
     if (t + 1 < r->b->prompt_len[slot]) deliver(r, slot, t + 1, logits, NULL, 0);
 }
 
+/* Whether sequence s's prompt rows must come to the host on a device: a caller reads them there
+ * (row_fn, b->logp), or wants processed log-probs (b->logp_proc: the raw one at prompt
+ * positions) of positions whose rows are not kept on the device. Else the kept ones go from
+ * prefill's logits buffer to their kept rows on the device (on_prefill_rows_dev). */
+static int prompt_rows_on_host(const rollout *r, int s)
+{
+    const td_rollout_batch *b = r->b;
+    return r->row_fn || (b->logp && b->logp[s]) ||
+           (b->logp_proc && b->logp_proc[s] && rows_dev_row(&b->keep, s, 1) < 0);
+}
+
+/* Prefill rows in backend memory (a device): rows t = pos0 .. pos0 + R - 1 predict t + 1; the
+ * kept ones among the prompt positions 1 .. P - 1 become their kept log-softmax rows there
+ * (row_logsoftmax: td_log_softmax's floats of the same logits / T, what deliver uploads on the
+ * host path), in one launch: the kept positions of a sequence are consecutive. */
+static void on_prefill_rows_dev(void *user, int slot, int pos0, const float *rows, int R)
+{
+    rollout *r = user;
+    const td_rollout_batch *b = r->b;
+    int lo = pos0, hi = pos0 + R;
+    if (hi > b->prompt_len[slot] - 1) hi = b->prompt_len[slot] - 1;   /* the last row is the decode loop's */
+    while (lo < hi && rows_dev_row(&b->keep, slot, lo + 1) < 0) lo++;
+    if (lo >= hi) return;
+    for (int t = lo; t < hi; t++) r->krow[t - lo] = (size_t)rows_dev_row(&b->keep, slot, t + 1);
+    const td_rows_dev *kd = b->keep.rows;
+    kd->ops.be->row_logsoftmax(&kd->ops, kd->rows, r->krow, rows + (size_t)(lo - pos0) * r->V, hi - lo, r->V,
+                               r->o->row_temperature);
+}
+
 /* The decode loop on a backend that samples (be->sample, the CUDA backend): each step's rows
  * stay in backend memory, the backend draws the tokens (td_sample's, same streams) and only
  * the tokens and their processed log-probs come down; the full rows are downloaded only for a
  * caller that reads them (row_fn, b->logp). Sequences, order and stopping rules are the host
- * loop's below. logits: the prefill's last rows (host); out: n_seq rows of host scratch. */
-static int decode_on_device(td_session *sess, rollout *r, td_rng *rng, const float *logits, float *out,
-                            int *slots, int *next, td_progress *pr, td_error *err)
+ * loop's below. The prefill's last row of sequence s is in drows (backend memory, n_seq rows)
+ * at row s, or, when its prompt rows came to the host (host[s]), in logits (host) at row s;
+ * drows then holds each step's rows; out: n_seq rows of host scratch. */
+static int decode_on_device(td_session *sess, rollout *r, td_rng *rng, float *drows, const float *logits,
+                            const unsigned char *host, float *out, int *slots, int *next, td_progress *pr,
+                            td_error *err)
 {
     const td_ops *ops = session_ops(sess);
     const td_rollout_opts *o = r->o;
     td_rollout_batch *b = r->b;
     const int n_seq = b->n, V = r->V;
     const int need_rows = r->row_fn || b->logp;
-    float *drows = ops->be->alloc((size_t)n_seq * V * sizeof(float));
     int *act = td_xmalloc((size_t)n_seq * sizeof(int)), *tok = td_xmalloc((size_t)n_seq * sizeof(int));
     int *nseen = td_xmalloc((size_t)n_seq * sizeof(int));
     const int **seen = td_xmalloc((size_t)n_seq * sizeof(int *));
     float *lp = td_xmalloc((size_t)n_seq * sizeof(float));
     td_rng *rg = td_xmalloc((size_t)n_seq * sizeof(td_rng));
     size_t *krow = td_xmalloc((size_t)n_seq * sizeof(size_t));   /* kept rows of a step */
-    int rc = -1, n = 0;
-    for (int s = 0; s < n_seq; s++) {   /* the first step samples the prefill's rows (host) */
+    int rc = -1, n = 0, down = 0;   /* down: rows of the first step still to download for need_rows */
+    for (int s = 0; s < n_seq; s++) {   /* the first step samples the prefill's rows, packed */
         if (b->finish[s] >= 0) continue;
         if (b->len[s] >= o->max_len) { b->finish[s] = TD_FINISH_LENGTH; continue; }
-        memcpy(out + (size_t)n * V, logits + (size_t)s * V, (size_t)V * sizeof(float));
+        float *dst = drows + (size_t)n * V;
+        if (host[s]) {   /* on the host already: uploaded, and not downloaded again */
+            ops->be->upload(dst, logits + (size_t)s * V, (size_t)V * sizeof(float));
+            memcpy(out + (size_t)n * V, logits + (size_t)s * V, (size_t)V * sizeof(float));
+        } else {
+            if (n != s) ops->be->upload(dst, drows + (size_t)s * V, (size_t)V * sizeof(float));
+            down++;
+        }
         act[n++] = s;
     }
-    const float *rows = out;
+    const float *rows = drows;
     for (int step = 0; step < o->max_new_tokens && n > 0; step++) {
         for (int i = 0; i < n; i++) {
             seen[i] = b->tokens[act[i]];
@@ -110,7 +149,11 @@ static int decode_on_device(td_session *sess, rollout *r, td_rng *rng, const flo
                         ops->be->row_logsoftmax(ops, kd->rows, &krow[j++], rows + (size_t)i * V, 1, V,
                                                 o->row_temperature);
         }
-        if (need_rows && rows != out) ops->be->download(out, rows, (size_t)n * V * sizeof(float));
+        if (need_rows && step > 0)
+            ops->be->download(out, rows, (size_t)n * V * sizeof(float));
+        else if (need_rows && down)   /* the first step: the rows prefill left on the device */
+            for (int i = 0; i < n; i++)
+                if (!host[act[i]]) ops->be->download(out + (size_t)i * V, rows + (size_t)i * V, (size_t)V * sizeof(float));
         int n2 = 0;
         for (int i = 0; i < n; i++) {
             int s = act[i], pos = b->len[s], y = tok[i];
@@ -129,12 +172,10 @@ static int decode_on_device(td_session *sess, rollout *r, td_rng *rng, const flo
         if (td_session_decode(sess, n2, slots, next, drows, err)) goto done;
         memcpy(act, slots, (size_t)n2 * sizeof(int));
         n = n2;
-        rows = drows;
         td_progress_add(pr, 1, "decode steps");
     }
     rc = 0;
 done:
-    ops->be->free(drows);
     free(act); free(tok); free(nseen); free(seen); free(lp); free(rg); free(krow);
     return rc;
 }
@@ -145,8 +186,16 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
     const int n_seq = b->n, V = session_vocab(sess);
     if (b->keep.rows && b->keep.rows->ops.be != session_ops(sess)->be)
         return td_fail(err, "td_rollout_generate: the kept rows are not on the session's device");
-    rollout r = {o, b, row_fn, user, V, td_xmalloc((size_t)V * sizeof(float))};
-    float *logits = td_xmalloc((size_t)n_seq * V * sizeof(float));   /* each sequence's next row */
+    const td_ops *ops = session_ops(sess);
+    /* on a backend that samples, the rows stay there: prefill's last rows go to drows, where the
+     * first sampling step reads them, and the kept prompt rows to their kept rows */
+    const int on_dev = ops->be->sample && !(o->logit_noise > 0);
+    int maxp = 1;
+    for (int s = 0; s < n_seq; s++) maxp = b->prompt_len[s] > maxp ? b->prompt_len[s] : maxp;
+    rollout r = {o, b, row_fn, user, V, td_xmalloc((size_t)V * sizeof(float)), td_xmalloc((size_t)maxp * sizeof(size_t))};
+    float *drows = on_dev ? ops->be->alloc((size_t)n_seq * V * sizeof(float)) : NULL;
+    float *logits = td_xmalloc((size_t)n_seq * V * sizeof(float));   /* each sequence's next row (host) */
+    unsigned char *host = td_xcalloc((size_t)n_seq, 1);   /* whose prefill rows (the last one too) came to the host */
     float *proc = td_xmalloc((size_t)V * sizeof(float));
     int *slots = td_xmalloc((size_t)n_seq * sizeof(int)), *next = td_xmalloc((size_t)n_seq * sizeof(int));
     td_rng *rng = td_xmalloc((size_t)n_seq * sizeof(td_rng));
@@ -163,15 +212,24 @@ int td_rollout_generate(td_session *sess, td_sampler *smp, const td_rollout_opts
         td_rng_stream(&rng[s], o->seed, b->stream[s]);
         if (noise) td_rng_stream(&noise[s], o->noise_seed, b->stream[s]);
         td_session_reset(sess, s);
-        if (td_session_prefill(sess, s, b->tokens[s], b->prompt_len[s], logits + (size_t)s * V,
-                               o->prompt_rows ? on_prefill_row : NULL, &r, err)) goto done;
+        /* on a device, prefill's rows stay there unless the prompt rows are read on the host (then
+         * the last row comes down with them, as on the host path) */
+        host[s] = !on_dev || (o->prompt_rows && prompt_rows_on_host(&r, s));
+        if (!host[s]) {
+            session_rows_fn dev = o->prompt_rows && b->keep.rows ? on_prefill_rows_dev : NULL;
+            if (session_prefill_dev(sess, s, b->tokens[s], b->prompt_len[s], drows + (size_t)s * V, dev, &r, err))
+                goto done;
+        } else if (td_session_prefill(sess, s, b->tokens[s], b->prompt_len[s], logits + (size_t)s * V,
+                                      o->prompt_rows ? on_prefill_row : NULL, &r, err)) {
+            goto done;
+        }
         td_progress_add(&pr, b->prompt_len[s], "prompt tokens");
     }
     td_progress_end(&pr);
     td_progress_start(&pr, session_progress(sess), "rollout decode");
     pr.total = o->max_new_tokens;
-    if (session_ops(sess)->be->sample && !noise) {   /* the rows stay on the device */
-        rc = decode_on_device(sess, &r, rng, logits, out, slots, next, &pr, err);
+    if (on_dev) {
+        rc = decode_on_device(sess, &r, rng, drows, logits, host, out, slots, next, &pr, err);
         goto done;
     }
     int active = n_seq;
@@ -207,6 +265,7 @@ done:
         td_progress_end(&pr);
         for (int s = 0; s < n_seq; s++) if (b->finish[s] < 0) b->finish[s] = TD_FINISH_LENGTH;
     }
-    free(r.row); free(logits); free(proc); free(slots); free(next); free(rng); free(noise); free(out);
+    if (drows) ops->be->free(drows);
+    free(r.row); free(r.krow); free(logits); free(host); free(proc); free(slots); free(next); free(rng); free(noise); free(out);
     return rc;
 }

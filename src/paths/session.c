@@ -106,8 +106,11 @@ static size_t slot_offset(const td_session *s, int slot)
     return (size_t)slot * s->max_len * KVD;
 }
 
-int td_session_prefill(td_session *s, int slot, const int *tokens, int n, float *last_row,
-                       td_row_fn row_fn, void *user, td_error *err)
+/* td_session_prefill (row_fn: the rows on the host, downloaded chunk by chunk; last: host
+ * memory) and session_prefill_dev (rows_fn: the rows in backend memory, the logits buffer R rows
+ * at a time; last: backend memory, paths_internal.h); one of row_fn / rows_fn at most. */
+static int prefill(td_session *s, int slot, const int *tokens, int n, float *last, td_row_fn row_fn,
+                   session_rows_fn rows_fn, void *user, td_error *err)
 {
     const td_model *m = s->m;
     int V = m->cfg.vocab_size, C = m->cfg.hidden_size;
@@ -131,24 +134,42 @@ int td_session_prefill(td_session *s, int slot, const int *tokens, int n, float 
         s->ops.decode = 0;
         s->ops.row_seq = s->row_slot;
         decoder_forward(&s->ops, m, &s->acts, tokens + i0, s->pos, N, &kv);
-        if (row_fn)
+        if (row_fn || rows_fn)
             for (int r0 = 0; r0 < N; r0 += s->logits_rows) {
                 int R = N - r0 < s->logits_rows ? N - r0 : s->logits_rows;
                 head_forward(&s->ops, m, s->logits, s->acts.xn + (size_t)r0 * C, R, s->raw_logits);
+                if (rows_fn) {
+                    rows_fn(user, slot, s->pos[r0], s->logits, R);
+                    continue;
+                }
                 s->ops.be->download(s->logits_host, s->logits, (size_t)R * V * sizeof(float));
                 for (int r = 0; r < R; r++)
                     row_fn(user, slot, s->pos[r0 + r], s->logits_host + (size_t)r * V);
             }
         s->len[slot] += N;
-        if (i0 + N == n && last_row) {
-            if (row_fn)  /* the last row is still in the logits buffer */
-                memcpy(last_row, s->logits_host + (size_t)((N - 1) % s->logits_rows) * V,
-                       (size_t)V * sizeof(float));
+        if (i0 + N == n && last) {
+            size_t at = (size_t)((N - 1) % s->logits_rows) * V;   /* the last row, when computed */
+            if (row_fn)        /* downloaded with the others */
+                memcpy(last, s->logits_host + at, (size_t)V * sizeof(float));
+            else if (rows_fn)  /* still in the logits buffer: a copy within the device */
+                s->ops.be->upload(last, s->logits + at, (size_t)V * sizeof(float));
             else
-                head_forward(&s->ops, m, last_row, s->acts.xn + (size_t)(N - 1) * C, 1, s->raw_logits);
+                head_forward(&s->ops, m, last, s->acts.xn + (size_t)(N - 1) * C, 1, s->raw_logits);
         }
     }
     return 0;
+}
+
+int td_session_prefill(td_session *s, int slot, const int *tokens, int n, float *last_row,
+                       td_row_fn row_fn, void *user, td_error *err)
+{
+    return prefill(s, slot, tokens, n, last_row, row_fn, NULL, user, err);
+}
+
+int session_prefill_dev(td_session *s, int slot, const int *tokens, int n, float *last_dev,
+                        session_rows_fn rows_fn, void *user, td_error *err)
+{
+    return prefill(s, slot, tokens, n, last_dev, NULL, rows_fn, user, err);
 }
 
 int td_session_decode(td_session *s, int n, const int *slots, const int *tokens, float *rows,

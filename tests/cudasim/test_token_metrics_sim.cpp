@@ -6,7 +6,9 @@
  *   kl_ba, kl_ab, tv, entropy_a/b: within 1e-9 relative (sums of non-negative terms in another
  *   order: the bound is ~2 V 2^-53, 3.4e-11 at V 151,936)
  * and the same pairs read through row indices from device buffers (tidal-diff's layout): the
- * same bits. row_logsoftmax_cuda (B's rows kept on the device): raw rows N(0, s^2), s 1 / 4 / 12,
+ * same bits. A's rows alone (lb NULL: replayed rollouts) against td_token_metrics_replay: logp_a,
+ * k3 (B's log-prob set by the caller), top-1, rank identical, entropy_a within 1e-9 relative, the
+ * B-side fields NaN / -1. row_logsoftmax_cuda (B's rows kept on the device): raw rows N(0, s^2), s 1 / 4 / 12,
  * ties, -inf entries and an all -inf row, T 1 / 0.7 / 1.3 / 0.6, from host and device memory
  * into scattered rows, with and without the certified shortcut: x / T then td_log_softmax's
  * floats, bit for bit. */
@@ -94,12 +96,38 @@ static void run(int V, int n, uint64_t seed)
     td_token_metrics *gi = (td_token_metrics *)malloc((size_t)n * sizeof *gi);
     token_metrics_cuda(NULL, gi, da, ia.data(), db, ib.data(), y.data(), n, V);
     assert_memory_equal(g, gi, (size_t)n * sizeof *g);
+    /* A's rows alone (lb NULL: a replay) against td_token_metrics_replay, B's log-prob set by the
+     * caller (here: B's row at y) as td_forward_metrics_replay sets it */
+    td_token_metrics *gr = (td_token_metrics *)malloc((size_t)n * sizeof *gr);
+    token_metrics_cuda(NULL, gr, da, ia.data(), NULL, NULL, y.data(), n, V);
+    double worst_r = 0;
+    for (int i = 0; i < n; i++) {
+        td_token_metrics c;
+        double lpb = lb[(size_t)i * V + y[i]];
+        td_token_metrics_replay(la.data() + (size_t)i * V, V, y[i], lpb, &c);
+        assert_true(isnan(gr[i].logp_b) && isnan(gr[i].k3));   /* the caller's */
+        gr[i].logp_b = lpb;
+        gr[i].k3 = td_k3(gr[i].logp_a, lpb);
+        assert_memory_equal(&c.logp_a, &gr[i].logp_a, sizeof(double));
+        assert_memory_equal(&c.logp_b, &gr[i].logp_b, sizeof(double));
+        assert_memory_equal(&c.k3, &gr[i].k3, sizeof(double));
+        assert_int_equal(c.top1_a, gr[i].top1_a);
+        assert_int_equal(c.rank_a, gr[i].rank_a);
+        assert_int_equal(c.top1_b, gr[i].top1_b);
+        assert_int_equal(c.rank_b, gr[i].rank_b);
+        assert_true(isnan(gr[i].kl_ba) && isnan(gr[i].kl_ab) && isnan(gr[i].tv) && isnan(gr[i].entropy_b));
+        double e = rel(c.entropy_a, gr[i].entropy_a);
+        assert_true(e <= 1e-9);
+        worst_r = e > worst_r ? e : worst_r;
+    }
     be->free(da);
     be->free(db);
     free(gi);
+    free(gr);
     free(g);
     printf("V %6d, %d row pairs: logp, k3, top-1, rank identical; KL, TV, entropy max relative difference %.2g; "
-           "through row indices from device buffers: identical\n", V, n, worst);
+           "through row indices from device buffers: identical; A alone (replay): logp, k3, top-1, rank identical, "
+           "entropy max relative difference %.2g\n", V, n, worst, worst_r);
 }
 
 /* row_logsoftmax_cuda: n rows of raw logits (host, as a rollout's first step has them, or

@@ -12,6 +12,7 @@
  * of the CPU's relatively; za and zb move every r = a - b by a few 1e-16, which for near rows
  * (|r| ~ 1e-4, KL ~ 1e-9) changes k3 ~ r^2 / 2 by ~1e-12 relatively: measured <= 1.1e-11
  * relative on KL / TV / entropy (tests/cudasim/test_token_metrics_sim, V 100 and 151,936).
+ * lb NULL: td_token_metrics_replay's A side (replayed rollouts), token_metrics_replay_rows.
  * No scratch. */
 #include "kern.cuh"
 #include "tidal/metrics.h"
@@ -102,21 +103,60 @@ __global__ static void token_metrics_rows(const float *la_all, const size_t *ia,
     }
 }
 
+/* td_token_metrics_replay's A side (replayed rollouts: B known by the token's log-prob alone,
+ * which the caller has): A's row as it is, not renormalised, entropy -sum_{p > 0} p la with
+ * p = exp(la) in double (summed in the block's order), top-1 and rank as above, logp_a = la[y];
+ * logp_b and k3 NaN for the caller to set (td_k3), the fields of B's distribution NaN / -1. */
+__global__ static void token_metrics_replay_rows(const float *la_all, const size_t *ia, int V, const int *ys,
+                                                 td_token_metrics *out)
+{
+    __shared__ float fred[TM_THREADS / 32];
+    __shared__ double dred[TM_THREADS / 32];
+    __shared__ int ired;
+    const float *la = la_all + (ia ? ia[blockIdx.x] : (size_t)blockIdx.x) * V;
+    const float ya = la[ys[blockIdx.x]];
+    double ha = 0, ra = 0;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        double pa = exp((double)la[v]);
+        if (pa > 0) ha -= pa * la[v];
+        ra += la[v] > ya;
+    }
+    ha = tdc_block_sum_d(ha, dred);
+    ra = tdc_block_sum_d(ra, dred);
+    int top_a = tm_argmax(la, V, fred, &ired);
+    if (threadIdx.x == 0) {
+        td_token_metrics m;
+        m.logp_a = ya;
+        m.logp_b = m.k3 = NAN;
+        m.kl_ba = m.kl_ab = m.tv = m.entropy_b = NAN;
+        m.entropy_a = ha;
+        m.top1_a = top_a;
+        m.rank_a = 1 + (int)ra;
+        m.top1_b = m.rank_b = -1;
+        out[blockIdx.x] = m;
+    }
+}
+
 /* n pairs of rows (V wide, device or host; pair i: la + ia[i] * V and lb + ib[i] * V, ia / ib
  * NULL = i), y (n, host or device): m (n, host or device). The rows a NULL index reads are
- * n * V floats from la / lb; with an index, la / lb must be device memory (no staging). */
+ * n * V floats from la / lb; with an index, la / lb must be device memory (no staging).
+ * lb NULL: A's rows alone (token_metrics_replay_rows). */
 extern "C" void token_metrics_cuda(const td_ops *ctx, td_token_metrics *m, const float *la, const size_t *ia,
                                    const float *lb, const size_t *ib, const int *y, int n, int V)
 {
     (void)ctx;
     if (n <= 0 || V <= 0) return;
     const float *d_la = ia ? la : (const float *)tdc_in(la, (size_t)n * V * sizeof(float));
-    const float *d_lb = ib ? lb : (const float *)tdc_in(lb, (size_t)n * V * sizeof(float));
     const size_t *d_ia = (const size_t *)tdc_in(ia, (size_t)n * sizeof(size_t));
-    const size_t *d_ib = (const size_t *)tdc_in(ib, (size_t)n * sizeof(size_t));
     const int *d_y = (const int *)tdc_in(y, (size_t)n * sizeof(int));
     td_token_metrics *d_m = (td_token_metrics *)tdc_out(m, (size_t)n * sizeof(td_token_metrics), 0);
-    TD_LAUNCH(token_metrics_rows, n, TM_THREADS, 0, tdc_stream(), d_la, d_ia, d_lb, d_ib, V, d_y, d_m);
+    if (lb) {
+        const float *d_lb = ib ? lb : (const float *)tdc_in(lb, (size_t)n * V * sizeof(float));
+        const size_t *d_ib = (const size_t *)tdc_in(ib, (size_t)n * sizeof(size_t));
+        TD_LAUNCH(token_metrics_rows, n, TM_THREADS, 0, tdc_stream(), d_la, d_ia, d_lb, d_ib, V, d_y, d_m);
+    } else {
+        TD_LAUNCH(token_metrics_replay_rows, n, TM_THREADS, 0, tdc_stream(), d_la, d_ia, V, d_y, d_m);
+    }
     CUDA_CHECK_LAUNCH();
     tdc_done();
 }
