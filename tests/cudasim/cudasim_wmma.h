@@ -71,6 +71,20 @@ static inline unsigned fnv(const void *p, size_t n, unsigned h = 2166136261u)
     return h;
 }
 
+/* a fragment's bits (a multiple of 8 bytes), 8 bytes a step */
+static inline unsigned frag_hash(const void *p, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    uint64_t h = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+    }
+    return (unsigned)(h ^ (h >> 32));
+}
+
 [[noreturn]] static inline void fail(const char *op, const std::source_location &loc, const char *why)
 {
     fprintf(stderr, "cudasim: wmma::%s at %s:%d by thread (%u,%u,%u) of block (%u,%u,%u): %s\n", op,
@@ -93,7 +107,7 @@ static inline void sync_point(const char *op, const void *frag, size_t bytes, co
     if (__activemask() != 0xffffffffu)   /* lanes that returned while the others waited here */
         fail(op, loc, "not every lane of the warp takes part (lanes returned instead of reaching "
                       "the call): wmma calls are .sync.aligned, for all 32 lanes");
-    unsigned h = fnv(frag, bytes);
+    unsigned h = frag_hash(frag, bytes);
     unsigned lo = __reduce_min_sync(0xffffffffu, h), hi = __reduce_max_sync(0xffffffffu, h);
     if (lo != hi)
         fail(op, loc, "the lanes' fragments differ: memory was read before other lanes' writes to it "
