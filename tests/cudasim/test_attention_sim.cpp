@@ -30,7 +30,8 @@
  *
  * The tensor-core kernel (attn_mma, attention_mma.cu, TIDAL_CUDA_ATTN=mma; not bit-exact): on the
  * same packed prefill rows under bf16-train, fp16-train, bf16-infer, sglang-bf16, fp16-infer,
- * vllm-bf16 with an e4m3 KV cache and a 512-key block, GQA 1 / 2 / 4 at HD 64 and 128, forward
+ * vllm-bf16 with an e4m3 KV cache and a 512-key block, GQA 1 / 2 / 4 at HD 64 and 128, GQA 3 at
+ * HD 32 (datasets/models/add's heads), forward
  * and reverse thread orders (the same bits), against the CPU, the tiled kernel and the fp32
  * reference (limits at test_mma_prefill); over a KV cache of codes (bf16, fp16, e4m3 with
  * kv_scale 1 and 1/16) the bits of attn_mma over the CPU cache's floats; where the recipe's
@@ -396,7 +397,7 @@ static std::vector<sim_rcase> mma_recipes(void)
 static void test_mma_prefill(void **state)
 {
     (void)state;
-    struct { int NH, NKV, HD; } shapes[] = {{2, 2, 64}, {4, 2, 64}, {4, 1, 128}};
+    struct { int NH, NKV, HD; } shapes[] = {{2, 2, 64}, {4, 2, 64}, {4, 1, 128}, {6, 2, 32}};
     sim_rcase none = {"(none)", sim_preset("fp32"), 1};
     double worst_frac = 0, worst_lse = 0, dmin = 1e9, dmax = 0;
     for (const sim_rcase &rc : mma_recipes())

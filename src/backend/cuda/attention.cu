@@ -358,7 +358,7 @@ extern "C" void attention_forward_cuda(const td_ops *ctx, float *out, float *lse
         mma_noted = 1;
         fprintf(stderr, "tidal: TIDAL_CUDA_ATTN=mma: not under this recipe and shape (activations %s, KV "
                 "cache %s, kv_scale %g, residual %s, head dim %d; the tensor-core kernel needs q, k, v exact "
-                "in bf16 / fp16 and a head dim of 64 or 128): the bit-exact kernels run\n",
+                "in bf16 / fp16 and a head dim of 32, 64 or 128): the bit-exact kernels run\n",
                 td_format_info((td_format)a.D)->name, td_format_info(r->kv_cache)->name, (double)r->kv_scale,
                 r->residual_fp32 ? "fp32" : "activations", HD);
     }

@@ -7,7 +7,7 @@
  *
  * Only where the recipe's arithmetic allows it (attention_mma_allowed): D bf16 or fp16 (the MMA's
  * input type is D), no residual_fp32 (bf16-autocast: an unmerged LoRA's fp32 add can reach K and
- * V unrounded), head dims 64 and 128, and K / V exactly representable in D: the rows themselves
+ * V unrounded), head dims 32, 64 and 128, and K / V exactly representable in D: the rows themselves
  * (q after RoPE, k, v after their projections are rounded to D by the recipe), a KV cache of D
  * codes, or e4m3 / e5m2 codes times a power-of-two kv_scale within D's range. Then converting
  * q, k, v and D(p) to 16-bit codes is exact and every product is the CPU's product exactly;
@@ -38,7 +38,8 @@
  * CPU's and p = expf(s - m_new) is rounded to D from another scale. tests/cudasim/
  * test_attention_mma_sim.cpp measures the differences against the CPU and against fp32.
  * Shared memory (bytes): 3 x 64 (HD + 8) x 2 (Q, K, V codes) + 4 warps x (16 x 132 x 4 + 16 x
- * 136 x 2) (S, P) + 1,024: 102 KB at HD 128, 78 KB at HD 64 (the launch opts in above 48 KB). */
+ * 136 x 2) (S, P) + 1,024: 102 KB at HD 128, 78 KB at HD 64, 67 KB at HD 32 (the launch opts
+ * in above 48 KB). */
 #include "kern.cuh"
 
 #ifdef TD_CUDASIM
@@ -253,11 +254,11 @@ static int am_exact(int D, int f, float s)
 }
 
 /* the recipe's arithmetic allows the tensor-core kernel: D (activations) bf16 or fp16, no
- * residual_fp32, HD 64 or 128, K / V values of vfmt times vs (the KV cache's format and scale
+ * residual_fp32, HD 32, 64 or 128, K / V values of vfmt times vs (the KV cache's format and scale
  * where kv_write rounds to it, else D and 1) exact in D */
 extern "C" int attention_mma_allowed(int D, int residual_fp32, int HD, int vfmt, float vs)
 {
-    if ((D != TD_BF16 && D != TD_F16) || residual_fp32 || (HD != 64 && HD != 128)) return 0;
+    if ((D != TD_BF16 && D != TD_F16) || residual_fp32 || (HD != 32 && HD != 64 && HD != 128)) return 0;
     return am_exact(D, vfmt, vs);
 }
 
@@ -274,8 +275,9 @@ extern "C" void attention_mma_launch(float *out, float *lse, const float *q, con
     a.KVD = NKV * HD; a.D = D;
     a.seg = block == 64 || block % 128 ? 64 : 128;
     a.scale = 1.0f / sqrtf((float)HD);
-    void (*kern)(mma_args) = D == TD_BF16 ? (HD == 64 ? attn_mma<__nv_bfloat16, 64> : attn_mma<__nv_bfloat16, 128>)
-                                          : (HD == 64 ? attn_mma<__half, 64> : attn_mma<__half, 128>);
+    void (*kern)(mma_args) =
+        D == TD_BF16 ? (HD == 32 ? attn_mma<__nv_bfloat16, 32> : HD == 64 ? attn_mma<__nv_bfloat16, 64> : attn_mma<__nv_bfloat16, 128>)
+                     : (HD == 32 ? attn_mma<__half, 32> : HD == 64 ? attn_mma<__half, 64> : attn_mma<__half, 128>);
     size_t smem = 128 + (size_t)(AM_BR + 2 * AM_TK) * (HD + 8) * 2 + 4 * 16 * ((size_t)AM_SLD * 4 + AM_PLD * 2)
                 + 4 * AM_BR * 4;
     CUDA_CHECK(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
