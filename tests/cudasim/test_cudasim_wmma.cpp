@@ -140,6 +140,7 @@ static void test_identity(void **state)
     cudasim_launch(identity, 1, 32, 0, 0, (const __nv_bfloat16 *)I, (const __nv_bfloat16 *)B, (const float *)C, D);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     for (int i = 0; i < 256; i++) assert_true(D[i] == (float)((double)C[i] + td_decode(TD_BF16, B[i])));
+    cudaFree(I); cudaFree(B); cudaFree(C); cudaFree(D);
 }
 
 /* rows of X scaled by s[row] through a fragment of row indices, two warps */
@@ -172,6 +173,7 @@ static void test_row_index_fragment(void **state)
                     assert_true(Y[256 * w + c * 16 + r] == X[256 * w + r * 16 + c] * s[16 * w + r]);
     }
     setenv("CUDASIM_ORDER", "forward", 1);
+    cudaFree(X); cudaFree(s); cudaFree(Y);
 }
 
 /* ---- the collective's rules: each kernel must abort ------------------------------------------ */

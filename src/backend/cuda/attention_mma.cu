@@ -16,14 +16,15 @@
  *
  * A block: 64 "query rows" (as attn_tile: GQ query heads of one kv head, GQ = 4, 2 or 1, times
  * 64 / GQ consecutive positions of one run; row r is position r0 + r / GQ, head h0 + r % GQ),
- * 4 warps of 16 rows each; 128 threads. Per key segment (SEG keys from key 0: the recipe's
- * attn_block when it is 64 or 128, the CPU's own segments, else 128, or 64 when attn_block is
- * not a multiple of 128):
+ * 4 warps of 16 rows each; 128 threads. Per key segment of SEG keys from key 0 (the recipe's
+ * attn_block when it is 64 or 128: the CPU's own segments; else 128 when attn_block is a
+ * multiple of 128, 64 when not):
  *   scores   K in tiles of 64 keys through shared memory as 16-bit codes (decoded from a KV
  *            cache of codes; keys past the segment zero); each warp S = Q K^T for its 16 rows
  *            (Q staged once as codes), fp32 accumulators, stored to the warp's S buffer;
  *   softmax  two lanes per row: s = S scale (fp32), masked past the row's end (causal by pos),
- *            segment max, m_new = max(m, max s), alpha = expf(m - m_new), p = expf(s - m_new),
+ *            segment max, m_new = max(m, max s), alpha = expf(m - m_new), p = expf(s - m_new)
+ *            (tdc_expf, the tiled kernel's: glibc's expf but for rare last bits),
  *            l = l alpha + sum p (fp32: each lane's keys in order, then the two lanes), P = the
  *            D code of p (0 where masked);
  *   P.V      O (16 x HD per warp, HD / 16 accumulator fragments) scaled by each row's alpha, then
@@ -36,7 +37,9 @@
  * by fp32 ulps), of P.V and of l; with attn_block 64 or 128 the segments and so the running
  * maxima are the CPU's, otherwise (blocks of 256 or more) a segment's max can be lower than the
  * CPU's and p = expf(s - m_new) is rounded to D from another scale. tests/cudasim/
- * test_attention_mma_sim.cpp measures the differences against the CPU and against fp32.
+ * test_attention_sim.cpp (test_mma_*) measures the differences against the CPU, the tiled kernel
+ * and the fp32 reference; reports/gpu/README.md has the figures. Asked for by
+ * TIDAL_CUDA_ATTN=mma (attention.cu), never the default.
  * Shared memory (bytes): 3 x 64 (HD + 8) x 2 (Q, K, V codes) + 4 warps x (16 x 132 x 4 + 16 x
  * 136 x 2) (S, P) + 1,024: 102 KB at HD 128, 78 KB at HD 64, 67 KB at HD 32 (the launch opts
  * in above 48 KB). */
