@@ -329,13 +329,16 @@ static void test_kv_codes(void **state)
  *        MMA_FLIM_SEG (the CPU's 256-key segments against the kernel's 128: p = expf(s - m) is
  *        rounded to D from another m, so a share of the P values round differently);
  *   lse  |mma - cpu| <= MMA_LSE_ULP fp32 ulps of max(|lse|, 1): m is the same score up to the
- *        fp32 order of q.k (HD products: a few ulps), l the same sum in another fp32 order;
+ *        fp32 order of q.k (HD products: a few ulps; the simulator's MMA sums exactly, measured
+ *        <= 7 ulps with the CPU's -O1 order; a tensor core's truncating adder may lose about an
+ *        ulp of the partial sum per 16-product step, HD / 16 steps: the limit leaves room for
+ *        it on a GPU), l the same sum in another fp32 order;
  *   the recipe's character: the RMS distance to the fp32 reference over the CPU recipe's RMS
  *        distance within [1 - MMA_DIST, 1 + MMA_DIST]: the roundings of P and of the output are
  *        the recipe's, so the kernel is as far from fp32 as the CPU emulation is. */
 #define MMA_FLIM 0.02       /* the recipe's attn_block 64 or 128: the kernel's segments are the CPU's */
 #define MMA_FLIM_SEG 0.10   /* other blocks: the kernel's 128-key segments are not the CPU's */
-#define MMA_LSE_ULP 16.0
+#define MMA_LSE_ULP 32.0
 #define MMA_DIST 0.02
 
 struct mma_figures { sim_diff out; double nerr, lim, frac, flim, lse_ulp, dist_ratio; };
