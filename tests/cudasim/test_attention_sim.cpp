@@ -465,7 +465,8 @@ static void test_mma_refused(void **state)
 }
 
 /* attn_mma over a KV cache of codes (bf16, fp16: copied as they are; e4m3 with kv_scale 1 and
- * 1/16: decoded, then converted) = attn_mma over the CPU cache's floats, bit for bit */
+ * 1/16: decoded, then converted) = attn_mma over the CPU cache's floats, bit for bit; prefill
+ * rows, and decode rows (attn_mma where the recipe decodes without split-KV) */
 static void test_mma_kv_codes(void **state)
 {
     (void)state;
@@ -520,6 +521,34 @@ static void test_mma_kv_codes(void **state)
                "differ, normalised %.3g\n", rc.name, td_format_info((td_format)fmt)->name, N, d.ndiff, no,
                d.max_abs / d.max_ref);
         assert_true(d.max_abs / d.max_ref <= 2 * sim_ulp(rc.r.activations, d.max_ref) / d.max_ref);
+        /* decode rows (one a slot, blocks of one position) where the recipe decodes without
+         * split-KV (fp16-train: attn_mma when asked; the others split, attn_rows + attn_merge) */
+        const int rows[2] = {299, 339};
+        std::vector<size_t> doff = {off[rows[0]], off[rows[1]]};
+        std::vector<int> dpos = {pos[rows[0]], pos[rows[1]]};
+        std::vector<float> dq((size_t)2 * NH * HD);
+        for (int i = 0; i < 2; i++)
+            memcpy(dq.data() + (size_t)i * NH * HD, q.data() + (size_t)rows[i] * NH * HD, (size_t)NH * HD * 4);
+        size_t dn = (size_t)2 * NH * HD;
+        std::vector<float> da(dn + 2 * NH), db(dn + 2 * NH), ds(dn + 2 * NH);
+        ctx.decode = cctx.decode = 1;
+        tdc_attn_kernel = 3;
+        attention_forward_cuda(&ctx, da.data(), da.data() + dn, dq.data(), kc.data(), vc.data(), doff.data(),
+                               dpos.data(), 2, NH, NKV, HD, NULL, SLOT);
+        attention_forward_cuda(&cctx, db.data(), db.data() + dn, dq.data(), (const float *)kb.data(),
+                               (const float *)vb.data(), doff.data(), dpos.data(), 2, NH, NKV, HD, NULL, SLOT);
+        tdc_attn_kernel = 1;
+        attention_forward_cuda(&ctx, ds.data(), ds.data() + dn, dq.data(), kc.data(), vc.data(), doff.data(),
+                               dpos.data(), 2, NH, NKV, HD, NULL, SLOT);
+        tdc_attn_kernel = 0;
+        CUDA_CHECK(cudaDeviceSynchronize());
+        same_bits("decode rows: mma asked, over codes vs over floats", rc, db, da);
+        sim_diff dd = sim_compare(da.data(), ds.data(), dn);
+        printf("  %-12s decode rows (%s): vs the simple kernel %ld of %zu differ, normalised %.3g\n", rc.name,
+               rc.r.decode_splits > 1 ? "split-KV: the simple kernel" : "attn_mma", dd.ndiff, dn,
+               dd.max_abs / dd.max_ref);
+        assert_true(dd.max_abs / dd.max_ref <= 2 * sim_ulp(rc.r.activations, dd.max_ref) / dd.max_ref);
+        if (rc.r.decode_splits > 1) assert_int_equal(dd.ndiff, 0);
     }
 }
 
