@@ -31,7 +31,8 @@
  * sets without a barrier, hangs: fibers switch only at barriers), memory ordering (every write is visible at once),
  * bounds of device memory inside kernels (check-asan: ASan sees every device buffer and the
  * dynamic shared memory), dynamic parallelism, cooperative groups, textures, the fp16/bf16/fp8
- * CUDA types (tidal rounds with its own bit arithmetic, round.cuh). Static __shared__ arrays
+ * CUDA types (tidal rounds with its own bit arithmetic, round.cuh; cudasim_wmma.h, included by
+ * the kernels that use tensor cores, has bf16/fp16 storage types and WMMA m16n16k16). Static __shared__ arrays
  * keep the previous block's values (only dynamic shared memory is poisoned). Fiber stacks are
  * CUDASIM_STACK bytes (default 64K, 256K under ASan) above a guard page: a kernel that
  * overflows one gets SIGSEGV. One launch runs at a time (a mutex); a kernel may not launch. */

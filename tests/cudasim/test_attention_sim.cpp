@@ -28,10 +28,21 @@
  * Split-KV decode: two rows at 4,096 and 1,000 keys under vllm-bf16 (decode_splits 4: each part
  * its own block, grid z) and flash-b512-s2, against the CPU, same tolerances.
  *
+ * The tensor-core kernel (attn_mma, attention_mma.cu, TIDAL_CUDA_ATTN=mma; not bit-exact): on the
+ * same packed prefill rows under bf16-train, fp16-train, bf16-infer, sglang-bf16, fp16-infer,
+ * vllm-bf16 with an e4m3 KV cache and a 512-key block, GQA 1 / 2 / 4 at HD 64 and 128, GQA 3 at
+ * HD 32 (datasets/models/add's heads), forward
+ * and reverse thread orders (the same bits), against the CPU, the tiled kernel and the fp32
+ * reference (limits at test_mma_prefill); over a KV cache of codes (bf16, fp16, e4m3 with
+ * kv_scale 1 and 1/16) the bits of attn_mma over the CPU cache's floats; where the recipe's
+ * arithmetic does not allow it (fp32, bf16-autocast, e4m3 times 0.1, HD 256) the tiled bits.
+ *
  * `test_attention_sim --bench` (a real GPU only: tests/gpu/run.sh attn-bench): 8 sequences of
  * 8,192 tokens at Llama-3-8B's head shapes (32 heads over 8 kv heads of 128), bf16-train and
- * vllm-bf16, the tiled kernel against the simple one: time of each (cudaEvent), and whether
- * their outputs are the same bits. */
+ * vllm-bf16, the tiled kernel against the simple one and the tensor-core one: time of each
+ * (cudaEvent), whether the tiled and simple outputs are the same bits, and attn_mma's share of
+ * differing outputs and normalised error against the tiled kernel (test_mma_prefill's limits;
+ * exit 1 beyond them). */
 #include "cuda_internal.cuh"
 #include "simtest.h"
 
@@ -43,6 +54,8 @@
 
 extern "C" {
 #include "tidal/formats.h"
+/* attention_mma.cu */
+int attention_mma_allowed(int D, int residual_fp32, int HD, int vfmt, float vs);
 }
 
 static td_rng RNG;
@@ -301,6 +314,244 @@ static void test_kv_codes(void **state)
     }
 }
 
+/* ---- the tensor-core kernel (attn_mma, attention_mma.cu; TIDAL_CUDA_ATTN=mma) ---------------- */
+
+/* Not bit-exact (another summation order of q.k, P.V and l; P rounded against maxima that can
+ * differ in fp32's last bits): measured against the CPU op of the recipe, the bit-exact tiled
+ * kernel and the fp32 reference attention (no recipe, cpu_ref.c) on the same rounded inputs.
+ * Limits, each with its reason:
+ *   out  normalised error max|mma - cpu| / max|cpu| <= 2 units of D at max|cpu| (the output's own
+ *        rounding to D can land on the other neighbour: one unit of D at that output's size, and
+ *        a flipped rounding of P moves o by far less); share of outputs differing in any bit
+ *        <= MMA_FLIM where the kernel's softmax segments are the CPU's (attn_block 64 or 128:
+ *        the running maxima are the same scores, so P is rounded from the same scale; a
+ *        difference needs an output or a p within fp32 noise of a rounding boundary of D), else
+ *        MMA_FLIM_SEG (the CPU's 256-key segments against the kernel's 128: p = expf(s - m) is
+ *        rounded to D from another m, so a share of the P values round differently);
+ *   lse  |mma - cpu| <= MMA_LSE_ULP fp32 ulps of max(|lse|, 1): m is the same score up to the
+ *        fp32 order of q.k (HD products: a few ulps; the simulator's MMA sums exactly, measured
+ *        <= 7 ulps with the CPU's -O1 order; a tensor core's truncating adder may lose about an
+ *        ulp of the partial sum per 16-product step, HD / 16 steps: the limit leaves room for
+ *        it on a GPU), l the same sum in another fp32 order;
+ *   the recipe's character: the RMS distance to the fp32 reference over the CPU recipe's RMS
+ *        distance within [1 - MMA_DIST, 1 + MMA_DIST]: the roundings of P and of the output are
+ *        the recipe's, so the kernel is as far from fp32 as the CPU emulation is. */
+#define MMA_FLIM 0.02       /* the recipe's attn_block 64 or 128: the kernel's segments are the CPU's */
+#define MMA_FLIM_SEG 0.10   /* other blocks: the kernel's 128-key segments are not the CPU's */
+#define MMA_LSE_ULP 32.0
+#define MMA_DIST 0.02
+
+struct mma_figures { sim_diff out; double nerr, lim, frac, flim, lse_ulp, dist_ratio; };
+
+static double rms_diff(const float *a, const float *b, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    return sqrt(s / (double)n);
+}
+
+static mma_figures mma_against(const sim_rcase &rc, const problem &p, const std::vector<float> &mma,
+                               const std::vector<float> &cpu, const std::vector<float> &ref)
+{
+    size_t no = (size_t)p.N * p.NH * p.HD, nl = (size_t)p.N * p.NH;
+    int D = sim_D(rc);
+    mma_figures f;
+    f.out = sim_compare(mma.data(), cpu.data(), no);
+    f.nerr = f.out.max_abs / f.out.max_ref;
+    f.lim = 2 * sim_ulp(D, f.out.max_ref) / f.out.max_ref;
+    f.frac = (double)f.out.ndiff / no;
+    f.flim = rc.r.attn_block == 64 || rc.r.attn_block == 128 ? MMA_FLIM : MMA_FLIM_SEG;
+    f.lse_ulp = 0;
+    for (size_t j = 0; j < nl; j++) {
+        double c = cpu[no + j], u = sim_ulp(TD_F32, fabs(c) > 1 ? fabs(c) : 1.0);
+        double e = fabs(mma[no + j] - c) / u;
+        f.lse_ulp = e > f.lse_ulp ? e : f.lse_ulp;
+    }
+    f.dist_ratio = rms_diff(mma.data(), ref.data(), no) / rms_diff(cpu.data(), ref.data(), no);
+    return f;
+}
+
+static void mma_check(const char *what, const sim_rcase &rc, const problem &p, const mma_figures &f, int print)
+{
+    size_t no = (size_t)p.N * p.NH * p.HD;
+    if (print)
+        printf("  %-11s NH%d/%d HD%3d %s: out %ld of %zu differ (%.3f%%, limit %.0f%%), normalised %.3g (limit %.3g); "
+               "lse max %.1f fp32 ulps (limit %.0f); RMS distance to fp32 mma/cpu %.4f\n", rc.name, p.NH, p.NKV, p.HD,
+               what, f.out.ndiff, no, 100 * f.frac, 100 * f.flim, f.nerr, f.lim, f.lse_ulp, MMA_LSE_ULP, f.dist_ratio);
+    if (f.nerr > f.lim || f.frac > f.flim || f.lse_ulp > MMA_LSE_ULP || fabs(f.dist_ratio - 1) > MMA_DIST)
+        fail_msg("attn_mma under %s (%s, NH %d/%d, HD %d): beyond the tolerance", rc.name, what, p.NH, p.NKV, p.HD);
+}
+
+static std::vector<sim_rcase> mma_recipes(void)
+{
+    std::vector<sim_rcase> v;
+    const char *names[] = {"bf16-train", "fp16-train", "bf16-infer", "sglang-bf16", "fp16-infer"};
+    for (const char *n : names) v.push_back({n, sim_preset(n), 0});
+    td_recipe k = sim_preset("vllm-bf16");
+    k.kv_cache = TD_E4M3;
+    v.push_back({"kv-e4m3", k, 0});
+    td_recipe fb = sim_preset("vllm-bf16");   /* the CPU's 256-key segments, the kernel's 128 */
+    fb.attn_block = 512;
+    v.push_back({"flash-b512", fb, 0});
+    return v;
+}
+
+/* attn_mma on the packed prefill rows (seqs A, B, C) vs the CPU, the tiled kernel and fp32 */
+static void test_mma_prefill(void **state)
+{
+    (void)state;
+    struct { int NH, NKV, HD; } shapes[] = {{2, 2, 64}, {4, 2, 64}, {4, 1, 128}, {6, 2, 32}};
+    sim_rcase none = {"(none)", sim_preset("fp32"), 1};
+    double worst_frac = 0, worst_lse = 0, dmin = 1e9, dmax = 0;
+    for (const sim_rcase &rc : mma_recipes())
+        for (auto sh : shapes) {
+            problem p = make_problem(rc, sh.NH, sh.NKV, sh.HD, 0);
+            assert_true(attention_mma_allowed(sim_D(rc), rc.r.residual_fp32, sh.HD,
+                                              rc.r.kv_cache != rc.r.activations && rc.r.kv_cache != TD_F32
+                                                  ? (int)rc.r.kv_cache : sim_D(rc), 1.0f));
+            std::vector<float> cpu = run_cpu(rc, p, 0), ref = run_cpu(none, p, 0);
+            std::vector<float> mma = run_gpu(rc, p, 0, 3, "forward");
+            same_bits("mma, CUDASIM_ORDER=reverse vs forward", rc, run_gpu(rc, p, 0, 3, "reverse"), mma);
+            std::vector<float> tiled = run_gpu(rc, p, 0, 2, "forward");
+            mma_figures f = mma_against(rc, p, mma, cpu, ref), ft = mma_against(rc, p, mma, tiled, ref);
+            mma_check("vs CPU", rc, p, f, 1);
+            mma_check("vs tiled", rc, p, ft, ft.out.ndiff != f.out.ndiff);   /* printed when not the same */
+            worst_frac = f.frac > worst_frac ? f.frac : worst_frac;
+            worst_lse = f.lse_ulp > worst_lse ? f.lse_ulp : worst_lse;
+            dmin = f.dist_ratio < dmin ? f.dist_ratio : dmin;
+            dmax = f.dist_ratio > dmax ? f.dist_ratio : dmax;
+        }
+    printf("  attn_mma vs CPU over every case: at most %.3f%% of outputs differ, lse within %.1f fp32 ulps, "
+           "distance to fp32 %.4f..%.4f of the CPU recipe's\n", 100 * worst_frac, worst_lse, dmin, dmax);
+}
+
+/* where the recipe's arithmetic does not allow it, TIDAL_CUDA_ATTN=mma runs the bit-exact
+ * kernels (the tiled kernel's bits); attention_mma_allowed's rules */
+static void test_mma_refused(void **state)
+{
+    (void)state;
+    assert_true(attention_mma_allowed(TD_BF16, 0, 128, TD_BF16, 1.0f));
+    assert_true(attention_mma_allowed(TD_F16, 0, 64, TD_F16, 1.0f));
+    assert_true(attention_mma_allowed(TD_BF16, 0, 128, TD_E4M3, 0.0625f));
+    assert_true(attention_mma_allowed(TD_F16, 0, 128, TD_E4M3, 1.0f));
+    assert_true(attention_mma_allowed(TD_BF16, 0, 64, TD_E5M2, 4.0f));
+    assert_false(attention_mma_allowed(TD_F32, 0, 128, TD_F32, 1.0f));      /* fp32 recipes never */
+    assert_false(attention_mma_allowed(TD_BF16, 1, 128, TD_BF16, 1.0f));    /* residual_fp32 */
+    assert_false(attention_mma_allowed(TD_BF16, 0, 256, TD_BF16, 1.0f));    /* HD */
+    assert_false(attention_mma_allowed(TD_BF16, 0, 38, TD_BF16, 1.0f));
+    assert_false(attention_mma_allowed(TD_BF16, 0, 128, TD_E4M3, 0.1f));    /* not a power of two */
+    assert_false(attention_mma_allowed(TD_BF16, 0, 128, TD_F16, 1.0f));     /* fp16 codes in bf16 */
+    assert_false(attention_mma_allowed(TD_F16, 0, 128, TD_E4M3, 1024.0f));  /* past fp16's range */
+    assert_true(attention_mma_allowed(TD_F16, 0, 128, TD_E5M2, 0.5f));      /* 2^-17: an fp16 subnormal */
+    assert_false(attention_mma_allowed(TD_F16, 0, 128, TD_E5M2, 1.0f / 1024)); /* under fp16's range */
+    std::vector<sim_rcase> cases;
+    td_recipe f32f = sim_preset("fp32");
+    f32f.attention = TD_ATTN_FLASH;
+    f32f.attn_block = 64;
+    cases.push_back({"flash-fp32", f32f, 0});
+    cases.push_back({"bf16-autocast", sim_preset("bf16-autocast"), 0});
+    td_recipe k = sim_preset("vllm-bf16");
+    k.kv_cache = TD_E4M3;
+    k.kv_scale = 0.1f;
+    cases.push_back({"kv-e4m3-s0.1", k, 0});
+    for (const sim_rcase &rc : cases) {
+        problem p = make_problem(rc, 4, 2, 64, 0);
+        same_bits("mma asked where not allowed vs tiled", rc, run_gpu(rc, p, 0, 3, "forward"),
+                  run_gpu(rc, p, 0, 2, "forward"));
+    }
+    problem p = make_problem(mma_recipes()[0], 2, 1, 256, 0);
+    same_bits("mma asked at HD 256 vs tiled", mma_recipes()[0], run_gpu(mma_recipes()[0], p, 0, 3, "forward"),
+              run_gpu(mma_recipes()[0], p, 0, 2, "forward"));
+}
+
+/* attn_mma over a KV cache of codes (bf16, fp16: copied as they are; e4m3 with kv_scale 1 and
+ * 1/16: decoded, then converted) = attn_mma over the CPU cache's floats, bit for bit; prefill
+ * rows, and decode rows (attn_mma where the recipe decodes without split-KV) */
+static void test_mma_kv_codes(void **state)
+{
+    (void)state;
+    const td_backend *gpu = sim_open_gpu();
+    std::vector<sim_rcase> cases;
+    cases.push_back({"bf16-infer", sim_preset("bf16-infer"), 0});
+    cases.push_back({"fp16-train", sim_preset("fp16-train"), 0});
+    td_recipe k = sim_preset("vllm-bf16");
+    k.kv_cache = TD_E4M3;
+    cases.push_back({"kv-e4m3", k, 0});
+    k.kv_scale = 0.0625f;
+    cases.push_back({"kv-e4m3-s16", k, 0});
+    const int NH = 4, NKV = 2, HD = 128, KVD = NKV * HD, SLOT = 320;
+    for (const sim_rcase &rc : cases) {
+        int fmt = td_kv_store_format(gpu, &rc.r);
+        size_t es = td_kv_esize(fmt), elems = (size_t)2 * SLOT * KVD;
+        std::vector<size_t> off;
+        std::vector<int> pos;
+        for (int i = 0; i < 300; i++) { off.push_back(0); pos.push_back(i); }
+        for (int i = 0; i < 40; i++) { off.push_back((size_t)SLOT * KVD); pos.push_back(i); }
+        int N = (int)pos.size();
+        std::vector<float> kr = sim_rounded(sim_normal(&RNG, (size_t)N * KVD, 1.0), rc.r.activations);
+        std::vector<float> vr = sim_rounded(sim_normal(&RNG, (size_t)N * KVD, 1.0), rc.r.activations);
+        std::vector<float> q = sim_rounded(sim_normal(&RNG, (size_t)N * NH * HD, 2.0), rc.r.activations);
+        td_ops ctx;
+        td_ops_init(&ctx, &td_backend_cpu);
+        ctx.recipe = &rc.r;
+        ctx.cache = 1;
+        std::vector<float> kc(elems, 0.0f), vc(elems, 0.0f);
+        td_backend_cpu.kv_write(&ctx, kc.data(), kr.data(), off.data(), pos.data(), N, KVD);
+        td_backend_cpu.kv_write(&ctx, vc.data(), vr.data(), off.data(), pos.data(), N, KVD);
+        td_ops cctx = ctx;
+        cctx.kv_fmt = fmt;
+        std::vector<unsigned char> kb(elems * es, 0), vb(elems * es, 0);
+        kv_write_cuda(&cctx, (float *)kb.data(), kr.data(), off.data(), pos.data(), N, KVD);
+        kv_write_cuda(&cctx, (float *)vb.data(), vr.data(), off.data(), pos.data(), N, KVD);
+        size_t no = (size_t)N * NH * HD;
+        std::vector<float> a(no + (size_t)N * NH), b(no + (size_t)N * NH), t(no + (size_t)N * NH);
+        tdc_attn_kernel = 3;
+        attention_forward_cuda(&ctx, a.data(), a.data() + no, q.data(), kc.data(), vc.data(), off.data(), pos.data(),
+                               N, NH, NKV, HD, NULL, SLOT);
+        attention_forward_cuda(&cctx, b.data(), b.data() + no, q.data(), (const float *)kb.data(),
+                               (const float *)vb.data(), off.data(), pos.data(), N, NH, NKV, HD, NULL, SLOT);
+        tdc_attn_kernel = 2;
+        attention_forward_cuda(&ctx, t.data(), t.data() + no, q.data(), kc.data(), vc.data(), off.data(), pos.data(),
+                               N, NH, NKV, HD, NULL, SLOT);
+        tdc_attn_kernel = 0;
+        CUDA_CHECK(cudaDeviceSynchronize());
+        same_bits("mma over codes vs over floats", rc, b, a);
+        sim_diff d = sim_compare(a.data(), t.data(), no);
+        printf("  %-12s KV cache of %s codes: attn_mma over codes = over floats (%d rows); vs tiled %ld of %zu "
+               "differ, normalised %.3g\n", rc.name, td_format_info((td_format)fmt)->name, N, d.ndiff, no,
+               d.max_abs / d.max_ref);
+        assert_true(d.max_abs / d.max_ref <= 2 * sim_ulp(rc.r.activations, d.max_ref) / d.max_ref);
+        /* decode rows (one a slot, blocks of one position) where the recipe decodes without
+         * split-KV (fp16-train: attn_mma when asked; the others split, attn_rows + attn_merge) */
+        const int rows[2] = {299, 339};
+        std::vector<size_t> doff = {off[rows[0]], off[rows[1]]};
+        std::vector<int> dpos = {pos[rows[0]], pos[rows[1]]};
+        std::vector<float> dq((size_t)2 * NH * HD);
+        for (int i = 0; i < 2; i++)
+            memcpy(dq.data() + (size_t)i * NH * HD, q.data() + (size_t)rows[i] * NH * HD, (size_t)NH * HD * 4);
+        size_t dn = (size_t)2 * NH * HD;
+        std::vector<float> da(dn + 2 * NH), db(dn + 2 * NH), ds(dn + 2 * NH);
+        ctx.decode = cctx.decode = 1;
+        tdc_attn_kernel = 3;
+        attention_forward_cuda(&ctx, da.data(), da.data() + dn, dq.data(), kc.data(), vc.data(), doff.data(),
+                               dpos.data(), 2, NH, NKV, HD, NULL, SLOT);
+        attention_forward_cuda(&cctx, db.data(), db.data() + dn, dq.data(), (const float *)kb.data(),
+                               (const float *)vb.data(), doff.data(), dpos.data(), 2, NH, NKV, HD, NULL, SLOT);
+        tdc_attn_kernel = 1;
+        attention_forward_cuda(&ctx, ds.data(), ds.data() + dn, dq.data(), kc.data(), vc.data(), doff.data(),
+                               dpos.data(), 2, NH, NKV, HD, NULL, SLOT);
+        tdc_attn_kernel = 0;
+        CUDA_CHECK(cudaDeviceSynchronize());
+        same_bits("decode rows: mma asked, over codes vs over floats", rc, db, da);
+        sim_diff dd = sim_compare(da.data(), ds.data(), dn);
+        printf("  %-12s decode rows (%s): vs the simple kernel %ld of %zu differ, normalised %.3g\n", rc.name,
+               rc.r.decode_splits > 1 ? "split-KV: the simple kernel" : "attn_mma", dd.ndiff, dn,
+               dd.max_abs / dd.max_ref);
+        assert_true(dd.max_abs / dd.max_ref <= 2 * sim_ulp(rc.r.activations, dd.max_ref) / dd.max_ref);
+        if (rc.r.decode_splits > 1) assert_int_equal(dd.ndiff, 0);
+    }
+}
+
 /* ---- the GPU bench --------------------------------------------------------------------------- */
 
 #ifndef TD_CUDASIM
@@ -335,11 +586,11 @@ static int bench(void)
         td_ops_init(&ctx, &td_backend_cpu);
         ctx.recipe = &r;
         ctx.cache = 1;
-        std::vector<float> res[2];
-        double ms[2];
-        for (int kern = 2; kern >= 1; kern--) {
+        std::vector<float> res[3];
+        double ms[3];
+        for (int kern = 3; kern >= 1; kern--) {   /* mma, tiled, simple */
             tdc_attn_kernel = kern;
-            if (kern == 2)   /* warm-up: the launch's attribute, the staging of pos / kv_off */
+            if (kern >= 2)   /* warm-up: the launch's attribute, the staging of pos / kv_off */
                 attention_forward_cuda(&ctx, out, lse, q, k, v, off.data(), pos.data(), N, NH, NKV, HD, NULL, T);
             cudaEvent_t e0, e1;
             CUDA_CHECK(cudaEventCreate(&e0));
@@ -353,15 +604,23 @@ static int bench(void)
             ms[kern - 1] = t;
             res[kern - 1].resize(nq);
             CUDA_CHECK(cudaMemcpy(res[kern - 1].data(), out, nq * 4, cudaMemcpyDeviceToHost));
-            printf("  %-10s %-6s kernel: %9.1f ms (%.2f TFLOP/s)\n", name, kern == 2 ? "tiled" : "simple",
-                   t, flops / (t * 1e-3) / 1e12);
+            printf("  %-10s %-6s kernel: %9.1f ms (%.2f TFLOP/s)\n", name,
+                   kern == 3 ? "mma" : kern == 2 ? "tiled" : "simple", t, flops / (t * 1e-3) / 1e12);
         }
         tdc_attn_kernel = 0;
         long nd = 0;
         for (size_t j = 0; j < nq; j++) nd += memcmp(&res[0][j], &res[1][j], 4) != 0;
-        printf("bench: gpu-attn-%s tiled=%.1fms simple=%.1fms speedup=%.2f differ=%ld\n", name, ms[1], ms[0],
-               ms[0] / ms[1], nd);
-        if (nd) rc = 1;
+        /* the tensor-core kernel against the bit-exact tiled one: test_mma_prefill's limits */
+        sim_diff dm = sim_compare(res[2].data(), res[1].data(), nq);
+        double mfrac = (double)dm.ndiff / nq, mnerr = dm.max_abs / dm.max_ref;
+        int mbad = mfrac > MMA_FLIM || mnerr > 2 * sim_ulp(TD_BF16, dm.max_ref) / dm.max_ref;
+        printf("bench: gpu-attn-%s tiled=%.1fms simple=%.1fms speedup=%.2f differ=%ld mma=%.1fms "
+               "mma_speedup=%.2f mma_differ=%.5f mma_nerr=%.3g\n", name, ms[1], ms[0], ms[0] / ms[1], nd, ms[2],
+               ms[1] / ms[2], mfrac, mnerr);
+        if (mbad)
+            printf("  %s: attn_mma beyond its tolerance against the tiled kernel (share %.4f, limit %.2f; "
+                   "normalised %.3g, limit 2 units of bf16)\n", name, mfrac, MMA_FLIM, mnerr);
+        if (nd || mbad) rc = 1;
     }
     cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(out); cudaFree(lse);
     return rc;
@@ -388,10 +647,14 @@ int main(int argc, char **argv)
 #endif
     }
     if (argc > 1) { fprintf(stderr, "usage: test_attention_sim [--bench]\n"); return 2; }
+    if (getenv("TIDAL_TEST_ONLY")) cmocka_set_test_filter(getenv("TIDAL_TEST_ONLY"));   /* e.g. test_mma* */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill),
         cmocka_unit_test(test_decode_split),
         cmocka_unit_test(test_kv_codes),
+        cmocka_unit_test(test_mma_prefill),
+        cmocka_unit_test(test_mma_refused),
+        cmocka_unit_test(test_mma_kv_codes),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -45,9 +45,10 @@
 #               batch 1 and 64, transformers' three rounds, eight peer GEMM shapes x 20, the 4 GiB
 #               bandwidth read, a 32 x (256 + 128) diff both ways; ~10 process starts that load 1 GB
 #   attn-bench   30 s / 90 s   $BUILD/gpu/test_attention_sim --bench: the tiled flash attention kernel
-#               against the simple one, 8 x 8,192-token prefill at Llama-3-8B head shapes (bf16-train,
-#               vllm-bf16; 4.4e12 flops a call on CUDA cores, ~0.2-1 s each, 1 GB of inputs drawn on
-#               the host ~10 s): time of each, whether their outputs are the same bits (exit 1 if not)
+#               against the simple one and the tensor-core one (attn_mma), 8 x 8,192-token prefill at
+#               Llama-3-8B head shapes (bf16-train, vllm-bf16; 4.4e12 flops a call, ~0.2-1 s each on
+#               CUDA cores, 1 GB of inputs drawn on the host ~10 s): time of each, whether tiled and
+#               simple are the same bits and attn_mma within its tolerance (exit 1 if not)
 #   fidelity    150 s / 300 s  reports/gpu/fidelity.sh small: 8 recipe pairs x 2 checkpoints x CPU and
 #               GPU = 32 tidal-diff runs; the CPU runs of the Qwen2.5-0.5B-shaped model (4 x (32 +
 #               64) tokens, 64 decode steps reading ~2 GB of weights each) dominate, ~10 s each

@@ -14,7 +14,10 @@
  * averaging 16 rows or more) takes the tiled kernel attn_tile (attention_tiled.cu: 64 query
  * rows a block, the same arithmetic in the same order, so the same bits); everything else one
  * kernel, attn_rows, for the three forms of the CPU, and attn_merge for split-KV.
- * TIDAL_CUDA_ATTN=simple|tiled (or tdc_attn_kernel) forces the choice for the flash form.
+ * TIDAL_CUDA_ATTN=simple|tiled (or tdc_attn_kernel) forces the choice for the flash form;
+ * TIDAL_CUDA_ATTN=mma (tdc_attn_kernel 3) asks for the tensor-core kernel attn_mma
+ * (attention_mma.cu: not bit-exact, its own tolerance) wherever the recipe's arithmetic allows it
+ * (attention_mma_allowed), the choice by shape elsewhere. It is never taken unasked.
  * A block is (a group of up to 8 query rows, a head, a split part); each warp owns one query row
  * and the lanes own columns c = lane + 32 t of its output (HD <= 256: 8 registers per lane).
  * The rows of a group are consecutive rows of one sequence (same kv_off, consecutive positions:
@@ -56,7 +59,13 @@
 
 enum { ATT_REF = 0, ATT_EAGER = 1, ATT_FLASH = 2 };
 
-int tdc_attn_kernel = 0;   /* cuda_internal.cuh */
+int tdc_attn_kernel = 0;   /* cuda_internal.cuh; 3: attn_mma where allowed */
+
+/* attention_mma.cu */
+extern "C" int attention_mma_allowed(int D, int residual_fp32, int HD, int vfmt, float vs);
+extern "C" void attention_mma_launch(float *out, float *lse, const float *q, const void *k, const void *v,
+                                     int kfmt, float ks, const size_t *kv_off, const int *pos,
+                                     const int *gstart, int ng, int NH, int NKV, int HD, int D, int block);
 
 typedef struct {
     float *out, *lse;        /* (N, NH * HD), (N, NH) or NULL */
@@ -334,11 +343,24 @@ extern "C" void attention_forward_cuda(const td_ops *ctx, float *out, float *lse
         if (!gs) { fprintf(stderr, "tidal: attention_forward_cuda: out of host memory\n"); exit(1); }
         gcap = N + 1;
     }
-    static int env_kernel = -1;   /* TIDAL_CUDA_ATTN=simple|tiled: tdc_attn_kernel's default */
+    static int env_kernel = -1;   /* TIDAL_CUDA_ATTN=simple|tiled|mma: tdc_attn_kernel's default */
     if (env_kernel < 0) {
         const char *e = getenv("TIDAL_CUDA_ATTN");
-        env_kernel = e && !strcmp(e, "simple") ? 1 : e && !strcmp(e, "tiled") ? 2 : 0;
+        env_kernel = e && !strcmp(e, "simple") ? 1 : e && !strcmp(e, "tiled") ? 2 : e && !strcmp(e, "mma") ? 3 : 0;
         if (!tdc_attn_kernel) tdc_attn_kernel = env_kernel;
+    }
+    /* the tensor-core kernel, asked for: K / V values are the KV cache's format times its scale
+     * where kv_write rounds to it, else the activations' format (the rows) */
+    int mma = a.mode == ATT_FLASH && a.splits == 1 && tdc_attn_kernel == 3 &&
+              attention_mma_allowed(a.D, r->residual_fp32, HD, kv_rounds(ctx) ? (int)r->kv_cache : a.D, a.ks);
+    static int mma_noted;
+    if (tdc_attn_kernel == 3 && !mma && a.mode == ATT_FLASH && a.splits == 1 && !mma_noted) {
+        mma_noted = 1;
+        fprintf(stderr, "tidal: TIDAL_CUDA_ATTN=mma: not under this recipe and shape (activations %s, KV "
+                "cache %s, kv_scale %g, residual %s, head dim %d; the tensor-core kernel needs q, k, v exact "
+                "in bf16 / fp16 and a head dim of 32, 64 or 128): the bit-exact kernels run\n",
+                td_format_info((td_format)a.D)->name, td_format_info(r->kv_cache)->name, (double)r->kv_scale,
+                r->residual_fp32 ? "fp32" : "activations", HD);
     }
     int tiled = a.mode == ATT_FLASH && a.splits == 1 && tdc_attn_kernel != 1;
     int ng = 0, widest = 1;
@@ -354,7 +376,7 @@ extern "C" void attention_forward_cuda(const td_ops *ctx, float *out, float *lse
             i += n;
         }
         gs[ng] = N;
-        if (!tiled || tdc_attn_kernel == 2 || N >= 16 * ng) break;
+        if (!tiled || tdc_attn_kernel == 2 || mma || N >= 16 * ng) break;
         tiled = 0;   /* short runs: the simple kernel */
     }
     int R = widest > 1 ? ATT_ROWS : 1;   /* decode: a warp per block */
@@ -370,6 +392,12 @@ extern "C" void attention_forward_cuda(const td_ops *ctx, float *out, float *lse
     a.lse = lse ? (float *)tdc_out(lse, (size_t)N * NH * sizeof(float), 0) : NULL;
     a.part = a.splits > 1 ? (float *)tdc_scratch(TDC_SLOT_ATTN, (size_t)N * NH * a.splits * (HD + 2) * sizeof(float))
                           : NULL;
+    if (mma) {
+        attention_mma_launch(a.out, a.lse, a.q, a.k, a.v, a.kfmt, a.ks, a.kv_off, a.pos, a.gstart, ng, NH,
+                             NKV, HD, a.D, a.block);
+        tdc_done();
+        return;
+    }
     if (tiled) {
         attention_tiled_launch(a.out, a.lse, a.q, a.k, a.v, a.kfmt, a.ks, a.kv_off, a.pos, a.gstart,
                                ng, NH, NKV, HD, a.D, a.block);

@@ -129,8 +129,10 @@ void attention_forward_cuda(const td_ops *ctx, float *out, float *lse, const flo
 void swiglu_forward_cuda(const td_ops *ctx, float *out, const float *gate, const float *up, int N,
                          int F);
 /* attention_forward_cuda's kernels: tdc_attn_kernel picks one for the flash form (0: by shape,
- * 1: the simple attn_rows, 2: the tiled attn_tile; tests and benches set it). The tiled one
- * (attention_tiled.cu) takes runs of at most attention_tiled_rows positions. */
+ * 1: the simple attn_rows, 2: the tiled attn_tile, 3: the tensor-core attn_mma where the
+ * recipe's arithmetic allows it (attention_mma.cu; not bit-exact), else by shape; tests and
+ * benches set it, TIDAL_CUDA_ATTN=simple|tiled|mma its default). The tiled and mma kernels
+ * take runs of at most attention_tiled_rows positions. */
 extern int tdc_attn_kernel;
 int attention_tiled_rows(int HD, int NH, int NKV);
 void attention_tiled_launch(float *out, float *lse, const float *q, const void *k, const void *v,
