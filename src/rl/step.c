@@ -3,6 +3,7 @@
 #include "tidal/analysis.h"
 #include "tidal/checkpoint.h"
 #include "tidal/logprob.h"
+#include "tidal/memplan.h"
 #include "tidal/metrics.h"
 #include "tidal/sft.h"
 
@@ -10,6 +11,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -552,8 +554,14 @@ int rl_step(rl_run *R, int k, double *M, td_error *err)
     M[TD_RLM_step] = k;
     double t0 = omp_get_wtime();
     if (R->o->eval_steps > 0 && k % R->o->eval_steps == 0 && evaluate(R, M, err)) return -1;
-    /* the current policy on the inference path: the engine's weight sync (sync.c) */
+    /* the current policy on the inference path: the engine's weight sync (sync.c); its bytes
+     * brought down from a device on stderr under TIDAL_STEP_D2H=1 (as the trainer's step) */
+    size_t d2h0 = td_device_d2h_bytes();
     if (rl_sync(R, M, err)) return -1;
+    const char *log = getenv("TIDAL_STEP_D2H");
+    if (log && *log && strcmp(log, "0"))
+        fprintf(stderr, "tidal: weight sync before step %d: %zu bytes device -> host\n", k + 1,
+                td_device_d2h_bytes() - d2h0);
     if (rollout(R, k, M, err)) return -1;
     double t1 = omp_get_wtime();
     if (rewards(R, k, M, err)) return -1;

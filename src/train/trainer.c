@@ -21,10 +21,30 @@
  * entries, optim.c's arithmetic): the fp32 masters and AdamW moments stay in device buffers,
  * unscaling, the per-tensor sums of squares (the host gets ntensors doubles: the norm, the
  * Inf/NaN test, the clip coefficient, the GradScaler's decision), clipping and AdamW run as
- * kernels. What still crosses once per step: the updated masters come down (nparams floats)
- * and the recipe's weights are prepared from them on the host, which drops their device copies
- * (td_backend_forget) so the next forward uploads the new ones; preparing them on the device
- * is not written. The moments come down only for a state file.
+ * kernels.
+ *
+ * The recipe's weights after a step are prepared on the device from the device masters (prep_dev;
+ * the backend's prepare / alias / release entries, ops.h; src/backend/cuda/prepare.cu):
+ *   full fine-tuning   m->owned_dev = params_dev and the host range of the masters is an alias of
+ *                      it (be->alias): every path made on tr->m (this forward, tidal-rl's
+ *                      rollout session and pi_old, the greedy evaluation) prepares its recipe
+ *                      there (weights_recipe.c: bf16 / fp16 / fp32 copies rounded by the host's
+ *                      functions, bit for bit), and a recipe that shares the masters (fp32) reads
+ *                      them in place. The prepared copies' host buffers are never written (stale
+ *                      keys of the device copies, which forget keeps). Nothing comes down per
+ *                      step; the host masters are downloaded when a host reader asks
+ *                      (train_masters_to_host: a checkpoint, a state file, td_trainer_params, the
+ *                      name of a non-finite weight). FP8 weight formats and a merged adapter on
+ *                      these masters bring the tensor down and prepare it on the host.
+ *   LoRA               lora->owned_dev = params_dev: the paths' unmerged (PEFT) and vLLM adapter
+ *                      forms round A and B there (lora_run.c); a step re-rounds only the adapter
+ *                      (forward_refresh_lora), the frozen base's prepared weights stay. The
+ *                      adapter (nparams floats, small) still comes down each step: merges,
+ *                      --lora-sync merge-unmerge and saves read it on the host.
+ * TIDAL_PREPARE_ON_HOST=1 keeps the path before (the masters downloaded, every recipe prepared
+ * on the host and uploaded again); TIDAL_STEP_D2H=1 prints each step's bytes device -> host
+ * (td_device_d2h_bytes; tests/py/test_device_sft.py and test_device_rl.py compare the two paths:
+ * /steps bit for bit). The moments come down only for a state file.
  */
 #include "train_internal.h"
 #include "tidal/memplan.h"
