@@ -193,11 +193,15 @@ struct td_backend {
      *          as a float or encoded (td_encode_row's code of v; storage is then fmt). key itself
      *          is never written (the host copy is stale): the copy stays through forget, until
      *          release(key).
-     * alias    the device copy of the host range [host, host + bytes) is dev (backend memory the
-     *          caller keeps current and alive: a trainer's masters), until release(host).
+     * alias    fmt TD_F32: the device copy of the host range [host, host + bytes) is dev (backend
+     *          memory the caller keeps current and alive: a trainer's masters), until
+     *          release(host). fmt TD_BF16 / TD_F16: a rounding view of dev (floats) for the
+     *          embedding's gather alone: the table at host (its storage's codes or floats) is
+     *          td_round(fmt, dev[i]), rounded as the rows are gathered, no copy held (an op
+     *          that asks for the whole table, tdc_const, is refused: a tidal bug).
      * release  drops what prepare or alias made for key (the host buffer is about to be freed). */
     void (*prepare)(const void *key, int storage, const float *src, size_t n, int fmt, float scale);
-    void (*alias)(const void *host, const void *dev, size_t bytes);
+    void (*alias)(const void *host, const void *dev, size_t bytes, int fmt);
     void (*release)(const void *key);
 
     /* td_sample on the backend (include/tidal/sampling.h): n rows of logits (V wide, backend or

@@ -148,6 +148,23 @@ static int prep_wmat(prep *P, const td_recipe *r, td_wmat src, int has_nan, cons
     return rc;
 }
 
+/* The embedding under r (emb: its weights the activations dtype, or fp32): from device masters a
+ * bf16 / fp16 table is a rounding view of them (be->alias with the format), which the embedding's
+ * gather rounds row by row: the device holds no copy (embedding.cu); else prep_wmat. */
+static int prep_embed(prep *P, const td_recipe *r, td_wmat src, int has_nan, size_t rows, size_t cols, td_wmat *out)
+{
+    td_format f = r->weights;
+    const float *dsrc = src.dtype == TD_F32 ? dev_src(P, src.data) : NULL;
+    if (!dsrc || (f != TD_BF16 && f != TD_F16)) return prep_wmat(P, r, src, has_nan, NULL, rows, cols, out);
+    td_format storage = P->st->f32 ? TD_F32 : f;
+    size_t bytes = rows * cols * (storage == TD_F32 ? 4 : 2);
+    void *key = own(P, bytes, storage);   /* never written: the view's host key */
+    if (!key) return -1;
+    P->dev->alias(key, dsrc, bytes, f);
+    *out = (td_wmat){.data = key, .dtype = storage};
+    return 0;
+}
+
 static int prep_wmat_host(prep *P, const td_recipe *r, td_wmat src, int has_nan, const td_lora_pair *ad,
                           size_t rows, size_t cols, td_wmat *out)
 {
@@ -248,8 +265,14 @@ static int weights_prepare(prep *P, const td_recipe *r)
                 if (!dst) { rc = -1; break; }
                 td_format fmt = param_keeps_fp32(r, p->role) ? TD_F32 : r->activations;
                 const float *d = dev_src(P, *slot);
-                if (d) P->dev->prepare(dst, TD_F32, d, p->numel, fmt, 1.0f);
-                else td_round_row(fmt, *slot, dst, p->numel, TD_SATFINITE);
+                if (d && fmt != TD_E4M3 && fmt != TD_E5M2) {
+                    P->dev->prepare(dst, TD_F32, d, p->numel, fmt, 1.0f);
+                } else if (d) {   /* fp8 activations: the host form, from the masters brought down */
+                    P->dev->download(dst, d, p->numel * sizeof(float));
+                    td_round_row(fmt, dst, dst, p->numel, TD_SATFINITE);
+                } else {
+                    td_round_row(fmt, *slot, dst, p->numel, TD_SATFINITE);
+                }
                 *slot = dst;
             }
             continue;
@@ -258,7 +281,7 @@ static int weights_prepare(prep *P, const td_recipe *r)
         if (p->role == TD_ROLE_EMBED) {
             out = &st->ws.embed;
             embed_i = i;
-            rc = prep_wmat(P, &emb, src, nan, NULL, rows, cols, out);
+            rc = prep_embed(P, &emb, src, nan, rows, cols, out);
         } else if (p->role == TD_ROLE_LM_HEAD) {
             out = &st->ws.lm_head;
             rc = prep_wmat(P, &head, src, nan, NULL, rows, cols, out);

@@ -287,7 +287,7 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
         /* the masters live on the device: every path of this model prepares its recipe from them
          * there, and host pointers into them (fp32 recipes share the masters) find them */
         m->owned_dev = tr->params_dev;
-        tr->be->alias(m->owned, tr->params_dev, m->owned_floats * sizeof(float));
+        tr->be->alias(m->owned, tr->params_dev, m->owned_floats * sizeof(float), TD_F32);
     }
     tr->gw.layers = td_xcalloc((size_t)c->num_layers, sizeof *tr->gw.layers);
     tr->lg = td_xcalloc((size_t)c->num_layers * TD_LORA_NMOD, sizeof *tr->lg);

@@ -29,8 +29,9 @@
 #include <string.h>
 
 /* a weight's device copy; kept: made by prepare or alias (the host range is stale or an alias of
- * device memory), so forget keeps it; alias: dev is the caller's memory, never freed here */
-struct centry { const char *host; size_t bytes; char *dev; int kept, alias; };
+ * device memory), so forget keeps it; alias: dev is the caller's memory, never freed here; view:
+ * a rounding view (alias with fmt bf16 / fp16: the embedding's gather rounds dev's floats) */
+struct centry { const char *host; size_t bytes; char *dev; int kept, alias, view; };
 struct stage { void *host; void *dev; size_t bytes; int out; };         /* a staged host buffer */
 
 static struct {
@@ -170,22 +171,34 @@ const void *tdc_const(const void *p, size_t bytes)
     const char *h = (const char *)p;
     for (size_t i = 0; i < G.ncache; i++) {
         centry *c = &G.cache[i];
-        if (h >= c->host && h + bytes <= c->host + c->bytes) return c->dev + (h - c->host);
+        if (h >= c->host && h + bytes <= c->host + c->bytes) {
+            if (c->view) {
+                fprintf(stderr, "tidal: tdc_const: %zu bytes of an embedding table held as a rounding view of "
+                        "the device masters (only embedding_forward_cuda reads it): a tidal bug\n", bytes);
+                abort();
+            }
+            return c->dev + (h - c->host);
+        }
     }
     if (!is_host(p)) return p;
     char *d = NULL;
     TDC_MALLOC((void **)&d, bytes, "a weight's device copy");
     CUDA_CHECK(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, G.stream));
-    cache_add(centry{h, bytes, d, 0, 0});
+    cache_add(centry{h, bytes, d, 0, 0, 0});
     return d;
 }
 
-const void *tdc_const_find(const void *p)
+const void *tdc_const_find(const void *p, int *view_fmt)
 {
     const char *h = (const char *)p;
+    *view_fmt = TD_F32;
     for (size_t i = 0; i < G.ncache; i++) {
         const centry *c = &G.cache[i];
-        if (c->kept && h >= c->host && h < c->host + c->bytes) return c->dev + (h - c->host);
+        if (c->view && h == c->host) {
+            *view_fmt = c->view;
+            return c->dev;
+        }
+        if (c->kept && !c->view && h >= c->host && h < c->host + c->bytes) return c->dev + (h - c->host);
     }
     return NULL;
 }
@@ -198,7 +211,7 @@ void *tdc_const_slot(const void *key, size_t bytes)
     const char *h = (const char *)key;
     for (size_t i = 0; i < G.ncache; i++) {
         centry *c = &G.cache[i];
-        if (c->host == h && c->bytes == bytes && !c->alias) {
+        if (c->host == h && c->bytes == bytes && !c->alias) {   /* (never a view: an alias) */
             c->kept = 1;
             return c->dev;
         }
@@ -212,18 +225,18 @@ void *tdc_const_slot(const void *key, size_t bytes)
         }
     char *d = NULL;
     TDC_MALLOC((void **)&d, bytes, "a prepared weight's device copy");
-    cache_add(centry{h, bytes, d, 1, 0});
+    cache_add(centry{h, bytes, d, 1, 0, 0});
     return d;
 }
 
-static void cuda_alias(const void *host, const void *dev, size_t bytes)
+static void cuda_alias(const void *host, const void *dev, size_t bytes, int fmt)
 {
     const char *h = (const char *)host;
     CUDA_CHECK(cudaStreamSynchronize(G.stream));
     for (size_t i = 0; i < G.ncache;)
         if (G.cache[i].host < h + bytes && h < G.cache[i].host + G.cache[i].bytes) cache_drop(i);
         else i++;
-    cache_add(centry{h, bytes, (char *)dev, 1, 1});
+    cache_add(centry{h, bytes, (char *)dev, 1, 1, fmt == TD_F32 ? 0 : fmt});
 }
 
 static void cuda_release(const void *key)

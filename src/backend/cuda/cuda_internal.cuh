@@ -79,8 +79,9 @@ const void *tdc_const(const void *p, size_t bytes);
 void *tdc_const_slot(const void *key, size_t bytes);
 /* The device copy of the host address p when prepare or alias made one (the host bytes are then
  * stale: an op that reads a host array without knowing its size, the embedding's gather, asks
- * here first); NULL otherwise. */
-const void *tdc_const_find(const void *p);
+ * here first); NULL otherwise. *view_fmt: TD_F32, or for a rounding view (be->alias with a
+ * 16-bit fmt, p its start) that format: the floats returned are rounded to it as they are read. */
+const void *tdc_const_find(const void *p, int *view_fmt);
 const void *tdc_in(const void *p, size_t bytes);
 void *tdc_out(void *p, size_t bytes, int copy_in);
 void tdc_done(void);
