@@ -35,7 +35,9 @@ may draw only wrong answers, a zero advantage). Checked, per /steps column of rl
    --lora-sync adapter (vLLM's B scaled in the lora dtype, on the device); full fine-tuning's
    optimiser step brings down exactly the masters' 4 bytes a parameter fewer (under 1 byte a
    parameter: measured 2,792 against 351,208 bytes, 87,104 parameters), and the weight sync before
-   each rollout nothing (TIDAL_STEP_D2H=1 lines).
+   each rollout nothing (TIDAL_STEP_D2H=1 lines). bf16-train / fp8-rollout too, whose FP8 rollout
+   matrices are still prepared on the host: bit-identical, the sync bringing down those matrices'
+   masters only (measured 294,912 bytes: the 73,728 GEMM weights).
 4. rl.h5's device attribute: "cpu" and "cuda:0 (...)"; --device tpu is a usage error (exit 2);
    --resume of the device's run on the CPU is refused (exit 1), naming both devices.
 Exit 0 pass, 1 fail, 77 skip (device tools not built, or numpy missing; without h5py the run
@@ -124,6 +126,13 @@ check(len(dd["sync"]) == 2 and not any(dd["sync"]), "the rollout weights' sync b
                              "--rollout-recipe", "bf16-infer", "--lora-r", "4", "--lora-alpha", "8",
                              "--lora-sync", "adapter")
 prep_identical(d, h, "LoRA r 4 bf16, --lora-sync adapter, 2 steps")
+(d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", "prep-fp8", RL, "--train-recipe", "bf16-train",
+                             "--rollout-recipe", "fp8-rollout")
+prep_identical(d, h, "bf16-train / fp8-rollout, 2 steps")
+prep_d2h(dd, hd, "bf16-train / fp8-rollout")
+print(f"  fp8-rollout weight sync: {dd['sync']} bytes device -> host (the FP8 matrices' masters, prepared on the host)")
+check(len(dd["sync"]) == 2 and all(0 < s < 4 * dd["nparams"] for s in dd["sync"]),
+      "fp8-rollout: the sync brings down the FP8-rounded matrices only (fewer bytes than the masters)")
 
 print(f"device tools: {DEVBIN}")
 if failures:
