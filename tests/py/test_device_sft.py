@@ -34,7 +34,8 @@ tokens) after the last step; kept small so the simulated device runs in seconds.
    host preparation from downloaded masters (TIDAL_PREPARE_ON_HOST=1, the path before), both on the
    device: every /steps column but the wall clock's bit for bit equal (the same rounding functions:
    tests/cudasim/test_prepare_sim.cpp), for bf16-train (3 steps, a checkpoint, the greedy
-   evaluation on the trainer's model; and 2 steps + --resume to 3 equal to it bit for bit),
+   evaluation on the trainer's model; its saved model, checkpoint model and optimizer state
+   tensor for tensor; and 2 steps + --resume to 3 equal to it bit for bit),
    fp16-train (loss scaling) and LoRA bf16-train (the adapter
    re-rounded on the device, the base kept). Bytes device -> host per optimiser step
    (TIDAL_STEP_D2H=1, td_device_d2h_bytes): full fine-tuning's are exactly the masters' 4 bytes a
@@ -46,7 +47,9 @@ tokens) after the last step; kept small so the simulated device runs in seconds.
 Exit 0 pass, 1 fail, 77 skip (device tools not built, or numpy missing; without h5py the run
 files are read through tidal-export: tests/py/runfile_read.py).
 """
+import json
 import os
+import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -63,6 +66,15 @@ SFT = ["--model-path", MODEL, "--dataset-path", "datasets/tasks/add", "--learnin
        "--per-device-batch-size", "2", "--gradient-accumulation-steps", "2", "--lr-scheduler", "constant_with_warmup",
        "--warmup-steps", "1", "--weight-decay", "0.01", "--seed", "5", "--eval-max-samples", "2",
        "--max-new-tokens", "12", "--save-steps", "2"]
+
+
+def st_tensors(path):
+    """A safetensors file's tensors as raw bytes by name (the header's metadata left out)."""
+    with open(path, "rb") as f:
+        b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in head.items() if k != "__metadata__"}
 
 
 def sft_pair(name, *extra):
@@ -124,6 +136,11 @@ check(p.returncode == 1 and "--resume on another device (the file was made on cu
 (d, dd), (h, hd) = prep_pair("tidal-sft", "sft.h5", "prep-bf16", SFT, "--max-steps", "3", "--recipe", "bf16-train")
 prep_identical(d, h, "bf16-train, 3 steps")
 prep_d2h(dd, hd, "bf16-train")
+same = []   # the masters written by checkpoints and the final save come down when asked
+for f in ["model.safetensors", os.path.join("checkpoint-2", "model.safetensors"), os.path.join("checkpoint-2", "optimizer.safetensors")]:
+    a, b = st_tensors(os.path.join(tmp, "prep-bf16-prep-dev", f)), st_tensors(os.path.join(tmp, "prep-bf16-prep-host", f))
+    same.append(len(a) > 0 and a == b)
+check(all(same), "bf16-train: the final model, checkpoint-2's model and optimizer state: every tensor bit-identical")
 part = os.path.join(tmp, "part-bf16")   # --resume from a checkpoint whose weights were prepared on the device
 device("tidal-sft", *SFT, "-o", part, "--max-steps", "2", "--recipe", "bf16-train")
 device("tidal-sft", *SFT, "-o", part, "--max-steps", "3", "--recipe", "bf16-train", "--resume")
