@@ -24,7 +24,15 @@
  * What survives the rounding is measured against the same rounding without the update:
  *   survival = |prepare(W + dW) - prepare(W)|_F / |dW|_F, changed = #{prepare(W + dW) != prepare(W)},
  *   aligned  = <prepare(W + dW) - prepare(W), dW> / |dW|^2 (the update's own component).
- * Unmerged adapters are set up in lora_run.c. */
+ * Unmerged adapters are set up in lora_run.c.
+ *
+ * Masters on a device (m->owned_dev: a trainer's, src/train/trainer.c; the backend has prepare):
+ * the same copies are allocated on the host but never written; each is a key whose device copy
+ * be->prepare makes from the masters there with the same rounding (bf16 / fp16 codes, fp32 copies,
+ * norms and biases), the embedding a rounding view of them (be->alias with its format, gathered
+ * and rounded by the embedding op), and what a recipe shares with the masters is read through
+ * their alias. FP8 matrices and merged adapters bring the tensor's masters down and take the host
+ * path; recipe_state_free releases the device copies with their keys (dev_be). */
 #include "model_internal.h"
 #include "tidal/gemm.h"
 #include "tidal/progress.h"

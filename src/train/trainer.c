@@ -29,8 +29,8 @@
  *                      it (be->alias): every path made on tr->m (this forward, tidal-rl's
  *                      rollout session and pi_old, the greedy evaluation) prepares its recipe
  *                      there (weights_recipe.c: bf16 / fp16 / fp32 copies rounded by the host's
- *                      functions, bit for bit), and a recipe that shares the masters (fp32) reads
- *                      them in place. The prepared copies' host buffers are never written (stale
+ *                      functions, bit for bit; the embedding a rounding view of the masters,
+ *                      no copy), and a recipe that shares the masters (fp32) reads them in place. The prepared copies' host buffers are never written (stale
  *                      keys of the device copies, which forget keeps). Nothing comes down per
  *                      step; the host masters are downloaded when a host reader asks
  *                      (train_masters_to_host: a checkpoint, a state file, td_trainer_params, the
