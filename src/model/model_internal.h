@@ -139,6 +139,8 @@ void forward_keep_activations(td_forward *f, int keep);
 /* The unmerged adapter's rounded A and B made again from the adapter set with the recipe (a
  * trainer's, updated by an optimiser step); the base's prepared weights are left as they are. */
 void forward_refresh_lora(td_forward *f);
+/* The same for a session's unmerged or vLLM-form adapter (lora: the one set with the recipe). */
+void session_refresh_lora(td_session *s, const td_lora *lora);
 const td_acts *forward_acts(const td_forward *f);
 /* Runs the ops through another backend table: an observer wrapping the CPU's op entries
  * (src/analysis/headroom.c), whose memory calls are the CPU's. */

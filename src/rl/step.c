@@ -1,5 +1,6 @@
 /* tidal — one tidal-rl step (include/tidal/rl.h has the sequence and the formulas). */
 #include "rl_internal.h"
+#include "../model/model_internal.h"
 #include "tidal/analysis.h"
 #include "tidal/checkpoint.h"
 #include "tidal/logprob.h"
@@ -321,7 +322,12 @@ static int rewards(rl_run *R, int k, double *M, td_error *err)
 static int score_old(rl_run *R, td_error *err)
 {
     const td_lora *lora = td_trainer_lora(R->tr);
-    if (td_forward_set_recipe_lora(R->fold, &R->rtrain, lora, 0, err)) return -1;
+    if (R->fold_set && lora && lora->owned_dev && R->o->lora_sync != TD_RL_SYNC_MERGE_UNMERGE) {
+        forward_refresh_lora(R->fold);   /* the adapter re-rounded on the device, the base kept */
+    } else {
+        if (td_forward_set_recipe_lora(R->fold, &R->rtrain, lora, 0, err)) return -1;
+        R->fold_set = 1;
+    }
     R->entropy_sum = R->entropy_n = 0;
     if (td_forward_logprobs(R->fold, R->B, (const int *const *)R->tok, R->len, R->old_pos, on_old_row, R, err))
         return -1;

@@ -38,7 +38,8 @@
  *                      these masters bring the tensor down and prepare it on the host.
  *   LoRA               lora->owned_dev = params_dev: the paths' unmerged (PEFT) and vLLM adapter
  *                      forms round A and B there (lora_run.c); a step re-rounds only the adapter
- *                      (forward_refresh_lora), the frozen base's prepared weights stay. The
+ *                      (forward_refresh_lora; tidal-rl's pi_old and --lora-sync adapter session
+ *                      too: src/rl/step.c, sync.c), the frozen base's prepared weights stay. The
  *                      adapter (nparams floats, small) still comes down each step: merges,
  *                      --lora-sync merge-unmerge and saves read it on the host.
  * TIDAL_PREPARE_ON_HOST=1 keeps the path before (the masters downloaded, every recipe prepared
