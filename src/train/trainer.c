@@ -30,8 +30,9 @@
  *                      rollout session and pi_old, the greedy evaluation) prepares its recipe
  *                      there (weights_recipe.c: bf16 / fp16 / fp32 copies rounded by the host's
  *                      functions, bit for bit; the embedding a rounding view of the masters,
- *                      no copy), and a recipe that shares the masters (fp32) reads them in place. The prepared copies' host buffers are never written (stale
- *                      keys of the device copies, which forget keeps). Nothing comes down per
+ *                      no copy), and a recipe that shares the masters (fp32) reads them in
+ *                      place. The prepared copies' host buffers are never written (stale keys
+ *                      of the device copies, which forget keeps). Nothing comes down per
  *                      step; the host masters are downloaded when a host reader asks
  *                      (train_masters_to_host: a checkpoint, a state file, td_trainer_params, the
  *                      name of a non-finite weight). FP8 weight formats and a merged adapter on
