@@ -83,6 +83,8 @@ typedef struct {
     int n_adapted;         /* adapted matrices                                          */
     td_lora_pair *pairs;   // (L, TD_LORA_NMOD)
     float *owned;          /* every A and B, in one allocation                          */
+    const float *owned_dev;/* a trainer's copy of owned in the backend's memory: its paths round A
+                              and B from it on the device (src/train/trainer.c); NULL: none */
 } td_lora;
 
 /* Reads adapter_config.json and adapter_model.safetensors from dir, checks every tensor's

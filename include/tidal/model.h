@@ -64,6 +64,9 @@ typedef struct {
     struct td_wstore *store; // tensors in their storage dtype (loaded models; NULL: all in w)
     FILE *progress;          // long work on this model reports here (NULL: silent)
     const struct td_backend *backend;  // what runs its forward (td_model_set_device; NULL: CPU)
+    const float *owned_dev;  // a trainer's masters in the backend's memory, the current values of
+                             // owned (which may be stale): recipes are prepared from them on the
+                             // device (src/train/trainer.c); NULL: owned is current
 } td_model;
 
 /* Checks a configuration for what the forward needs (positive sizes, NH % NKV == 0,

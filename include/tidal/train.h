@@ -192,6 +192,9 @@ void td_trainer_zero_grads(td_trainer *tr);
 /* Whether every accumulated gradient is finite (their sum of squares, on the trainer's device:
  * nothing but one double crosses). */
 int td_trainer_grads_finite(const td_trainer *tr);
+/* The trained parameters on the host. On a device whose masters only it keeps current (full
+ * fine-tuning, src/train/trainer.c) each call downloads them first: call it once, write, then
+ * td_trainer_params_changed (which uploads them). */
 float *td_trainer_params(td_trainer *tr);
 /* After writing into td_trainer_params (tests: finite differences): prepares the recipe's
  * weights again. 0 or -1 + err. */

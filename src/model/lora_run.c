@@ -14,12 +14,39 @@
  *                                     the buffer to the lora dtype (CAST_TYPE) before its dot
  *   u   = D(B_e t)                    expand: fp32 accumulate, accumulator.to(lora dtype)
  *   y   = D(y + u)                    ADD_INPUTS: tiled_c += the base output, stored in D
- * which is the form above with B replaced by B_e and scale 1 (D(1 * u) = u). */
+ * which is the form above with B replaced by B_e and scale 1 (D(1 * u) = u).
+ *
+ * A trainer's adapter on a device (lora->owned_dev, src/train/trainer.c): A, B and B_e are rounded
+ * there from it (be->prepare, the same roundings), so an optimiser step re-rounds the adapter
+ * without the host (lora_rt_refresh); fp8 activations keep the host form. */
 #include "model_internal.h"
 #include "tidal/gemm.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+static void lora_rt_round(lora_rt *rt, const td_lora *lora)
+{
+    const td_recipe *lr = &rt->recipe;
+    for (int i = 0; i < lora->num_layers * TD_LORA_NMOD; i++) {
+        const td_lora_pair *p = &lora->pairs[i];
+        if (!p->a) continue;
+        float *a = (float *)rt->pairs[i].a, *b = (float *)rt->pairs[i].b;
+        size_t na = (size_t)rt->rank * p->in, nb = (size_t)p->out * rt->rank;
+        float bscale = rt->punica ? lora->scale : 1.0f;
+        if (rt->on_device) {   /* the same roundings from the device copy (lora.h owned_dev) */
+            rt->be->prepare(a, TD_F32, lora->owned_dev + (p->a - lora->owned), na, lr->activations, 1.0f);
+            rt->be->prepare(b, TD_F32, lora->owned_dev + (p->b - lora->owned), nb, lr->activations, bscale);
+            continue;
+        }
+        td_gemm_prepare_weight(lr, p->a, rt->rank, p->in, a);   /* A, B rounded to D */
+        td_gemm_prepare_weight(lr, p->b, p->out, rt->rank, b);
+        if (rt->punica) {   /* LoRALayerWeights.optimize(): lora_b *= scaling, in the lora dtype */
+            for (size_t j = 0; j < nb; j++) b[j] = b[j] * bscale;
+            td_round_row(lr->activations, b, b, nb, TD_SATFINITE);
+        }
+    }
+}
 
 lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int punica,
                         const td_backend *be)
@@ -47,36 +74,45 @@ lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int pu
     }
     rt->pairs = td_xcalloc((size_t)L * TD_LORA_NMOD, sizeof *rt->pairs);
     rt->owned = td_xmalloc((total ? total : 1) * sizeof(float));
+    rt->punica = punica;
+    rt->on_device = lora->owned_dev && be->prepare && (lr.activations == TD_F32 || lr.activations == TD_BF16 ||
+                                                        lr.activations == TD_F16);
     float *q = rt->owned;
     for (int i = 0; i < L * TD_LORA_NMOD; i++) {
         const td_lora_pair *p = &lora->pairs[i];
         if (!p->a) continue;
         td_lora_pair *d = &rt->pairs[i];
         *d = *p;
-        size_t na = (size_t)rank * p->in, nb = (size_t)p->out * rank;
-        td_gemm_prepare_weight(&lr, p->a, rank, p->in, q);   /* A, B rounded to D */
         d->a = q;
-        q += na;
-        td_gemm_prepare_weight(&lr, p->b, p->out, rank, q);
-        if (punica) {   /* LoRALayerWeights.optimize(): lora_b *= scaling, in the lora dtype */
-            for (size_t j = 0; j < nb; j++) q[j] = q[j] * lora->scale;
-            td_round_row(lr.activations, q, q, nb, TD_SATFINITE);
-        }
+        q += (size_t)rank * p->in;
         d->b = q;
-        q += nb;
+        q += (size_t)p->out * rank;
     }
+    rt->be = be;
+    rt->npairs = L * TD_LORA_NMOD;
+    lora_rt_round(rt, lora);
     /* the branch's activations: written and read by ops only, so in the backend's memory (a
      * device's ops would otherwise stage host buffers at every call) */
-    rt->be = be;
     rt->t = be->alloc((size_t)cap * rank * sizeof(float));
     rt->u = be->alloc((size_t)cap * max_out * sizeof(float));
     rt->qin = td_xmalloc((size_t)cap * max_in * sizeof(float));
     return rt;
 }
 
+void lora_rt_refresh(lora_rt *rt, const td_lora *lora)
+{
+    lora_rt_round(rt, lora);
+    if (!rt->on_device) td_backend_forget(rt->be);   /* device copies of the old values */
+}
+
 void lora_rt_free(lora_rt *rt)
 {
     if (!rt) return;
+    for (int i = 0; rt->on_device && i < rt->npairs; i++)
+        if (rt->pairs[i].a) {
+            rt->be->release(rt->pairs[i].a);
+            rt->be->release(rt->pairs[i].b);
+        }
     free(rt->pairs);
     free(rt->owned);
     rt->be->free(rt->t);

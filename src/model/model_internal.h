@@ -136,6 +136,11 @@ void decoder_recompute_layer(const td_ops *ops, const td_model *m, td_acts *a, i
  * or only one layer's scratch (keep 0, the default), and
  * read them. */
 void forward_keep_activations(td_forward *f, int keep);
+/* The unmerged adapter's rounded A and B made again from the adapter set with the recipe (a
+ * trainer's, updated by an optimiser step); the base's prepared weights are left as they are. */
+void forward_refresh_lora(td_forward *f);
+/* The same for a session's unmerged or vLLM-form adapter (lora: the one set with the recipe). */
+void session_refresh_lora(td_session *s, const td_lora *lora);
 const td_acts *forward_acts(const td_forward *f);
 /* Runs the ops through another backend table: an observer wrapping the CPU's op entries
  * (src/analysis/headroom.c), whose memory calls are the CPU's. */
@@ -171,11 +176,17 @@ typedef struct lora_rt {
     float *t;              // (cap, r)        D(A x)
     float *u;              // (cap, max out)  D(B t), then D(scale u)
     float *qin;            // (cap, max(in, r)) GEMM operand scratch
+    int punica, npairs;
+    int on_device;         /* A and B rounded on the device from lora->owned_dev (be->prepare):
+                              owned is a stale key of the device copies, released with them */
 } lora_rt;
 
 lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int punica,
                         const td_backend *be);
 void lora_rt_free(lora_rt *rt);
+/* A and B rounded again from lora (the adapter rt was made for, since updated): on the device from
+ * lora->owned_dev when rt->on_device, else on the host (its device copies then dropped by forget). */
+void lora_rt_refresh(lora_rt *rt, const td_lora *lora);
 /* y (N, out) += the LoRA branch of projection `module` of `layer` on its input x (N, in);
  * nothing when ops has no adapter or this projection is not adapted. */
 void lora_forward(const td_ops *ops, int layer, int module, float *y, const float *x, int N);
@@ -229,7 +240,10 @@ void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td
  *           bf16/fp16: 2 bytes) — or fp32 copies when f32 is set (a backward reads w).
  *   w       fp32 view: norms and biases (rounded copies, or the model's), and the GEMM
  *           matrices, embedding and lm_head where ws holds them in fp32 (NULL elsewhere).
- *   bytes   what the copies take (weights only), by the storage they are in. */
+ *   bytes   what the copies take (weights only), by the storage they are in.
+ *   dev_be  set when the model's masters live on a device (m->owned_dev, a trainer's): the copies
+ *           made from them were prepared there (be->prepare) and their host buffers are stale keys
+ *           of the device copies, released with them (weights_recipe.c). */
 typedef struct {
     td_recipe recipe, head;
     td_model_weights w;
@@ -241,6 +255,7 @@ typedef struct {
     float *qin, *gscratch, *wtile;
     lora_rt *lora;         /* unmerged adapter, or NULL                                     */
     td_lora_merge_stats merge;  /* what a merged adapter kept                               */
+    const td_backend *dev_be;   /* the backend that prepared copies from m->owned_dev, or NULL */
 } td_recipe_state;
 
 /* Sets ops up for recipe r (copied into st) for batches of up to cap rows, with an adapter

@@ -184,6 +184,26 @@ struct td_backend {
     void (*sync)(void);
     void (*forget)(void);
 
+    /* A recipe's weights prepared from masters in the backend's memory (a trainer on a device:
+     * src/train/trainer.c; NULL on the CPU, whose weights are prepared on the host):
+     * prepare  the device copy of the host buffer key (n elements of storage: TD_F32 floats,
+     *          TD_BF16 / TD_F16 codes), the one the ops find for key, is made from src (n floats,
+     *          backend memory): v = td_round(fmt, src[i]) (SATFINITE), then v = td_round(fmt,
+     *          v * scale) when scale != 1 (vLLM's B scaled in the lora dtype, lora_run.c), stored
+     *          as a float or encoded (td_encode_row's code of v; storage is then fmt). key itself
+     *          is never written (the host copy is stale): the copy stays through forget, until
+     *          release(key).
+     * alias    fmt TD_F32: the device copy of the host range [host, host + bytes) is dev (backend
+     *          memory the caller keeps current and alive: a trainer's masters), until
+     *          release(host). fmt TD_BF16 / TD_F16: a rounding view of dev (floats) for the
+     *          embedding's gather alone: the table at host (its storage's codes or floats) is
+     *          td_round(fmt, dev[i]), rounded as the rows are gathered, no copy held (an op
+     *          that asks for the whole table, tdc_const, is refused: a tidal bug).
+     * release  drops what prepare or alias made for key (the host buffer is about to be freed). */
+    void (*prepare)(const void *key, int storage, const float *src, size_t n, int fmt, float scale);
+    void (*alias)(const void *host, const void *dev, size_t bytes, int fmt);
+    void (*release)(const void *key);
+
     /* td_sample on the backend (include/tidal/sampling.h): n rows of logits (V wide, backend or
      * host memory), each row's seen tokens (host) and stream rng (advanced as td_sample does);
      * writes tok (n), logp (n, the processed log-prob of each token; NULL = none) and proc (n, V

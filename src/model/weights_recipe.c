@@ -24,7 +24,15 @@
  * What survives the rounding is measured against the same rounding without the update:
  *   survival = |prepare(W + dW) - prepare(W)|_F / |dW|_F, changed = #{prepare(W + dW) != prepare(W)},
  *   aligned  = <prepare(W + dW) - prepare(W), dW> / |dW|^2 (the update's own component).
- * Unmerged adapters are set up in lora_run.c. */
+ * Unmerged adapters are set up in lora_run.c.
+ *
+ * Masters on a device (m->owned_dev: a trainer's, src/train/trainer.c; the backend has prepare):
+ * the same copies are allocated on the host but never written; each is a key whose device copy
+ * be->prepare makes from the masters there with the same rounding (bf16 / fp16 codes, fp32 copies,
+ * norms and biases), the embedding a rounding view of them (be->alias with its format, gathered
+ * and rounded by the embedding op), and what a recipe shares with the masters is read through
+ * their alias. FP8 matrices and merged adapters bring the tensor's masters down and take the host
+ * path; recipe_state_free releases the device copies with their keys (dev_be). */
 #include "model_internal.h"
 #include "tidal/gemm.h"
 #include "tidal/progress.h"
@@ -44,6 +52,7 @@ typedef struct {
 typedef struct {
     td_recipe_state *st;
     const td_model *m;
+    const td_backend *dev;     /* prepares from m->owned_dev on this backend (NULL: the host)  */
     merge_ctx mc;
     float *scratch;            /* fp32 scratch, grown on demand                   */
     size_t scratch_floats;
@@ -105,10 +114,67 @@ static void merge_sum(merge_ctx *mc, const td_recipe *r, const td_lora_pair *p, 
     mc->changed += changed;
 }
 
+/* Where the current values of host tensor p live when the masters are on a device: its place in
+ * m->owned_dev (the host copy is stale); NULL when preparing on the host. */
+static const float *dev_src(const prep *P, const void *p)
+{
+    const td_model *m = P->m;
+    const float *f = p;
+    if (!P->dev || !f || f < m->owned || f >= m->owned + m->owned_floats) return NULL;
+    return m->owned_dev + (f - m->owned);
+}
+
+static int prep_wmat_host(prep *P, const td_recipe *r, td_wmat src, int has_nan, const td_lora_pair *ad,
+                          size_t rows, size_t cols, td_wmat *out);
+
 /* out: what r's GEMMs multiply for src (rows, cols) — r->weights (fp8 with weight_scaling) —
- * with the adapter pair ad (NULL: none) merged. Shared when the rounding leaves src as it is. */
+ * with the adapter pair ad (NULL: none) merged. Shared when the rounding leaves src as it is (on a
+ * device: the masters' alias, src/train/trainer.c). From device masters a bf16 / fp16 / fp32 copy
+ * is rounded there (be->prepare); fp8 and a merge bring the tensor's masters down and prepare on
+ * the host, as before. */
 static int prep_wmat(prep *P, const td_recipe *r, td_wmat src, int has_nan, const td_lora_pair *ad,
                      size_t rows, size_t cols, td_wmat *out)
+{
+    td_format f = r->weights;
+    const float *dsrc = src.dtype == TD_F32 ? dev_src(P, src.data) : NULL;
+    if (!dsrc || (!ad && (f == TD_F32 || (f == src.dtype && !has_nan)) && (!P->st->f32 || src.dtype == TD_F32)))
+        return prep_wmat_host(P, r, src, has_nan, ad, rows, cols, out);
+    size_t n = rows * cols;
+    if (!ad && f != TD_E4M3 && f != TD_E5M2) {
+        td_format storage = P->st->f32 || f == TD_F32 ? TD_F32 : f;
+        void *dst = own(P, n * (storage == TD_F32 ? 4 : 2), storage);
+        if (!dst) return -1;
+        P->dev->prepare(dst, storage, dsrc, n, f, 1.0f);
+        *out = (td_wmat){.data = dst, .dtype = storage};
+        return 0;
+    }
+    float *down = malloc(n * sizeof(float));
+    if (!down) return td_fail(P->err, "recipe %s: out of memory for %zu MB of masters", r->name, n * 4 >> 20);
+    P->dev->download(down, dsrc, n * sizeof(float));
+    int rc = prep_wmat_host(P, r, td_wmat_f32(down), 0, ad, rows, cols, out);
+    free(down);
+    return rc;
+}
+
+/* The embedding under r (emb: its weights the activations dtype, or fp32): from device masters a
+ * bf16 / fp16 table is a rounding view of them (be->alias with the format), which the embedding's
+ * gather rounds row by row: the device holds no copy (embedding.cu); else prep_wmat. */
+static int prep_embed(prep *P, const td_recipe *r, td_wmat src, int has_nan, size_t rows, size_t cols, td_wmat *out)
+{
+    td_format f = r->weights;
+    const float *dsrc = src.dtype == TD_F32 ? dev_src(P, src.data) : NULL;
+    if (!dsrc || (f != TD_BF16 && f != TD_F16)) return prep_wmat(P, r, src, has_nan, NULL, rows, cols, out);
+    td_format storage = P->st->f32 ? TD_F32 : f;
+    size_t bytes = rows * cols * (storage == TD_F32 ? 4 : 2);
+    void *key = own(P, bytes, storage);   /* never written: the view's host key */
+    if (!key) return -1;
+    P->dev->alias(key, dsrc, bytes, f);
+    *out = (td_wmat){.data = key, .dtype = storage};
+    return 0;
+}
+
+static int prep_wmat_host(prep *P, const td_recipe *r, td_wmat src, int has_nan, const td_lora_pair *ad,
+                          size_t rows, size_t cols, td_wmat *out)
 {
     td_recipe_state *st = P->st;
     td_format f = r->weights;
@@ -205,7 +271,16 @@ static int weights_prepare(prep *P, const td_recipe *r)
             if (!plain) {   /* small: an fp32 copy rounded to the activations dtype */
                 float *dst = own(P, p->numel * sizeof(float), TD_F32);
                 if (!dst) { rc = -1; break; }
-                td_round_row(param_keeps_fp32(r, p->role) ? TD_F32 : r->activations, *slot, dst, p->numel, TD_SATFINITE);
+                td_format fmt = param_keeps_fp32(r, p->role) ? TD_F32 : r->activations;
+                const float *d = dev_src(P, *slot);
+                if (d && fmt != TD_E4M3 && fmt != TD_E5M2) {
+                    P->dev->prepare(dst, TD_F32, d, p->numel, fmt, 1.0f);
+                } else if (d) {   /* fp8 activations: the host form, from the masters brought down */
+                    P->dev->download(dst, d, p->numel * sizeof(float));
+                    td_round_row(fmt, dst, dst, p->numel, TD_SATFINITE);
+                } else {
+                    td_round_row(fmt, *slot, dst, p->numel, TD_SATFINITE);
+                }
                 *slot = dst;
             }
             continue;
@@ -214,7 +289,7 @@ static int weights_prepare(prep *P, const td_recipe *r)
         if (p->role == TD_ROLE_EMBED) {
             out = &st->ws.embed;
             embed_i = i;
-            rc = prep_wmat(P, &emb, src, nan, NULL, rows, cols, out);
+            rc = prep_embed(P, &emb, src, nan, rows, cols, out);
         } else if (p->role == TD_ROLE_LM_HEAD) {
             out = &st->ws.lm_head;
             rc = prep_wmat(P, &head, src, nan, NULL, rows, cols, out);
@@ -241,7 +316,10 @@ static int weights_prepare(prep *P, const td_recipe *r)
 
 void recipe_state_free(td_recipe_state *st)
 {
-    for (size_t i = 0; i < st->nowned; i++) free(st->owned[i]);
+    for (size_t i = 0; i < st->nowned; i++) {
+        if (st->dev_be) st->dev_be->release(st->owned[i]);   /* its device copy, if prepared there */
+        free(st->owned[i]);
+    }
     free(st->owned);
     free(st->w.layers);
     free(st->ws.mat);
@@ -286,11 +364,12 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
     st->recipe = rc;
     st->head = td_recipe_for_head(&rc);
     st->f32 = f32;
+    st->dev_be = m->owned_dev && ops->be->prepare ? ops->be : NULL;
     if (lora && mode != TD_LORA_MERGED) {
         st->lora = lora_rt_create(lora, &rc, cap, mode == TD_LORA_PUNICA, ops->be);
         ops->lora = st->lora;
     }
-    prep P = {.st = st, .m = m, .err = err};
+    prep P = {.st = st, .m = m, .dev = st->dev_be, .err = err};
     if (lora && mode == TD_LORA_MERGED) P.mc.lora = lora;
     int bad = weights_prepare(&P, &rc);
     free(P.scratch);

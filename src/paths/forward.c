@@ -305,4 +305,9 @@ int td_forward_set_recipe_lora(td_forward *f, const td_recipe *r, const td_lora 
 
 td_lora_merge_stats td_forward_lora_stats(const td_forward *f) { return f->rs.merge; }
 
+void forward_refresh_lora(td_forward *f)
+{
+    if (f->rs.lora && f->lora) lora_rt_refresh(f->rs.lora, f->lora);
+}
+
 const td_recipe_state *forward_recipe_state(const td_forward *f) { return &f->rs; }

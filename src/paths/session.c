@@ -243,4 +243,9 @@ void td_session_set_layer_fn(td_session *s, td_layer_fn fn, void *user)
 }
 td_lora_merge_stats td_session_lora_stats(const td_session *s) { return s->rs.merge; }
 
+void session_refresh_lora(td_session *s, const td_lora *lora)
+{
+    if (s->rs.lora && lora) lora_rt_refresh(s->rs.lora, lora);
+}
+
 const td_recipe_state *session_recipe_state(const td_session *s) { return &s->rs; }

@@ -61,6 +61,9 @@ typedef struct {
     td_trainer *tr;
     td_forward *fold, *fref;      /* pi_old on the trainer's weights; the reference           */
     td_session *sess;
+    int fold_set, sess_set;       /* their recipe and adapter set once: under LoRA with the adapter
+                                     on the device and the base unchanged (not merge-unmerge), a
+                                     step re-rounds the adapter only (step.c, sync.c)         */
     td_sampler *smp;
     /* the sync (sync.c) */
     td_model *engine;             /* merge-unmerge: the engine's weights (merged matrices)    */

@@ -1,8 +1,10 @@
 /* tidal — one tidal-rl step (include/tidal/rl.h has the sequence and the formulas). */
 #include "rl_internal.h"
+#include "../model/model_internal.h"
 #include "tidal/analysis.h"
 #include "tidal/checkpoint.h"
 #include "tidal/logprob.h"
+#include "tidal/memplan.h"
 #include "tidal/metrics.h"
 #include "tidal/sft.h"
 
@@ -10,6 +12,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -319,7 +322,12 @@ static int rewards(rl_run *R, int k, double *M, td_error *err)
 static int score_old(rl_run *R, td_error *err)
 {
     const td_lora *lora = td_trainer_lora(R->tr);
-    if (td_forward_set_recipe_lora(R->fold, &R->rtrain, lora, 0, err)) return -1;
+    if (R->fold_set && lora && lora->owned_dev && R->o->lora_sync != TD_RL_SYNC_MERGE_UNMERGE) {
+        forward_refresh_lora(R->fold);   /* the adapter re-rounded on the device, the base kept */
+    } else {
+        if (td_forward_set_recipe_lora(R->fold, &R->rtrain, lora, 0, err)) return -1;
+        R->fold_set = 1;
+    }
     R->entropy_sum = R->entropy_n = 0;
     if (td_forward_logprobs(R->fold, R->B, (const int *const *)R->tok, R->len, R->old_pos, on_old_row, R, err))
         return -1;
@@ -552,8 +560,14 @@ int rl_step(rl_run *R, int k, double *M, td_error *err)
     M[TD_RLM_step] = k;
     double t0 = omp_get_wtime();
     if (R->o->eval_steps > 0 && k % R->o->eval_steps == 0 && evaluate(R, M, err)) return -1;
-    /* the current policy on the inference path: the engine's weight sync (sync.c) */
+    /* the current policy on the inference path: the engine's weight sync (sync.c); its bytes
+     * brought down from a device on stderr under TIDAL_STEP_D2H=1 (as the trainer's step) */
+    size_t d2h0 = td_device_d2h_bytes();
     if (rl_sync(R, M, err)) return -1;
+    const char *log = getenv("TIDAL_STEP_D2H");
+    if (log && *log && strcmp(log, "0"))
+        fprintf(stderr, "tidal: weight sync before step %d: %zu bytes device -> host\n", k + 1,
+                td_device_d2h_bytes() - d2h0);
     if (rollout(R, k, M, err)) return -1;
     double t1 = omp_get_wtime();
     if (rewards(R, k, M, err)) return -1;

@@ -20,6 +20,7 @@
  * Resume: the drifted base is part of the run's state: checkpoint-K/lora_base.safetensors holds
  * the adapted matrices of the trainer's base (F32, exact for any D) under their HF names. */
 #include "rl_internal.h"
+#include "../model/model_internal.h"
 #include "tidal/checkpoint.h"
 #include "tidal/gemm.h"
 
@@ -154,8 +155,13 @@ int rl_sync(rl_run *R, double *M, td_error *err)
     case TD_RL_SYNC_MERGE_UNMERGE:
         if (merge_unmerge(R, M, err)) return -1;
         break;
-    case TD_RL_SYNC_ADAPTER:
-        if (td_session_set_recipe_lora(R->sess, &R->rroll, lo, TD_LORA_PUNICA, err)) return -1;
+    case TD_RL_SYNC_ADAPTER:   /* the base unchanged: with the adapter on the device, its B_e only */
+        if (R->sess_set && lo->owned_dev) {
+            session_refresh_lora(R->sess, lo);
+        } else {
+            if (td_session_set_recipe_lora(R->sess, &R->rroll, lo, TD_LORA_PUNICA, err)) return -1;
+            R->sess_set = 1;
+        }
         break;
     default: {
         if (td_session_set_recipe_lora(R->sess, &R->rroll, lo, TD_LORA_MERGED, err)) return -1;

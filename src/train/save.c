@@ -84,6 +84,7 @@ int td_trainer_save(const td_trainer *tr, const char *dir, int dtype, const char
                                  tr->specs[i].shape, err))
             goto out;
     if (td_st_writer_begin(w, err)) goto out;
+    train_masters_to_host(tr);   /* a device's masters, when only it has them current */
     for (size_t i = 0; i < tr->nspecs; i++)
         if (td_st_writer_write_f32(w, tr->specs[i].name, tr->m->owned + tr->specs[i].offset,
                                    tr->specs[i].numel, err))

@@ -46,7 +46,7 @@ int td_trainer_save_state(const td_trainer *tr, const char *path, td_error *err)
                 goto out;
         }
     if (td_st_writer_begin(w, err)) goto out;
-    train_state_to_host(tr);   /* a device's moments (the masters are current on the host) */
+    train_state_to_host(tr);   /* a device's masters and moments */
     for (int k = 0; k < 3; k++)
         for (size_t i = 0; i < tr->ntensors; i++) {
             snprintf(name, sizeof name, "%s.%s", PART[k], tr->tensors[i].name);

@@ -60,6 +60,10 @@ struct td_trainer {
     int *top1;                    /* (max_tokens) each row's most probable token, host          */
     long acc_correct, acc_total;  /* targets in the loss whose row's top token is the target    */
     int loss_overflow;            /* loss scaling: a micro-batch's loss was not finite          */
+    int prep_dev;                 /* the recipe's weights are prepared on the device from
+                                     params_dev after each step (trainer.c's header); 0 on the
+                                     CPU and under TIDAL_PREPARE_ON_HOST=1                    */
+    int log_d2h;                  /* TIDAL_STEP_D2H=1: each step's device -> host bytes on stderr */
 };
 
 /* The accumulated gradients on the host (downloaded from a device first), and zeroing them
@@ -71,6 +75,9 @@ void train_zero_grads(td_trainer *tr);
  * CPU, whose arrays are the same. */
 void train_state_to_host(const td_trainer *tr);
 void train_state_to_device(td_trainer *tr);
+/* The masters on the host (downloaded from a device, where after an optimiser step they are the
+ * only current copy when the weights are prepared there: prep_dev) before a host reader. */
+void train_masters_to_host(const td_trainer *tr);
 
 /* optim.c */
 int train_warmup_steps(const td_train_opts *o);

@@ -21,12 +21,35 @@
  * entries, optim.c's arithmetic): the fp32 masters and AdamW moments stay in device buffers,
  * unscaling, the per-tensor sums of squares (the host gets ntensors doubles: the norm, the
  * Inf/NaN test, the clip coefficient, the GradScaler's decision), clipping and AdamW run as
- * kernels. What still crosses once per step: the updated masters come down (nparams floats)
- * and the recipe's weights are prepared from them on the host, which drops their device copies
- * (td_backend_forget) so the next forward uploads the new ones; preparing them on the device
- * is not written. The moments come down only for a state file.
+ * kernels.
+ *
+ * The recipe's weights after a step are prepared on the device from the device masters (prep_dev;
+ * the backend's prepare / alias / release entries, ops.h; src/backend/cuda/prepare.cu):
+ *   full fine-tuning   m->owned_dev = params_dev and the host range of the masters is an alias of
+ *                      it (be->alias): every path made on tr->m (this forward, tidal-rl's
+ *                      rollout session and pi_old, the greedy evaluation) prepares its recipe
+ *                      there (weights_recipe.c: bf16 / fp16 / fp32 copies rounded by the host's
+ *                      functions, bit for bit; the embedding a rounding view of the masters,
+ *                      no copy), and a recipe that shares the masters (fp32) reads them in
+ *                      place. The prepared copies' host buffers are never written (stale keys
+ *                      of the device copies, which forget keeps). Nothing comes down per
+ *                      step; the host masters are downloaded when a host reader asks
+ *                      (train_masters_to_host: a checkpoint, a state file, td_trainer_params, the
+ *                      name of a non-finite weight). FP8 weight formats and a merged adapter on
+ *                      these masters bring the tensor down and prepare it on the host.
+ *   LoRA               lora->owned_dev = params_dev: the paths' unmerged (PEFT) and vLLM adapter
+ *                      forms round A and B there (lora_run.c); a step re-rounds only the adapter
+ *                      (forward_refresh_lora; tidal-rl's pi_old and --lora-sync adapter session
+ *                      too: src/rl/step.c, sync.c), the frozen base's prepared weights stay. The
+ *                      adapter (nparams floats, small) still comes down each step: merges,
+ *                      --lora-sync merge-unmerge and saves read it on the host.
+ * TIDAL_PREPARE_ON_HOST=1 keeps the path before (the masters downloaded, every recipe prepared
+ * on the host and uploaded again); TIDAL_STEP_D2H=1 prints each step's bytes device -> host
+ * (td_device_d2h_bytes; tests/py/test_device_sft.py and test_device_rl.py compare the two paths:
+ * /steps bit for bit). The moments come down only for a state file.
  */
 #include "train_internal.h"
+#include "tidal/memplan.h"
 #include "tidal/rng.h"
 
 #include <math.h>
@@ -256,6 +279,18 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
         tr->m2_dev = tr->m2;
     }
     train_state_to_device(tr);
+    const char *on_host = getenv("TIDAL_PREPARE_ON_HOST");   /* diagnostic: the download path */
+    tr->prep_dev = tr->be->prepare && !(on_host && *on_host && strcmp(on_host, "0"));
+    const char *log = getenv("TIDAL_STEP_D2H");
+    tr->log_d2h = log && *log && strcmp(log, "0");
+    if (tr->prep_dev && tr->lora) {
+        tr->lora->owned_dev = tr->params_dev;   /* its paths round A and B from the device copy */
+    } else if (tr->prep_dev) {
+        /* the masters live on the device: every path of this model prepares its recipe from them
+         * there, and host pointers into them (fp32 recipes share the masters) find them */
+        m->owned_dev = tr->params_dev;
+        tr->be->alias(m->owned, tr->params_dev, m->owned_floats * sizeof(float), TD_F32);
+    }
     tr->gw.layers = td_xcalloc((size_t)c->num_layers, sizeof *tr->gw.layers);
     tr->lg = td_xcalloc((size_t)c->num_layers * TD_LORA_NMOD, sizeof *tr->lg);
     build_tensors(tr);
@@ -298,6 +333,10 @@ void td_trainer_free(td_trainer *tr)
     if (!tr) return;
     td_forward_free(tr->f);
     if (tr->ga.be) grad_acts_free(&tr->ga);
+    if (tr->m && tr->m->owned_dev) {   /* the masters' alias, before the masters go */
+        tr->be->release(tr->m->owned);
+        tr->m->owned_dev = NULL;
+    }
     if (tr->be) {
         if (tr->grads_host != tr->grads) free(tr->grads_host);
         if (tr->params_dev != tr->params) tr->be->free(tr->params_dev);
@@ -322,6 +361,7 @@ void td_trainer_free(td_trainer *tr)
 /* The first trained tensor whose master holds a non-finite value, or -1. */
 static int first_nonfinite_tensor(const td_trainer *tr)
 {
+    train_masters_to_host(tr);
     for (size_t i = 0; i < tr->ntensors; i++)
         if (!isfinite(td_backend_cpu.optim_sumsq(tr->params + tr->tensors[i].offset, tr->tensors[i].numel)))
             return (int)i;
@@ -449,6 +489,7 @@ int td_trainer_accumulate_sft(td_trainer *tr, int nseq, const int *const *tokens
 int td_trainer_step(td_trainer *tr, td_step_info *info, td_error *err)
 {
     td_step_info in = {.loss_scale = tr->scaler.scale, .nonfinite_param = -1};
+    size_t d2h0 = td_device_d2h_bytes();
     const td_backend *be = tr->be;   /* the gradients, masters and moments are its buffers */
     size_t n = tr->nparams;
     if (tr->scaler.on) be->optim_scale(tr->grads, n, (float)(1.0 / tr->scaler.scale));   /* unscale_ */
@@ -484,11 +525,24 @@ int td_trainer_step(td_trainer *tr, td_step_info *info, td_error *err)
         }
         train_zero_grads(tr);
         if (tr->scaler.on) scaler_update(&tr->scaler, 0);
-        /* the host masters (a device's, downloaded), then the recipe's rounded weights (and
-         * adapter copy) from them */
-        if (tr->params_dev != tr->params) be->download(tr->params, tr->params_dev, n * sizeof(float));
-        if (td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err)) return -1;
+        if (tr->prep_dev && tr->lora) {
+            /* the adapter (small) for host readers (a merge, a save), its rounded A and B again on
+             * the device; the frozen base's prepared weights stay as they are */
+            be->download(tr->params, tr->params_dev, n * sizeof(float));
+            forward_refresh_lora(tr->f);
+        } else if (tr->prep_dev) {
+            /* the recipe's weights from the device masters, on the device: nothing comes down */
+            if (td_forward_set_recipe_lora(tr->f, &tr->recipe, NULL, 0, err)) return -1;
+        } else {
+            /* the host masters (a device's, downloaded), then the recipe's rounded weights (and
+             * adapter copy) from them */
+            if (tr->params_dev != tr->params) be->download(tr->params, tr->params_dev, n * sizeof(float));
+            if (td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err)) return -1;
+        }
     }
+    if (tr->log_d2h)
+        fprintf(stderr, "tidal: optimiser step %d: %zu bytes device -> host (%zu parameters; weights prepared on "
+                "the %s)\n", tr->step, td_device_d2h_bytes() - d2h0, n, tr->prep_dev ? "device" : "host");
     in.step = tr->step;
     in.skipped_total = tr->skipped;
     if (info) *info = in;
@@ -519,7 +573,16 @@ void train_zero_grads(td_trainer *tr)
 }
 
 void td_trainer_zero_grads(td_trainer *tr) { train_zero_grads(tr); }
-float *td_trainer_params(td_trainer *tr) { return tr->params; }
+float *td_trainer_params(td_trainer *tr)
+{
+    train_masters_to_host(tr);
+    return tr->params;
+}
+
+void train_masters_to_host(const td_trainer *tr)
+{
+    if (tr->prep_dev && !tr->lora) tr->be->download(tr->params, tr->params_dev, tr->nparams * sizeof(float));
+}
 
 int td_trainer_params_changed(td_trainer *tr, td_error *err)
 {

@@ -8,6 +8,7 @@ BUILD/bin's. Run files are read with h5py, or without it through tidal-export
 (tests/py/runfile_read.py: the GPU machine's python may lack h5py). A script importing this exits
 77 (skip) when the device tools are not built or numpy is missing."""
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,56 @@ def pair(tool, runfile, name, common, *extra):
     pg = device(tool, *common, "-o", g, *extra)
     print(f"{tool} {name}: CPU {pc.seconds:.1f} s, device {pg.seconds:.1f} s")
     return steps(os.path.join(c, runfile)), steps(os.path.join(g, runfile))
+
+
+STEP_D2H = re.compile(r"tidal: optimiser step (\d+): (\d+) bytes device -> host \((\d+) parameters; weights prepared on "
+                      r"the (device|host)\)")
+SYNC_D2H = re.compile(r"tidal: weight sync before step (\d+): (\d+) bytes device -> host")
+
+
+def prep_pair(tool, runfile, name, common, *extra):
+    """tool on the device twice with the same arguments: the recipe's weights prepared on the device
+    from the device masters (the default) and on the host from downloaded masters
+    (TIDAL_PREPARE_ON_HOST=1, the path before), both under TIDAL_STEP_D2H=1. Returns per run
+    (steps, d2h): d2h the stderr's bytes device -> host of each optimiser step (the step and the
+    weights' preparation), of each RL weight sync, and the trained parameter count."""
+    out = []
+    for mode, host in [("prep-dev", "0"), ("prep-host", "1")]:
+        d = os.path.join(tmp, f"{name}-{mode}")
+        env = dict(ENV, TIDAL_PREPARE_ON_HOST=host, TIDAL_STEP_D2H="1")
+        if SIM and GUARD:
+            env["CUDASIM_DEVICE_GUARD"] = "1"
+        p = sh(os.path.join(DEVBIN, tool), *common, "-o", d, *extra, "--device", "cuda", env=env)
+        st = [m.groups() for m in STEP_D2H.finditer(p.stderr)]
+        check(len(st) > 0 and all(s[3] == ("host" if host == "1" else "device") for s in st),
+              f"{tool} {name} ({mode}): each optimiser step logs its bytes to the host, prepared where asked")
+        d2h = {"step": [int(s[1]) for s in st], "nparams": int(st[0][2]) if st else 0,
+               "sync": [int(m.group(2)) for m in SYNC_D2H.finditer(p.stderr)]}
+        out.append((runfile_read.steps(os.path.join(d, runfile)), d2h))
+    return out
+
+
+def prep_identical(dev, host, what):
+    """Every /steps column but the wall-clock ones (seconds, time_*) bit for bit equal between the two
+    preparations."""
+    cols = sorted(k for k in host if k != "seconds" and not k.startswith("time_"))
+    diff = [k for k in cols if k not in dev or not np.array_equal(np.asarray(dev[k]), np.asarray(host[k]), equal_nan=True)]
+    print(f"  {what}: {len(cols)} /steps columns compared, differing: {diff or 'none'}")
+    check(len(dev["loss"]) > 0 and not diff,
+          f"{what}: /steps bit-identical with the weights prepared on the device and on the host")
+
+
+def prep_d2h(dd, hd, what):
+    """Full fine-tuning: the masters (4 bytes a parameter) no longer come down at each optimiser step.
+    The device preparation's step brings down only the gradient norm's partial sums (a bound of its
+    own, not of the parameter count: below one byte a parameter here, where the masters are 4)."""
+    n = dd["nparams"]
+    print(f"  {what}: bytes device -> host per optimiser step, weights prepared on the device {dd['step']}, "
+          f"on the host {hd['step']} ({n} parameters, {4 * n} bytes of masters)")
+    check(len(dd["step"]) == len(hd["step"]) > 0 and all(h - d == 4 * n for d, h in zip(dd["step"], hd["step"]))
+          and all(d < n for d in dd["step"]),
+          f"{what}: each step downloads exactly the masters' {4 * n} bytes less than with host preparation, "
+          f"and under one byte a parameter")
 
 
 def device_attrs(ca, ga, runfile):

@@ -28,6 +28,16 @@ may draw only wrong answers, a zero advantage). Checked, per /steps column of rl
    paths).
 3. LoRA r 4, fp32, --lora-sync merge-unmerge (the engine's own copy of the base, on the device):
    the same completions, loss and grad_norm within 1e-4 relative. Measured: grad_norm 1.3e-7.
+5. The recipes' weights prepared on the device from the trainer's device masters (the default:
+   the trainer's and the rollout session's and pi_old's) against the host preparation from
+   downloaded masters (TIDAL_PREPARE_ON_HOST=1): every /steps column but the wall-clock ones
+   (time_*) bit for bit equal, for bf16-train / bf16-infer full fine-tuning and LoRA r 4 bf16 with
+   --lora-sync adapter (vLLM's B scaled in the lora dtype, on the device); full fine-tuning's
+   optimiser step brings down exactly the masters' 4 bytes a parameter fewer (under 1 byte a
+   parameter: measured 2,792 against 351,208 bytes, 87,104 parameters), and the weight sync before
+   each rollout nothing (TIDAL_STEP_D2H=1 lines). bf16-train / fp8-rollout too, whose FP8 rollout
+   matrices are still prepared on the host: bit-identical, the sync bringing down those matrices'
+   masters only (measured 294,912 bytes: the 73,728 GEMM weights).
 4. rl.h5's device attribute: "cpu" and "cuda:0 (...)"; --device tpu is a usage error (exit 2);
    --resume of the device's run on the CPU is refused (exit 1), naming both devices.
 Exit 0 pass, 1 fail, 77 skip (device tools not built, or numpy missing; without h5py the run
@@ -39,7 +49,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from device_train import DEVBIN, ENV, LOW_TOL, close, cpu, device_attrs, np, pair, sh, tmp  # noqa: E402
+from device_train import (DEVBIN, ENV, LOW_TOL, close, cpu, device_attrs, np, pair, prep_d2h,  # noqa: E402
+                          prep_identical, prep_pair, sh, tmp)
 from tidal_check import BUILD, check, failures, run  # noqa: E402
 
 init = os.path.join(tmp, "init")
@@ -103,6 +114,25 @@ p = cpu("tidal-rl", *RL, "-o", os.path.join(tmp, "lora-dev"), "--train-recipe", 
 check(p.returncode == 1 and "--resume on another device (the file was made on cuda:0 (" in p.stderr,
       "the device's run resumed on the CPU: refused (exit 1), both devices named")
 close(c, g, ["loss", "grad_norm"], 1e-4, "LoRA merge-unmerge fp32, 2 steps")
+
+# 5. the weights prepared on the device against the host preparation
+(d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", "prep-bf16", RL, "--train-recipe", "bf16-train",
+                             "--rollout-recipe", "bf16-infer")
+prep_identical(d, h, "bf16-train / bf16-infer, 2 steps")
+prep_d2h(dd, hd, "bf16-train / bf16-infer")
+print(f"  weight sync before each rollout: {dd['sync']} bytes device -> host")
+check(len(dd["sync"]) == 2 and not any(dd["sync"]), "the rollout weights' sync brings nothing down")
+(d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", "prep-lora", RL, "--train-recipe", "bf16-train",
+                             "--rollout-recipe", "bf16-infer", "--lora-r", "4", "--lora-alpha", "8",
+                             "--lora-sync", "adapter")
+prep_identical(d, h, "LoRA r 4 bf16, --lora-sync adapter, 2 steps")
+(d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", "prep-fp8", RL, "--train-recipe", "bf16-train",
+                             "--rollout-recipe", "fp8-rollout")
+prep_identical(d, h, "bf16-train / fp8-rollout, 2 steps")
+prep_d2h(dd, hd, "bf16-train / fp8-rollout")
+print(f"  fp8-rollout weight sync: {dd['sync']} bytes device -> host (the FP8 matrices' masters, prepared on the host)")
+check(len(dd["sync"]) == 2 and all(0 < s < 4 * dd["nparams"] for s in dd["sync"]),
+      "fp8-rollout: the sync brings down the FP8-rounded matrices only (fewer bytes than the masters)")
 
 print(f"device tools: {DEVBIN}")
 if failures:

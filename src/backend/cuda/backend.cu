@@ -8,6 +8,9 @@
  *                     storage dtype, norm weights, biases, inv_freq): uploaded on first use and
  *                     kept, keyed by host address range; be->forget drops them (a recipe is set
  *                     again, a path is freed: the host memory may be reused)
+ *   prepare / alias   the device copy of a host key made on the device (prepare.cu: a recipe's
+ *                     weights rounded from a trainer's device masters) or aliased to device
+ *                     memory (the masters themselves): entries forget keeps, release drops
  *   tdc_in / tdc_out  per-call host tables and host outputs: staged through stream-ordered
  *                     allocations, copied back (and the stream synchronised) by tdc_done
  * Errors in here are fatal with file, line, call and a hint (tdc_check_cuda): the op list has
@@ -25,7 +28,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct centry { const char *host; size_t bytes; char *dev; };          /* a weight's device copy */
+/* a weight's device copy; kept: made by prepare or alias (the host range is stale or an alias of
+ * device memory), so forget keeps it; alias: dev is the caller's memory, never freed here; view:
+ * a rounding view (alias with fmt bf16 / fp16: the embedding's gather rounds dev's floats) */
+struct centry { const char *host; size_t bytes; char *dev; int kept, alias, view; };
 struct stage { void *host; void *dev; size_t bytes; int out; };         /* a staged host buffer */
 
 static struct {
@@ -140,6 +146,23 @@ static int is_host(const void *p)
     return a.type == cudaMemoryTypeUnregistered;
 }
 
+static void cache_add(centry e)
+{
+    if (G.ncache == G.capcache) {
+        G.capcache = G.capcache ? 2 * G.capcache : 256;
+        G.cache = (centry *)realloc(G.cache, G.capcache * sizeof *G.cache);
+        if (!G.cache) { fprintf(stderr, "tidal: out of host memory\n"); exit(1); }
+    }
+    G.cache[G.ncache++] = e;
+}
+
+/* entry i out of the cache (order is not kept: lookups are by range) */
+static void cache_drop(size_t i)
+{
+    if (!G.cache[i].alias) tdc_free(G.cache[i].dev, 0);
+    G.cache[i] = G.cache[--G.ncache];
+}
+
 const void *tdc_const(const void *p, size_t bytes)
 {
     if (!p) return p;
@@ -148,19 +171,82 @@ const void *tdc_const(const void *p, size_t bytes)
     const char *h = (const char *)p;
     for (size_t i = 0; i < G.ncache; i++) {
         centry *c = &G.cache[i];
-        if (h >= c->host && h + bytes <= c->host + c->bytes) return c->dev + (h - c->host);
+        if (h >= c->host && h + bytes <= c->host + c->bytes) {
+            if (c->view) {
+                fprintf(stderr, "tidal: tdc_const: %zu bytes of an embedding table held as a rounding view of "
+                        "the device masters (only embedding_forward_cuda reads it): a tidal bug\n", bytes);
+                abort();
+            }
+            return c->dev + (h - c->host);
+        }
     }
     if (!is_host(p)) return p;
-    if (G.ncache == G.capcache) {
-        G.capcache = G.capcache ? 2 * G.capcache : 256;
-        G.cache = (centry *)realloc(G.cache, G.capcache * sizeof *G.cache);
-        if (!G.cache) { fprintf(stderr, "tidal: out of host memory\n"); exit(1); }
-    }
     char *d = NULL;
     TDC_MALLOC((void **)&d, bytes, "a weight's device copy");
     CUDA_CHECK(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, G.stream));
-    G.cache[G.ncache++] = centry{h, bytes, d};
+    cache_add(centry{h, bytes, d, 0, 0, 0});
     return d;
+}
+
+const void *tdc_const_find(const void *p, int *view_fmt)
+{
+    const char *h = (const char *)p;
+    *view_fmt = TD_F32;
+    for (size_t i = 0; i < G.ncache; i++) {
+        const centry *c = &G.cache[i];
+        if (c->view && h == c->host) {
+            *view_fmt = c->view;
+            return c->dev;
+        }
+        if (c->kept && !c->view && h >= c->host && h < c->host + c->bytes) return c->dev + (h - c->host);
+    }
+    return NULL;
+}
+
+/* The device copy of host key [key, key + bytes) that prepare fills: the one kept since an
+ * earlier prepare of the same key, else a new kept entry (its content left to the caller);
+ * copies of overlapping host ranges (memory since freed and reused) are dropped first. */
+void *tdc_const_slot(const void *key, size_t bytes)
+{
+    const char *h = (const char *)key;
+    for (size_t i = 0; i < G.ncache; i++) {
+        centry *c = &G.cache[i];
+        if (c->host == h && c->bytes == bytes && !c->alias) {   /* (never a view: an alias) */
+            c->kept = 1;
+            return c->dev;
+        }
+    }
+    for (size_t i = 0; i < G.ncache;)
+        if (G.cache[i].host < h + bytes && h < G.cache[i].host + G.cache[i].bytes) {
+            CUDA_CHECK(cudaStreamSynchronize(G.stream));
+            cache_drop(i);
+        } else {
+            i++;
+        }
+    char *d = NULL;
+    TDC_MALLOC((void **)&d, bytes, "a prepared weight's device copy");
+    cache_add(centry{h, bytes, d, 1, 0, 0});
+    return d;
+}
+
+static void cuda_alias(const void *host, const void *dev, size_t bytes, int fmt)
+{
+    const char *h = (const char *)host;
+    CUDA_CHECK(cudaStreamSynchronize(G.stream));
+    for (size_t i = 0; i < G.ncache;)
+        if (G.cache[i].host < h + bytes && h < G.cache[i].host + G.cache[i].bytes) cache_drop(i);
+        else i++;
+    cache_add(centry{h, bytes, (char *)dev, 1, 1, fmt == TD_F32 ? 0 : fmt});
+}
+
+static void cuda_release(const void *key)
+{
+    for (size_t i = 0; i < G.ncache; i++)
+        if (G.cache[i].host == (const char *)key) {
+            CUDA_CHECK(cudaStreamSynchronize(G.stream));
+            cache_drop(i);
+            return;
+        }
 }
 
 static void *stage_buf(void *host, size_t bytes, int copy_in, int out)
@@ -267,8 +353,9 @@ static void cuda_forget(void)
 {
     matmul_forget_cuda();   /* matmul.cu's fp32 copies of non-fp32 weights, keyed by host address too */
     CUDA_CHECK(cudaStreamSynchronize(G.stream));
-    for (size_t i = 0; i < G.ncache; i++) tdc_free(G.cache[i].dev, 0);
-    G.ncache = 0;
+    for (size_t i = 0; i < G.ncache;)   /* prepared and aliased copies stay: their host is stale */
+        if (!G.cache[i].kept) cache_drop(i);
+        else i++;
 }
 
 extern "C" const td_backend td_backend_cuda = {
@@ -304,6 +391,9 @@ extern "C" const td_backend td_backend_cuda = {
     .optim_scale = optim_scale_cuda,
     .sync = cuda_sync,
     .forget = cuda_forget,
+    .prepare = prepare_cuda,
+    .alias = cuda_alias,
+    .release = cuda_release,
     .sample = sample_cuda,
     .row_logsoftmax = row_logsoftmax_cuda,
     .token_metrics = token_metrics_cuda,

@@ -74,6 +74,14 @@ void tdc_free(void *p, int async);   /* a tdc_malloc'd block (cudaFree / cudaFre
  *   tdc_done   ends an op call: copies staged outputs back, frees the staging buffers
  * All on the backend's one stream (tdc_stream); be->sync waits for it. */
 const void *tdc_const(const void *p, size_t bytes);
+/* The device copy of host key (bytes) that be->prepare fills on the device (prepare.cu): kept
+ * through be->forget until be->release(key); created (content undefined) when absent. */
+void *tdc_const_slot(const void *key, size_t bytes);
+/* The device copy of the host address p when prepare or alias made one (the host bytes are then
+ * stale: an op that reads a host array without knowing its size, the embedding's gather, asks
+ * here first); NULL otherwise. *view_fmt: TD_F32, or for a rounding view (be->alias with a
+ * 16-bit fmt, p its start) that format: the floats returned are rounded to it as they are read. */
+const void *tdc_const_find(const void *p, int *view_fmt);
 const void *tdc_in(const void *p, size_t bytes);
 void *tdc_out(void *p, size_t bytes, int copy_in);
 void tdc_done(void);
@@ -158,6 +166,8 @@ extern int row_logsoftmax_cuda_force_exact;   /* tests: every row summed in td_l
  * reductions brought back (tdc_d2h counts them; td_device_d2h_bytes, memplan.h) */
 size_t td_cuda_d2h_bytes(void);
 void tdc_d2h_count(size_t bytes);
+/* be->prepare (prepare.cu; ops.h says what it computes) */
+void prepare_cuda(const void *key, int storage, const float *src, size_t n, int fmt, float scale);
 
 /* the backward ops (one `op_backward.cu` per family) */
 void embedding_backward_cuda(const td_ops *ctx, float *dembed, const float *dout,

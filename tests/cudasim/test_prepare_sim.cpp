@@ -1,0 +1,292 @@
+/* A recipe's weights prepared on the device from device masters (src/backend/cuda/prepare.cu,
+ * the backend's prepare / alias / release entries, src/model/ops.h) against the host preparation
+ * (td_round_row, td_encode_row: src/model/weights_recipe.c, lora_run.c), bit for bit:
+ *   prepare      65,537 values (a normal draw with zeros, -0, subnormals of fp32, bf16 and fp16,
+ *                fp16's overflow edge 65504 / 65520, 1e30, +-Inf and NaN planted), for every
+ *                storage / format pair the trainer and the rollout side use: fp32 storage of
+ *                fp32 / bf16 / fp16 values, bf16 and fp16 codes; with vLLM's B scale (0.37, 4,
+ *                1e-30) in fp32 storage: R(R(x) * s); the device copy read back through tdc_const
+ *                of the host key, whose bytes are checked untouched
+ *   cache        the prepared copy survives be->forget, a second prepare of the key refills the
+ *                same copy, release drops it (tdc_const of the key then uploads the host bytes);
+ *                an alias makes tdc_const of every host sub-range resolve into the device buffer
+ *   recipes      tiny models (Qwen2: C 32, 2 layers, biases, V 100, untied; Llama, tied) with its masters in
+ *                device memory (m->owned_dev, as a trainer sets them): the trainer forward's fp32
+ *                copies (bf16-train, fp16-train, f32 view) and a session's 16-bit codes
+ *                (bf16-infer, fp16-infer; fp8-rollout and fp8-unified-train, whose FP8 matrices
+ *                are prepared on the host from masters brought down) read back from the device
+ *                equal a host preparation of
+ *                the same recipe from the same masters, every tensor (the tied lm_head too); the
+ *                embedding, a rounding view of the masters on the device (no copy), gathers the
+ *                CPU's rows bit for bit (a token list with repeats, the first and the last row,
+ *                the fp16 overflow planted in row 0); an unmerged and a vLLM
+ *                (punica) adapter's rounded A and B too
+ * Simulator here; the same source on a GPU in tests/gpu/run.sh check. */
+#include "cuda_internal.cuh"
+#include "simtest.h"
+
+extern "C" {
+#include "../../src/model/model_internal.h"
+#include "tidal/lora.h"
+}
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <vector>
+
+static td_rng RNG;
+static const td_backend *GPU;
+
+static std::vector<float> specials(size_t n)
+{
+    std::vector<float> v = sim_normal(&RNG, n, 0.05);
+    const float s[] = {0.0f, -0.0f, 1e-40f, -3e-39f, 1e-7f, 6e-8f, 3e-8f, 65504.0f, 65519.0f, 65520.0f, -65536.0f,
+                       1e30f, -1e30f, INFINITY, -INFINITY, NAN, 3.3895314e38f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 512};
+    for (size_t i = 0; i < sizeof s / sizeof *s; i++) v[i * 97 % n] = s[i];
+    return v;
+}
+
+/* the device copy the ops find for host key (bytes), brought to the host */
+static std::vector<unsigned char> device_copy(const void *key, size_t bytes)
+{
+    std::vector<unsigned char> h(bytes);
+    const void *d = tdc_const(key, bytes);
+    GPU->sync();
+    GPU->download(h.data(), d, bytes);
+    return h;
+}
+
+static void test_prepare(void **state)
+{
+    (void)state;
+    const size_t n = 65537;
+    std::vector<float> x = specials(n);
+    float *dx = (float *)GPU->alloc(n * sizeof(float));
+    GPU->upload(dx, x.data(), n * sizeof(float));
+    struct { int storage, fmt; float scale; } cases[] = {
+        {TD_F32, TD_F32, 1.0f}, {TD_F32, TD_BF16, 1.0f}, {TD_F32, TD_F16, 1.0f}, {TD_BF16, TD_BF16, 1.0f},
+        {TD_F16, TD_F16, 1.0f}, {TD_F32, TD_BF16, 0.37f}, {TD_F32, TD_F16, 4.0f}, {TD_F32, TD_F16, 1e-30f},
+        {TD_F32, TD_F32, 0.37f}};
+    for (const auto &c : cases) {
+        size_t es = c.storage == TD_F32 ? 4 : 2;
+        std::vector<unsigned char> want(n * es), key(n * es, 0xA5);
+        std::vector<float> v(n);
+        td_round_row((td_format)c.fmt, x.data(), v.data(), n, TD_SATFINITE);
+        if (c.scale != 1.0f) {
+            for (float &e : v) e = e * c.scale;
+            td_round_row((td_format)c.fmt, v.data(), v.data(), n, TD_SATFINITE);
+        }
+        if (c.storage == TD_F32) memcpy(want.data(), v.data(), n * 4);
+        else td_encode_row((td_format)c.fmt, v.data(), want.data(), n, TD_SATFINITE);
+        GPU->prepare(key.data(), c.storage, dx, n, c.fmt, c.scale);
+        std::vector<unsigned char> got = device_copy(key.data(), n * es);
+        size_t bad = 0;
+        for (size_t i = 0; i < n * es; i++) bad += got[i] != want[i];
+        printf("prepare storage %d format %d scale %g: %zu differing bytes of %zu\n", c.storage, c.fmt, c.scale, bad, n * es);
+        assert_int_equal(bad, 0);
+        for (size_t i = 0; i < n * es; i++) assert_int_equal(key[i], 0xA5);   /* the host key untouched */
+        GPU->release(key.data());
+    }
+    GPU->free(dx);
+}
+
+static void test_cache(void **state)
+{
+    (void)state;
+    const size_t n = 1000;
+    std::vector<float> a = sim_normal(&RNG, n, 1.0), b = sim_normal(&RNG, n, 1.0), key(n, 7.0f);
+    float *da = (float *)GPU->alloc(n * 4), *db = (float *)GPU->alloc(n * 4);
+    GPU->upload(da, a.data(), n * 4);
+    GPU->upload(db, b.data(), n * 4);
+    GPU->prepare(key.data(), TD_F32, da, n, TD_F32, 1.0f);
+    const void *d1 = tdc_const(key.data(), n * 4);
+    GPU->forget();   /* kept: its host bytes are stale */
+    assert_memory_equal(device_copy(key.data(), n * 4).data(), a.data(), n * 4);
+    GPU->prepare(key.data(), TD_F32, db, n, TD_F32, 1.0f);   /* refilled in place */
+    assert_ptr_equal(tdc_const(key.data(), n * 4), d1);
+    assert_memory_equal(device_copy(key.data(), n * 4).data(), b.data(), n * 4);
+    GPU->release(key.data());   /* gone: the next lookup uploads the host's 7s */
+    assert_memory_equal(device_copy(key.data(), n * 4).data(), key.data(), n * 4);
+    GPU->forget();
+    /* an alias: sub-ranges of the host block resolve into the device buffer, through forget */
+    GPU->alias(key.data(), da, n * 4, TD_F32);
+    GPU->forget();
+    assert_ptr_equal(tdc_const(key.data() + 10, 40), da + 10);
+    assert_memory_equal(device_copy(key.data() + 500, 400).data(), a.data() + 500, 400);
+    GPU->release(key.data());
+    assert_memory_equal(device_copy(key.data(), n * 4).data(), key.data(), n * 4);
+    GPU->forget();
+    GPU->free(da);
+    GPU->free(db);
+}
+
+/* ---- whole recipes ---------------------------------------------------------------------------- */
+
+/* tiny models: Qwen2 (q/k/v biases, untied lm_head) or Llama with a tied one */
+static td_model *tiny_model(int tied)
+{
+    td_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = tied ? TD_ARCH_LLAMA : TD_ARCH_QWEN2;   /* "tiny" keeps the arch it is given */
+    assert_int_equal(td_config_preset("tiny", &c), 0);
+    c.arch = tied ? TD_ARCH_LLAMA : TD_ARCH_QWEN2;
+    c.qkv_bias = !tied;
+    c.tie_word_embeddings = tied;
+    c.hidden_size = 32;
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.head_dim = 16;
+    c.intermediate_size = 64;
+    c.vocab_size = 100;
+    td_error err;
+    td_model *m = td_model_alloc(&c, &err);
+    assert_non_null(m);
+    for (size_t i = 0; i < m->owned_floats; i++) m->owned[i] = (float)(0.05 * td_rng_normal(&RNG));
+    m->owned[3] = 1e30f;   /* fp16 overflow (SATFINITE) and an fp32 subnormal */
+    m->owned[4] = 3e-41f;
+    return m;
+}
+
+static size_t wmat_bytes(const td_wmat *w, size_t n) { return n * (w->dtype == TD_F32 ? 4 : w->dtype == TD_E4M3 || w->dtype == TD_E5M2 ? 1 : 2); }
+
+/* every prepared tensor of st (device) against the same of ref (host), bit for bit */
+static void compare_states(const td_recipe_state *st, const td_recipe_state *ref, const td_model *m)
+{
+    size_t np;
+    td_param_spec *specs = param_table(&m->cfg, &np);
+    int L = m->cfg.num_layers;
+    size_t checked = 0;
+    for (size_t i = 0; i < np; i++) {
+        const td_param_spec *p = &specs[i];
+        const td_wmat *wd = NULL, *wh = NULL;
+        if (p->role == TD_ROLE_EMBED) {   /* a rounding view on the device: checked through the gather */
+            assert_int_equal(st->ws.embed.dtype, ref->ws.embed.dtype);
+            continue;
+        }
+        else if (p->role == TD_ROLE_LM_HEAD) { wd = &st->ws.lm_head; wh = &ref->ws.lm_head; }
+        else if (param_lora_module(p->role) >= 0) {
+            wd = wset_mat(&st->ws, p->layer, param_lora_module(p->role));
+            wh = wset_mat(&ref->ws, p->layer, param_lora_module(p->role));
+        }
+        const void *dk, *hk;
+        size_t bytes;
+        if (wd) {
+            assert_int_equal(wd->dtype, wh->dtype);
+            dk = wd->data; hk = wh->data; bytes = wmat_bytes(wd, p->numel);
+        } else {
+            dk = *param_slot((td_model_weights *)&st->w, L, p);
+            hk = *param_slot((td_model_weights *)&ref->w, L, p);
+            bytes = p->numel * 4;
+        }
+        std::vector<unsigned char> got = device_copy(dk, bytes);
+        if (memcmp(got.data(), hk, bytes)) fail_msg("%s: the device's preparation differs from the host's", p->name);
+        checked += bytes;
+    }
+    free(specs);
+    printf("  %zu bytes of prepared weights bit-identical\n", checked);
+}
+
+static void recipes(int tied)
+{
+    td_model *m = tiny_model(tied);
+    float *dm = (float *)GPU->alloc(m->owned_floats * 4);
+    GPU->upload(dm, m->owned, m->owned_floats * 4);
+    td_ops cpu, gpu;
+    td_ops_init(&cpu, &td_backend_cpu);
+    td_ops_init(&gpu, GPU);
+    /* fp8-rollout / fp8-unified-train: FP8 matrices are prepared on the host from the masters
+     * brought down (weights_recipe.c), the rest on the device */
+    const char *names[] = {"bf16-train", "fp16-train", "bf16-infer", "fp16-infer", "fp32", "fp8-rollout",
+                           "fp8-unified-train"};
+    for (const char *name : names)
+        for (int f32 = 0; f32 < 2; f32++) {
+            const td_recipe *r = td_recipe_find_preset(name);
+            assert_non_null(r);
+            td_recipe_state ref, st;
+            memset(&ref, 0, sizeof ref);
+            memset(&st, 0, sizeof st);
+            td_error err;
+            assert_int_equal(recipe_state_set(&ref, &cpu, m, r, NULL, 0, 8, f32, &err), 0);
+            m->owned_dev = dm;
+            GPU->alias(m->owned, dm, m->owned_floats * 4, TD_F32);
+            assert_int_equal(recipe_state_set(&st, &gpu, m, r, NULL, 0, 8, f32, &err), 0);
+            assert_ptr_equal(st.dev_be, GPU);
+            printf("%s, %s copies:\n", name, f32 ? "fp32" : "storage-dtype");
+            compare_states(&st, &ref, m);
+            /* the embedding's gather reads the device copy (its host bytes are stale) */
+            const int tok[] = {0, 3, 99, 3, 57, 1, 98, 0};
+            const int N = 8, C = m->cfg.hidden_size;
+            std::vector<float> e_cpu((size_t)N * C), e_gpu((size_t)N * C);
+            embedding_forward(&cpu, e_cpu.data(), tok, &ref.ws.embed, N, C);
+            embedding_forward(&gpu, e_gpu.data(), tok, &st.ws.embed, N, C);
+            assert_memory_equal(e_gpu.data(), e_cpu.data(), e_cpu.size() * sizeof(float));
+            if (m->cfg.tie_word_embeddings) {   /* the tied lm_head: no entry of its own in the table */
+                size_t b = wmat_bytes(&st.ws.lm_head, (size_t)m->cfg.vocab_size * C);
+                assert_int_equal(st.ws.lm_head.dtype, ref.ws.lm_head.dtype);
+                assert_memory_equal(device_copy(st.ws.lm_head.data, b).data(), ref.ws.lm_head.data, b);
+            }
+            recipe_state_free(&st);
+            GPU->release(m->owned);
+            m->owned_dev = NULL;
+            recipe_state_free(&ref);
+        }
+    /* an adapter's rounded A and B (PEFT's form and vLLM's) */
+    td_lora *lo = td_lora_new(&m->cfg, 4, 8.0, (1u << TD_LORA_Q) | (1u << TD_LORA_DOWN));
+    size_t na = 0;
+    for (int i = 0; i < m->cfg.num_layers * TD_LORA_NMOD; i++)
+        if (lo->pairs[i].a) na += (size_t)(lo->pairs[i].in + lo->pairs[i].out) * lo->rank;
+    for (size_t i = 0; i < na; i++) lo->owned[i] = (float)(0.3 * td_rng_normal(&RNG));
+    float *dl = (float *)GPU->alloc(na * 4);
+    GPU->upload(dl, lo->owned, na * 4);
+    for (const char *name : {"bf16-train", "fp16-infer", "fp32"})
+        for (int punica = 0; punica < 2; punica++) {
+            const td_recipe *r = td_recipe_find_preset(name);
+            lo->owned_dev = NULL;
+            lora_rt *h = lora_rt_create(lo, r, 8, punica, &td_backend_cpu);
+            lo->owned_dev = dl;
+            lora_rt *d = lora_rt_create(lo, r, 8, punica, GPU);
+            assert_true(d->on_device);
+            for (int i = 0; i < m->cfg.num_layers * TD_LORA_NMOD; i++) {
+                const td_lora_pair *p = &lo->pairs[i];
+                if (!p->a) continue;
+                size_t a = (size_t)lo->rank * p->in * 4, b = (size_t)p->out * lo->rank * 4;
+                if (memcmp(device_copy(d->pairs[i].a, a).data(), h->pairs[i].a, a) ||
+                    memcmp(device_copy(d->pairs[i].b, b).data(), h->pairs[i].b, b))
+                    fail_msg("%s adapter (punica %d) pair %d: the device's A / B differ from the host's", name, punica, i);
+            }
+            printf("%s adapter (%s): A and B bit-identical\n", name, punica ? "vLLM's B scaled" : "PEFT");
+            lora_rt_free(d);
+            lora_rt_free(h);
+        }
+    lo->owned_dev = NULL;
+    td_lora_free(lo);
+    GPU->free(dl);
+    GPU->free(dm);
+    td_model_free(m);
+}
+
+static void test_recipes(void **state)
+{
+    (void)state;
+    recipes(0);
+    recipes(1);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    td_rng_seed(&RNG, 20261126);
+    GPU = sim_open_gpu();
+    return GPU ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prepare),
+        cmocka_unit_test(test_cache),
+        cmocka_unit_test(test_recipes),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
