@@ -10,8 +10,9 @@
  *               kv_cache_recipe: what the recipe's kv format would take
  *   acts        td_acts of each path (acts_alloc, forward only) and its logits rows
  *   workspace   the backend's grow-only scratch slots (their 1.25x growth included), cuBLASLt's
- *               32 MiB workspace, split-KV attention partials, and the largest per-op staging
- *               (host rows copied in: the embedding gather, decode logits)
+ *               32 MiB workspace, split-KV attention partials, the device sampler's processed
+ *               rows and masks (slots x V), and the largest per-op staging (host rows copied in:
+ *               the embedding gather, decode logits)
  *
  * The plan is an upper bound of the peak the backend allocates (tests/py/test_memplan.py checks
  * it against the simulator's measured peak). Dimension letters as in config.h. */

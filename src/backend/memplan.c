@@ -286,6 +286,10 @@ void td_memplan_compute(const td_memplan_in *in, td_memplan *p)
         staging = maxz(staging, (size_t)cap * C * embed_bytes(in->b, in->storage));
         staging = maxz(staging, (size_t)in->slots * V * sizeof(float));   /* a decode step's rows */
     }
+    if (in->b && in->slots > 0) {   /* the device sampler's scratch (sampling.cu, its own slot 6) */
+        size_t smp = (size_t)in->slots * V * sizeof(float) + (size_t)in->slots * ((V + 31) / 32) * sizeof(unsigned);
+        p->workspace += SCRATCH_GROWTH(smp);
+    }
     if (in->b && in->slots > 0 && in->keep_rows > 0)   /* td_rows_dev_create (tidal-diff) */
         p->rows_b = (size_t)in->slots * (size_t)in->keep_rows * V * sizeof(float);
     for (int s = 0; s < S_N; s++) p->workspace += req[s] ? SCRATCH_GROWTH(req[s]) : 0;

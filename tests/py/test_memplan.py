@@ -189,8 +189,10 @@ per_row = (3 * C + 2 * QD + 2 * KVD + 2 * F) * 4     # x xn proj, q att, k v, ga
 fwd_tokens = T * 4                                   # the longest sequence x min(batch, 4)
 acts = (fwd_tokens * per_row + nthreads * 64 * T * 4 + 256 * V * 4) + (128 * per_row + nthreads * 64 * T * 4 + 64 * V * 4)
 # workspace: GEMM_A bf16 codes of the widest input (36864 x 14336), cuBLASLt's 32 MiB, both
-# grown 1.25x, the embedding rows staged (36864 x 4096 bf16), 1 MiB of tables
-work = 1.25 * fwd_tokens * F * 2 + 1.25 * 32 * 2 ** 20 + fwd_tokens * C * 2 + 2 ** 20
+# grown 1.25x, the embedding rows staged (36864 x 4096 bf16), 1 MiB of tables, the device
+# sampler's scratch (8 processed rows of V fp32 and their V-bit masks, grown 1.25x)
+work = (1.25 * fwd_tokens * F * 2 + 1.25 * 32 * 2 ** 20 + fwd_tokens * C * 2 + 2 ** 20
+        + 1.25 * (S * V * 4 + S * ((V + 31) // 32) * 4))
 # B's log-softmax rows of a batch kept on the device for the per-token metrics: every response
 # position of every slot (8 x 1024 x V fp32)
 rows_b = S * 1024 * V * 4
