@@ -8,6 +8,7 @@
 #include "tidal/formats.h"
 
 #include <cblas.h>
+#include <math.h>
 
 void td_lora_peft_delta(const td_lora *lo, const td_lora_pair *p, float *delta)
 {
@@ -29,5 +30,19 @@ void td_lora_peft_unmerge(td_format D, td_peft_unmerge form, float *w, const flo
     for (size_t i = 0; i < n; i++) {
         float d = form == TD_PEFT_UNMERGE_ROUNDED ? td_round(D, delta[i]) : delta[i];   /* .to(orig_dtype) */
         w[i] = td_round(D, w[i] - d);
+    }
+}
+
+void td_lora_fold_delta(const td_lora_pair *p, int rank, float alpha, float *dw)
+{
+    int N = p->out, K = p->in;
+    for (int i = 0; i < N; i++) {
+        const float *b = p->b + (size_t)i * rank;
+        float *row = dw + (size_t)i * K;
+        for (int j = 0; j < K; j++) {
+            float acc = 0.0f;
+            for (int k = 0; k < rank; k++) acc = fmaf(b[k], p->a[(size_t)k * K + j], acc);
+            row[j] = alpha * acc;
+        }
     }
 }

@@ -203,6 +203,15 @@ struct td_backend {
     void (*prepare)(const void *key, int storage, const float *src, size_t n, int fmt, float scale);
     void (*alias)(const void *host, const void *dev, size_t bytes, int fmt);
     void (*release)(const void *key);
+    /* lora_fold: an adapter merged into the weight a recipe's GEMMs read (weights_recipe.c's
+     * merge_sum, bit for bit; NULL on the CPU): key's device copy (N*K elements of storage, as
+     * prepare) = R(W + dW), R = td_round of fmt (SATFINITE), dW = fl(scale * fl(sum over k of
+     * B[i][k] A[k][j])) the sum an fma chain in k = 0..r-1 (td_lora_fold_delta); w (N x K), a
+     * (r x K), b (N x r): floats in the backend's memory. stats (host, 4 doubles) = the merge's
+     * sums over the matrix, td_lora_fold_stats' order (each row in double in column order, the
+     * rows added in order): |R(W+dW) - R(W)|^2, |dW|^2, <R(W+dW) - R(W), dW>, #{R(W+dW) != R(W)}. */
+    void (*lora_fold)(const void *key, int storage, const float *w, const float *a, const float *b, int N,
+                      int K, int r, float scale, int fmt, double *stats);
 
     /* td_sample on the backend (include/tidal/sampling.h): n rows of logits (V wide, backend or
      * host memory), each row's seen tokens (host) and stream rng (advanced as td_sample does);

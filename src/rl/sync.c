@@ -3,7 +3,9 @@
  *
  *   full fine-tuning  the session's recipe is set from the trainer's fp32 masters (cast by the
  *                     rollout recipe), as before.
- *   merged            td_session_set_recipe_lora(TD_LORA_MERGED): E(W + dW) summed in fp32.
+ *   merged            td_session_set_recipe_lora(TD_LORA_MERGED): E(W + dW) summed in fp32; with
+ *                     the weights prepared on a device, the base is copied there once
+ *                     (td_trainer_base_to_device) and each sync folds the adapter there.
  *   adapter           td_session_set_recipe_lora(TD_LORA_PUNICA): E(W) and vLLM's LoRA branch.
  *   merge-unmerge     per adapted matrix, PEFT's arithmetic (src/model/lora_peft.c) in D:
  *                       M = D(W + delta)      merge_adapter(): the engine model's matrix
@@ -68,6 +70,9 @@ int rl_sync_init(rl_run *R, td_error *err)
         memcpy(q, base_mat(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD), n * sizeof(float));
         q += n;
     }
+    /* merged: the frozen base beside the adapter on the device, so each sync folds the adapter
+     * into it there (weights_recipe.c, be->lora_fold) and nothing parameter-sized comes down */
+    if (R->o->lora_sync == TD_RL_SYNC_MERGED) td_trainer_base_to_device(R->tr);
     if (R->o->lora_sync == TD_RL_SYNC_MERGE_UNMERGE) {   /* the engine's own copy of the weights */
         R->engine = td_model_alloc(&base->cfg, err);
         if (!R->engine) return -1;

@@ -337,6 +337,7 @@ void td_trainer_free(td_trainer *tr)
         tr->be->release(tr->m->owned);
         tr->m->owned_dev = NULL;
     }
+    if (tr->base_dev) tr->be->free(tr->base_dev);
     if (tr->be) {
         if (tr->grads_host != tr->grads) free(tr->grads_host);
         if (tr->params_dev != tr->params) tr->be->free(tr->params_dev);
@@ -584,10 +585,23 @@ void train_masters_to_host(const td_trainer *tr)
     if (tr->prep_dev && !tr->lora) tr->be->download(tr->params, tr->params_dev, tr->nparams * sizeof(float));
 }
 
+void td_trainer_base_to_device(td_trainer *tr)
+{
+    td_model *m = tr->m;
+    if (!tr->lora || !tr->prep_dev || tr->base_dev || !tr->lora->owned_dev) return;
+    tr->base_dev = tr->be->alloc(m->owned_floats * sizeof(float));
+    tr->be->upload(tr->base_dev, m->owned, m->owned_floats * sizeof(float));
+    m->owned_dev = tr->base_dev;
+    m->owned_host_current = 1;
+    tr->be->alias(m->owned, tr->base_dev, m->owned_floats * sizeof(float), TD_F32);
+}
+
 int td_trainer_params_changed(td_trainer *tr, td_error *err)
 {
     if (tr->params_dev != tr->params)
         tr->be->upload(tr->params_dev, tr->params, tr->nparams * sizeof(float));
+    if (tr->base_dev)   /* the base changed on the host (merge-unmerge, a resumed base) */
+        tr->be->upload(tr->base_dev, tr->m->owned, tr->m->owned_floats * sizeof(float));
     return td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err);
 }
 

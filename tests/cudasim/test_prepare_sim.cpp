@@ -273,6 +273,76 @@ static void test_recipes(void **state)
     recipes(1);
 }
 
+/* A merged adapter folded on the device (be->lora_fold, prepare.cu) against the host's merge_sum
+ * (weights_recipe.c): a session's / trainer's preparation with the adapter merged (TD_LORA_MERGED)
+ * from device masters and a device adapter, every prepared tensor and the merge's statistics
+ * (survival, aligned, changed: sums in double) bit for bit; bases rounded to bf16 and to fp16 (the
+ * trainer's --model-dtype), ranks 1 and 4, all seven modules adapted, storage-dtype codes and fp32
+ * copies; A and B ~ N(0, 0.005^2), so dW (~5e-5) is a fraction of a bf16 ulp of the base (~0.05):
+ * some merged elements change, others round back; -0 planted in A. The fold brings down its four
+ * sums per adapted matrix, nothing else. */
+static void test_fold(void **state)
+{
+    (void)state;
+    for (td_format base : {TD_BF16, TD_F16})
+        for (int rank : {1, 4}) {
+            td_model *m = tiny_model(0);
+            td_round_row(base, m->owned, m->owned, m->owned_floats, TD_SATFINITE);
+            td_lora *lo = td_lora_new(&m->cfg, rank, 2.0 * rank, (1u << TD_LORA_NMOD) - 1);
+            size_t na = 0;
+            for (int i = 0; i < m->cfg.num_layers * TD_LORA_NMOD; i++)
+                if (lo->pairs[i].a) na += (size_t)(lo->pairs[i].in + lo->pairs[i].out) * rank;
+            for (size_t i = 0; i < na; i++) lo->owned[i] = (float)(0.005 * td_rng_normal(&RNG));
+            lo->owned[1] = -0.0f;
+            float *dm = (float *)GPU->alloc(m->owned_floats * 4), *dl = (float *)GPU->alloc(na * 4);
+            GPU->upload(dm, m->owned, m->owned_floats * 4);
+            GPU->upload(dl, lo->owned, na * 4);
+            td_ops cpu, gpu;
+            td_ops_init(&cpu, &td_backend_cpu);
+            td_ops_init(&gpu, GPU);
+            const char *names[] = {"bf16-infer", "fp16-infer", "bf16-train", "fp32"};
+            for (const char *name : names)
+                for (int f32 = 0; f32 < 2; f32++) {
+                    const td_recipe *r = td_recipe_find_preset(name);
+                    td_recipe_state ref, st;
+                    memset(&ref, 0, sizeof ref);
+                    memset(&st, 0, sizeof st);
+                    td_error err;
+                    assert_int_equal(recipe_state_set(&ref, &cpu, m, r, lo, TD_LORA_MERGED, 8, f32, &err), 0);
+                    m->owned_dev = dm;
+                    m->owned_host_current = 1;
+                    lo->owned_dev = dl;
+                    GPU->alias(m->owned, dm, m->owned_floats * 4, TD_F32);
+                    size_t d2h0 = td_cuda_d2h_bytes();
+                    assert_int_equal(recipe_state_set(&st, &gpu, m, r, lo, TD_LORA_MERGED, 8, f32, &err), 0);
+                    size_t d2h = td_cuda_d2h_bytes() - d2h0;
+                    printf("fold: %s base, rank %d, %s, %s copies: survival %.6g aligned %.6g changed %lld of %lld, "
+                           "%zu bytes device -> host\n", td_format_info(base)->name, rank, name,
+                           f32 ? "fp32" : "storage-dtype", ref.merge.survival, ref.merge.aligned,
+                           (long long)ref.merge.changed, (long long)ref.merge.elements, d2h);
+                    compare_states(&st, &ref, m);
+                    assert_true(st.merge.merged && ref.merge.merged);
+                    assert_memory_equal(&st.merge.survival, &ref.merge.survival, sizeof(double));
+                    assert_memory_equal(&st.merge.aligned, &ref.merge.aligned, sizeof(double));
+                    assert_int_equal(st.merge.changed, ref.merge.changed);
+                    assert_int_equal(st.merge.elements, ref.merge.elements);
+                    assert_true(d2h == (size_t)m->cfg.num_layers * TD_LORA_NMOD * 4 * sizeof(double));
+                    /* not a comparison of unchanged weights: part of the update survives */
+                    assert_true(ref.merge.changed > 0 && ref.merge.survival > 0);
+                    recipe_state_free(&st);
+                    GPU->release(m->owned);
+                    m->owned_dev = NULL;
+                    m->owned_host_current = 0;
+                    lo->owned_dev = NULL;
+                    recipe_state_free(&ref);
+                }
+            td_lora_free(lo);
+            GPU->free(dl);
+            GPU->free(dm);
+            td_model_free(m);
+        }
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -287,6 +357,7 @@ int main(void)
         cmocka_unit_test(test_prepare),
         cmocka_unit_test(test_cache),
         cmocka_unit_test(test_recipes),
+        cmocka_unit_test(test_fold),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -126,6 +126,20 @@ check(len(dd["sync"]) == 2 and not any(dd["sync"]), "the rollout weights' sync b
                              "--rollout-recipe", "bf16-infer", "--lora-r", "4", "--lora-alpha", "8",
                              "--lora-sync", "adapter")
 prep_identical(d, h, "LoRA r 4 bf16, --lora-sync adapter, 2 steps")
+# a merged adapter (--lora-sync merged): the fold W + scale B A and its merge statistics on the device
+for name, rec, r in [("prep-merged-bf16", "bf16", "4"), ("prep-merged-fp16", "fp16", "1")]:
+    (d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", name, RL, "--train-recipe", f"{rec}-train",
+                                 "--rollout-recipe", f"{rec}-infer", "--lora-r", r, "--lora-alpha", str(2 * int(r)),
+                                 "--lora-sync", "merged")
+    prep_identical(d, h, f"LoRA r {r} {rec}, --lora-sync merged, 2 steps")
+    print(f"  merged {rec} r {r}: merge_survival {list(d['merge_survival'])}, weight sync {dd['sync']} bytes "
+          f"device -> host (host preparation {hd['sync']}; {dd['nparams']} adapter parameters)")
+    check(bool(np.all((d["merge_survival"] > 0) & np.isfinite(d["merge_survival"]))),
+          f"merged {rec}: a finite, non-zero merge survival (not a comparison of empty merges)")
+    # 2 layers x q, v (the default modules): 4 adapted matrices, 4 doubles each
+    check(len(dd["sync"]) == 2 and all(s == 4 * 4 * 8 for s in dd["sync"]),
+          f"merged {rec}: each weight sync brings down the fold's 4 sums per adapted matrix (128 bytes), "
+          f"nothing parameter-sized")
 (d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", "prep-fp8", RL, "--train-recipe", "bf16-train",
                              "--rollout-recipe", "fp8-rollout")
 prep_identical(d, h, "bf16-train / fp8-rollout, 2 steps")

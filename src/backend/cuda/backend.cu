@@ -394,6 +394,7 @@ extern "C" const td_backend td_backend_cuda = {
     .prepare = prepare_cuda,
     .alias = cuda_alias,
     .release = cuda_release,
+    .lora_fold = lora_fold_cuda,
     .sample = sample_cuda,
     .row_logsoftmax = row_logsoftmax_cuda,
     .token_metrics = token_metrics_cuda,

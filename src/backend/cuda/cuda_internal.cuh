@@ -168,6 +168,9 @@ size_t td_cuda_d2h_bytes(void);
 void tdc_d2h_count(size_t bytes);
 /* be->prepare (prepare.cu; ops.h says what it computes) */
 void prepare_cuda(const void *key, int storage, const float *src, size_t n, int fmt, float scale);
+/* be->lora_fold (prepare.cu): an adapter merged into a prepared weight, with the merge's sums */
+void lora_fold_cuda(const void *key, int storage, const float *w, const float *a, const float *b, int N, int K,
+                    int r, float scale, int fmt, double *stats);
 
 /* the backward ops (one `op_backward.cu` per family) */
 void embedding_backward_cuda(const td_ops *ctx, float *dembed, const float *dout,

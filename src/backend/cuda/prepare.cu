@@ -39,3 +39,70 @@ extern "C" void prepare_cuda(const void *key, int storage, const float *src, siz
     CUDA_CHECK_LAUNCH();
     tdc_done();
 }
+
+/* ---- a merged adapter: be->lora_fold (ops.h), weights_recipe.c's merge_sum on the device ------
+ *   dW[i][j] = fl(scale * acc), acc = fma(B[i][r-1], A[r-1][j], ... fma(B[i][0], A[0][j], 0))
+ *                (td_lora_fold_delta's chain, OpenBLAS's sgemm kernel made explicit)
+ *   key[i][j] = R(W + dW) (stored as prepare stores), and R(W) beside it for the statistics.
+ * One thread per row walks its columns in order and sums the row's statistics in double
+ * (uncontracted: __dmul_rn / __dadd_rn, as the host compiles them); one thread then adds the
+ * rows in order: td_lora_fold_stats' order, so the four sums are the host's bits. The row walk
+ * is strided across threads (uncoalesced): the fold runs once per weight sync. */
+__global__ static void fold_rows(void *dst, int storage, const float *w, const float *a, const float *b, int N,
+                                 int K, int r, float scale, int fmt, double *row_stats)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    double kept2 = 0, delta2 = 0, dot = 0, changed = 0;
+    for (int j = 0; j < K; j++) {
+        float acc = 0.0f;
+        for (int k = 0; k < r; k++) acc = __fmaf_rn(b[(size_t)i * r + k], a[(size_t)k * K + j], acc);
+        float dw = tdc_mul(scale, acc);
+        size_t e = (size_t)i * K + j;
+        float merged = tdc_round(fmt, tdc_add(w[e], dw)), base = tdc_round(fmt, w[e]);
+        if (storage == TD_BF16) ((uint16_t *)dst)[e] = tdc_bf16_enc(merged);
+        else if (storage == TD_F16) ((uint16_t *)dst)[e] = tdc_f16_enc(merged);
+        else ((float *)dst)[e] = merged;
+        double d = __dadd_rn((double)merged, -(double)base);
+        kept2 = __dadd_rn(kept2, __dmul_rn(d, d));
+        delta2 = __dadd_rn(delta2, __dmul_rn((double)dw, (double)dw));
+        dot = __dadd_rn(dot, __dmul_rn(d, (double)dw));
+        changed += merged != base;
+    }
+    row_stats[4 * (size_t)i] = kept2;
+    row_stats[4 * (size_t)i + 1] = delta2;
+    row_stats[4 * (size_t)i + 2] = dot;
+    row_stats[4 * (size_t)i + 3] = changed;
+}
+
+__global__ static void fold_total(const double *row_stats, int N, double *stats)
+{
+    if (blockIdx.x || threadIdx.x) return;
+    double s[4] = {0, 0, 0, 0};
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < 4; k++) s[k] = __dadd_rn(s[k], row_stats[4 * (size_t)i + k]);
+    for (int k = 0; k < 4; k++) stats[k] = s[k];
+}
+
+extern "C" void lora_fold_cuda(const void *key, int storage, const float *w, const float *a, const float *b, int N,
+                               int K, int r, float scale, int fmt, double *stats)
+{
+    size_t n = (size_t)N * K;
+    if ((storage != TD_F32 && storage != fmt) || (storage != TD_F32 && storage != TD_BF16 && storage != TD_F16) ||
+        fmt == TD_E4M3 || fmt == TD_E5M2 || N <= 0 || K <= 0 || r <= 0) {
+        fprintf(stderr, "tidal: lora_fold_cuda: storage %d from format %d (%d x %d, rank %d) is not folded on the "
+                "device (a tidal bug)\n", storage, fmt, N, K, r);
+        abort();
+    }
+    void *dst = tdc_const_slot(key, n * (storage == TD_F32 ? 4 : 2));
+    double *row_stats = (double *)tdc_scratch(TDC_SLOT_MISC, (size_t)N * 4 * sizeof(double) + 4 * sizeof(double));
+    double *total = row_stats + 4 * (size_t)N;
+    TD_LAUNCH(fold_rows, (unsigned)((N + PREP_THREADS - 1) / PREP_THREADS), PREP_THREADS, 0, tdc_stream(), dst,
+              storage, w, a, b, N, K, r, scale, fmt, row_stats);
+    CUDA_CHECK_LAUNCH();
+    TD_LAUNCH(fold_total, 1, 1, 0, tdc_stream(), row_stats, N, total);
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cudaMemcpyAsync(stats, total, 4 * sizeof(double), cudaMemcpyDeviceToHost, tdc_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(tdc_stream()));
+    tdc_d2h_count(4 * sizeof(double));
+}
