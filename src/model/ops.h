@@ -212,6 +212,17 @@ struct td_backend {
      * rows added in order): |R(W+dW) - R(W)|^2, |dW|^2, <R(W+dW) - R(W), dW>, #{R(W+dW) != R(W)}. */
     void (*lora_fold)(const void *key, int storage, const float *w, const float *a, const float *b, int N,
                       int K, int r, float scale, int fmt, double *stats);
+    /* lora_peft_sync: tidal-rl's --lora-sync merge-unmerge of one adapted matrix (src/rl/sync.c's
+     * host loop, bit for bit; NULL on the CPU): delta = fl(fl(B A) * scale) (td_lora_peft_delta),
+     * m = D(w + delta) (PEFT's merge_adapter: the engine's matrix), w = D(m - D(delta))
+     * (unmerge_adapter, the rounded form), D = td_round of dtype (no saturation: torch's cast);
+     * stats (host, 4 doubles) = the merge's sums of E(m) against E(w before the sync), E =
+     * td_round of efmt (the rollout recipe's weights), in lora_fold's order. w, m (N x K), a, b:
+     * backend memory. lora_drift: stats (host, 3 doubles) = max |w - w0|, the sum of |w - w0|
+     * (each row in double in column order, the rows added in order), #{w != w0}. */
+    void (*lora_peft_sync)(float *w, float *m, const float *a, const float *b, int N, int K, int r, float scale,
+                           int dtype, int efmt, double *stats);
+    void (*lora_drift)(const float *w, const float *w0, int N, int K, double *stats);
 
     /* td_sample on the backend (include/tidal/sampling.h): n rows of logits (V wide, backend or
      * host memory), each row's seen tokens (host) and stream rng (advanced as td_sample does);

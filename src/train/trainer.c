@@ -600,7 +600,7 @@ int td_trainer_params_changed(td_trainer *tr, td_error *err)
 {
     if (tr->params_dev != tr->params)
         tr->be->upload(tr->params_dev, tr->params, tr->nparams * sizeof(float));
-    if (tr->base_dev)   /* the base changed on the host (merge-unmerge, a resumed base) */
+    if (tr->base_dev && tr->m->owned_host_current)   /* the base changed on the host (a resumed base) */
         tr->be->upload(tr->base_dev, tr->m->owned, tr->m->owned_floats * sizeof(float));
     return td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err);
 }

@@ -140,6 +140,21 @@ for name, rec, r in [("prep-merged-bf16", "bf16", "4"), ("prep-merged-fp16", "fp
     check(len(dd["sync"]) == 2 and all(s == 4 * 4 * 8 for s in dd["sync"]),
           f"merged {rec}: each weight sync brings down the fold's 4 sums per adapted matrix (128 bytes), "
           f"nothing parameter-sized")
+# --lora-sync merge-unmerge (PEFT's merge and unmerge in the base's dtype, the drift): on the device
+for name, dt, r in [("prep-mu-bf16", "bf16", "4"), ("prep-mu-fp16", "fp16", "1")]:
+    (d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", name, RL, "--train-recipe", f"{dt}-train",
+                                 "--rollout-recipe", f"{dt}-infer", "--lora-r", r, "--lora-alpha", str(2 * int(r)),
+                                 "--lora-sync", "merge-unmerge", "--model-dtype", dt)
+    prep_identical(d, h, f"LoRA r {r} {dt} base, --lora-sync merge-unmerge, 2 steps")
+    print(f"  merge-unmerge {dt} r {r}: merge_survival {list(d['merge_survival'])}, base_drift_max "
+          f"{list(d['base_drift_max'])}, base_drift_frac {list(d['base_drift_frac'])}; weight sync {dd['sync']} bytes "
+          f"device -> host (host preparation {hd['sync']})")
+    check(bool(np.all(np.isfinite(d["merge_survival"]))) and d["base_drift_frac"][-1] > 0,
+          f"merge-unmerge {dt}: finite merge statistics and a drifted base (not a comparison of empty syncs)")
+    # 4 adapted matrices: the merge's 4 sums and the drift's 3 statistics, 8 bytes each
+    check(len(dd["sync"]) == 2 and all(s == 4 * 7 * 8 for s in dd["sync"]),
+          f"merge-unmerge {dt}: each weight sync brings down 7 doubles per adapted matrix (224 bytes), nothing "
+          f"parameter-sized")
 (d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", "prep-fp8", RL, "--train-recipe", "bf16-train",
                              "--rollout-recipe", "fp8-rollout")
 prep_identical(d, h, "bf16-train / fp8-rollout, 2 steps")

@@ -171,6 +171,10 @@ void prepare_cuda(const void *key, int storage, const float *src, size_t n, int 
 /* be->lora_fold (prepare.cu): an adapter merged into a prepared weight, with the merge's sums */
 void lora_fold_cuda(const void *key, int storage, const float *w, const float *a, const float *b, int N, int K,
                     int r, float scale, int fmt, double *stats);
+/* be->lora_peft_sync / lora_drift (lora_sync.cu): --lora-sync merge-unmerge on the device */
+void lora_peft_sync_cuda(float *w, float *m, const float *a, const float *b, int N, int K, int r, float scale,
+                         int dtype, int efmt, double *stats);
+void lora_drift_cuda(const float *w, const float *w0, int N, int K, double *stats);
 
 /* the backward ops (one `op_backward.cu` per family) */
 void embedding_backward_cuda(const td_ops *ctx, float *dembed, const float *dout,
