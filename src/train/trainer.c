@@ -41,8 +41,10 @@
  *                      forms round A and B there (lora_run.c); a step re-rounds only the adapter
  *                      (forward_refresh_lora; tidal-rl's pi_old and --lora-sync adapter session
  *                      too: src/rl/step.c, sync.c), the frozen base's prepared weights stay. The
- *                      adapter (nparams floats, small) still comes down each step: merges,
- *                      --lora-sync merge-unmerge and saves read it on the host.
+ *                      adapter (nparams floats, small) still comes down each step for host
+ *                      readers (saves). tidal-rl's merged and merge-unmerge syncs also keep the
+ *                      base there (td_trainer_base_to_device: base_dev = m->owned_dev, the host
+ *                      copy current until merge-unmerge drifts it on the device, src/rl/sync.c).
  * TIDAL_PREPARE_ON_HOST=1 keeps the path before (the masters downloaded, every recipe prepared
  * on the host and uploaded again); TIDAL_STEP_D2H=1 prints each step's bytes device -> host
  * (td_device_d2h_bytes; tests/py/test_device_sft.py and test_device_rl.py compare the two paths:

@@ -37,7 +37,15 @@ may draw only wrong answers, a zero advantage). Checked, per /steps column of rl
    parameter: measured 2,792 against 351,208 bytes, 87,104 parameters), and the weight sync before
    each rollout nothing (TIDAL_STEP_D2H=1 lines). bf16-train / fp8-rollout too, whose FP8 rollout
    matrices are still prepared on the host: bit-identical, the sync bringing down those matrices'
-   masters only (measured 294,912 bytes: the 73,728 GEMM weights).
+   masters only (measured 294,912 bytes: the 73,728 GEMM weights). LoRA syncs that change the
+   engine's weights, on the device since the adapter and the base are there: --lora-sync merged
+   (bf16 r 4, fp16 r 1: the fold W + scale B A and its merge statistics, be->lora_fold) and
+   --lora-sync merge-unmerge with the base in bf16 (r 4) and fp16 (r 1) (PEFT's merge and unmerge,
+   the merge statistics and the base drift, be->lora_peft_sync / lora_drift): every /steps column
+   bit for bit, each weight sync bringing down only the statistics (4 doubles per adapted matrix
+   merged, 7 merge-unmerge: 128 and 224 bytes for the 4 matrices, whatever the model's size); and
+   the bf16 merge-unmerge run's drifted base (device memory) through a checkpoint: 1 step, then
+   --resume to 2, equals the 2 straight steps bit for bit.
 4. rl.h5's device attribute: "cpu" and "cuda:0 (...)"; --device tpu is a usage error (exit 2);
    --resume of the device's run on the CPU is refused (exit 1), naming both devices.
 Exit 0 pass, 1 fail, 77 skip (device tools not built, or numpy missing; without h5py the run
@@ -49,8 +57,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from device_train import (DEVBIN, ENV, LOW_TOL, close, cpu, device_attrs, np, pair, prep_d2h,  # noqa: E402
-                          prep_identical, prep_pair, sh, tmp)
+from device_train import (DEVBIN, ENV, LOW_TOL, close, cpu, device, device_attrs, np, pair, prep_d2h,  # noqa: E402
+                          prep_identical, prep_pair, runfile_read, sh, tmp)
 from tidal_check import BUILD, check, failures, run  # noqa: E402
 
 init = os.path.join(tmp, "init")
@@ -155,6 +163,18 @@ for name, dt, r in [("prep-mu-bf16", "bf16", "4"), ("prep-mu-fp16", "fp16", "1")
     check(len(dd["sync"]) == 2 and all(s == 4 * 7 * 8 for s in dd["sync"]),
           f"merge-unmerge {dt}: each weight sync brings down 7 doubles per adapted matrix (224 bytes), nothing "
           f"parameter-sized")
+    if dt == "bf16":   # the drifted base (device memory) through a checkpoint and --resume
+        part = os.path.join(tmp, "mu-part")
+        MU = ["--train-recipe", "bf16-train", "--rollout-recipe", "bf16-infer", "--lora-r", r, "--lora-alpha",
+              str(2 * int(r)), "--lora-sync", "merge-unmerge", "--model-dtype", dt]
+        device("tidal-rl", *RL, "-o", part, *MU, "--max-steps", "1")
+        device("tidal-rl", *RL, "-o", part, *MU, "--max-steps", "2", "--resume")
+        rs = runfile_read.steps(os.path.join(part, "rl.h5"))
+        cols = sorted(k for k in d if k != "seconds" and not k.startswith("time_"))
+        diff = [k for k in cols if not np.array_equal(np.asarray(rs[k]), np.asarray(d[k]), equal_nan=True)]
+        print(f"  merge-unmerge bf16, 1 step + --resume to 2 against 2 straight steps: differing {diff or 'none'}")
+        check(len(rs["loss"]) == 2 and not diff, "merge-unmerge on the device: 1 step, a checkpoint (the drifted base "
+              "downloaded), --resume to 2 (uploaded) equals 2 straight steps bit for bit, drift columns included")
 (d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", "prep-fp8", RL, "--train-recipe", "bf16-train",
                              "--rollout-recipe", "fp8-rollout")
 prep_identical(d, h, "bf16-train / fp8-rollout, 2 steps")
