@@ -223,6 +223,13 @@ struct td_backend {
     void (*lora_peft_sync)(float *w, float *m, const float *a, const float *b, int N, int K, int r, float scale,
                            int dtype, int efmt, double *stats);
     void (*lora_drift)(const float *w, const float *w0, int N, int K, double *stats);
+    /* prepare_fp8: an FP8 weight from masters src (rows x cols floats, backend memory), bit for
+     * bit the host's (td_fp8_quantize of s: fp8_quant.cu): the device copies of codes_key (rows *
+     * cols codes) and scales_key (td_fp8_num_scales floats); or, with f32_key (codes_key and
+     * scales_key NULL), td_fp8_fake_quant's values (lut[code] * scale in fp32) as f32_key's copy
+     * (rows * cols floats, a trainer's fp32 view). The keys are never written, as prepare's. */
+    void (*prepare_fp8)(const void *codes_key, const void *scales_key, const void *f32_key, const td_fp8_scheme *s,
+                        const float *src, int rows, int cols);
 
     /* td_sample on the backend (include/tidal/sampling.h): n rows of logits (V wide, backend or
      * host memory), each row's seen tokens (host) and stream rng (advanced as td_sample does);

@@ -33,9 +33,12 @@
  * and rounded by the embedding op), and what a recipe shares with the masters is read through
  * their alias. A merged adapter whose trainer copy is on the device too (lora->owned_dev) is
  * folded there (be->lora_fold: merge_sum's arithmetic and order; four sums per matrix come down).
- * FP8 matrices (and a merge without a device adapter) take the host path: from the host copy when
- * it is current (m->owned_host_current: a LoRA trainer's frozen base), else from the tensor's
- * masters brought down; recipe_state_free releases the device copies with their keys (dev_be). */
+ * FP8 matrices are quantised there (be->prepare_fp8: td_fp8_quantize's codes and block scales, or
+ * td_fp8_fake_quant's fp32 values for a trainer's view). What is left (an FP8 matrix with a merged
+ * adapter, a merge without a device adapter, norms under fp8 activations) takes the host path: from
+ * the host copy when it is current (m->owned_host_current: a LoRA trainer's frozen base), else from
+ * the tensor's masters brought down; recipe_state_free releases the device copies with their keys
+ * (dev_be). */
 #include "model_internal.h"
 #include "tidal/gemm.h"
 #include "tidal/progress.h"
@@ -144,9 +147,9 @@ static int prep_wmat_host(prep *P, const td_recipe *r, td_wmat src, int has_nan,
 /* out: what r's GEMMs multiply for src (rows, cols) — r->weights (fp8 with weight_scaling) —
  * with the adapter pair ad (NULL: none) merged. Shared when the rounding leaves src as it is (on a
  * device: the masters' alias, src/train/trainer.c). From device masters a bf16 / fp16 / fp32 copy
- * is rounded there (be->prepare), and merged with a device adapter there (be->lora_fold); fp8 (and
- * a merge whose adapter is on the host) prepare on the host, from the masters brought down unless
- * the host copy is current. */
+ * is rounded there (be->prepare), merged with a device adapter there (be->lora_fold), an fp8 one
+ * quantised there (be->prepare_fp8); an fp8 merge (and a merge whose adapter is on the host)
+ * prepares on the host, from the masters brought down unless the host copy is current. */
 static int prep_wmat(prep *P, const td_recipe *r, td_wmat src, int has_nan, const td_lora_pair *ad,
                      size_t rows, size_t cols, td_wmat *out)
 {
@@ -170,6 +173,26 @@ static int prep_wmat(prep *P, const td_recipe *r, td_wmat src, int has_nan, cons
             P->dev->prepare(dst, storage, dsrc, n, f, 1.0f);
         }
         *out = (td_wmat){.data = dst, .dtype = storage};
+        return 0;
+    }
+    if (!ad && P->dev->prepare_fp8) {   /* fp8: quantised there (td_fp8_quantize's codes and scales) */
+        td_fp8_scheme s = r->weight_scaling;
+        s.fmt = f;
+        if (P->st->f32) {   /* the fake-quantised values, an fp32 copy */
+            float *dst = own(P, n * sizeof(float), TD_F32);
+            if (!dst) return -1;
+            P->dev->prepare_fp8(NULL, NULL, dst, &s, dsrc, (int)rows, (int)cols);
+            *out = td_wmat_f32(dst);
+            return 0;
+        }
+        size_t br, bc, ns = td_fp8_num_scales(&s, rows, cols);
+        td_fp8_block_shape(&s, rows, cols, &br, &bc);
+        uint8_t *codes = own(P, n, f);
+        float *scales = codes ? own(P, ns * sizeof(float), f) : NULL;
+        if (!scales) return -1;
+        P->dev->prepare_fp8(codes, scales, NULL, &s, dsrc, (int)rows, (int)cols);
+        *out = (td_wmat){.data = codes, .dtype = f, .scale = scales, .sr = (int)br, .sc = (int)bc,
+                         .nbc = (int)((cols + bc - 1) / bc)};
         return 0;
     }
     if (P->m->owned_host_current) return prep_wmat_host(P, r, src, has_nan, ad, rows, cols, out);

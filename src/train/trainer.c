@@ -35,8 +35,9 @@
  *                      of the device copies, which forget keeps). Nothing comes down per
  *                      step; the host masters are downloaded when a host reader asks
  *                      (train_masters_to_host: a checkpoint, a state file, td_trainer_params, the
- *                      name of a non-finite weight). FP8 weight formats and a merged adapter on
- *                      these masters bring the tensor down and prepare it on the host.
+ *                      name of a non-finite weight). FP8 weight formats are quantised there
+ *                      too (be->prepare_fp8); an adapter merged into FP8 weights brings the
+ *                      tensor down and prepares it on the host.
  *   LoRA               lora->owned_dev = params_dev: the paths' unmerged (PEFT) and vLLM adapter
  *                      forms round A and B there (lora_run.c); a step re-rounds only the adapter
  *                      (forward_refresh_lora; tidal-rl's pi_old and --lora-sync adapter session

@@ -14,7 +14,8 @@
  *                device memory (m->owned_dev, as a trainer sets them): the trainer forward's fp32
  *                copies (bf16-train, fp16-train, f32 view) and a session's 16-bit codes
  *                (bf16-infer, fp16-infer; fp8-rollout and fp8-unified-train, whose FP8 matrices
- *                are prepared on the host from masters brought down) read back from the device
+ *                are quantised on the device by be->prepare_fp8: codes and block scales, or the
+ *                fake-quantised fp32 copy; nothing downloaded) read back from the device
  *                equal a host preparation of
  *                the same recipe from the same masters, every tensor (the tied lm_head too); the
  *                embedding, a rounding view of the masters on the device (no copy), gathers the
@@ -174,6 +175,13 @@ static void compare_states(const td_recipe_state *st, const td_recipe_state *ref
         if (wd) {
             assert_int_equal(wd->dtype, wh->dtype);
             dk = wd->data; hk = wh->data; bytes = wmat_bytes(wd, p->numel);
+            if (wd->dtype == TD_E4M3 || wd->dtype == TD_E5M2) {   /* the block scales too */
+                assert_true(wd->sr == wh->sr && wd->sc == wh->sc && wd->nbc == wh->nbc);
+                size_t sb = (size_t)((p->shape[0] + wh->sr - 1) / wh->sr) * wh->nbc * sizeof(float);
+                if (memcmp(device_copy(wd->scale, sb).data(), wh->scale, sb))
+                    fail_msg("%s: the device's FP8 scales differ from the host's", p->name);
+                checked += sb;
+            }
         } else {
             dk = *param_slot((td_model_weights *)&st->w, L, p);
             hk = *param_slot((td_model_weights *)&ref->w, L, p);
@@ -195,8 +203,7 @@ static void recipes(int tied)
     td_ops cpu, gpu;
     td_ops_init(&cpu, &td_backend_cpu);
     td_ops_init(&gpu, GPU);
-    /* fp8-rollout / fp8-unified-train: FP8 matrices are prepared on the host from the masters
-     * brought down (weights_recipe.c), the rest on the device */
+    /* fp8-rollout / fp8-unified-train: FP8 matrices quantised on the device (be->prepare_fp8) */
     const char *names[] = {"bf16-train", "fp16-train", "bf16-infer", "fp16-infer", "fp32", "fp8-rollout",
                            "fp8-unified-train"};
     for (const char *name : names)
@@ -210,8 +217,10 @@ static void recipes(int tied)
             assert_int_equal(recipe_state_set(&ref, &cpu, m, r, NULL, 0, 8, f32, &err), 0);
             m->owned_dev = dm;
             GPU->alias(m->owned, dm, m->owned_floats * 4, TD_F32);
+            size_t d2h0 = td_cuda_d2h_bytes();
             assert_int_equal(recipe_state_set(&st, &gpu, m, r, NULL, 0, 8, f32, &err), 0);
             assert_ptr_equal(st.dev_be, GPU);
+            assert_int_equal(td_cuda_d2h_bytes() - d2h0, 0);   /* nothing came down (FP8 included) */
             printf("%s, %s copies:\n", name, f32 ? "fp32" : "storage-dtype");
             compare_states(&st, &ref, m);
             /* the embedding's gather reads the device copy (its host bytes are stale) */

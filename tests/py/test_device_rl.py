@@ -35,17 +35,20 @@ may draw only wrong answers, a zero advantage). Checked, per /steps column of rl
    --lora-sync adapter (vLLM's B scaled in the lora dtype, on the device); full fine-tuning's
    optimiser step brings down exactly the masters' 4 bytes a parameter fewer (under 1 byte a
    parameter: measured 2,792 against 351,208 bytes, 87,104 parameters), and the weight sync before
-   each rollout nothing (TIDAL_STEP_D2H=1 lines). bf16-train / fp8-rollout too, whose FP8 rollout
-   matrices are still prepared on the host: bit-identical, the sync bringing down those matrices'
-   masters only (measured 294,912 bytes: the 73,728 GEMM weights). LoRA syncs that change the
+   each rollout nothing (TIDAL_STEP_D2H=1 lines). bf16-train / fp8-rollout and fp8-unified-train /
+   fp8-unified-infer too, whose FP8 matrices are quantised on the device (be->prepare_fp8; the
+   trainer's fp32 view of fp8-unified-train fake-quantised there): bit-identical, the sync bringing
+   nothing down (before be->prepare_fp8 the fp8-rollout sync brought down 294,912 bytes, the 73,728
+   GEMM weights' masters), fp8-unified-train's optimiser step exactly the masters' bytes fewer than
+   the host path (2,792 against 351,208). LoRA syncs that change the
    engine's weights, on the device since the adapter and the base are there: --lora-sync merged
    (bf16 r 4, fp16 r 1: the fold W + scale B A and its merge statistics, be->lora_fold) and
    --lora-sync merge-unmerge with the base in bf16 (r 4) and fp16 (r 1) (PEFT's merge and unmerge,
    the merge statistics and the base drift, be->lora_peft_sync / lora_drift): every /steps column
    bit for bit, each weight sync bringing down only the statistics (4 doubles per adapted matrix
    merged, 7 merge-unmerge: 128 and 224 bytes for the 4 matrices, whatever the model's size); and
-   the bf16 merge-unmerge run's drifted base (device memory) through a checkpoint: 1 step, then
-   --resume to 2, equals the 2 straight steps bit for bit.
+   the bf16 merge-unmerge run's drifted base (device memory) through a checkpoint: 2 steps (the
+   base drifted at step 2's sync), then --resume to 3, equals 3 straight steps bit for bit.
 4. rl.h5's device attribute: "cpu" and "cuda:0 (...)"; --device tpu is a usage error (exit 2);
    --resume of the device's run on the CPU is refused (exit 1), naming both devices.
 Exit 0 pass, 1 fail, 77 skip (device tools not built, or numpy missing; without h5py the run
@@ -167,21 +170,34 @@ for name, dt, r in [("prep-mu-bf16", "bf16", "4"), ("prep-mu-fp16", "fp16", "1")
         part = os.path.join(tmp, "mu-part")
         MU = ["--train-recipe", "bf16-train", "--rollout-recipe", "bf16-infer", "--lora-r", r, "--lora-alpha",
               str(2 * int(r)), "--lora-sync", "merge-unmerge", "--model-dtype", dt]
-        device("tidal-rl", *RL, "-o", part, *MU, "--max-steps", "1")
-        device("tidal-rl", *RL, "-o", part, *MU, "--max-steps", "2", "--resume")
+        straight = os.path.join(tmp, "mu-straight")
+        device("tidal-rl", *RL, "-o", straight, *MU, "--max-steps", "3")
+        device("tidal-rl", *RL, "-o", part, *MU, "--max-steps", "2")
+        device("tidal-rl", *RL, "-o", part, *MU, "--max-steps", "3", "--resume")
+        ss = runfile_read.steps(os.path.join(straight, "rl.h5"))
         rs = runfile_read.steps(os.path.join(part, "rl.h5"))
-        cols = sorted(k for k in d if k != "seconds" and not k.startswith("time_"))
-        diff = [k for k in cols if not np.array_equal(np.asarray(rs[k]), np.asarray(d[k]), equal_nan=True)]
-        print(f"  merge-unmerge bf16, 1 step + --resume to 2 against 2 straight steps: differing {diff or 'none'}")
-        check(len(rs["loss"]) == 2 and not diff, "merge-unmerge on the device: 1 step, a checkpoint (the drifted base "
-              "downloaded), --resume to 2 (uploaded) equals 2 straight steps bit for bit, drift columns included")
+        cols = sorted(k for k in ss if k != "seconds" and not k.startswith("time_"))
+        diff = [k for k in cols if k not in rs or not np.array_equal(np.asarray(rs[k]), np.asarray(ss[k]), equal_nan=True)]
+        print(f"  merge-unmerge bf16, 2 steps + --resume to 3 against 3 straight steps: differing {diff or 'none'}; "
+              f"base_drift_frac {list(ss['base_drift_frac'])}")
+        check(len(rs["loss"]) == 3 and not diff and ss["base_drift_frac"][1] > 0,
+              "merge-unmerge on the device: 2 steps, a checkpoint (the drifted base downloaded), --resume to 3 "
+              "(uploaded) equals 3 straight steps bit for bit, drift columns included")
 (d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", "prep-fp8", RL, "--train-recipe", "bf16-train",
                              "--rollout-recipe", "fp8-rollout")
 prep_identical(d, h, "bf16-train / fp8-rollout, 2 steps")
 prep_d2h(dd, hd, "bf16-train / fp8-rollout")
-print(f"  fp8-rollout weight sync: {dd['sync']} bytes device -> host (the FP8 matrices' masters, prepared on the host)")
-check(len(dd["sync"]) == 2 and all(0 < s < 4 * dd["nparams"] for s in dd["sync"]),
-      "fp8-rollout: the sync brings down the FP8-rounded matrices only (fewer bytes than the masters)")
+print(f"  fp8-rollout weight sync: {dd['sync']} bytes device -> host (host preparation {hd['sync']})")
+check(len(dd["sync"]) == 2 and not any(dd["sync"]),
+      "fp8-rollout: the FP8 matrices quantised on the device, the sync brings nothing down (before be->prepare_fp8: "
+      "294,912 bytes, their masters)")
+# the unified FP8 flow: the trainer's fp32 view of its FP8 matrices (fake-quantised) on the device too
+(d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", "prep-fp8u", RL, "--train-recipe", "fp8-unified-train",
+                             "--rollout-recipe", "fp8-unified-infer")
+prep_identical(d, h, "fp8-unified-train / fp8-unified-infer, 2 steps")
+prep_d2h(dd, hd, "fp8-unified-train / fp8-unified-infer")
+print(f"  fp8-unified weight sync: {dd['sync']} bytes device -> host (host preparation {hd['sync']})")
+check(len(dd["sync"]) == 2 and not any(dd["sync"]), "fp8-unified: the sync brings nothing down")
 
 print(f"device tools: {DEVBIN}")
 if failures:

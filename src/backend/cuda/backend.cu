@@ -397,6 +397,7 @@ extern "C" const td_backend td_backend_cuda = {
     .lora_fold = lora_fold_cuda,
     .lora_peft_sync = lora_peft_sync_cuda,
     .lora_drift = lora_drift_cuda,
+    .prepare_fp8 = prepare_fp8_cuda,
     .sample = sample_cuda,
     .row_logsoftmax = row_logsoftmax_cuda,
     .token_metrics = token_metrics_cuda,

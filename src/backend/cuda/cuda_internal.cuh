@@ -175,6 +175,9 @@ void lora_fold_cuda(const void *key, int storage, const float *w, const float *a
 void lora_peft_sync_cuda(float *w, float *m, const float *a, const float *b, int N, int K, int r, float scale,
                          int dtype, int efmt, double *stats);
 void lora_drift_cuda(const float *w, const float *w0, int N, int K, double *stats);
+/* be->prepare_fp8 (prepare.cu): an FP8 weight quantised on the device (fp8_quantize_cuda) */
+void prepare_fp8_cuda(const void *codes_key, const void *scales_key, const void *f32_key, const td_fp8_scheme *s,
+                      const float *src, int rows, int cols);
 
 /* the backward ops (one `op_backward.cu` per family) */
 void embedding_backward_cuda(const td_ops *ctx, float *dembed, const float *dout,

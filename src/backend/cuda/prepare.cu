@@ -5,10 +5,14 @@
  *                  tdc_round of fmt (the CPU's bit arithmetic, SATFINITE); stored as fp32 or as
  *                  bf16 / fp16 codes (tdc_bf16_enc / tdc_f16_enc: td_encode_row's codes). Bit for
  *                  bit the host preparation (tests/cudasim/test_prepare_sim.cpp).
+ *   prepare_fp8_cuda  an FP8 weight: fp8_quantize_cuda (td_fp8_quantize bit for bit: the block
+ *                  maxima are exact in any order, the scales scaling.c's fp32 arithmetic) into
+ *                  the codes' and scales' copies; or its dequantised values (lut[code] * scale,
+ *                  one fp32 product: td_fp8_fake_quant) as an fp32 copy.
  * dst is the device copy the ops look up for the host key (tdc_const_slot, backend.cu): the host
- * buffer is never written. fp8 weight formats are not prepared here (their block scales are a
- * reduction per block): weights_recipe.c prepares them on the host. */
+ * buffer is never written. */
 #include "kern.cuh"
+#include "matmul.cuh"
 
 #define PREP_THREADS 256
 
@@ -105,4 +109,46 @@ extern "C" void lora_fold_cuda(const void *key, int storage, const float *w, con
     CUDA_CHECK(cudaMemcpyAsync(stats, total, 4 * sizeof(double), cudaMemcpyDeviceToHost, tdc_stream()));
     CUDA_CHECK(cudaStreamSynchronize(tdc_stream()));
     tdc_d2h_count(4 * sizeof(double));
+}
+
+/* ---- FP8 weights: be->prepare_fp8 (ops.h) ------------------------------------------------------ */
+
+__global__ static void fp8_dequant(float *y, const uint8_t *codes, const float *scales, int fmt, int rows, int cols,
+                                   int br, int bc, int nbc)
+{
+    size_t n = (size_t)rows * cols;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t b = (i / cols) / br * nbc + (i % cols) / bc;
+        float v = fmt == TD_E4M3 ? tdc_e4m3_dec(codes[i]) : tdc_e5m2_dec(codes[i]);
+        y[i] = tdc_mul(v, scales[b]);
+    }
+}
+
+extern "C" void prepare_fp8_cuda(const void *codes_key, const void *scales_key, const void *f32_key,
+                                 const td_fp8_scheme *s, const float *src, int rows, int cols)
+{
+    size_t n = (size_t)rows * cols, ns = td_fp8_num_scales(s, (size_t)rows, (size_t)cols);
+    if (!n) return;
+    if (s->fmt != TD_E4M3 && s->fmt != TD_E5M2) {
+        fprintf(stderr, "tidal: prepare_fp8_cuda: format %d is not FP8 (a tidal bug)\n", s->fmt);
+        abort();
+    }
+    if (!f32_key) {
+        fp8_quantize_cuda(s, src, rows, cols, (uint8_t *)tdc_const_slot(codes_key, n),
+                          (float *)tdc_const_slot(scales_key, ns * sizeof(float)));
+        tdc_done();
+        return;
+    }
+    size_t br, bc;
+    td_fp8_block_shape(s, (size_t)rows, (size_t)cols, &br, &bc);
+    float *y = (float *)tdc_const_slot(f32_key, n * sizeof(float));
+    size_t off = (n + 255) / 256 * 256;
+    uint8_t *codes = (uint8_t *)tdc_scratch(TDC_SLOT_GEMM_A, off + ns * sizeof(float));
+    float *scales = (float *)(codes + off);
+    fp8_quantize_cuda(s, src, rows, cols, codes, scales);
+    size_t b = (n + PREP_THREADS - 1) / PREP_THREADS;
+    TD_LAUNCH(fp8_dequant, (unsigned)(b > 4096 ? 4096 : b), PREP_THREADS, 0, tdc_stream(), y, codes, scales, s->fmt,
+              rows, cols, (int)br, (int)bc, (int)((cols + bc - 1) / bc));
+    CUDA_CHECK_LAUNCH();
+    tdc_done();
 }
