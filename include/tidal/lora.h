@@ -149,6 +149,11 @@ typedef enum { TD_PEFT_UNMERGE_ROUNDED = 0, TD_PEFT_UNMERGE_FP32 = 1 } td_peft_u
 
 /* delta (p->out, p->in) of one adapted pair of lo. */
 void td_lora_peft_delta(const td_lora *lo, const td_lora_pair *p, float *delta);
+/* dW = fl(alpha * fl(B A)) of one adapted pair (p->out, p->in), the product's sum over the rank an
+ * fma chain in k = 0..rank-1 from +0: OpenBLAS's sgemm kernel (cblas_sgemm(alpha, B, A), beta 0)
+ * made explicit (every rank 1..16 checked bit for bit on the project's machine), so a device fold
+ * (the backend's lora_fold, weights_recipe.c's merged form) can reproduce it on any host. */
+void td_lora_fold_delta(const td_lora_pair *p, int rank, float alpha, float *dw);
 void td_lora_peft_merge(td_format D, float *w, const float *delta, size_t n);
 void td_lora_peft_unmerge(td_format D, td_peft_unmerge form, float *w, const float *delta, size_t n);
 td_lora_merge_stats td_forward_lora_stats(const td_forward *f);

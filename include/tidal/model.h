@@ -67,6 +67,8 @@ typedef struct {
     const float *owned_dev;  // a trainer's masters in the backend's memory, the current values of
                              // owned (which may be stale): recipes are prepared from them on the
                              // device (src/train/trainer.c); NULL: owned is current
+    int owned_host_current;  // with owned_dev: owned is current too (a LoRA trainer's frozen base,
+                             // kept on the device for merged adapters): host forms read it there
 } td_model;
 
 /* Checks a configuration for what the forward needs (positive sizes, NH % NKV == 0,

@@ -164,6 +164,12 @@ const td_lora *td_trainer_lora(const td_trainer *tr);
 /* Under LoRA, the frozen base as a writable model (NULL without LoRA): a caller that changes it
  * (PEFT's merge/unmerge drift, a resumed run's drifted base) calls td_trainer_params_changed. */
 td_model *td_trainer_base(td_trainer *tr);
+/* Under LoRA with the weights prepared on the device: keeps a copy of the frozen base there
+ * (m->owned_dev, the host copy current too), so a merged adapter is folded on the device
+ * (weights_recipe.c) and the base is prepared there; td_trainer_params_changed uploads it again.
+ * A no-op otherwise (the CPU, TIDAL_PREPARE_ON_HOST=1, full fine-tuning, a second call). Costs
+ * one fp32 copy of the model on the device. */
+void td_trainer_base_to_device(td_trainer *tr);
 
 /* Writes the gradients accumulated so far (unscaled fp32, before clipping) as safetensors under
  * the HF tensor names (PEFT names under LoRA), with the batch that produced them:

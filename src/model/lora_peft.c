@@ -7,14 +7,14 @@
 #include "tidal/lora.h"
 #include "tidal/formats.h"
 
-#include <cblas.h>
+#include <math.h>
 
 void td_lora_peft_delta(const td_lora *lo, const td_lora_pair *p, float *delta)
 {
     size_t n = (size_t)p->out * p->in;
-    /* weight_B @ weight_A: one fp32 sgemm (torch's CPU matmul calls the same BLAS) ... */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, p->out, p->in, lo->rank, 1.0f, p->b, lo->rank,
-                p->a, p->in, 0.0f, delta, p->in);
+    /* weight_B @ weight_A: one fp32 sgemm (torch's CPU matmul calls OpenBLAS), in its kernel's
+     * order made explicit, so that a device sync (the backend's lora_peft_sync) gives its bits ... */
+    td_lora_fold_delta(p, lo->rank, 1.0f, delta);
     /* ... then * self.scaling[adapter]: a Python float against an fp32 tensor multiplies in fp32 */
     for (size_t i = 0; i < n; i++) delta[i] = delta[i] * lo->scale;
 }
@@ -29,5 +29,19 @@ void td_lora_peft_unmerge(td_format D, td_peft_unmerge form, float *w, const flo
     for (size_t i = 0; i < n; i++) {
         float d = form == TD_PEFT_UNMERGE_ROUNDED ? td_round(D, delta[i]) : delta[i];   /* .to(orig_dtype) */
         w[i] = td_round(D, w[i] - d);
+    }
+}
+
+void td_lora_fold_delta(const td_lora_pair *p, int rank, float alpha, float *dw)
+{
+    int N = p->out, K = p->in;
+    for (int i = 0; i < N; i++) {
+        const float *b = p->b + (size_t)i * rank;
+        float *row = dw + (size_t)i * K;
+        for (int j = 0; j < K; j++) {
+            float acc = 0.0f;
+            for (int k = 0; k < rank; k++) acc = fmaf(b[k], p->a[(size_t)k * K + j], acc);
+            row[j] = alpha * acc;
+        }
     }
 }

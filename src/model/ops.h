@@ -203,6 +203,33 @@ struct td_backend {
     void (*prepare)(const void *key, int storage, const float *src, size_t n, int fmt, float scale);
     void (*alias)(const void *host, const void *dev, size_t bytes, int fmt);
     void (*release)(const void *key);
+    /* lora_fold: an adapter merged into the weight a recipe's GEMMs read (weights_recipe.c's
+     * merge_sum, bit for bit; NULL on the CPU): key's device copy (N*K elements of storage, as
+     * prepare) = R(W + dW), R = td_round of fmt (SATFINITE), dW = fl(scale * fl(sum over k of
+     * B[i][k] A[k][j])) the sum an fma chain in k = 0..r-1 (td_lora_fold_delta); w (N x K), a
+     * (r x K), b (N x r): floats in the backend's memory. stats (host, 4 doubles) = the merge's
+     * sums over the matrix, td_lora_fold_stats' order (each row in double in column order, the
+     * rows added in order): |R(W+dW) - R(W)|^2, |dW|^2, <R(W+dW) - R(W), dW>, #{R(W+dW) != R(W)}. */
+    void (*lora_fold)(const void *key, int storage, const float *w, const float *a, const float *b, int N,
+                      int K, int r, float scale, int fmt, double *stats);
+    /* lora_peft_sync: tidal-rl's --lora-sync merge-unmerge of one adapted matrix (src/rl/sync.c's
+     * host loop, bit for bit; NULL on the CPU): delta = fl(fl(B A) * scale) (td_lora_peft_delta),
+     * m = D(w + delta) (PEFT's merge_adapter: the engine's matrix), w = D(m - D(delta))
+     * (unmerge_adapter, the rounded form), D = td_round of dtype (no saturation: torch's cast);
+     * stats (host, 4 doubles) = the merge's sums of E(m) against E(w before the sync), E =
+     * td_round of efmt (the rollout recipe's weights), in lora_fold's order. w, m (N x K), a, b:
+     * backend memory. lora_drift: stats (host, 3 doubles) = max |w - w0|, the sum of |w - w0|
+     * (each row in double in column order, the rows added in order), #{w != w0}. */
+    void (*lora_peft_sync)(float *w, float *m, const float *a, const float *b, int N, int K, int r, float scale,
+                           int dtype, int efmt, double *stats);
+    void (*lora_drift)(const float *w, const float *w0, int N, int K, double *stats);
+    /* prepare_fp8: an FP8 weight from masters src (rows x cols floats, backend memory), bit for
+     * bit the host's (td_fp8_quantize of s: fp8_quant.cu): the device copies of codes_key (rows *
+     * cols codes) and scales_key (td_fp8_num_scales floats); or, with f32_key (codes_key and
+     * scales_key NULL), td_fp8_fake_quant's values (lut[code] * scale in fp32) as f32_key's copy
+     * (rows * cols floats, a trainer's fp32 view). The keys are never written, as prepare's. */
+    void (*prepare_fp8)(const void *codes_key, const void *scales_key, const void *f32_key, const td_fp8_scheme *s,
+                        const float *src, int rows, int cols);
 
     /* td_sample on the backend (include/tidal/sampling.h): n rows of logits (V wide, backend or
      * host memory), each row's seen tokens (host) and stream rng (advanced as td_sample does);

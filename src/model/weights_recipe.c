@@ -31,13 +31,18 @@
  * be->prepare makes from the masters there with the same rounding (bf16 / fp16 codes, fp32 copies,
  * norms and biases), the embedding a rounding view of them (be->alias with its format, gathered
  * and rounded by the embedding op), and what a recipe shares with the masters is read through
- * their alias. FP8 matrices and merged adapters bring the tensor's masters down and take the host
- * path; recipe_state_free releases the device copies with their keys (dev_be). */
+ * their alias. A merged adapter whose trainer copy is on the device too (lora->owned_dev) is
+ * folded there (be->lora_fold: merge_sum's arithmetic and order; four sums per matrix come down).
+ * FP8 matrices are quantised there (be->prepare_fp8: td_fp8_quantize's codes and block scales, or
+ * td_fp8_fake_quant's fp32 values for a trainer's view). What is left (an FP8 matrix with a merged
+ * adapter, a merge without a device adapter, norms under fp8 activations) takes the host path: from
+ * the host copy when it is current (m->owned_host_current: a LoRA trainer's frozen base), else from
+ * the tensor's masters brought down; recipe_state_free releases the device copies with their keys
+ * (dev_be). */
 #include "model_internal.h"
 #include "tidal/gemm.h"
 #include "tidal/progress.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +53,15 @@ typedef struct {
     double kept2, delta2, dot;
     int64_t elements, changed;
 } merge_ctx;
+
+static void merge_add(merge_ctx *mc, double kept2, double delta2, double dot, int64_t changed, int64_t elements)
+{
+    mc->kept2 += kept2;
+    mc->delta2 += delta2;
+    mc->dot += dot;
+    mc->elements += elements;
+    mc->changed += changed;
+}
 
 typedef struct {
     td_recipe_state *st;
@@ -87,31 +101,34 @@ static void *own(prep *P, size_t bytes, td_format storage)
 }
 
 /* sum = W + scale B A of the adapted (layer, module) W (n = N*K floats at w), and the merge's
- * statistics; buf: 3n floats of scratch. */
+ * statistics; buf: 3n floats of scratch. dW is td_lora_fold_delta's (OpenBLAS's sgemm order made
+ * explicit); each row's sums in double in column order, the rows added in order: the order the
+ * device fold (be->lora_fold) sums in, so a merge on either gives the same bits. */
 static void merge_sum(merge_ctx *mc, const td_recipe *r, const td_lora_pair *p, const float *w, int N,
                       int K, float *sum, float *buf)
 {
     size_t n = (size_t)N * K;
     float *dw = buf, *merged = buf + n, *base = buf + 2 * n;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, K, mc->lora->rank, mc->lora->scale,
-                p->b, mc->lora->rank, p->a, K, 0.0f, dw, K);
+    td_lora_fold_delta(p, mc->lora->rank, mc->lora->scale, dw);
     for (size_t i = 0; i < n; i++) sum[i] = w[i] + dw[i];
     td_gemm_prepare_weight(r, sum, N, K, merged);
     td_gemm_prepare_weight(r, w, N, K, base);
     double kept2 = 0, delta2 = 0, dot = 0;
     int64_t changed = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)merged[i] - base[i];
-        kept2 += d * d;
-        delta2 += (double)dw[i] * dw[i];
-        dot += d * dw[i];
-        changed += merged[i] != base[i];
+    for (int row = 0; row < N; row++) {
+        double rk = 0, rd = 0, rdot = 0;
+        for (size_t i = (size_t)row * K; i < (size_t)(row + 1) * K; i++) {
+            double d = (double)merged[i] - base[i];
+            rk += d * d;
+            rd += (double)dw[i] * dw[i];
+            rdot += d * dw[i];
+            changed += merged[i] != base[i];
+        }
+        kept2 += rk;
+        delta2 += rd;
+        dot += rdot;
     }
-    mc->kept2 += kept2;
-    mc->delta2 += delta2;
-    mc->dot += dot;
-    mc->elements += (int64_t)n;
-    mc->changed += changed;
+    merge_add(mc, kept2, delta2, dot, changed, (int64_t)n);
 }
 
 /* Where the current values of host tensor p live when the masters are on a device: its place in
@@ -130,8 +147,9 @@ static int prep_wmat_host(prep *P, const td_recipe *r, td_wmat src, int has_nan,
 /* out: what r's GEMMs multiply for src (rows, cols) — r->weights (fp8 with weight_scaling) —
  * with the adapter pair ad (NULL: none) merged. Shared when the rounding leaves src as it is (on a
  * device: the masters' alias, src/train/trainer.c). From device masters a bf16 / fp16 / fp32 copy
- * is rounded there (be->prepare); fp8 and a merge bring the tensor's masters down and prepare on
- * the host, as before. */
+ * is rounded there (be->prepare), merged with a device adapter there (be->lora_fold), an fp8 one
+ * quantised there (be->prepare_fp8); an fp8 merge (and a merge whose adapter is on the host)
+ * prepares on the host, from the masters brought down unless the host copy is current. */
 static int prep_wmat(prep *P, const td_recipe *r, td_wmat src, int has_nan, const td_lora_pair *ad,
                      size_t rows, size_t cols, td_wmat *out)
 {
@@ -140,14 +158,44 @@ static int prep_wmat(prep *P, const td_recipe *r, td_wmat src, int has_nan, cons
     if (!dsrc || (!ad && (f == TD_F32 || (f == src.dtype && !has_nan)) && (!P->st->f32 || src.dtype == TD_F32)))
         return prep_wmat_host(P, r, src, has_nan, ad, rows, cols, out);
     size_t n = rows * cols;
-    if (!ad && f != TD_E4M3 && f != TD_E5M2) {
+    const td_lora *lo = P->mc.lora;
+    int fold = ad && lo->owned_dev && P->dev->lora_fold;   /* the adapter's current values there */
+    if ((!ad || fold) && f != TD_E4M3 && f != TD_E5M2) {
         td_format storage = P->st->f32 || f == TD_F32 ? TD_F32 : f;
         void *dst = own(P, n * (storage == TD_F32 ? 4 : 2), storage);
         if (!dst) return -1;
-        P->dev->prepare(dst, storage, dsrc, n, f, 1.0f);
+        if (ad) {   /* merge_sum on the device: the weight and four sums, nothing else comes down */
+            double s[4];
+            P->dev->lora_fold(dst, storage, dsrc, lo->owned_dev + (ad->a - lo->owned),
+                              lo->owned_dev + (ad->b - lo->owned), (int)rows, (int)cols, lo->rank, lo->scale, f, s);
+            merge_add(&P->mc, s[0], s[1], s[2], (int64_t)s[3], (int64_t)n);
+        } else {
+            P->dev->prepare(dst, storage, dsrc, n, f, 1.0f);
+        }
         *out = (td_wmat){.data = dst, .dtype = storage};
         return 0;
     }
+    if (!ad && P->dev->prepare_fp8) {   /* fp8: quantised there (td_fp8_quantize's codes and scales) */
+        td_fp8_scheme s = r->weight_scaling;
+        s.fmt = f;
+        if (P->st->f32) {   /* the fake-quantised values, an fp32 copy */
+            float *dst = own(P, n * sizeof(float), TD_F32);
+            if (!dst) return -1;
+            P->dev->prepare_fp8(NULL, NULL, dst, &s, dsrc, (int)rows, (int)cols);
+            *out = td_wmat_f32(dst);
+            return 0;
+        }
+        size_t br, bc, ns = td_fp8_num_scales(&s, rows, cols);
+        td_fp8_block_shape(&s, rows, cols, &br, &bc);
+        uint8_t *codes = own(P, n, f);
+        float *scales = codes ? own(P, ns * sizeof(float), f) : NULL;
+        if (!scales) return -1;
+        P->dev->prepare_fp8(codes, scales, NULL, &s, dsrc, (int)rows, (int)cols);
+        *out = (td_wmat){.data = codes, .dtype = f, .scale = scales, .sr = (int)br, .sc = (int)bc,
+                         .nbc = (int)((cols + bc - 1) / bc)};
+        return 0;
+    }
+    if (P->m->owned_host_current) return prep_wmat_host(P, r, src, has_nan, ad, rows, cols, out);
     float *down = malloc(n * sizeof(float));
     if (!down) return td_fail(P->err, "recipe %s: out of memory for %zu MB of masters", r->name, n * 4 >> 20);
     P->dev->download(down, dsrc, n * sizeof(float));
@@ -275,7 +323,7 @@ static int weights_prepare(prep *P, const td_recipe *r)
                 const float *d = dev_src(P, *slot);
                 if (d && fmt != TD_E4M3 && fmt != TD_E5M2) {
                     P->dev->prepare(dst, TD_F32, d, p->numel, fmt, 1.0f);
-                } else if (d) {   /* fp8 activations: the host form, from the masters brought down */
+                } else if (d && !m->owned_host_current) {   /* fp8 activations: the host form, from the masters brought down */
                     P->dev->download(dst, d, p->numel * sizeof(float));
                     td_round_row(fmt, dst, dst, p->numel, TD_SATFINITE);
                 } else {

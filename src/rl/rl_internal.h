@@ -70,6 +70,9 @@ typedef struct {
     float *w0;                    /* LoRA: the adapted base matrices at the start, in order  */
     size_t n_base;                /* their elements                                          */
     float *sync_buf;              /* 3 x the largest adapted matrix                          */
+    const struct td_backend *sync_be; /* merge-unmerge on the device (sync.c): its backend, the
+                                     engine's device copy and w0's; NULL: on the host          */
+    float *engine_dev, *w0_dev;
     int B, G, P, V, max_len, nlog;
     int eos[TD_CONFIG_MAX_EOS], n_eos;
     int total_steps;

@@ -3,7 +3,9 @@
  *
  *   full fine-tuning  the session's recipe is set from the trainer's fp32 masters (cast by the
  *                     rollout recipe), as before.
- *   merged            td_session_set_recipe_lora(TD_LORA_MERGED): E(W + dW) summed in fp32.
+ *   merged            td_session_set_recipe_lora(TD_LORA_MERGED): E(W + dW) summed in fp32; with
+ *                     the weights prepared on a device, the base is copied there once
+ *                     (td_trainer_base_to_device) and each sync folds the adapter there.
  *   adapter           td_session_set_recipe_lora(TD_LORA_PUNICA): E(W) and vLLM's LoRA branch.
  *   merge-unmerge     per adapted matrix, PEFT's arithmetic (src/model/lora_peft.c) in D:
  *                       M = D(W + delta)      merge_adapter(): the engine model's matrix
@@ -16,6 +18,16 @@
  * the start (after the --model-dtype rounding); merge_* compare the engine's prepared weights
  * with and without the update, as td_lora_merge_stats does for the merged form:
  *   survival = |E(M) - E(W)|_F / |dW|_F, aligned = <E(M) - E(W), dW> / |dW|^2 with dW = delta.
+ *
+ * Every sum runs per adapted matrix, each row in double in column order, the rows added in order,
+ * then the matrices in order: the order of the device's kernels, so that both give the same bits.
+ *
+ * On a device (the trainer's weights prepared there, TIDAL_PREPARE_ON_HOST unset, a rollout
+ * recipe without FP8 weights): the trainer's base, the engine's copy and W_0 live in device
+ * memory (td_trainer_base_to_device, engine_dev, w0_dev) and each sync runs the same arithmetic
+ * there (be->lora_peft_sync, be->lora_drift: src/backend/cuda/lora_sync.cu), bringing down 4 + 3
+ * doubles per adapted matrix; both models' host copies are then stale (owned_host_current 0) until
+ * a save downloads the base.
  *
  * Resume: the drifted base is part of the run's state: checkpoint-K/lora_base.safetensors holds
  * the adapted matrices of the trainer's base (F32, exact for any D) under their HF names. */
@@ -68,20 +80,70 @@ int rl_sync_init(rl_run *R, td_error *err)
         memcpy(q, base_mat(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD), n * sizeof(float));
         q += n;
     }
+    /* merged: the frozen base beside the adapter on the device, so each sync folds the adapter
+     * into it there (weights_recipe.c, be->lora_fold) and nothing parameter-sized comes down */
+    if (R->o->lora_sync == TD_RL_SYNC_MERGED) td_trainer_base_to_device(R->tr);
     if (R->o->lora_sync == TD_RL_SYNC_MERGE_UNMERGE) {   /* the engine's own copy of the weights */
         R->engine = td_model_alloc(&base->cfg, err);
         if (!R->engine) return -1;
         R->engine->backend = base->backend;   /* the rollouts run where the trainer does */
         memcpy(R->engine->owned, base->owned, base->owned_floats * sizeof(float));
+        td_format E = R->rroll.weights, D = (td_format)R->o->model_dtype;
+        const td_backend *be = base->backend;
+        if (be && be->lora_peft_sync && lo->owned_dev && E != TD_E4M3 && E != TD_E5M2 &&
+            (D == TD_F32 || D == TD_BF16 || D == TD_F16)) {
+            td_trainer_base_to_device(R->tr);
+            if (base->owned_dev) {   /* the sync on the device: the engine and W_0 there too */
+                size_t bytes = base->owned_floats * sizeof(float);
+                R->sync_be = be;
+                R->engine_dev = be->alloc(bytes);
+                be->upload(R->engine_dev, R->engine->owned, bytes);
+                R->engine->owned_dev = R->engine_dev;
+                R->engine->owned_host_current = 1;
+                be->alias(R->engine->owned, R->engine_dev, bytes, TD_F32);
+                R->w0_dev = be->alloc((total ? total : 1) * sizeof(float));
+                be->upload(R->w0_dev, R->w0, total * sizeof(float));
+            }
+        }
     }
     return 0;
 }
 
 void rl_sync_free(rl_run *R)
 {
+    if (R->sync_be) {
+        R->sync_be->release(R->engine->owned);
+        R->sync_be->free(R->engine_dev);
+        R->sync_be->free(R->w0_dev);
+    }
     td_model_free(R->engine);
     free(R->w0);
     free(R->sync_buf);
+}
+
+/* the statistics of one matrix's merge (n elements in rows of K): sums in the device's order */
+static void merge_sums(const float *pm, const float *pw, const float *delta, size_t n, int K, double s[4])
+{
+    s[0] = s[1] = s[2] = s[3] = 0;
+    for (size_t r0 = 0; r0 < n; r0 += (size_t)K) {
+        double kept2 = 0, delta2 = 0, dot = 0;
+        for (size_t j = r0; j < r0 + (size_t)K; j++) {
+            double d = (double)pm[j] - pw[j];
+            kept2 += d * d;
+            delta2 += (double)delta[j] * delta[j];
+            dot += d * delta[j];
+            s[3] += pm[j] != pw[j];
+        }
+        s[0] += kept2;
+        s[1] += delta2;
+        s[2] += dot;
+    }
+}
+
+/* the trainer's base matrix and the engine's, on the device (engine_dev) */
+static float *dev_mat(const td_model *m, const float *dev, int l, int mo)
+{
+    return (float *)dev + (base_mat((td_model *)m, l, mo) - m->owned);
 }
 
 /* merge_adapter(), the engine's load, unmerge_adapter(); what the engine kept into M */
@@ -90,31 +152,36 @@ static int merge_unmerge(rl_run *R, double *M, td_error *err)
     const td_lora *lo = td_trainer_lora(R->tr);
     td_model *base = td_trainer_base(R->tr);
     td_format D = (td_format)R->o->model_dtype;
-    double kept2 = 0, delta2 = 0, dot = 0;
+    double kept2 = 0, delta2 = 0, dot = 0, s[4];
     int64_t changed = 0, elements = 0;
     for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
         const td_lora_pair *p = &lo->pairs[i];
         if (!p->a) continue;
         int l = i / TD_LORA_NMOD, mo = i % TD_LORA_NMOD;
         size_t n = (size_t)p->out * p->in;
-        float *w = base_mat(base, l, mo), *m = base_mat(R->engine, l, mo);
-        float *delta = R->sync_buf, *pm = delta + n, *pw = pm + n;
-        td_lora_peft_delta(lo, p, delta);
-        memcpy(m, w, n * sizeof(float));
-        td_lora_peft_merge(D, m, delta, n);                            /* M = D(W + delta)    */
-        td_gemm_prepare_weight(&R->rroll, m, p->out, p->in, pm);       /* E(M): what it runs  */
-        td_gemm_prepare_weight(&R->rroll, w, p->out, p->in, pw);       /* E(W): without it    */
-        for (size_t j = 0; j < n; j++) {
-            double d = (double)pm[j] - pw[j];
-            kept2 += d * d;
-            delta2 += (double)delta[j] * delta[j];
-            dot += d * delta[j];
-            changed += pm[j] != pw[j];
+        if (R->sync_be) {   /* the same arithmetic on the device: the four sums come down */
+            R->sync_be->lora_peft_sync(dev_mat(base, base->owned_dev, l, mo), dev_mat(R->engine, R->engine_dev, l, mo),
+                                       lo->owned_dev + (p->a - lo->owned), lo->owned_dev + (p->b - lo->owned),
+                                       p->out, p->in, lo->rank, lo->scale, D, R->rroll.weights, s);
+        } else {
+            float *w = base_mat(base, l, mo), *m = base_mat(R->engine, l, mo);
+            float *delta = R->sync_buf, *pm = delta + n, *pw = pm + n;
+            td_lora_peft_delta(lo, p, delta);
+            memcpy(m, w, n * sizeof(float));
+            td_lora_peft_merge(D, m, delta, n);                            /* M = D(W + delta)    */
+            td_gemm_prepare_weight(&R->rroll, m, p->out, p->in, pm);       /* E(M): what it runs  */
+            td_gemm_prepare_weight(&R->rroll, w, p->out, p->in, pw);       /* E(W): without it    */
+            merge_sums(pm, pw, delta, n, p->in, s);
+            memcpy(w, m, n * sizeof(float));
+            td_lora_peft_unmerge(D, TD_PEFT_UNMERGE_ROUNDED, w, delta, n);  /* W = D(M - D(delta)) */
         }
+        kept2 += s[0];
+        delta2 += s[1];
+        dot += s[2];
+        changed += (int64_t)s[3];
         elements += (int64_t)n;
-        memcpy(w, m, n * sizeof(float));
-        td_lora_peft_unmerge(D, TD_PEFT_UNMERGE_ROUNDED, w, delta, n);  /* W = D(M - D(delta)) */
     }
+    if (R->sync_be) base->owned_host_current = R->engine->owned_host_current = 0;   /* their hosts: stale */
     M[TD_RLM_merge_survival] = delta2 > 0 ? sqrt(kept2 / delta2) : 1.0;
     M[TD_RLM_merge_aligned] = delta2 > 0 ? dot / delta2 : 1.0;
     M[TD_RLM_merge_changed_frac] = elements ? (double)changed / elements : 0.0;
@@ -127,19 +194,32 @@ static void drift(rl_run *R, double *M)
     const td_lora *lo = td_trainer_lora(R->tr);
     td_model *base = td_trainer_base(R->tr);
     const float *w0 = R->w0;
-    double mx = 0, sum = 0;
+    double mx = 0, sum = 0, s[3];
     int64_t changed = 0;
     for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
         const td_lora_pair *p = &lo->pairs[i];
         if (!p->a) continue;
         size_t n = (size_t)p->out * p->in;
-        const float *w = base_mat(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD);
-        for (size_t j = 0; j < n; j++) {
-            double d = fabs((double)w[j] - w0[j]);
-            mx = fmax(mx, d);
-            sum += d;
-            changed += w[j] != w0[j];
+        int l = i / TD_LORA_NMOD, mo = i % TD_LORA_NMOD;
+        if (R->sync_be) {
+            R->sync_be->lora_drift(dev_mat(base, base->owned_dev, l, mo), R->w0_dev + (w0 - R->w0), p->out, p->in, s);
+        } else {   /* each row's sum in order, the rows' in order (the device's order) */
+            const float *w = base_mat(base, l, mo);
+            s[0] = s[1] = s[2] = 0;
+            for (size_t r0 = 0; r0 < n; r0 += (size_t)p->in) {
+                double row = 0;
+                for (size_t j = r0; j < r0 + (size_t)p->in; j++) {
+                    double d = fabs((double)w[j] - w0[j]);
+                    s[0] = fmax(s[0], d);
+                    row += d;
+                    s[2] += w[j] != w0[j];
+                }
+                s[1] += row;
+            }
         }
+        mx = fmax(mx, s[0]);
+        sum += s[1];
+        changed += (int64_t)s[2];
         w0 += n;
     }
     M[TD_RLM_base_drift_max] = mx;
@@ -180,6 +260,11 @@ int rl_sync_save(rl_run *R, const char *dir, td_error *err)
     if (!R->engine) return 0;   /* only merge-unmerge changes the base */
     const td_lora *lo = td_trainer_lora(R->tr);
     td_model *base = td_trainer_base(R->tr);
+    if (R->sync_be && !base->owned_host_current) {   /* the drifted base from the device */
+        R->sync_be->sync();
+        R->sync_be->download(base->owned, base->owned_dev, base->owned_floats * sizeof(float));
+        base->owned_host_current = 1;
+    }
     char path[4400], name[160];
     snprintf(path, sizeof path, "%s/lora_base.safetensors", dir);
     td_st_writer *w = td_st_writer_new(path);
@@ -227,6 +312,7 @@ int rl_sync_load(rl_run *R, const char *dir, td_error *err)
             goto out;
         if (bad) { td_fail(err, "%s: %s holds %zu non-finite values", path, name, bad); goto out; }
     }
+    if (R->sync_be) base->owned_host_current = 1;   /* the host's base is the truth: uploaded */
     rc = td_trainer_params_changed(R->tr, err);
 out:
     td_checkpoint_close(ck);

@@ -60,6 +60,9 @@ struct td_trainer {
     int *top1;                    /* (max_tokens) each row's most probable token, host          */
     long acc_correct, acc_total;  /* targets in the loss whose row's top token is the target    */
     int loss_overflow;            /* loss scaling: a micro-batch's loss was not finite          */
+    float *base_dev;              /* LoRA: a device copy of the frozen base (m->owned), made by
+                                     td_trainer_base_to_device for a merged adapter's fold;
+                                     NULL: the base is on the host only                        */
     int prep_dev;                 /* the recipe's weights are prepared on the device from
                                      params_dev after each step (trainer.c's header); 0 on the
                                      CPU and under TIDAL_PREPARE_ON_HOST=1                    */

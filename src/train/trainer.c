@@ -35,14 +35,17 @@
  *                      of the device copies, which forget keeps). Nothing comes down per
  *                      step; the host masters are downloaded when a host reader asks
  *                      (train_masters_to_host: a checkpoint, a state file, td_trainer_params, the
- *                      name of a non-finite weight). FP8 weight formats and a merged adapter on
- *                      these masters bring the tensor down and prepare it on the host.
+ *                      name of a non-finite weight). FP8 weight formats are quantised there
+ *                      too (be->prepare_fp8); an adapter merged into FP8 weights brings the
+ *                      tensor down and prepares it on the host.
  *   LoRA               lora->owned_dev = params_dev: the paths' unmerged (PEFT) and vLLM adapter
  *                      forms round A and B there (lora_run.c); a step re-rounds only the adapter
  *                      (forward_refresh_lora; tidal-rl's pi_old and --lora-sync adapter session
  *                      too: src/rl/step.c, sync.c), the frozen base's prepared weights stay. The
- *                      adapter (nparams floats, small) still comes down each step: merges,
- *                      --lora-sync merge-unmerge and saves read it on the host.
+ *                      adapter (nparams floats, small) still comes down each step for host
+ *                      readers (saves). tidal-rl's merged and merge-unmerge syncs also keep the
+ *                      base there (td_trainer_base_to_device: base_dev = m->owned_dev, the host
+ *                      copy current until merge-unmerge drifts it on the device, src/rl/sync.c).
  * TIDAL_PREPARE_ON_HOST=1 keeps the path before (the masters downloaded, every recipe prepared
  * on the host and uploaded again); TIDAL_STEP_D2H=1 prints each step's bytes device -> host
  * (td_device_d2h_bytes; tests/py/test_device_sft.py and test_device_rl.py compare the two paths:
@@ -337,6 +340,7 @@ void td_trainer_free(td_trainer *tr)
         tr->be->release(tr->m->owned);
         tr->m->owned_dev = NULL;
     }
+    if (tr->base_dev) tr->be->free(tr->base_dev);
     if (tr->be) {
         if (tr->grads_host != tr->grads) free(tr->grads_host);
         if (tr->params_dev != tr->params) tr->be->free(tr->params_dev);
@@ -584,10 +588,23 @@ void train_masters_to_host(const td_trainer *tr)
     if (tr->prep_dev && !tr->lora) tr->be->download(tr->params, tr->params_dev, tr->nparams * sizeof(float));
 }
 
+void td_trainer_base_to_device(td_trainer *tr)
+{
+    td_model *m = tr->m;
+    if (!tr->lora || !tr->prep_dev || tr->base_dev || !tr->lora->owned_dev) return;
+    tr->base_dev = tr->be->alloc(m->owned_floats * sizeof(float));
+    tr->be->upload(tr->base_dev, m->owned, m->owned_floats * sizeof(float));
+    m->owned_dev = tr->base_dev;
+    m->owned_host_current = 1;
+    tr->be->alias(m->owned, tr->base_dev, m->owned_floats * sizeof(float), TD_F32);
+}
+
 int td_trainer_params_changed(td_trainer *tr, td_error *err)
 {
     if (tr->params_dev != tr->params)
         tr->be->upload(tr->params_dev, tr->params, tr->nparams * sizeof(float));
+    if (tr->base_dev && tr->m->owned_host_current)   /* the base changed on the host (a resumed base) */
+        tr->be->upload(tr->base_dev, tr->m->owned, tr->m->owned_floats * sizeof(float));
     return td_forward_set_recipe_lora(tr->f, &tr->recipe, tr->lora, 0, err);
 }
 

@@ -14,7 +14,8 @@
  *                device memory (m->owned_dev, as a trainer sets them): the trainer forward's fp32
  *                copies (bf16-train, fp16-train, f32 view) and a session's 16-bit codes
  *                (bf16-infer, fp16-infer; fp8-rollout and fp8-unified-train, whose FP8 matrices
- *                are prepared on the host from masters brought down) read back from the device
+ *                are quantised on the device by be->prepare_fp8: codes and block scales, or the
+ *                fake-quantised fp32 copy; nothing downloaded) read back from the device
  *                equal a host preparation of
  *                the same recipe from the same masters, every tensor (the tied lm_head too); the
  *                embedding, a rounding view of the masters on the device (no copy), gathers the
@@ -174,6 +175,13 @@ static void compare_states(const td_recipe_state *st, const td_recipe_state *ref
         if (wd) {
             assert_int_equal(wd->dtype, wh->dtype);
             dk = wd->data; hk = wh->data; bytes = wmat_bytes(wd, p->numel);
+            if (wd->dtype == TD_E4M3 || wd->dtype == TD_E5M2) {   /* the block scales too */
+                assert_true(wd->sr == wh->sr && wd->sc == wh->sc && wd->nbc == wh->nbc);
+                size_t sb = (size_t)((p->shape[0] + wh->sr - 1) / wh->sr) * wh->nbc * sizeof(float);
+                if (memcmp(device_copy(wd->scale, sb).data(), wh->scale, sb))
+                    fail_msg("%s: the device's FP8 scales differ from the host's", p->name);
+                checked += sb;
+            }
         } else {
             dk = *param_slot((td_model_weights *)&st->w, L, p);
             hk = *param_slot((td_model_weights *)&ref->w, L, p);
@@ -195,8 +203,7 @@ static void recipes(int tied)
     td_ops cpu, gpu;
     td_ops_init(&cpu, &td_backend_cpu);
     td_ops_init(&gpu, GPU);
-    /* fp8-rollout / fp8-unified-train: FP8 matrices are prepared on the host from the masters
-     * brought down (weights_recipe.c), the rest on the device */
+    /* fp8-rollout / fp8-unified-train: FP8 matrices quantised on the device (be->prepare_fp8) */
     const char *names[] = {"bf16-train", "fp16-train", "bf16-infer", "fp16-infer", "fp32", "fp8-rollout",
                            "fp8-unified-train"};
     for (const char *name : names)
@@ -210,8 +217,10 @@ static void recipes(int tied)
             assert_int_equal(recipe_state_set(&ref, &cpu, m, r, NULL, 0, 8, f32, &err), 0);
             m->owned_dev = dm;
             GPU->alias(m->owned, dm, m->owned_floats * 4, TD_F32);
+            size_t d2h0 = td_cuda_d2h_bytes();
             assert_int_equal(recipe_state_set(&st, &gpu, m, r, NULL, 0, 8, f32, &err), 0);
             assert_ptr_equal(st.dev_be, GPU);
+            assert_int_equal(td_cuda_d2h_bytes() - d2h0, 0);   /* nothing came down (FP8 included) */
             printf("%s, %s copies:\n", name, f32 ? "fp32" : "storage-dtype");
             compare_states(&st, &ref, m);
             /* the embedding's gather reads the device copy (its host bytes are stale) */
@@ -273,6 +282,169 @@ static void test_recipes(void **state)
     recipes(1);
 }
 
+/* A merged adapter folded on the device (be->lora_fold, prepare.cu) against the host's merge_sum
+ * (weights_recipe.c): a session's / trainer's preparation with the adapter merged (TD_LORA_MERGED)
+ * from device masters and a device adapter, every prepared tensor and the merge's statistics
+ * (survival, aligned, changed: sums in double) bit for bit; bases rounded to bf16 and to fp16 (the
+ * trainer's --model-dtype), ranks 1 and 4, all seven modules adapted, storage-dtype codes and fp32
+ * copies; A and B ~ N(0, 0.005^2), so dW (~5e-5) is a fraction of a bf16 ulp of the base (~0.05):
+ * some merged elements change, others round back; -0 planted in A. The fold brings down its four
+ * sums per adapted matrix, nothing else. */
+static void test_fold(void **state)
+{
+    (void)state;
+    for (td_format base : {TD_BF16, TD_F16})
+        for (int rank : {1, 4}) {
+            td_model *m = tiny_model(0);
+            td_round_row(base, m->owned, m->owned, m->owned_floats, TD_SATFINITE);
+            td_lora *lo = td_lora_new(&m->cfg, rank, 2.0 * rank, (1u << TD_LORA_NMOD) - 1);
+            size_t na = 0;
+            for (int i = 0; i < m->cfg.num_layers * TD_LORA_NMOD; i++)
+                if (lo->pairs[i].a) na += (size_t)(lo->pairs[i].in + lo->pairs[i].out) * rank;
+            for (size_t i = 0; i < na; i++) lo->owned[i] = (float)(0.005 * td_rng_normal(&RNG));
+            lo->owned[1] = -0.0f;
+            float *dm = (float *)GPU->alloc(m->owned_floats * 4), *dl = (float *)GPU->alloc(na * 4);
+            GPU->upload(dm, m->owned, m->owned_floats * 4);
+            GPU->upload(dl, lo->owned, na * 4);
+            td_ops cpu, gpu;
+            td_ops_init(&cpu, &td_backend_cpu);
+            td_ops_init(&gpu, GPU);
+            const char *names[] = {"bf16-infer", "fp16-infer", "bf16-train", "fp32"};
+            for (const char *name : names)
+                for (int f32 = 0; f32 < 2; f32++) {
+                    const td_recipe *r = td_recipe_find_preset(name);
+                    td_recipe_state ref, st;
+                    memset(&ref, 0, sizeof ref);
+                    memset(&st, 0, sizeof st);
+                    td_error err;
+                    assert_int_equal(recipe_state_set(&ref, &cpu, m, r, lo, TD_LORA_MERGED, 8, f32, &err), 0);
+                    m->owned_dev = dm;
+                    m->owned_host_current = 1;
+                    lo->owned_dev = dl;
+                    GPU->alias(m->owned, dm, m->owned_floats * 4, TD_F32);
+                    size_t d2h0 = td_cuda_d2h_bytes();
+                    assert_int_equal(recipe_state_set(&st, &gpu, m, r, lo, TD_LORA_MERGED, 8, f32, &err), 0);
+                    size_t d2h = td_cuda_d2h_bytes() - d2h0;
+                    printf("fold: %s base, rank %d, %s, %s copies: survival %.6g aligned %.6g changed %lld of %lld, "
+                           "%zu bytes device -> host\n", td_format_info(base)->name, rank, name,
+                           f32 ? "fp32" : "storage-dtype", ref.merge.survival, ref.merge.aligned,
+                           (long long)ref.merge.changed, (long long)ref.merge.elements, d2h);
+                    compare_states(&st, &ref, m);
+                    assert_true(st.merge.merged && ref.merge.merged);
+                    assert_memory_equal(&st.merge.survival, &ref.merge.survival, sizeof(double));
+                    assert_memory_equal(&st.merge.aligned, &ref.merge.aligned, sizeof(double));
+                    assert_int_equal(st.merge.changed, ref.merge.changed);
+                    assert_int_equal(st.merge.elements, ref.merge.elements);
+                    assert_true(d2h == (size_t)m->cfg.num_layers * TD_LORA_NMOD * 4 * sizeof(double));
+                    /* not a comparison of unchanged weights: part of the update survives */
+                    assert_true(ref.merge.changed > 0 && ref.merge.survival > 0);
+                    recipe_state_free(&st);
+                    GPU->release(m->owned);
+                    m->owned_dev = NULL;
+                    m->owned_host_current = 0;
+                    lo->owned_dev = NULL;
+                    recipe_state_free(&ref);
+                }
+            td_lora_free(lo);
+            GPU->free(dl);
+            GPU->free(dm);
+            td_model_free(m);
+        }
+}
+
+/* tidal-rl's --lora-sync merge-unmerge on the device (be->lora_peft_sync / lora_drift,
+ * lora_sync.cu) against PEFT's host arithmetic (td_lora_peft_delta / merge / unmerge, lora_peft.c)
+ * and sync.c's sums in their order (each row in double, the rows in order: written out here), bit
+ * for bit over 3 cycles: the drifted base, the engine's matrix, the four merge sums and the three
+ * drift statistics; bases bf16 and fp16 (D), the rollout's E bf16 / fp16 / fp32, ranks 1 and 4, a
+ * 37 x 53 matrix with -0 and fp16's largest value (65504) planted, a large delta in row 0. */
+static void test_peft_sync(void **state)
+{
+    (void)state;
+    const int N = 37, K = 53;
+    for (td_format D : {TD_BF16, TD_F16})
+        for (td_format E : {TD_BF16, TD_F16, TD_F32})
+            for (int rank : {1, 4}) {
+                td_lora_pair p;
+                memset(&p, 0, sizeof p);
+                p.out = N;
+                p.in = K;
+                std::vector<float> a = sim_normal(&RNG, (size_t)rank * K, 0.01), b = sim_normal(&RNG, (size_t)N * rank, 0.01);
+                std::vector<float> w = sim_normal(&RNG, (size_t)N * K, 0.05), w0, m((size_t)N * K, 0.0f);
+                w[5] = -0.0f;
+                w[6] = 65504.0f;
+                b[0] = 3.0f;   /* a large delta in row 0 */
+                td_round_row(D, w.data(), w.data(), w.size(), TD_SATFINITE);
+                w0 = w;
+                p.a = a.data();
+                p.b = b.data();
+                td_lora lo;
+                memset(&lo, 0, sizeof lo);
+                lo.rank = rank;
+                lo.scale = 2.0f;
+                float *dw = (float *)GPU->alloc(w.size() * 4), *dm = (float *)GPU->alloc(w.size() * 4);
+                float *dw0 = (float *)GPU->alloc(w.size() * 4), *da = (float *)GPU->alloc(a.size() * 4);
+                float *db = (float *)GPU->alloc(b.size() * 4);
+                GPU->upload(dw, w.data(), w.size() * 4);
+                GPU->upload(dw0, w.data(), w.size() * 4);
+                GPU->upload(da, a.data(), a.size() * 4);
+                GPU->upload(db, b.data(), b.size() * 4);
+                size_t n = w.size();
+                for (int cycle = 0; cycle < 3; cycle++) {
+                    std::vector<float> delta(n), pm(n), pw(n);
+                    td_lora_peft_delta(&lo, &p, delta.data());
+                    m = w;
+                    td_lora_peft_merge(D, m.data(), delta.data(), n);
+                    td_round_row(E, m.data(), pm.data(), n, TD_SATFINITE);
+                    td_round_row(E, w.data(), pw.data(), n, TD_SATFINITE);
+                    double want[4] = {0, 0, 0, 0}, got[4];
+                    for (int r = 0; r < N; r++) {
+                        double k2 = 0, d2 = 0, dot = 0;
+                        for (int j = r * K; j < (r + 1) * K; j++) {
+                            double d = (double)pm[j] - pw[j];
+                            k2 += d * d;
+                            d2 += (double)delta[j] * delta[j];
+                            dot += d * delta[j];
+                            want[3] += pm[j] != pw[j];
+                        }
+                        want[0] += k2;
+                        want[1] += d2;
+                        want[2] += dot;
+                    }
+                    w = m;
+                    td_lora_peft_unmerge(D, TD_PEFT_UNMERGE_ROUNDED, w.data(), delta.data(), n);
+                    GPU->lora_peft_sync(dw, dm, da, db, N, K, rank, lo.scale, D, E, got);
+                    std::vector<float> gw(n), gm(n);
+                    GPU->sync();
+                    GPU->download(gw.data(), dw, n * 4);
+                    GPU->download(gm.data(), dm, n * 4);
+                    assert_memory_equal(gm.data(), m.data(), n * 4);
+                    assert_memory_equal(gw.data(), w.data(), n * 4);
+                    assert_memory_equal(got, want, sizeof want);
+                    /* the drift against W_0 */
+                    double dwant[3] = {0, 0, 0}, dgot[3];
+                    for (int r = 0; r < N; r++) {
+                        double row = 0;
+                        for (int j = r * K; j < (r + 1) * K; j++) {
+                            double d = fabs((double)w[j] - w0[j]);
+                            dwant[0] = fmax(dwant[0], d);
+                            row += d;
+                            dwant[2] += w[j] != w0[j];
+                        }
+                        dwant[1] += row;
+                    }
+                    GPU->lora_drift(dw, dw0, N, K, dgot);
+                    assert_memory_equal(dgot, dwant, sizeof dwant);
+                    if (cycle == 2)
+                        printf("merge-unmerge D %s E %s rank %d, 3 cycles: engine, base, sums bit-identical; changed %g "
+                               "of %zu, drift max %.3g mean %.3g changed %g\n", td_format_info(D)->name,
+                               td_format_info(E)->name, rank, want[3], n, dwant[0], dwant[1] / n, dwant[2]);
+                    assert_true(want[3] > 0 && dwant[2] > 0);
+                }
+                GPU->free(dw); GPU->free(dm); GPU->free(dw0); GPU->free(da); GPU->free(db);
+            }
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -287,6 +459,8 @@ int main(void)
         cmocka_unit_test(test_prepare),
         cmocka_unit_test(test_cache),
         cmocka_unit_test(test_recipes),
+        cmocka_unit_test(test_fold),
+        cmocka_unit_test(test_peft_sync),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

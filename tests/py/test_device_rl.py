@@ -35,9 +35,20 @@ may draw only wrong answers, a zero advantage). Checked, per /steps column of rl
    --lora-sync adapter (vLLM's B scaled in the lora dtype, on the device); full fine-tuning's
    optimiser step brings down exactly the masters' 4 bytes a parameter fewer (under 1 byte a
    parameter: measured 2,792 against 351,208 bytes, 87,104 parameters), and the weight sync before
-   each rollout nothing (TIDAL_STEP_D2H=1 lines). bf16-train / fp8-rollout too, whose FP8 rollout
-   matrices are still prepared on the host: bit-identical, the sync bringing down those matrices'
-   masters only (measured 294,912 bytes: the 73,728 GEMM weights).
+   each rollout nothing (TIDAL_STEP_D2H=1 lines). bf16-train / fp8-rollout and fp8-unified-train /
+   fp8-unified-infer too, whose FP8 matrices are quantised on the device (be->prepare_fp8; the
+   trainer's fp32 view of fp8-unified-train fake-quantised there): bit-identical, the sync bringing
+   nothing down (before be->prepare_fp8 the fp8-rollout sync brought down 294,912 bytes, the 73,728
+   GEMM weights' masters), fp8-unified-train's optimiser step exactly the masters' bytes fewer than
+   the host path (2,792 against 351,208). LoRA syncs that change the
+   engine's weights, on the device since the adapter and the base are there: --lora-sync merged
+   (bf16 r 4, fp16 r 1: the fold W + scale B A and its merge statistics, be->lora_fold) and
+   --lora-sync merge-unmerge with the base in bf16 (r 4) and fp16 (r 1) (PEFT's merge and unmerge,
+   the merge statistics and the base drift, be->lora_peft_sync / lora_drift): every /steps column
+   bit for bit, each weight sync bringing down only the statistics (4 doubles per adapted matrix
+   merged, 7 merge-unmerge: 128 and 224 bytes for the 4 matrices, whatever the model's size); and
+   the bf16 merge-unmerge run's drifted base (device memory) through a checkpoint: 2 steps (the
+   base drifted at step 2's sync), then --resume to 3, equals 3 straight steps bit for bit.
 4. rl.h5's device attribute: "cpu" and "cuda:0 (...)"; --device tpu is a usage error (exit 2);
    --resume of the device's run on the CPU is refused (exit 1), naming both devices.
 Exit 0 pass, 1 fail, 77 skip (device tools not built, or numpy missing; without h5py the run
@@ -49,8 +60,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from device_train import (DEVBIN, ENV, LOW_TOL, close, cpu, device_attrs, np, pair, prep_d2h,  # noqa: E402
-                          prep_identical, prep_pair, sh, tmp)
+from device_train import (DEVBIN, ENV, LOW_TOL, close, cpu, device, device_attrs, np, pair, prep_d2h,  # noqa: E402
+                          prep_identical, prep_pair, runfile_read, sh, tmp)
 from tidal_check import BUILD, check, failures, run  # noqa: E402
 
 init = os.path.join(tmp, "init")
@@ -126,13 +137,67 @@ check(len(dd["sync"]) == 2 and not any(dd["sync"]), "the rollout weights' sync b
                              "--rollout-recipe", "bf16-infer", "--lora-r", "4", "--lora-alpha", "8",
                              "--lora-sync", "adapter")
 prep_identical(d, h, "LoRA r 4 bf16, --lora-sync adapter, 2 steps")
+# a merged adapter (--lora-sync merged): the fold W + scale B A and its merge statistics on the device
+for name, rec, r in [("prep-merged-bf16", "bf16", "4"), ("prep-merged-fp16", "fp16", "1")]:
+    (d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", name, RL, "--train-recipe", f"{rec}-train",
+                                 "--rollout-recipe", f"{rec}-infer", "--lora-r", r, "--lora-alpha", str(2 * int(r)),
+                                 "--lora-sync", "merged")
+    prep_identical(d, h, f"LoRA r {r} {rec}, --lora-sync merged, 2 steps")
+    print(f"  merged {rec} r {r}: merge_survival {list(d['merge_survival'])}, weight sync {dd['sync']} bytes "
+          f"device -> host (host preparation {hd['sync']}; {dd['nparams']} adapter parameters)")
+    check(bool(np.all((d["merge_survival"] > 0) & np.isfinite(d["merge_survival"]))),
+          f"merged {rec}: a finite, non-zero merge survival (not a comparison of empty merges)")
+    # 2 layers x q, v (the default modules): 4 adapted matrices, 4 doubles each
+    check(len(dd["sync"]) == 2 and all(s == 4 * 4 * 8 for s in dd["sync"]),
+          f"merged {rec}: each weight sync brings down the fold's 4 sums per adapted matrix (128 bytes), "
+          f"nothing parameter-sized")
+# --lora-sync merge-unmerge (PEFT's merge and unmerge in the base's dtype, the drift): on the device
+for name, dt, r in [("prep-mu-bf16", "bf16", "4"), ("prep-mu-fp16", "fp16", "1")]:
+    (d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", name, RL, "--train-recipe", f"{dt}-train",
+                                 "--rollout-recipe", f"{dt}-infer", "--lora-r", r, "--lora-alpha", str(2 * int(r)),
+                                 "--lora-sync", "merge-unmerge", "--model-dtype", dt)
+    prep_identical(d, h, f"LoRA r {r} {dt} base, --lora-sync merge-unmerge, 2 steps")
+    print(f"  merge-unmerge {dt} r {r}: merge_survival {list(d['merge_survival'])}, base_drift_max "
+          f"{list(d['base_drift_max'])}, base_drift_frac {list(d['base_drift_frac'])}; weight sync {dd['sync']} bytes "
+          f"device -> host (host preparation {hd['sync']})")
+    check(bool(np.all(np.isfinite(d["merge_survival"]))) and d["base_drift_frac"][-1] > 0,
+          f"merge-unmerge {dt}: finite merge statistics and a drifted base (not a comparison of empty syncs)")
+    # 4 adapted matrices: the merge's 4 sums and the drift's 3 statistics, 8 bytes each
+    check(len(dd["sync"]) == 2 and all(s == 4 * 7 * 8 for s in dd["sync"]),
+          f"merge-unmerge {dt}: each weight sync brings down 7 doubles per adapted matrix (224 bytes), nothing "
+          f"parameter-sized")
+    if dt == "bf16":   # the drifted base (device memory) through a checkpoint and --resume
+        part = os.path.join(tmp, "mu-part")
+        MU = ["--train-recipe", "bf16-train", "--rollout-recipe", "bf16-infer", "--lora-r", r, "--lora-alpha",
+              str(2 * int(r)), "--lora-sync", "merge-unmerge", "--model-dtype", dt]
+        straight = os.path.join(tmp, "mu-straight")
+        device("tidal-rl", *RL, "-o", straight, *MU, "--max-steps", "3")
+        device("tidal-rl", *RL, "-o", part, *MU, "--max-steps", "2")
+        device("tidal-rl", *RL, "-o", part, *MU, "--max-steps", "3", "--resume")
+        ss = runfile_read.steps(os.path.join(straight, "rl.h5"))
+        rs = runfile_read.steps(os.path.join(part, "rl.h5"))
+        cols = sorted(k for k in ss if k != "seconds" and not k.startswith("time_"))
+        diff = [k for k in cols if k not in rs or not np.array_equal(np.asarray(rs[k]), np.asarray(ss[k]), equal_nan=True)]
+        print(f"  merge-unmerge bf16, 2 steps + --resume to 3 against 3 straight steps: differing {diff or 'none'}; "
+              f"base_drift_frac {list(ss['base_drift_frac'])}")
+        check(len(rs["loss"]) == 3 and not diff and ss["base_drift_frac"][1] > 0,
+              "merge-unmerge on the device: 2 steps, a checkpoint (the drifted base downloaded), --resume to 3 "
+              "(uploaded) equals 3 straight steps bit for bit, drift columns included")
 (d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", "prep-fp8", RL, "--train-recipe", "bf16-train",
                              "--rollout-recipe", "fp8-rollout")
 prep_identical(d, h, "bf16-train / fp8-rollout, 2 steps")
 prep_d2h(dd, hd, "bf16-train / fp8-rollout")
-print(f"  fp8-rollout weight sync: {dd['sync']} bytes device -> host (the FP8 matrices' masters, prepared on the host)")
-check(len(dd["sync"]) == 2 and all(0 < s < 4 * dd["nparams"] for s in dd["sync"]),
-      "fp8-rollout: the sync brings down the FP8-rounded matrices only (fewer bytes than the masters)")
+print(f"  fp8-rollout weight sync: {dd['sync']} bytes device -> host (host preparation {hd['sync']})")
+check(len(dd["sync"]) == 2 and not any(dd["sync"]),
+      "fp8-rollout: the FP8 matrices quantised on the device, the sync brings nothing down (before be->prepare_fp8: "
+      "294,912 bytes, their masters)")
+# the unified FP8 flow: the trainer's fp32 view of its FP8 matrices (fake-quantised) on the device too
+(d, dd), (h, hd) = prep_pair("tidal-rl", "rl.h5", "prep-fp8u", RL, "--train-recipe", "fp8-unified-train",
+                             "--rollout-recipe", "fp8-unified-infer")
+prep_identical(d, h, "fp8-unified-train / fp8-unified-infer, 2 steps")
+prep_d2h(dd, hd, "fp8-unified-train / fp8-unified-infer")
+print(f"  fp8-unified weight sync: {dd['sync']} bytes device -> host (host preparation {hd['sync']})")
+check(len(dd["sync"]) == 2 and not any(dd["sync"]), "fp8-unified: the sync brings nothing down")
 
 print(f"device tools: {DEVBIN}")
 if failures:

@@ -168,6 +168,16 @@ size_t td_cuda_d2h_bytes(void);
 void tdc_d2h_count(size_t bytes);
 /* be->prepare (prepare.cu; ops.h says what it computes) */
 void prepare_cuda(const void *key, int storage, const float *src, size_t n, int fmt, float scale);
+/* be->lora_fold (prepare.cu): an adapter merged into a prepared weight, with the merge's sums */
+void lora_fold_cuda(const void *key, int storage, const float *w, const float *a, const float *b, int N, int K,
+                    int r, float scale, int fmt, double *stats);
+/* be->lora_peft_sync / lora_drift (lora_sync.cu): --lora-sync merge-unmerge on the device */
+void lora_peft_sync_cuda(float *w, float *m, const float *a, const float *b, int N, int K, int r, float scale,
+                         int dtype, int efmt, double *stats);
+void lora_drift_cuda(const float *w, const float *w0, int N, int K, double *stats);
+/* be->prepare_fp8 (prepare.cu): an FP8 weight quantised on the device (fp8_quantize_cuda) */
+void prepare_fp8_cuda(const void *codes_key, const void *scales_key, const void *f32_key, const td_fp8_scheme *s,
+                      const float *src, int rows, int cols);
 
 /* the backward ops (one `op_backward.cu` per family) */
 void embedding_backward_cuda(const td_ops *ctx, float *dembed, const float *dout,
