@@ -42,10 +42,13 @@ $(SIM_LIB): $(SIM_OBJ) $(BUILD)/sim/members
 	@rm -f $@
 	ar rcs $@ $(SIM_OBJ)
 
-# the sim library and libtidal refer to each other (ops call back into the CPU code): one group
-$(BUILD)/sim/test_%: tests/cudasim/test_%.cpp $(SIM_LIB) $(LIB)
+SIM_DEVICE   := $(BUILD)/sim/obj/device.o
+# the sim library and libtidal refer to each other (ops call back into the CPU code): one group.
+# $(SIM_DEVICE) (below) as for the tools: td_device_* (the d2h counter, the peak) answer for the
+# simulated backend also where libtidal was built with CUDA=0 (check-asan)
+$(BUILD)/sim/test_%: tests/cudasim/test_%.cpp $(SIM_DEVICE) $(SIM_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(SIM_CXX) $(SIM_CXXFLAGS) -Isrc/backend/cuda -MMD -MP -MF $@.d $< -o $@ \
+	$(SIM_CXX) $(SIM_CXXFLAGS) -Isrc/backend/cuda -MMD -MP -MF $@.d $< $(SIM_DEVICE) -o $@ \
 	    -Wl,--start-group $(SIM_LIB) $(LIB) -Wl,--end-group $(LDLIBS) -lcmocka -lstdc++
 
 # The tools that take --device, built to run on the simulated GPU: $(BUILD)/sim/bin/TOOL is
@@ -57,7 +60,6 @@ $(BUILD)/sim/test_%: tests/cudasim/test_%.cpp $(SIM_LIB) $(LIB)
 # runs them against the CPU tools.
 SIMTOOLS     := $(BUILD)/sim/bin/tidal-diff $(BUILD)/sim/bin/tidal-logprobs $(BUILD)/sim/bin/tidal-bench-model \
                 $(BUILD)/sim/bin/tidal-sft $(BUILD)/sim/bin/tidal-rl
-SIM_DEVICE   := $(BUILD)/sim/obj/device.o
 
 $(SIM_DEVICE): src/backend/device.c
 	@mkdir -p $(dir $@)
