@@ -110,6 +110,10 @@ typedef struct {
     unsigned lora_modules;         /* td_lora_module bit mask (0: q_proj, v_proj)                    */
     int lora_merged;               /* the session merges the adapter into its own weights            */
     int engine_copy;               /* the session runs a separate fp32 copy of the model (merge-unmerge) */
+    int lora_sync_device;          /* tidal-rl's LoRA sync on the device (rl/sync.c): merged keeps the
+                                      frozen base in fp32 there (td_trainer_base_to_device), merge-
+                                      unmerge the base, the engine's fp32 copy and W_0 of the adapted
+                                      matrices                                                      */
     int gradient_checkpointing;
     int max_tokens, max_seq_len;   /* one micro-batch: rows, longest sequence                         */
     int scoring_forwards;          /* forward-only td_forward of max_tokens rows: pi_old, reference   */

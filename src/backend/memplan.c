@@ -533,6 +533,12 @@ void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p
         wsum sb = plan_weights(&wb);
         p->weights += sb.b + (identity && !in->engine_copy ? 0 : sb.shared);
     }
+    if (lora && in->lora_sync_device && (in->lora_merged || in->engine_copy)) {
+        size_t model = trained_params(c, 0, 0) * sizeof(float), w0 = 0;
+        for (int i = 0; i < lora->num_layers * TD_LORA_NMOD; i++)
+            if (lora->pairs[i].a) w0 += (size_t)lora->pairs[i].out * lora->pairs[i].in * sizeof(float);
+        p->weights += model + (in->engine_copy ? model + w0 : 0);
+    }
     td_lora_free(lora);
 
     p->nparams = trained_params(c, in->lora_rank, in->lora_modules);

@@ -11,6 +11,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Whether rl/sync.c will run the LoRA sync on the device (its conditions there and in
+ * td_trainer_base_to_device): merged, or merge-unmerge into a 16/32-bit engine from a 16/32-bit
+ * base, the weights prepared on the device (not TIDAL_PREPARE_ON_HOST=1) */
+static int sync_on_device(const td_rl_opts *o, const td_recipe *roll)
+{
+    const char *on_host = getenv("TIDAL_PREPARE_ON_HOST");
+    if (o->lora_r <= 0 || !o->device || strncmp(o->device, "cuda", 4) != 0 || (on_host && *on_host && strcmp(on_host, "0")))
+        return 0;
+    if (o->lora_sync == TD_RL_SYNC_MERGED) return 1;
+    td_format E = roll->weights, D = (td_format)o->model_dtype;
+    return o->lora_sync == TD_RL_SYNC_MERGE_UNMERGE && E != TD_E4M3 && E != TD_E5M2 &&
+           (D == TD_F32 || D == TD_BF16 || D == TD_F16);
+}
+
 static void plan_in(const td_rl_opts *o, const td_config *c, const td_recipe *train, const td_recipe *roll,
                     int max_len, int eval_len, td_memplan_train_in *in)
 {
@@ -19,6 +33,7 @@ static void plan_in(const td_rl_opts *o, const td_config *c, const td_recipe *tr
         .cfg = c, .train = train, .infer = roll, .lora_rank = o->lora_r, .lora_modules = o->lora_modules,
         .lora_merged = o->lora_r > 0 && o->lora_sync == TD_RL_SYNC_MERGED,
         .engine_copy = o->lora_r > 0 && o->lora_sync == TD_RL_SYNC_MERGE_UNMERGE,
+        .lora_sync_device = sync_on_device(o, roll),
         .gradient_checkpointing = o->gradient_checkpointing,
         .max_tokens = o->loss.micro_batch * max_len, .max_seq_len = max_len,
         .scoring_forwards = 1 + (o->loss.beta > 0),   /* pi_old; the reference */
@@ -28,8 +43,10 @@ static void plan_in(const td_rl_opts *o, const td_config *c, const td_recipe *tr
         .eval = o->eval_steps > 0 && eval_len > 0 ? train : NULL, .eval_slots = B, .eval_len = eval_len};
 }
 
-/* device: NULL or not cuda -> the plan alone; fits_check: refuse when it does not fit */
-static int plan(const td_rl_opts *o, const td_memplan_train_in *in, int plan_only, char **json, td_error *err)
+/* device: NULL or not cuda -> the plan alone; refused when it does not fit. A LoRA sync planned
+ * on the device whose copies do not fit runs on the host instead when that fits (*sync_host 1). */
+static int plan(const td_rl_opts *o, td_memplan_train_in *in, int plan_only, char **json, int *sync_host,
+                td_error *err)
 {
     int on_gpu = o->device && strncmp(o->device, "cuda", 4) == 0;
     td_memplan_train p = {0};
@@ -39,6 +56,21 @@ static int plan(const td_rl_opts *o, const td_memplan_train_in *in, int plan_onl
         on_gpu = 0;
     }
     td_memplan_train_compute(in, &p);
+    if (on_gpu && in->lora_sync_device && !td_memplan_train_fits(&p)) {
+        td_memplan_train_in h = *in;
+        td_memplan_train q = {.free = p.free, .device_total = p.device_total};
+        h.lora_sync_device = 0;
+        td_memplan_train_compute(&h, &q);
+        if (td_memplan_train_fits(&q)) {
+            fprintf(stderr, "tidal-rl: note: the LoRA sync's device copies (%.1f MiB: the base in fp32%s) do not "
+                    "fit: the sync runs on the host (the base prepared and uploaded at each sync)\n",
+                    (double)(p.weights - q.weights) / (double)(1ull << 20),
+                    in->engine_copy ? ", the engine's copy, W_0" : "");
+            *in = h;
+            p = q;
+            if (sync_host) *sync_host = 1;
+        }
+    }
     td_memplan_train_print(stderr, "tidal-rl", &p, in);
     if (on_gpu && !o->ignore_memory_plan && !td_memplan_train_fits(&p))
         return td_memplan_train_refuse("tidal-rl", o->device, &p, in, err);
@@ -69,7 +101,7 @@ int rl_memory_plan(rl_run *R, td_error *err)
     }
     td_memplan_train_in in;
     plan_in(o, &R->model->cfg, &R->rtrain, &R->rroll, R->max_len, eval_len, &in);
-    return plan(o, &in, 0, &R->memory_plan, err);
+    return plan(o, &in, 0, &R->memory_plan, &R->sync_host, err);
 }
 
 int rl_plan_only(const td_rl_opts *o, td_error *err)
@@ -87,5 +119,5 @@ int rl_plan_only(const td_rl_opts *o, td_error *err)
             o->loss.micro_batch * o->loss.grad_accum, o->loss.micro_batch);
     td_memplan_train_in in;   /* the evaluation's prompts unknown too: --max-seq-length */
     plan_in(o, &c, &train, &roll, o->max_seq_length, o->max_seq_length, &in);
-    return plan(o, &in, 1, NULL, err);
+    return plan(o, &in, 1, NULL, NULL, err);
 }

@@ -73,6 +73,7 @@ typedef struct {
     const struct td_backend *sync_be; /* merge-unmerge on the device (sync.c): its backend, the
                                      engine's device copy and w0's; NULL: on the host          */
     float *engine_dev, *w0_dev;
+    int sync_host;                /* the memory plan keeps the LoRA sync on the host (memory.c)  */
     int B, G, P, V, max_len, nlog;
     int eos[TD_CONFIG_MAX_EOS], n_eos;
     int total_steps;

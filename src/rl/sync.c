@@ -82,7 +82,7 @@ int rl_sync_init(rl_run *R, td_error *err)
     }
     /* merged: the frozen base beside the adapter on the device, so each sync folds the adapter
      * into it there (weights_recipe.c, be->lora_fold) and nothing parameter-sized comes down */
-    if (R->o->lora_sync == TD_RL_SYNC_MERGED) td_trainer_base_to_device(R->tr);
+    if (R->o->lora_sync == TD_RL_SYNC_MERGED && !R->sync_host) td_trainer_base_to_device(R->tr);
     if (R->o->lora_sync == TD_RL_SYNC_MERGE_UNMERGE) {   /* the engine's own copy of the weights */
         R->engine = td_model_alloc(&base->cfg, err);
         if (!R->engine) return -1;
@@ -90,7 +90,7 @@ int rl_sync_init(rl_run *R, td_error *err)
         memcpy(R->engine->owned, base->owned, base->owned_floats * sizeof(float));
         td_format E = R->rroll.weights, D = (td_format)R->o->model_dtype;
         const td_backend *be = base->backend;
-        if (be && be->lora_peft_sync && lo->owned_dev && E != TD_E4M3 && E != TD_E5M2 &&
+        if (be && be->lora_peft_sync && lo->owned_dev && !R->sync_host && E != TD_E4M3 && E != TD_E5M2 &&
             (D == TD_F32 || D == TD_BF16 || D == TD_F16)) {
             td_trainer_base_to_device(R->tr);
             if (base->owned_dev) {   /* the sync on the device: the engine and W_0 there too */

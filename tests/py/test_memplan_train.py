@@ -36,6 +36,7 @@ import tempfile
 
 try:
     import h5py
+    import numpy as np
 except ImportError as e:
     print(f"skip: {e}")
     sys.exit(77)
@@ -89,6 +90,8 @@ cases = [("tidal-sft", "sft.h5", "fp32", SFT + ["--recipe", "fp32"]),
          ("tidal-rl", "rl.h5", "bf16, gradient checkpointing, evaluation", RL + ["--dtype", "bf16", "--gradient-checkpointing",
                                                                           "--eval-steps", "1", "--eval-max-samples", "2"]),
          ("tidal-rl", "rl.h5", "bf16 LoRA r 8 merged", RL + ["--dtype", "bf16", "--lora-r", "8"]),
+         ("tidal-rl", "rl.h5", "bf16 LoRA r 8 merge-unmerge (the sync on the device: base, engine, W_0 in fp32)",
+          RL + ["--dtype", "bf16", "--lora-r", "8", "--lora-sync", "merge-unmerge", "--model-dtype", "bf16"]),
          ("tidal-rl", "rl.h5", "fp32, beta 0.1", RL + ["--dtype", "fp32", "--beta", "0.1"])]
 for i, (name, runfile, what, args) in enumerate(cases):
     out = os.path.join(tmp, f"run{i}")
@@ -136,6 +139,29 @@ p = tool("tidal-rl", *RL, "--dtype", "bf16", "-o", out, "--device", "cuda", mem=
 check(p.returncode == 1 and "does not fit the GPU" in p.stderr and "--max-completion-length" in p.stderr,
       f"tidal-rl at 30M: refused with exit 1, naming --max-completion-length (rc {p.returncode})")
 check(not os.path.exists(os.path.join(out, "rl.h5")), "tidal-rl refused: no rl.h5 made")
+# a LoRA sync whose device copies do not fit runs on the host instead: a memory between the two plans
+MU = RL + ["--dtype", "bf16", "--lora-r", "8", "--lora-sync", "merge-unmerge", "--model-dtype", "bf16"]
+env_host = dict(ENV, TIDAL_PREPARE_ON_HOST="1")
+ref = os.path.join(tmp, "rl-sync-host-ref")
+r = subprocess.run([os.path.join(SIMBIN, "tidal-rl"), *MU, "-o", ref, "--device", "cuda"], capture_output=True,
+                   text=True, env=env_host)
+pd = tool("tidal-rl", *MU, "-o", os.path.join(tmp, "rl-sync-dev"), "--device", "cuda")
+t_dev, t_host = printed_total(pd), printed_total(r)
+check(r.returncode == 0 and pd.returncode == 0 and t_dev and t_host and t_dev > t_host,
+      f"merge-unmerge: the device sync's plan {t_dev} > the host sync's {t_host} (TIDAL_PREPARE_ON_HOST=1)")
+if t_dev and t_host and r.returncode == 0:
+    mid = (t_dev + t_host) // 2 * 64 // 63 // (1 << 20)   # MiB: the host plan fits with the reserve, the device's not
+    out = os.path.join(tmp, "rl-sync-host")
+    p = tool("tidal-rl", *MU, "-o", out, "--device", "cuda", mem=f"{mid}M")
+    same = False
+    if p.returncode == 0:
+        with h5py.File(os.path.join(out, "rl.h5"), "r") as a, h5py.File(os.path.join(ref, "rl.h5"), "r") as b:
+            cols = [k for k in a["steps"].keys() if not (k == "seconds" or k.startswith("time_"))]
+            same = all(np.array_equal(a["steps"][k][()], b["steps"][k][()], equal_nan=True) for k in cols)
+    print("   ", [ln for ln in p.stderr.splitlines() if "the sync runs on the host" in ln][:1])
+    check(p.returncode == 0 and "the sync runs on the host" in p.stderr and same and printed_total(p) == t_host,
+          f"merge-unmerge at {mid} MiB: the sync falls back to the host with a note, runs (rc {p.returncode}) on the "
+          f"host sync's plan, /steps equal the TIDAL_PREPARE_ON_HOST=1 run's")
 p = tool("tidal-sft", *SFT, "-o", os.path.join(tmp, "ignored"), "--device", "cuda", "--ignore-memory-plan", mem="30M")
 check(p.returncode == 1 and "does not fit" not in p.stderr, f"--ignore-memory-plan: no refusal, the run itself fails "
       f"at 30M (rc {p.returncode})")
