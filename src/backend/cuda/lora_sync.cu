@@ -10,7 +10,7 @@
  * row walks its columns in order with double sums (uncontracted), one thread adds the rows in
  * order: sync.c's order, so the sums are the host's bits (tests/cudasim/test_prepare_sim.cpp). The
  * row walk is strided across threads (uncoalesced): it runs once per weight sync. */
-#include "kern.cuh"
+#include "lora_rows.cuh"
 
 #define SYNC_THREADS 256
 
@@ -19,26 +19,16 @@ __global__ static void peft_rows(float *w, float *m, const float *a, const float
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
-    double kept2 = 0, delta2 = 0, dot = 0, changed = 0;
+    lora_row_stats st = {0, 0, 0, 0};
     for (int j = 0; j < K; j++) {
-        float acc = 0.0f;
-        for (int k = 0; k < r; k++) acc = __fmaf_rn(b[(size_t)i * r + k], a[(size_t)k * K + j], acc);
-        float delta = tdc_mul(acc, scale);
+        float delta = lora_row_delta(a, b, i, j, K, r, scale);
         size_t e = (size_t)i * K + j;
         float wv = w[e], mv = tdc_round(dtype, tdc_add(wv, delta));
-        float pm = tdc_round(efmt, mv), pw = tdc_round(efmt, wv);
-        double d = __dadd_rn((double)pm, -(double)pw);
-        kept2 = __dadd_rn(kept2, __dmul_rn(d, d));
-        delta2 = __dadd_rn(delta2, __dmul_rn((double)delta, (double)delta));
-        dot = __dadd_rn(dot, __dmul_rn(d, (double)delta));
-        changed += pm != pw;
+        lora_row_add(&st, tdc_round(efmt, mv), tdc_round(efmt, wv), delta);
         m[e] = mv;
         w[e] = tdc_round(dtype, __fsub_rn(mv, tdc_round(dtype, delta)));
     }
-    row_stats[4 * (size_t)i] = kept2;
-    row_stats[4 * (size_t)i + 1] = delta2;
-    row_stats[4 * (size_t)i + 2] = dot;
-    row_stats[4 * (size_t)i + 3] = changed;
+    lora_row_store(&st, row_stats, i);
 }
 
 __global__ static void drift_rows(const float *w, const float *w0, int N, int K, double *row_stats)

@@ -11,7 +11,7 @@
  *                  one fp32 product: td_fp8_fake_quant) as an fp32 copy.
  * dst is the device copy the ops look up for the host key (tdc_const_slot, backend.cu): the host
  * buffer is never written. */
-#include "kern.cuh"
+#include "lora_rows.cuh"
 #include "matmul.cuh"
 
 #define PREP_THREADS 256
@@ -57,26 +57,17 @@ __global__ static void fold_rows(void *dst, int storage, const float *w, const f
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
-    double kept2 = 0, delta2 = 0, dot = 0, changed = 0;
+    lora_row_stats st = {0, 0, 0, 0};
     for (int j = 0; j < K; j++) {
-        float acc = 0.0f;
-        for (int k = 0; k < r; k++) acc = __fmaf_rn(b[(size_t)i * r + k], a[(size_t)k * K + j], acc);
-        float dw = tdc_mul(scale, acc);
+        float dw = lora_row_delta(a, b, i, j, K, r, scale);
         size_t e = (size_t)i * K + j;
         float merged = tdc_round(fmt, tdc_add(w[e], dw)), base = tdc_round(fmt, w[e]);
         if (storage == TD_BF16) ((uint16_t *)dst)[e] = tdc_bf16_enc(merged);
         else if (storage == TD_F16) ((uint16_t *)dst)[e] = tdc_f16_enc(merged);
         else ((float *)dst)[e] = merged;
-        double d = __dadd_rn((double)merged, -(double)base);
-        kept2 = __dadd_rn(kept2, __dmul_rn(d, d));
-        delta2 = __dadd_rn(delta2, __dmul_rn((double)dw, (double)dw));
-        dot = __dadd_rn(dot, __dmul_rn(d, (double)dw));
-        changed += merged != base;
+        lora_row_add(&st, merged, base, dw);
     }
-    row_stats[4 * (size_t)i] = kept2;
-    row_stats[4 * (size_t)i + 1] = delta2;
-    row_stats[4 * (size_t)i + 2] = dot;
-    row_stats[4 * (size_t)i + 3] = changed;
+    lora_row_store(&st, row_stats, i);
 }
 
 __global__ static void fold_total(const double *row_stats, int N, double *stats)
