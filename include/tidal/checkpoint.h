@@ -137,12 +137,18 @@ typedef enum { TD_PARAM_EMBED, TD_PARAM_MATRIX, TD_PARAM_NORM, TD_PARAM_BIAS } t
 typedef enum {
     TD_ROLE_EMBED, TD_ROLE_ATTN_NORM, TD_ROLE_WQ, TD_ROLE_WK, TD_ROLE_WV, TD_ROLE_BQ, TD_ROLE_BK,
     TD_ROLE_BV, TD_ROLE_WO, TD_ROLE_Q_NORM, TD_ROLE_K_NORM, TD_ROLE_MLP_NORM, TD_ROLE_W_GATE,
-    TD_ROLE_W_UP, TD_ROLE_W_DOWN, TD_ROLE_FINAL_NORM, TD_ROLE_LM_HEAD, TD_ROLE_COUNT
+    TD_ROLE_W_UP, TD_ROLE_W_DOWN, TD_ROLE_FINAL_NORM, TD_ROLE_LM_HEAD,
+    /* mixture-of-experts layers (config.h): the router (E, C); expert `expert`'s gate (FE, C), up
+     * (FE, C) and down (C, FE); Qwen2-MoE's shared expert (FS, C), (FS, C), (C, FS) and its gate
+     * (1, C) */
+    TD_ROLE_ROUTER, TD_ROLE_E_GATE, TD_ROLE_E_UP, TD_ROLE_E_DOWN, TD_ROLE_SH_GATE, TD_ROLE_SH_UP,
+    TD_ROLE_SH_DOWN, TD_ROLE_SH_ROUTE, TD_ROLE_COUNT
 } td_param_role;
 typedef struct {
     char name[96];            /* HF tensor name */
     td_param_kind kind;
     int layer;                /* -1 for embed_tokens, model.norm, lm_head */
+    int expert;               /* the expert of TD_ROLE_E_*, else -1 */
     int ndim;                 /* 1 or 2 */
     int64_t shape[2];
     td_param_role role;
@@ -158,7 +164,11 @@ typedef struct {
 size_t td_config_params(const td_config *cfg, td_param_spec *out, size_t cap);
 size_t td_config_param_elems(const td_config *cfg);
 /* Every tensor of td_config_params present with its exact shape and a supported dtype;
- * tensors not in the list (rotary inv_freq, ...) are ignored. Error names the first problem. */
+ * tensors not in the list (rotary inv_freq, ...) are ignored. Error names the first problem.
+ * Experts are per-expert tensors in the table (the hub's layout, transformers 4); a checkpoint in
+ * transformers 5's fused layout (mlp.experts.gate_up_proj [E, 2 FE, C], each expert's gate rows
+ * first, and mlp.experts.down_proj [E, C, FE]) is read through per-expert views of those tensors
+ * that td_checkpoint_open adds (no copy), so both layouts load alike. */
 int td_checkpoint_validate(const td_checkpoint *ck, td_error *err);
 /* Counts NaN/Inf over every tensor; returns the total and sets *n_tensors_bad. */
 size_t td_checkpoint_count_nonfinite(const td_checkpoint *ck, size_t *n_tensors_bad);

@@ -3,6 +3,8 @@
  * Dimension letters used across tidal (as llm.c fixes them once):
  *   B batch, T time (sequence positions), C hidden size, V vocabulary, L layers,
  *   NH query heads, NKV key/value heads, HD head dim, F MLP intermediate size.
+ * Mixtures of experts add E experts, K experts per token (top-k), FE each expert's intermediate
+ * size, FS the shared expert's (Qwen2-MoE).
  */
 #ifndef TIDAL_CONFIG_H
 #define TIDAL_CONFIG_H
@@ -20,6 +22,10 @@ typedef enum {
     TD_ARCH_MISTRAL,     /* MistralForCausalLM                                     */
     TD_ARCH_QWEN2,       /* Qwen2ForCausalLM  (q/k/v projections carry biases)     */
     TD_ARCH_QWEN3,       /* Qwen3ForCausalLM  (per-head RMSNorm on q and k)        */
+    TD_ARCH_QWEN2_MOE,   /* Qwen2MoeForCausalLM (qkv bias; experts + a shared expert with a
+                            sigmoid gate)                                           */
+    TD_ARCH_QWEN3_MOE,   /* Qwen3MoeForCausalLM (q/k norm; experts)                 */
+    TD_ARCH_MIXTRAL,     /* MixtralForCausalLM (experts in block_sparse_moe, w1/w3/w2) */
     TD_ARCH_COUNT
 } td_arch;
 
@@ -50,11 +56,32 @@ typedef struct {
      * td_config_check_len refuses longer ones. */
     int sliding_window;
     int n_sliding_layers, first_sliding_layer;
+    /* mixture of experts (num_experts > 0; 0 = a dense model). A layer l is sparse when l is not
+     * in mlp_only_layers and (l + 1) % decoder_sparse_step == 0 (transformers' Qwen2-MoE /
+     * Qwen3-MoE rule; Mixtral: every layer); a dense layer of an MoE model has the plain SwiGLU
+     * MLP of intermediate_size. Routing (transformers): logits = router(x) in the model dtype,
+     * softmax in fp32, top-k, divided by their sum when norm_topk_prob (Mixtral: always). */
+    int num_experts;                     /* E   num_experts / num_local_experts          */
+    int num_experts_per_tok;             /* K                                            */
+    int moe_intermediate_size;           /* FE  (Mixtral: intermediate_size)             */
+    int shared_expert_intermediate_size; /* FS  Qwen2-MoE's shared expert, 0 = none      */
+    bool norm_topk_prob;
+    int decoder_sparse_step;
+    int n_mlp_only;
+    int mlp_only_layers[32];
+    double router_aux_loss_coef;         /* recorded; the training loss's weight (issue 35) */
+    bool output_router_logits;
     char torch_dtype[16];      /* as written in config.json ("dtype" or "torch_dtype"), informative */
     char unknown_keys[256];    /* config.json keys tidal's key table does not know, comma-separated */
 } td_config;
 
 const char *td_arch_name(td_arch a);   /* "LlamaForCausalLM", ... */
+
+/* Whether layer l of the model is a mixture-of-experts layer (the rule above). */
+bool td_config_layer_moe(const td_config *c, int l);
+/* The number of MoE layers, and the index of layer l among them (-1 for a dense layer). */
+int td_config_num_moe_layers(const td_config *c);
+int td_config_moe_index(const td_config *c, int l);
 
 /* 0 when a sequence of `len` positions is computed exactly by tidal's full attention; -1 + err
  * when it would pass the sliding window of a layer that slides. */

@@ -42,12 +42,22 @@ typedef struct {
     const float *mlp_norm;   // (C)            post_attention_layernorm.weight
     const float *w_gate;     // (F, C)
     const float *w_up;       // (F, C)
-    const float *w_down;     // (C, F)
+    const float *w_down;     // (C, F)         (NULL in an MoE layer: td_config_layer_moe)
+    /* mixture-of-experts layers (config.h); NULL in dense layers */
+    const float *w_router;   // (E, C)         mlp.gate.weight (Mixtral: block_sparse_moe.gate)
+    const float **w_experts; // (E * 3)        expert e's gate (FE, C), up (FE, C), down (C, FE) at
+                             //                3e, 3e+1, 3e+2 (an array td_model_weights owns)
+    const float *ws_gate;    // (FS, C)        Qwen2-MoE: mlp.shared_expert.gate_proj.weight
+    const float *ws_up;      // (FS, C)
+    const float *ws_down;    // (C, FS)
+    const float *ws_route;   // (1, C)         mlp.shared_expert_gate.weight
 } td_layer_weights;
 
 typedef struct {
     const float *embed;      // (V, C)         model.embed_tokens.weight
     td_layer_weights *layers;// (L)
+    const float **experts;   // (L * E * 3)    the layers' w_experts arrays, one allocation (NULL:
+                             //                a dense model); td_model_weights_layers makes both
     const float *final_norm; // (C)            model.norm.weight
     const float *lm_head;    // (V, C)         == embed when tie_word_embeddings
 } td_model_weights;
@@ -70,6 +80,12 @@ typedef struct {
     int owned_host_current;  // with owned_dev: owned is current too (a LoRA trainer's frozen base,
                              // kept on the device for merged adapters): host forms read it there
 } td_model;
+
+/* w->layers (L, zeroed) and, for a mixture of experts, w->experts with each MoE layer's w_experts
+ * pointing into it; from src (may be NULL) the pointers are copied. Freed by
+ * td_model_weights_free_layers. */
+void td_model_weights_layers(td_model_weights *w, const td_config *c, const td_model_weights *src);
+void td_model_weights_free_layers(td_model_weights *w);
 
 /* Checks a configuration for what the forward needs (positive sizes, NH % NKV == 0,
  * even HD, ...). 0 or -1 + err naming `what`. */
@@ -129,6 +145,28 @@ typedef void (*td_row_fn)(void *user, int seq, int pos, const float *logp_row);
 typedef void (*td_layer_fn)(void *user, int layer, int N, const int *seq, const int *pos,
                             const float *x);
 
+/* What one mixture-of-experts layer routed for the N rows just computed (src/model/moe.c): the K
+ * experts of each row in top-k order (largest probability first; equal probabilities: the lower
+ * expert first) and the router's softmax over all E experts in fp32. Row i belongs to sequence
+ * (teacher-forced: index in the call) or slot (session) seq[i], at position pos[i]. replayed: the
+ * experts were supplied by a td_moe_replay_fn (routing replay), the probabilities are still this
+ * path's own. Valid during the call only. */
+typedef struct {
+    int layer, moe_layer;    /* decoder layer; its index among the MoE layers */
+    int N, K, E;
+    const int *seq, *pos;    /* (N) */
+    const int *experts;      /* (N, K) */
+    const float *probs;      /* (N, E) */
+    int replayed;
+} td_moe_route;
+typedef void (*td_moe_fn)(void *user, const td_moe_route *r);
+/* Routing replay (R3, R2): fill experts (N, K) for the rows of MoE layer moe_layer and return 1, or
+ * return 0 to let the path route them itself. The path then weights the given experts by its own
+ * router probabilities, renormalised over them as the model does (norm_topk_prob), so that the
+ * router keeps its gradient through the gating weights (the R3 paper's definition). */
+typedef int (*td_moe_replay_fn)(void *user, int moe_layer, int N, const int *seq, const int *pos, int K,
+                                int *experts);
+
 /* ---- teacher-forced structure (training path) ---------------------------------------------- */
 
 typedef struct td_forward td_forward;
@@ -144,6 +182,10 @@ void td_forward_free(td_forward *f);
 int td_forward_set_recipe(td_forward *f, const td_recipe *r, td_error *err);
 /* Observe every layer's residual stream (NULL to stop). */
 void td_forward_set_layer_fn(td_forward *f, td_layer_fn fn, void *user);
+/* Observe every MoE layer's routing, and replay another path's (NULL to stop). */
+void td_forward_set_moe_fn(td_forward *f, td_moe_fn fn, void *user);
+void td_forward_set_moe_replay(td_forward *f, td_moe_replay_fn fn, void *user);
+
 /* The training path's rows become log-softmax(logits / T), T divided in the dtype the recipe's
  * logits_temperature says (recipe.h), as a trainer scores sampled tokens at the sampling
  * temperature (TRL, verl). T <= 0 or 1: the raw log-softmax (the default). */
@@ -212,6 +254,8 @@ void td_session_set_raw_logits(td_session *s, int raw);
 /* As td_forward_set_recipe, for the inference path. */
 int td_session_set_recipe(td_session *s, const td_recipe *r, td_error *err);
 void td_session_set_layer_fn(td_session *s, td_layer_fn fn, void *user);
+void td_session_set_moe_fn(td_session *s, td_moe_fn fn, void *user);
+void td_session_set_moe_replay(td_session *s, td_moe_replay_fn fn, void *user);
 
 void td_session_reset(td_session *s, int slot);     /* forget the slot's tokens */
 int  td_session_len(const td_session *s, int slot); /* tokens held in the slot */

@@ -95,6 +95,86 @@ done:
     return rc;
 }
 
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape);
+
+static void add_view(td_checkpoint *ck, const td_tensor *t, const char *name, size_t offset_elems, int64_t rows,
+                     int64_t cols)
+{
+    if (ck->n_tensors == ck->cap_tensors) {
+        ck->cap_tensors = ck->cap_tensors ? 2 * ck->cap_tensors : 64;
+        ck->tensors = td_xrealloc(ck->tensors, ck->cap_tensors * sizeof *ck->tensors);
+    }
+    td_tensor *v = &ck->tensors[ck->n_tensors++];
+    *v = *t;
+    v->name = strdup(name);
+    v->ndim = 2;
+    v->shape[0] = rows;
+    v->shape[1] = cols;
+    v->numel = (size_t)rows * (size_t)cols;
+    v->nbytes = v->numel * td_dtype_size(t->dtype);
+    v->data = t->data + offset_elems * td_dtype_size(t->dtype);
+}
+
+/* transformers 5's fused experts, per MoE layer: PREFIX.gate_up_proj [E, 2 FE, C] (expert e's gate
+ * rows, then its up rows) and PREFIX.down_proj [E, C, FE], PREFIX = model.layers.L.mlp.experts
+ * (Mixtral too: transformers 5 names its block `mlp`, and its router mlp.gate). Each becomes the
+ * per-expert tensors of the parameter table, as views into the same mapped bytes; a fused tensor of
+ * another shape is an error naming both shapes. */
+static int fused_expert_views(td_checkpoint *ck, td_error *err)
+{
+    const td_config *c = &ck->cfg;
+    const int64_t E = c->num_experts, FE = c->moe_intermediate_size, C = c->hidden_size;
+    int mixtral = c->arch == TD_ARCH_MIXTRAL, added = 0;
+    char name[160], view[160];
+    for (int l = 0; l < c->num_layers; l++) {
+        if (!td_config_layer_moe(c, l)) continue;
+        static const char *part[2] = {"gate_up_proj", "down_proj"};
+        for (int k = 0; k < 2; k++) {
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s", l, part[k]);
+            const td_tensor *t = td_checkpoint_find(ck, name);
+            if (!t) continue;
+            int64_t want[3] = {E, k == 0 ? 2 * FE : C, k == 0 ? C : FE};
+            if (t->ndim != 3 || t->shape[0] != want[0] || t->shape[1] != want[1] || t->shape[2] != want[2]) {
+                char got[128], exp[128];
+                shape_str(got, sizeof got, t->ndim, t->shape);
+                shape_str(exp, sizeof exp, 3, want);
+                return td_fail(err, "%s: tensor '%s' has shape %s, expected %s (transformers 5's fused experts: "
+                               "num_experts x %s)", ck->shards[t->shard].path, name, got, exp,
+                               k == 0 ? "2 moe_intermediate_size (gate rows, then up rows) x hidden_size"
+                                      : "hidden_size x moe_intermediate_size");
+            }
+            td_tensor fused = *t;   /* the table grows under t */
+            for (int e = 0; e < E; e++) {
+                static const char *mx[3] = {"w1", "w3", "w2"}, *qw[3] = {"gate_proj", "up_proj", "down_proj"};
+                const char *blk = mixtral ? "block_sparse_moe" : "mlp";
+                if (k == 0) {
+                    for (int h = 0; h < 2; h++) {
+                        snprintf(view, sizeof view, "model.layers.%d.%s.experts.%d.%s.weight", l, blk, e,
+                                 mixtral ? mx[h] : qw[h]);
+                        add_view(ck, &fused, view, ((size_t)e * 2 * FE + (size_t)h * FE) * C, FE, C);
+                    }
+                } else {
+                    snprintf(view, sizeof view, "model.layers.%d.%s.experts.%d.%s.weight", l, blk, e,
+                             mixtral ? mx[2] : qw[2]);
+                    add_view(ck, &fused, view, (size_t)e * C * FE, C, FE);
+                }
+                added++;
+            }
+        }
+        if (mixtral) {   /* transformers 5's Mixtral router: mlp.gate */
+            snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", l);
+            const td_tensor *t = td_checkpoint_find(ck, name);
+            snprintf(view, sizeof view, "model.layers.%d.block_sparse_moe.gate.weight", l);
+            if (t) {
+                td_tensor r = *t;
+                add_view(ck, &r, view, 0, r.ndim == 2 ? r.shape[0] : 0, r.ndim == 2 ? r.shape[1] : 0);
+                added++;
+            }
+        }
+    }
+    return added ? sort_tensors(ck, err) : 0;
+}
+
 td_checkpoint *td_checkpoint_open(const char *path, td_error *err)
 {
     td_checkpoint *ck = td_xcalloc(1, sizeof *ck);
@@ -134,6 +214,7 @@ td_checkpoint *td_checkpoint_open(const char *path, td_error *err)
         }
     }
     if (sort_tensors(ck, err) != 0) goto fail;
+    if (ck->has_config && ck->cfg.num_experts > 0 && fused_expert_views(ck, err) != 0) goto fail;
     return ck;
 fail:
     td_checkpoint_close(ck);
@@ -304,6 +385,7 @@ int td_checkpoint_validate(const td_checkpoint *ck, td_error *err)
 size_t td_config_params(const td_config *c, td_param_spec *out, size_t cap)
 {
     size_t n = 0, offset = 0;
+    int expert_ = -1;
     const int64_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size;
     const int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
 #define ADD(kind_, role_, layer_, nd, d0, d1, ...)                                    \
@@ -313,6 +395,7 @@ size_t td_config_params(const td_config *c, td_param_spec *out, size_t cap)
             td_param_spec *s = &out[n];                                               \
             snprintf(s->name, sizeof s->name, __VA_ARGS__);                           \
             s->kind = kind_; s->role = role_; s->layer = layer_; s->ndim = nd;        \
+            s->expert = expert_;                                                      \
             s->shape[0] = d0; s->shape[1] = d1;                                       \
             s->numel = numel_; s->offset = offset; s->dtype = TD_F32;                 \
         }                                                                             \
@@ -336,9 +419,34 @@ size_t td_config_params(const td_config *c, td_param_spec *out, size_t cap)
             ADD(TD_PARAM_NORM, TD_ROLE_K_NORM, l, 1, c->head_dim, 0, "model.layers.%d.self_attn.k_norm.weight", l);
         }
         ADD(TD_PARAM_NORM, TD_ROLE_MLP_NORM, l, 1, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
-        ADD(TD_PARAM_MATRIX, TD_ROLE_W_GATE, l, 2, F, C, "model.layers.%d.mlp.gate_proj.weight", l);
-        ADD(TD_PARAM_MATRIX, TD_ROLE_W_UP, l, 2, F, C, "model.layers.%d.mlp.up_proj.weight", l);
-        ADD(TD_PARAM_MATRIX, TD_ROLE_W_DOWN, l, 2, C, F, "model.layers.%d.mlp.down_proj.weight", l);
+        if (!td_config_layer_moe(c, l)) {
+            ADD(TD_PARAM_MATRIX, TD_ROLE_W_GATE, l, 2, F, C, "model.layers.%d.mlp.gate_proj.weight", l);
+            ADD(TD_PARAM_MATRIX, TD_ROLE_W_UP, l, 2, F, C, "model.layers.%d.mlp.up_proj.weight", l);
+            ADD(TD_PARAM_MATRIX, TD_ROLE_W_DOWN, l, 2, C, F, "model.layers.%d.mlp.down_proj.weight", l);
+            continue;
+        }
+        const int64_t E = c->num_experts, FE = c->moe_intermediate_size, FS = c->shared_expert_intermediate_size;
+        const char *blk = c->arch == TD_ARCH_MIXTRAL ? "block_sparse_moe" : "mlp";
+        ADD(TD_PARAM_MATRIX, TD_ROLE_ROUTER, l, 2, E, C, "model.layers.%d.%s.gate.weight", l, blk);
+        for (int e = 0; e < E; e++) {
+            expert_ = e;
+            if (c->arch == TD_ARCH_MIXTRAL) {   /* w1 = gate, w3 = up, w2 = down */
+                ADD(TD_PARAM_MATRIX, TD_ROLE_E_GATE, l, 2, FE, C, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e);
+                ADD(TD_PARAM_MATRIX, TD_ROLE_E_UP, l, 2, FE, C, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e);
+                ADD(TD_PARAM_MATRIX, TD_ROLE_E_DOWN, l, 2, C, FE, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e);
+            } else {
+                ADD(TD_PARAM_MATRIX, TD_ROLE_E_GATE, l, 2, FE, C, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+                ADD(TD_PARAM_MATRIX, TD_ROLE_E_UP, l, 2, FE, C, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+                ADD(TD_PARAM_MATRIX, TD_ROLE_E_DOWN, l, 2, C, FE, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+            }
+        }
+        expert_ = -1;
+        if (FS > 0) {
+            ADD(TD_PARAM_MATRIX, TD_ROLE_SH_GATE, l, 2, FS, C, "model.layers.%d.mlp.shared_expert.gate_proj.weight", l);
+            ADD(TD_PARAM_MATRIX, TD_ROLE_SH_UP, l, 2, FS, C, "model.layers.%d.mlp.shared_expert.up_proj.weight", l);
+            ADD(TD_PARAM_MATRIX, TD_ROLE_SH_DOWN, l, 2, C, FS, "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
+            ADD(TD_PARAM_MATRIX, TD_ROLE_SH_ROUTE, l, 2, 1, C, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+        }
     }
     ADD(TD_PARAM_NORM, TD_ROLE_FINAL_NORM, -1, 1, C, 0, "model.norm.weight");
     if (!c->tie_word_embeddings) ADD(TD_PARAM_EMBED, TD_ROLE_LM_HEAD, -1, 2, V, C, "lm_head.weight");

@@ -34,7 +34,123 @@ static const struct {
     [TD_ARCH_MISTRAL] = {"MistralForCausalLM", "mistral", 8, 0, 131072, 1, 2},
     [TD_ARCH_QWEN2] = {"Qwen2ForCausalLM", "qwen2", 32, 0, 32768, -1, -1},
     [TD_ARCH_QWEN3] = {"Qwen3ForCausalLM", "qwen3", 32, 128, 32768, -1, -1},
+    [TD_ARCH_QWEN2_MOE] = {"Qwen2MoeForCausalLM", "qwen2_moe", 16, 0, 8192, -1, -1},
+    [TD_ARCH_QWEN3_MOE] = {"Qwen3MoeForCausalLM", "qwen3_moe", 4, 128, 32768, -1, -1},
+    [TD_ARCH_MIXTRAL] = {"MixtralForCausalLM", "mixtral", 8, 0, 131072, 1, 2},
 };
+
+/* Upper bound of any one dimension: keeps products such as V*C far from size_t overflow and
+ * rejects typos before anything is allocated from them. */
+#define DIM_MAX (1 << 24)
+
+bool td_config_layer_moe(const td_config *c, int l)
+{
+    if (c->num_experts <= 0) return false;
+    for (int i = 0; i < c->n_mlp_only; i++)
+        if (c->mlp_only_layers[i] == l) return false;
+    int step = c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1;
+    return (l + 1) % step == 0;
+}
+
+int td_config_num_moe_layers(const td_config *c)
+{
+    int n = 0;
+    for (int l = 0; l < c->num_layers; l++) n += td_config_layer_moe(c, l);
+    return n;
+}
+
+int td_config_moe_index(const td_config *c, int l)
+{
+    if (!td_config_layer_moe(c, l)) return -1;
+    int n = 0;
+    for (int i = 0; i < l; i++) n += td_config_layer_moe(c, i);
+    return n;
+}
+
+/* The mixture-of-experts keys (transformers' Qwen2MoeConfig, Qwen3MoeConfig, MixtralConfig, 4.46
+ * and 5.x), with their defaults; keys of routers tidal does not model (DeepSeek-V3 / Kimi's sigmoid
+ * scoring with a correction bias, group-limited top-k, a routed scaling factor) are refused by key
+ * and value, so such a model is never run as a softmax top-k one. */
+static int parse_moe(const char *path, json_t *j, td_config *c, td_error *err)
+{
+    static const char *refused[] = {"n_group", "topk_group", "e_score_correction_bias", "n_routed_experts",
+                                    "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", NULL};
+    for (int i = 0; refused[i]; i++) {
+        json_t *v = json_object_get(j, refused[i]);
+        if (v && !json_is_null(v))
+            return td_fail(err, "%s: \"%s\" is set: a router tidal does not model (DeepSeek-V3 style group-limited "
+                           "or biased routing); only softmax top-k routing (Qwen2-MoE, Qwen3-MoE, Mixtral) is read",
+                           path, refused[i]);
+    }
+    json_t *sf = json_object_get(j, "scoring_func");
+    if (sf && !json_is_null(sf) && (!json_is_string(sf) || strcmp(json_string_value(sf), "softmax") != 0))
+        return td_fail(err, "%s: \"scoring_func\" is %s: tidal models softmax routing only", path,
+                       json_is_string(sf) ? json_string_value(sf) : "not a string");
+    json_t *tm = json_object_get(j, "topk_method");
+    if (tm && !json_is_null(tm) && (!json_is_string(tm) || strcmp(json_string_value(tm), "greedy") != 0))
+        return td_fail(err, "%s: \"topk_method\" is %s: tidal models greedy top-k only", path,
+                       json_is_string(tm) ? json_string_value(tm) : "not a string");
+    double scaling;
+    if (cfgj_num(path, j, "routed_scaling_factor", 1.0, &scaling, err)) return -1;
+    if (scaling != 1.0)
+        return td_fail(err, "%s: \"routed_scaling_factor\" is %g: tidal models unscaled routing weights (1.0)", path,
+                       scaling);
+    if (c->arch != TD_ARCH_QWEN2_MOE && c->arch != TD_ARCH_QWEN3_MOE && c->arch != TD_ARCH_MIXTRAL) {
+        static const char *moe_keys[] = {"num_experts", "num_local_experts", "num_experts_per_tok",
+                                         "moe_intermediate_size", "shared_expert_intermediate_size", NULL};
+        for (int i = 0; moe_keys[i]; i++) {
+            json_t *v = json_object_get(j, moe_keys[i]);
+            if (v && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 0))
+                return td_fail(err, "%s: \"%s\" is set for %s, a dense architecture: tidal would run it without "
+                               "its experts", path, moe_keys[i], td_arch_name(c->arch));
+        }
+        return 0;
+    }
+    int mixtral = c->arch == TD_ARCH_MIXTRAL, qwen2 = c->arch == TD_ARCH_QWEN2_MOE;
+    if (cfgj_int(path, j, mixtral ? "num_local_experts" : "num_experts", false, mixtral ? 8 : qwen2 ? 60 : 128, 1,
+                 65536, &c->num_experts, err) ||
+        cfgj_int(path, j, "num_experts_per_tok", false, mixtral ? 2 : qwen2 ? 4 : 8, 1, 65536,
+                 &c->num_experts_per_tok, err) ||
+        cfgj_num(path, j, "router_aux_loss_coef", 0.001, &c->router_aux_loss_coef, err) ||
+        cfgj_bool(path, j, "output_router_logits", false, &c->output_router_logits, err))
+        return -1;
+    if (mixtral) {
+        c->moe_intermediate_size = c->intermediate_size;
+        c->norm_topk_prob = true;       /* MixtralSparseMoeBlock always renormalises */
+        c->decoder_sparse_step = 1;
+        double jitter;
+        if (cfgj_num(path, j, "router_jitter_noise", 0.0, &jitter, err)) return -1;
+        (void)jitter;                   /* applied in training mode only: the forward is without it */
+    } else {
+        if (cfgj_int(path, j, "moe_intermediate_size", false, qwen2 ? 1408 : 768, 1, DIM_MAX,
+                     &c->moe_intermediate_size, err) ||
+            cfgj_bool(path, j, "norm_topk_prob", false, &c->norm_topk_prob, err) ||
+            cfgj_int(path, j, "decoder_sparse_step", false, 1, 1, 4096, &c->decoder_sparse_step, err))
+            return -1;
+        if (qwen2 && cfgj_int(path, j, "shared_expert_intermediate_size", false, 5632, 0, DIM_MAX,
+                              &c->shared_expert_intermediate_size, err))
+            return -1;
+        json_t *mo = json_object_get(j, "mlp_only_layers");
+        if (mo && !json_is_null(mo)) {
+            if (!json_is_array(mo)) return td_fail(err, "%s: \"mlp_only_layers\" must be a list of layer indices", path);
+            if (json_array_size(mo) > sizeof c->mlp_only_layers / sizeof c->mlp_only_layers[0])
+                return td_fail(err, "%s: \"mlp_only_layers\" lists %zu layers; tidal reads at most %zu", path,
+                               json_array_size(mo), sizeof c->mlp_only_layers / sizeof c->mlp_only_layers[0]);
+            size_t i;
+            json_t *e;
+            json_array_foreach(mo, i, e) {
+                if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= c->num_layers)
+                    return td_fail(err, "%s: \"mlp_only_layers\"[%zu] must be a layer index in [0, %d)", path, i,
+                                   c->num_layers);
+                c->mlp_only_layers[c->n_mlp_only++] = (int)json_integer_value(e);
+            }
+        }
+    }
+    if (c->num_experts_per_tok > c->num_experts)
+        return td_fail(err, "%s: \"num_experts_per_tok\" %d exceeds the %d experts (\"%s\")", path,
+                       c->num_experts_per_tok, c->num_experts, mixtral ? "num_local_experts" : "num_experts");
+    return 0;
+}
 
 const char *td_arch_name(td_arch a) { return (unsigned)a < TD_ARCH_COUNT ? archs[a].hf : "?"; }
 
@@ -52,8 +168,8 @@ void td_config_defaults(td_config *c, td_arch arch)
     c->max_position = archs[arch].max_position;
     c->rms_norm_eps = 1e-6;
     c->rope_theta = 10000.0;
-    c->qkv_bias = arch == TD_ARCH_QWEN2;
-    c->qk_norm = arch == TD_ARCH_QWEN3;
+    c->qkv_bias = arch == TD_ARCH_QWEN2 || arch == TD_ARCH_QWEN2_MOE;
+    c->qk_norm = arch == TD_ARCH_QWEN3 || arch == TD_ARCH_QWEN3_MOE;
     c->bos_token_id = archs[arch].bos;
     c->eos_token_id = archs[arch].eos;
     c->first_sliding_layer = -1;
@@ -139,9 +255,6 @@ static int get_tokens(const char *path, json_t *o, const char *key, int def, int
     return 0;
 }
 
-/* Upper bound of any one dimension: keeps products such as V*C far from size_t overflow and
- * rejects typos before anything is allocated from them. */
-#define DIM_MAX (1 << 24)
 
 int td_config_parse(const char *path, td_config *c, td_error *err)
 {
@@ -171,7 +284,8 @@ int td_config_parse(const char *path, td_config *c, td_error *err)
     }
     if (arch < 0) {
         td_fail(err, "%s: unknown architecture \"%s\" (tidal reads LlamaForCausalLM, MistralForCausalLM, "
-                "Qwen2ForCausalLM, Qwen3ForCausalLM)", path, archname);
+                "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)",
+                path, archname);
         goto done;
     }
     td_config_defaults(c, (td_arch)arch);
@@ -191,14 +305,15 @@ int td_config_parse(const char *path, td_config *c, td_error *err)
         cfgj_bool(path, j, "tie_word_embeddings", false, &c->tie_word_embeddings, err) ||
         get_tokens(path, j, "bos_token_id", c->bos_token_id, &c->bos_token_id, bos_ids, &n_bos, err) ||
         get_tokens(path, j, "eos_token_id", c->eos_token_id, &c->eos_token_id, c->eos_token_ids, &c->n_eos, err) ||
-        cfgj_rope(path, j, c, err) || cfgj_attention_layers(path, j, c, err) || cfgj_classify_keys(path, j, c, err))
+        cfgj_rope(path, j, c, err) || cfgj_attention_layers(path, j, c, err) || cfgj_classify_keys(path, j, c, err) ||
+        parse_moe(path, j, c, err))
         goto done;
 
     bool attention_bias, mlp_bias;
     if (cfgj_bool(path, j, "attention_bias", false, &attention_bias, err) ||
         cfgj_bool(path, j, "mlp_bias", false, &mlp_bias, err))
         goto done;
-    if (attention_bias && arch != TD_ARCH_QWEN2) {
+    if (attention_bias && arch != TD_ARCH_QWEN2 && arch != TD_ARCH_QWEN2_MOE) {
         td_fail(err, "%s: \"attention_bias\": true (biases on q/k/v/o) is not supported for %s", path, archname);
         goto done;
     }
@@ -250,6 +365,18 @@ int td_config_validate(const td_config *c, const char *what, td_error *err)
         return td_fail(err, "%s: num_attention_heads %d is not divisible by num_key_value_heads %d", what,
                        c->num_heads, c->num_kv_heads);
     if (c->head_dim % 2 != 0) return td_fail(err, "%s: head_dim %d must be even (RoPE rotates pairs)", what, c->head_dim);
+    if (c->num_experts < 0 || (c->num_experts > 0 && (c->num_experts_per_tok < 1 || c->moe_intermediate_size < 1 ||
+                                                       c->shared_expert_intermediate_size < 0)))
+        return td_fail(err, "%s: mixture of experts with E=%d K=%d FE=%d FS=%d: every size must be positive", what,
+                       c->num_experts, c->num_experts_per_tok, c->moe_intermediate_size,
+                       c->shared_expert_intermediate_size);
+    if (c->num_experts > 0 && c->num_experts_per_tok > c->num_experts)
+        return td_fail(err, "%s: num_experts_per_tok %d exceeds the %d experts", what, c->num_experts_per_tok,
+                       c->num_experts);
+    if (c->num_experts > 0 && c->arch != TD_ARCH_QWEN2_MOE && c->arch != TD_ARCH_QWEN3_MOE && c->arch != TD_ARCH_MIXTRAL)
+        return td_fail(err, "%s: %d experts for %s, a dense architecture", what, c->num_experts, td_arch_name(c->arch));
+    if (c->shared_expert_intermediate_size > 0 && c->arch != TD_ARCH_QWEN2_MOE)
+        return td_fail(err, "%s: a shared expert is Qwen2-MoE's alone", what);
     if (!(c->rms_norm_eps > 0)) return td_fail(err, "%s: rms_norm_eps must be > 0", what);
     if (!(c->rope_theta > 0)) return td_fail(err, "%s: rope_theta must be > 0", what);
     if (c->bos_token_id >= c->vocab_size || c->eos_token_id >= c->vocab_size)
@@ -291,11 +418,12 @@ int td_config_write(const char *path, const td_config *c, td_error *err)
         json_object_set_new(j, "rope_scaling", json_null());
     json_object_set_new(j, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
     json_object_set_new(j, "attention_dropout", json_real(0.0));
-    if (c->arch == TD_ARCH_LLAMA || c->arch == TD_ARCH_QWEN3)
+    if (c->arch == TD_ARCH_LLAMA || c->arch == TD_ARCH_QWEN3 || c->arch == TD_ARCH_QWEN3_MOE)
         json_object_set_new(j, "attention_bias", json_false());
     if (c->arch == TD_ARCH_LLAMA) json_object_set_new(j, "mlp_bias", json_false());
-    if (c->arch == TD_ARCH_MISTRAL) json_object_set_new(j, "sliding_window", json_null());
-    if (c->arch == TD_ARCH_QWEN2 || c->arch == TD_ARCH_QWEN3) {
+    if (c->arch == TD_ARCH_MISTRAL || c->arch == TD_ARCH_MIXTRAL) json_object_set_new(j, "sliding_window", json_null());
+    if (c->arch == TD_ARCH_QWEN2 || c->arch == TD_ARCH_QWEN3 || c->arch == TD_ARCH_QWEN2_MOE ||
+        c->arch == TD_ARCH_QWEN3_MOE) {
         json_object_set_new(j, "use_sliding_window", json_false());
         json_object_set_new(j, "sliding_window", json_null());
         json_object_set_new(j, "max_window_layers", json_integer(c->num_layers));
@@ -308,6 +436,23 @@ int td_config_write(const char *path, const td_config *c, td_error *err)
         json_object_set_new(j, "eos_token_id", a);
     } else {
         json_object_set_new(j, "eos_token_id", c->eos_token_id >= 0 ? json_integer(c->eos_token_id) : json_null());
+    }
+    if (c->num_experts > 0) {
+        json_object_set_new(j, c->arch == TD_ARCH_MIXTRAL ? "num_local_experts" : "num_experts",
+                            json_integer(c->num_experts));
+        json_object_set_new(j, "num_experts_per_tok", json_integer(c->num_experts_per_tok));
+        json_object_set_new(j, "router_aux_loss_coef", json_real(c->router_aux_loss_coef));
+        json_object_set_new(j, "output_router_logits", json_boolean(c->output_router_logits));
+        if (c->arch != TD_ARCH_MIXTRAL) {
+            json_object_set_new(j, "moe_intermediate_size", json_integer(c->moe_intermediate_size));
+            json_object_set_new(j, "norm_topk_prob", json_boolean(c->norm_topk_prob));
+            json_object_set_new(j, "decoder_sparse_step", json_integer(c->decoder_sparse_step));
+            json_t *mo = json_array();
+            for (int i = 0; i < c->n_mlp_only; i++) json_array_append_new(mo, json_integer(c->mlp_only_layers[i]));
+            json_object_set_new(j, "mlp_only_layers", mo);
+        }
+        if (c->arch == TD_ARCH_QWEN2_MOE)
+            json_object_set_new(j, "shared_expert_intermediate_size", json_integer(c->shared_expert_intermediate_size));
     }
     json_object_set_new(j, "torch_dtype", json_string(c->torch_dtype[0] ? c->torch_dtype : "float32"));
     json_object_set_new(j, "use_cache", json_true());

@@ -46,7 +46,15 @@ static const struct { const char *key; int cls; } keys[] = {
     {"id2label", INERT}, {"label2id", INERT}, {"problem_type", INERT}, {"tokenizer_class", INERT},
     {"prefix", INERT}, {"task_specific_params", INERT}, {"finetuning_task", INERT},
     {"_attn_implementation_autoset", INERT}, {"attn_implementation", INERT}, {"_attn_implementation", INERT},
-    {"output_router_logits", INERT}, {"router_aux_loss_coef", INERT},
+    {"output_router_logits", READ}, {"router_aux_loss_coef", READ},
+    /* mixtures of experts (config.c parse_moe; unmodelled routers refused there by key and value) */
+    {"num_experts", READ}, {"num_local_experts", READ}, {"num_experts_per_tok", READ},
+    {"moe_intermediate_size", READ}, {"shared_expert_intermediate_size", READ}, {"norm_topk_prob", READ},
+    {"decoder_sparse_step", READ}, {"mlp_only_layers", READ}, {"router_jitter_noise", READ},
+    {"scoring_func", READ}, {"topk_method", READ}, {"routed_scaling_factor", READ}, {"n_group", READ},
+    {"topk_group", READ}, {"e_score_correction_bias", READ}, {"n_routed_experts", READ},
+    {"n_shared_experts", READ}, {"first_k_dense_replace", READ}, {"moe_layer_freq", READ},
+    {"qkv_bias", INERT},   /* Qwen2-MoE writes none; tidal reads attention_bias */
     /* generation defaults an old config.json may carry; tidal reads generation_config.json */
     {"max_length", INERT}, {"min_length", INERT}, {"do_sample", INERT}, {"early_stopping", INERT},
     {"num_beams", INERT}, {"num_beam_groups", INERT}, {"diversity_penalty", INERT}, {"temperature", INERT},

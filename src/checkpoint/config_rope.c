@@ -182,9 +182,9 @@ int cfgj_attention_layers(const char *path, json_t *j, td_config *c, td_error *e
     c->first_sliding_layer = -1;
     if (c->arch == TD_ARCH_LLAMA) return 0;   /* LlamaAttention has no window: the keys are inert */
     int window = 0, max_window_layers = 28;
-    bool use_sw = c->arch == TD_ARCH_MISTRAL;  /* Mistral: a non-null window is always used */
+    bool use_sw = c->arch == TD_ARCH_MISTRAL || c->arch == TD_ARCH_MIXTRAL;  /* a non-null window is always used */
     if (cfgj_int(path, j, "sliding_window", false, 0, 1, INT32_MAX, &window, err)) return -1;
-    if (c->arch != TD_ARCH_MISTRAL &&
+    if (c->arch != TD_ARCH_MISTRAL && c->arch != TD_ARCH_MIXTRAL &&
         (cfgj_bool(path, j, "use_sliding_window", false, &use_sw, err) ||
          cfgj_int(path, j, "max_window_layers", false, 28, 0, INT32_MAX, &max_window_layers, err)))
         return -1;
@@ -205,7 +205,7 @@ int cfgj_attention_layers(const char *path, json_t *j, td_config *c, td_error *e
                 return td_fail(err, "%s: \"layer_types\"[%d] must be \"full_attention\" or \"sliding_attention\"", path, l);
             slides = strcmp(json_string_value(e), "sliding_attention") == 0;
         } else {
-            slides = c->arch == TD_ARCH_MISTRAL || l >= max_window_layers;
+            slides = c->arch == TD_ARCH_MISTRAL || c->arch == TD_ARCH_MIXTRAL || l >= max_window_layers;
         }
         if (slides && window > 0) {
             if (c->n_sliding_layers++ == 0) c->first_sliding_layer = l;

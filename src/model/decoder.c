@@ -42,6 +42,20 @@ void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int 
     a->up = acts_buf(a, per * n * F);
     a->scores = acts_buf(a, (size_t)ops->nthreads * ATT_BLOCK * max_keys);
     a->kv_off = td_xmalloc(n * sizeof(size_t));   /* a host table the paths fill (ops copy it) */
+    if (c->num_experts > 0) {
+        size_t E = c->num_experts, K = c->num_experts_per_tok, FW = c->moe_intermediate_size;
+        if ((size_t)c->shared_expert_intermediate_size > FW) FW = c->shared_expert_intermediate_size;
+        a->moe_logits = acts_buf(a, n * E);
+        a->moe_probs = acts_buf(a, n * E);
+        a->moe_experts = (int *)acts_buf(a, n * K);
+        a->moe_weights = acts_buf(a, n * K);
+        a->moe_rows = (int *)acts_buf(a, n * K);
+        a->moe_in = acts_buf(a, n * C);
+        a->moe_gate = acts_buf(a, n * FW);
+        a->moe_up = acts_buf(a, n * FW);
+        a->moe_y = acts_buf(a, n * C);
+        a->moe_acc = acts_buf(a, n * C);
+    }
     if (!save) return;
     a->x_mid = acts_buf(a, per * n * C);
     a->xn1 = acts_buf(a, per * n * C);
@@ -174,7 +188,12 @@ static void layer_body(const td_ops *ops, const td_model *m, td_acts *a, int l, 
     lora_forward(ops, l, TD_LORA_O, a->proj, la.att, N);
     add_then_norm(ops, la.x_mid, la.x_in, a->proj, la.xn2, la.rstd2, w->mlp_norm, N, C, eps);
 
-    /* MLP sub-block */
+    /* MLP sub-block: a mixture of experts (moe.c), or the dense SwiGLU */
+    if (td_config_layer_moe(c, l)) {
+        if (!tail) return;
+        moe_forward(ops, m, a, l, la.xn2, pos, N, a->proj);
+        goto residual;
+    }
     float *gu_out[] = {la.gate, la.up};
     td_wmat gu_w[] = {*wset_mat(ws, l, TD_LORA_GATE), *wset_mat(ws, l, TD_LORA_UP)};
     int gu_dim[] = {F, F};
@@ -185,6 +204,7 @@ static void layer_body(const td_ops *ops, const td_model *m, td_acts *a, int l, 
     if (!tail) return;
     matmul_forward(ops, a->proj, la.act, wset_mat(ws, l, TD_LORA_DOWN), NULL, N, F, C);
     lora_forward(ops, l, TD_LORA_DOWN, a->proj, la.act, N);
+residual:
     if (l + 1 < c->num_layers) {   /* the next layer's first norm */
         td_layer_acts nx = acts_layer(a, c, l + 1);
         add_then_norm(ops, la.x_out, la.x_mid, a->proj, nx.xn1, nx.rstd1, W->layers[l + 1].attn_norm, N, C, eps);

@@ -68,12 +68,33 @@ static void compute_inv_freq(const td_config *cfg, float *inv_freq)
     }
 }
 
+void td_model_weights_layers(td_model_weights *w, const td_config *c, const td_model_weights *src)
+{
+    size_t L = (size_t)c->num_layers, per = (size_t)c->num_experts * 3;
+    w->layers = td_xcalloc(L, sizeof *w->layers);
+    w->experts = per ? td_xcalloc(L * per, sizeof *w->experts) : NULL;
+    if (src) {
+        memcpy(w->layers, src->layers, L * sizeof *w->layers);
+        if (per && src->experts) memcpy(w->experts, src->experts, L * per * sizeof *w->experts);
+    }
+    for (size_t l = 0; l < L; l++)
+        w->layers[l].w_experts = per && td_config_layer_moe(c, (int)l) ? w->experts + l * per : NULL;
+}
+
+void td_model_weights_free_layers(td_model_weights *w)
+{
+    free(w->layers);
+    free(w->experts);
+    w->layers = NULL;
+    w->experts = NULL;
+}
+
 td_model *model_new(const td_config *cfg, const char *what, td_error *err)
 {
     if (td_model_check_config(cfg, what, err)) return NULL;
     td_model *m = td_xcalloc(1, sizeof *m);
     m->cfg = *cfg;
-    m->w.layers = td_xcalloc((size_t)cfg->num_layers, sizeof *m->w.layers);
+    td_model_weights_layers(&m->w, cfg, NULL);
     m->inv_freq = td_xmalloc((size_t)cfg->head_dim / 2 * sizeof(float));
     compute_inv_freq(cfg, m->inv_freq);
     return m;
@@ -97,7 +118,7 @@ td_model *td_model_alloc(const td_config *cfg, td_error *err)
 void td_model_free(td_model *m)
 {
     if (!m) return;
-    free(m->w.layers);
+    td_model_weights_free_layers(&m->w);
     free(m->inv_freq);
     free(m->owned);
     if (m->store) {

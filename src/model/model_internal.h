@@ -16,12 +16,25 @@ td_model *model_new(const td_config *cfg, const char *what, td_error *err);
 typedef struct td_wset {
     td_wmat embed, lm_head;
     td_wmat *mat;              // (L * TD_LORA_NMOD)
+    td_wmat *moe;              // (L * moe_per) a mixture of experts' matrices (NULL: dense), per
+                               // layer at the slots below: router, the shared expert's gate, up,
+                               // down and its sigmoid gate, then expert e's gate, up, down
+    int moe_per;               // 5 + 3 E
 } td_wset;
+
+enum { TD_MOE_ROUTER = 0, TD_MOE_SH_GATE, TD_MOE_SH_UP, TD_MOE_SH_DOWN, TD_MOE_SH_ROUTE, TD_MOE_EXPERTS };
 
 static inline td_wmat *wset_mat(const td_wset *ws, int layer, int module)
 {
     return &ws->mat[(size_t)layer * TD_LORA_NMOD + module];
 }
+
+static inline td_wmat *wset_moe(const td_wset *ws, int layer, int slot)
+{
+    return &ws->moe[(size_t)layer * ws->moe_per + slot];
+}
+/* The wset_moe slot of a parameter-table entry, -1 for a tensor outside the MoE blocks. */
+int param_moe_slot(const td_param_spec *p);
 
 /* A loaded model's tensors in their storage dtype (load.c): entry i of the parameter table is
  * t[i] (mapped from the checkpoint, or owned); nan[i] says whether it holds a NaN (scanned at
@@ -91,7 +104,18 @@ typedef struct {
     float *scores;   // (nthreads, ATT_BLOCK, max_keys)
     size_t *kv_off;  // (cap)
     float *x_host;   /* a device backend's stream rows for the layer observer (lazy) */
-    void *owned[24]; /* what acts_alloc allocated */
+    /* mixture-of-experts scratch (moe.c), one layer's, host memory (the CPU backend's) */
+    float *moe_logits;  // (cap, E)    router logits (and the shared expert's gate)
+    float *moe_probs;   // (cap, E)    router softmax
+    int *moe_experts;   // (cap, K)    chosen experts, top-k order
+    float *moe_weights; // (cap, K)    their routing weights
+    int *moe_rows;      // (cap * K)   the (row, slot) pairs routed to one expert
+    float *moe_in;      // (cap * K, C) those rows' inputs (at most cap: an expert is chosen once per row)
+    float *moe_gate;    // (cap, max(FE, FS))
+    float *moe_up;      // (cap, max(FE, FS))
+    float *moe_y;       // (cap, C)    an expert's output rows
+    float *moe_acc;     // (cap, C)    the layer's output
+    void *owned[40]; /* what acts_alloc allocated */
     int nowned;
 } td_acts;
 
@@ -109,6 +133,13 @@ enum { TD_ACTS_NONE = 0, TD_ACTS_ALL = 1, TD_ACTS_CHECKPOINT = 2 };
 void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int max_keys, int save);
 void acts_free(td_acts *a);
 td_layer_acts acts_layer(const td_acts *a, const td_config *c, int l);
+
+/* A mixture-of-experts layer's MLP on N rows of x (its post-attention norm output) into out (N, C)
+ * (moe.c); and its routing alone: logits (N, E) -> probs, experts (N, K), weights (N, K). */
+void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const float *x, const int *pos, int N,
+                 float *out);
+void moe_route(const td_ops *ops, const td_config *c, int l, int N, const int *pos, const float *logits,
+               float *probs, int *experts, float *weights);
 
 /* Where the keys and values of the rows live: layer l of K is kv_k + l*layer_stride (same for
  * V); row i's sequence starts at offset kv_off[i] in it and the row itself is written at

@@ -108,6 +108,11 @@ typedef struct td_ops {
     void *layer_user;
     const int *row_seq;           /* (rows) sequence / slot of each row, for layer_fn         */
     const struct lora_rt *lora;   /* unmerged LoRA adapter (lora_run.c), NULL = none           */
+    /* mixtures of experts (moe.c): each MoE layer's routing reported, or replayed */
+    td_moe_fn moe_fn;
+    void *moe_user;
+    td_moe_replay_fn moe_replay;
+    void *moe_replay_user;
     struct td_progress_s *progress; /* long work (tidal/progress.h): decoder_forward adds N rows
                                        per layer                                               */
 } td_ops;

@@ -19,6 +19,11 @@ static const size_t LAYER_FIELD[TD_ROLE_COUNT] = {
     [TD_ROLE_W_GATE] = offsetof(td_layer_weights, w_gate),
     [TD_ROLE_W_UP] = offsetof(td_layer_weights, w_up),
     [TD_ROLE_W_DOWN] = offsetof(td_layer_weights, w_down),
+    [TD_ROLE_ROUTER] = offsetof(td_layer_weights, w_router),
+    [TD_ROLE_SH_GATE] = offsetof(td_layer_weights, ws_gate),
+    [TD_ROLE_SH_UP] = offsetof(td_layer_weights, ws_up),
+    [TD_ROLE_SH_DOWN] = offsetof(td_layer_weights, ws_down),
+    [TD_ROLE_SH_ROUTE] = offsetof(td_layer_weights, ws_route),
 };
 
 const float **param_slot(td_model_weights *w, int num_layers, const td_param_spec *p)
@@ -30,6 +35,10 @@ const float **param_slot(td_model_weights *w, int num_layers, const td_param_spe
     default: break;
     }
     if ((unsigned)p->role >= TD_ROLE_COUNT || p->layer < 0 || p->layer >= num_layers) return NULL;
+    if (p->role == TD_ROLE_E_GATE || p->role == TD_ROLE_E_UP || p->role == TD_ROLE_E_DOWN) {
+        const float **ex = w->layers[p->layer].w_experts;
+        return ex && p->expert >= 0 ? &ex[3 * p->expert + (p->role - TD_ROLE_E_GATE)] : NULL;
+    }
     return (const float **)((char *)&w->layers[p->layer] + LAYER_FIELD[p->role]);
 }
 
@@ -43,6 +52,20 @@ int param_lora_module(td_param_role role)
     case TD_ROLE_W_GATE: return TD_LORA_GATE;
     case TD_ROLE_W_UP: return TD_LORA_UP;
     case TD_ROLE_W_DOWN: return TD_LORA_DOWN;
+    default: return -1;
+    }
+}
+
+int param_moe_slot(const td_param_spec *p)
+{
+    switch (p->role) {
+    case TD_ROLE_ROUTER: return TD_MOE_ROUTER;
+    case TD_ROLE_SH_GATE: return TD_MOE_SH_GATE;
+    case TD_ROLE_SH_UP: return TD_MOE_SH_UP;
+    case TD_ROLE_SH_DOWN: return TD_MOE_SH_DOWN;
+    case TD_ROLE_SH_ROUTE: return TD_MOE_SH_ROUTE;
+    case TD_ROLE_E_GATE: case TD_ROLE_E_UP: case TD_ROLE_E_DOWN:
+        return TD_MOE_EXPERTS + 3 * p->expert + (p->role - TD_ROLE_E_GATE);
     default: return -1;
     }
 }

@@ -302,9 +302,12 @@ static int weights_prepare(prep *P, const td_recipe *r)
     emb.weights = plain || param_keeps_fp32(r, TD_ROLE_EMBED) ? TD_F32 : r->activations;
     /* the fp32 view starts as the model's (norms, biases, fp32 tensors) */
     st->w = m->w;
-    st->w.layers = td_xmalloc((size_t)L * sizeof *st->w.layers);
-    memcpy(st->w.layers, m->w.layers, (size_t)L * sizeof *st->w.layers);
+    td_model_weights_layers(&st->w, c, &m->w);
     st->ws.mat = td_xcalloc((size_t)L * TD_LORA_NMOD, sizeof *st->ws.mat);
+    if (c->num_experts > 0) {
+        st->ws.moe_per = TD_MOE_EXPERTS + 3 * c->num_experts;
+        st->ws.moe = td_xcalloc((size_t)L * st->ws.moe_per, sizeof *st->ws.moe);
+    }
     td_progress pr;
     td_progress_start(&pr, m->progress, "preparing weights");
     size_t total = 0, done = 0, embed_i = 0;
@@ -341,6 +344,9 @@ static int weights_prepare(prep *P, const td_recipe *r)
         } else if (p->role == TD_ROLE_LM_HEAD) {
             out = &st->ws.lm_head;
             rc = prep_wmat(P, &head, src, nan, NULL, rows, cols, out);
+        } else if (param_moe_slot(p) >= 0) {   /* router, experts, shared expert: GEMMs like any other */
+            out = wset_moe(&st->ws, p->layer, param_moe_slot(p));
+            rc = prep_wmat(P, r, src, nan, NULL, rows, cols, out);
         } else {
             int mo = param_lora_module(p->role);
             const td_lora_pair *ad = P->mc.lora ? &P->mc.lora->pairs[p->layer * TD_LORA_NMOD + mo] : NULL;
@@ -369,8 +375,9 @@ void recipe_state_free(td_recipe_state *st)
         free(st->owned[i]);
     }
     free(st->owned);
-    free(st->w.layers);
+    td_model_weights_free_layers(&st->w);
     free(st->ws.mat);
+    free(st->ws.moe);
     lora_rt_free(st->lora);
     free(st->qin);
     free(st->gscratch);
@@ -384,6 +391,8 @@ static int wset_narrow(const td_wset *ws, int L)
     if (ws->embed.dtype != TD_F32 || ws->lm_head.dtype != TD_F32) return 1;
     for (int i = 0; i < L * TD_LORA_NMOD; i++)
         if (ws->mat[i].data && ws->mat[i].dtype != TD_F32) return 1;
+    for (int i = 0; ws->moe && i < L * ws->moe_per; i++)
+        if (ws->moe[i].data && ws->moe[i].dtype != TD_F32) return 1;
     return 0;
 }
 
@@ -391,6 +400,9 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
                      const td_lora *lora, int mode, int cap, int f32, td_error *err)
 {
     if (td_recipe_check(r, r->name, err)) return -1;
+    if (lora && m->cfg.num_experts > 0)
+        return td_fail(err, "%s: LoRA adapters on a mixture-of-experts model are not run yet (MoE training, issue 35)",
+                       lora->dir);
     if (lora && lora->num_layers != m->cfg.num_layers)
         return td_fail(err, "%s: adapter for %d layers, model has %d", lora->dir, lora->num_layers, m->cfg.num_layers);
     for (int i = 0; lora && i < lora->num_layers * TD_LORA_NMOD; i++) {
@@ -439,6 +451,8 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
     size_t width = (size_t)c->hidden_size;
     if ((size_t)c->intermediate_size > width) width = (size_t)c->intermediate_size;
     if ((size_t)c->num_heads * c->head_dim > width) width = (size_t)c->num_heads * c->head_dim;
+    if ((size_t)c->moe_intermediate_size > width) width = (size_t)c->moe_intermediate_size;   /* experts' down */
+    if ((size_t)c->shared_expert_intermediate_size > width) width = (size_t)c->shared_expert_intermediate_size;
     ops->w = &st->w;
     ops->ws = &st->ws;
     /* one tile of the widest GEMM input per thread: 16-bit and fp8 weights are widened into it,

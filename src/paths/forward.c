@@ -289,6 +289,18 @@ void td_forward_set_temperature(td_forward *f, float T)
     f->ops.temperature = T > 0 ? T : 1.0f;
 }
 
+void td_forward_set_moe_fn(td_forward *f, td_moe_fn fn, void *user)
+{
+    f->ops.moe_fn = fn;
+    f->ops.moe_user = user;
+}
+
+void td_forward_set_moe_replay(td_forward *f, td_moe_replay_fn fn, void *user)
+{
+    f->ops.moe_replay = fn;
+    f->ops.moe_replay_user = user;
+}
+
 void td_forward_set_layer_fn(td_forward *f, td_layer_fn fn, void *user)
 {
     f->ops.layer_fn = fn;

@@ -236,6 +236,18 @@ int td_session_set_recipe_lora(td_session *s, const td_recipe *r, const td_lora 
     return 0;
 }
 
+void td_session_set_moe_fn(td_session *s, td_moe_fn fn, void *user)
+{
+    s->ops.moe_fn = fn;
+    s->ops.moe_user = user;
+}
+
+void td_session_set_moe_replay(td_session *s, td_moe_replay_fn fn, void *user)
+{
+    s->ops.moe_replay = fn;
+    s->ops.moe_replay_user = user;
+}
+
 void td_session_set_layer_fn(td_session *s, td_layer_fn fn, void *user)
 {
     s->ops.layer_fn = fn;

@@ -238,6 +238,10 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     if (check_opts(opts, err)) return NULL;
     const td_config *c = &src->cfg;
     if (td_config_check_len(c, opts->max_seq_len, err)) return NULL;
+    if (c->num_experts > 0)
+        return td_fail(err, "training: %s is a mixture of experts (%d experts, top-%d); tidal runs its forward on both "
+                       "paths (tidal-diff) but does not train it yet: the MoE backward is issue 35",
+                       td_arch_name(c->arch), c->num_experts, c->num_experts_per_tok), NULL;
     if (src->backend && !td_backend_has_backward(src->backend))
         return td_fail(err, "training: the %s backend lacks backward ops (matmul_backward): train on "
                        "the CPU (--device cpu)", src->backend->name), NULL;
