@@ -62,6 +62,15 @@ static void print_json_summary(const td_diff_opts *o, const td_diff_summary *s)
         json_object_set_new(j, "recipe_b", json_null());
         json_object_set_new(j, "replay_format", json_string(s->replay_format));
     }
+    if (s->moe_layers > 0) {
+        json_t *fl = json_array();
+        for (int m = 0; m < s->moe_layers && m < 128; m++)
+            json_array_append_new(fl, isnan(s->route_flip_rate[m]) ? json_null() : json_real(s->route_flip_rate[m]));
+        json_object_set_new(j, "routing", json_pack("{s:o, s:o, s:s}", "flip_rate_per_layer", fl, "tokens_flipped",
+                                                    isnan(s->route_tokens_flipped) ? json_null()
+                                                                                   : json_real(s->route_tokens_flipped),
+                                                    "routing_replay", s->routing_replay[0] ? s->routing_replay : "none"));
+    }
     json_object_set_new(j, "tokens_per_s", s->run_seconds > 0 ? json_real(s->run_tokens / s->run_seconds) : json_null());
     json_dumpf(j, stdout, JSON_INDENT(1) | JSON_REAL_PRECISION(17));
     fputc('\n', stdout);
@@ -104,6 +113,9 @@ int main(int argc, char **argv)
                  "fit (the plan is an upper bound)"),
         TD_OPT_F("score-prompt", 0, &o.score_prompt, 1, "also score prompt tokens"),
         TD_OPT_F("layers", 0, &o.layers, 1, "record per-layer residual error ||h_a - h_b|| / ||h_a||"),
+        TD_OPT_C("routing-replay", 0, &o.routing_replay, "none|r3", "mixtures of experts: r3 = path A uses the experts\n"
+                 "path B chose for each token and layer, weighted by A's\nown router (Rollout Routing Replay); the file\n"
+                 "records what A's router would have chosen (/routing)"),
         TD_OPT_F("no-stop-at-eos", 0, &o.stop_at_eos, 0, "always generate --max-new-tokens tokens"),
         TD_OPT_FUN("shard", 0, &o, "K/N", parse_shard, "K/N with 0 <= K < N",
                    "do prompts i with i % N == K (join with tidal-merge);\nsee README on batch invariance"),
@@ -242,6 +254,12 @@ int main(int argc, char **argv)
     } else {
         printf("  KL(B||A)  mean %.4g   k3 mean %.4g\n", s.mean_kl_ba, s.mean_k3);
         printf("  top-1 agreement %.4f\n", s.top1_agree);
+    }
+    if (s.moe_layers > 0) {
+        printf("  routing   expert-set flips per MoE layer%s:", s.routing_replay[0] ? " (A's own router against "
+               "B's experts; A replayed them: --routing-replay r3)" : "");
+        for (int m = 0; m < s.moe_layers && m < 128; m++) printf(" %.4f", s.route_flip_rate[m]);
+        printf("\n            tokens with a flip in any layer %.4f\n", s.route_tokens_flipped);
     }
     if (s.run_batches > 0)
         printf("  throughput %.1f scored tokens/s (%lld tokens in %.2f s, %s, model loading excluded)\n",

@@ -36,6 +36,7 @@ typedef struct {
     int ignore_memory_plan;    /* run even when the plan says it does not fit                 */
     int score_prompt;          /* also score prompt tokens (positions 1..P-1)            */
     int layers;                /* record /layers/rel_err: per-layer residual error       */
+    int routing_replay;        /* MoE models: 1 = --routing-replay r3 (A uses B's experts) */
     int shard_k, shard_n;      /* this run does prompts i with i % shard_n == shard_k    */
     int resume, force, skip_bad_lines;
     int stop_at_eos;           /* stop a sequence at the checkpoint's EOS token          */
@@ -81,6 +82,13 @@ typedef struct {
      * runs recipe A only: B's numbers are the engine's log-probs from the dump, and the
      * distribution-level KL(B||A) and top-1 agreement do not exist (NaN in the summary). */
     char replay_format[16];
+    /* a mixture of experts (/routing): per MoE layer, the share of scored tokens whose predicting
+     * position chose another expert set on A than on B (the first TD_DIFF_MAX_MOE layers), and the
+     * share of tokens with such a flip in at least one layer; moe_layers 0 for a dense model */
+    int moe_layers;
+    double route_flip_rate[128];
+    double route_tokens_flipped;
+    char routing_replay[8];   /* "r3" or "" */
 } td_diff_summary;
 
 /* Runs the job; progress on stderr. 0, or -1 + err naming the file and the problem. */

@@ -67,6 +67,11 @@ extern const td_colspec td_schema_steps[TD_STP_COUNT];
 
 /* /layers/rel_err: rows aligned with /tokens, one float32 column per layer (--layers). */
 #define TD_SCHEMA_LAYERS "/layers"
+/* Mixtures of experts (tidal-diff on an MoE model): rows aligned with /tokens, one column per MoE
+ * layer (reports/SCHEMA.md): the routing of the position that predicted the token. */
+#define TD_SCHEMA_ROUTING "/routing"
+extern const td_colspec td_schema_routing_flip, td_schema_routing_margin_a, td_schema_routing_moved,
+    td_schema_routing_flips;
 extern const td_colspec td_schema_layers_rel_err;
 #define TD_SCHEMA_PROGRESS "/progress"
 

@@ -1,6 +1,7 @@
 /* One batch's buffers (src/diff/job.h): the sequences, B's rows, the metrics by position. */
 #include "job.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,8 +38,29 @@ void batch_alloc(batch_state *b, const job *J, const size_t *idx, int n)
         b->res_b = td_xcalloc((size_t)n, sizeof(float *));
         b->rel = td_xcalloc((size_t)n, sizeof(float *));
     }
+    const td_config *cfg = &J->model->cfg;
+    if (cfg->num_experts > 0) {
+        b->Lm = td_config_num_moe_layers(cfg);
+        b->K = cfg->num_experts_per_tok;
+        b->norm_topk = cfg->norm_topk_prob;
+        b->replay = o->routing_replay;
+        b->rexp_b = td_xcalloc((size_t)n, sizeof(int *));
+        b->rflip = td_xcalloc((size_t)n, sizeof(signed char *));
+        b->rmargin = td_xcalloc((size_t)n, sizeof(float *));
+        b->rmoved = td_xcalloc((size_t)n, sizeof(float *));
+    }
     for (int s = 0; s < n; s++) {
         const td_prompt *p = &J->prompts.items[idx[s]];
+        if (b->Lm) {
+            size_t cells = (size_t)maxl * b->Lm;
+            b->rexp_b[s] = td_xmalloc(cells * b->K * sizeof(int));
+            for (size_t i = 0; i < cells * b->K; i++) b->rexp_b[s][i] = -1;
+            b->rflip[s] = td_xmalloc(cells);
+            memset(b->rflip[s], -1, cells);
+            b->rmargin[s] = td_xmalloc(cells * sizeof(float));
+            b->rmoved[s] = td_xmalloc(cells * sizeof(float));
+            for (size_t i = 0; i < cells; i++) b->rmargin[s][i] = b->rmoved[s][i] = NAN;
+        }
         b->seq[s] = td_xmalloc((size_t)maxl * sizeof(int));
         for (int t = 0; t < p->n_prompt; t++) b->seq[s][t] = p->prompt[t];
         b->plen[s] = b->len[s] = p->n_prompt;
@@ -71,7 +93,9 @@ void batch_free(batch_state *b)
     for (int s = 0; s < b->n; s++) {
         free(b->seq[s]); free(b->rows_b[s]); free(b->logp_b_proc[s]); free(b->m[s]); free(b->have[s]);
         if (b->L) { free(b->res_b[s]); free(b->rel[s]); }
+        if (b->Lm) { free(b->rexp_b[s]); free(b->rflip[s]); free(b->rmargin[s]); free(b->rmoved[s]); }
     }
+    free(b->rexp_b); free(b->rflip); free(b->rmargin); free(b->rmoved);
     free(b->res_b); free(b->rel);
     free(b->seq); free(b->len); free(b->plen); free(b->finish); free(b->rows_b); free(b->logp_b_proc);
     free(b->m); free(b->have); free(b->replay_b); free(b->keep_from); free(b->keep_base);

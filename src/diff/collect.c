@@ -73,6 +73,73 @@ void on_layer_a(void *user, int l, int N, const int *seq, const int *pos, const 
     }
 }
 
+/* Mixtures of experts: B's experts at each position it routed (prefill and decode rows). */
+void on_moe_b(void *user, const td_moe_route *r)
+{
+    batch_state *b = user;
+    for (int i = 0; i < r->N; i++) {
+        int s = r->seq[i], t = r->pos[i];
+        memcpy(b->rexp_b[s] + ((size_t)t * b->Lm + r->moe_layer) * b->K, r->experts + (size_t)i * r->K,
+               (size_t)r->K * sizeof(int));
+    }
+}
+
+/* --routing-replay r3: A takes B's experts where B routed the position (-1: A routes it itself,
+ * the last token, which B sampled but never fed back). */
+int replay_moe_b(void *user, int moe_layer, int N, const int *seq, const int *pos, int K, int *experts)
+{
+    batch_state *b = user;
+    for (int i = 0; i < N; i++)
+        memcpy(experts + (size_t)i * K, b->rexp_b[seq[i]] + ((size_t)pos[i] * b->Lm + moe_layer) * K,
+               (size_t)K * sizeof(int));
+    return 1;
+}
+
+/* A's routing at position t against B's, recorded for the token at t + 1 that the position
+ * predicts: A's own top-k of its probabilities (under replay, what its router would have chosen),
+ * the flip code, A's margin between its k-th and (k+1)-th probability, and A's probability on
+ * the experts it chose that B did not. */
+void on_moe_a(void *user, const td_moe_route *r)
+{
+    batch_state *b = user;
+    int K = r->K, E = r->E;
+    int own[64];
+    for (int i = 0; i < r->N; i++) {
+        int s = r->seq[i], t = r->pos[i];
+        if (!scored(b, s, t + 1)) continue;
+        const int *eb = b->rexp_b[s] + ((size_t)t * b->Lm + r->moe_layer) * K;
+        const float *p = r->probs + (size_t)i * E;
+        size_t cell = (size_t)(t + 1) * b->Lm + r->moe_layer;
+        if (eb[0] < 0 || K > 63) continue;
+        /* A's own top-k (largest first, ties to the lower expert) and the (k+1)-th */
+        for (int j = 0; j <= K && j < E; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int q = 0; q < j && !taken; q++) taken = own[q] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            own[j] = best;
+        }
+        int same_order = 1, same_set = 1;
+        for (int j = 0; j < K; j++) {
+            same_order &= own[j] == eb[j];
+            int in = 0;
+            for (int q = 0; q < K; q++) in |= own[j] == eb[q];
+            same_set &= in;
+        }
+        double moved = 0;
+        for (int j = 0; j < K; j++) {
+            int in = 0;
+            for (int q = 0; q < K; q++) in |= own[j] == eb[q];
+            if (!in) moved += p[own[j]];
+        }
+        b->rflip[s][cell] = (signed char)(same_order ? 0 : same_set ? 1 : 2);
+        b->rmargin[s][cell] = K < E ? p[own[K - 1]] - p[own[K]] : NAN;
+        b->rmoved[s][cell] = (float)moved;
+    }
+}
+
 /* One scored token's /tokens row (and its /layers row). */
 static void push_token(job *J, const batch_state *b, const size_t *idx, int s, int pos, int64_t seq_row)
 {
@@ -90,6 +157,27 @@ static void push_token(job *J, const batch_state *b, const size_t *idx, int s, i
         }
         memcpy(J->layer_rows + J->n_layer_rows * b->L, b->rel[s] + (size_t)pos * b->L, b->L * sizeof(float));
         J->n_layer_rows++;
+    }
+    if (b->Lm) {
+        size_t Lm = (size_t)b->Lm, r = J->n_route_rows;
+        if (r == J->cap_route_rows) {
+            J->cap_route_rows = r ? 2 * r : 1024;
+            J->route_flip = td_xrealloc(J->route_flip, J->cap_route_rows * Lm);
+            J->route_margin = td_xrealloc(J->route_margin, J->cap_route_rows * Lm * sizeof(float));
+            J->route_moved = td_xrealloc(J->route_moved, J->cap_route_rows * Lm * sizeof(float));
+            J->route_nflips = td_xrealloc(J->route_nflips, J->cap_route_rows * sizeof(int32_t));
+        }
+        const signed char *fl = b->rflip[s] + (size_t)pos * Lm;
+        memcpy(J->route_flip + r * Lm, fl, Lm);
+        memcpy(J->route_margin + r * Lm, b->rmargin[s] + (size_t)pos * Lm, Lm * sizeof(float));
+        memcpy(J->route_moved + r * Lm, b->rmoved[s] + (size_t)pos * Lm, Lm * sizeof(float));
+        int32_t nf = 0;
+        for (size_t k = 0; k < Lm; k++) {
+            nf += fl[k] == 2;
+            if (fl[k] >= 0) { J->routed_by_layer[k]++; J->flips_by_layer[k] += fl[k] == 2; }
+        }
+        J->route_nflips[r] = nf;
+        J->n_route_rows++;
     }
 }
 

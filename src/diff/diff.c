@@ -51,6 +51,11 @@ static int run_batch(job *J, int64_t batch_no, const size_t *idx, int n, td_erro
         td_session_set_layer_fn(J->sb, on_layer_b, &b);
         td_forward_set_layer_fn(J->fa, on_layer_a, &b);
     }
+    if (b.Lm) {
+        td_session_set_moe_fn(J->sb, on_moe_b, &b);
+        td_forward_set_moe_fn(J->fa, on_moe_a, &b);
+        if (b.replay) td_forward_set_moe_replay(J->fa, replay_moe_b, &b);
+    }
     if (!J->prompts.has_rollouts && generate(J, &b, idx, err)) goto done;
     size_t d2h0 = td_device_d2h_bytes();
     if (b.keep_from) {   /* both paths' rows on the device: the metrics computed there */
@@ -76,6 +81,11 @@ static int run_batch(job *J, int64_t batch_no, const size_t *idx, int n, td_erro
     rc = 0;
 done:
     if (b.L) { td_session_set_layer_fn(J->sb, NULL, NULL); td_forward_set_layer_fn(J->fa, NULL, NULL); }
+    if (b.Lm) {
+        td_session_set_moe_fn(J->sb, NULL, NULL);
+        td_forward_set_moe_fn(J->fa, NULL, NULL);
+        td_forward_set_moe_replay(J->fa, NULL, NULL);
+    }
     batch_free(&b);
     return rc;
 }
@@ -93,6 +103,8 @@ static void job_free(job *J)
     td_prompts_free(&J->prompts);
     free(J->mine);
     free(J->layer_rows);
+    free(J->route_flip); free(J->route_margin); free(J->route_moved); free(J->route_nflips);
+    free(J->flips_by_layer); free(J->routed_by_layer);
     if (J->tok) td_tokenizer_free(J->tok);
     free(J->memory_plan);
     td_lora_free(J->lora);
@@ -151,6 +163,16 @@ int td_diff_run(const td_diff_opts *opts, td_diff_summary *sum, td_error *err)
         storage = td_model_weight_storage(J.model);
     }
     if (o->lora_dir && !(J.lora = td_lora_load(o->lora_dir, cfg, err))) goto out;
+    if (o->routing_replay && cfg->num_experts <= 0) {
+        td_fail(err, "--routing-replay r3: %s is a dense model (%s): it has no routing to replay", o->model_dir,
+                td_arch_name(cfg->arch));
+        goto out;
+    }
+    J.moe_layers = cfg->num_experts > 0 ? td_config_num_moe_layers(cfg) : 0;
+    if (J.moe_layers) {
+        J.flips_by_layer = td_xcalloc((size_t)J.moe_layers, sizeof(int64_t));
+        J.routed_by_layer = td_xcalloc((size_t)J.moe_layers, sizeof(int64_t));
+    }
     char tok_path[4096];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", o->model_dir);
     struct stat st;
@@ -171,6 +193,7 @@ int td_diff_run(const td_diff_opts *opts, td_diff_summary *sum, td_error *err)
     }
     if (td_prompts_read(o->prompts_path, &reader, &J.prompts, err)) goto out;
     if (J.prompts.has_rollouts && o->score_prompt) { td_fail(err, "--score-prompt applies to generated runs, not to replayed rollouts"); goto out; }
+    if (J.prompts.has_rollouts && o->routing_replay) { td_fail(err, "--routing-replay r3 needs the inference path's routing: it applies to generated runs (a rollout dump carries no experts)"); goto out; }
     if (J.prompts.has_rollouts && o->layers) { td_fail(err, "--layers needs the inference path's hidden states: it applies to generated runs, not to replayed rollouts"); goto out; }
     /* this shard's prompts, in file order */
     J.mine = td_xmalloc(J.prompts.n * sizeof(size_t));
@@ -253,6 +276,13 @@ int td_diff_run(const td_diff_opts *opts, td_diff_summary *sum, td_error *err)
     clock_gettime(CLOCK_MONOTONIC, &ts1);
     if (tty && nbatches) fprintf(stderr, "\n");
     if (skipped) fprintf(stderr, "tidal-diff: resumed: %zu batches were already complete\n", skipped);
+    if (J.moe_layers && !J.prompts.has_rollouts && ran) {   /* this run's batches (a resumed file: its new ones) */
+        fprintf(stderr, "tidal-diff: routing: expert-set flips between A and B per MoE layer%s:",
+                o->routing_replay ? " (A's own router against B's experts, which A replayed)" : "");
+        for (int m = 0; m < J.moe_layers; m++)
+            fprintf(stderr, " %.4f", J.routed_by_layer[m] ? (double)J.flips_by_layer[m] / J.routed_by_layer[m] : 0.0);
+        fprintf(stderr, "\n");
+    }
     if (J.model && J.model->backend && ran)
         fprintf(stderr, "tidal-diff: device to host: generation %zu bytes (%s), scoring %zu bytes (per-token "
                 "metrics %s)\n", J.d2h_generate,

@@ -47,6 +47,13 @@ typedef struct {
     int L, C;                 /* --layers: layers and hidden size, else L = 0             */
     float **res_b;            /* (n) B's residual stream: (len, L, C) by position         */
     float **rel;              /* (n) relative error at each scored position: (len, L)     */
+    /* a mixture of experts (Lm MoE layers, K experts per token, else Lm = 0): B's routing by
+     * position, and A's against it for each scored token (the position that predicted it) */
+    int Lm, K, replay;        /* replay: A uses B's experts (--routing-replay r3)          */
+    int norm_topk;
+    int **rexp_b;             /* (n) B's experts: (len, Lm, K), -1 where B did not route   */
+    signed char **rflip;      /* (n) (len, Lm) /routing/flip                               */
+    float **rmargin, **rmoved;/* (n) (len, Lm) /routing/margin_a, /routing/moved           */
 } batch_state;
 
 /* ---------------------------------------------------------------- the job */
@@ -78,6 +85,12 @@ typedef struct {
     int has_text;            /* /text: prompt and response text (a tokenizer; --resume: as the file) */
     float *layer_rows;       /* --layers: (rows, L) of the batch being collected */
     size_t n_layer_rows, cap_layer_rows;
+    int moe_layers;          /* an MoE model's MoE layers (0: dense): /routing is written        */
+    signed char *route_flip; /* (rows, moe_layers) of the batch being collected                  */
+    float *route_margin, *route_moved;
+    int32_t *route_nflips;   /* (rows)                                                           */
+    size_t n_route_rows, cap_route_rows;
+    int64_t *flips_by_layer, *routed_by_layer;  /* (moe_layers) over the run: set flips, tokens  */
     int64_t rows[TD_GROUP_COUNT];   /* rows of each group in the file (completed batches) */
     /* --force over a finished file: the new run is written to OUT.new.tmp and takes OUT's
      * place only once it holds a completed batch (or is complete), so a mistake in the new
@@ -95,6 +108,9 @@ void on_row_a(void *user, int s, int t, const float *logp_a);
 void on_row_b(void *user, int s, int pos, const float *logp_b, float logp_b_proc);
 void on_layer_a(void *user, int l, int N, const int *seq, const int *pos, const float *x);
 void on_layer_b(void *user, int l, int N, const int *slot, const int *pos, const float *x);
+void on_moe_a(void *user, const td_moe_route *r);
+void on_moe_b(void *user, const td_moe_route *r);
+int replay_moe_b(void *user, int moe_layer, int N, const int *seq, const int *pos, int K, int *experts);
 void collect(job *J, batch_state *b, const size_t *idx, int64_t batch_no);
 
 /* output.c */

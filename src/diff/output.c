@@ -88,11 +88,13 @@ int open_output(job *J, td_error *err)
                          : o->lora_merge_b == TD_LORA_PUNICA ? "adapter" : o->lora_merge_b ? "merged" : "unmerged";
     /* what --resume requires unchanged */
     const char *keys[] = {"model_fingerprint", "recipe_a", "recipe_b", "sampling", "seed_str", "shard", "batch", "score_prompt", "prompts_file",
-                          "layers", "lora_path", "lora_mode_a", "lora_mode_b", "logprob_temperature"};
+                          "layers", "lora_path", "lora_mode_a", "lora_mode_b", "logprob_temperature", "routing_replay"};
     char lt[32];
     snprintf(lt, sizeof lt, "%.17g", o->logprob_temperature > 0 ? o->logprob_temperature : 1.0);
-    const char *vals[] = {fp, ra, rb, sj, seed, shard, batch, score, o->prompts_path, layers, o->lora_dir ? o->lora_dir : "", mode_a, mode_b, lt};
-    size_t n_keys = sizeof keys / sizeof keys[0];
+    const char *vals[] = {fp, ra, rb, sj, seed, shard, batch, score, o->prompts_path, layers, o->lora_dir ? o->lora_dir : "", mode_a, mode_b, lt,
+                          o->routing_replay ? "r3" : "none"};
+    /* routing_replay: MoE models only (a dense run's file has no such attribute) */
+    size_t n_keys = sizeof keys / sizeof keys[0] - (J->moe_layers ? 0 : 1);
     int rc;
     struct stat st;
     int there = stat(o->out_path, &st) == 0;
@@ -143,6 +145,18 @@ int commit_batch(job *J, int64_t batch_no, td_error *err)
     if (J->o->layers && td_runfile_append(J->rf, td_schema_layers_rel_err.path, td_schema_layers_rel_err.type,
                                           (size_t)J->model->cfg.num_layers, J->layer_rows, J->n_layer_rows, err)) return -1;
     J->n_layer_rows = 0;
+    if (J->moe_layers) {
+        size_t Lm = (size_t)J->moe_layers, n = J->n_route_rows;
+        if (td_runfile_append(J->rf, td_schema_routing_flip.path, td_schema_routing_flip.type, Lm, J->route_flip, n, err) ||
+            td_runfile_append(J->rf, td_schema_routing_margin_a.path, td_schema_routing_margin_a.type, Lm, J->route_margin,
+                              n, err) ||
+            td_runfile_append(J->rf, td_schema_routing_moved.path, td_schema_routing_moved.type, Lm, J->route_moved, n,
+                              err) ||
+            td_runfile_append(J->rf, td_schema_routing_flips.path, td_schema_routing_flips.type, 1, J->route_nflips, n,
+                              err))
+            return -1;
+        J->n_route_rows = 0;
+    }
     J->rows[TD_GROUP_TOKENS] += (int64_t)J->tcols[TD_TOK_SEQ].n;
     J->rows[TD_GROUP_SEQS] += (int64_t)J->scols[TD_SEQ_PROMPT_INDEX].n;
     J->rows[TD_GROUP_PROMPTS] += (int64_t)J->pcols[TD_PRM_TOKENS].n;

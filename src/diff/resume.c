@@ -131,6 +131,8 @@ int resume_output(job *J, const char *const *keys, const char *const *vals, size
         J->rows[g] = p[g];
         if (td_runfile_truncate_group(J->rf, td_schema_groups[g].name, p[g], err)) return -1;
         if (g == TD_GROUP_TOKENS && td_runfile_truncate_group(J->rf, TD_SCHEMA_LAYERS, p[g], err)) return -1;  /* rows aligned with /tokens */
+        if (g == TD_GROUP_TOKENS && J->moe_layers && td_runfile_truncate_group(J->rf, TD_SCHEMA_ROUTING, p[g], err))
+            return -1;
     }
     return td_runfile_truncate_group(J->rf, TD_SCHEMA_PROGRESS, nb, err);
 }

@@ -54,6 +54,36 @@ int td_diff_summarize(const char *run_path, td_diff_summary *s, td_error *err)
         }
         free(d); free(kl); free(k3); free(ta); free(tb);
     }
+    if (rc == 0 && n > 0 && td_runfile_exists(rf, td_schema_routing_flip.path)) {
+        size_t Lm = td_runfile_width(rf, td_schema_routing_flip.path);
+        signed char *fl = Lm ? td_xmalloc((size_t)n * Lm) : NULL;
+        if (fl && td_runfile_read(rf, td_schema_routing_flip.path, TD_COL_I8, 0, n, fl, err)) rc = -1;
+        if (fl && rc == 0) {
+            s->moe_layers = (int)Lm;
+            int64_t any = 0, routed = 0;
+            for (size_t m = 0; m < Lm && m < 128; m++) {
+                int64_t f = 0, r = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    signed char v = fl[(size_t)i * Lm + m];
+                    r += v >= 0;
+                    f += v == 2;
+                }
+                s->route_flip_rate[m] = r ? (double)f / r : NAN;
+            }
+            for (int64_t i = 0; i < n; i++) {
+                int f = 0, r = 0;
+                for (size_t m = 0; m < Lm; m++) { f |= fl[(size_t)i * Lm + m] == 2; r |= fl[(size_t)i * Lm + m] >= 0; }
+                any += f;
+                routed += r;
+            }
+            s->route_tokens_flipped = routed ? (double)any / routed : NAN;
+            td_error e2;
+            char *rr = td_runfile_get_str(rf, "routing_replay", &e2);
+            snprintf(s->routing_replay, sizeof s->routing_replay, "%s", rr && strcmp(rr, "none") ? rr : "");
+            free(rr);
+        }
+        free(fl);
+    }
     td_runfile_close(rf, NULL);
     return rc;
 }

@@ -78,6 +78,16 @@ const td_colspec td_schema_steps[TD_STP_COUNT] = {
 };
 
 const td_colspec td_schema_layers_rel_err = {"/layers/rel_err", TD_COL_F32, "relative L2 error per layer", NULL, 1};
+const td_colspec td_schema_routing_flip = {"/routing/flip", TD_COL_I8,
+    "per MoE layer: 0 A and B chose the same experts in the same order, 1 the same set in another order, 2 another set "
+    "(under --routing-replay: what A's own router would have chosen against B's experts); -1 B did not route that "
+    "position", NULL, 1};
+const td_colspec td_schema_routing_margin_a = {"/routing/margin_a", TD_COL_F32,
+    "per MoE layer: path A's router margin, its k-th minus its (k+1)-th largest probability (fp32 softmax)", NULL, 1};
+const td_colspec td_schema_routing_moved = {"/routing/moved", TD_COL_F32,
+    "per MoE layer: path A's router probability on the experts A chose and B did not", NULL, 1};
+const td_colspec td_schema_routing_flips = {"/routing/n_flips", TD_COL_I32,
+    "MoE layers whose expert set differs between A and B at the predicting position", NULL, 1};
 
 const td_schema_group td_schema_groups[TD_GROUP_COUNT] = {
     [TD_GROUP_SEQS]    = {"/seqs", td_schema_seqs, TD_SEQ_COUNT, &td_schema_progress[TD_PRG_SEQ_ROWS],
