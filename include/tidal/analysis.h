@@ -46,6 +46,12 @@ typedef struct {
     /* Optional /layers/rel_err: rows aligned with /tokens. NULL when the run has none. */
     size_t n_layers;
     float *layer_err;         // (n, n_layers)
+    /* Optional /routing/flip (tidal-diff on a mixture of experts): rows aligned with /tokens, one
+     * column per MoE layer (0 same experts, 1 same set other order, 2 other set, -1 not routed by
+     * B); NULL for a dense model. route_replay: the run replayed B's routing on A (r3). */
+    size_t n_moe_layers;
+    int8_t *route_flip;       // (n, n_moe_layers)
+    int route_replay;
     /* Token ids of every sequence (prompt + response), for decoded text; NULL if absent. */
     int32_t *ids;             // (n_ids)
     size_t n_ids;

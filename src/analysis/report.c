@@ -294,6 +294,53 @@ static json_t *layers_json(const td_run *r)
     return o;
 }
 
+/* A mixture of experts' routing (/routing/flip): per MoE layer the share of tokens whose predicting
+ * position chose another expert set on A than on B (and the same set in another order), the share
+ * of tokens with a set flip in any layer, and how much of the mismatch those tokens carry: their
+ * share of sum |dlogp| and of sum k3, and mean |dlogp| of flipped against unflipped tokens. Under
+ * --routing-replay r3 the flips are what A's own router would have chosen: replay removed them. */
+static json_t *routing_json(const td_run *r)
+{
+    if (!r->route_flip) return json_null();
+    size_t L = r->n_moe_layers;
+    json_t *set = json_array(), *order = json_array();
+    for (size_t l = 0; l < L; l++) {
+        size_t routed = 0, f_set = 0, f_order = 0;
+        for (size_t i = 0; i < r->n; i++) {
+            int8_t v = r->route_flip[i * L + l];
+            routed += v >= 0;
+            f_set += v == 2;
+            f_order += v == 1;
+        }
+        json_array_append_new(set, num(routed ? (double)f_set / routed : NAN));
+        json_array_append_new(order, num(routed ? (double)f_order / routed : NAN));
+    }
+    size_t routed = 0, flipped = 0;
+    double abs_f = 0, abs_u = 0, k3_f = 0, k3_all = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        int any = 0, seen = 0;
+        for (size_t l = 0; l < L; l++) { any |= r->route_flip[i * L + l] == 2; seen |= r->route_flip[i * L + l] >= 0; }
+        if (!seen) continue;
+        routed++;
+        double a = fabs(r->dlogp[i]), k = r->k3 && isfinite(r->k3[i]) ? r->k3[i] : 0;
+        k3_all += k;
+        if (any) { flipped++; abs_f += a; k3_f += k; }
+        else abs_u += a;
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "n_moe_layers", json_integer((json_int_t)L));
+    json_object_set_new(o, "routing_replay", json_string(r->route_replay ? "r3" : "none"));
+    json_object_set_new(o, "flip_rate", set);
+    json_object_set_new(o, "order_flip_rate", order);
+    json_object_set_new(o, "tokens_routed", json_integer((json_int_t)routed));
+    json_object_set_new(o, "tokens_flipped", num(routed ? (double)flipped / routed : NAN));
+    json_object_set_new(o, "share_abs_dlogp_flipped", num(abs_f + abs_u > 0 ? abs_f / (abs_f + abs_u) : NAN));
+    json_object_set_new(o, "share_k3_flipped", num(k3_all > 0 ? k3_f / k3_all : NAN));
+    json_object_set_new(o, "mean_abs_dlogp_flipped", num(flipped ? abs_f / flipped : NAN));
+    json_object_set_new(o, "mean_abs_dlogp_unflipped", num(routed > flipped ? abs_u / (routed - flipped) : NAN));
+    return o;
+}
+
 json_t *td_report_run(const td_run *r, const td_report_opts *o, td_error *err)
 {
     size_t n = r->n;
@@ -365,6 +412,7 @@ json_t *td_report_run(const td_run *r, const td_report_opts *o, td_error *err)
     json_object_set_new(j, "three_way", three_way_json(r));
     json_object_set_new(j, "is", is_json(r, o));
     json_object_set_new(j, "layers", layers_json(r));
+    json_object_set_new(j, "routing", routing_json(r));
     free(absd); free(pa); free(pos); free(pdiff);
     (void)err;
     return j;

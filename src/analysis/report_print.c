@@ -262,6 +262,37 @@ static void layers(FILE *f, json_t *rep, int md)
     t_print(f, &t);
 }
 
+static void routing(FILE *f, json_t *rep, int md)
+{
+    json_t *r = json_object_get(rep, "routing");
+    if (!json_is_object(r)) return;
+    int replay = !strcmp(json_string_value(json_object_get(r, "routing_replay")), "r3");
+    fprintf(f, md ? "\n### Routing (mixture of experts)\n\n" : "\nrouting (mixture of experts):\n");
+    char a[64], b[64], c[64], d[64], e[64];
+    fmt(a, 64, json_object_get(r, "tokens_flipped"));
+    fmt(b, 64, json_object_get(r, "share_abs_dlogp_flipped"));
+    fmt(c, 64, json_object_get(r, "share_k3_flipped"));
+    fmt(d, 64, json_object_get(r, "mean_abs_dlogp_flipped"));
+    fmt(e, 64, json_object_get(r, "mean_abs_dlogp_unflipped"));
+    fprintf(f, "%s%s tokens whose predicting position chose another expert set in at least one layer; they carry "
+            "%s of sum |Δlogp| and %s of sum k3; mean |Δlogp| %s flipped against %s unflipped.%s\n\n",
+            md ? "" : "  ", a, b, c, d, e,
+            replay ? " Path A replayed B's experts (--routing-replay r3): the flips are what A's own router would have "
+                     "chosen, which replay removed." : "");
+    table t = {.md = md, .ncols = 3};
+    const char *hdr[] = {"MoE layer", "expert-set flips", "same set, other order"};
+    t_row(&t, hdr);
+    for (size_t i = 0; i < json_array_size(json_object_get(r, "flip_rate")); i++) {
+        char cc[3][64];
+        const char *cells[3] = {cc[0], cc[1], cc[2]};
+        snprintf(cc[0], 64, "%zu", i);
+        fmt(cc[1], 64, json_array_get(json_object_get(r, "flip_rate"), i));
+        fmt(cc[2], 64, json_array_get(json_object_get(r, "order_flip_rate"), i));
+        t_row(&t, cells);
+    }
+    t_print(f, &t);
+}
+
 static void details(FILE *f, json_t *const *reps, size_t n, int md)
 {
     for (size_t i = 0; i < n; i++) {
@@ -275,6 +306,7 @@ static void details(FILE *f, json_t *const *reps, size_t n, int md)
         worst(f, reps[i], md);
         fprintf(f, md ? "\n### Layers\n\n" : "\nlayers:\n");
         layers(f, reps[i], md);
+        routing(f, reps[i], md);
     }
 }
 

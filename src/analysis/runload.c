@@ -278,6 +278,23 @@ columns_done:;
             goto fail;
         run->n_layers = L;
     }
+    if (!(flags & TD_RUN_PLOT) && td_runfile_exists(rf, td_schema_routing_flip.path)) {
+        size_t Lm = td_runfile_width(rf, td_schema_routing_flip.path);
+        int64_t fr = td_runfile_rows(rf, td_schema_routing_flip.path);
+        if (Lm < 1 || Lm > 4096 || fr != rows) {
+            td_fail(err, "%s: /routing/flip has %lld rows of %zu columns; expected %zu rows (one per /tokens row) of "
+                    "one column per MoE layer (1 to 4096)", path, (long long)fr, Lm, n);
+            goto fail;
+        }
+        run->route_flip = alloc_rows(rf, td_schema_routing_flip.path, n * Lm, 1, file_bytes, err);
+        if (!run->route_flip || td_runfile_read(rf, td_schema_routing_flip.path, TD_COL_I8, 0, rows, run->route_flip, err))
+            goto fail;
+        run->n_moe_layers = Lm;
+        td_error e2;
+        char *rr = td_runfile_get_str(rf, "routing_replay", &e2);
+        run->route_replay = rr && !strcmp(rr, "r3");
+        free(rr);
+    }
     if (full) load_ids(run, rf, file_bytes);
     if (full) load_text(run, rf, file_bytes);
     td_runfile_close(rf, NULL);
@@ -293,7 +310,7 @@ void td_run_free(td_run *run)
     free(run->path); free(run->label); free(run->recipe_a); free(run->recipe_b); free(run->model_path);
     free(run->logp_a); free(run->logp_b); free(run->logp_trainer); free(run->dlogp); free(run->kl_ba); free(run->k3); free(run->tv);
     free(run->entropy_a); free(run->seq); free(run->pos); free(run->token); free(run->is_prompt); free(run->step);
-    free(run->layer_err); free(run->ids); free(run->ids_offset); free(run->seq_len); free(run->prompt_len);
+    free(run->layer_err); free(run->route_flip); free(run->ids); free(run->ids_offset); free(run->seq_len); free(run->prompt_len);
     free(run->text); free(run->text_offset); free(run->prompt_text_len); free(run->response_text_len);
     memset(run, 0, sizeof *run);
 }
