@@ -57,6 +57,11 @@ void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int 
         a->moe_acc = acts_buf(a, n * C);
     }
     if (!save) return;
+    if (c->num_experts > 0) {
+        a->moe_probs_s = acts_buf(a, per * n * c->num_experts);
+        a->moe_experts_s = (int *)acts_buf(a, per * n * c->num_experts_per_tok);
+        a->moe_weights_s = acts_buf(a, per * n * c->num_experts_per_tok);
+    }
     a->x_mid = acts_buf(a, per * n * C);
     a->xn1 = acts_buf(a, per * n * C);
     a->xn2 = acts_buf(a, per * n * C);
@@ -190,7 +195,10 @@ static void layer_body(const td_ops *ops, const td_model *m, td_acts *a, int l, 
 
     /* MLP sub-block: a mixture of experts (moe.c), or the dense SwiGLU */
     if (td_config_layer_moe(c, l)) {
-        if (!tail) return;
+        if (!tail) {   /* recomputation for a backward: the routing is what it needs kept */
+            moe_route_only(ops, m, a, l, la.xn2, pos, N);
+            return;
+        }
         moe_forward(ops, m, a, l, la.xn2, pos, N, a->proj);
         goto residual;
     }

@@ -46,6 +46,18 @@ void grad_acts_alloc(td_grad_acts *g, const td_config *c, const td_ops *ops, int
     g->dgate = gbuf(g, n * F);
     g->dup = gbuf(g, n * F);
     g->att_scratch = gbuf(g, (size_t)ops->nthreads * 2 * ATT_BLOCK * max_keys);
+    if (c->num_experts > 0) {
+        size_t FW = (size_t)c->moe_intermediate_size, E = c->num_experts, K = c->num_experts_per_tok;
+        if ((size_t)c->shared_expert_intermediate_size > FW) FW = c->shared_expert_intermediate_size;
+        g->moe_act = gbuf(g, n * FW);
+        g->moe_dy = gbuf(g, n * C);
+        g->moe_dact = gbuf(g, n * FW);
+        g->moe_dgate = gbuf(g, n * FW);
+        g->moe_dup = gbuf(g, n * FW);
+        g->moe_dx = gbuf(g, n * C);
+        g->moe_dw = gbuf(g, n * K);
+        g->moe_dlogits = gbuf(g, n * E);
+    }
     if (lora_rank > 0) {
         size_t wide = C > F ? C : F;
         if (QD > wide) wide = QD;
@@ -84,6 +96,12 @@ void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td
             decoder_recompute_layer(ops, m, (td_acts *)a, l, pos, N);
         td_layer_acts la = acts_layer(a, c, l);
 
+        if (td_config_layer_moe(c, l)) {   /* x_out = x_mid + moe(xn2) */
+            zero(ops, dxn, nC);
+            moe_backward(ops, m, (td_acts *)a, ga, gw, l, la.xn2, dx, dxn, N);
+            rmsnorm_backward(ops, dx, G(gw->mlp_norm), dxn, la.x_mid, w->mlp_norm, la.rstd2, N, C);
+            goto attention;
+        }
         /* MLP sub-block: x_out = x_mid + down(silu(gate(xn2)) * up(xn2)) */
         zero(ops, ga->dact, nF);
         matmul_backward(ops, ga->dact, G(gw->w_down), NULL, dx, la.act, w->w_down, N, F, C);
@@ -98,6 +116,7 @@ void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td
         lora_backward(ops, l, TD_LORA_UP, dxn, ga->dup, la.xn2, N, lg, ga->lora);
         rmsnorm_backward(ops, dx, G(gw->mlp_norm), dxn, la.x_mid, w->mlp_norm, la.rstd2, N, C);
 
+    attention:
         /* attention sub-block: x_mid = x_in + o(attention(rope(q), rope(k), v)) */
         zero(ops, ga->datt, nQ);
         matmul_backward(ops, ga->datt, G(gw->wo), NULL, dx, la.att, w->wo, N, QD, C);

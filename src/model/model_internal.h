@@ -115,6 +115,9 @@ typedef struct {
     float *moe_up;      // (cap, max(FE, FS))
     float *moe_y;       // (cap, C)    an expert's output rows
     float *moe_acc;     // (cap, C)    the layer's output
+    float *moe_probs_s; // (L, cap, E) router softmax of every MoE layer             [save]
+    int *moe_experts_s; // (L, cap, K) chosen experts                                [save]
+    float *moe_weights_s;//(L, cap, K) routing weights (before the stream's rounding) [save]
     void *owned[40]; /* what acts_alloc allocated */
     int nowned;
 } td_acts;
@@ -140,6 +143,9 @@ void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const 
                  float *out);
 void moe_route(const td_ops *ops, const td_config *c, int l, int N, const int *pos, const float *logits,
                float *probs, int *experts, float *weights);
+/* Under TD_ACTS_CHECKPOINT's recomputation (tail 0): the router and the routing alone, into the
+ * saved slices (the experts run again in moe_backward). */
+void moe_route_only(const td_ops *ops, const td_model *m, td_acts *a, int l, const float *x, const int *pos, int N);
 
 /* Where the keys and values of the rows live: layer l of K is kv_k + l*layer_stride (same for
  * V); row i's sequence starts at offset kv_off[i] in it and the row itself is written at
@@ -246,7 +252,14 @@ typedef struct {
     float *dact, *dgate, *dup;   // (cap, F)
     float *att_scratch; // (nthreads, 2, ATT_BLOCK, max_keys)
     float *lora;        // (cap, 2 r + max width)  LoRA backward scratch, NULL without LoRA
-    void *owned[16];
+    /* a mixture of experts' backward (moe.c), host memory: one expert's rows at a time */
+    float *moe_act;     // (cap, FW)  silu(gate) * up recomputed
+    float *moe_dy;      // (cap, C)   gradient of an expert's output rows
+    float *moe_dact, *moe_dgate, *moe_dup;   // (cap, FW)
+    float *moe_dx;      // (cap, C)   gradient of an expert's input rows
+    float *moe_dw;      // (cap, K)   gradient of the routing weights
+    float *moe_dlogits; // (cap, E)
+    void *owned[24];
     int nowned;
 } td_grad_acts;
 
@@ -259,6 +272,13 @@ void grad_acts_free(td_grad_acts *g);
  * output (N, C). Accumulates into grads (carved like td_model_weights, writable; NULL entries
  * frozen) and, with an unmerged adapter in ops, into lg. Leaves the gradient of the embedding
  * output in ga->dx. */
+/* A mixture-of-experts layer's MLP backwards (moe.c): dxn (N, C, accumulated) += the gradient of
+ * its input (the post-attention norm output) given dout (N, C) the gradient of its output; weight
+ * gradients into gw (router, experts, shared expert; NULL entries frozen). The experts run again on
+ * their rows (the forward's ops in its order: the same values). */
+void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts *ga, const td_layer_weights *gw,
+                  int l, const float *xn2, const float *dout, float *dxn, int N);
+
 void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td_grad_acts *ga,
                       td_model_weights *grads, const lora_grad *lg, const int *tokens,
                       const int *pos, int N);

@@ -81,6 +81,63 @@ void moe_route(const td_ops *ops, const td_config *c, int l, int N, const int *p
     }
 }
 
+/* The routing buffers of layer l: its saved slices when the forward keeps activations for a
+ * backward, else the one layer's scratch. */
+static void route_bufs(const td_acts *a, const td_config *c, int l, float **probs, int **experts, float **weights)
+{
+    size_t E = c->num_experts, K = c->num_experts_per_tok, cap = a->cap;
+    if (!a->save) {
+        *probs = a->moe_probs;
+        *experts = a->moe_experts;
+        *weights = a->moe_weights;
+        return;
+    }
+    size_t sl = a->save == TD_ACTS_ALL ? (size_t)l : 0;
+    *probs = a->moe_probs_s + sl * cap * E;
+    *experts = a->moe_experts_s + sl * cap * K;
+    *weights = a->moe_weights_s + sl * cap * K;
+}
+
+void moe_route_only(const td_ops *ops, const td_model *m, td_acts *a, int l, const float *x, const int *pos, int N)
+{
+    const td_config *c = &m->cfg;
+    float *probs, *weights;
+    int *experts;
+    route_bufs(a, c, l, &probs, &experts, &weights);
+    matmul_forward(ops, a->moe_logits, x, wset_moe(ops->ws, l, TD_MOE_ROUTER), NULL, N, c->hidden_size, c->num_experts);
+    td_ops_sync(ops);
+    moe_route(ops, c, l, N, pos, a->moe_logits, probs, experts, weights);
+}
+
+/* The rows that chose expert e, in row order, gathered into a->moe_in; a->moe_rows[q] = i * K + j
+ * for the q-th (row i, top-k slot j). Returns their number. */
+static int gather(const td_acts *a, const int *experts, const float *x, int N, int K, int C, int e)
+{
+    int ne = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < K; j++)
+            if (experts[(size_t)i * K + j] == e) {
+                a->moe_rows[ne] = i * K + j;
+                memcpy(a->moe_in + (size_t)ne * C, x + (size_t)i * C, (size_t)C * sizeof(float));
+                ne++;
+            }
+    return ne;
+}
+
+/* One SwiGLU expert on n rows of in: gate and up into a->moe_gate / a->moe_up, silu(gate) * up into
+ * act, down into a->moe_y (the dense MLP's ops, in its order). */
+static void expert_forward(const td_ops *ops, td_acts *a, const td_wmat *wg, const td_wmat *wu, const td_wmat *wd,
+                           const float *in, float *act, int n, int C, int FI)
+{
+    float *gu_out[] = {a->moe_gate, a->moe_up};
+    td_wmat gu_w[] = {*wg, *wu};
+    int gu_dim[] = {FI, FI};
+    matmul_forward_multi(ops, 2, gu_out, in, gu_w, NULL, n, C, gu_dim);
+    swiglu_forward(ops, act, a->moe_gate, a->moe_up, n, FI);
+    matmul_forward(ops, a->moe_y, act, wd, NULL, n, FI, C);
+    td_ops_sync(ops);
+}
+
 void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const float *x, const int *pos, int N,
                  float *out)
 {
@@ -90,44 +147,28 @@ void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const 
     const td_wset *ws = ops->ws;
     const td_recipe *r = ops->recipe;
     td_format D = r ? r->activations : TD_F32, R = !r || r->residual_fp32 ? TD_F32 : D;
-
-    matmul_forward(ops, a->moe_logits, x, wset_moe(ws, l, TD_MOE_ROUTER), NULL, N, C, E);
-    td_ops_sync(ops);
-    moe_route(ops, c, l, N, pos, a->moe_logits, a->moe_probs, a->moe_experts, a->moe_weights);
+    float *probs, *weights;
+    int *experts;
+    route_bufs(a, c, l, &probs, &experts, &weights);
+    moe_route_only(ops, m, a, l, x, pos, N);
 
     memset(a->moe_acc, 0, (size_t)N * C * sizeof(float));
     for (int e = 0; e < E; e++) {
-        int ne = 0;   /* the rows that chose e, in row order, and which of their k slots */
-        for (int i = 0; i < N; i++)
-            for (int j = 0; j < K; j++)
-                if (a->moe_experts[(size_t)i * K + j] == e) {
-                    a->moe_rows[ne] = i * K + j;
-                    memcpy(a->moe_in + (size_t)ne * C, x + (size_t)i * C, (size_t)C * sizeof(float));
-                    ne++;
-                }
+        int ne = gather(a, experts, x, N, K, C, e);
         if (!ne) continue;
-        float *gu_out[] = {a->moe_gate, a->moe_up};
-        td_wmat gu_w[] = {*wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e), *wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e + 1)};
-        int gu_dim[] = {FE, FE};
-        matmul_forward_multi(ops, 2, gu_out, a->moe_in, gu_w, NULL, ne, C, gu_dim);
-        swiglu_forward(ops, a->moe_gate, a->moe_gate, a->moe_up, ne, FE);
-        matmul_forward(ops, a->moe_y, a->moe_gate, wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e + 2), NULL, ne, FE, C);
-        td_ops_sync(ops);
+        expert_forward(ops, a, wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e), wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e + 1),
+                       wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e + 2), a->moe_in, a->moe_gate, ne, C, FE);
         for (int q = 0; q < ne; q++) {
             int i = a->moe_rows[q] / K;
-            float w = a->moe_weights[a->moe_rows[q]];
+            float w = weights[a->moe_rows[q]];
             const float *y = a->moe_y + (size_t)q * C;
             float *o = a->moe_acc + (size_t)i * C;
             for (int h = 0; h < C; h++) o[h] = td_round(R, o[h] + td_round(R, y[h] * w));
         }
     }
     if (FS > 0) {   /* Qwen2-MoE's shared expert, on every row, behind its sigmoid gate */
-        float *gu_out[] = {a->moe_gate, a->moe_up};
-        td_wmat gu_w[] = {*wset_moe(ws, l, TD_MOE_SH_GATE), *wset_moe(ws, l, TD_MOE_SH_UP)};
-        int gu_dim[] = {FS, FS};
-        matmul_forward_multi(ops, 2, gu_out, x, gu_w, NULL, N, C, gu_dim);
-        swiglu_forward(ops, a->moe_gate, a->moe_gate, a->moe_up, N, FS);
-        matmul_forward(ops, a->moe_y, a->moe_gate, wset_moe(ws, l, TD_MOE_SH_DOWN), NULL, N, FS, C);
+        expert_forward(ops, a, wset_moe(ws, l, TD_MOE_SH_GATE), wset_moe(ws, l, TD_MOE_SH_UP),
+                       wset_moe(ws, l, TD_MOE_SH_DOWN), x, a->moe_gate, N, C, FS);
         matmul_forward(ops, a->moe_logits, x, wset_moe(ws, l, TD_MOE_SH_ROUTE), NULL, N, C, 1);
         td_ops_sync(ops);
         for (int i = 0; i < N; i++) {
@@ -138,4 +179,111 @@ void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const 
         }
     }
     memcpy(out, a->moe_acc, (size_t)N * C * sizeof(float));
+}
+
+#define G(p) ((float *)(p))   /* gradient buffers are carved as td_model_weights: writable */
+
+static double dot(const float *x, const float *y, int n)
+{
+    double s = 0;
+    for (int h = 0; h < n; h++) s += (double)x[h] * y[h];
+    return s;
+}
+
+/* One SwiGLU expert backwards on its n rows (run again first: expert_forward): dy (n, C) the
+ * gradient of its output rows; the gradient of its input rows into ga->moe_dx (n, C, written);
+ * weight gradients into g[0..2] (gate, up, down; NULL = frozen). w: the fp32 weights the GEMMs read. */
+static void expert_backward(const td_ops *ops, td_acts *a, td_grad_acts *ga, const float *const *w, float *const *g,
+                            const float *in, int n, int C, int FI)
+{
+    size_t nF = (size_t)n * FI;
+    memset(ga->moe_dact, 0, nF * sizeof(float));
+    matmul_backward(ops, ga->moe_dact, g[2], NULL, ga->moe_dy, ga->moe_act, w[2], n, FI, C);
+    memset(ga->moe_dgate, 0, nF * sizeof(float));
+    memset(ga->moe_dup, 0, nF * sizeof(float));
+    swiglu_backward(ops, ga->moe_dgate, ga->moe_dup, ga->moe_dact, a->moe_gate, a->moe_up, n, FI);
+    memset(ga->moe_dx, 0, (size_t)n * C * sizeof(float));
+    matmul_backward(ops, ga->moe_dx, g[0], NULL, ga->moe_dgate, in, w[0], n, C, FI);
+    matmul_backward(ops, ga->moe_dx, g[1], NULL, ga->moe_dup, in, w[1], n, C, FI);
+}
+
+void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts *ga, const td_layer_weights *gw,
+                  int l, const float *xn2, const float *dout, float *dxn, int N)
+{
+    const td_config *c = &m->cfg;
+    int C = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, FE = c->moe_intermediate_size;
+    int FS = c->shared_expert_intermediate_size;
+    const td_wset *ws = ops->ws;
+    const td_model_weights *W = ops->w ? ops->w : &m->w;
+    const td_layer_weights *w = &W->layers[l];
+    const td_recipe *r = ops->recipe;
+    td_format D = r ? r->activations : TD_F32;
+    float *probs, *weights;
+    int *experts;
+    route_bufs(a, c, l, &probs, &experts, &weights);
+    td_ops_sync(ops);
+
+    /* out_i = sum_j w_ij expert_{e_ij}(x_i): each expert's rows again, then backwards */
+    memset(ga->moe_dw, 0, (size_t)N * K * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        int ne = gather(a, experts, xn2, N, K, C, e);
+        if (!ne) continue;
+        expert_forward(ops, a, wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e), wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e + 1),
+                       wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e + 2), a->moe_in, ga->moe_act, ne, C, FE);
+        for (int q = 0; q < ne; q++) {   /* dw_ij = <dout_i, y>, dy = w_ij dout_i */
+            int pr = a->moe_rows[q], i = pr / K;
+            const float *d = dout + (size_t)i * C;
+            ga->moe_dw[pr] = (float)dot(d, a->moe_y + (size_t)q * C, C);
+            float *dy = ga->moe_dy + (size_t)q * C;
+            for (int h = 0; h < C; h++) dy[h] = td_round(D, weights[pr] * d[h]);
+        }
+        const float *ew[3] = {w->w_experts[3 * e], w->w_experts[3 * e + 1], w->w_experts[3 * e + 2]};
+        float *eg[3] = {NULL, NULL, NULL};
+        if (gw->w_experts)
+            for (int k = 0; k < 3; k++) eg[k] = G(gw->w_experts[3 * e + k]);
+        expert_backward(ops, a, ga, ew, eg, a->moe_in, ne, C, FE);
+        td_ops_sync(ops);
+        for (int q = 0; q < ne; q++) {   /* back to the rows the expert read */
+            float *d = dxn + (size_t)(a->moe_rows[q] / K) * C;
+            const float *s = ga->moe_dx + (size_t)q * C;
+            for (int h = 0; h < C; h++) d[h] += s[h];
+        }
+    }
+    /* w_j = p_ej (/ S = sum_k p_ek when norm_topk_prob), p = softmax(logits): back to the logits */
+    for (int i = 0; i < N; i++) {
+        const float *p = probs + (size_t)i * E;
+        const int *sel = experts + (size_t)i * K;
+        const float *dw = ga->moe_dw + (size_t)i * K;
+        float *dl = ga->moe_dlogits + (size_t)i * E;
+        double dp[E > 0 ? E : 1];
+        for (int e = 0; e < E; e++) dp[e] = 0;
+        double S = 0, dws = 0;
+        for (int j = 0; j < K; j++) S += p[sel[j]];
+        for (int j = 0; j < K; j++) dws += (double)dw[j] * p[sel[j]] / S;
+        for (int j = 0; j < K; j++) dp[sel[j]] += c->norm_topk_prob ? (dw[j] - dws) / S : dw[j];
+        double pdp = 0;
+        for (int e = 0; e < E; e++) pdp += p[e] * dp[e];
+        for (int e = 0; e < E; e++) dl[e] = td_round(D, (float)(p[e] * (dp[e] - pdp)));
+    }
+    matmul_backward(ops, dxn, G(gw->w_router), NULL, ga->moe_dlogits, xn2, w->w_router, N, C, E);
+    if (FS > 0) {   /* out_i += s_i shared(x_i), s_i = sigmoid(z_i), z_i = <x_i, w_route> */
+        expert_forward(ops, a, wset_moe(ws, l, TD_MOE_SH_GATE), wset_moe(ws, l, TD_MOE_SH_UP),
+                       wset_moe(ws, l, TD_MOE_SH_DOWN), xn2, ga->moe_act, N, C, FS);
+        matmul_forward(ops, a->moe_logits, xn2, wset_moe(ws, l, TD_MOE_SH_ROUTE), NULL, N, C, 1);
+        td_ops_sync(ops);
+        float *dz = ga->moe_dw;   /* (N) */
+        for (int i = 0; i < N; i++) {
+            float sg = 1.0f / (1.0f + expf(-a->moe_logits[i])), s = td_round(D, sg);
+            const float *d = dout + (size_t)i * C;
+            dz[i] = td_round(D, (float)(dot(d, a->moe_y + (size_t)i * C, C) * sg * (1.0f - sg)));
+            float *dy = ga->moe_dy + (size_t)i * C;
+            for (int h = 0; h < C; h++) dy[h] = td_round(D, s * d[h]);
+        }
+        const float *sw[3] = {w->ws_gate, w->ws_up, w->ws_down};
+        float *sgr[3] = {G(gw->ws_gate), G(gw->ws_up), G(gw->ws_down)};
+        expert_backward(ops, a, ga, sw, sgr, xn2, N, C, FS);
+        td_ops_sync(ops);
+        for (size_t k = 0; k < (size_t)N * C; k++) dxn[k] += ga->moe_dx[k];
+        matmul_backward(ops, dxn, G(gw->ws_route), NULL, dz, xn2, w->ws_route, N, C, 1);
+    }
 }

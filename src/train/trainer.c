@@ -238,10 +238,9 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     if (check_opts(opts, err)) return NULL;
     const td_config *c = &src->cfg;
     if (td_config_check_len(c, opts->max_seq_len, err)) return NULL;
-    if (c->num_experts > 0)
-        return td_fail(err, "training: %s is a mixture of experts (%d experts, top-%d); tidal runs its forward on both "
-                       "paths (tidal-diff) but does not train it yet: the MoE backward is issue 35",
-                       td_arch_name(c->arch), c->num_experts, c->num_experts_per_tok), NULL;
+    if (c->num_experts > 0 && lora_init)
+        return td_fail(err, "training: LoRA on a mixture of experts (%s) is not modelled yet (issue 35): train it "
+                       "fully", td_arch_name(c->arch)), NULL;
     if (src->backend && !td_backend_has_backward(src->backend))
         return td_fail(err, "training: the %s backend lacks backward ops (matmul_backward): train on "
                        "the CPU (--device cpu)", src->backend->name), NULL;
@@ -298,7 +297,7 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
         m->owned_dev = tr->params_dev;
         tr->be->alias(m->owned, tr->params_dev, m->owned_floats * sizeof(float), TD_F32);
     }
-    tr->gw.layers = td_xcalloc((size_t)c->num_layers, sizeof *tr->gw.layers);
+    td_model_weights_layers(&tr->gw, c, NULL);
     tr->lg = td_xcalloc((size_t)c->num_layers * TD_LORA_NMOD, sizeof *tr->lg);
     build_tensors(tr);
 
@@ -358,7 +357,7 @@ void td_trainer_free(td_trainer *tr)
     free(tr->specs);
     free(tr->tensors);
     free(tr->m1); free(tr->m2);
-    free(tr->gw.layers);
+    td_model_weights_free_layers(&tr->gw);
     free(tr->lg);
     free(tr->tlogp); free(tr->dlogp); free(tr->target); free(tr->top1);
     free(tr);
