@@ -125,13 +125,15 @@ static int fused_expert_views(td_checkpoint *ck, td_error *err)
     const td_config *c = &ck->cfg;
     const int64_t E = c->num_experts, FE = c->moe_intermediate_size, C = c->hidden_size;
     int mixtral = c->arch == TD_ARCH_MIXTRAL, added = 0;
+    size_t n0 = ck->n_tensors;   /* the sorted table; views are appended after it, sorted at the end */
     char name[160], view[160];
     for (int l = 0; l < c->num_layers; l++) {
         if (!td_config_layer_moe(c, l)) continue;
         static const char *part[2] = {"gate_up_proj", "down_proj"};
         for (int k = 0; k < 2; k++) {
             snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s", l, part[k]);
-            const td_tensor *t = td_checkpoint_find(ck, name);
+            td_tensor key = {.name = name};
+            const td_tensor *t = bsearch(&key, ck->tensors, n0, sizeof key, cmp_tensor_name);
             if (!t) continue;
             int64_t want[3] = {E, k == 0 ? 2 * FE : C, k == 0 ? C : FE};
             if (t->ndim != 3 || t->shape[0] != want[0] || t->shape[1] != want[1] || t->shape[2] != want[2]) {
@@ -163,7 +165,8 @@ static int fused_expert_views(td_checkpoint *ck, td_error *err)
         }
         if (mixtral) {   /* transformers 5's Mixtral router: mlp.gate */
             snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", l);
-            const td_tensor *t = td_checkpoint_find(ck, name);
+            td_tensor key = {.name = name};
+            const td_tensor *t = bsearch(&key, ck->tensors, n0, sizeof key, cmp_tensor_name);
             snprintf(view, sizeof view, "model.layers.%d.block_sparse_moe.gate.weight", l);
             if (t) {
                 td_tensor r = *t;

@@ -1,0 +1,167 @@
+"""tidal's mixture-of-experts backward against transformers' own MoE models in float64 autograd.
+
+Tiny random Mixtral (8 experts, top-2, renormalised) and Qwen2-MoE (8 experts, top-3, not
+renormalised, a sigmoid-gated shared expert, layer 1 dense through mlp_only_layers) made by
+transformers 4.46 itself (save_pretrained: the hub's per-expert layout); the same models in
+transformers 5's fused layout (gate_up_proj [E, 2 FE, C], down_proj [E, C, FE]) must give the same
+gradients bit for bit. tests/helpers/train_probe runs tidal's first training step in fp32 and dumps
+every gradient; the reference is the model's own forward (eager attention) in float64, loss the mean
+token cross-entropy over the batch's loss mask, as test_grad_torch.py does for dense models.
+Required: the loss within 1e-5 relative; every tensor's gradient (router, every expert's gate, up
+and down, the shared expert and its gate, attention, norms, embedding, lm_head) within 1e-4 of the
+reference's largest entry (fp32 against float64: measured ~4e-6; a wrong term is O(1)). Then
+bf16-train: the median tensor's relative Frobenius error against float64 <= 2x that of the same
+model held in bf16 by transformers (autograd, what a TRL user trains) and <= 16 u_bf16 (u = 2^-9);
+not every tensor, because bf16 rounding flips some routing decisions and an expert that sees other
+rows has a gradient that differs O(1/rows): the MoE mismatch itself, printed.
+Skips (exit 77) without torch, safetensors or transformers.
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import (AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig,
+                              Qwen2MoeForCausalLM)
+except Exception as e:  # noqa: BLE001 - any import failure: the helper is missing
+    print(f"torch/safetensors/transformers unavailable ({type(e).__name__}): skipped")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tidal_check import BUILD, check, failures  # noqa: E402
+
+PROBE = os.path.join(BUILD, "tests", "helpers", "train_probe")
+torch.set_num_threads(2)
+tmp = tempfile.mkdtemp(prefix="tidal-grad-moe-")
+V = 128
+
+
+def make(name, cls, cfg, seed):
+    torch.manual_seed(seed)
+    m = cls(cfg)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif n.endswith("gate.weight") and "experts" not in n and "shared" not in n:
+                p.copy_(0.5 * torch.randn_like(p))   # routers: routing far from uniform
+            else:
+                p.copy_(0.1 * torch.randn_like(p))
+    d = os.path.join(tmp, name)
+    m.save_pretrained(d, safe_serialization=True)
+    return d
+
+
+def fuse(src, name, mixtral):
+    """transformers 5's layout of the same weights: per layer mlp.experts.gate_up_proj / down_proj."""
+    d = os.path.join(tmp, name)
+    os.makedirs(d, exist_ok=True)
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    w = load_file(os.path.join(src, "model.safetensors"))
+    out, E = {}, cfg["num_local_experts" if mixtral else "num_experts"]
+    blk = "block_sparse_moe" if mixtral else "mlp"
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    for k, v in w.items():
+        if ".experts." in k:
+            continue
+        out[k.replace("block_sparse_moe.gate", "mlp.gate")] = v
+    for l in range(cfg["num_hidden_layers"]):
+        pre = f"model.layers.{l}.{blk}.experts"
+        if f"{pre}.0.{names[0]}.weight" not in w:
+            continue
+        out[f"model.layers.{l}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([w[f"{pre}.{e}.{names[0]}.weight"], w[f"{pre}.{e}.{names[1]}.weight"]]) for e in range(E)]).contiguous()
+        out[f"model.layers.{l}.mlp.experts.down_proj"] = torch.stack(
+            [w[f"{pre}.{e}.{names[2]}.weight"] for e in range(E)]).contiguous()
+    save_file(out, os.path.join(d, "model.safetensors"))
+    return d
+
+
+random.seed(1)
+LENS = [5, 12, 20, 70]
+batch = {"tokens": [[random.randrange(V) for _ in range(n)] for n in LENS],
+         "mask": [[int(random.random() < 0.75) for _ in range(n - 1)] for n in LENS]}
+BATCH = os.path.join(tmp, "batch.json")
+json.dump(batch, open(BATCH, "w"))
+
+
+def probe(model, dump, *args):
+    p = subprocess.run([PROBE, "--model", model, "--batch", BATCH, "--dump-grads", dump, *args], capture_output=True,
+                       text=True, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+    if p.returncode != 0:
+        print(p.stdout, p.stderr)
+        raise SystemExit("train_probe failed")
+    return float(p.stdout.split()[3])   # "step 0 loss X ..."
+
+
+def autograd(d, dump, dtype=torch.float64):
+    m = AutoModelForCausalLM.from_pretrained(d, torch_dtype=dtype, attn_implementation="eager")
+    m.train()   # what a trainer runs (no jitter: router_jitter_noise 0)
+    ids, mask = dump["input_ids"], dump["loss_mask"]
+    total = 0
+    for b, n in enumerate(LENS):
+        row = ids[b, :n]
+        lp = torch.log_softmax(m(row[None]).logits[0].double(), -1)
+        total = total - (lp[:-1].gather(1, row[1:, None])[:, 0] * mask[b, 1:n].double()).sum()
+    loss = total / mask.sum()
+    loss.backward()
+    return loss.item(), {k: v.grad.double() for k, v in m.named_parameters()}
+
+
+MODELS = [
+    ("mixtral", MixtralForCausalLM, MixtralConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=512,
+        tie_word_embeddings=False, sliding_window=None), True),
+    ("qwen2_moe", Qwen2MoeForCausalLM, Qwen2MoeConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=False,
+        max_position_embeddings=512, tie_word_embeddings=False), False),
+]
+for i, (name, cls, cfg, mixtral) in enumerate(MODELS):
+    d = make(name, cls, cfg, 10 + i)
+    dump_path = os.path.join(tmp, name + "-fp32.safetensors")
+    loss = probe(d, dump_path)
+    dump = load_file(dump_path)
+    ref_loss, ref = autograd(d, dump)
+    check(abs(loss - ref_loss) <= 1e-5 * abs(ref_loss), f"{name}: fp32 loss {loss:.7f} vs transformers float64 {ref_loss:.7f}")
+    names = [k for k in dump if k not in ("input_ids", "loss_mask")]
+    check(sorted(names) == sorted(ref), f"{name}: the dump holds every tensor of the model ({len(names)})")
+    errs = {k: ((dump[k].double() - ref[k]).abs().max() / max(ref[k].abs().max().item(), 1e-30)).item()
+            for k in ref if k in dump}
+    worst = max(errs, key=errs.get)
+    kinds = sorted({k.split(".")[-2] for k in errs})
+    check(errs[worst] <= 1e-4, f"{name}: fp32 gradients of {len(errs)} tensors ({', '.join(kinds)}) within 1e-4 of "
+          f"float64 autograd; worst {errs[worst]:.2e} ({worst})")
+    fd = fuse(d, name + "-fused", mixtral)
+    fdump_path = os.path.join(tmp, name + "-fused.safetensors")
+    probe(fd, fdump_path)
+    fdump = load_file(fdump_path)
+    same = all(torch.equal(fdump[k], dump[k]) for k in dump)
+    check(same and sorted(fdump) == sorted(dump), f"{name}: transformers 5's fused layout gives the same gradients bit for bit")
+    bdump_path = os.path.join(tmp, name + "-bf16.safetensors")
+    probe(d, bdump_path, "--recipe", "bf16-train")
+    bdump = load_file(bdump_path)
+    rel = {k: ((bdump[k].double() - ref[k]).norm() / max(ref[k].norm().item(), 1e-30)).item() for k in ref if k in bdump}
+    bw = max(rel, key=rel.get)
+    med = sorted(rel.values())[len(rel) // 2]
+    # the peer: transformers' own model held in bf16 (what a TRL user trains), autograd
+    _, hf16 = autograd(d, dump, torch.bfloat16)
+    hrel = sorted(((hf16[k] - ref[k]).norm() / max(ref[k].norm().item(), 1e-30)).item() for k in ref)
+    hmed = hrel[len(hrel) // 2]
+    # bf16 rounding moves some router decisions (the MoE mismatch itself): an expert that then sees
+    # another set of rows has an O(1/rows) different gradient, so a bound on every tensor says
+    # nothing about a correct bf16 backward; the median tensor against the peer's does
+    check(med <= 2 * hmed and med <= 16 * 2 ** -9,
+          f"{name}: bf16-train gradients: median relative Frobenius error {med:.2e} <= 2x transformers-in-bf16's "
+          f"{hmed:.2e} and <= 16 u_bf16 (worst {rel[bw]:.2e}, {bw}; the peer's worst {hrel[-1]:.2e}: routing flips "
+          f"under bf16 change which rows an expert sees)")
+
+sys.exit(1 if failures else 0)
