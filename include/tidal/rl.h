@@ -160,6 +160,8 @@ double td_rl_seq_loss(const td_rl_loss_cfg *c, int T, const float *logp, const f
                       const float *ref, const float *w, const float *m, double adv, double coef,
                       float *dlogp, td_rl_clip_stats *st);
 
+enum { TD_RL_REPLAY_NONE = 0, TD_RL_REPLAY_R2 = 1, TD_RL_REPLAY_R3 = 2 };   /* --routing-replay none|r2|r3 */
+
 /* ---- per-step metrics: one column of /steps each (reports/SCHEMA.md, "RL runs") ---- */
 #define TD_RL_METRICS(X) \
     X(step, "optimiser step (0-based)") \
@@ -217,6 +219,8 @@ double td_rl_seq_loss(const td_rl_loss_cfg *c, int T, const float *logp, const f
     X(merge_changed_frac, "merged syncs: share of adapted engine weights the update changed") \
     X(eval_reward, "--eval-steps: mean reward of the trainer's policy, greedy, on the eval records (nan between)") \
     X(eval_accuracy, "--eval-steps: share of eval records answered exactly (own records: reward >= 1; greedy; nan between)") \
+    X(routing_flip_rate, "MoE: share of (response token, MoE layer) routing decisions where pi_old's own top-k experts differ from the rollout's as a set (under --routing-replay r3 what pi_old's router would have chosen; nan: a dense model)") \
+    X(routing_tokens_flipped, "MoE: share of response tokens whose predicting position has such a flip in at least one MoE layer") \
     X(time_rollout, "seconds: generation (and the weight sync) on the inference path") \
     X(time_reward, "seconds: decoding and grading") \
     X(time_old, "seconds: pi_old (and reference) on the training path") \
@@ -356,6 +360,8 @@ typedef struct {
     const char *device;        /* where rollouts, pi_old and the update run: "cpu" (NULL), "cuda[:N]" */
     const char *train_recipe, *rollout_recipe;   /* names or JSON files */
     int exact_match;           /* control: mu := pi_old scored by the training path itself */
+    int routing_replay;        /* mixtures of experts: TD_RL_REPLAY_NONE, _R2 (pi_theta takes
+                                  pi_old's experts), _R3 (pi_old and pi_theta take the rollout's) */
     double rollout_logit_noise;/* synthetic mismatch (dose-response arm); 0 = none */
     td_rl_loss_cfg loss;
     int is_cap_given, is_cap_low_given;

@@ -71,7 +71,7 @@ extern const td_colspec td_schema_steps[TD_STP_COUNT];
  * layer (reports/SCHEMA.md): the routing of the position that predicted the token. */
 #define TD_SCHEMA_ROUTING "/routing"
 extern const td_colspec td_schema_routing_flip, td_schema_routing_margin_a, td_schema_routing_moved,
-    td_schema_routing_flips;
+    td_schema_routing_flips, td_schema_routing_experts_b;
 extern const td_colspec td_schema_layers_rel_err;
 #define TD_SCHEMA_PROGRESS "/progress"
 

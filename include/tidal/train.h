@@ -158,6 +158,10 @@ double td_lr_lambda(const td_train_opts *o, int k);
 /* The current master weights as a model (valid until the trainer is freed or steps): for
  * rollouts on the inference path, or evaluation. Under LoRA: the frozen base. */
 const td_model *td_trainer_model(const td_trainer *tr);
+/* Mixtures of experts: the update's forward (and so its backward) takes the experts fn supplies
+ * for each token and MoE layer (routing replay, model.h td_moe_replay_fn), seq being the index of
+ * the sequence in td_trainer_accumulate's call; NULL: the trainer routes itself. */
+void td_trainer_set_moe_replay(td_trainer *tr, td_moe_replay_fn fn, void *user);
 /* The adapter being trained (fp32 A and B), NULL without LoRA: set it on a path with
  * td_session_set_recipe_lora to roll out the current policy. */
 const td_lora *td_trainer_lora(const td_trainer *tr);

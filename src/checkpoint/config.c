@@ -107,8 +107,15 @@ static int parse_moe(const char *path, json_t *j, td_config *c, td_error *err)
         return 0;
     }
     int mixtral = c->arch == TD_ARCH_MIXTRAL, qwen2 = c->arch == TD_ARCH_QWEN2_MOE;
-    if (cfgj_int(path, j, mixtral ? "num_local_experts" : "num_experts", false, mixtral ? 8 : qwen2 ? 60 : 128, 1,
-                 65536, &c->num_experts, err) ||
+    /* Mixtral names it num_local_experts; transformers 5's Qwen3-MoE config writes that name too
+     * (its attribute map sends num_experts there): either is read, and two different values refused */
+    const char *ekey = mixtral || !json_object_get(j, "num_experts") ? "num_local_experts" : "num_experts";
+    json_t *e1 = json_object_get(j, "num_experts"), *e2 = json_object_get(j, "num_local_experts");
+    if (!mixtral && json_is_integer(e1) && json_is_integer(e2) && json_integer_value(e1) != json_integer_value(e2))
+        return td_fail(err, "%s: \"num_experts\" %lld and \"num_local_experts\" %lld differ", path,
+                       (long long)json_integer_value(e1), (long long)json_integer_value(e2));
+    if (!mixtral && !e1 && !e2) ekey = "num_experts";
+    if (cfgj_int(path, j, ekey, false, mixtral ? 8 : qwen2 ? 60 : 128, 1, 65536, &c->num_experts, err) ||
         cfgj_int(path, j, "num_experts_per_tok", false, mixtral ? 2 : qwen2 ? 4 : 8, 1, 65536,
                  &c->num_experts_per_tok, err) ||
         cfgj_num(path, j, "router_aux_loss_coef", 0.001, &c->router_aux_loss_coef, err) ||
@@ -129,6 +136,8 @@ static int parse_moe(const char *path, json_t *j, td_config *c, td_error *err)
             return -1;
         if (qwen2 && cfgj_int(path, j, "shared_expert_intermediate_size", false, 5632, 0, DIM_MAX,
                               &c->shared_expert_intermediate_size, err))
+            return -1;
+        if (qwen2 && cfgj_bool(path, j, "qkv_bias", true, &c->qkv_bias, err))   /* transformers 5 writes it */
             return -1;
         json_t *mo = json_object_get(j, "mlp_only_layers");
         if (mo && !json_is_null(mo)) {

@@ -54,7 +54,7 @@ static const struct { const char *key; int cls; } keys[] = {
     {"scoring_func", READ}, {"topk_method", READ}, {"routed_scaling_factor", READ}, {"n_group", READ},
     {"topk_group", READ}, {"e_score_correction_bias", READ}, {"n_routed_experts", READ},
     {"n_shared_experts", READ}, {"first_k_dense_replace", READ}, {"moe_layer_freq", READ},
-    {"qkv_bias", INERT},   /* Qwen2-MoE writes none; tidal reads attention_bias */
+    {"qkv_bias", READ},    /* transformers 5's Qwen2-MoE: the q/k/v biases (config.c parse_moe) */
     /* generation defaults an old config.json may carry; tidal reads generation_config.json */
     {"max_length", INERT}, {"min_length", INERT}, {"do_sample", INERT}, {"early_stopping", INERT},
     {"num_beams", INERT}, {"num_beam_groups", INERT}, {"diversity_penalty", INERT}, {"temperature", INERT},

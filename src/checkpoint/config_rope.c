@@ -183,11 +183,16 @@ int cfgj_attention_layers(const char *path, json_t *j, td_config *c, td_error *e
     if (c->arch == TD_ARCH_LLAMA) return 0;   /* LlamaAttention has no window: the keys are inert */
     int window = 0, max_window_layers = 28;
     bool use_sw = c->arch == TD_ARCH_MISTRAL || c->arch == TD_ARCH_MIXTRAL;  /* a non-null window is always used */
-    if (cfgj_int(path, j, "sliding_window", false, 0, 1, INT32_MAX, &window, err)) return -1;
-    if (c->arch != TD_ARCH_MISTRAL && c->arch != TD_ARCH_MIXTRAL &&
+    /* transformers 5's Qwen2-MoE config writes "sliding_window": 0 beside use_sliding_window false:
+     * 0 is read as no window where use_sliding_window decides (not for Mistral / Mixtral) */
+    int slides_always = c->arch == TD_ARCH_MISTRAL || c->arch == TD_ARCH_MIXTRAL;
+    if (cfgj_int(path, j, "sliding_window", false, 0, slides_always ? 1 : 0, INT32_MAX, &window, err)) return -1;
+    if (!slides_always &&
         (cfgj_bool(path, j, "use_sliding_window", false, &use_sw, err) ||
          cfgj_int(path, j, "max_window_layers", false, 28, 0, INT32_MAX, &max_window_layers, err)))
         return -1;
+    if (use_sw && window < 1 && json_is_integer(json_object_get(j, "sliding_window")))
+        return td_fail(err, "%s: \"use_sliding_window\" is true but \"sliding_window\" is %d", path, window);
     if (!use_sw) window = 0;   /* transformers: sliding_window = None unless use_sliding_window */
     json_t *lt = json_object_get(j, "layer_types");
     if (lt && !json_is_null(lt)) {

@@ -166,7 +166,11 @@ static void push_token(job *J, const batch_state *b, const size_t *idx, int s, i
             J->route_margin = td_xrealloc(J->route_margin, J->cap_route_rows * Lm * sizeof(float));
             J->route_moved = td_xrealloc(J->route_moved, J->cap_route_rows * Lm * sizeof(float));
             J->route_nflips = td_xrealloc(J->route_nflips, J->cap_route_rows * sizeof(int32_t));
+            J->route_experts = td_xrealloc(J->route_experts, J->cap_route_rows * Lm * b->K * sizeof(int32_t));
         }
+        /* B's experts at the predicting position pos - 1 */
+        memcpy(J->route_experts + r * Lm * b->K, b->rexp_b[s] + (size_t)(pos - 1) * Lm * b->K,
+               Lm * b->K * sizeof(int32_t));
         const signed char *fl = b->rflip[s] + (size_t)pos * Lm;
         memcpy(J->route_flip + r * Lm, fl, Lm);
         memcpy(J->route_margin + r * Lm, b->rmargin[s] + (size_t)pos * Lm, Lm * sizeof(float));

@@ -103,7 +103,7 @@ static void job_free(job *J)
     td_prompts_free(&J->prompts);
     free(J->mine);
     free(J->layer_rows);
-    free(J->route_flip); free(J->route_margin); free(J->route_moved); free(J->route_nflips);
+    free(J->route_flip); free(J->route_experts); free(J->route_margin); free(J->route_moved); free(J->route_nflips);
     free(J->flips_by_layer); free(J->routed_by_layer);
     if (J->tok) td_tokenizer_free(J->tok);
     free(J->memory_plan);
@@ -169,6 +169,7 @@ int td_diff_run(const td_diff_opts *opts, td_diff_summary *sum, td_error *err)
         goto out;
     }
     J.moe_layers = cfg->num_experts > 0 ? td_config_num_moe_layers(cfg) : 0;
+    J.moe_k = cfg->num_experts_per_tok;
     if (J.moe_layers) {
         J.flips_by_layer = td_xcalloc((size_t)J.moe_layers, sizeof(int64_t));
         J.routed_by_layer = td_xcalloc((size_t)J.moe_layers, sizeof(int64_t));

@@ -89,6 +89,8 @@ typedef struct {
     signed char *route_flip; /* (rows, moe_layers) of the batch being collected                  */
     float *route_margin, *route_moved;
     int32_t *route_nflips;   /* (rows)                                                           */
+    int32_t *route_experts;  /* (rows, moe_layers * K) B's experts                               */
+    int moe_k;
     size_t n_route_rows, cap_route_rows;
     int64_t *flips_by_layer, *routed_by_layer;  /* (moe_layers) over the run: set flips, tokens  */
     int64_t rows[TD_GROUP_COUNT];   /* rows of each group in the file (completed batches) */

@@ -153,7 +153,9 @@ int commit_batch(job *J, int64_t batch_no, td_error *err)
             td_runfile_append(J->rf, td_schema_routing_moved.path, td_schema_routing_moved.type, Lm, J->route_moved, n,
                               err) ||
             td_runfile_append(J->rf, td_schema_routing_flips.path, td_schema_routing_flips.type, 1, J->route_nflips, n,
-                              err))
+                              err) ||
+            td_runfile_append(J->rf, td_schema_routing_experts_b.path, td_schema_routing_experts_b.type,
+                              Lm * (size_t)J->moe_k, J->route_experts, n, err))
             return -1;
         J->n_route_rows = 0;
     }

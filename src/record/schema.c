@@ -86,6 +86,9 @@ const td_colspec td_schema_routing_margin_a = {"/routing/margin_a", TD_COL_F32,
     "per MoE layer: path A's router margin, its k-th minus its (k+1)-th largest probability (fp32 softmax)", NULL, 1};
 const td_colspec td_schema_routing_moved = {"/routing/moved", TD_COL_F32,
     "per MoE layer: path A's router probability on the experts A chose and B did not", NULL, 1};
+const td_colspec td_schema_routing_experts_b = {"/routing/experts_b", TD_COL_I32,
+    "per MoE layer, the K experts path B chose at the predicting position, in its top-k order (layer-major: "
+    "column m * K + j); -1 where B did not route it", NULL, 1};
 const td_colspec td_schema_routing_flips = {"/routing/n_flips", TD_COL_I32,
     "MoE layers whose expert set differs between A and B at the predicting position", NULL, 1};
 

@@ -109,7 +109,19 @@ typedef struct {
     const char *const *comp_names;/* (n_comp) */
     double *comp;                 /* (B, n_comp) this step's components                        */
     td_steplog *log;              /* --report-to: each committed /steps row, as it is written   */
+    /* a mixture of experts (Lm MoE layers, K experts per token; Lm = 0: dense): the rollout's and
+     * pi_old's experts per sequence, position, MoE layer: (B, max_len, Lm, K), -1 = not routed */
+    int Lm, K;
+    int *route_b, *route_old;
+    unsigned char *route_tok_flip;/* (B, max_len) pi_old's routing at the position flipped in a layer */
+    int64_t route_flips, route_routed;
 } rl_run;
+
+/* step.c: the routing observers and replays of a mixture of experts (run.c sets them) */
+void rl_moe_on_rollout(void *user, const td_moe_route *r);
+void rl_moe_on_old(void *user, const td_moe_route *r);
+int rl_moe_replay_rollout(void *user, int moe_layer, int N, const int *seq, const int *pos, int K, int *experts);
+int rl_moe_replay_old(void *user, int moe_layer, int N, const int *seq, const int *pos, int K, int *experts);
 
 /* data.c: R->items, R->records and R->chat from --dataset-path (R->tkz loaded); -1 + err naming
  * the record. rl_records_free frees records and chat (items are td_task_items_free's).

@@ -119,6 +119,26 @@ static int build(rl_run *R, td_error *err)
     }
     R->sess = td_session_create(R->engine ? R->engine : td_trainer_model(R->tr), R->B, R->max_len, 0, err);
     if (!R->sess) return -1;
+    const td_config *mc = &R->model->cfg;
+    if (o->routing_replay != TD_RL_REPLAY_NONE && mc->num_experts <= 0)
+        return td_fail(err, "--routing-replay %s: %s is a dense model: it has no routing to replay",
+                       o->routing_replay == TD_RL_REPLAY_R2 ? "r2" : "r3", o->model_path);
+    if (mc->num_experts > 0) {   /* routing observed on both paths, replayed as asked */
+        R->Lm = td_config_num_moe_layers(mc);
+        R->K = mc->num_experts_per_tok;
+        size_t cells = (size_t)R->B * R->max_len * R->Lm * R->K;
+        R->route_b = td_xmalloc(cells * sizeof(int));
+        R->route_old = td_xmalloc(cells * sizeof(int));
+        R->route_tok_flip = td_xmalloc((size_t)R->B * R->max_len);
+        td_session_set_moe_fn(R->sess, rl_moe_on_rollout, R);
+        td_forward_set_moe_fn(R->fold, rl_moe_on_old, R);
+        if (o->routing_replay == TD_RL_REPLAY_R3) {
+            td_forward_set_moe_replay(R->fold, rl_moe_replay_rollout, R);
+            td_trainer_set_moe_replay(R->tr, rl_moe_replay_rollout, R);
+        } else if (o->routing_replay == TD_RL_REPLAY_R2) {
+            td_trainer_set_moe_replay(R->tr, rl_moe_replay_old, R);
+        }
+    }
     R->smp = td_sampler_create(R->V);
     int B = R->B, L = R->max_len;
     size_t N = (size_t)B * o->max_completion_length;
@@ -169,6 +189,7 @@ static void teardown(rl_run *R)
     td_collapse_free(R->det);
     td_sampler_free(R->smp);
     td_session_free(R->sess);
+    free(R->route_b); free(R->route_old); free(R->route_tok_flip);
     rl_sync_free(R);
     td_forward_free(R->fold);
     td_forward_free(R->fref);

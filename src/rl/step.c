@@ -131,6 +131,14 @@ static void response_metrics(rl_run *R, double *M)
     M[TD_RLM_log_ppl_abs_diff] = v.log_ppl_abs_diff;
     M[TD_RLM_logp_diff_mean] = N ? dsum / N : NAN;
     M[TD_RLM_logp_diff_max] = dmax;
+    M[TD_RLM_routing_flip_rate] = M[TD_RLM_routing_tokens_flipped] = NAN;
+    if (R->Lm && !R->o->exact_match) {
+        M[TD_RLM_routing_flip_rate] = R->route_routed ? (double)R->route_flips / R->route_routed : NAN;
+        int64_t flipped = 0;
+        for (int s = 0; s < R->B; s++)
+            for (int t = R->plen[s] - 1; t <= R->len[s] - 2; t++) flipped += R->route_tok_flip[(size_t)s * R->max_len + t];
+        M[TD_RLM_routing_tokens_flipped] = N ? (double)flipped / N : NAN;
+    }
     M[TD_RLM_probs_diff_mean] = N ? psum / N : NAN;
     M[TD_RLM_probs_diff_max] = pmax;
     M[TD_RLM_probs_pearson] = N > 1 ? gsl_stats_correlation(pa, 1, pb, 1, (size_t)N) : NAN;
@@ -164,6 +172,75 @@ static void response_metrics(rl_run *R, double *M)
     free(la); free(lb); free(dl); free(k3); free(pa); free(pb); free(seq); free(isp);
 }
 
+/* ---- mixtures of experts: the rollout's routing, pi_old's against it, and routing replay ---- */
+
+static int *route_cell(int *base, const rl_run *R, int s, int t, int m)
+{
+    return base + (((size_t)s * R->max_len + t) * R->Lm + m) * R->K;
+}
+
+void rl_moe_on_rollout(void *user, const td_moe_route *r)
+{
+    rl_run *R = user;
+    for (int i = 0; i < r->N; i++)
+        memcpy(route_cell(R->route_b, R, r->seq[i], r->pos[i], r->moe_layer), r->experts + (size_t)i * r->K,
+               (size_t)r->K * sizeof(int));
+}
+
+/* pi_old's routing: kept (R2 replays it in the update) and, at the positions that predict response
+ * tokens, its own top-k set (what its router chose, or would have chosen under replay) against the
+ * rollout's */
+void rl_moe_on_old(void *user, const td_moe_route *r)
+{
+    rl_run *R = user;
+    int K = r->K, E = r->E, own[64];
+    for (int i = 0; i < r->N; i++) {
+        int s = r->seq[i], t = r->pos[i];
+        memcpy(route_cell(R->route_old, R, s, t, r->moe_layer), r->experts + (size_t)i * K, (size_t)K * sizeof(int));
+        if (t < R->plen[s] - 1 || t > R->len[s] - 2 || K > 64) continue;
+        const int *eb = route_cell(R->route_b, R, s, t, r->moe_layer);
+        if (eb[0] < 0) continue;
+        const float *p = r->probs + (size_t)i * E;
+        for (int j = 0; j < K; j++) {   /* its own top-k: largest first, ties to the lower expert */
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int q = 0; q < j && !taken; q++) taken = own[q] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            own[j] = best;
+        }
+        int same = 1;
+        for (int j = 0; j < K && same; j++) {
+            int in = 0;
+            for (int q = 0; q < K; q++) in |= own[j] == eb[q];
+            same = in;
+        }
+        R->route_routed++;
+        if (!same) { R->route_flips++; R->route_tok_flip[(size_t)s * R->max_len + t] = 1; }
+    }
+}
+
+static int replay_from(const rl_run *R, int *base, int moe_layer, int N, const int *seq, const int *pos, int K,
+                       int *experts)
+{
+    for (int i = 0; i < N; i++)   /* -1 where the source never routed the position: routed afresh */
+        memcpy(experts + (size_t)i * K, route_cell(base, R, seq[i], pos[i], moe_layer), (size_t)K * sizeof(int));
+    return 1;
+}
+
+int rl_moe_replay_rollout(void *user, int moe_layer, int N, const int *seq, const int *pos, int K, int *experts)
+{
+    rl_run *R = user;
+    return replay_from(R, R->route_b, moe_layer, N, seq, pos, K, experts);
+}
+
+int rl_moe_replay_old(void *user, int moe_layer, int N, const int *seq, const int *pos, int K, int *experts)
+{
+    rl_run *R = user;
+    return replay_from(R, R->route_old, moe_layer, N, seq, pos, K, experts);
+}
+
 /* generation: the step's prompts, G completions each, on the inference path */
 static int rollout(rl_run *R, int k, double *M, td_error *err)
 {
@@ -191,6 +268,13 @@ static int rollout(rl_run *R, int k, double *M, td_error *err)
                           .noise_seed = step_seed(o->seed, k, 2)};
     td_rollout_batch b = {.n = R->B, .tokens = R->tok, .prompt_len = R->plen, .stream = stream,
                           .len = R->len, .finish = R->finish, .logp_proc = R->mu_pos};
+    if (R->Lm) {   /* this step's routing: nothing routed yet */
+        size_t cells = (size_t)R->B * R->max_len * R->Lm * R->K;
+        memset(R->route_b, 0xFF, cells * sizeof(int));
+        memset(R->route_old, 0xFF, cells * sizeof(int));
+        memset(R->route_tok_flip, 0, (size_t)R->B * R->max_len);
+        R->route_flips = R->route_routed = 0;
+    }
     int rc = td_rollout_generate(R->sess, R->smp, &ro, &b, R->nlog ? on_rollout_row : NULL, R, err);
     free(stream);
     return rc;
@@ -342,6 +426,7 @@ static int score_old(rl_run *R, td_error *err)
     }
     R->off[R->B] = o;
     if (R->fref) {
+        td_forward_set_moe_fn(R->fref, NULL, NULL);   /* the reference routes itself, unobserved */
         if (td_forward_logprobs(R->fref, R->B, (const int *const *)R->tok, R->len, R->old_pos, NULL, NULL, err))
             return -1;
         for (int s = 0; s < R->B; s++)

@@ -82,7 +82,9 @@ static void marks(const td_sweep_run *r, run_data *d)
     for (int i = 0; i < TD_RLM_COUNT; i++) {
         char name[128];
         snprintf(name, sizeof name, "/steps/%s", td_rl_metric_names[i]);
-        if (td_runfile_read(rf, name, TD_COL_F64, 0, d->n, col, NULL)) {
+        if (!td_runfile_exists(rf, name)) {   /* a column newer than the file: nan */
+            for (int k = 0; k < d->n; k++) col[k] = NAN;
+        } else if (td_runfile_read(rf, name, TD_COL_F64, 0, d->n, col, NULL)) {
             for (int k = 0; k < d->n; k++) col[k] = NAN;
             d->failed = 1;
         }

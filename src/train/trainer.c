@@ -382,6 +382,7 @@ static int micro_batch(td_trainer *tr, int s0, int s1, const int *const *tokens,
     const td_model *m = tr->m;
     int C = m->cfg.hidden_size, V = m->cfg.vocab_size;
     td_forward_rows rows;
+    tr->mb_s0 = s0;
     int N = forward_decoder(tr->f, s1 - s0, tokens + s0, lens + s0, &rows);
     const td_ops *ops = rows.ops;
     const td_acts *a = forward_acts(tr->f);
@@ -559,6 +560,24 @@ int td_trainer_step(td_trainer *tr, td_step_info *info, td_error *err)
 /* ---------------------------------------------------------------- views */
 
 const td_model *td_trainer_model(const td_trainer *tr) { return tr->m; }
+
+/* the micro-batch's rows carry sequence indices relative to its first: the caller's are global */
+static int replay_offset(void *user, int moe_layer, int N, const int *seq, const int *pos, int K, int *experts)
+{
+    td_trainer *tr = user;
+    int *g = td_xmalloc((size_t)(N > 0 ? N : 1) * sizeof(int));
+    for (int i = 0; i < N; i++) g[i] = seq[i] + tr->mb_s0;
+    int rc = tr->moe_replay(tr->moe_replay_user, moe_layer, N, g, pos, K, experts);
+    free(g);
+    return rc;
+}
+
+void td_trainer_set_moe_replay(td_trainer *tr, td_moe_replay_fn fn, void *user)
+{
+    tr->moe_replay = fn;
+    tr->moe_replay_user = user;
+    td_forward_set_moe_replay(tr->f, fn ? replay_offset : NULL, fn ? tr : NULL);
+}
 const td_lora *td_trainer_lora(const td_trainer *tr) { return tr->lora; }
 td_model *td_trainer_base(td_trainer *tr) { return tr->lora ? tr->m : NULL; }
 size_t td_trainer_num_params(const td_trainer *tr) { return tr->nparams; }
