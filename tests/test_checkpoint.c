@@ -6,6 +6,7 @@
 #include "ckpt_testutil.h"
 
 #include "tidal/checkpoint.h"
+#include "tidal/model.h"
 #include "tidal/rng.h"
 
 #include <fcntl.h>
@@ -310,8 +311,14 @@ static void test_init_each_arch(void **state)
         assert_int_equal(c->hidden_size, 64);
         assert_int_equal(c->tie_word_embeddings, a % 2);
         assert_int_equal(td_checkpoint_find(ck, "lm_head.weight") != NULL, !(a % 2));
-        assert_int_equal(td_checkpoint_find(ck, "model.layers.1.self_attn.q_proj.bias") != NULL, a == TD_ARCH_QWEN2);
-        assert_int_equal(td_checkpoint_find(ck, "model.layers.0.self_attn.k_norm.weight") != NULL, a == TD_ARCH_QWEN3);
+        bool qwen2 = a == TD_ARCH_QWEN2 || a == TD_ARCH_QWEN2_MOE, qwen3 = a == TD_ARCH_QWEN3 || a == TD_ARCH_QWEN3_MOE;
+        bool moe = a == TD_ARCH_QWEN2_MOE || a == TD_ARCH_QWEN3_MOE || a == TD_ARCH_MIXTRAL;
+        assert_int_equal(td_checkpoint_find(ck, "model.layers.1.self_attn.q_proj.bias") != NULL, qwen2);
+        assert_int_equal(td_checkpoint_find(ck, "model.layers.0.self_attn.k_norm.weight") != NULL, qwen3);
+        assert_int_equal(c->num_experts, moe ? 8 : 0);   /* tiny on an MoE arch: 8 experts, top-2 */
+        assert_int_equal(td_checkpoint_find(ck, "model.layers.1.mlp.gate_proj.weight") != NULL, !moe);
+        assert_int_equal(td_checkpoint_find(ck, a == TD_ARCH_MIXTRAL ? "model.layers.1.block_sparse_moe.experts.7.w2.weight"
+                                                                     : "model.layers.1.mlp.experts.7.down_proj.weight") != NULL, moe);
         assert_string_equal(td_checkpoint_metadata(ck, "tidal_command"), "test");
         size_t nparams = td_config_params(c, NULL, 0);
         assert_int_equal(td_checkpoint_num_tensors(ck), nparams);
@@ -418,6 +425,228 @@ static void test_mutations(void **state)
     rm_tree(dir);
 }
 
+/* A tiny MoE config of 3 layers with dense layers among them: Qwen2-MoE with layer 1 dense
+ * (mlp_only_layers) and its shared expert, Qwen3-MoE sparse on layer 1 only (decoder_sparse_step
+ * 2), Mixtral sparse everywhere. */
+static td_config moe_tiny(td_arch arch)
+{
+    td_config cfg;
+    td_config_defaults(&cfg, arch);
+    assert_int_equal(td_config_preset("tiny", &cfg), 0);
+    cfg.num_layers = 3;
+    td_moe_opts o = {-1, -1, -1, -1, arch == TD_ARCH_QWEN3_MOE ? 2 : -1, -1, arch == TD_ARCH_QWEN2_MOE ? "1" : NULL};
+    td_error err = {{0}};
+    if (td_config_set_moe(&cfg, &o, &err)) fprintf(stderr, "%s\n", err.msg);
+    assert_int_equal(err.msg[0], 0);
+    return cfg;
+}
+
+/* Sample mean and std of every tensor of a role in a checkpoint. */
+static void role_stats(const td_checkpoint *ck, td_param_role role, double *mean, double *sd, size_t *count)
+{
+    const td_config *c = td_checkpoint_config(ck);
+    size_t n = td_config_params(c, NULL, 0);
+    td_param_spec *sp = malloc(n * sizeof *sp);
+    td_config_params(c, sp, n);
+    double s1 = 0, s2 = 0;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (sp[i].role != role) continue;
+        const td_tensor *t = td_checkpoint_find(ck, sp[i].name);
+        assert_non_null(t);
+        float *x = malloc(t->numel * sizeof *x);
+        td_tensor_to_f32(t, x, NULL);
+        for (size_t j = 0; j < t->numel; j++) { s1 += x[j]; s2 += (double)x[j] * x[j]; }
+        m += t->numel;
+        free(x);
+    }
+    free(sp);
+    *count = m;
+    *mean = m ? s1 / m : 0;
+    *sd = m ? sqrt(s2 / m - *mean * *mean) : 0;
+}
+
+/* A tidal-init MoE checkpoint holds every tensor of the parameter table (routers, each expert's
+ * three matrices, Qwen2-MoE's shared expert and its gate; dense layers their MLP), passes
+ * td_checkpoint_validate and loads (td_model_load). Statistics, loosely (a sample std of n
+ * normals is within 5/sqrt(2n) of the true one but for 1 in 10^6): expert matrices N(0, 0.02^2),
+ * routers N(0, (2/sqrt(C))^2) = N(0, 0.25^2) at C = 64 (init.c: router logits of std ~2). */
+static void test_init_moe(void **state)
+{
+    (void)state;
+    const td_arch archs[] = {TD_ARCH_QWEN2_MOE, TD_ARCH_QWEN3_MOE, TD_ARCH_MIXTRAL};
+    const int moe_layers[] = {2, 1, 3};
+    for (int k = 0; k < 3; k++) {
+        char *dir = make_tmpdir();
+        td_config cfg = moe_tiny(archs[k]);
+        assert_int_equal(td_config_num_moe_layers(&cfg), moe_layers[k]);
+        td_error err = {{0}};
+        td_init_opts o = {0.02, 0.02, 0, 1.0, TD_OUTLIER_NORM, 0};
+        assert_int_equal(td_checkpoint_init_random_opts(dir, &cfg, k == 1 ? TD_DT_BF16 : TD_DT_F32, 11, &o, "test", NULL,
+                                                        &err), 0);
+        td_checkpoint *ck = td_checkpoint_open(dir, &err);
+        assert_non_null(ck);
+        if (td_checkpoint_validate(ck, &err)) fprintf(stderr, "%s\n", err.msg);
+        assert_int_equal(td_checkpoint_validate(ck, &err), 0);
+        const td_config *c = td_checkpoint_config(ck);
+        assert_memory_equal(c->mlp_only_layers, cfg.mlp_only_layers, sizeof cfg.mlp_only_layers);
+        assert_true(c->num_experts == 8 && c->num_experts_per_tok == 2 && c->decoder_sparse_step == cfg.decoder_sparse_step);
+        assert_int_equal(c->shared_expert_intermediate_size, archs[k] == TD_ARCH_QWEN2_MOE ? 64 : 0);
+        assert_int_equal(td_checkpoint_num_tensors(ck), td_config_params(c, NULL, 0));
+        /* every layer: a router and 8 experts if sparse, else the dense MLP */
+        for (int l = 0; l < 3; l++) {
+            char name[128];
+            bool sparse = td_config_layer_moe(c, l);
+            const char *blk = archs[k] == TD_ARCH_MIXTRAL ? "block_sparse_moe" : "mlp";
+            snprintf(name, sizeof name, "model.layers.%d.%s.gate.weight", l, blk);
+            assert_int_equal(td_checkpoint_find(ck, name) != NULL, sparse);
+            snprintf(name, sizeof name, archs[k] == TD_ARCH_MIXTRAL ? "model.layers.%d.block_sparse_moe.experts.7.w3.weight"
+                                                                    : "model.layers.%d.mlp.experts.7.up_proj.weight", l);
+            assert_int_equal(td_checkpoint_find(ck, name) != NULL, sparse);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+            assert_int_equal(td_checkpoint_find(ck, name) != NULL, sparse && archs[k] == TD_ARCH_QWEN2_MOE);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.gate_proj.weight", l);
+            assert_int_equal(td_checkpoint_find(ck, name) != NULL, !sparse);
+        }
+        double mean, sd;
+        size_t count;
+        role_stats(ck, TD_ROLE_ROUTER, &mean, &sd, &count);
+        assert_int_equal(count, (size_t)moe_layers[k] * 8 * 64);
+        assert_true(fabs(sd - 0.25) < 5 * 0.25 / sqrt(2.0 * count) && fabs(mean) < 5 * 0.25 / sqrt((double)count));
+        role_stats(ck, TD_ROLE_E_GATE, &mean, &sd, &count);
+        assert_int_equal(count, (size_t)moe_layers[k] * 8 * cfg.moe_intermediate_size * 64);
+        assert_true(fabs(sd - 0.02) < 0.02 * 5 / sqrt(2.0 * count) + (k == 1 ? 0.02 * 0x1p-8 : 0));   /* bf16: 2^-9 rel */
+        role_stats(ck, TD_ROLE_E_DOWN, &mean, &sd, &count);
+        assert_true(fabs(sd - 0.02) < 0.02 * 5 / sqrt(2.0 * count) + (k == 1 ? 0.02 * 0x1p-8 : 0));
+        if (archs[k] == TD_ARCH_QWEN2_MOE) {
+            role_stats(ck, TD_ROLE_SH_ROUTE, &mean, &sd, &count);
+            assert_int_equal(count, 2 * 64);
+        }
+        td_checkpoint_close(ck);
+        /* the model loads, and a router std given explicitly is used */
+        td_model *m = td_model_load(dir, &err);
+        if (!m) fprintf(stderr, "%s\n", err.msg);
+        assert_non_null(m);
+        td_model_free(m);
+        o.router_std = 0.5;
+        assert_int_equal(td_checkpoint_init_random_opts(dir, &cfg, TD_DT_F32, 11, &o, "test", NULL, &err), 0);
+        ck = td_checkpoint_open(dir, &err);
+        role_stats(ck, TD_ROLE_ROUTER, &mean, &sd, &count);
+        assert_true(fabs(sd - 0.5) < 5 * 0.5 / sqrt(2.0 * count));
+        td_checkpoint_close(ck);
+        rm_tree(dir);
+    }
+}
+
+/* Rewrites DIR/model.safetensors without tensor `drop` (raw bytes, same dtypes and shapes). */
+static void drop_tensor(const char *dir, const char *drop)
+{
+    td_error err = {{0}};
+    td_checkpoint *ck = td_checkpoint_open(dir, &err);
+    assert_non_null(ck);
+    assert_non_null(td_checkpoint_find(ck, drop));
+    char path[512];
+    path_join(path, sizeof path, dir, "model.safetensors");
+    td_st_writer *w = td_st_writer_new(path);
+    for (size_t i = 0; i < td_checkpoint_num_tensors(ck); i++) {
+        const td_tensor *t = td_checkpoint_tensor(ck, i);
+        if (strcmp(t->name, drop) != 0) assert_int_equal(td_st_writer_declare(w, t->name, t->dtype, t->ndim, t->shape, &err), 0);
+    }
+    assert_int_equal(td_st_writer_begin(w, &err), 0);
+    for (size_t i = 0; i < td_checkpoint_num_tensors(ck); i++) {
+        const td_tensor *t = td_checkpoint_tensor(ck, i);
+        if (strcmp(t->name, drop) != 0) assert_int_equal(td_st_writer_write_raw(w, t->name, t->data, t->nbytes, &err), 0);
+    }
+    assert_int_equal(td_st_writer_finish(w, &err), 0);   /* renames over the mapped file: the map keeps the old one */
+    td_st_writer_free(w);
+    td_checkpoint_close(ck);
+}
+
+/* A per-expert tensor (or the shared expert's gate) missing: the checkpoint opens, and
+ * td_checkpoint_validate and td_model_load fail naming the tensor and the checkpoint. */
+static void test_init_moe_missing_tensor(void **state)
+{
+    (void)state;
+    struct { td_arch arch; const char *drop; } cases[] = {
+        {TD_ARCH_QWEN2_MOE, "model.layers.2.mlp.experts.5.up_proj.weight"},
+        {TD_ARCH_QWEN2_MOE, "model.layers.0.mlp.shared_expert_gate.weight"},
+        {TD_ARCH_QWEN3_MOE, "model.layers.1.mlp.gate.weight"},
+        {TD_ARCH_MIXTRAL, "model.layers.1.block_sparse_moe.experts.7.w2.weight"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char *dir = make_tmpdir();
+        td_config cfg = moe_tiny(cases[k].arch);
+        td_error err = {{0}};
+        assert_int_equal(td_checkpoint_init_random(dir, &cfg, TD_DT_F32, 5, "test", NULL, &err), 0);
+        drop_tensor(dir, cases[k].drop);
+        char want[256];
+        snprintf(want, sizeof want, "missing tensor '%s'", cases[k].drop);
+        td_checkpoint *ck = td_checkpoint_open(dir, &err);
+        assert_non_null(ck);
+        assert_null(td_checkpoint_find(ck, cases[k].drop));
+        assert_int_not_equal(td_checkpoint_validate(ck, &err), 0);
+        assert_true(contains_all(err.msg, dir, want, NULL));
+        td_checkpoint_close(ck);
+        memset(&err, 0, sizeof err);
+        td_model *m = td_model_load(dir, &err);
+        if (m) td_model_free(m);
+        assert_null(m);
+        assert_true(contains_all(err.msg, cases[k].drop, NULL));
+        rm_tree(dir);
+    }
+}
+
+/* Planted outlier channels in an MoE model keep the function exact: the post-attention norm's
+ * channels are multiplied by S and every GEMM that reads the normed input has those input
+ * columns divided by S: the router, each expert's gate/up, the shared expert's gate/up and its
+ * sigmoid gate; the down projections and everything else unchanged. S = 8 (a power of two) so
+ * the division is exact: compared bit for bit with the same seed unplanted. */
+static void test_init_moe_outliers(void **state)
+{
+    (void)state;
+    char *d0 = make_tmpdir(), *d1 = make_tmpdir();
+    td_config cfg = moe_tiny(TD_ARCH_QWEN2_MOE);
+    td_error err = {{0}};
+    td_init_opts o0 = {0.02, 0.02, 0, 1.0, TD_OUTLIER_NORM, 0}, o1 = {0.02, 0.02, 3, 8.0, TD_OUTLIER_NORM, 0};
+    assert_int_equal(td_checkpoint_init_random_opts(d0, &cfg, TD_DT_F32, 9, &o0, "a", NULL, &err), 0);
+    assert_int_equal(td_checkpoint_init_random_opts(d1, &cfg, TD_DT_F32, 9, &o1, "b", NULL, &err), 0);
+    int ch[3];
+    td_init_outlier_channels(9, 64, 3, ch);
+    td_checkpoint *c0 = td_checkpoint_open(d0, &err), *c1 = td_checkpoint_open(d1, &err);
+    assert_true(c0 && c1);
+    size_t n = td_config_params(&cfg, NULL, 0);
+    td_param_spec *sp = malloc(n * sizeof *sp);
+    td_config_params(&cfg, sp, n);
+    int divided = 0;
+    for (size_t i = 0; i < n; i++) {
+        float f = 1.0f;
+        switch (sp[i].role) {
+        case TD_ROLE_ATTN_NORM: case TD_ROLE_MLP_NORM: f = 8.0f; break;
+        case TD_ROLE_WQ: case TD_ROLE_WK: case TD_ROLE_WV: case TD_ROLE_W_GATE: case TD_ROLE_W_UP: case TD_ROLE_ROUTER:
+        case TD_ROLE_E_GATE: case TD_ROLE_E_UP: case TD_ROLE_SH_GATE: case TD_ROLE_SH_UP: case TD_ROLE_SH_ROUTE:
+            f = 0.125f; divided++; break;
+        default: break;
+        }
+        const float *a = td_checkpoint_map_f32(c0, sp[i].name, sp[i].ndim, sp[i].shape, &err);
+        const float *b = td_checkpoint_map_f32(c1, sp[i].name, sp[i].ndim, sp[i].shape, &err);
+        assert_true(a && b);
+        for (size_t j = 0; j < sp[i].numel; j++) {
+            int col = (int)(j % 64), planted = col == ch[0] || col == ch[1] || col == ch[2];
+            float want = planted ? a[j] * f : a[j];
+            if (memcmp(&want, &b[j], sizeof want) != 0)
+                fprintf(stderr, "%s[%zu]: %g, want %g\n", sp[i].name, j, (double)b[j], (double)want);
+            assert_memory_equal(&want, &b[j], sizeof want);
+        }
+    }
+    /* per MoE layer (0 and 2): q/k/v, router, 8 x (gate, up), shared gate/up/gate; layer 1: q/k/v, gate/up */
+    assert_int_equal(divided, 2 * (3 + 1 + 16 + 3) + (3 + 2));
+    free(sp);
+    td_checkpoint_close(c0);
+    td_checkpoint_close(c1);
+    rm_tree(d0);
+    rm_tree(d1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -427,6 +656,9 @@ int main(void)
         cmocka_unit_test(test_shards),
         cmocka_unit_test(test_init_each_arch),
         cmocka_unit_test(test_init_deterministic),
+        cmocka_unit_test(test_init_moe),
+        cmocka_unit_test(test_init_moe_missing_tensor),
+        cmocka_unit_test(test_init_moe_outliers),
         cmocka_unit_test(test_mutations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,12 @@
 /* config.json and generation_config.json: the four architectures as their published configs
  * write them (fields copied from Llama-3.2-1B, Mistral-7B-v0.1, Qwen2.5-0.5B, Qwen3-0.6B),
  * transformers' defaults for absent keys, every rejection with a message naming file and key,
- * write -> parse round trips, and the generation defaults report. */
+ * write -> parse round trips, and the generation defaults report.
+ * Mixtures of experts: the defaults of transformers' Qwen2MoeConfig, Qwen3MoeConfig and
+ * MixtralConfig for absent keys, the sparse-layer rule, the routers tidal refuses (by key), write
+ * -> parse round trips, and the MoE presets against the published config.json files in
+ * tests/fixtures/configs/hf4/ (Qwen/Qwen3-30B-A3B, Qwen/Qwen1.5-MoE-A2.7B,
+ * mistralai/Mixtral-8x7B-v0.1). */
 #include "ckpt_testutil.h"
 
 #include "tidal/checkpoint.h"
@@ -301,6 +306,341 @@ static void test_names(void **state)
     assert_int_equal(td_config_preset("gpt-5", &c), -1);
 }
 
+/* A minimal MoE config.json: the required keys, C=128 NH=32 (every arch's default NKV divides it),
+ * F=96, plus the given ones ("" for none). */
+static const char *moe_config(const char *arch, int layers, const char *extra)
+{
+    static char text[2048];
+    snprintf(text, sizeof text,
+             "{\"architectures\":[\"%s\"],\"vocab_size\":256,\"hidden_size\":128,\"intermediate_size\":96,"
+             "\"num_hidden_layers\":%d,\"num_attention_heads\":32%s%s}", arch, layers, extra[0] ? "," : "", extra);
+    return text;
+}
+
+/* transformers' defaults for the keys a config.json leaves out (Qwen2MoeConfig / Qwen3MoeConfig /
+ * MixtralConfig of 4.46-4.51): Qwen2-MoE 60 experts top-4, 1408 wide, a shared expert of 5632,
+ * no renormalisation; Qwen3-MoE 128 / 8 / 768, no shared expert; Mixtral 8 / 2 with experts
+ * intermediate_size wide and always renormalised. Every layer sparse. */
+static void test_moe_defaults(void **state)
+{
+    (void)state;
+    td_config c;
+    parse_ok(moe_config("Qwen2MoeForCausalLM", 2, ""), &c);
+    assert_int_equal(c.arch, TD_ARCH_QWEN2_MOE);
+    assert_int_equal(c.num_experts, 60);
+    assert_int_equal(c.num_experts_per_tok, 4);
+    assert_int_equal(c.moe_intermediate_size, 1408);
+    assert_int_equal(c.shared_expert_intermediate_size, 5632);
+    assert_false(c.norm_topk_prob);
+    assert_int_equal(c.decoder_sparse_step, 1);
+    assert_int_equal(c.n_mlp_only, 0);
+    assert_true(c.router_aux_loss_coef == 0.001 && !c.output_router_logits);
+    assert_true(c.qkv_bias && !c.qk_norm);   /* Qwen2-MoE's attention has q/k/v biases */
+    assert_int_equal(c.num_kv_heads, 16);
+    assert_true(td_config_layer_moe(&c, 0) && td_config_layer_moe(&c, 1));
+
+    parse_ok(moe_config("Qwen3MoeForCausalLM", 2, "\"num_key_value_heads\":2,\"head_dim\":16"), &c);
+    assert_int_equal(c.arch, TD_ARCH_QWEN3_MOE);
+    assert_int_equal(c.num_experts, 128);
+    assert_int_equal(c.num_experts_per_tok, 8);
+    assert_int_equal(c.moe_intermediate_size, 768);
+    assert_int_equal(c.shared_expert_intermediate_size, 0);
+    assert_false(c.norm_topk_prob);
+    assert_int_equal(c.decoder_sparse_step, 1);
+    assert_true(c.qk_norm && !c.qkv_bias);
+
+    parse_ok(moe_config("MixtralForCausalLM", 2, "\"num_key_value_heads\":2"), &c);
+    assert_int_equal(c.arch, TD_ARCH_MIXTRAL);
+    assert_int_equal(c.num_experts, 8);
+    assert_int_equal(c.num_experts_per_tok, 2);
+    assert_int_equal(c.moe_intermediate_size, 96);    /* = intermediate_size */
+    assert_int_equal(c.shared_expert_intermediate_size, 0);
+    assert_true(c.norm_topk_prob);                   /* MixtralSparseMoeBlock always renormalises */
+    assert_int_equal(c.decoder_sparse_step, 1);
+    assert_true(!c.qkv_bias && !c.qk_norm);
+    /* and read when present: Mixtral's key is num_local_experts */
+    parse_ok(moe_config("MixtralForCausalLM", 2, "\"num_key_value_heads\":2,\"num_local_experts\":4,"
+                        "\"num_experts_per_tok\":1,\"router_aux_loss_coef\":0.02,\"output_router_logits\":true"), &c);
+    assert_true(c.num_experts == 4 && c.num_experts_per_tok == 1 && c.router_aux_loss_coef == 0.02 && c.output_router_logits);
+    parse_ok(moe_config("Qwen2MoeForCausalLM", 2, "\"num_experts\":6,\"num_experts_per_tok\":3,\"moe_intermediate_size\":24,"
+                        "\"shared_expert_intermediate_size\":0,\"norm_topk_prob\":true"), &c);
+    assert_true(c.num_experts == 6 && c.num_experts_per_tok == 3 && c.moe_intermediate_size == 24);
+    assert_true(c.shared_expert_intermediate_size == 0 && c.norm_topk_prob);
+}
+
+/* Layer l is sparse when (l + 1) % decoder_sparse_step == 0 and l is not in mlp_only_layers
+ * (transformers' Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer); the parameter table follows: a
+ * dense layer has mlp.gate_proj (F, C), a sparse one mlp.gate (E, C) and E experts of (FE, C). */
+static void test_moe_layer_rule(void **state)
+{
+    (void)state;
+    td_config c;
+    parse_ok(moe_config("Qwen3MoeForCausalLM", 6, "\"num_key_value_heads\":2,\"head_dim\":16,\"num_experts\":4,"
+                        "\"num_experts_per_tok\":2,\"moe_intermediate_size\":24,\"decoder_sparse_step\":2,"
+                        "\"mlp_only_layers\":[3]"), &c);
+    assert_int_equal(c.decoder_sparse_step, 2);
+    assert_int_equal(c.n_mlp_only, 1);
+    assert_int_equal(c.mlp_only_layers[0], 3);
+    const bool sparse[6] = {false, true, false, false, false, true};   /* 3: (3+1) % 2 == 0 but listed */
+    for (int l = 0; l < 6; l++) assert_int_equal(td_config_layer_moe(&c, l), sparse[l]);
+    assert_int_equal(td_config_num_moe_layers(&c), 2);
+    assert_int_equal(td_config_moe_index(&c, 1), 0);
+    assert_int_equal(td_config_moe_index(&c, 5), 1);
+    assert_int_equal(td_config_moe_index(&c, 3), -1);
+    size_t n = td_config_params(&c, NULL, 0);
+    td_param_spec *sp = malloc(n * sizeof *sp);
+    td_config_params(&c, sp, n);
+    int routers = 0, experts = 0, dense = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (sp[i].role == TD_ROLE_ROUTER) {
+            routers++;
+            assert_true(sparse[sp[i].layer] && sp[i].shape[0] == 4 && sp[i].shape[1] == 128);
+        }
+        if (sp[i].role == TD_ROLE_E_GATE) {
+            experts++;
+            assert_true(sparse[sp[i].layer] && sp[i].shape[0] == 24 && sp[i].shape[1] == 128);
+            assert_true(sp[i].expert >= 0 && sp[i].expert < 4);
+        }
+        if (sp[i].role == TD_ROLE_W_GATE) {
+            dense++;
+            assert_true(!sparse[sp[i].layer] && sp[i].shape[0] == 96);
+        }
+    }
+    assert_int_equal(routers, 2);
+    assert_int_equal(experts, 2 * 4);
+    assert_int_equal(dense, 4);
+    free(sp);
+
+    /* decoder_sparse_step 3 over 7 layers: 2 and 5; Mixtral: every layer, whatever else is said */
+    parse_ok(moe_config("Qwen2MoeForCausalLM", 7, "\"decoder_sparse_step\":3"), &c);
+    for (int l = 0; l < 7; l++) assert_int_equal(td_config_layer_moe(&c, l), l == 2 || l == 5);
+    parse_ok(moe_config("MixtralForCausalLM", 3, "\"num_key_value_heads\":2"), &c);
+    assert_int_equal(td_config_num_moe_layers(&c), 3);
+    /* an empty list is no layer; a layer index outside the model is refused */
+    parse_ok(moe_config("Qwen3MoeForCausalLM", 2, "\"head_dim\":16,\"mlp_only_layers\":[]"), &c);
+    assert_int_equal(td_config_num_moe_layers(&c), 2);
+    parse_fails(moe_config("Qwen3MoeForCausalLM", 2, "\"head_dim\":16,\"mlp_only_layers\":[2]"), "\"mlp_only_layers\"");
+}
+
+/* Routers tidal does not model, and MoE keys where there are no experts: refused, naming the key. */
+static void test_moe_refusals(void **state)
+{
+    (void)state;
+    const char *q3 = "Qwen3MoeForCausalLM", *hd = "\"head_dim\":16,";
+    char t[512];
+#define MOE_FAILS(what, arch, ...) do { snprintf(t, sizeof t, __VA_ARGS__); parse_fails(moe_config(arch, 2, t), what); } while (0)
+    MOE_FAILS("\"num_experts_per_tok\" 9 exceeds the 8 experts", q3, "%s\"num_experts\":8,\"num_experts_per_tok\":9", hd);
+    MOE_FAILS("\"num_experts_per_tok\" 3 exceeds the 2 experts (\"num_local_experts\")", "MixtralForCausalLM",
+              "\"num_key_value_heads\":2,\"num_local_experts\":2,\"num_experts_per_tok\":3");
+    MOE_FAILS("\"n_group\"", q3, "%s\"n_group\":8", hd);
+    MOE_FAILS("\"topk_group\"", q3, "%s\"topk_group\":4", hd);
+    MOE_FAILS("\"e_score_correction_bias\"", q3, "%s\"e_score_correction_bias\":true", hd);
+    MOE_FAILS("\"n_routed_experts\"", q3, "%s\"n_routed_experts\":64", hd);
+    MOE_FAILS("\"scoring_func\" is sigmoid", q3, "%s\"scoring_func\":\"sigmoid\"", hd);
+    MOE_FAILS("\"routed_scaling_factor\" is 2.5", q3, "%s\"routed_scaling_factor\":2.5", hd);
+    MOE_FAILS("\"topk_method\" is noaux_tc", q3, "%s\"topk_method\":\"noaux_tc\"", hd);
+    MOE_FAILS("\"num_experts\" must be an integer", q3, "%s\"num_experts\":\"8\"", hd);
+    MOE_FAILS("\"num_experts\" = 0 is out of range", q3, "%s\"num_experts\":0", hd);
+    MOE_FAILS("\"mlp_only_layers\" must be a list", q3, "%s\"mlp_only_layers\":1", hd);
+    /* MoE keys on a dense architecture: tidal would run the model without its experts */
+    MOE_FAILS("\"num_experts\" is set for Qwen3ForCausalLM", "Qwen3ForCausalLM", "%s\"num_experts\":8", hd);
+    MOE_FAILS("\"num_local_experts\" is set for MistralForCausalLM", "MistralForCausalLM", "\"num_local_experts\":8");
+    MOE_FAILS("\"moe_intermediate_size\" is set for Qwen2ForCausalLM", "Qwen2ForCausalLM", "\"moe_intermediate_size\":32");
+    MOE_FAILS("\"shared_expert_intermediate_size\" is set for LlamaForCausalLM", "LlamaForCausalLM",
+              "\"shared_expert_intermediate_size\":32");
+#undef MOE_FAILS
+    /* their neutral values are accepted: a softmax router of unscaled weights, no experts */
+    td_config c;
+    parse_ok(moe_config(q3, 2, "\"head_dim\":16,\"scoring_func\":\"softmax\",\"routed_scaling_factor\":1.0,"
+                        "\"n_group\":null,\"topk_method\":\"greedy\""), &c);
+    parse_ok(moe_config("Qwen3ForCausalLM", 2, "\"head_dim\":16,\"num_experts\":0"), &c);
+    assert_int_equal(c.num_experts, 0);
+    /* a hand-built struct: the same checks in td_config_validate */
+    td_config_defaults(&c, TD_ARCH_LLAMA);
+    assert_int_equal(td_config_preset("tiny", &c), 0);
+    c.num_experts = 4; c.num_experts_per_tok = 2; c.moe_intermediate_size = 8;
+    td_error err = {{0}};
+    assert_int_not_equal(td_config_validate(&c, "hand-built", &err), 0);
+    assert_true(contains_all(err.msg, "hand-built", "4 experts for LlamaForCausalLM", NULL));
+    td_config_defaults(&c, TD_ARCH_QWEN3_MOE);
+    assert_int_equal(td_config_preset("tiny", &c), 0);
+    c.shared_expert_intermediate_size = 16;
+    assert_int_not_equal(td_config_validate(&c, "hand-built", &err), 0);
+    assert_true(contains_all(err.msg, "a shared expert is Qwen2-MoE's alone", NULL));
+}
+
+/* td_config_write -> td_config_parse gives the same struct for every MoE arch: the tiny presets,
+ * the published shapes, and Qwen layouts with a sparse step, dense layers and no shared expert. */
+static void test_moe_write_roundtrip(void **state)
+{
+    (void)state;
+    struct { td_arch arch; const char *preset; int step; const char *mlp_only; int fs, norm, moe_layers; } cases[] = {
+        {TD_ARCH_QWEN2_MOE, "tiny", -1, NULL, -1, -1, 2},
+        {TD_ARCH_QWEN3_MOE, "tiny", -1, NULL, -1, -1, 2},
+        {TD_ARCH_MIXTRAL, "tiny", -1, NULL, -1, -1, 2},
+        {TD_ARCH_QWEN3_MOE, "qwen3-30b-a3b", -1, NULL, -1, -1, 48},
+        {TD_ARCH_QWEN2_MOE, "qwen1.5-moe-a2.7b", -1, NULL, -1, -1, 24},
+        {TD_ARCH_MIXTRAL, "mixtral-8x7b", -1, NULL, -1, -1, 32},
+        {TD_ARCH_QWEN2_MOE, "tiny", 2, "0", 0, 1, 1},                 /* layer 1; no shared expert */
+        {TD_ARCH_QWEN3_MOE, "qwen3-30b-a3b", 3, "0,47,20", -1, 0, 14}, /* 2, 5, .., 47 less 20 and 47 */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        td_config c, back;
+        td_config_defaults(&c, cases[k].arch);
+        assert_int_equal(td_config_preset(cases[k].preset, &c), 0);
+        assert_int_equal(c.arch, cases[k].arch);
+        td_moe_opts o = {-1, -1, -1, cases[k].fs, cases[k].step, cases[k].norm, cases[k].mlp_only};
+        td_error err = {{0}};
+        if (td_config_set_moe(&c, &o, &err)) fprintf(stderr, "%s\n", err.msg);
+        assert_int_equal(err.msg[0], 0);
+        snprintf(c.torch_dtype, sizeof c.torch_dtype, "bfloat16");
+        c.n_eos = td_config_eos_list(&c, c.eos_token_ids);   /* parsed configs hold the list form */
+        char p[512];
+        path_join(p, sizeof p, g_dir, "written.json");
+        assert_int_equal(td_config_write(p, &c, &err), 0);
+        if (td_config_parse(p, &back, &err)) fprintf(stderr, "%s\n", err.msg);
+        if (memcmp(&c, &back, sizeof c) != 0)
+            fprintf(stderr, "%s %s: E %d/%d K %d/%d FE %d/%d FS %d/%d step %d/%d mlp_only %d/%d norm %d/%d\n",
+                    td_arch_name(c.arch), cases[k].preset, c.num_experts, back.num_experts, c.num_experts_per_tok,
+                    back.num_experts_per_tok, c.moe_intermediate_size, back.moe_intermediate_size,
+                    c.shared_expert_intermediate_size, back.shared_expert_intermediate_size, c.decoder_sparse_step,
+                    back.decoder_sparse_step, c.n_mlp_only, back.n_mlp_only, c.norm_topk_prob, back.norm_topk_prob);
+        assert_memory_equal(&c, &back, sizeof c);
+        assert_int_equal(td_config_num_moe_layers(&back), cases[k].moe_layers);
+    }
+}
+
+/* The MoE presets are the published config.json files (tests/fixtures/configs/hf4/; hf5/ the same
+ * re-saved by transformers 5.24 with resave_tf5.py's steps): each file parses to the preset's
+ * struct, but for what a preset leaves out (the file's torch_dtype, and Qwen1.5-MoE's legacy
+ * "expert_interval", which transformers ignores and tidal classifies as inert). Where the hf4 files were read:
+ *   qwen3-30b-a3b.json      huggingface.co/Qwen/Qwen3-30B-A3B config.json (transformers_version
+ *                           4.51.0), as quoted whole in github.com/citsjtu2020/LLM-Prof
+ *                           sglang/Model_Config.md; several other copies agree key for key
+ *   qwen1.5-moe-a2.7b.json  huggingface.co/Qwen/Qwen1.5-MoE-A2.7B, config.json at revision
+ *                           9f55e3d9d56a29aeac19d3d38329e58e63d38f61 (914 bytes, as this file);
+ *                           the -Chat model's differs (32768 positions, eos 151645)
+ *   mixtral-8x7b-v0.1.json  huggingface.co/mistralai/Mixtral-8x7B-v0.1 config.json, as quoted in
+ *                           github.com/NVIDIA/TensorRT-LLM tests/unittest/_torch/modeling/
+ *                           test_modeling_mixtral.py (MIXTRAL_8X7B_CONFIG); the -Instruct-v0.1
+ *                           file (revision eba92302, 720 bytes, as this file) holds the same. */
+static void test_moe_presets_published(void **state)
+{
+    (void)state;
+    struct { const char *preset, *file, *unknown; } cases[] = {
+        {"qwen3-30b-a3b", "tests/fixtures/configs/hf4/qwen3-30b-a3b.json", ""},
+        {"qwen1.5-moe-a2.7b", "tests/fixtures/configs/hf4/qwen1.5-moe-a2.7b.json", ""},
+        {"mixtral-8x7b", "tests/fixtures/configs/hf4/mixtral-8x7b-v0.1.json", ""},
+        /* the same as transformers 5.24 re-saves them (resave_tf5.py): rope_parameters, dtype,
+         * Qwen3-MoE's num_local_experts, Qwen2-MoE's qkv_bias, layer_types and sliding_window 0 */
+        {"qwen3-30b-a3b", "tests/fixtures/configs/hf5/qwen3-30b-a3b.json", ""},
+        {"qwen1.5-moe-a2.7b", "tests/fixtures/configs/hf5/qwen1.5-moe-a2.7b.json", ""},
+        {"mixtral-8x7b", "tests/fixtures/configs/hf5/mixtral-8x7b-v0.1.json", ""},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        td_config pub, pre;
+        td_error err = {{0}};
+        if (td_config_parse(cases[k].file, &pub, &err)) fprintf(stderr, "%s\n", err.msg);
+        assert_int_equal(err.msg[0], 0);
+        assert_string_equal(pub.unknown_keys, cases[k].unknown);
+        assert_string_equal(pub.torch_dtype, "bfloat16");
+        td_config_defaults(&pre, TD_ARCH_LLAMA);
+        assert_int_equal(td_config_preset(cases[k].preset, &pre), 0);
+        memcpy(pre.torch_dtype, pub.torch_dtype, sizeof pre.torch_dtype);
+        memcpy(pre.unknown_keys, pub.unknown_keys, sizeof pre.unknown_keys);
+        pre.n_eos = td_config_eos_list(&pre, pre.eos_token_ids);
+        if (memcmp(&pub, &pre, sizeof pub) != 0) fprintf(stderr, "preset %s differs from %s\n", cases[k].preset, cases[k].file);
+        assert_memory_equal(&pub, &pre, sizeof pub);
+    }
+    /* the published values that matter, spelled out */
+    td_config c;
+    td_config_defaults(&c, TD_ARCH_LLAMA);
+    assert_int_equal(td_config_preset("qwen3-30b-a3b", &c), 0);
+    assert_true(c.arch == TD_ARCH_QWEN3_MOE && c.hidden_size == 2048 && c.num_layers == 48 && c.num_heads == 32);
+    assert_true(c.num_kv_heads == 4 && c.head_dim == 128 && c.intermediate_size == 6144 && c.vocab_size == 151936);
+    assert_true(c.num_experts == 128 && c.num_experts_per_tok == 8 && c.moe_intermediate_size == 768 && c.norm_topk_prob);
+    assert_true(c.rope_theta == 1e6 && c.rms_norm_eps == 1e-6 && c.max_position == 40960 && !c.tie_word_embeddings);
+    assert_int_equal(td_config_preset("qwen1.5-moe-a2.7b", &c), 0);
+    assert_true(c.arch == TD_ARCH_QWEN2_MOE && c.hidden_size == 2048 && c.num_layers == 24 && c.num_heads == 16);
+    assert_true(c.num_kv_heads == 16 && c.intermediate_size == 5632 && c.vocab_size == 151936 && c.qkv_bias);
+    assert_true(c.num_experts == 60 && c.num_experts_per_tok == 4 && c.moe_intermediate_size == 1408);
+    assert_true(c.shared_expert_intermediate_size == 5632 && !c.norm_topk_prob);
+    assert_true(c.rope_theta == 1e6 && c.max_position == 8192 && !c.tie_word_embeddings && c.sliding_window == 0);
+    assert_int_equal(td_config_preset("mixtral-8x7b", &c), 0);
+    assert_true(c.arch == TD_ARCH_MIXTRAL && c.hidden_size == 4096 && c.num_layers == 32 && c.num_heads == 32);
+    assert_true(c.num_kv_heads == 8 && c.intermediate_size == 14336 && c.vocab_size == 32000);
+    assert_true(c.num_experts == 8 && c.num_experts_per_tok == 2 && c.moe_intermediate_size == 14336 && c.norm_topk_prob);
+    assert_true(c.rope_theta == 1e6 && c.rms_norm_eps == 1e-5 && c.max_position == 32768 && !c.tie_word_embeddings);
+}
+
+/* tidal-init's MoE flags (td_config_set_moe): what each arch takes, what it refuses, naming the
+ * flag first (tidal-init prints it as a usage error). */
+static void test_moe_set_flags(void **state)
+{
+    (void)state;
+    struct { td_arch arch; const char *preset; td_moe_opts o; const char *flag, *why; } bad[] = {
+        {TD_ARCH_LLAMA, "tiny", {4, -1, -1, -1, -1, -1, NULL}, "--num-experts:", "dense architecture"},
+        {TD_ARCH_QWEN2, "tiny", {-1, -1, -1, -1, -1, -1, "1"}, "--mlp-only-layers:", "dense architecture"},
+        {TD_ARCH_QWEN3, "tiny", {-1, -1, -1, -1, -1, 0, NULL}, "--no-norm-topk-prob:", "dense architecture"},
+        {TD_ARCH_MIXTRAL, "tiny", {-1, -1, 64, -1, -1, -1, NULL}, "--moe-intermediate-size:", "--intermediate-size wide"},
+        {TD_ARCH_MIXTRAL, "tiny", {-1, -1, -1, -1, 2, -1, NULL}, "--decoder-sparse-step:", "every layer is sparse"},
+        {TD_ARCH_MIXTRAL, "tiny", {-1, -1, -1, -1, -1, 1, NULL}, "--norm-topk-prob:", "always renormalises"},
+        {TD_ARCH_MIXTRAL, "tiny", {-1, -1, -1, -1, -1, -1, "0"}, "--mlp-only-layers:", "every layer is sparse"},
+        {TD_ARCH_QWEN3_MOE, "tiny", {-1, -1, -1, 32, -1, -1, NULL}, "--shared-expert-intermediate-size:", "Qwen2-MoE's alone"},
+        {TD_ARCH_QWEN3_MOE, "tiny", {4, 5, -1, -1, -1, -1, NULL}, "--num-experts-per-tok:", "5 exceeds the 4 experts"},
+        {TD_ARCH_QWEN3_MOE, "tiny", {-1, -1, -1, -1, -1, -1, "2"}, "--mlp-only-layers:", "layer 2, the model has 2"},
+        {TD_ARCH_QWEN3_MOE, "tiny", {-1, -1, -1, -1, -1, -1, "0,1"}, "--mlp-only-layers:", "no layer of the 2"},
+        {TD_ARCH_QWEN3_MOE, "tiny", {-1, -1, -1, -1, 3, -1, NULL}, "--decoder-sparse-step:", "no layer of the 2"},
+        {TD_ARCH_QWEN3_MOE, "tiny", {-1, -1, -1, -1, -1, -1, "0,0"}, "--mlp-only-layers:", "listed twice"},
+        {TD_ARCH_QWEN3_MOE, "tiny", {-1, -1, -1, -1, -1, -1, "1;"}, "--mlp-only-layers:", "not a comma-separated list"},
+        /* no preset: an MoE arch needs its expert shape */
+        {TD_ARCH_QWEN3_MOE, NULL, {-1, -1, -1, -1, -1, -1, NULL}, "--num-experts:", "--moe-intermediate-size FE"},
+        {TD_ARCH_QWEN3_MOE, NULL, {8, 2, -1, -1, -1, -1, NULL}, "--moe-intermediate-size:", "each expert's MLP width"},
+        {TD_ARCH_QWEN2_MOE, NULL, {8, 2, 16, -1, -1, -1, NULL}, "--shared-expert-intermediate-size:", "0: none"},
+        {TD_ARCH_MIXTRAL, NULL, {8, -1, -1, -1, -1, -1, NULL}, "--num-experts-per-tok:", "--num-experts E and"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        td_config c;
+        td_config_defaults(&c, bad[k].arch);
+        if (bad[k].preset) assert_int_equal(td_config_preset(bad[k].preset, &c), 0);
+        else { c.hidden_size = 64; c.num_layers = 2; c.num_heads = 4; c.num_kv_heads = 4; c.head_dim = 16;
+               c.intermediate_size = 96; c.vocab_size = 128; }
+        td_error err = {{0}};
+        assert_int_not_equal(td_config_set_moe(&c, &bad[k].o, &err), 0);
+        if (strncmp(err.msg, bad[k].flag, strlen(bad[k].flag)) != 0) fprintf(stderr, "\"%s\" does not start with %s\n", err.msg, bad[k].flag);
+        assert_int_equal(strncmp(err.msg, bad[k].flag, strlen(bad[k].flag)), 0);
+        assert_true(contains_all(err.msg, bad[k].why, NULL));
+    }
+    /* accepted: flags over a preset, a Mixtral's experts following its intermediate_size, a
+     * shape from flags alone, none for a dense arch */
+    td_config c;
+    td_error err = {{0}};
+    td_config_defaults(&c, TD_ARCH_MIXTRAL);
+    assert_int_equal(td_config_preset("mixtral-8x7b", &c), 0);
+    c.intermediate_size = 512;
+    td_moe_opts o = {4, 1, -1, -1, -1, -1, NULL};
+    assert_int_equal(td_config_set_moe(&c, &o, &err), 0);
+    assert_true(c.num_experts == 4 && c.num_experts_per_tok == 1 && c.moe_intermediate_size == 512 && c.norm_topk_prob);
+    td_config_defaults(&c, TD_ARCH_QWEN2_MOE);
+    c.hidden_size = 64; c.num_layers = 4; c.num_heads = 4; c.num_kv_heads = 4; c.head_dim = 16;
+    c.intermediate_size = 96; c.vocab_size = 128;
+    td_moe_opts q = {6, 2, 16, 0, 2, 1, "3"};
+    assert_int_equal(td_config_set_moe(&c, &q, &err), 0);
+    assert_true(c.num_experts == 6 && c.num_experts_per_tok == 2 && c.moe_intermediate_size == 16);
+    assert_true(c.shared_expert_intermediate_size == 0 && c.decoder_sparse_step == 2 && c.norm_topk_prob);
+    assert_true(c.n_mlp_only == 1 && c.mlp_only_layers[0] == 3 && c.router_aux_loss_coef == 0.001);
+    assert_int_equal(td_config_num_moe_layers(&c), 1);   /* 1; 3 is dense */
+    assert_int_equal(td_config_validate(&c, "flags", &err), 0);
+    td_moe_opts none = {-1, -1, -1, -1, -1, -1, "none"};
+    assert_int_equal(td_config_set_moe(&c, &none, &err), 0);
+    assert_int_equal(c.n_mlp_only, 0);
+    td_moe_opts nothing = {-1, -1, -1, -1, -1, -1, NULL};
+    td_config_defaults(&c, TD_ARCH_QWEN3);
+    assert_int_equal(td_config_preset("tiny", &c), 0);
+    assert_int_equal(td_config_set_moe(&c, &nothing, &err), 0);
+    assert_int_equal(c.num_experts, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -310,6 +650,12 @@ int main(void)
         cmocka_unit_test(test_config_write_roundtrip),
         cmocka_unit_test(test_generation_config),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_moe_defaults),
+        cmocka_unit_test(test_moe_layer_rule),
+        cmocka_unit_test(test_moe_refusals),
+        cmocka_unit_test(test_moe_write_roundtrip),
+        cmocka_unit_test(test_moe_presets_published),
+        cmocka_unit_test(test_moe_set_flags),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

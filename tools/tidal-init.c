@@ -3,6 +3,8 @@
  *   tidal-init --arch qwen2 --preset qwen2.5-0.5b --dtype bf16 --seed 1 -o /tmp/q05
  *   tidal-init --arch llama --hidden-size 64 --num-layers 2 --num-heads 4 --num-kv-heads 2 \
  *              --intermediate-size 176 --vocab-size 512 --dtype f32 --seed 7 -o /tmp/tiny
+ *   tidal-init --arch qwen3_moe --preset tiny --num-experts 16 --num-experts-per-tok 4 -o /tmp/moe
+ *   tidal-init --preset qwen3-30b-a3b --dtype bf16 --config-only -o /tmp/q30   (a memory plan's)
  * Explicit shape flags override the preset. The command line is recorded in the safetensors
  * metadata ("tidal_command").
  *
@@ -63,6 +65,7 @@ static void on_stop_signal(int sig)
 int main(int argc, char **argv)
 {
     const char *arch = NULL, *preset = NULL, *out = NULL, *dtype = "f32", *rope_scaling = NULL, *eos = NULL;
+    const char *mlp_only = NULL;
     int bos = -2;
     int hidden = 0, layers = 0, heads = 0, kv = 0, hd = 0, inter = 0, vocab = 0, tie = -1;
     double theta = 0, eps = 0;
@@ -70,14 +73,16 @@ int main(int argc, char **argv)
     int rank = 8;
     double alpha = 16, lora_std = 0.01;
     unsigned long long seed = 0;
-    td_init_opts init = {0.02, -1, 0, 1.0, TD_OUTLIER_NORM};
+    td_init_opts init = {0.02, -1, 0, 1.0, TD_OUTLIER_NORM, 0};
+    td_moe_opts moe = {-1, -1, -1, -1, -1, -1, NULL};
     int outlier_site = 0, config_only = 0;
     const int MAXDIM = 1 << 24;
     /* shape flags take the config.json names too (--num-hidden-layers, --num_attention_heads ...) */
     td_opt opts[] = {
-        TD_OPT_S("arch", 0, &arch, "llama|mistral|qwen2|qwen3", "architecture (default llama, or the preset's)"),
+        TD_OPT_S("arch", 0, &arch, "A", "llama|mistral|qwen2|qwen3|qwen2_moe|qwen3_moe|mixtral\n"
+                 "(default llama, or the preset's)"),
         TD_OPT_S("preset", 0, &preset, "NAME", "tiny|qwen2.5-0.5b|qwen3-0.6b|llama-3.2-1b|llama-3.1-8b|\n"
-                 "llama-3.1-8b-instruct; shape flags override it"),
+                 "llama-3.1-8b-instruct|qwen3-30b-a3b|qwen1.5-moe-a2.7b|\nmixtral-8x7b; shape flags override it"),
         TD_OPT_I("hidden-size", 0, &hidden, "C", 1, MAXDIM, "hidden size"),
         TD_OPT_I("num-layers", 0, &layers, "L", 1, MAXDIM, "decoder layers"),
         TD_OPT_I("num-heads", 0, &heads, "NH", 1, MAXDIM, "attention heads"),
@@ -94,12 +99,28 @@ int main(int argc, char **argv)
         TD_OPT_S("eos-token-id", 0, &eos, "IDS", "end-of-sequence id or comma-separated list (Llama 3.1\n"
                  "Instruct: 128001,128008,128009)"),
         TD_OPT_I("bos-token-id", 0, &bos, "ID", -1, 0x7FFFFFFF, "beginning-of-sequence id (-1: none)"),
+        TD_OPT_I("num-experts", 0, &moe.num_experts, "E", 1, 65536, "mixture of experts: experts per MoE layer\n"
+                 "(--arch qwen2_moe|qwen3_moe|mixtral; tiny: 8)"),
+        TD_OPT_I("num-experts-per-tok", 0, &moe.num_experts_per_tok, "K", 1, 65536, "experts each token is routed to (top-k)"),
+        TD_OPT_I("moe-intermediate-size", 0, &moe.moe_intermediate_size, "FE", 1, MAXDIM, "each expert's MLP width (Qwen; Mixtral's is\n"
+                 "--intermediate-size)"),
+        TD_OPT_I("shared-expert-intermediate-size", 0, &moe.shared_expert_intermediate_size, "FS", 0, MAXDIM,
+                 "Qwen2-MoE's shared expert's MLP width (0: none)"),
+        TD_OPT_I("decoder-sparse-step", 0, &moe.decoder_sparse_step, "S", 1, 4096, "Qwen: layer l is sparse when (l + 1) % S == 0\n"
+                 "(default 1: every layer)"),
+        TD_OPT_S("mlp-only-layers", 0, &mlp_only, "LIST", "Qwen: layers with a dense MLP instead, e.g. 0,3\n"
+                 "(none: none)"),
+        TD_OPT_F("norm-topk-prob", 0, &moe.norm_topk_prob, 1, "Qwen: renormalise the top-k routing weights"),
+        TD_OPT_F("no-norm-topk-prob", 0, &moe.norm_topk_prob, 0, "Qwen: do not (transformers' default; Mixtral always\n"
+                 "does)"),
         TD_OPT_F("tie", 0, &tie, 1, "tie the embedding and the LM head (tie_word_embeddings)"),
         TD_OPT_F("no-tie", 0, &tie, 0, "untied LM head"),
         TD_OPT_F("config-only", 0, &config_only, 1, "write DIR/config.json only (no weights): enough for\n"
                  "tidal-diff --plan-only's memory plan of a large model"),
         TD_OPT_S("dtype", 0, &dtype, "f32|bf16|f16", "stored dtype (default f32)"),
         TD_OPT_D("init-std", 0, &init.std, "S", 0, 1e3, "std of GEMM weights and biases (default 0.02)"),
+        TD_OPT_D("router-std", 0, &init.router_std, "S", 0, 1e3, "std of MoE routers (default 2/sqrt(C): router logits of\n"
+                 "std ~2, so the routing is neither uniform nor one-hot)"),
         TD_OPT_D("embed-std", 0, &init.embed_std, "S", 0, 1e3, "std of the embedding (default --init-std); a larger one\n"
                  "(e.g. 0.5) gives peaked distributions"),
         TD_OPT_I("outlier-channels", 0, &init.outlier_channels, "N", 0, MAXDIM, "plant N outlier channels (synthetic; recorded in the\n"
@@ -128,14 +149,18 @@ int main(int argc, char **argv)
     td_opt_get(opts, "intermediate-size")->aliases = "intermediate";
     td_opt_get(opts, "vocab-size")->aliases = "vocab";
     td_opt_get(opts, "rms-norm-eps")->aliases = "rms-eps";
-    const char *positive[] = {"rope-theta", "rms-norm-eps", "init-std", "embed-std", "alpha", "lora-std", "outlier-scale"};
+    td_opt_get(opts, "num-experts")->aliases = "num-local-experts";
+    const char *positive[] = {"rope-theta", "rms-norm-eps", "init-std", "embed-std", "router-std", "alpha", "lora-std",
+                              "outlier-scale"};
     for (size_t i = 0; i < sizeof positive / sizeof *positive; i++) td_opt_get(opts, positive[i])->lo_open = 1;
     td_opt_get(opts, "output")->required = 1;
     td_cli cli = {"tidal-init", "[--arch A] [--preset P] [shape flags] [--dtype D] [--seed S] -o DIR\n"
                   "--lora-for MODEL_DIR [--rank R] [--alpha A] [--targets LIST] [--lora-std S] [--seed S] -o ADAPTER_DIR",
                   "Writes a seeded random-init Hugging Face checkpoint (config.json, model.safetensors) of a\n"
                   "Llama-family shape; without --preset give --hidden-size --num-layers --num-heads\n"
-                  "--intermediate-size --vocab-size. The command line is recorded in the safetensors metadata.",
+                  "--intermediate-size --vocab-size, and for a mixture of experts --num-experts\n"
+                  "--num-experts-per-tok (Qwen: --moe-intermediate-size; Qwen2-MoE:\n"
+                  "--shared-expert-intermediate-size). The command line is recorded in the safetensors metadata.",
                   "--lora-for: both lora_A and lora_B are random N(0, S^2): PEFT starts B at zero, an update of\n"
                   "nothing, so tidal's adapters are random on purpose, for tests and for measuring what merging\n"
                   "an update into low-precision weights keeps. They are not trained adapters.\n"
@@ -151,7 +176,7 @@ int main(int argc, char **argv)
 
     td_config cfg;
     int a = arch ? td_arch_from_name(arch) : TD_ARCH_LLAMA;
-    if (a < 0) return td_cli_bad(&cli, "--arch", arch, "one of llama, mistral, qwen2, qwen3");
+    if (a < 0) return td_cli_bad(&cli, "--arch", arch, "one of llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral");
     td_config_defaults(&cfg, (td_arch)a);
     if (preset) {
         if (td_config_preset(preset, &cfg) != 0) {
@@ -181,6 +206,13 @@ int main(int argc, char **argv)
     if (eos && td_config_set_eos(&cfg, eos, &err))
         return td_cli_bad(&cli, "--eos-token-id", NULL, "%s", err.msg + strlen("--eos-token-id: "));
     if (bos != -2) cfg.bos_token_id = bos;
+    moe.mlp_only_layers = mlp_only;
+    if (td_config_set_moe(&cfg, &moe, &err)) {   /* "--flag: why" */
+        char *colon = strstr(err.msg, ": ");
+        if (!colon) { fprintf(stderr, "tidal-init: %s\n", err.msg); return 2; }
+        *colon = 0;
+        return td_cli_bad(&cli, err.msg, NULL, "%s", colon + 2);
+    }
     for (int i = 0; eos && i < (cfg.n_eos ? cfg.n_eos : 1); i++)
         if (cfg.eos_token_ids[i] >= cfg.vocab_size)
             return td_cli_bad(&cli, "--eos-token-id", NULL, "id %d outside the vocabulary of %d", cfg.eos_token_ids[i], cfg.vocab_size);
@@ -215,8 +247,13 @@ int main(int argc, char **argv)
     rc = td_checkpoint_init_random_opts(out, &cfg, (td_dtype)dt, seed, &init, cmd, stderr, &err);
     free(cmd);
     if (rc != 0) { fprintf(stderr, "tidal-init: %s\n", err.msg); return 1; }
-    fprintf(stderr, "tidal-init: wrote %s (%s, C=%d L=%d NH=%d NKV=%d HD=%d F=%d V=%d%s)\n", out, td_arch_name(cfg.arch),
+    char experts[160] = "", shared[32] = "";
+    if (cfg.shared_expert_intermediate_size > 0) snprintf(shared, sizeof shared, " FS=%d", cfg.shared_expert_intermediate_size);
+    if (cfg.num_experts > 0)
+        snprintf(experts, sizeof experts, ", E=%d K=%d FE=%d%s on %d of %d layers", cfg.num_experts,
+                 cfg.num_experts_per_tok, cfg.moe_intermediate_size, shared, td_config_num_moe_layers(&cfg), cfg.num_layers);
+    fprintf(stderr, "tidal-init: wrote %s (%s, C=%d L=%d NH=%d NKV=%d HD=%d F=%d V=%d%s%s)\n", out, td_arch_name(cfg.arch),
             cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-            cfg.vocab_size, cfg.tie_word_embeddings ? ", tied" : "");
+            cfg.vocab_size, experts, cfg.tie_word_embeddings ? ", tied" : "");
     return 0;
 }

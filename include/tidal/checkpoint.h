@@ -207,11 +207,30 @@ void td_gen_config_print(FILE *f, const td_gen_config *g);
 
 /* ---- random initialisation (tidal-init) ---- */
 
-/* Named shapes: "tiny" (C=64 L=2 NH=4 NKV=2 HD=16 F=176 V=512, arch kept), "qwen2.5-0.5b",
- * "qwen3-0.6b", "llama-3.2-1b", "llama-3.1-8b", "llama-3.1-8b-instruct" (these set the
- * architecture too, rope_scaling and eos lists as the hub's config.json). -1 if unknown. */
+/* Named shapes: "tiny" (C=64 L=2 NH=4 NKV=2 HD=16 F=176 V=512, arch kept; for a mixture-of-experts
+ * arch also E=8 K=2 on every layer, FE=32 (Mixtral: F), Qwen2-MoE's shared expert FS=64,
+ * norm_topk_prob true but for Qwen2-MoE), "qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b",
+ * "llama-3.1-8b", "llama-3.1-8b-instruct", and the mixtures "qwen3-30b-a3b", "qwen1.5-moe-a2.7b",
+ * "mixtral-8x7b" (these set the architecture too, rope_scaling, eos lists and expert shapes as the
+ * hub's config.json; the mixtures are meant for config-only use, tidal-init --config-only).
+ * -1 if unknown. */
 int td_config_preset(const char *name, td_config *cfg);
-#define TD_CONFIG_PRESETS "tiny, qwen2.5-0.5b, qwen3-0.6b, llama-3.2-1b, llama-3.1-8b, llama-3.1-8b-instruct"
+#define TD_CONFIG_PRESETS "tiny, qwen2.5-0.5b, qwen3-0.6b, llama-3.2-1b, llama-3.1-8b, llama-3.1-8b-instruct, " \
+                          "qwen3-30b-a3b, qwen1.5-moe-a2.7b, mixtral-8x7b"
+/* The mixture-of-experts shape of a tidal-init command line, -1 (NULL) for a flag not given. */
+typedef struct {
+    int num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size;
+    int decoder_sparse_step;
+    int norm_topk_prob;           /* 0 / 1 */
+    const char *mlp_only_layers;  /* "1,3"; "" or "none": none */
+} td_moe_opts;
+/* Applies o to cfg, whose arch and other shapes are final (a Mixtral's experts take its
+ * intermediate_size). Refused, with the message starting with the flag's name: any of them for a
+ * dense arch; moe_intermediate_size, decoder_sparse_step, norm_topk_prob, mlp_only_layers for
+ * Mixtral (its config.json has none); a shared expert but for Qwen2-MoE; an MoE arch whose cfg has
+ * no experts yet (no preset) without E, K, FE (Qwen) and FS (Qwen2-MoE; 0: none); K > E; a layer
+ * index outside the model; no MoE layer left. */
+int td_config_set_moe(td_config *cfg, const td_moe_opts *o, td_error *err);
 /* "rope_scaling" as config.json spells it (a JSON object, e.g. {"rope_type": "llama3",
  * "factor": 8.0, ...}; "null" or "none" removes it), through config.json's own parser. */
 int td_config_set_rope_scaling(td_config *cfg, const char *json_text, td_error *err);
@@ -219,7 +238,9 @@ int td_config_set_rope_scaling(td_config *cfg, const char *json_text, td_error *
 int td_config_set_eos(td_config *cfg, const char *list, td_error *err);
 /* Writes DIR/model.safetensors, config.json and generation_config.json of a seeded random
  * model (normals from td_rng, polar method): matrices and embeddings N(0, 0.02^2), norm weights 1 + 0.1 N(0,1) (not exactly 1, so
- * a forward that forgets a norm weight is caught), biases N(0, 0.02^2). Tensors are generated
+ * a forward that forgets a norm weight is caught), biases N(0, 0.02^2); in a mixture of experts
+ * every tensor of td_config_params (routers, each expert's gate/up/down, Qwen2-MoE's shared
+ * expert and its gate) the same, but the routers N(0, (2/sqrt(C))^2) (td_init_opts.router_std). Tensors are generated
  * in fixed 2^20-element chunks, chunk k of tensor i from td_rng_stream(seed, i << 32 | k), so
  * the values do not depend on the thread count; written as generated (memory ~ a few chunks).
  * `command` goes into the safetensors metadata as "tidal_command"; progress (may be NULL)
@@ -239,7 +260,8 @@ int td_checkpoint_init_random(const char *dir, const td_config *cfg, td_dtype dt
  * makes no difference on it. `outlier_channels` hidden channels, drawn from the seed (stream
  * TD_INIT_OUTLIER_STREAM), are multiplied by `outlier_scale`:
  *   TD_OUTLIER_NORM   in every input_layernorm and post_attention_layernorm weight (γ): the
- *                     inputs of every q/k/v and gate/up projection carry the outliers, as the
+ *                     inputs of every q/k/v and gate/up projection (and of an MoE layer's router,
+ *                     experts' gate/up, shared expert and its gate) carry the outliers, as the
  *                     channel outliers of real models do (what per-tensor FP8 scaling suffers);
  *                     the input columns of those projections are divided by the same factor
  *                     (SmoothQuant's migration run backwards), so the model computes the same
@@ -256,6 +278,8 @@ typedef struct {
     int outlier_channels;       /* 0: none                                   */
     double outlier_scale;       /* factor on those channels                 */
     td_outlier_site outlier_site;
+    double router_std;          /* MoE routers; 0: 2 / sqrt(C), router logits of std ~2 on a
+                                   normed input (init.c says why)            */
 } td_init_opts;
 /* The planted channels of a config and seed: n distinct channels in [0, C), ascending. */
 void td_init_outlier_channels(uint64_t seed, int C, int n, int *out);

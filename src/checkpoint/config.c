@@ -35,7 +35,7 @@ static const struct {
     [TD_ARCH_QWEN2] = {"Qwen2ForCausalLM", "qwen2", 32, 0, 32768, -1, -1},
     [TD_ARCH_QWEN3] = {"Qwen3ForCausalLM", "qwen3", 32, 128, 32768, -1, -1},
     [TD_ARCH_QWEN2_MOE] = {"Qwen2MoeForCausalLM", "qwen2_moe", 16, 0, 8192, -1, -1},
-    [TD_ARCH_QWEN3_MOE] = {"Qwen3MoeForCausalLM", "qwen3_moe", 4, 128, 32768, -1, -1},
+    [TD_ARCH_QWEN3_MOE] = {"Qwen3MoeForCausalLM", "qwen3_moe", 4, 0, 32768, -1, -1},   /* head_dim: getattr(config, "head_dim", C / NH) */
     [TD_ARCH_MIXTRAL] = {"MixtralForCausalLM", "mixtral", 8, 0, 131072, 1, 2},
 };
 
@@ -382,6 +382,15 @@ int td_config_validate(const td_config *c, const char *what, td_error *err)
     if (c->num_experts > 0 && c->num_experts_per_tok > c->num_experts)
         return td_fail(err, "%s: num_experts_per_tok %d exceeds the %d experts", what, c->num_experts_per_tok,
                        c->num_experts);
+    int moe_arch = c->arch == TD_ARCH_QWEN2_MOE || c->arch == TD_ARCH_QWEN3_MOE || c->arch == TD_ARCH_MIXTRAL;
+    if (moe_arch && c->num_experts < 1)
+        return td_fail(err, "%s: %s is a mixture of experts: num_experts must be at least 1", what, td_arch_name(c->arch));
+    if (c->arch == TD_ARCH_MIXTRAL &&
+        (c->moe_intermediate_size != c->intermediate_size || c->decoder_sparse_step > 1 || c->n_mlp_only > 0 ||
+         !c->norm_topk_prob))
+        return td_fail(err, "%s: Mixtral's experts are every layer's, of width intermediate_size %d, renormalised "
+                       "(got width %d, sparse step %d, %d dense layers, norm_topk_prob %d)", what, c->intermediate_size,
+                       c->moe_intermediate_size, c->decoder_sparse_step, c->n_mlp_only, (int)c->norm_topk_prob);
     if (c->num_experts > 0 && c->arch != TD_ARCH_QWEN2_MOE && c->arch != TD_ARCH_QWEN3_MOE && c->arch != TD_ARCH_MIXTRAL)
         return td_fail(err, "%s: %d experts for %s, a dense architecture", what, c->num_experts, td_arch_name(c->arch));
     if (c->shared_expert_intermediate_size > 0 && c->arch != TD_ARCH_QWEN2_MOE)

@@ -54,6 +54,7 @@ static const struct { const char *key; int cls; } keys[] = {
     {"scoring_func", READ}, {"topk_method", READ}, {"routed_scaling_factor", READ}, {"n_group", READ},
     {"topk_group", READ}, {"e_score_correction_bias", READ}, {"n_routed_experts", READ},
     {"n_shared_experts", READ}, {"first_k_dense_replace", READ}, {"moe_layer_freq", READ},
+    {"expert_interval", INERT},   /* the published Qwen1.5-MoE-A2.7B carries it; transformers ignores it */
     {"qkv_bias", READ},    /* transformers 5's Qwen2-MoE: the q/k/v biases (config.c parse_moe) */
     /* generation defaults an old config.json may carry; tidal reads generation_config.json */
     {"max_length", INERT}, {"min_length", INERT}, {"do_sample", INERT}, {"early_stopping", INERT},

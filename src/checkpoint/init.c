@@ -11,6 +11,27 @@
 #include <sys/stat.h>
 #include <time.h>
 
+static bool is_moe_arch(td_arch a)
+{
+    return a == TD_ARCH_QWEN2_MOE || a == TD_ARCH_QWEN3_MOE || a == TD_ARCH_MIXTRAL;
+}
+
+/* The mixture-of-experts fields as td_config_parse fills them for a config.json that writes them
+ * all: every layer sparse (decoder_sparse_step 1, no mlp_only_layers); Mixtral's experts are
+ * intermediate_size wide and always renormalised. */
+static void set_moe(td_config *c, int E, int K, int FE, int FS, bool norm_topk, double aux_coef)
+{
+    c->num_experts = E;
+    c->num_experts_per_tok = K;
+    c->moe_intermediate_size = FE;
+    c->shared_expert_intermediate_size = FS;
+    c->norm_topk_prob = norm_topk || c->arch == TD_ARCH_MIXTRAL;
+    c->decoder_sparse_step = 1;
+    c->n_mlp_only = 0;
+    c->router_aux_loss_coef = aux_coef;
+    c->output_router_logits = false;
+}
+
 int td_config_preset(const char *name, td_config *c)
 {
     if (strcmp(name, "tiny") == 0) {
@@ -19,6 +40,10 @@ int td_config_preset(const char *name, td_config *c)
         c->hidden_size = 64; c->num_layers = 2; c->num_heads = 4; c->num_kv_heads = 2;
         c->head_dim = 16; c->intermediate_size = 176; c->vocab_size = 512;
         c->bos_token_id = 1; c->eos_token_id = 2;
+        if (is_moe_arch(arch)) {   /* a tiny mixture: 8 experts, top-2, every layer sparse */
+            set_moe(c, 8, 2, arch == TD_ARCH_MIXTRAL ? c->intermediate_size : 32,
+                    arch == TD_ARCH_QWEN2_MOE ? 64 : 0, arch != TD_ARCH_QWEN2_MOE, 0.001);
+        }
         return 0;
     }
     if (strcmp(name, "qwen2.5-0.5b") == 0) {   /* Qwen/Qwen2.5-0.5B config.json */
@@ -66,7 +91,129 @@ int td_config_preset(const char *name, td_config *c)
         }
         return 0;
     }
+    /* Mixtures of experts, config only (tidal-init --config-only; tens of GB of weights). The
+     * published config.json files these follow are in tests/fixtures/configs/hf4/, with where each
+     * was read (test_config.c test_moe_presets_published checks that each parses to its preset). */
+    if (strcmp(name, "qwen3-30b-a3b") == 0) {   /* Qwen/Qwen3-30B-A3B config.json (transformers 4.51.0) */
+        td_config_defaults(c, TD_ARCH_QWEN3_MOE);
+        c->hidden_size = 2048; c->num_layers = 48; c->num_heads = 32; c->num_kv_heads = 4;
+        c->head_dim = 128; c->intermediate_size = 6144; c->vocab_size = 151936;
+        c->tie_word_embeddings = false; c->rope_theta = 1e6; c->max_position = 40960; c->rms_norm_eps = 1e-6;
+        c->bos_token_id = 151643; c->eos_token_id = 151645;
+        set_moe(c, 128, 8, 768, 0, true, 0.001);
+        return 0;
+    }
+    /* Qwen/Qwen1.5-MoE-A2.7B config.json (the base model's: 8192 positions; the -Chat model's has
+     * 32768 and eos 151645); its "sliding_window": 4096 is off ("use_sliding_window": false) */
+    if (strcmp(name, "qwen1.5-moe-a2.7b") == 0) {
+        td_config_defaults(c, TD_ARCH_QWEN2_MOE);
+        c->hidden_size = 2048; c->num_layers = 24; c->num_heads = 16; c->num_kv_heads = 16;
+        c->head_dim = 128; c->intermediate_size = 5632; c->vocab_size = 151936;
+        c->tie_word_embeddings = false; c->rope_theta = 1e6; c->max_position = 8192; c->rms_norm_eps = 1e-6;
+        c->bos_token_id = 151643; c->eos_token_id = 151643;
+        set_moe(c, 60, 4, 1408, 5632, false, 0.001);
+        return 0;
+    }
+    if (strcmp(name, "mixtral-8x7b") == 0) {    /* mistralai/Mixtral-8x7B-v0.1 config.json */
+        td_config_defaults(c, TD_ARCH_MIXTRAL);
+        c->hidden_size = 4096; c->num_layers = 32; c->num_heads = 32; c->num_kv_heads = 8;
+        c->head_dim = 128; c->intermediate_size = 14336; c->vocab_size = 32000;
+        c->tie_word_embeddings = false; c->rope_theta = 1e6; c->max_position = 32768; c->rms_norm_eps = 1e-5;
+        c->bos_token_id = 1; c->eos_token_id = 2;
+        set_moe(c, 8, 2, 14336, 0, true, 0.02);
+        return 0;
+    }
     return -1;
+}
+
+/* "--mlp-only-layers" as a list of layer indices ("0,5"; "" or "none": none). */
+static int parse_layer_list(td_config *c, const char *list, td_error *err)
+{
+    int n = 0;
+    const int cap = (int)(sizeof c->mlp_only_layers / sizeof c->mlp_only_layers[0]);
+    if (strcmp(list, "none") != 0) {
+        for (const char *p = list; *p;) {
+            char *end;
+            errno = 0;
+            long v = strtol(p, &end, 10);
+            if (end == p || errno || v < 0 || v > 0x7FFFFFFF || (*end && *end != ','))
+                return td_fail(err, "--mlp-only-layers: \"%s\" is not a comma-separated list of layer indices", list);
+            if (n == cap) return td_fail(err, "--mlp-only-layers: at most %d layers", cap);
+            for (int i = 0; i < n; i++)
+                if (c->mlp_only_layers[i] == (int)v) return td_fail(err, "--mlp-only-layers: layer %ld listed twice", v);
+            c->mlp_only_layers[n++] = (int)v;
+            p = *end ? end + 1 : end;
+        }
+    }
+    c->n_mlp_only = n;
+    return 0;
+}
+
+int td_config_set_moe(td_config *c, const td_moe_opts *o, td_error *err)
+{
+    const char *arch = td_arch_name(c->arch);
+    bool mixtral = c->arch == TD_ARCH_MIXTRAL, qwen2 = c->arch == TD_ARCH_QWEN2_MOE;
+    static const char *flag[] = {"--num-experts", "--num-experts-per-tok", "--moe-intermediate-size",
+                                 "--shared-expert-intermediate-size", "--decoder-sparse-step", "--norm-topk-prob"};
+    const int given[] = {o->num_experts, o->num_experts_per_tok, o->moe_intermediate_size,
+                         o->shared_expert_intermediate_size, o->decoder_sparse_step, o->norm_topk_prob};
+    for (int i = 0; i < 6; i++) {
+        if (given[i] < 0) continue;
+        const char *name = i == 5 && !given[i] ? "--no-norm-topk-prob" : flag[i];
+        if (!is_moe_arch(c->arch))
+            return td_fail(err, "%s: %s is a dense architecture (mixtures of experts: --arch qwen2_moe, qwen3_moe or "
+                           "mixtral)", name, arch);
+        if (mixtral && (i == 2 || i == 4 || i == 5))   /* config.json of Mixtral has no such key */
+            return td_fail(err, "%s: not a Mixtral setting (%s)", name,
+                           i == 2 ? "its experts are --intermediate-size wide" : i == 4 ? "every layer is sparse"
+                                                                                    : "it always renormalises the top-k");
+        if (i == 3 && !qwen2 && given[i] > 0)
+            return td_fail(err, "%s: a shared expert is Qwen2-MoE's alone (--arch qwen2_moe), not %s", flag[i], arch);
+    }
+    if (o->mlp_only_layers && !is_moe_arch(c->arch))
+        return td_fail(err, "--mlp-only-layers: %s is a dense architecture (mixtures of experts: --arch qwen2_moe, "
+                       "qwen3_moe or mixtral)", arch);
+    if (o->mlp_only_layers && mixtral) return td_fail(err, "--mlp-only-layers: not a Mixtral setting (every layer is sparse)");
+    if (!is_moe_arch(c->arch)) return 0;
+
+    bool had = c->num_experts > 0;   /* a preset's mixture, which the flags override */
+    if (o->num_experts >= 0) c->num_experts = o->num_experts;
+    if (o->num_experts_per_tok >= 0) c->num_experts_per_tok = o->num_experts_per_tok;
+    if (o->moe_intermediate_size >= 0) c->moe_intermediate_size = o->moe_intermediate_size;
+    if (o->shared_expert_intermediate_size >= 0) c->shared_expert_intermediate_size = o->shared_expert_intermediate_size;
+    if (o->decoder_sparse_step >= 0) c->decoder_sparse_step = o->decoder_sparse_step;
+    if (o->norm_topk_prob >= 0) c->norm_topk_prob = o->norm_topk_prob;
+    if (o->mlp_only_layers && parse_layer_list(c, o->mlp_only_layers, err)) return -1;
+    if (!had) {   /* transformers' defaults would make a tiny model a 60- or 128-expert one: ask */
+        if (c->num_experts < 1 || c->num_experts_per_tok < 1)
+            return td_fail(err, "%s: %s without a preset that sets its experts needs --num-experts E%s "
+                           "--num-experts-per-tok K%s", c->num_experts < 1 ? flag[0] : flag[1], arch,
+                           mixtral ? " and" : ",", mixtral ? "" : qwen2 ? ", --moe-intermediate-size FE and "
+                           "--shared-expert-intermediate-size FS" : " and --moe-intermediate-size FE");
+        if (!mixtral && c->moe_intermediate_size < 1)
+            return td_fail(err, "%s: %s without a preset that sets its experts needs it (each expert's MLP width)", flag[2], arch);
+        if (qwen2 && o->shared_expert_intermediate_size < 0)
+            return td_fail(err, "%s: %s without a preset that sets its experts needs it (the shared expert's MLP "
+                           "width; 0: none)", flag[3], arch);
+        if (c->decoder_sparse_step < 1) c->decoder_sparse_step = 1;
+        c->router_aux_loss_coef = 0.001;   /* transformers' default (recorded; not used by a forward) */
+    }
+    if (mixtral) {   /* MixtralConfig: the experts are intermediate_size wide, always renormalised */
+        c->moe_intermediate_size = c->intermediate_size;
+        c->norm_topk_prob = true;
+        c->decoder_sparse_step = 1;
+    }
+    if (c->num_experts_per_tok > c->num_experts)
+        return td_fail(err, "%s: %d exceeds the %d experts (--num-experts)", flag[1], c->num_experts_per_tok, c->num_experts);
+    for (int i = 0; i < c->n_mlp_only; i++)
+        if (c->mlp_only_layers[i] >= c->num_layers)
+            return td_fail(err, "--mlp-only-layers: layer %d, the model has %d (0..%d)", c->mlp_only_layers[i],
+                           c->num_layers, c->num_layers - 1);
+    if (td_config_num_moe_layers(c) == 0)
+        return td_fail(err, "%s: no layer of the %d is a mixture of experts (a layer l is one when (l + 1) %% "
+                       "decoder_sparse_step == 0 and l is not in --mlp-only-layers)",
+                       o->mlp_only_layers ? "--mlp-only-layers" : flag[4], c->num_layers);
+    return 0;
 }
 
 int td_config_set_rope_scaling(td_config *c, const char *text, td_error *err)
@@ -118,14 +265,10 @@ enum { CHUNK = 1 << 20, BATCH = 8 };
  * s = u^2 + v^2, then u*sqrt(-2 ln s / s) and v*sqrt(-2 ln s / s) are two independent N(0,1).
  * One log and one sqrt per pair and no trig: about 4x cheaper than td_rng_normal's one-output
  * Box-Muller, which matters at 0.5B parameters. */
-static void fill_chunk(float *x, size_t n, const td_param_spec *s, uint64_t seed, size_t i, size_t k,
-                       const td_init_opts *o)
+static void fill_chunk(float *x, size_t n, double mean, double std, uint64_t seed, size_t i, size_t k)
 {
     td_rng r;
     td_rng_stream(&r, seed, ((uint64_t)i << 32) | k);
-    double mean = 0.0, std = o->std;
-    if (s->kind == TD_PARAM_EMBED) std = o->embed_std;
-    if (s->kind == TD_PARAM_NORM) { mean = 1.0; std = 0.1; }
     for (size_t j = 0; j < n;) {
         /* one 64-bit draw gives both 32-bit coordinates */
         uint64_t b = td_rng_next(&r);
@@ -157,6 +300,22 @@ void td_init_outlier_channels(uint64_t seed, int C, int n, int *out)
     free(perm);
 }
 
+/* The mean and std of tensor s's values (td_init_opts). A router (E, C) reads an RMS-normalised
+ * input (each element ~1 in size), so its logits have std ~ router_std * sqrt(C): the default
+ * router_std = 2 / sqrt(C) gives logits of std ~2 at any width, where the top expert takes a
+ * median ~50% of the probability and the k-th ~11% and the choice still varies token to token
+ * (tests/py/make_moe_checkpoints.py measured this at C = 64, std 0.25). With 0.02 the logits
+ * would have std 0.02 sqrt(C) (0.16 at C = 64): a near-uniform softmax whose top-k flips on any
+ * rounding, unlike a trained router's. */
+static void tensor_stats(const td_param_spec *s, const td_init_opts *o, int C, double *mean, double *std)
+{
+    *mean = 0.0;
+    *std = o->std;
+    if (s->kind == TD_PARAM_EMBED) *std = o->embed_std;
+    if (s->kind == TD_PARAM_NORM) { *mean = 1.0; *std = 0.1; }
+    if (s->role == TD_ROLE_ROUTER) *std = o->router_std > 0 ? o->router_std : 2.0 / sqrt((double)C);
+}
+
 /* The factor on the planted channels of tensor s (td_init_opts); 0 when it has none. Site norm:
  * S on the norm weights, 1/S on the input columns of the projections that read them, so the
  * model computes the same function in exact arithmetic. Site embed: S on the embedding columns. */
@@ -165,9 +324,14 @@ static double planted_factor(const td_param_spec *s, const td_init_opts *o)
     if (o->outlier_channels <= 0) return 0;
     if (o->outlier_site == TD_OUTLIER_NORM) {
         if (s->role == TD_ROLE_ATTN_NORM || s->role == TD_ROLE_MLP_NORM) return o->outlier_scale;
-        if (s->role == TD_ROLE_WQ || s->role == TD_ROLE_WK || s->role == TD_ROLE_WV || s->role == TD_ROLE_W_GATE ||
-            s->role == TD_ROLE_W_UP) return 1.0 / o->outlier_scale;
-        return 0;
+        switch (s->role) {   /* every GEMM that reads a normed input: its input columns */
+        case TD_ROLE_WQ: case TD_ROLE_WK: case TD_ROLE_WV: case TD_ROLE_W_GATE: case TD_ROLE_W_UP:
+        case TD_ROLE_ROUTER: case TD_ROLE_E_GATE: case TD_ROLE_E_UP: case TD_ROLE_SH_GATE: case TD_ROLE_SH_UP:
+        case TD_ROLE_SH_ROUTE:
+            return 1.0 / o->outlier_scale;
+        default:
+            return 0;
+        }
     }
     return s->role == TD_ROLE_EMBED ? o->outlier_scale : 0;   /* tied: the lm_head is this tensor */
 }
@@ -194,7 +358,7 @@ static const char *torch_dtype_of(td_dtype dt)
 int td_checkpoint_init_random(const char *dir, const td_config *cfg_in, td_dtype dt, uint64_t seed,
                               const char *command, FILE *progress, td_error *err)
 {
-    td_init_opts o = {0.02, 0.02, 0, 1.0, TD_OUTLIER_NORM};
+    td_init_opts o = {0.02, 0.02, 0, 1.0, TD_OUTLIER_NORM, 0};
     return td_checkpoint_init_random_opts(dir, cfg_in, dt, seed, &o, command, progress, err);
 }
 
@@ -233,7 +397,9 @@ int td_checkpoint_init_random_opts(const char *dir, const td_config *cfg_in, td_
         snprintf(note, sizeof note, "planted outlier channels, not learned ones: hidden channels %s multiplied by %g in %s", list,
                  opts->outlier_scale, opts->outlier_site == TD_OUTLIER_NORM
                      ? "every input_layernorm and post_attention_layernorm weight, and divided by it in the input "
-                       "columns of the q/k/v and gate/up projections that read them (the same function in exact arithmetic)"
+                       "columns of the projections that read them: q/k/v, gate/up, and in a mixture of experts the "
+                       "router, the experts' gate/up and the shared expert's gate/up and gate (the same function in "
+                       "exact arithmetic)"
                      : "the embedding's columns (and a tied lm_head's)");
         if (td_st_writer_meta(w, "tidal_synthetic", note, err) || td_st_writer_meta(w, "tidal_outlier_channels", list, err) ||
             td_st_writer_meta(w, "tidal_outlier_scale", scale, err) || td_st_writer_meta(w, "tidal_outlier_site", site, err))
@@ -254,13 +420,15 @@ int td_checkpoint_init_random_opts(const char *dir, const td_config *cfg_in, td_
         td_progress_update(&pr, (double)params_done, (double)total, "parameters");
         params_done += s->numel;
         size_t numel = s->numel;
+        double mean, std;
+        tensor_stats(s, opts, cfg.hidden_size, &mean, &std);
         size_t nchunks = (numel + CHUNK - 1) / CHUNK;
         for (size_t k0 = 0; k0 < nchunks; k0 += BATCH) {
             size_t kn = nchunks - k0 < BATCH ? nchunks - k0 : BATCH;
             #pragma omp parallel for schedule(dynamic, 1) if (kn > 1)
             for (size_t k = 0; k < kn; k++) {
                 size_t off = (k0 + k) * CHUNK, m = numel - off < CHUNK ? numel - off : CHUNK;
-                fill_chunk(buf + k * CHUNK, m, s, seed, i, k0 + k, opts);
+                fill_chunk(buf + k * CHUNK, m, mean, std, seed, i, k0 + k);
                 double pf = planted_factor(s, opts);
                 if (pf != 0) plant(buf + k * CHUNK, m, off, cfg.hidden_size, ch, nch, (float)pf);
                 td_encode_row(td_dtype_format(dt), buf + k * CHUNK, codes + k * CHUNK * es, m, TD_SATFINITE);
