@@ -148,12 +148,26 @@ static wsum plan_weights(const td_memplan_in *in)
         td_lora_module_shape(c, m, &out, &inw);
         size_t k = lora ? (size_t)lora_adapted(lora, m) : 0;
         int ma = lora && in->lora_mode_a == TD_LORA_MERGED, mb = lora && in->lora_mode_b == TD_LORA_MERGED;
-        weights_add(&w, in->a, 0, in->b, 0, in->storage, (size_t)out, (size_t)inw, L - k);
+        /* a mixture of experts' MoE layers have no dense MLP (their matrices are counted below) */
+        size_t Ld = m >= TD_LORA_GATE && c->num_experts > 0 ? L - (size_t)td_config_num_moe_layers(c) : L;
+        weights_add(&w, in->a, 0, in->b, 0, in->storage, (size_t)out, (size_t)inw, Ld - k);
         weights_add(&w, in->a, ma, in->b, mb, in->storage, (size_t)out, (size_t)inw, k);
         if (lora) {   /* unmerged: each path's rounded A and B, fp32 (lora_run.c) */
             size_t pb = lora_pair_bytes(lora, m);
             if (in->a && !ma) w.a += pb;
             if (in->b && !mb) w.b += pb;
+        }
+    }
+    if (c->num_experts > 0) {   /* per MoE layer: the router, E experts' gate, up, down, a shared expert and its gate */
+        size_t Lm = (size_t)td_config_num_moe_layers(c), E = c->num_experts, C = c->hidden_size;
+        size_t FE = c->moe_intermediate_size, FS = c->shared_expert_intermediate_size;
+        weights_add(&w, in->a, 0, in->b, 0, in->storage, E, C, Lm);
+        weights_add(&w, in->a, 0, in->b, 0, in->storage, FE, C, 2 * Lm * E);
+        weights_add(&w, in->a, 0, in->b, 0, in->storage, C, FE, Lm * E);
+        if (FS) {
+            weights_add(&w, in->a, 0, in->b, 0, in->storage, FS, C, 2 * Lm);
+            weights_add(&w, in->a, 0, in->b, 0, in->storage, C, FS, Lm);
+            weights_add(&w, in->a, 0, in->b, 0, in->storage, 1, C, Lm);
         }
     }
     td_recipe ha, hb;
