@@ -15,13 +15,15 @@ int main(int argc, char **argv)
     int kind = 0, scale = 0;
     td_opt opts[] = {
         TD_OPT_S("output", 'o', &out, "OUT.png", "the picture"),
-        TD_OPT_C("plot", 0, &kind, "seqpos|layers|density|hist|steps", "what to draw (default seqpos):\n"
+        TD_OPT_C("plot", 0, &kind, "seqpos|layers|density|hist|steps|routing", "what to draw (default seqpos):\n"
                  "seqpos   sequences x positions of |dlogp| (or --metric kl)\n"
                  "layers   layers x positions of the per-layer error\n"
                  "density  p_A against p_B on log-log axes\n"
                  "hist     histogram of dlogp (runs overlaid)\n"
                  "steps    mean |dlogp| (or --metric kl) by generation step,\n"
-                 "         one line per run"),
+                 "         one line per run\n"
+                 "routing  MoE layers x positions: share of tokens whose\n"
+                 "         expert set differs between the paths"),
         TD_OPT_C("metric", 0, &o.metric_kl, "dlogp|kl", "seqpos colour, steps y axis: |logp_B - logp_A| or\nKL(B||A) (default dlogp)"),
         TD_OPT_C("scale", 0, &scale, "log|linear", "colour scale of seqpos/layers (default log)"),
         TD_OPT_C("pool", 0, &o.pool_mean, "max|mean", "how large runs are pooled into cells (default max)"),
@@ -39,7 +41,8 @@ int main(int argc, char **argv)
     int nargs, rc0 = td_cli_parse(&cli, argc, argv, runs, &nargs);
     if (rc0 >= 0) return rc0;
     size_t n = (size_t)nargs;
-    static const td_plot_kind kinds[] = {TD_PLOT_SEQPOS, TD_PLOT_LAYERS, TD_PLOT_DENSITY, TD_PLOT_HIST, TD_PLOT_STEPS};
+    static const td_plot_kind kinds[] = {TD_PLOT_SEQPOS, TD_PLOT_LAYERS, TD_PLOT_DENSITY, TD_PLOT_HIST, TD_PLOT_STEPS,
+                                         TD_PLOT_ROUTING};
     o.kind = kinds[kind];
     o.log_scale = scale == 0;
 
@@ -51,7 +54,8 @@ int main(int argc, char **argv)
     int rc = 0;
     size_t loaded = 0;
     for (; loaded < n; loaded++)
-        if (td_run_load(&rs[loaded], runs[loaded], TD_RUN_PLOT | (o.kind == TD_PLOT_LAYERS ? TD_RUN_LAYERS : 0), &err)) { rc = 1; break; }
+        if (td_run_load(&rs[loaded], runs[loaded], o.kind == TD_PLOT_ROUTING ? 0 :
+                        TD_RUN_PLOT | (o.kind == TD_PLOT_LAYERS ? TD_RUN_LAYERS : 0), &err)) { rc = 1; break; }
     td_canvas *c = rc ? NULL : td_plot(rs, n, font, &o, &err);
     if (!rc && !c) rc = 1;
     if (c) {

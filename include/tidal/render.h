@@ -47,7 +47,7 @@ void td_font_draw(td_font *f, td_canvas *c, int x, int y, int px, int ha, int va
 
 /* ---------------------------------------------------------------- plots */
 
-typedef enum { TD_PLOT_SEQPOS = 0, TD_PLOT_LAYERS, TD_PLOT_DENSITY, TD_PLOT_HIST, TD_PLOT_STEPS } td_plot_kind;
+typedef enum { TD_PLOT_SEQPOS = 0, TD_PLOT_LAYERS, TD_PLOT_DENSITY, TD_PLOT_HIST, TD_PLOT_STEPS, TD_PLOT_ROUTING } td_plot_kind;
 
 typedef struct {
     td_plot_kind kind;

@@ -66,7 +66,7 @@ void moe_route(const td_ops *ops, const td_config *c, int l, int N, const int *p
     for (int i = 0; i < N; i++) {
         const float *p = probs + (size_t)i * E;
         int *sel = experts + (size_t)i * K;
-        if (!replayed) top_k(p, E, K, sel);
+        if (!replayed || sel[0] < 0) top_k(p, E, K, sel);   /* a position the replay's source never routed */
         float *w = weights + (size_t)i * K, sum = 0.0f;
         for (int j = 0; j < K; j++) sum += w[j] = p[sel[j]];
         for (int j = 0; j < K; j++) {

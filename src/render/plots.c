@@ -124,12 +124,53 @@ static td_canvas *plot_seqpos(const td_run *runs, size_t n, td_font *font, const
     return c;
 }
 
-static td_canvas *plot_layers(const td_run *runs, size_t n, td_font *font, const td_plot_opts *o, td_error *err)
+/* One run's rows x positions grid of per-token, per-row values val(r, i, row) (NaN: skipped), pooled
+ * into cells of fc positions (max, or mean over the tokens at those positions); grey where no token. */
+static double *row_grid(const td_run *r, int rows, double (*val)(const td_run *, size_t, int), int pool_mean,
+                        int max_cols, int *cols_out, int *fc_out)
+{
+    int fc = ceil_div((long)r->max_pos + 1, max_cols), cols = ceil_div((long)r->max_pos + 1, fc);
+    size_t cells = (size_t)rows * (size_t)cols;
+    double *v = td_xmalloc(cells * sizeof(double));
+    int64_t *cnt = td_xcalloc(cells, sizeof(int64_t));
+    for (size_t i = 0; i < cells; i++) v[i] = pool_mean ? 0 : -INFINITY;
+    for (size_t i = 0; i < r->n; i++) {
+        int q = r->pos[i] / fc;
+        for (int l = 0; l < rows; l++) {
+            double x = val(r, i, l);
+            size_t c = (size_t)l * (size_t)cols + (size_t)q;
+            if (!isfinite(x)) continue;
+            cnt[c]++;
+            if (pool_mean) v[c] += x;
+            else if (x > v[c]) v[c] = x;
+        }
+    }
+    for (size_t c = 0; c < cells; c++) v[c] = cnt[c] ? (pool_mean ? v[c] / (double)cnt[c] : v[c]) : NAN;
+    free(cnt);
+    *cols_out = cols;
+    *fc_out = fc;
+    return v;
+}
+
+static double layer_err_at(const td_run *r, size_t i, int l) { return r->layer_err[i * r->n_layers + (size_t)l]; }
+
+/* 1 where the predicting position chose another expert set on A than on B, 0 where it did not */
+static double flip_at(const td_run *r, size_t i, int l)
+{
+    int8_t f = r->route_flip[i * r->n_moe_layers + (size_t)l];
+    return f < 0 ? NAN : f == 2;
+}
+
+/* rows (layers or MoE layers) x positions, one panel per run */
+static td_canvas *plot_rows(const td_run *runs, size_t n, td_font *font, const td_plot_opts *o, int routing,
+                            td_error *err)
 {
     for (size_t k = 0; k < n; k++)
-        if (!runs[k].layer_err) {
-            td_fail(err, "%s: no per-layer errors in this run (/layers/rel_err is absent; tidal-diff --layers "
-                         "records them)", runs[k].path);
+        if (routing ? !runs[k].route_flip : !runs[k].layer_err) {
+            td_fail(err, routing ? "%s: no routing in this run (/routing/flip is absent: tidal-diff records it on a "
+                                   "mixture of experts)"
+                                 : "%s: no per-layer errors in this run (/layers/rel_err is absent; tidal-diff --layers "
+                                   "records them)", runs[k].path);
             return NULL;
         }
     int max_cols = o->max_cols > 0 ? o->max_cols : PW;
@@ -138,29 +179,8 @@ static td_canvas *plot_layers(const td_run *runs, size_t n, td_font *font, const
     int fc_all = 1, ph = 140;
     for (size_t k = 0; k < n; k++) {
         const td_run *r = &runs[k];
-        int L = (int)r->n_layers;
-        int fc = ceil_div((long)r->max_pos + 1, max_cols), cols = ceil_div((long)r->max_pos + 1, fc);
-        size_t cells = (size_t)L * (size_t)cols;
-        double *v = td_xmalloc(cells * sizeof(double));
-        int64_t *cnt = td_xcalloc((size_t)cols, sizeof(int64_t));
-        for (size_t i = 0; i < cells; i++) v[i] = o->pool_mean ? 0 : -INFINITY;
-        for (size_t i = 0; i < r->n; i++) {
-            int q = r->pos[i] / fc;
-            cnt[q]++;
-            for (int l = 0; l < L; l++) {
-                double x = r->layer_err[i * (size_t)L + (size_t)l];
-                double *cell = &v[(size_t)l * (size_t)cols + (size_t)q];
-                if (!isfinite(x)) continue;
-                if (o->pool_mean) *cell += x;
-                else if (x > *cell) *cell = x;
-            }
-        }
-        for (int l = 0; l < L; l++)
-            for (int q = 0; q < cols; q++) {
-                double *cell = &v[(size_t)l * (size_t)cols + (size_t)q];
-                *cell = cnt[q] ? (o->pool_mean ? *cell / (double)cnt[q] : *cell) : NAN;
-            }
-        free(cnt);
+        int L = (int)(routing ? r->n_moe_layers : r->n_layers), cols, fc;
+        double *v = row_grid(r, L, routing ? flip_at : layer_err_at, routing || o->pool_mean, max_cols, &cols, &fc);
         panel_title(titles[k], sizeof titles[k], r);
         h[k] = (td_heat){.rows = L, .cols = cols, .v = v, .x0 = 0, .x1 = (double)cols * fc, .y0 = -0.5,
                          .y1 = (double)L - 0.5, .flip = 1, .nan_col = {214, 214, 214}, .title = titles[k]};
@@ -169,12 +189,19 @@ static td_canvas *plot_layers(const td_run *runs, size_t n, td_font *font, const
         if (want > ph) ph = want;
     }
     char sub[256];
-    snprintf(sub, sizeof sub, "relative error of the residual stream after each layer, %s over the tokens at "
-             "each position (%d position%s per cell) · grey: no token", o->pool_mean ? "mean" : "max", fc_all,
-             fc_all > 1 ? "s" : "");
-    td_canvas *c = stack_figure(font, h, n, ph, o->log_scale, o->title ? o->title : "Per-layer error ‖h_A − h_B‖ / ‖h_A‖",
-                                sub, "position in sequence (prompt + response)", "layer (0 = first)",
-                                "‖h_A − h_B‖ / ‖h_A‖");
+    td_canvas *c;
+    if (routing) {
+        snprintf(sub, sizeof sub, "share of the tokens at each position whose predicting position chose another "
+                 "expert set on A than on B (%d position%s per cell) · grey: no token", fc_all, fc_all > 1 ? "s" : "");
+        c = stack_figure(font, h, n, ph, 0, o->title ? o->title : "Routing flips between the paths", sub,
+                         "position in sequence (prompt + response)", "MoE layer (0 = first)", "share flipped");
+    } else {
+        snprintf(sub, sizeof sub, "relative error of the residual stream after each layer, %s over the tokens at "
+                 "each position (%d position%s per cell) · grey: no token", o->pool_mean ? "mean" : "max", fc_all,
+                 fc_all > 1 ? "s" : "");
+        c = stack_figure(font, h, n, ph, o->log_scale, o->title ? o->title : "Per-layer error ‖h_A − h_B‖ / ‖h_A‖",
+                         sub, "position in sequence (prompt + response)", "layer (0 = first)", "‖h_A − h_B‖ / ‖h_A‖");
+    }
     for (size_t k = 0; k < n; k++) free(h[k].v);
     free(h);
     free(titles);
@@ -331,7 +358,8 @@ td_canvas *td_plot(const td_run *runs, size_t n, td_font *font, const td_plot_op
     if (!n) { td_fail(err, "no runs to draw"); return NULL; }
     switch (o->kind) {
     case TD_PLOT_SEQPOS: return plot_seqpos(runs, n, font, o);
-    case TD_PLOT_LAYERS: return plot_layers(runs, n, font, o, err);
+    case TD_PLOT_LAYERS: return plot_rows(runs, n, font, o, 0, err);
+    case TD_PLOT_ROUTING: return plot_rows(runs, n, font, o, 1, err);
     case TD_PLOT_DENSITY: return plot_density(runs, n, font, o);
     case TD_PLOT_HIST: return plot_hist(runs, n, font, o);
     case TD_PLOT_STEPS: return td_plot_steps(runs, n, font, o);
