@@ -160,6 +160,9 @@ typedef struct {
     int replayed;
 } td_moe_route;
 typedef void (*td_moe_fn)(void *user, const td_moe_route *r);
+/* The K largest of p (E probabilities) into sel, largest first, equal values the lower expert first:
+ * the paths' routing rule (src/model/moe.c), for observers that compare a path's own choice. */
+void td_moe_top_k(const float *p, int E, int K, int *sel);
 /* Routing replay (R3, R2): fill experts (N, K) for the rows of MoE layer moe_layer and return 1, or
  * return 0 to let the path route them itself. The path then weights the given experts by its own
  * router probabilities, renormalised over them as the model does (norm_topk_prob), so that the

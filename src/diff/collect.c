@@ -111,16 +111,7 @@ void on_moe_a(void *user, const td_moe_route *r)
         const float *p = r->probs + (size_t)i * E;
         size_t cell = (size_t)(t + 1) * b->Lm + r->moe_layer;
         if (eb[0] < 0 || K > 63) continue;
-        /* A's own top-k (largest first, ties to the lower expert) and the (k+1)-th */
-        for (int j = 0; j <= K && j < E; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int q = 0; q < j && !taken; q++) taken = own[q] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            own[j] = best;
-        }
+        td_moe_top_k(p, E, K < E ? K + 1 : K, own);   /* A's own top-k and the (k+1)-th */
         int same_order = 1, same_set = 1;
         for (int j = 0; j < K; j++) {
             same_order &= own[j] == eb[j];

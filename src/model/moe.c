@@ -26,8 +26,7 @@
 #include <math.h>
 #include <string.h>
 
-/* The K largest of p (E values) into sel, largest first; equal values: the lower index first. */
-static void top_k(const float *p, int E, int K, int *sel)
+void td_moe_top_k(const float *p, int E, int K, int *sel)
 {
     for (int j = 0; j < K; j++) {
         int best = -1;
@@ -66,7 +65,7 @@ void moe_route(const td_ops *ops, const td_config *c, int l, int N, const int *p
     for (int i = 0; i < N; i++) {
         const float *p = probs + (size_t)i * E;
         int *sel = experts + (size_t)i * K;
-        if (!replayed || sel[0] < 0) top_k(p, E, K, sel);   /* a position the replay's source never routed */
+        if (!replayed || sel[0] < 0) td_moe_top_k(p, E, K, sel);   /* a position the replay's source never routed */
         float *w = weights + (size_t)i * K, sum = 0.0f;
         for (int j = 0; j < K; j++) sum += w[j] = p[sel[j]];
         for (int j = 0; j < K; j++) {

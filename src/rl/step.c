@@ -201,15 +201,7 @@ void rl_moe_on_old(void *user, const td_moe_route *r)
         const int *eb = route_cell(R->route_b, R, s, t, r->moe_layer);
         if (eb[0] < 0) continue;
         const float *p = r->probs + (size_t)i * E;
-        for (int j = 0; j < K; j++) {   /* its own top-k: largest first, ties to the lower expert */
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int q = 0; q < j && !taken; q++) taken = own[q] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            own[j] = best;
-        }
+        td_moe_top_k(p, E, K, own);   /* its own top-k */
         int same = 1;
         for (int j = 0; j < K && same; j++) {
             int in = 0;
