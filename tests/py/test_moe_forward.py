@@ -272,6 +272,16 @@ def check_replay(tmp):
     b = np.abs(dr).mean()
     check(b < a, f"--routing-replay r3 lowers mean |dlogp|: {a:.3e} -> {b:.3e} (the file records the flips replay "
           f"removed: {float((fr == 2).mean()):.3f}, attribute {ar!r})")
+    # the readers of /routing: tidal-report's routing section, tidal-heatmap --plot routing
+    outs = [os.path.join(tmp, f"replay-{rr}.h5") for rr in ("none", "r3")]
+    rep = subprocess.run([os.path.join(BIN, "tidal-report"), *outs], capture_output=True, text=True)
+    check(rep.returncode == 0 and "routing (mixture of experts)" in rep.stdout and "replay removed" in rep.stdout,
+          "tidal-report: a routing section for both runs, the replayed one saying so")
+    png = os.path.join(tmp, "flips.png")
+    hm = subprocess.run([os.path.join(BIN, "tidal-heatmap"), "--plot", "routing", *outs, "-o", png],
+                        capture_output=True, text=True)
+    check(hm.returncode == 0 and os.path.getsize(png) > 1000 and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n",
+          "tidal-heatmap --plot routing writes the picture")
     sel = (nn > 0)
     if sel.any():
         print(f"     flipped tokens carry mean |dlogp| {np.abs(dn[sel]).mean():.3e} against {np.abs(dn[~sel]).mean():.3e} "
