@@ -221,6 +221,9 @@ enum { TD_RL_REPLAY_NONE = 0, TD_RL_REPLAY_R2 = 1, TD_RL_REPLAY_R3 = 2 };   /* -
     X(eval_accuracy, "--eval-steps: share of eval records answered exactly (own records: reward >= 1; greedy; nan between)") \
     X(routing_flip_rate, "MoE: share of (response token, MoE layer) routing decisions where pi_old's own top-k experts differ from the rollout's as a set (under --routing-replay r3 what pi_old's router would have chosen; nan: a dense model)") \
     X(routing_tokens_flipped, "MoE: share of response tokens whose predicting position has such a flip in at least one MoE layer") \
+    X(routing_mismatch_flipped, "MoE: mean |pi_old - mu| over the response tokens with a flip") \
+    X(routing_mismatch_unflipped, "MoE: mean |pi_old - mu| over the response tokens without one") \
+    X(routing_expert_load, "MoE: the rollout's expert load, max over MoE layers of (tokens of the busiest expert / mean tokens per expert), over the positions that predict response tokens (1 = even)") \
     X(time_rollout, "seconds: generation (and the weight sync) on the inference path") \
     X(time_reward, "seconds: decoding and grading") \
     X(time_old, "seconds: pi_old (and reference) on the training path") \

@@ -92,6 +92,8 @@ static double loss_fn(void *user, int s, int n, const float *logp, float *dlogp)
     (void)n;
 }
 
+static int *route_cell(int *base, const rl_run *R, int s, int t, int m);
+
 static void response_metrics(rl_run *R, double *M)
 {
     int64_t N = R->off[R->B];
@@ -132,12 +134,40 @@ static void response_metrics(rl_run *R, double *M)
     M[TD_RLM_logp_diff_mean] = N ? dsum / N : NAN;
     M[TD_RLM_logp_diff_max] = dmax;
     M[TD_RLM_routing_flip_rate] = M[TD_RLM_routing_tokens_flipped] = NAN;
+    M[TD_RLM_routing_mismatch_flipped] = M[TD_RLM_routing_mismatch_unflipped] = M[TD_RLM_routing_expert_load] = NAN;
     if (R->Lm && !R->o->exact_match) {
         M[TD_RLM_routing_flip_rate] = R->route_routed ? (double)R->route_flips / R->route_routed : NAN;
         int64_t flipped = 0;
         for (int s = 0; s < R->B; s++)
             for (int t = R->plen[s] - 1; t <= R->len[s] - 2; t++) flipped += R->route_tok_flip[(size_t)s * R->max_len + t];
         M[TD_RLM_routing_tokens_flipped] = N ? (double)flipped / N : NAN;
+        double sf = 0, su = 0;
+        int64_t nf = 0, nu = 0;
+        for (int s = 0; s < R->B; s++)
+            for (int64_t o = R->off[s]; o < R->off[s + 1]; o++) {
+                int t = R->plen[s] + (int)(o - R->off[s]);   /* the token's position; t - 1 predicted it */
+                if (R->route_tok_flip[(size_t)s * R->max_len + t - 1]) { sf += fabs(dl[o]); nf++; }
+                else { su += fabs(dl[o]); nu++; }
+            }
+        M[TD_RLM_routing_mismatch_flipped] = nf ? sf / nf : NAN;
+        M[TD_RLM_routing_mismatch_unflipped] = nu ? su / nu : NAN;
+        int E = R->model->cfg.num_experts;
+        int64_t *cnt = td_xcalloc((size_t)E, sizeof(int64_t));
+        double load = NAN;
+        for (int m = 0; m < R->Lm; m++) {
+            memset(cnt, 0, (size_t)E * sizeof(int64_t));
+            int64_t tot = 0, mx = 0;
+            for (int s = 0; s < R->B; s++)
+                for (int t = R->plen[s] - 1; t <= R->len[s] - 2; t++) {
+                    const int *ex = route_cell(R->route_b, R, s, t, m);
+                    for (int k = 0; k < R->K; k++)
+                        if (ex[k] >= 0 && ex[k] < E) { cnt[ex[k]]++; tot++; }
+                }
+            for (int e = 0; e < E; e++) mx = cnt[e] > mx ? cnt[e] : mx;
+            if (tot > 0 && (isnan(load) || (double)mx * E / tot > load)) load = (double)mx * E / tot;
+        }
+        free(cnt);
+        M[TD_RLM_routing_expert_load] = load;
     }
     M[TD_RLM_probs_diff_mean] = N ? psum / N : NAN;
     M[TD_RLM_probs_diff_max] = pmax;

@@ -57,6 +57,10 @@ for rr in ("none", "r2", "r3"):
     check(bool(np.all(np.isfinite(fr)) and (rr != "none" or fr.max() > 0) and np.all((fr >= 0) & (fr <= 1)) and np.all((tf >= 0) & (tf <= 1))),
           f"{rr}: /steps routing_flip_rate {fr} and routing_tokens_flipped {tf} in [0, 1] (bf16 pair: some flips without replay)")
     first[rr] = float(s["logp_diff_mean"][0])
+    if rr == "none":
+        mf, mu, load = s["routing_mismatch_flipped"][0], s["routing_mismatch_unflipped"][0], s["routing_expert_load"][0]
+        check(bool(mf > mu > 0 and load >= 1), f"step 0: flipped tokens' mean |pi_old - mu| {mf:.2e} > unflipped "
+              f"{mu:.2e}; expert load {load:.2f} >= 1")
 check(first["r3"] < first["none"], f"step 0: mean |pi_old - mu| with r3 {first['r3']:.3e} < without {first['none']:.3e}")
 check(first["r2"] == first["none"], f"step 0: r2 leaves pi_old as it is ({first['r2']:.3e})")
 
