@@ -137,11 +137,25 @@ static void expert_forward(const td_ops *ops, td_acts *a, const td_wmat *wg, con
     td_ops_sync(ops);
 }
 
+/* Expert e of MoE layer l on the rows that chose it: gathered (a->moe_rows, a->moe_in), then run
+ * (act: silu(gate) * up; a->moe_y the output rows). Returns the number of rows (0: none chose e). */
+static int routed_expert(const td_ops *ops, td_acts *a, const td_config *c, int l, int e, const int *experts,
+                         const float *x, int N, float *act)
+{
+    int C = c->hidden_size, K = c->num_experts_per_tok;
+    int ne = gather(a, experts, x, N, K, C, e);
+    if (ne)
+        expert_forward(ops, a, wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e), wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e + 1),
+                       wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e + 2), a->moe_in, act, ne, C,
+                       c->moe_intermediate_size);
+    return ne;
+}
+
 void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const float *x, const int *pos, int N,
                  float *out)
 {
     const td_config *c = &m->cfg;
-    int C = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, FE = c->moe_intermediate_size;
+    int C = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
     int FS = c->shared_expert_intermediate_size;
     const td_wset *ws = ops->ws;
     const td_recipe *r = ops->recipe;
@@ -153,10 +167,8 @@ void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const 
 
     memset(a->moe_acc, 0, (size_t)N * C * sizeof(float));
     for (int e = 0; e < E; e++) {
-        int ne = gather(a, experts, x, N, K, C, e);
+        int ne = routed_expert(ops, a, c, l, e, experts, x, N, a->moe_gate);
         if (!ne) continue;
-        expert_forward(ops, a, wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e), wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e + 1),
-                       wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e + 2), a->moe_in, a->moe_gate, ne, C, FE);
         for (int q = 0; q < ne; q++) {
             int i = a->moe_rows[q] / K;
             float w = weights[a->moe_rows[q]];
@@ -225,10 +237,8 @@ void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts
     /* out_i = sum_j w_ij expert_{e_ij}(x_i): each expert's rows again, then backwards */
     memset(ga->moe_dw, 0, (size_t)N * K * sizeof(float));
     for (int e = 0; e < E; e++) {
-        int ne = gather(a, experts, xn2, N, K, C, e);
+        int ne = routed_expert(ops, a, c, l, e, experts, xn2, N, ga->moe_act);
         if (!ne) continue;
-        expert_forward(ops, a, wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e), wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e + 1),
-                       wset_moe(ws, l, TD_MOE_EXPERTS + 3 * e + 2), a->moe_in, ga->moe_act, ne, C, FE);
         for (int q = 0; q < ne; q++) {   /* dw_ij = <dout_i, y>, dy = w_ij dout_i */
             int pr = a->moe_rows[q], i = pr / K;
             const float *d = dout + (size_t)i * C;
