@@ -6,6 +6,8 @@
 #   make demo       install missing deps, build, run the toolkit's main job on shipped defaults
 #   make bench      benchmarks that print ratios against a peer
 #   make fuzz       libFuzzer targets (tests/fuzz/fuzz_*.c) into build/fuzz/, built by clang
+#   make install    the tools, libtidal.a, the headers, a pkg-config file and man pages under
+#                   PREFIX (default /usr/local; DESTDIR for staging); make uninstall removes them
 #
 # Sources are discovered, not listed: every src/**/*.c goes into libtidal, every tools/*.c is
 # one CLI, every tests/test_*.c is one cmocka test program, every tests/nv/*.cu is a test built
@@ -82,7 +84,7 @@ space := $(subst ,, )
 # nvcc splits -Xcompiler arguments at commas, so sanitizer flags travel comma-joined
 SAN_NV := $(if $(SAN),$(comma)$(subst $(space),$(comma),$(strip $(SAN))))
 
-.PHONY: all deps check check-asan demo bench clean tests
+.PHONY: all deps check check-asan demo bench clean tests install uninstall
 all: $(LIB) $(TOOLS)
 
 deps:
@@ -171,6 +173,35 @@ bench: deps
 
 clean:
 	rm -rf build build-asan
+
+# make install: what a C toolkit installs. tidal.pc gives a program that links libtidal (static)
+# its flags: `cc prog.c $(pkg-config --cflags --libs --static tidal)`; man pages are made from
+# each tool's --help by tools/man.sh, so they say what the installed tool says.
+PREFIX  ?= /usr/local
+BINDIR  := $(DESTDIR)$(PREFIX)/bin
+LIBDIR  := $(DESTDIR)$(PREFIX)/lib
+INCDIR  := $(DESTDIR)$(PREFIX)/include
+MANDIR  := $(DESTDIR)$(PREFIX)/share/man/man1
+VERSION := $(shell sed -n 's/^\#define TD_VERSION "\(.*\)"/\1/p' include/tidal/common.h)
+
+install: all
+	install -d $(BINDIR) $(LIBDIR)/pkgconfig $(INCDIR)/tidal $(MANDIR)
+	install -m 755 $(TOOLS) $(BINDIR)
+	install -m 644 $(LIB) $(LIBDIR)
+	install -m 644 include/tidal/*.h $(INCDIR)/tidal
+	@for t in $(notdir $(TOOLS)); do bash tools/man.sh $(BUILD)/bin/$$t $(VERSION) > $(MANDIR)/$$t.1 || exit 1; done
+	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$${prefix}/lib' 'includedir=$${prefix}/include' '' \
+	  'Name: tidal' 'Description: Training-Inference Divergence Analysis Lab: precision recipes, both paths, run files' \
+	  'Version: $(VERSION)' 'Requires.private: $(PKGS)' 'Cflags: -I$${includedir} -fopenmp$(if $(filter 1,$(CUDA)), -DTD_HAVE_CUDA)' \
+	  'Libs: -L$${libdir} -ltidal' \
+	  'Libs.private: -lgsl -lm -fopenmp$(if $(filter 1,$(CUDA)), -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++ -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64)' \
+	  > $(LIBDIR)/pkgconfig/tidal.pc
+	@echo "installed under $(DESTDIR)$(PREFIX): $(words $(TOOLS)) tools, libtidal.a, include/tidal, lib/pkgconfig/tidal.pc, man pages"
+
+uninstall:
+	rm -f $(addprefix $(BINDIR)/,$(notdir $(TOOLS))) $(LIBDIR)/libtidal.a $(LIBDIR)/pkgconfig/tidal.pc
+	rm -f $(addprefix $(MANDIR)/,$(addsuffix .1,$(notdir $(TOOLS))))
+	rm -rf $(INCDIR)/tidal
 
 
 # Fuzz targets: libFuzzer needs clang, so libtidal is compiled a second time, instrumented, under
