@@ -104,6 +104,8 @@ int main(int argc, char **argv)
         TD_OPT_C("routing-replay", 0, &o.routing_replay, "none|r2|r3", "mixtures of experts: r3 = pi_old and pi_theta take\n"
                  "the experts the rollout chose for each token and layer\n(Rollout Routing Replay), weighted by their own router;\n"
                  "r2 = pi_theta takes pi_old's (vanilla routing replay)"),
+        TD_OPT_F("freeze-router", 0, &o.freeze_router, 1, "mixtures of experts: do not train the routers (they keep\n"
+                 "the checkpoint's weights)"),
         TD_OPT_F("exact-match", 0, &o.exact_match, 1, "control: mu is scored by the training path itself (one\n"
                  "recipe, one structure: the mismatch is exactly 0)"),
         TD_OPT_D("rollout-logit-noise", 0, &o.rollout_logit_noise, "SIGMA", 0, 100, "synthetic mismatch: N(0, SIGMA^2) on every rollout\n"

@@ -112,6 +112,8 @@ int main(int argc, char **argv)
         TD_OPT_C("lr-scheduler", 0, NULL, "constant|constant_with_warmup|linear|cosine", "schedule (default linear)"),
         TD_OPT_D("weight-decay", 0, &t->weight_decay, "WD", 0, 10, "AdamW decoupled weight decay (default 0; not on\nbiases and norm weights)"),
         TD_OPT_D("max-grad-norm", 0, &t->max_grad_norm, "N", 0, 1e30, "clip the global gradient norm (default 1; 0 = off)"),
+        TD_OPT_F("freeze-router", 0, &t->freeze_router, 1, "mixtures of experts: do not train the routers (they keep\n"
+                 "the checkpoint's weights)"),
         TD_OPT_F("gradient-checkpointing", 0, &t->gradient_checkpointing, 1, "recompute each layer's activations in the backward\n"
                  "(HF's activation checkpointing): ~L x less activation\nmemory, one more forward, the same results bit for bit"),
         TD_OPT_F("plan-only", 0, &o.plan_only, 1, "print the GPU memory plan (weights, optimizer state,\n"

@@ -363,6 +363,7 @@ typedef struct {
     const char *device;        /* where rollouts, pi_old and the update run: "cpu" (NULL), "cuda[:N]" */
     const char *train_recipe, *rollout_recipe;   /* names or JSON files */
     int exact_match;           /* control: mu := pi_old scored by the training path itself */
+    int freeze_router;         /* mixtures of experts: the routers are not trained (--freeze-router) */
     int routing_replay;        /* mixtures of experts: TD_RL_REPLAY_NONE, _R2 (pi_theta takes
                                   pi_old's experts), _R3 (pi_old and pi_theta take the rollout's) */
     double rollout_logit_noise;/* synthetic mismatch (dose-response arm); 0 = none */

@@ -66,6 +66,8 @@ typedef struct {
     double eps;                /* 1e-8 */
     double weight_decay;       /* 0 */
     int decay_all;             /* 0: no decay on biases and norm weights (HF Trainer) */
+    int freeze_router;         /* mixtures of experts: the routers are not trained (no gradient, no
+                                  optimiser state; they keep the checkpoint's weights)          */
     double max_grad_norm;      /* 1.0; <= 0: no clipping (the norm is still reported) */
     /* schedule: the multiplier of lr at optimiser step k (0-based) */
     td_lr_schedule schedule;   /* TD_SCHED_LINEAR (HF's default) */

@@ -51,6 +51,7 @@ char *rl_config_json(const rl_run *R)
     json_object_set_new(j, "is_cap_low", json_real(c->is_cap_low));
     if (o->lora_modules)   /* absent for the default (q_proj, v_proj): older run files resume */
         json_object_set_new(j, "lora_target_modules", json_integer(o->lora_modules));
+    if (o->freeze_router) json_object_set_new(j, "freeze_router", json_true());   /* absent without */
     if (o->routing_replay != TD_RL_REPLAY_NONE)   /* absent without: older run files resume */
         json_object_set_new(j, "routing_replay", json_string(o->routing_replay == TD_RL_REPLAY_R2 ? "r2" : "r3"));
     if (o->reward_command) {   /* absent for built-in rewards: older run files resume as they were */

@@ -97,6 +97,7 @@ static int build(rl_run *R, td_error *err)
     t.max_steps = R->total_steps;
     t.warmup_ratio = o->warmup_ratio;
     t.lora_modules = o->lora_modules;
+    t.freeze_router = o->freeze_router;
     t.lora_r = o->lora_r;
     t.lora_alpha = o->lora_alpha;
     t.lora_base_dtype = o->lora_r > 0 ? o->model_dtype : TD_F32;

@@ -157,11 +157,12 @@ static void build_tensors(td_trainer *tr)
 {
     const td_config *c = &tr->m->cfg;
     if (!tr->lora) {
-        tr->ntensors = tr->nspecs;
-        tr->tensors = td_xcalloc(tr->ntensors, sizeof *tr->tensors);
+        tr->tensors = td_xcalloc(tr->nspecs, sizeof *tr->tensors);
+        tr->ntensors = 0;
         for (size_t i = 0; i < tr->nspecs; i++) {
             const td_param_spec *p = &tr->specs[i];
-            train_tensor *t = &tr->tensors[i];
+            if (tr->o.freeze_router && p->role == TD_ROLE_ROUTER) continue;   /* frozen: no gradient slot */
+            train_tensor *t = &tr->tensors[tr->ntensors++];
             snprintf(t->name, sizeof t->name, "%s", p->name);
             t->offset = p->offset;
             t->numel = p->numel;
@@ -238,6 +239,8 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     if (check_opts(opts, err)) return NULL;
     const td_config *c = &src->cfg;
     if (td_config_check_len(c, opts->max_seq_len, err)) return NULL;
+    if (opts->freeze_router && c->num_experts <= 0)
+        return td_fail(err, "--freeze-router: %s is a dense model: it has no router to freeze", td_arch_name(c->arch)), NULL;
     if (c->num_experts > 0 && lora_init)
         return td_fail(err, "training: LoRA on a mixture of experts (%s) is not modelled yet (issue 35): train it "
                        "fully", td_arch_name(c->arch)), NULL;

@@ -7,7 +7,9 @@
    (R2 replays pi_old's routing in the update only);
 3. --resume after a stop at step 2 gives every /steps column bit for bit (timings aside) of the
    uninterrupted 4-step run, with r3 (the rollout's experts kept with the batch and replayed);
-4. --routing-replay on a dense model exits 1 naming the flag; a bad value exits 2.
+4. --routing-replay on a dense model exits 1 naming the flag; a bad value exits 2;
+5. tidal-sft --freeze-router: two fp32-saved steps leave every router bit-identical to add-moe's while
+   every expert matrix moves (without it the routers move too); on a dense model it exits 1.
 """
 import os
 import subprocess
@@ -79,4 +81,30 @@ dense = subprocess.run([os.path.join(BIN, "tidal-rl"), *BASE[2:], "--model-path"
 check(dense.returncode == 1 and "--routing-replay" in dense.stderr, "--routing-replay r3 on a dense model: exit 1 naming the flag")
 badv = rl("bad", "--max-steps", "1", "--routing-replay", "r4")
 check(badv.returncode == 2, "--routing-replay r4: usage error (exit 2)")
+try:
+    import torch
+    from safetensors.torch import load_file
+except ImportError:
+    torch = None
+if torch is not None:
+    moved = {}
+    for name, extra in (("sft", []), ("sft-frozen", ["--freeze-router"])):
+        p = subprocess.run([os.path.join(BIN, "tidal-sft"), "--model-path", os.path.join(ROOT, "datasets/models/add-moe"),
+                            "--dataset-path", os.path.join(ROOT, "datasets/tasks/add"), "--output-dir", os.path.join(tmp, name),
+                            "--max-steps", "2", "--per-device-batch-size", "4", "--learning-rate", "1e-3", "--save-dtype",
+                            "fp32", *extra], capture_output=True, text=True)
+        check(p.returncode == 0, f"tidal-sft {' '.join(extra) or '(routers trained)'} on add-moe runs")
+        a = load_file(os.path.join(ROOT, "datasets/models/add-moe/model.safetensors"))
+        b = load_file(os.path.join(tmp, name, "model.safetensors"))
+        routers = [k for k in a if k.endswith("mlp.gate.weight")]
+        experts = [k for k in a if ".experts." in k]
+        moved[name] = (sum(not torch.equal(a[k].float(), b[k]) for k in routers), sum(not torch.equal(a[k].float(), b[k])
+                                                                                        for k in experts))
+    check(moved["sft-frozen"][0] == 0 and moved["sft-frozen"][1] == len(experts) and moved["sft"][0] == len(routers),
+          f"--freeze-router: routers moved {moved['sft-frozen'][0]} of {len(routers)} (without it {moved['sft'][0]}), "
+          f"experts {moved['sft-frozen'][1]} of {len(experts)}")
+    d = subprocess.run([os.path.join(BIN, "tidal-sft"), "--model-path", os.path.join(ROOT, "datasets/models/add"),
+                        "--dataset-path", os.path.join(ROOT, "datasets/tasks/add"), "--output-dir", os.path.join(tmp, "dense-fr"),
+                        "--max-steps", "1", "--freeze-router"], capture_output=True, text=True)
+    check(d.returncode == 1 and "--freeze-router" in d.stderr, "--freeze-router on a dense model: exit 1 naming it")
 sys.exit(1 if failures else 0)
