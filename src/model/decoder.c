@@ -54,7 +54,6 @@ void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int 
         a->moe_gate = acts_buf(a, n * FW);
         a->moe_up = acts_buf(a, n * FW);
         a->moe_y = acts_buf(a, n * C);
-        a->moe_acc = acts_buf(a, n * C);
     }
     if (!save) return;
     if (c->num_experts > 0) {

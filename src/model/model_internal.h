@@ -114,7 +114,6 @@ typedef struct {
     float *moe_gate;    // (cap, max(FE, FS))
     float *moe_up;      // (cap, max(FE, FS))
     float *moe_y;       // (cap, C)    an expert's output rows
-    float *moe_acc;     // (cap, C)    the layer's output
     float *moe_probs_s; // (L, cap, E) router softmax of every MoE layer             [save]
     int *moe_experts_s; // (L, cap, K) chosen experts                                [save]
     float *moe_weights_s;//(L, cap, K) routing weights (before the stream's rounding) [save]

@@ -165,7 +165,7 @@ void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const 
     route_bufs(a, c, l, &probs, &experts, &weights);
     moe_route_only(ops, m, a, l, x, pos, N);
 
-    memset(a->moe_acc, 0, (size_t)N * C * sizeof(float));
+    memset(out, 0, (size_t)N * C * sizeof(float));
     for (int e = 0; e < E; e++) {
         int ne = routed_expert(ops, a, c, l, e, experts, x, N, a->moe_gate);
         if (!ne) continue;
@@ -173,7 +173,7 @@ void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const 
             int i = a->moe_rows[q] / K;
             float w = weights[a->moe_rows[q]];
             const float *y = a->moe_y + (size_t)q * C;
-            float *o = a->moe_acc + (size_t)i * C;
+            float *o = out + (size_t)i * C;
             for (int h = 0; h < C; h++) o[h] = td_round(R, o[h] + td_round(R, y[h] * w));
         }
     }
@@ -185,11 +185,10 @@ void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const 
         for (int i = 0; i < N; i++) {
             float g = td_round(D, 1.0f / (1.0f + expf(-a->moe_logits[i])));   /* F.sigmoid on the D gate */
             const float *y = a->moe_y + (size_t)i * C;
-            float *o = a->moe_acc + (size_t)i * C;
+            float *o = out + (size_t)i * C;
             for (int h = 0; h < C; h++) o[h] = td_round(R, o[h] + td_round(D, g * y[h]));
         }
     }
-    memcpy(out, a->moe_acc, (size_t)N * C * sizeof(float));
 }
 
 #define G(p) ((float *)(p))   /* gradient buffers are carved as td_model_weights: writable */

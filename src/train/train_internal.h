@@ -28,6 +28,7 @@ struct td_trainer {
     td_moe_replay_fn moe_replay;  /* routing replay in the update (td_trainer_set_moe_replay)     */
     void *moe_replay_user;
     int mb_s0;                    /* the first sequence of the micro-batch running               */
+    int *mb_seq;                  /* (max_tokens) the rows' sequence indices in the caller's numbering */
     td_recipe recipe;
     td_model *m;                  /* fp32 master weights, carved by the parameter table        */
     td_param_spec *specs;         /* the table                                                  */

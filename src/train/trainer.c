@@ -361,6 +361,7 @@ void td_trainer_free(td_trainer *tr)
     free(tr->tensors);
     free(tr->m1); free(tr->m2);
     td_model_weights_free_layers(&tr->gw);
+    free(tr->mb_seq);
     free(tr->lg);
     free(tr->tlogp); free(tr->dlogp); free(tr->target); free(tr->top1);
     free(tr);
@@ -568,17 +569,15 @@ const td_model *td_trainer_model(const td_trainer *tr) { return tr->m; }
 static int replay_offset(void *user, int moe_layer, int N, const int *seq, const int *pos, int K, int *experts)
 {
     td_trainer *tr = user;
-    int *g = td_xmalloc((size_t)(N > 0 ? N : 1) * sizeof(int));
-    for (int i = 0; i < N; i++) g[i] = seq[i] + tr->mb_s0;
-    int rc = tr->moe_replay(tr->moe_replay_user, moe_layer, N, g, pos, K, experts);
-    free(g);
-    return rc;
+    for (int i = 0; i < N; i++) tr->mb_seq[i] = seq[i] + tr->mb_s0;   /* N <= max_tokens */
+    return tr->moe_replay(tr->moe_replay_user, moe_layer, N, tr->mb_seq, pos, K, experts);
 }
 
 void td_trainer_set_moe_replay(td_trainer *tr, td_moe_replay_fn fn, void *user)
 {
     tr->moe_replay = fn;
     tr->moe_replay_user = user;
+    if (fn && !tr->mb_seq) tr->mb_seq = td_xmalloc((size_t)tr->o.max_tokens * sizeof(int));
     td_forward_set_moe_replay(tr->f, fn ? replay_offset : NULL, fn ? tr : NULL);
 }
 const td_lora *td_trainer_lora(const td_trainer *tr) { return tr->lora; }
