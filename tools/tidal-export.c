@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_COLS 64
 #define CHUNK 65536
 
 int main(int argc, char **argv)
@@ -51,9 +50,11 @@ int main(int argc, char **argv)
         td_runfile_close(rf, NULL);
         return rc;
     }
-    char *names[MAX_COLS], path[MAX_COLS][128];
-    size_t n = td_runfile_list(rf, groups[group], names, MAX_COLS), nc = 0;
-    if (n > MAX_COLS) n = MAX_COLS;
+    /* every column, however many the group holds (a fixed cap once dropped /steps' last ones) */
+    size_t n = td_runfile_list(rf, groups[group], NULL, 0), nc = 0;
+    char **names = td_xcalloc(n ? n : 1, sizeof *names), (*path)[128] = td_xcalloc(n ? n : 1, sizeof *path);
+    size_t got = td_runfile_list(rf, groups[group], names, n);
+    if (got < n) n = got;
     int64_t rows = -1;
     for (size_t i = 0; i < n; i++) {
         snprintf(path[nc], sizeof path[nc], "%s/%s", groups[group], names[i]);
@@ -63,12 +64,15 @@ int main(int argc, char **argv)
         if (r < 0 || (rows >= 0 && r != rows)) {
             fprintf(stderr, "tidal-export: %s: %s has %lld rows, the group's other columns %lld (corrupt file?)\n",
                     run_path[0], path[nc], (long long)r, (long long)rows);
+            for (size_t j = i + 1; j < n; j++) free(names[j]);
+            free(names); free(path);
             td_runfile_close(rf, NULL);
             return 1;
         }
         rows = r;
         nc++;
     }
+    free(names);
     if (!nc) {
         fprintf(stderr, "tidal-export: %s: no %s group (is this a tidal run file?)\n", run_path[0], groups[group]);
         td_runfile_close(rf, NULL);

@@ -164,6 +164,10 @@ check(all(n in sa for n in names), f"/steps has the documented metrics (missing:
 check(np.all(sa["ppo_kl"] == 0) and np.all(sa["pg_clipfrac"] == 0),
       "one optimiser step per generation batch: pi_theta == pi_old bit for bit (ppo_kl 0, no clipping)")
 check(np.any(sa["reward_std"] > 0), "rewards vary within the batch (the tiny base model learnt something)")
+p = sh(os.path.join(BIN, "tidal-export"), os.path.join(full, "rl.h5"), "--group", "steps", ok=False)
+hdr = p.stdout.split("\n", 1)[0].split(",") if p.returncode == 0 else []
+check(hdr == sorted(sa) and len(hdr) > 64,
+      f"tidal-export --group steps gives every one of /steps' {len(sa)} columns (it gave {len(hdr)}: a fixed cap of 64 once dropped time_update)")
 fa.close()
 fb.close()
 p = sh(os.path.join(BIN, "tidal-report"), os.path.join(full, "rl.h5"), ok=False)
