@@ -201,6 +201,7 @@ int main(int argc, char **argv)
     td_opt_get(opts, "per-device-batch-size")->aliases = "per-device-train-batch-size";
     td_opt_get(opts, "model-path")->aliases = "model-name-or-path";   /* TRL's ModelConfig */
     td_opt_get(opts, "dtype")->aliases = "torch-dtype";
+    td_opt_get(opts, "lora-r")->aliases = "lora-rank";   /* verl's lora_rank; TRL/PEFT say lora_r / r */
     td_opt_get(opts, "lora-target-modules")->given = &gave_targets;
     td_opt_get(opts, "model-path")->required = 1;
     td_cli cli = {"tidal-rl", "--model-path DIR --dataset-path FILE --output-dir DIR [options]",

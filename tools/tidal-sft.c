@@ -165,6 +165,7 @@ int main(int argc, char **argv)
     td_opt_get(opts, "epochs")->aliases = "num-train-epochs";
     td_opt_get(opts, "per-device-batch-size")->aliases = "per-device-train-batch-size";
     td_opt_get(opts, "lr-scheduler")->aliases = "lr-scheduler-type";
+    td_opt_get(opts, "lora-r")->aliases = "lora-rank";   /* verl's lora_rank; TRL/PEFT say lora_r / r */
     td_opt_get(opts, "per-device-eval-batch-size")->aliases = "eval-batch-size";
     td_opt_get(opts, "eval-steps")->lo_open = 0;
     td_opt_get(opts, "lora-alpha")->lo_open = 1;

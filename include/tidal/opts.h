@@ -92,6 +92,10 @@ td_opt *td_opt_get(td_opt *opts, const char *name);
 int td_cli_bad(const td_cli *cli, const char *opt, const char *value, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* Edit distance between two names (insertions, deletions, substitutions, adjacent swaps), with
+ * underscores read as dashes: what "did you mean" suggestions measure (99 past 60 characters). */
+int td_name_distance(const char *a, const char *b);
+
 /* The full help text (what --help prints). */
 void td_cli_help(const td_cli *cli, FILE *f);
 

@@ -1,6 +1,7 @@
 /* Precision recipes: presets, the JSON recipe file format, and printing (see recipe.h). */
 #include "tidal/recipe.h"
 #include "tidal/io.h"
+#include "tidal/opts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -421,6 +422,16 @@ int td_recipe_resolve(const char *name_or_path, td_recipe *out, td_error *err)
             strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
             strncat(names, PRESETS[i].name, sizeof names - strlen(names) - 1);
         }
+        /* a close preset name (vllm_bf16, bf16-trian) is named first, as options' typos are */
+        const char *close = NULL;
+        int best = strlen(name_or_path) <= 6 ? 2 : 3;   /* one more than the largest distance named */
+        for (size_t i = 0; i < N_PRESETS; i++) {
+            int d = td_name_distance(name_or_path, PRESETS[i].name);
+            if (d < best) { best = d; close = PRESETS[i].name; }
+        }
+        if (close)
+            return td_fail(err, "unknown recipe '%s'; did you mean '%s'? (presets: %s; or give a recipe file path)",
+                           name_or_path, close, names);
         return td_fail(err, "unknown recipe '%s' (presets: %s; or give a recipe file path)", name_or_path, names);
     }
     size_t n;

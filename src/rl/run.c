@@ -11,10 +11,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int load_inputs(rl_run *R, td_error *err)
 {
     const td_rl_opts *o = R->o;
+    struct stat st;
+    if (stat(o->model_path, &st) != 0)
+        return td_fail(err, "%s: no such checkpoint directory (--model-path: the directory does not exist)", o->model_path);
+    if (!S_ISDIR(st.st_mode))
+        return td_fail(err, "%s: not a directory (--model-path names a checkpoint directory: config.json, "
+                       "safetensors, tokenizer.json)", o->model_path);
     char tp[4200];
     snprintf(tp, sizeof tp, "%s/tokenizer.json", o->model_path);
     R->tkz = td_tokenizer_load(tp, err);

@@ -4,14 +4,19 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int td_fail(td_error *err, const char *fmt, ...)
 {
     if (err) {
+        /* formatted aside first: callers may pass err->msg itself as an argument, to wrap the
+         * reason a callee gave ("%s (what tidal-rl needs)", err->msg) */
+        char msg[sizeof err->msg];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
+        memcpy(err->msg, msg, sizeof msg);
     }
     return -1;
 }

@@ -102,6 +102,11 @@ static int edit_distance(const char *a, size_t na, const char *b, size_t nb)
     return d[na][nb];
 }
 
+int td_name_distance(const char *a, const char *b)
+{
+    return edit_distance(a, strlen(a), b, strlen(b));
+}
+
 /* The option a mistyped long name most likely meant: the closest name or alias within a few
  * edits (1 for short words, up to 3 for long ones), else the one name it is a prefix of
  * (argparse's abbreviations, which tidal does not accept but names). NULL if none. */

@@ -1,0 +1,85 @@
+"""What a new user tripped on (issue 37, item 6), each mistake made as a user makes it:
+
+1. `tidal-rl --model-path datasets/model/add` (a typo): the message says the directory does not
+   exist; a directory without tokenizer.json gives the reason in full (td_fail once overwrote the
+   reason it was wrapping, printing an empty one).
+2. `--lora-rank` (verl's spelling) is `--lora-r` in tidal-rl and tidal-sft: the same plan, byte for
+   byte; a mistyped recipe name (`vllm_bf16`, `bf16-trian`) is answered with the preset it meant.
+3. `tidal` with no arguments or `tidal help` lists every tool (as git does), `tidal help TOOL`
+   prints that tool's help, `tidal TOOL ARGS` runs it, an unknown name exits 2 with the list.
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from tidal_check import BIN, check, failures  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ENV = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+
+
+def tool(*args):
+    return subprocess.run([os.path.join(ROOT, BIN, args[0]), *args[1:]], capture_output=True, text=True, cwd=ROOT,
+                          env=ENV)
+
+
+tmp = tempfile.mkdtemp(prefix="tidal-newcomer-")
+
+# ---- 1. a model directory that is not there, or has no tokenizer
+p = tool("tidal-rl", "--model-path", "datasets/model/add", "--dataset-path", "datasets/tasks/add/train.jsonl",
+         "--output-dir", os.path.join(tmp, "rl"))
+check(p.returncode == 1 and "datasets/model/add" in p.stderr and "does not exist" in p.stderr,
+      f"tidal-rl --model-path TYPO says the directory does not exist: {p.stderr.strip()!r}")
+check(not os.path.exists(os.path.join(tmp, "rl")), "... and makes no --output-dir")
+notok = os.path.join(tmp, "no-tokenizer")
+os.makedirs(notok)
+shutil.copy(os.path.join(ROOT, "datasets/models/add/config.json"), notok)
+p = tool("tidal-rl", "--model-path", notok, "--dataset-path", "datasets/tasks/add/train.jsonl",
+         "--output-dir", os.path.join(tmp, "rl2"))
+msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+check(p.returncode == 1 and "tokenizer.json:" in msg and not msg.startswith("tidal-rl:  ("),
+      f"a model directory without tokenizer.json: the reason is given, not an empty one: {msg!r}")
+
+# ---- 2. PEFT/verl spellings and recipe typos
+for name, extra in (("tidal-rl", []), ("tidal-sft", ["--dataset-path", "datasets/tasks/add/train.jsonl"])):
+    a = tool(name, "--plan-only", "--model-path", "datasets/models/add", "--lora-r", "2", *extra)
+    b = tool(name, "--plan-only", "--model-path", "datasets/models/add", "--lora-rank", "2", *extra)
+    b2 = tool(name, "--plan-only", "--model-path", "datasets/models/add", "--lora_rank=2", *extra)
+    check(a.returncode == 0 and a.stdout + a.stderr == b.stdout + b.stderr == b2.stdout + b2.stderr
+          and "LoRA" in a.stdout + a.stderr,
+          f"{name} --lora-rank 2 (and --lora_rank=2) is --lora-r 2: the same plan"
+          + ("" if a.returncode == 0 else f": {a.stderr[-300:]}"))
+for typo, meant in (("vllm_bf16", "vllm-bf16"), ("bf16-trian", "bf16-train"), ("fp8-unifed", "fp8-unified")):
+    p = tool("tidal-diff", "--model", "datasets/models/add", "--prompts", "datasets/models/prompts-add.jsonl",
+             "--recipe-b", typo, "-o", os.path.join(tmp, "x.h5"))
+    check(p.returncode == 2 and f"unknown recipe '{typo}'; did you mean '{meant}'?" in p.stderr,
+          f"--recipe-b {typo}: did you mean '{meant}'? ({p.stderr.strip()[:120]!r})")
+p = tool("tidal-diff", "--model", "datasets/models/add", "--prompts", "datasets/models/prompts-add.jsonl",
+         "--recipe-b", "nothing-like-it", "-o", os.path.join(tmp, "x.h5"))
+check(p.returncode == 2 and "unknown recipe 'nothing-like-it' (presets:" in p.stderr,
+      "a name close to no preset gets the list, no guess")
+
+# ---- 3. the front door
+tools = sorted(os.path.basename(t)[len("tidal-"):-2] for t in glob.glob(os.path.join(ROOT, "tools", "tidal-*.c")))
+for args in ([], ["help"], ["--help"]):
+    p = tool("tidal", *args)
+    listed = {ln.split()[0] for ln in p.stdout.splitlines() if ln.startswith("   ") and ln[3] != " "}
+    check(p.returncode == 0 and listed == set(tools),
+          f"tidal {' '.join(args)}: lists the {len(tools)} tools (missing {sorted(set(tools) - listed)}, "
+          f"extra {sorted(listed - set(tools))})")
+p, q = tool("tidal", "help", "diff"), tool("tidal-diff", "--help")
+check(p.returncode == 0 and p.stdout == q.stdout, "tidal help diff = tidal-diff --help")
+p = tool("tidal", "cast", "--format", "e4m3", "--saturate", "500")
+check(p.returncode == 0 and p.stdout.strip() == "0x7e 448", f"tidal cast ... runs tidal-cast: {p.stdout.strip()!r}")
+p = tool("tidal", "dif")
+check(p.returncode == 2 and "'dif' is not a tidal tool" in p.stderr and "report" in p.stderr,
+      "tidal dif: exit 2, the list on stderr")
+p = tool("tidal", "--version")
+check(p.returncode == 0 and p.stdout.startswith("tidal (tidal) "), "tidal --version")
+
+shutil.rmtree(tmp, ignore_errors=True)
+print(f"{len(failures)} failed")
+sys.exit(1 if failures else 0)
