@@ -9,8 +9,10 @@ pass=0; fail=0; skip=0; failed=()
 run_c() {  # $1: label, then the command
   local label=$1; shift
   echo "=== $label"
+  local t0=$SECONDS
   out=$("$@" 2>&1); rc=$?
   echo "$out"
+  echo "--- $label: $((SECONDS - t0)) s"
   n_ok=$(echo "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -n1)
   n_bad=$(echo "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -n1)
   pass=$((pass + ${n_ok:-0})); fail=$((fail + ${n_bad:-0}))
@@ -28,12 +30,14 @@ PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
 for t in tests/py/test_*.py; do
   [ -e "$t" ] || continue
   echo "=== $t"
+  t0=$SECONDS
   BUILD=$BUILD "$PY" "$t"; rc=$?
+  echo "--- $t: $((SECONDS - t0)) s"
   if [ $rc -eq 0 ]; then pass=$((pass + 1));
   elif [ $rc -eq 77 ]; then skip=$((skip + 1));
   else fail=$((fail + 1)); failed+=("$t"); fi
 done
 echo
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
-echo "$pass passed, $fail failed, $skip skipped"
+echo "$pass passed, $fail failed, $skip skipped ($SECONDS s)"
 [ $fail -eq 0 ]

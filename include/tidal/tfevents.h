@@ -56,6 +56,16 @@ int td_tfevents_close(td_tfevents *w, td_error *err);
  * one, on: removed); a file left without a step record is deleted. A missing dir is fine. */
 int td_tfevents_trim(const char *dir, int64_t keep_below, td_error *err);
 
+/* ---- reading: the scalars of an events file (tidal-postmortem) ----
+ * Calls fn(ctx, step, tag, value) for every scalar Value of every Event: simple_value (what
+ * tf.summary.scalar in TF1, torch's SummaryWriter and tidal write) and a scalar tensor (TF2's
+ * tf.summary.scalar: TensorProto float_val / double_val / 4- or 8-byte tensor_content of dtype
+ * DT_FLOAT or DT_DOUBLE). Other values (images, histograms, text) are skipped. A torn last record
+ * (a writer still running, or killed) ends the read quietly; a CRC mismatch before it is an error
+ * naming the file and the byte offset. fn returning non-zero stops the read (its value returned). */
+typedef int (*td_tfevents_scalar_fn)(void *ctx, int64_t step, const char *tag, double value);
+int td_tfevents_read(const char *path, td_tfevents_scalar_fn fn, void *ctx, td_error *err);
+
 /* ---- --report-to ---- */
 enum { TD_REPORT_TENSORBOARD = 1u, TD_REPORT_JSONL = 2u };
 #define TD_REPORT_TO_EXPECT "none, tensorboard, jsonl, or a comma-separated list of them (all = both)"

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -297,5 +298,152 @@ int td_tfevents_trim(const char *dir, int64_t keep_below, td_error *err)
         rc = trim_file(path, keep_below, err);
     }
     closedir(d);
+    return rc;
+}
+
+/* ---- reading ---- */
+
+/* A length-delimited field's bytes, or a varint/fixed value, one at a time. */
+typedef struct {
+    int field, wt;
+    uint64_t v;                 /* varint, fixed32, fixed64 */
+    const unsigned char *p;     /* WT_LEN: bytes */
+    size_t n;
+} pb_field;
+
+static int pb_next(const unsigned char **p, const unsigned char *end, pb_field *f)
+{
+    uint64_t key;
+    if (get_varint(p, end, &key)) return -1;
+    f->field = (int)(key >> 3);
+    f->wt = (int)(key & 7);
+    f->p = NULL;
+    f->n = 0;
+    switch (f->wt) {
+    case WT_VARINT: return get_varint(p, end, &f->v);
+    case WT_FIXED64:
+        if (end - *p < 8) return -1;
+        f->v = 0;
+        for (int i = 0; i < 8; i++) f->v |= (uint64_t)(*p)[i] << (8 * i);
+        *p += 8;
+        return 0;
+    case WT_FIXED32:
+        if (end - *p < 4) return -1;
+        f->v = le32(*p);
+        *p += 4;
+        return 0;
+    case WT_LEN:
+        if (get_varint(p, end, &f->v) || f->v > (uint64_t)(end - *p)) return -1;
+        f->p = *p;
+        f->n = (size_t)f->v;
+        *p += f->n;
+        return 0;
+    default: return -1;
+    }
+}
+
+static double f32_of(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+static double f64_of(uint64_t u) { double x; memcpy(&x, &u, 8); return x; }
+
+/* A TensorProto holding one float or double (dtype 1 DT_FLOAT, 2 DT_DOUBLE); 0 + *v, or -1. */
+static int tensor_scalar(const unsigned char *p, size_t n, double *v)
+{
+    const unsigned char *end = p + n;
+    int dtype = 0, have = 0;
+    double x = NAN;
+    while (p < end) {
+        pb_field f;
+        if (pb_next(&p, end, &f)) return -1;
+        if (f.field == 1 && f.wt == WT_VARINT) dtype = (int)f.v;
+        else if (f.field == 4 && f.wt == WT_LEN) {   /* tensor_content: raw little-endian */
+            if (f.n == 4) { x = f32_of(le32(f.p)); have = 1; }
+            else if (f.n == 8) { uint64_t u = 0; for (int i = 0; i < 8; i++) u |= (uint64_t)f.p[i] << (8 * i); x = f64_of(u); have = 1; }
+        } else if (f.field == 5 && f.wt == WT_FIXED32) { x = f32_of((uint32_t)f.v); have = 1; }
+        else if (f.field == 5 && f.wt == WT_LEN && f.n == 4) { x = f32_of(le32(f.p)); have = 1; }   /* packed */
+        else if (f.field == 6 && f.wt == WT_FIXED64) { x = f64_of(f.v); have = 1; }
+        else if (f.field == 6 && f.wt == WT_LEN && f.n == 8) {
+            uint64_t u = 0;
+            for (int i = 0; i < 8; i++) u |= (uint64_t)f.p[i] << (8 * i);
+            x = f64_of(u); have = 1;
+        }
+    }
+    if (!have || (dtype != 0 && dtype != 1 && dtype != 2)) return -1;
+    *v = x;
+    return 0;
+}
+
+/* One Summary.Value: tag (1), simple_value (2), tensor (8). */
+static int value_scalar(const unsigned char *p, size_t n, char *tag, size_t tagcap, double *v)
+{
+    const unsigned char *end = p + n;
+    int have = 0;
+    tag[0] = 0;
+    while (p < end) {
+        pb_field f;
+        if (pb_next(&p, end, &f)) return -1;
+        if (f.field == 1 && f.wt == WT_LEN) {
+            size_t k = f.n < tagcap - 1 ? f.n : tagcap - 1;
+            memcpy(tag, f.p, k);
+            tag[k] = 0;
+        } else if (f.field == 2 && f.wt == WT_FIXED32) { *v = f32_of((uint32_t)f.v); have = 1; }
+        else if (f.field == 8 && f.wt == WT_LEN && !have) have = tensor_scalar(f.p, f.n, v) == 0;
+    }
+    return have && tag[0] ? 0 : -1;
+}
+
+int td_tfevents_read(const char *path, td_tfevents_scalar_fn fn, void *ctx, td_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return td_fail(err, "%s: cannot read: %s", path, strerror(errno));
+    unsigned char head[12], *data = NULL;
+    size_t cap = 0;
+    int rc = 0;
+    long off = 0;
+    for (;;) {
+        size_t got = fread(head, 1, 12, f);
+        if (got == 0) break;
+        if (got != 12) break;   /* torn header: a writer stopped here */
+        uint64_t n = 0;
+        for (int i = 0; i < 8; i++) n |= (uint64_t)head[i] << (8 * i);
+        if (td_crc32c_mask(td_crc32c(head, 8)) != le32(head + 8) || n > (1u << 30)) {
+            rc = td_fail(err, "%s: byte %ld: not a TFRecord (length CRC mismatch): not a TensorBoard events file, or "
+                         "damaged", path, off);
+            break;
+        }
+        if (n + 4 > cap) { cap = (size_t)n + 4; data = td_xrealloc(data, cap); }
+        if (fread(data, 1, (size_t)n + 4, f) != n + 4) break;   /* torn last record */
+        if (td_crc32c_mask(td_crc32c(data, (size_t)n)) != le32(data + n)) {
+            rc = td_fail(err, "%s: byte %ld: record data CRC mismatch (damaged events file)", path, off);
+            break;
+        }
+        off += 12 + (long)n + 4;
+        const unsigned char *p = data, *end = data + n;
+        int64_t step = 0;
+        const unsigned char *sum = NULL;
+        size_t sum_n = 0;
+        int bad = 0;
+        while (p < end && !bad) {
+            pb_field fl;
+            if (pb_next(&p, end, &fl)) { bad = 1; break; }
+            if (fl.field == 2 && fl.wt == WT_VARINT) step = (int64_t)fl.v;
+            else if (fl.field == 5 && fl.wt == WT_LEN) { sum = fl.p; sum_n = fl.n; }
+        }
+        if (bad) {
+            rc = td_fail(err, "%s: byte %ld: malformed Event record", path, off);
+            break;
+        }
+        const unsigned char *q = sum, *qend = sum ? sum + sum_n : NULL;
+        while (q && q < qend && !rc) {
+            pb_field fv;
+            if (pb_next(&q, qend, &fv)) break;
+            if (fv.field != 1 || fv.wt != WT_LEN) continue;
+            char tag[256];
+            double v = NAN;
+            if (value_scalar(fv.p, fv.n, tag, sizeof tag, &v) == 0) rc = fn(ctx, step, tag, v);
+        }
+        if (rc) break;
+    }
+    fclose(f);
+    free(data);
     return rc;
 }

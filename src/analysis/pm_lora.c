@@ -1,0 +1,102 @@
+/* tidal — what an engine's copy of the weights keeps of a LoRA update (tidal-postmortem, and its
+ * --preflight projection).
+ *
+ * An engine that receives merged weights (TRL's merge_adapter + load_weights into vLLM; verl's
+ * merged sync) runs E(D(W + dW)): the base W in the model's dtype D (the engine recipe's weight
+ * format), PEFT's delta dW = scale * B @ A added in fp32 and rounded back to D
+ * (td_lora_peft_merge), then prepared as the engine's GEMMs run it (td_gemm_prepare_weight).
+ * What it kept of the update is |E(D(W + dW)) - E(W)|_F / |dW|_F over every adapted matrix (1: all
+ * of it, 0: rounded away); changed_frac is the share of adapted weights that moved at all. The
+ * same quantities tidal-rl logs per sync as merge_survival / merge_changed_frac. */
+#include "tidal/gemm.h"
+#include "tidal/postmortem.h"
+#include "tidal/lora.h"
+#include "tidal/rng.h"
+#include "../model/model_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const float *weight_of(const td_model *m, int l, int mo)
+{
+    const td_layer_weights *w = &m->w.layers[l];
+    const float *p[TD_LORA_NMOD] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down};
+    return p[mo];
+}
+
+/* kept^2, delta^2 and changed count of one matrix */
+static void one(const td_recipe *engine, const float *w, const float *delta, int out, int in, double *kept2, double *delta2,
+                int64_t *changed)
+{
+    size_t n = (size_t)out * in;
+    float *m = td_xmalloc(3 * n * sizeof(float)), *pm = m + n, *pw = pm + n;
+    memcpy(m, w, n * sizeof(float));
+    td_lora_peft_merge(engine->weights, m, delta, n);
+    td_gemm_prepare_weight(engine, m, out, in, pm);
+    td_gemm_prepare_weight(engine, w, out, in, pw);
+    for (size_t j = 0; j < n; j++) {
+        double d = (double)pm[j] - pw[j];
+        *kept2 += d * d;
+        *delta2 += (double)delta[j] * delta[j];
+        *changed += pm[j] != pw[j];
+    }
+    free(m);
+}
+
+int td_pm_lora_survival(const td_model *base, const td_lora *lo, const td_recipe *engine, double *survival,
+                        double *changed_frac, td_error *err)
+{
+    if (base->cfg.num_experts > 0)
+        return td_fail(err, "LoRA on a mixture of experts' model is not supported (tidal refuses it in training too)");
+    double kept2 = 0, delta2 = 0;
+    int64_t changed = 0, elements = 0;
+    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+        const td_lora_pair *p = &lo->pairs[i];
+        if (!p->a) continue;
+        size_t n = (size_t)p->out * p->in;
+        float *delta = td_xmalloc(n * sizeof(float));
+        td_lora_peft_delta(lo, p, delta);
+        one(engine, weight_of(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD), delta, p->out, p->in, &kept2, &delta2, &changed);
+        elements += (int64_t)n;
+        free(delta);
+    }
+    *survival = delta2 > 0 ? sqrt(kept2 / delta2) : NAN;
+    *changed_frac = elements ? (double)changed / (double)elements : NAN;
+    return 0;
+}
+
+/* The projection: PEFT's initialisation (lora_A kaiming_uniform_(a=sqrt(5)) = U(-1/sqrt(in),
+ * 1/sqrt(in)), lora_B zero), then `steps` Adam steps in which every element of B moved by lr in a
+ * fixed random direction (Adam's early step is about lr per element whatever the gradient's
+ * scale; A does not move while B is zero at step 1, and little after). dW = (alpha/r) B A. */
+int td_pm_lora_projected(const td_model *base, const td_config *cfg, int rank, double alpha, double lr, int steps,
+                         uint64_t seed, const td_recipe *engine, double *survival, double *changed_frac, td_error *err)
+{
+    if (base->cfg.num_experts > 0)
+        return td_fail(err, "LoRA on a mixture of experts' model is not supported (tidal refuses it in training too)");
+    double kept2 = 0, delta2 = 0, scale = alpha / rank;
+    int64_t changed = 0, elements = 0;
+    td_rng g;
+    for (int l = 0; l < cfg->num_layers; l++)
+        for (int mo = 0; mo < TD_LORA_NMOD; mo++) {
+            int out, in;
+            td_lora_module_shape(cfg, mo, &out, &in);
+            td_rng_stream(&g, seed, (uint64_t)l * TD_LORA_NMOD + mo);
+            float *a = td_xmalloc(((size_t)rank * in + (size_t)out * rank) * sizeof(float)), *b = a + (size_t)rank * in;
+            double bound = 1.0 / sqrt((double)in), step = lr * steps;
+            for (size_t j = 0; j < (size_t)rank * in; j++) a[j] = (float)((2 * td_rng_uniform(&g) - 1) * bound);
+            for (size_t j = 0; j < (size_t)out * rank; j++) b[j] = (float)(td_rng_uniform(&g) < 0.5 ? -step : step);
+            size_t n = (size_t)out * in;
+            float *delta = td_xmalloc(n * sizeof(float));
+            td_lora_pair p = {a, b, out, in};
+            td_lora_fold_delta(&p, rank, (float)scale, delta);
+            one(engine, weight_of(base, l, mo), delta, out, in, &kept2, &delta2, &changed);
+            elements += (int64_t)n;
+            free(delta);
+            free(a);
+        }
+    *survival = delta2 > 0 ? sqrt(kept2 / delta2) : NAN;
+    *changed_frac = elements ? (double)changed / (double)elements : NAN;
+    return 0;
+}
