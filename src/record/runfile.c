@@ -3,6 +3,7 @@
 #include "tidal/runfile.h"
 #include "tidal/runschema.h"
 #include "commit.h"
+#include "guard.h"
 
 #include <errno.h>
 #include <hdf5.h>
@@ -60,6 +61,19 @@ static void quiet_hdf5(void)
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
 }
 
+/* The file format tidal writes (issue 42): superblock v2 and version-2 object headers, the
+ * HDF5 1.8 format, whose metadata carries checksums (superblock, object headers, and so every
+ * attribute, dataspace, datatype and link message; the fractal heaps and v2 B-trees of dense
+ * attribute storage), so libhdf5 refuses a damaged header instead of walking it. Not the 1.10
+ * format (superblock v3): a v3 file opened for writing carries a status flag that makes every
+ * other reader (h5py included) refuse it while it is written, and for good after a kill, until
+ * h5clear. Chunk indexes stay version-1 B-trees (no checksum) in this format: the guard's child
+ * reads them (src/record/guard.c). */
+static void set_format(hid_t fapl)
+{
+    H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST);
+}
+
 td_runfile *td_runfile_create(const char *path, int overwrite, td_error *err)
 {
     quiet_hdf5();
@@ -80,6 +94,7 @@ td_runfile *td_runfile_create(const char *path, int overwrite, td_error *err)
     /* deferred: nothing reaches the disk before the first commit, so a run that fails earlier
      * leaves an empty file rather than a torn one */
     hid_t fapl = tdc_fapl(&rf->st, 1);
+    set_format(fapl);
     hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, fapl);
     H5Pclose(fapl);
     H5Pclose(fcpl);
@@ -113,6 +128,8 @@ td_runfile *td_runfile_open(const char *path, int writable, td_error *err)
      * under its lock; a reader does it when no writer holds the file) */
     char why[1200];
     if (tdc_recover(path, why, sizeof why) < 0) { td_fail(err, "%s", why); return NULL; }
+    /* a damaged file is refused here, before libhdf5 reads it in this process (guard.c) */
+    if (tdg_check(path, why, sizeof why)) { td_fail(err, "%s", why); return NULL; }
     if (H5Fis_hdf5(path) <= 0) { td_fail(err, "%s: not an HDF5 file (or truncated)", path); return NULL; }
     td_runfile *rf = calloc(1, sizeof *rf);
     for (int g = 0; g < CUT_COUNT; g++) rf->cut[g] = -1;
@@ -182,6 +199,7 @@ int td_runfile_flush(td_runfile *rf, td_error *err)
         return td_fail(err, "%s: flush failed", rf->path);
     }
     if (rf->writable && tdc_commit(rf->file)) return storage_fail(rf->path, &rf->st, err);
+    if (rf->writable) tdg_trust(rf->path);   /* what this process wrote: no guard on its next open */
     return 0;
 }
 
@@ -192,6 +210,7 @@ int td_runfile_close(td_runfile *rf, td_error *err)
     /* the driver commits what the close wrote; after a failed write it drops it */
     if (H5Fclose(rf->file) < 0 && !rf->st.err) rc = td_fail(err, "%s: close failed", rf->path);
     if (rf->st.err) rc = storage_fail(rf->path, &rf->st, err);
+    if (rf->writable && !rc) tdg_trust(rf->path);
     free(rf);
     return rc;
 }
@@ -670,12 +689,14 @@ int td_runfile_compact(const char *path, td_error *err)
     snprintf(tmp, sizeof tmp, "%s.compact.tmp", path);
     char why[1200];
     if (tdc_recover(path, why, sizeof why) < 0) return td_fail(err, "%s", why);
+    if (tdg_check(path, why, sizeof why)) return td_fail(err, "%s", why);
     hid_t src = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (src < 0) return td_fail(err, "%s: cannot open the HDF5 file to compact it", path);
     hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
     H5Pset_file_space_strategy(fcpl, H5F_FSPACE_STRATEGY_NONE, 0, 0);
     tdc_status st = {0};
     hid_t fapl = tdc_fapl(&st, 0);   /* written whole, then renamed: no journal needed, but every write checked */
+    set_format(fapl);
     hid_t dst = H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, fapl);
     H5Pclose(fapl);
     H5Pclose(fcpl);
@@ -689,6 +710,7 @@ int td_runfile_compact(const char *path, td_error *err)
         return td_fail(err, "%s: could not compact the file (%s%s%s); it is complete and intact as it is, %s removed",
                        path, st.err ? st.what : "copy failed", e ? ": " : "", e ? strerror(e) : "", tmp);
     }
+    tdg_trust(path);
     return 0;
 }
 
