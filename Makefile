@@ -6,6 +6,7 @@
 #   make demo       install missing deps, build, run the toolkit's main job on shipped defaults
 #   make bench      benchmarks that print ratios against a peer
 #   make fuzz       libFuzzer targets (tests/fuzz/fuzz_*.c) into build/fuzz/, built by clang
+#   make docs-cli   docs/cli/TOOL.md from each tool's --help (checked current by the tests)
 #   make install    the tools, libtidal.a, the headers, a pkg-config file and man pages under
 #                   PREFIX (default /usr/local; DESTDIR for staging); make uninstall removes them
 #
@@ -202,6 +203,13 @@ uninstall:
 	rm -f $(addprefix $(BINDIR)/,$(notdir $(TOOLS))) $(LIBDIR)/libtidal.a $(LIBDIR)/pkgconfig/tidal.pc
 	rm -f $(addprefix $(MANDIR)/,$(addsuffix .1,$(notdir $(TOOLS))))
 	rm -rf $(INCDIR)/tidal
+
+# docs/cli/TOOL.md: each tool's --help as Markdown (tools/cli-docs.sh); tests/py/test_docs.py
+# fails when one is not what the built tool prints (run `make docs-cli` after changing options).
+.PHONY: docs-cli
+docs-cli: $(TOOLS)
+	@bash tools/cli-docs.sh $(BUILD)/bin docs/cli
+	@echo "docs/cli: $(words $(TOOLS)) tools' --help"
 
 
 # Fuzz targets: libFuzzer needs clang, so libtidal is compiled a second time, instrumented, under

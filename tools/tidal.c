@@ -43,6 +43,7 @@ static const group GROUPS[] = {
       {"sweep", "a grid of tidal-rl runs with N workers or a Slurm/Condor array, and its report"},
       {"sft", "supervised fine-tuning in TRL's dataset shapes, full or LoRA"},
       {"task", "verifiable tasks (add, sort, countdown): generate splits, score completions"},
+      {"postmortem", "why a run collapsed: its folder's curves and checkpoints (HF/TRL, verl, tidal-rl)"},
       {NULL, NULL}}},
     {"checkpoints, tokens and numbers (docs/checkpoints.md)",
      {{"init", "a seeded random-init HF checkpoint of any Llama-family or MoE shape"},

@@ -13,7 +13,7 @@
    generation_config.json holds and says what is used; KL >= 0 exactly; same-recipe report
    columns are titled by file name.
 4. /tokens/step = pos - prompt_len; tidal-heatmap --plot steps; tidal-export CSV equals the
-   HDF5 columns bit for bit; the README tour and the SCHEMA.md pandas one-liner run.
+   HDF5 columns bit for bit; the docs/diff.md tour and the docs/run-files.md pandas one-liner run.
 """
 import json
 import os
@@ -248,23 +248,23 @@ ok = p.returncode == 0 and set(header) == set(t) and data.shape == (len(d), len(
 ok = ok and all(np.array_equal(data[:, i], t[h].astype(np.float64), equal_nan=True) for i, h in enumerate(header))
 check(ok, "tidal-export CSV equals every /tokens column bit for bit")
 
-readme = open(os.path.join(ROOT, "README.md")).read()
+readme = open(os.path.join(ROOT, "docs", "diff.md")).read()
 m = re.search(r"## A tour \(these lines run in the test suite.*?\n```sh\n(.*?)```", readme, re.S)
-check(m is not None, "README tour block found")
+check(m is not None, "docs/diff.md tour block found")
 if m is not None:
     script = m.group(1).replace("build/bin/", os.path.join(ROOT, BIN) + "/")
     p = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, cwd=ROOT, env=ENV)
-    check(p.returncode == 0, "README tour runs" + ("" if p.returncode == 0 else f": {p.stderr[-400:]}"))
-schema = open(os.path.join(ROOT, "reports", "SCHEMA.md")).read()
+    check(p.returncode == 0, "docs/diff.md tour runs" + ("" if p.returncode == 0 else f": {p.stderr[-400:]}"))
+schema = open(os.path.join(ROOT, "docs", "run-files.md")).read()
 m = re.search(r"```python\n(.*?)```", schema, re.S)
 try:
     import pandas  # noqa: F401
     code = m.group(1).replace('"run.h5"', repr(js))
     ns = {}
     exec(code, ns)
-    check(list(ns["tokens"].shape) == [len(d), len(t)], "SCHEMA.md pandas one-liner gives the /tokens frame")
+    check(list(ns["tokens"].shape) == [len(d), len(t)], "docs/run-files.md pandas one-liner gives the /tokens frame")
 except ImportError:
-    print("pandas not installed: the SCHEMA.md one-liner is not run (its h5py part is the dict above)")
+    print("pandas not installed: the docs/run-files.md one-liner is not run (its h5py part is the dict above)")
 
 print(f"{len(failures)} failed")
 subprocess.run(["rm", "-rf", tmp])

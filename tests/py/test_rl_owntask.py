@@ -18,7 +18,7 @@ add model (datasets/models/add) given a chat template (a few seconds of CPU in a
 4. the shipped example datasets/rewards/python_exec.py: scores code (tests passed, partial,
    an endless loop stopped by its timeout, a memory hog stopped by its limit) and runs under
    tidal-rl.
-5. the README's "Your own task" block runs.
+5. docs/trl.md's "Your own task" block runs.
 """
 import gzip
 import json
@@ -311,13 +311,13 @@ check(p.returncode == 0 and "reward_passed" in steps(run5), "python_exec.py runs
       ("" if p.returncode == 0 else f": {p.stderr[-300:]}"))
 
 # ---- 5. the README block
-readme = open(os.path.join(ROOT, "README.md")).read()
+readme = open(os.path.join(ROOT, "docs", "trl.md")).read()
 m = re.search(r"## Your own task.*?\n```sh\n(.*?)```", readme, re.S)
-check(m is not None, "README 'Your own task' block found")
+check(m is not None, "docs/trl.md 'Your own task' block found")
 if m is not None:
     script = m.group(1).replace("build/bin/", os.path.join(ROOT, BIN) + "/")
     p = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, cwd=ROOT, env=ENV)
-    check(p.returncode == 0, "README 'Your own task' runs" + ("" if p.returncode == 0 else f": {p.stderr[-400:]}"))
+    check(p.returncode == 0, "docs/trl.md 'Your own task' runs" + ("" if p.returncode == 0 else f": {p.stderr[-400:]}"))
 
 print(f"{len(failures)} failed")
 shutil.rmtree(tmp, ignore_errors=True)
