@@ -54,11 +54,14 @@ typedef struct {
     double mean, p99, max, k3, kl, seq_abs_mean, seq_abs_max, seq_ess, tok_ess, is_mean, chi2;
 } pm_diff;
 
+/* what an engine's merged copy keeps of an adapter (pm_lora.c) */
+typedef struct { double surv, aligned, changed; } pm_keep;
+
 typedef struct {
     int64_t step;
     const td_pm_checkpoint *ck;
     pm_diff run, fp16;
-    double surv_run, changed_run, surv_fp16, changed_fp16;   /* NaN: not an adapter */
+    pm_keep keep, keep16;   /* NaN: not an adapter */
 } pm_meas;
 
 static int is_dir(const char *p) { struct stat st; return stat(p, &st) == 0 && S_ISDIR(st.st_mode); }
@@ -203,17 +206,16 @@ static int diff_one(const pm_opts *o, const char *model_dir, const char *lora_di
 static void nan_diff(pm_diff *d) { memset(d, 0, sizeof *d); d->mean = d->p99 = d->max = d->k3 = d->kl = d->seq_abs_mean = d->seq_abs_max = d->seq_ess = d->tok_ess = d->is_mean = d->chi2 = NAN; }
 
 /* what a bf16 (the run's engine) and an fp16 engine copy keep of an adapter */
-static void survival(const char *base_dir, const char *adapter_dir, const char *rb, double *s_run, double *c_run,
-                     double *s_16, double *c_16)
+static void survival(const char *base_dir, const char *adapter_dir, const char *rb, pm_keep *k, pm_keep *k16)
 {
-    *s_run = *c_run = *s_16 = *c_16 = NAN;
     td_error err;
     td_model *m = td_model_load(base_dir, &err);
     if (!m) { fprintf(stderr, PROG ": merge survival: %s\n", err.msg); return; }
     td_lora *lo = td_lora_load(adapter_dir, &m->cfg, &err);
     td_recipe r1, r2;
     if (lo && !td_recipe_resolve(rb, &r1, &err) && !td_recipe_resolve(fp16_of(rb, 0), &r2, &err)) {
-        if (td_pm_lora_survival(m, lo, &r1, s_run, c_run, &err) || td_pm_lora_survival(m, lo, &r2, s_16, c_16, &err))
+        if (td_pm_lora_survival(m, lo, &r1, &k->surv, &k->aligned, &k->changed, &err) ||
+            td_pm_lora_survival(m, lo, &r2, &k16->surv, &k16->aligned, &k16->changed, &err))
             fprintf(stderr, PROG ": merge survival: %s\n", err.msg);
     } else {
         fprintf(stderr, PROG ": merge survival: %s\n", err.msg);
@@ -512,7 +514,7 @@ int main(int argc, char **argv)
             pm_meas *m = &M[nm];
             nan_diff(&m->run);
             nan_diff(&m->fp16);
-            m->surv_run = m->changed_run = m->surv_fp16 = m->changed_fp16 = NAN;
+            m->keep = m->keep16 = (pm_keep){NAN, NAN, NAN};
             const char *model_dir, *lora_dir = NULL;
             if (o.preflight) {
                 m->step = 0;
@@ -533,7 +535,7 @@ int main(int argc, char **argv)
                 rc = 1;
                 break;
             }
-            if (lora_dir) survival(o.model, lora_dir, o.rollout_recipe, &m->surv_run, &m->changed_run, &m->surv_fp16, &m->changed_fp16);
+            if (lora_dir) survival(o.model, lora_dir, o.rollout_recipe, &m->keep, &m->keep16);
             nm++;
             double per = omp_get_wtime() - t0;
             fprintf(stderr, PROG ": checkpoint %zu/%zu (step %lld) measured in %.0f s; ETA %.0f s\n", i + 1, total,
@@ -550,7 +552,7 @@ int main(int argc, char **argv)
     }
 
     /* ---- LoRA projection (preflight) ---- */
-    double proj[3][4];
+    pm_keep proj[3][2];
     int nproj = 0;
     static const int PSTEPS[3] = {1, 10, 100};
     if (o.preflight && o.lora_r) {
@@ -561,8 +563,11 @@ int main(int argc, char **argv)
             return 1;
         }
         for (int s = 0; s < 3; s++) {
-            if (td_pm_lora_projected(base, &base->cfg, o.lora_r, o.lora_alpha, o.lr, PSTEPS[s], o.seed, &r1, &proj[s][0], &proj[s][1], &err) ||
-                td_pm_lora_projected(base, &base->cfg, o.lora_r, o.lora_alpha, o.lr, PSTEPS[s], o.seed, &r2, &proj[s][2], &proj[s][3], &err)) {
+            pm_keep *a = &proj[s][0], *b = &proj[s][1];
+            if (td_pm_lora_projected(base, &base->cfg, o.lora_r, o.lora_alpha, o.lr, PSTEPS[s], o.seed, &r1, &a->surv, &a->aligned,
+                                     &a->changed, &err) ||
+                td_pm_lora_projected(base, &base->cfg, o.lora_r, o.lora_alpha, o.lr, PSTEPS[s], o.seed, &r2, &b->surv, &b->aligned,
+                                     &b->changed, &err)) {
                 fprintf(stderr, PROG ": %s\n", err.msg);
                 return 1;
             }
@@ -678,19 +683,19 @@ int main(int argc, char **argv)
     }
     /* adapter rounding */
     for (size_t i = 0; i < nm; i++) {
-        if (!isfinite(M[i].surv_run)) continue;
+        if (!isfinite(M[i].keep.aligned)) continue;
         hypothesis *h = &H[1];
         size_t l;
         char b1[32], b2[32];
-        if (M[i].surv_run < 0.5) {
+        if (M[i].keep.aligned < 0.5) {
             l = strlen(h->for_);
             snprintf(h->for_ + l, sizeof h->for_ - l, "%sstep %lld: a %s engine keeps %s of the adapter's update (fp16: %s)", l ? "; " : "",
-                     (long long)M[i].step, o.rollout_recipe, fmtg(b1, 32, M[i].surv_run), fmtg(b2, 32, M[i].surv_fp16));
+                     (long long)M[i].step, o.rollout_recipe, fmtg(b1, 32, M[i].keep.aligned), fmtg(b2, 32, M[i].keep16.aligned));
             if (H[1].first < 0) H[1].first = M[i].step;
-        } else if (i == 0 || M[i].surv_run >= 0.9) {
+        } else if (i == 0 || M[i].keep.aligned >= 0.9) {
             l = strlen(h->against);
             if (l < 200)
-                snprintf(h->against + l, sizeof h->against - l, "%sstep %lld: it keeps %s", l ? "; " : "", (long long)M[i].step, fmtg(b1, 32, M[i].surv_run));
+                snprintf(h->against + l, sizeof h->against - l, "%sstep %lld: it keeps %s", l ? "; " : "", (long long)M[i].step, fmtg(b1, 32, M[i].keep.aligned));
         }
     }
     for (int i = 0; i < 6; i++) {
@@ -766,8 +771,10 @@ int main(int argc, char **argv)
         json_object_set_new(J, "log_source", json_string(C.source));
         json_object_set_new(J, "logged_steps", json_integer((json_int_t)C.n));
         json_object_set_new(J, "reward_key", json_string(C.key[E.reward_col]));
-        json_object_set_new(J, "reward_drop_step", E.drop_step >= 0 ? json_integer(E.drop_step) : json_null());
+        /* the drop's step is where the reward fell (the onset); the detector confirms it later (its EMA and hold) */
+        json_object_set_new(J, "reward_drop_step", E.onset_step >= 0 ? json_integer(E.onset_step) : json_null());
         json_object_set_new(J, "onset_step", E.onset_step >= 0 ? json_integer(E.onset_step) : json_null());
+        json_object_set_new(J, "reward_drop_confirmed_step", E.drop_step >= 0 ? json_integer(E.drop_step) : json_null());
         json_object_set_new(J, "reward_initial", num(E.initial_reward));
         json_object_set_new(J, "reward_best_ema", num(E.best_reward));
         json_object_set_new(J, "reward_final_ema", num(E.final_reward));
@@ -800,19 +807,23 @@ int main(int argc, char **argv)
         json_object_set_new(x, "recipes", json_pack("[ss]", o.train_recipe, o.rollout_recipe));
         json_object_set_new(x, "fp16", diff_json(&M[i].fp16));
         json_object_set_new(json_object_get(x, "fp16"), "recipes", json_pack("[ss]", ra16, rb16));
-        json_object_set_new(x, "merge_survival", num(M[i].surv_run));
-        json_object_set_new(x, "merge_changed_frac", num(M[i].changed_run));
-        json_object_set_new(x, "merge_survival_fp16", num(M[i].surv_fp16));
-        json_object_set_new(x, "merge_changed_frac_fp16", num(M[i].changed_fp16));
+        json_object_set_new(x, "merge_survival", num(M[i].keep.surv));
+        json_object_set_new(x, "merge_aligned", num(M[i].keep.aligned));
+        json_object_set_new(x, "merge_changed_frac", num(M[i].keep.changed));
+        json_object_set_new(x, "merge_survival_fp16", num(M[i].keep16.surv));
+        json_object_set_new(x, "merge_aligned_fp16", num(M[i].keep16.aligned));
+        json_object_set_new(x, "merge_changed_frac_fp16", num(M[i].keep16.changed));
         json_array_append_new(cks, x);
     }
     json_object_set_new(J, "checkpoints", cks);
     if (nproj) {
         json_t *pj = json_array();
         for (int s = 0; s < nproj; s++)
-            json_array_append_new(pj, json_pack("{s:i, s:o, s:o, s:o, s:o}", "adam_steps", PSTEPS[s], "merge_survival", num(proj[s][0]),
-                                                "merge_changed_frac", num(proj[s][1]), "merge_survival_fp16", num(proj[s][2]),
-                                                "merge_changed_frac_fp16", num(proj[s][3])));
+            json_array_append_new(pj, json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "adam_steps", PSTEPS[s],
+                                                "merge_survival", num(proj[s][0].surv), "merge_aligned", num(proj[s][0].aligned),
+                                                "merge_changed_frac", num(proj[s][0].changed), "merge_survival_fp16", num(proj[s][1].surv),
+                                                "merge_aligned_fp16", num(proj[s][1].aligned),
+                                                "merge_changed_frac_fp16", num(proj[s][1].changed)));
         json_object_set_new(J, "lora_projection", pj);
     }
     json_t *vj = json_array();
@@ -835,10 +846,10 @@ int main(int argc, char **argv)
         if (d->seq_ess < 0.3) { snprintf(b, sizeof b, "sequence ESS %.3g < 0.3 at %d tokens", d->seq_ess, o.max_completion); json_array_append_new(alarms, json_string(b)); }
     }
     for (int s = 0; s < nproj; s++)
-        if (proj[s][0] < 0.5) {
+        if (proj[s][0].aligned < 0.5) {
             char b[240];
             snprintf(b, sizeof b, "after %d Adam step(s) a %s engine copy keeps %.3g of the adapter's update (fp16: %.3g)", PSTEPS[s],
-                     o.rollout_recipe, proj[s][0], proj[s][2]);
+                     o.rollout_recipe, proj[s][0].aligned, proj[s][1].aligned);
             json_array_append_new(alarms, json_string(b));
         }
     json_object_set_new(J, "alarms", alarms);
@@ -885,14 +896,14 @@ int main(int argc, char **argv)
                                                         : " The engine runs merged weights (TRL's merge-unmerge drift cannot be "
                                                           "rebuilt from saved adapters: `merged` stands for it).") : "");
         fprintf(f, "| step | tokens | mean \\|dlogp\\| | p99 | max | k3 | seq \\|log W\\| mean | seq ESS | fp16 mean \\|dlogp\\| | "
-                "fp16 k3 | fp16 seq ESS | merge kept (%s) | merge kept (fp16) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+                "fp16 k3 | fp16 seq ESS | update kept (%s) | update kept (fp16) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
                 o.rollout_recipe);
         for (size_t i = 0; i < nm; i++) {
             char c1[32], c2[32], c3[32], c4[32], c5[32], c6[32];
             fprintf(f, "| %lld | %zu | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", (long long)M[i].step, M[i].run.tokens,
                     fmtg(b1, 32, M[i].run.mean), fmtg(b2, 32, M[i].run.p99), fmtg(b3, 32, M[i].run.max), fmtg(b4, 32, M[i].run.k3),
                     fmtg(b5, 32, M[i].run.seq_abs_mean), fmtg(b6, 32, M[i].run.seq_ess), fmtg(b7, 32, M[i].fp16.mean),
-                    fmtg(c1, 32, M[i].fp16.k3), fmtg(c2, 32, M[i].fp16.seq_ess), fmtg(c3, 32, M[i].surv_run), fmtg(c4, 32, M[i].surv_fp16));
+                    fmtg(c1, 32, M[i].fp16.k3), fmtg(c2, 32, M[i].fp16.seq_ess), fmtg(c3, 32, M[i].keep.aligned), fmtg(c4, 32, M[i].keep16.aligned));
             (void)c5; (void)c6;
         }
         fprintf(f, "\nEach row's run files: `diffs/step-N-run.h5`, `diffs/step-N-fp16.h5` (`tidal-report` and `tidal-heatmap` read "
@@ -911,12 +922,12 @@ int main(int argc, char **argv)
     if (nproj) {
         fprintf(f, "## LoRA's first updates in the engine's weights (projected)\n\nAssumption: PEFT's initialisation (lora_A "
                 "U(-1/sqrt(in), 1/sqrt(in)), lora_B 0) and Adam steps that move every element of lora_B by the learning rate "
-                "(%.3g) in a fixed random direction; rank %d, alpha %g. Share of the update an engine copy keeps:\n\n"
+                "(%.3g) in a fixed random direction; rank %d, alpha %g. Share of the update an engine copy keeps (its component along the update, <E(D(W + dW)) - E(W), dW> / |dW|^2):\n\n"
                 "| Adam steps | %s | changed weights | fp16 | changed weights (fp16) |\n|---|---|---|---|---|\n",
                 o.lr, o.lora_r, o.lora_alpha, o.rollout_recipe);
         for (int s = 0; s < nproj; s++)
-            fprintf(f, "| %d | %s | %s | %s | %s |\n", PSTEPS[s], fmtg(b1, 32, proj[s][0]), fmtg(b2, 32, proj[s][1]),
-                    fmtg(b3, 32, proj[s][2]), fmtg(b4, 32, proj[s][3]));
+            fprintf(f, "| %d | %s | %s | %s | %s |\n", PSTEPS[s], fmtg(b1, 32, proj[s][0].aligned), fmtg(b2, 32, proj[s][0].changed),
+                    fmtg(b3, 32, proj[s][1].aligned), fmtg(b4, 32, proj[s][1].changed));
         fprintf(f, "\n");
     }
     if (o.preflight) {
@@ -952,7 +963,7 @@ int main(int argc, char **argv)
             "- verl's rollout-correction health checks: mean IS weight outside [0.5, 2], ESS < 0.3, |kl| > 0.1, chi2_token > 1\n"
             "- the post-mortem's own: mean completion length > 1.5x its early median for 3 logged steps; TRL's mean |logp "
             "difference| > %.0fx its early median; a checkpoint's mean |dlogp| >= 3x the first checkpoint's; an engine copy "
-            "keeping < 0.5 of the adapter's update\n\n", td_collapse_cfg_json(&ccfg), ccfg.k3_factor);
+            "keeping < 0.5 of the adapter's update (its component along the update, tidal-rl's merge_aligned)\n\n", td_collapse_cfg_json(&ccfg), ccfg.k3_factor);
     fprintf(f, "## What these numbers do not show\n\nThe events are correlations in time on one run; a precursor before the drop "
             "is evidence, not proof, of a cause. The checkpoints are measured on %zu prompts in recipes that model the engines "
             "(the run's own kernels may differ); TRL's merge-unmerge drift and an engine's own batching are not rebuilt. A log "
@@ -969,7 +980,7 @@ int main(int argc, char **argv)
         free(s);
     } else {
         if (!o.preflight) {
-            if (E.drop_step >= 0) printf(PROG ": reward drop confirmed at step %lld (onset %lld)\n", (long long)E.drop_step, (long long)E.onset_step);
+            if (E.drop_step >= 0) printf(PROG ": the reward dropped at step %lld (the detector confirmed it at step %lld)\n", (long long)E.onset_step, (long long)E.drop_step);
             else printf(PROG ": no reward drop\n");
             for (int i = 0; i < 6; i++) {
                 hypothesis *h = &H[order[i]];

@@ -174,11 +174,13 @@ int main(int argc, char **argv)
                  "or a finished one to a larger --max-steps (the schedule\nrecomputed from the new total, as HF's Trainer); "
                  "other\nsettings must be the run's (a change is refused, named)"),
         TD_OPT_FUN("resume-from-checkpoint", 0, &o.resume_checkpoint, "PATH", parse_checkpoint, "a checkpoint folder or true",
-                   "HF's spelling of --resume: PATH must be OUTPUT_DIR's\ncheckpoint-K (the newest, the only one kept); "
+                   "HF's spelling of --resume: PATH must be OUTPUT_DIR's\nnewest checkpoint-K (the one the run file names); "
                    "true = it"),
         TD_OPT_F("overwrite-output-dir", 0, &o.overwrite, 1, "replace an existing run in OUTPUT_DIR"),
         TD_OPT_I("save-steps", 0, &o.save_steps, "N", 0, 1 << 30, "checkpoint every N steps too (default 0: only the last\n"
-                 "step's, which --resume continues; the newest is kept)"),
+                 "step's, which --resume continues); each checkpoint-K/\nholds the policy (model.safetensors or the PEFT\n"
+                 "adapter), trainer_state.json (HF's log_history) and\ntidal's state"),
+        TD_OPT_I("save-total-limit", 0, &o.save_total_limit, "N", 0, 1 << 30, "keep only the newest N checkpoints (default 0: all,\nas HF's Trainer)"),
         TD_OPT_I("log-completions", 0, &o.log_completions, "N", 0, 1 << 20, "completions per step kept in /tokens (default 4)"),
         TD_OPT_FUN("collapse", 0, &o.collapse, "K=V,...", parse_collapse, "KEY=VALUE pairs of the detector",
                    "collapse detector settings (rl.h), keys: ema_alpha,\ndrop_abs, drop_rel, min_gain, hold, spike_factor,\n"

@@ -99,13 +99,15 @@ void td_pm_checkpoints_free(td_pm_checkpoint *c, size_t n);
 size_t td_pm_pick(const td_pm_checkpoint *ck, size_t n, int64_t onset, size_t max, size_t *idx);
 
 /* What an engine's merged copy keeps of an adapter's update (src/analysis/pm_lora.c): the share
- * |E(D(W + dW)) - E(W)|_F / |dW|_F and the share of adapted weights that changed, D the engine
+ * |E(D(W + dW)) - E(W)|_F / |dW|_F, its component along dW (aligned: 1 = exactly the update) and
+ * the share of adapted weights that changed, D the engine
  * recipe's weight format. td_pm_lora_projected: the same for an adapter not trained yet, PEFT's
  * initialisation after `steps` Adam steps of size lr on B (the assumption stated in pm_lora.c). */
 int td_pm_lora_survival(const td_model *base, const td_lora *lo, const td_recipe *engine, double *survival,
-                        double *changed_frac, td_error *err);
+                        double *aligned, double *changed_frac, td_error *err);
 int td_pm_lora_projected(const td_model *base, const td_config *cfg, int rank, double alpha, double lr, int steps,
-                         uint64_t seed, const td_recipe *engine, double *survival, double *changed_frac, td_error *err);
+                         uint64_t seed, const td_recipe *engine, double *survival, double *aligned, double *changed_frac,
+                         td_error *err);
 
 TD_END_DECLS
 

@@ -404,6 +404,7 @@ typedef struct {
     const char *resume_checkpoint; /* --resume-from-checkpoint PATH: must be the checkpoint the run
                                       file names (NULL: that one) */
     int save_steps;
+    int save_total_limit;      /* --save-total-limit: checkpoints kept, the newest (0: all, HF's default) */
     int log_completions;       /* sequences per step written to /tokens /seqs /prompts */
     td_collapse_cfg collapse;
     int stop_on_collapse;
@@ -439,7 +440,8 @@ int td_rl_opts_check(const td_rl_opts *o, td_error *err);
  * checkpoint-K and rl.h5; --resume continues), -1 + err.
  *
  * Resume and extension (as HF Trainer's resume_from_checkpoint). The last step's state is kept
- * as checkpoint-N whatever --save-steps says (only the newest checkpoint is kept), so --resume
+ * as checkpoint-N whatever --save-steps says (each checkpoint-K/ holds the policy, HF's
+ * trainer_state.json and tidal's state; all are kept unless --save-total-limit), so --resume
  * continues a stopped run and extends a finished one: with a larger --max-steps (or --epochs)
  * the run goes on to the new total. Every other setting of the run configuration (rl_config)
  * must be the run's own; a resume that changes one is refused, each differing option named

@@ -6,28 +6,43 @@
  * format), PEFT's delta dW = scale * B @ A added in fp32 and rounded back to D
  * (td_lora_peft_merge), then prepared as the engine's GEMMs run it (td_gemm_prepare_weight).
  * What it kept of the update is |E(D(W + dW)) - E(W)|_F / |dW|_F over every adapted matrix (1: all
- * of it, 0: rounded away); changed_frac is the share of adapted weights that moved at all. The
+ * of it, 0: rounded away; rounding noise can push it past 1), aligned = <E(D(W + dW)) - E(W), dW> /
+ * |dW|^2 the update's own component kept (1: exactly the update); changed_frac is the share of adapted weights that moved at all. The
  * same quantities tidal-rl logs per sync as merge_survival / merge_changed_frac. */
 #include "tidal/gemm.h"
 #include "tidal/postmortem.h"
 #include "tidal/lora.h"
 #include "tidal/rng.h"
-#include "../model/model_internal.h"
+#include "tidal/checkpoint.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const float *weight_of(const td_model *m, int l, int mo)
+/* module mo of layer l widened to fp32 (caller frees): the param table's entry of its HF name */
+static float *weight_of(const td_model *m, int l, int mo)
 {
-    const td_layer_weights *w = &m->w.layers[l];
-    const float *p[TD_LORA_NMOD] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down};
-    return p[mo];
+    static const char *const names[TD_LORA_NMOD] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                    "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+    char want[96];
+    snprintf(want, sizeof want, "model.layers.%d.%s.weight", l, names[mo]);
+    size_t n = td_config_params(&m->cfg, NULL, 0);
+    td_param_spec *sp = td_xmalloc(n * sizeof *sp);
+    td_config_params(&m->cfg, sp, n);
+    float *w = NULL;
+    for (size_t i = 0; i < n && !w; i++)
+        if (!strcmp(sp[i].name, want)) {
+            w = td_xmalloc(sp[i].numel * sizeof(float));
+            td_model_param_f32(m, i, w);
+        }
+    free(sp);
+    return w;
 }
 
 /* kept^2, delta^2 and changed count of one matrix */
 static void one(const td_recipe *engine, const float *w, const float *delta, int out, int in, double *kept2, double *delta2,
-                int64_t *changed)
+                double *dot, int64_t *changed)
 {
     size_t n = (size_t)out * in;
     float *m = td_xmalloc(3 * n * sizeof(float)), *pm = m + n, *pw = pm + n;
@@ -39,17 +54,18 @@ static void one(const td_recipe *engine, const float *w, const float *delta, int
         double d = (double)pm[j] - pw[j];
         *kept2 += d * d;
         *delta2 += (double)delta[j] * delta[j];
+        *dot += d * delta[j];
         *changed += pm[j] != pw[j];
     }
     free(m);
 }
 
 int td_pm_lora_survival(const td_model *base, const td_lora *lo, const td_recipe *engine, double *survival,
-                        double *changed_frac, td_error *err)
+                        double *aligned, double *changed_frac, td_error *err)
 {
     if (base->cfg.num_experts > 0)
         return td_fail(err, "LoRA on a mixture of experts' model is not supported (tidal refuses it in training too)");
-    double kept2 = 0, delta2 = 0;
+    double kept2 = 0, delta2 = 0, dot = 0;
     int64_t changed = 0, elements = 0;
     for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
         const td_lora_pair *p = &lo->pairs[i];
@@ -57,11 +73,14 @@ int td_pm_lora_survival(const td_model *base, const td_lora *lo, const td_recipe
         size_t n = (size_t)p->out * p->in;
         float *delta = td_xmalloc(n * sizeof(float));
         td_lora_peft_delta(lo, p, delta);
-        one(engine, weight_of(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD), delta, p->out, p->in, &kept2, &delta2, &changed);
+        float *w = weight_of(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD);
+        if (w) one(engine, w, delta, p->out, p->in, &kept2, &delta2, &dot, &changed);
+        free(w);
         elements += (int64_t)n;
         free(delta);
     }
     *survival = delta2 > 0 ? sqrt(kept2 / delta2) : NAN;
+    *aligned = delta2 > 0 ? dot / delta2 : NAN;
     *changed_frac = elements ? (double)changed / (double)elements : NAN;
     return 0;
 }
@@ -71,11 +90,11 @@ int td_pm_lora_survival(const td_model *base, const td_lora *lo, const td_recipe
  * fixed random direction (Adam's early step is about lr per element whatever the gradient's
  * scale; A does not move while B is zero at step 1, and little after). dW = (alpha/r) B A. */
 int td_pm_lora_projected(const td_model *base, const td_config *cfg, int rank, double alpha, double lr, int steps,
-                         uint64_t seed, const td_recipe *engine, double *survival, double *changed_frac, td_error *err)
+                         uint64_t seed, const td_recipe *engine, double *survival, double *aligned, double *changed_frac, td_error *err)
 {
     if (base->cfg.num_experts > 0)
         return td_fail(err, "LoRA on a mixture of experts' model is not supported (tidal refuses it in training too)");
-    double kept2 = 0, delta2 = 0, scale = alpha / rank;
+    double kept2 = 0, delta2 = 0, dot = 0, scale = alpha / rank;
     int64_t changed = 0, elements = 0;
     td_rng g;
     for (int l = 0; l < cfg->num_layers; l++)
@@ -91,12 +110,15 @@ int td_pm_lora_projected(const td_model *base, const td_config *cfg, int rank, d
             float *delta = td_xmalloc(n * sizeof(float));
             td_lora_pair p = {a, b, out, in};
             td_lora_fold_delta(&p, rank, (float)scale, delta);
-            one(engine, weight_of(base, l, mo), delta, out, in, &kept2, &delta2, &changed);
+            float *w = weight_of(base, l, mo);
+            if (w) one(engine, w, delta, out, in, &kept2, &delta2, &dot, &changed);
+            free(w);
             elements += (int64_t)n;
             free(delta);
             free(a);
         }
     *survival = delta2 > 0 ? sqrt(kept2 / delta2) : NAN;
+    *aligned = delta2 > 0 ? dot / delta2 : NAN;
     *changed_frac = elements ? (double)changed / (double)elements : NAN;
     return 0;
 }

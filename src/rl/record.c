@@ -6,8 +6,11 @@
  *                          tidal-diff layout (A = training path pi_old, B = rollout), /seqs/batch
  *                          = the step: tidal-report and tidal-heatmap read them
  *   /progress              one row per step: the row counts after it (what --resume cuts to)
- * Checkpoints: OUTPUT_DIR/checkpoint-K/trainer_state.bin (td_trainer_save_state) after step K-1,
- * then the root attribute checkpoint_step = K; only the latest is kept, and the last step's is
+ * Checkpoints: OUTPUT_DIR/checkpoint-K/ after step K-1 (HF's step K): trainer_state.bin
+ * (td_trainer_save_state), the policy as HF / PEFT save it (model.safetensors F32 + config.json, or
+ * adapter_model.safetensors + adapter_config.json), trainer_state.json (HF's log_history of /steps),
+ * then the root attribute checkpoint_step = K; all are kept (--save-total-limit N: the newest N),
+ * so tidal-postmortem can diff any of them; the last step's is
  * always written (at the end, or when a signal stops the run). --resume cuts every group back to
  * checkpoint_step rows and continues: each step's rollouts depend on the seed and the step only,
  * and the trainer state is restored bit for bit, so the rows come out the same. The run
@@ -16,6 +19,7 @@
  * --report-to: each committed /steps row also goes to TensorBoard / metrics.jsonl (log_step;
  * include/tidal/tfevents.h), cut back with the file on --resume (td_rl_run). */
 #include "rl_internal.h"
+#include "tidal/checkpoint.h"
 #include "tidal/diff.h"
 #include "tidal/opts.h"
 
@@ -195,7 +199,7 @@ static const td_setting_flag RESUME_FLAGS[] = {
     {0}};
 static const char *const RESUME_FREE[] = {"max_steps", "gradient_checkpointing", NULL};
 
-/* --resume-from-checkpoint PATH: only the newest checkpoint is kept, the one the run file names */
+/* --resume-from-checkpoint PATH: the newest checkpoint, the one the run file names */
 static int check_named(const td_rl_opts *o, int ck, td_error *err)
 {
     const char *p = o->resume_checkpoint;
@@ -210,15 +214,15 @@ static int check_named(const td_rl_opts *o, int ck, td_error *err)
     if (ck == 0)
         return td_fail(err, "--resume-from-checkpoint %s: the run has no checkpoint yet (it restarts from step 0 with "
                        "--resume)", p);
-    return td_fail(err, "--resume-from-checkpoint %s: the run's checkpoint is %s (tidal-rl keeps only the newest)", p, want);
+    return td_fail(err, "--resume-from-checkpoint %s: the run's checkpoint is %s (tidal-rl continues from the newest, the one its run file names)", p, want);
 }
 
 static void remove_checkpoint_dir(const char *dir);
 
-/* Only the latest checkpoint is kept (save_total_limit = 1): a run killed between the commit
- * that names a new checkpoint and the removal of the one before (or while a checkpoint-K.tmp/
- * was written) left another; --resume removes every checkpoint-K/ and checkpoint-K.tmp/ but
- * the one the file names. */
+/* A run killed while a checkpoint-K.tmp/ was written, or after a checkpoint-K/ was renamed but
+ * before the run file named it, left folders past the one the file names: --resume removes every
+ * checkpoint-K.tmp/ and every checkpoint-K/ with K past it (those at or before it are the run's
+ * history, kept). */
 static void remove_other_checkpoints(const char *output_dir, int64_t keep)
 {
     DIR *d = opendir(output_dir);
@@ -231,7 +235,7 @@ static void remove_other_checkpoints(const char *output_dir, int64_t keep)
         if (sscanf(e->d_name, "checkpoint-%lld%n", &k, &used) != 1 || k < 1) continue;
         const char *rest = e->d_name + used;
         if (*rest && strcmp(rest, ".tmp")) continue;   /* not one of ours */
-        if (!*rest && k == keep) continue;
+        if (!*rest && k <= keep) continue;
         snprintf(path, sizeof path, "%s/%s", output_dir, e->d_name);
         remove_checkpoint_dir(path);
     }
@@ -402,18 +406,86 @@ int rl_file_commit(rl_run *R, int k, const double *M, td_error *err)
     return log_step(R, k, M, f, a, err);
 }
 
-/* A checkpoint folder and what may be in it (the state, the LoRA base of merge-unmerge, and
- * their temporaries while written). */
+/* A checkpoint folder and everything in it (the state, the policy, trainer_state.json, the LoRA
+ * base of merge-unmerge, and their temporaries while written): only folders named
+ * checkpoint-K[.tmp] of OUTPUT_DIR come here, and they hold only files tidal wrote. */
 static void remove_checkpoint_dir(const char *dir)
 {
-    static const char *const files[] = {"trainer_state.bin", "trainer_state.bin.tmp",
-                                        "lora_base.safetensors", "lora_base.safetensors.tmp"};
-    char p[4400];
-    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
-        remove(p);
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char p[4400];
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            remove(p);
+        }
+        closedir(d);
     }
     rmdir(dir);
+}
+
+/* HF Trainer's trainer_state.json: log_history from /steps rows 0..steps-1, each at HF's step
+ * (row + 1), every finite column under its own name */
+static int write_trainer_state(rl_run *R, const char *dir, int steps, td_error *err)
+{
+    size_t n = td_runfile_list(R->rf, "/steps", NULL, 0);
+    char **names = td_xcalloc(n ? n : 1, sizeof *names);
+    size_t got = td_runfile_list(R->rf, "/steps", names, n);
+    if (got < n) n = got;
+    json_t *hist = json_array();
+    for (int k = 0; k < steps; k++) json_array_append_new(hist, json_pack("{s:i}", "step", k + 1));
+    double *v = td_xmalloc((size_t)(steps ? steps : 1) * sizeof *v);
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        char p[300];
+        snprintf(p, sizeof p, "/steps/%s", names[i]);
+        if (!rc && strcmp(names[i], "step") && td_runfile_width(R->rf, p) == 1 && td_runfile_rows(R->rf, p) >= steps) {
+            if (td_runfile_read(R->rf, p, TD_COL_F64, 0, steps, v, err)) rc = -1;
+            for (int k = 0; k < steps && !rc; k++)
+                if (isfinite(v[k])) json_object_set_new(json_array_get(hist, (size_t)k), names[i], json_real(v[k]));
+        }
+        free(names[i]);
+    }
+    free(names);
+    free(v);
+    json_t *j = json_pack("{s:i, s:i, s:i, s:o}", "global_step", steps, "max_steps", R->total_steps, "save_steps",
+                          R->o->save_steps, "log_history", hist);
+    json_object_set_new(j, "best_metric", json_null());
+    json_object_set_new(j, "best_model_checkpoint", json_null());
+    json_object_set_new(j, "is_world_process_zero", json_true());
+    json_object_set_new(j, "logging_steps", json_integer(1));
+    char p[4400];
+    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+    if (!rc && json_dump_file(j, p, JSON_INDENT(2)) != 0) rc = td_fail(err, "%s: cannot write", p);
+    json_decref(j);
+    return rc;
+}
+
+/* checkpoint-K folders of OUTPUT_DIR, ascending */
+static int cmp_ll(const void *a, const void *b)
+{
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return x < y ? -1 : x > y;
+}
+
+static size_t list_checkpoints(const char *output_dir, long long **ks)
+{
+    DIR *d = opendir(output_dir);
+    size_t n = 0;
+    *ks = NULL;
+    if (!d) return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long long k;
+        int used = 0;
+        if (sscanf(e->d_name, "checkpoint-%lld%n", &k, &used) != 1 || k < 1 || e->d_name[used]) continue;
+        *ks = td_xrealloc(*ks, (n + 1) * sizeof **ks);
+        (*ks)[n++] = k;
+    }
+    closedir(d);
+    qsort(*ks, n, sizeof **ks, cmp_ll);
+    return n;
 }
 
 /* Written as checkpoint-K.tmp/ and renamed when whole; then the run file's checkpoint_step names
@@ -430,7 +502,9 @@ int rl_checkpoint_save(rl_run *R, int steps, td_error *err)
     int64_t prev = 0;
     td_runfile_get_i64(R->rf, "checkpoint_step", &prev, NULL);
     /* the trainer's state and, under merge-unmerge, the drifted LoRA base (rl/sync.c) */
-    if (td_trainer_save_state(R->tr, path, err) || rl_sync_save(R, tmp, err)) {
+    if (td_trainer_save_state(R->tr, path, err) || rl_sync_save(R, tmp, err) ||
+        td_trainer_save(R->tr, tmp, TD_DT_F32, R->o->command_line ? R->o->command_line : "tidal-rl", err) ||
+        write_trainer_state(R, tmp, steps, err)) {
         remove_checkpoint_dir(tmp);
         return -1;
     }
@@ -443,9 +517,16 @@ int rl_checkpoint_save(rl_run *R, int steps, td_error *err)
     /* a failed commit leaves both folders, whole: the run file names one of them (the new one
      * when the commit's journal stayed behind and the next open finishes it) */
     if (td_runfile_set_i64(R->rf, "checkpoint_step", steps, err) || td_runfile_flush(R->rf, err)) return -1;
-    if (prev > 0 && prev != steps) {   /* only the latest is kept (save_total_limit = 1) */
-        snprintf(dir, sizeof dir, "%s/checkpoint-%lld", R->o->output_dir, (long long)prev);
-        remove_checkpoint_dir(dir);
+    (void)prev;
+    if (R->o->save_total_limit > 0) {   /* HF's save_total_limit: the oldest go */
+        long long *ks;
+        size_t n = list_checkpoints(R->o->output_dir, &ks);
+        for (size_t i = 0; i + (size_t)R->o->save_total_limit < n; i++) {
+            if (ks[i] == steps) continue;
+            snprintf(dir, sizeof dir, "%s/checkpoint-%lld", R->o->output_dir, ks[i]);
+            remove_checkpoint_dir(dir);
+        }
+        free(ks);
     }
     return 0;
 }
