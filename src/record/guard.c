@@ -371,7 +371,8 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* The first "in FUNCTION" frame of a sanitizer report, for the one-line reason. */
+/* The innermost libhdf5 (or tidal) frame of a sanitizer report, else the first frame past the
+ * sanitizer's own, for the one-line reason. */
 static void first_frame(const char *out, char *fn, size_t cap)
 {
     fn[0] = 0;
@@ -382,8 +383,9 @@ static void first_frame(const char *out, char *fn, size_t cap)
         in += 4;
         size_t n = strcspn(in, " \n(");
         if (n == 0 || !strncmp(in, "__", 2)) continue;   /* the sanitizer's interceptors */
-        snprintf(fn, cap, "%.*s", (int)(n < 100 ? n : 100), in);
-        return;
+        int ours = !strncmp(in, "H5", 2) || !strncmp(in, "td", 2);
+        if (!fn[0] || ours) snprintf(fn, cap, "%.*s", (int)(n < 100 ? n : 100), in);
+        if (ours) return;
     }
 }
 
@@ -468,8 +470,11 @@ static int run_child(const char *path, int cpu_s, char *why, size_t cap)
                  fn[0] ? " in " : "", fn);
     } else if (san) {
         san += strlen("ERROR: AddressSanitizer: ");
-        snprintf(why, cap, "%s: damaged run file (libhdf5 reading it: AddressSanitizer %.*s%s%s)", path,
-                 (int)strcspn(san, " \n"), san, fn[0] ? " in " : "", fn);
+        size_t n = strcspn(san, "\n(");   /* "heap-buffer-overflow on address ...", "SEGV on unknown address ..." */
+        const char *on = strstr(san, " on ");
+        if (on && (size_t)(on - san) < n) n = (size_t)(on - san);
+        snprintf(why, cap, "%s: damaged run file (libhdf5 reading it: AddressSanitizer: %.*s%s%s)", path,
+                 (int)(n < 80 ? n : 80), san, fn[0] ? " in " : "", fn);
     } else if (ub) {
         snprintf(why, cap, "%s: damaged run file (reading it: %.*s)", path, (int)strcspn(ub, "\n"), ub);
     } else if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_DAMAGED && msg) {
