@@ -38,7 +38,7 @@
 
 typedef struct {
     const char *run_dir, *out_dir, *model, *dataset, *train_recipe, *rollout_recipe, *checkpoints, *collapse_spec;
-    const char *adapter;
+    const char *adapter, *device;
     int max_checkpoints, max_prompts, max_completion, lora_sync, json, no_measure, preflight, lora_r;
     double lora_alpha, lr;
     unsigned long long seed;
@@ -192,7 +192,7 @@ static int diff_one(const pm_opts *o, const char *model_dir, const char *lora_di
     td_diff_opts D = {.model_dir = model_dir, .prompts_path = prompts, .out_path = out, .recipe_a_arg = ra,
                       .recipe_b_arg = rb, .max_new_tokens = o->max_completion, .batch = 8, .shard_n = 1,
                       .stop_at_eos = 1, .sampling = td_sampling_default(), .seed = o->seed, .lora_dir = lora_dir,
-                      .command_line = o->command, .stop = o->stop, .rollout_logprobs = "raw"};
+                      .command_line = o->command, .stop = o->stop, .rollout_logprobs = "raw", .device = o->device};
     if (lora_dir) D.lora_merge_b = o->lora_sync ? TD_LORA_PUNICA : TD_LORA_MERGED;
     D.resume = is_file(out);
     if (td_recipe_resolve(ra, &D.recipe_a, err) || td_recipe_resolve(rb, &D.recipe_b, err)) return -1;
@@ -334,6 +334,7 @@ int main(int argc, char **argv)
         TD_OPT_S("train-recipe", 0, &o.train_recipe, "NAME|FILE", "the trainer's recipe (default: tidal-rl's, else bf16-train)"),
         TD_OPT_S("rollout-recipe", 0, &o.rollout_recipe, "NAME|FILE", "the engine's recipe (default: tidal-rl's, else vllm-bf16)"),
         TD_OPT_C("lora-sync", 0, &sync, "merged|adapter", "how the engine ran the adapter: merged weights (TRL,\nverl; default) or vLLM's LoRA kernels. TRL's\nmerge-unmerge drift cannot be rebuilt from saved\nadapters: use merged"),
+        TD_OPT_DEVICE(&o.device),
         TD_OPT_F("no-measure", 0, &o.no_measure, 1, "curves and events only (no checkpoint is diffed)"),
         TD_OPT_S("collapse", 0, &o.collapse_spec, "K=V,...", "detector thresholds (tidal-rl's --collapse fields)"),
         TD_OPT_U("seed", 0, &o.seed, "S", "prompt sampling and generation seed (default 0)"),
@@ -642,11 +643,32 @@ int main(int argc, char **argv)
                              E.onset_step >= 0 ? "onset" : "end", fmtg(b2, 32, early), nb, late / early);
                     int64_t st = E.onset_step >= 0 ? E.onset_step : C.step[C.n - 1];
                     if (h->first < 0 || st < h->first) h->first = st;
+                    /* its level against tidal's dose-response (reports/rl section 3: no harm up to k3 1.6e-2,
+                     * mean |dlogp| 3.8e-2, on a 0.8M-parameter model; harm from k3 0.28, |dlogp| 0.36) */
+                    int is_k3 = strstr(C.key[col], "k3") != NULL;
+                    double safe = is_k3 ? 1.6e-2 : 3.8e-2;
+                    if (late < safe) {
+                        l = strlen(h->against);
+                        snprintf(h->against + l, sizeof h->against - l, "%sits level (%s) stays below %s, where tidal's dose-response "
+                                 "saw no harm (reports/rl section 3, a small model)", l ? "; " : "", fmtg(b1, 32, late),
+                                 is_k3 ? "k3 1.6e-2" : "mean |dlogp| 3.8e-2");
+                    }
                 } else if (isfinite(late) && early > 0) {
                     l = strlen(h->against);
                     snprintf(h->against + l, sizeof h->against - l, "%slogged %s: median %s over the last %zu logged steps up to the %s vs "
                              "%s over the first %zu (x%.2f, < x3)", l ? "; " : "", C.key[col], fmtg(b1, 32, late), na,
                              E.onset_step >= 0 ? "onset" : "end", fmtg(b2, 32, early), nb, late / early);
+                    if (E.onset_step >= 0 && m > upto) {   /* and after the drop: a consequence? */
+                        size_t ne = m - upto < 10 ? m - upto : 10;
+                        double *z = td_xmalloc(ne * sizeof *z);
+                        memcpy(z, v + m - ne, ne * sizeof *z);
+                        double end = td_quantile_select(z, ne, 0.5);
+                        free(z);
+                        l = strlen(h->against);
+                        if (end >= 3 * early)
+                            snprintf(h->against + l, sizeof h->against - l, "; it rose only after the onset (x%.1f over the last %zu "
+                                     "logged steps): a consequence more than a cause", end / early, ne);
+                    }
                 }
             }
             free(v);
@@ -668,6 +690,11 @@ int main(int argc, char **argv)
             snprintf(h->for_ + l, sizeof h->for_ - l, "%smean |dlogp| %s at step %lld vs %s at step %lld (x%.1f)", l ? "; " : "",
                      fmtg(b1, 32, before), (long long)sb, fmtg(b2, 32, first), (long long)M[0].step, before / first);
             if (h->first < 0 || sb < h->first) h->first = sb;
+            if (before < 3.8e-2) {
+                l = strlen(h->against);
+                snprintf(h->against + l, sizeof h->against - l, "%sthe checkpoints' mean |dlogp| (%s) stays below 3.8e-2, where tidal's "
+                         "dose-response saw no harm (reports/rl section 3, a small model)", l ? "; " : "", fmtg(b1, 32, before));
+            }
         } else if (isfinite(before)) {
             size_t l = strlen(h->against);
             snprintf(h->against + l, sizeof h->against - l, "%smean |dlogp| %s at step %lld vs %s at step %lld (x%.2f, < x3)",

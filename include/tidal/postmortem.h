@@ -64,8 +64,9 @@ typedef struct {
 typedef struct {
     td_collapse_cfg cfg;
     /* the drop: the detector's reward_drop (the first of its hold steps), the onset (the first
-     * step of the final descent: after the last step, up to the detector's, whose raw reward was
-     * within drop_abs/2 of the best EMA), the reward's best EMA, the EMA at the end; -1 when
+     * step of the final descent: after the last step before the detector's whose raw reward was
+     * within drop_abs/2 of the best EMA; at most the detector's), the reward's best EMA, the EMA at
+     * the end; -1 when
      * there was no drop */
     int64_t drop_step, onset_step;
     double best_reward, final_reward, initial_reward;

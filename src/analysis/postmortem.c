@@ -520,9 +520,9 @@ int td_pm_events_find(const td_pm_curves *c, const td_collapse_cfg *cfg, td_pm_e
         for (size_t k = 0; k <= last_hold; k++)
             if (ema[k] > best) { best = ema[k]; kb = k; }
         e->best_reward = best;
-        size_t on = kb + 1 < nr ? kb + 1 : kb;
-        for (size_t k = kb; k <= last_hold; k++)
-            if (R[row_of[k]] >= best - 0.5 * cfg->drop_abs) on = k + 1 <= last_hold ? k + 1 : k;
+        size_t on = kb + 1 <= kd ? kb + 1 : kd;
+        for (size_t k = kb; k < kd; k++)   /* never past the detector's mark */
+            if (R[row_of[k]] >= best - 0.5 * cfg->drop_abs) on = k + 1;
         e->onset_step = c->step[row_of[on]];
     } else {
         for (size_t k = 0; k < nr; k++)
