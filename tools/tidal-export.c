@@ -76,11 +76,12 @@ int main(int argc, char **argv)
     if (!nc) {
         fprintf(stderr, "tidal-export: %s: no %s group (is this a tidal run file?)\n", run_path[0], groups[group]);
         td_runfile_close(rf, NULL);
+        free(path);
         return 1;
     }
-    if (out && td_make_parent_dirs(out, &err)) { fprintf(stderr, "tidal-export: %s\n", err.msg); td_runfile_close(rf, NULL); return 1; }
+    if (out && td_make_parent_dirs(out, &err)) { fprintf(stderr, "tidal-export: %s\n", err.msg); td_runfile_close(rf, NULL); free(path); return 1; }
     FILE *f = out ? fopen(out, "w") : stdout;
-    if (!f) { fprintf(stderr, "tidal-export: %s: cannot create\n", out); td_runfile_close(rf, NULL); return 1; }
+    if (!f) { fprintf(stderr, "tidal-export: %s: cannot create\n", out); td_runfile_close(rf, NULL); free(path); return 1; }
     for (size_t c = 0; c < nc; c++) fprintf(f, "%s%s", c ? "," : "", strrchr(path[c], '/') + 1);
     fputc('\n', f);
     double *buf = td_xmalloc(nc * CHUNK * sizeof(double));
@@ -92,6 +93,7 @@ int main(int argc, char **argv)
             for (size_t c = 0; c < nc; c++) fprintf(f, c + 1 < nc ? "%.17g," : "%.17g\n", buf[c * CHUNK + i]);
     }
     free(buf);
+    free(path);
     td_runfile_close(rf, NULL);
     if (rc == 1) fprintf(stderr, "tidal-export: %s\n", err.msg);
     if ((out ? fclose(f) : fflush(f)) != 0) { fprintf(stderr, "tidal-export: %s: write failed\n", out ? out : "stdout"); rc = 1; }
