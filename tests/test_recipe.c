@@ -19,7 +19,9 @@
 
 #include "testutil.h"
 
+#include "tidal/formats.h"
 #include "tidal/recipe.h"
+#include "../src/model/model_internal.h"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -59,6 +61,7 @@ static void assert_recipe_equal(const td_recipe *a, const td_recipe *b)
     assert_int_equal(a->residual_fp32, b->residual_fp32);
     assert_int_equal(a->temp_in_act, b->temp_in_act);
     assert_int_equal(a->logsoftmax_act, b->logsoftmax_act);
+    assert_int_equal(a->moe_fused, b->moe_fused);
 }
 
 /* to_json -> from_json -> equal struct, and the re-serialised JSON equals the first. */
@@ -280,6 +283,7 @@ static void test_round_trip_nondefault(void **state)
     r.residual_fp32 = true;
     r.temp_in_act = true;
     r.logsoftmax_act = true;
+    r.moe_fused = true;
     td_error err = {{0}};
     assert_int_equal(td_recipe_check(&r, "custom", &err), 0);
     assert_round_trips(&r);
@@ -432,6 +436,59 @@ static void test_check_rejects(void **state)
     }
 }
 
+/* the MoE combine of the engine presets (recipe.h "moe"): vLLM's fused_moe and SGLang's follow it,
+ * the trainers and the generic engine keep HF's; "fused" is printed, "hf" (the default) is not, so
+ * every other recipe's JSON (recorded in run files) is unchanged; moe_sum sums a row's k outputs in
+ * top-k order in the activations dtype, each add rounded, as vLLM's moe_sum_kernel does with its
+ * scalar_t accumulator */
+static void test_moe_combine(void **state)
+{
+    (void)state;
+    const char *fused[] = {"vllm-bf16", "vllm-fp16", "sglang-bf16", "sglang-fp16", "vllm-fp8", "vllm-fp8-per-token"};
+    const char *hf[] = {"fp32", "bf16-train", "bf16-autocast", "bf16-infer", "fp16-train", "fp16-infer", "fp8-rollout"};
+    for (size_t i = 0; i < sizeof fused / sizeof *fused; i++) {
+        const td_recipe *r = td_recipe_find_preset(fused[i]);
+        assert_true(r && r->moe_fused);
+        char *j = td_recipe_to_json(r);
+        assert_non_null(strstr(j, "\"moe\":\"fused\""));
+        free(j);
+    }
+    for (size_t i = 0; i < sizeof hf / sizeof *hf; i++) {
+        const td_recipe *r = td_recipe_find_preset(hf[i]);
+        assert_true(r && !r->moe_fused);
+        char *j = td_recipe_to_json(r);
+        assert_null(strstr(j, "\"moe\""));
+        free(j);
+    }
+    td_recipe r;
+    td_error err = {{0}};
+    const char *js = "{\"base\": \"vllm-bf16\", \"moe\": \"hf\"}";
+    assert_int_equal(td_recipe_from_json(js, strlen(js), "x.json", &r, &err), 0);
+    assert_false(r.moe_fused);
+    js = "{\"base\": \"vllm-bf16\", \"moe\": \"vllm\"}";
+    assert_int_equal(td_recipe_from_json(js, strlen(js), "x.json", &r, &err), -1);
+    assert_non_null(strstr(err.msg, "moe"));
+    /* bf16: 1 + 2^-8 is a tie, kept at 1 (even); in top-k order (1, 2^-8, 2^-8) each add rounds back
+     * to 1, where expert order (2^-8, 2^-8, 1) would give 1 + 2^-7 */
+    float v[2 * 3 * 2] = {1.0f, 3.0f, 0x1p-8f, 0x1p-7f, 0x1p-8f, 0x1p-7f,
+                          /* row 2, K = 3, C = 2; fp16-sized values tested below */ 0, 0, 0, 0, 0, 0};
+    float out[4];
+    moe_sum_topk(TD_BF16, 1, 3, 2, v, out);
+    assert_true(out[0] == 1.0f);
+    assert_true(out[1] == 3.0f);   /* 3 + 2^-7 rounds to 3 (bf16 spacing 2^-6 there), twice */
+    /* fp16: spacing 2 at 2048; 2048 + 1 is a tie, kept at 2048 (even), twice */
+    float h[3] = {2048.0f, 1.0f, 1.0f};
+    moe_sum_topk(TD_F16, 1, 3, 1, h, out);
+    assert_true(out[0] == 2048.0f);
+    float h2[3] = {1.0f, 1.0f, 2048.0f};   /* the same values in another top-k order: 2 + 2048 exact */
+    moe_sum_topk(TD_F16, 1, 3, 1, h2, out);
+    assert_true(out[0] == 2050.0f);
+    /* K = 2: one rounding of the exact sum */
+    float k2[2] = {1.0f, 0x1p-9f + 0x1p-8f};
+    moe_sum_topk(TD_BF16, 1, 2, 1, k2, out);
+    assert_true(out[0] == td_round(TD_BF16, 1.0f + 0x1p-9f + 0x1p-8f));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -441,6 +498,7 @@ int main(void)
         cmocka_unit_test(test_preset_semantics),
         cmocka_unit_test(test_round_trip_presets),
         cmocka_unit_test(test_round_trip_nondefault),
+        cmocka_unit_test(test_moe_combine),
         cmocka_unit_test(test_file_derives_from_base),
         cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_unknown_preset_lists_presets),

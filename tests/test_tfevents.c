@@ -206,6 +206,62 @@ static void test_events_file(void **state)
     assert_int_equal(td_tfevents_trim(missing, 0, &err), 0);
 }
 
+typedef struct { int n; int64_t step[32]; char tag[32][32]; double v[32]; } scalars_t;
+
+static int collect(void *ctx, int64_t step, const char *tag, double v)
+{
+    scalars_t *s = ctx;
+    if (s->n < 32) {
+        s->step[s->n] = step;
+        snprintf(s->tag[s->n], sizeof s->tag[s->n], "%s", tag);
+        s->v[s->n] = v;
+    }
+    s->n++;
+    return 0;
+}
+
+/* td_tfevents_read (tidal-postmortem's reader) gives back what the writer wrote; a torn last
+ * record ends the read quietly; a damaged record before it is an error naming the file */
+static void test_events_read(void **state)
+{
+    (void)state;
+    char dir[128], path[4400];
+    test_path(dir, sizeof dir, "rd/runs");
+    td_error err;
+    td_tfevents *w = td_tfevents_create(dir, &err);
+    assert_non_null(w);
+    const char *tags[2] = {"train/reward", "train/entropy"};
+    for (int k = 1; k <= 5; k++) {
+        float v[2] = {0.125f * (float)k, 3.0f - (float)k};
+        assert_int_equal(td_tfevents_scalars(w, k, 1.7e9 + k, tags, v, 2, &err), 0);
+    }
+    assert_int_equal(td_tfevents_close(w, &err), 0);
+    assert_int_equal(list_events(dir, path, sizeof path), 1);
+    scalars_t s = {0};
+    assert_int_equal(td_tfevents_read(path, collect, &s, &err), 0);
+    assert_int_equal(s.n, 10);
+    for (int k = 0; k < 5; k++) {
+        assert_int_equal(s.step[2 * k], k + 1);
+        assert_string_equal(s.tag[2 * k], "train/reward");
+        assert_true(s.v[2 * k] == 0.125 * (k + 1) && s.v[2 * k + 1] == 3.0 - (k + 1));
+    }
+    FILE *f = fopen(path, "ab");   /* torn: a writer stopped mid-record */
+    fwrite("\x20\0\0\0\0\0\0\0gar", 1, 11, f);
+    fclose(f);
+    memset(&s, 0, sizeof s);
+    assert_int_equal(td_tfevents_read(path, collect, &s, &err), 0);
+    assert_int_equal(s.n, 10);
+    f = fopen(path, "r+b");   /* a flipped byte inside the second record's data */
+    fseek(f, 60, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, 60, SEEK_SET);
+    fputc(c ^ 0x40, f);
+    fclose(f);
+    assert_int_equal(td_tfevents_read(path, collect, &s, &err), -1);
+    assert_non_null(strstr(err.msg, path));
+    assert_non_null(strstr(err.msg, "CRC"));
+}
+
 static int count_lines(const char *path)
 {
     FILE *f = fopen(path, "r");
@@ -311,6 +367,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc32c_vectors),
         cmocka_unit_test(test_events_file),
+        cmocka_unit_test(test_events_read),
         cmocka_unit_test(test_steplog_resume),
         cmocka_unit_test(test_report_to_parse),
     };

@@ -80,6 +80,18 @@
  *                 own), and the fp32 reference attention sums a block of rows' scores by sgemm. Per-tensor dynamic activation scaling
  *                 (act_scaling "tensor") takes its amax over the whole batch: such a recipe is
  *                 never batch-invariant, whatever this field says.
+ *   moe           how a mixture of experts' layer weights and sums its k experts (src/model/moe.c):
+ *                 "hf" (default; transformers' eager sparse-MoE blocks, FSDP and Megatron's
+ *                 default dispatcher alike: routing weights rounded to the stream dtype,
+ *                 routing_weights.to(hidden_states.dtype); each expert's output rounded by its
+ *                 down GEMM, times the weight, rounded; summed with index_add_ in expert-index
+ *                 order, each add rounded) or "fused" (vLLM's fused_moe, which SGLang's Triton
+ *                 MoE follows: topk_softmax keeps the weights fp32, renormalised in fp32; the
+ *                 down GEMM multiplies its fp32 accumulator by the fp32 weight before its one
+ *                 rounding, MUL_ROUTED_WEIGHT in fused_moe_kernel; moe_sum adds the k outputs in
+ *                 top-k order in a scalar_t (activations dtype) accumulator, each add rounded,
+ *                 csrc/moe/moe_align_sum_kernels.cu moe_sum_kernel). Printed only when "fused"; in
+ *                 the fp32 reference and under an fp32 residual stream both are the same maths.
  * Every recipe gives the same results for any thread count: GEMMs are cut into fixed column
  * tiles, never by thread (src/backend/cpu.h).
  */
@@ -121,6 +133,7 @@ typedef struct {
     bool residual_fp32;                /* "residual": "fp32" (autocast)               */
     bool temp_in_act;                  /* "logits_temperature": "activations"         */
     bool logsoftmax_act;               /* "logsoftmax": "activations"                 */
+    bool moe_fused;                    /* "moe": "fused" (vLLM / SGLang fused_moe)    */
 } td_recipe;
 
 /* The presets, in the order --list-recipes prints them. Each preset's doc (td_recipe_preset_doc)

@@ -144,6 +144,9 @@ void moe_route(const td_ops *ops, const td_config *c, int l, int N, const int *p
                float *probs, int *experts, float *weights);
 /* Under TD_ACTS_CHECKPOINT's recomputation (tail 0): the router and the routing alone, into the
  * saved slices (the experts run again in moe_backward). */
+/* vLLM's moe_sum: out (N, C) row i = the K values v[(i * K + j) * C ..] summed in slot order j in a
+ * D accumulator, each add rounded to D (moe.c; exposed for tests) */
+void moe_sum_topk(td_format D, int N, int K, int C, const float *v, float *out);
 void moe_route_only(const td_ops *ops, const td_model *m, td_acts *a, int l, const float *x, const int *pos, int N);
 
 /* Where the keys and values of the rows live: layer l of K is kv_k + l*layer_stride (same for
@@ -258,6 +261,9 @@ typedef struct {
     float *moe_dx;      // (cap, C)   gradient of an expert's input rows
     float *moe_dw;      // (cap, K)   gradient of the routing weights
     float *moe_dlogits; // (cap, E)
+    const float *moe_aux_dp; // (E) the load-balancing loss's gradient wrt every row's router
+                        //            probabilities, the same for all rows and layers (the
+                        //            trainer's, src/train/aux_loss.c); NULL: no such loss
     void *owned[24];
     int nowned;
 } td_grad_acts;

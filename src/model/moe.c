@@ -17,6 +17,11 @@
  * the routing weights stay fp32 and bf16 expert outputs are promoted). Under the fp32 reference
  * every rounding is the identity.
  *
+ * Under a "fused" recipe (vLLM's fused_moe, recipe.h "moe") the weights stay fp32, expert e's down
+ * GEMM output is D(acc * w) from its fp32 accumulator acc (MUL_ROUTED_WEIGHT), and each row's k
+ * outputs are summed in top-k order: o = 0; o = D(o + v_j) for j = 0 .. K-1 (moe_sum_kernel's
+ * scalar_t accumulator); the shared expert as above.
+ *
  * Routing runs on the host (host memory on the CPU backend; a device backend refuses MoE models,
  * td_model_set_device). Each layer reports its routing to ops->moe_fn; ops->moe_replay may supply
  * the experts instead (routing replay): they are then weighted by this path's own probabilities,
@@ -24,7 +29,26 @@
 #include "model_internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* whether the layer runs as vLLM's fused_moe: a fused recipe over a rounded stream */
+static int moe_fused(const td_recipe *r)
+{
+    return r && r->moe_fused && !r->residual_fp32 && r->activations != TD_F32 && !td_recipe_is_plain_fp32(r);
+}
+
+void moe_sum_topk(td_format D, int N, int K, int C, const float *v, float *out)
+{
+    for (int i = 0; i < N; i++) {
+        float *o = out + (size_t)i * C;
+        for (int h = 0; h < C; h++) {
+            float x = 0.0f;
+            for (int j = 0; j < K; j++) x = td_round(D, x + v[((size_t)i * K + j) * C + h]);
+            o[h] = x;
+        }
+    }
+}
 
 void td_moe_top_k(const float *p, int E, int K, int *sel)
 {
@@ -58,6 +82,7 @@ void moe_route(const td_ops *ops, const td_config *c, int l, int N, const int *p
     int E = c->num_experts, K = c->num_experts_per_tok;
     const td_recipe *r = ops->recipe;
     td_format R = !r || r->residual_fp32 ? TD_F32 : r->activations;
+    if (moe_fused(r)) R = TD_F32;   /* topk_softmax's fp32 weights */
     for (int i = 0; i < N; i++) softmax_row(logits + (size_t)i * E, E, probs + (size_t)i * E);
     int moe_layer = td_config_moe_index(c, l);
     int replayed = ops->moe_replay &&
@@ -125,30 +150,42 @@ static int gather(const td_acts *a, const int *experts, const float *x, int N, i
 
 /* One SwiGLU expert on n rows of in: gate and up into a->moe_gate / a->moe_up, silu(gate) * up into
  * act, down into a->moe_y (the dense MLP's ops, in its order). */
-static void expert_forward(const td_ops *ops, td_acts *a, const td_wmat *wg, const td_wmat *wu, const td_wmat *wd,
-                           const float *in, float *act, int n, int C, int FI)
+static void expert_forward_down(const td_ops *ops, const td_ops *down, td_acts *a, const td_wmat *wg, const td_wmat *wu,
+                                const td_wmat *wd, const float *in, float *act, int n, int C, int FI)
 {
     float *gu_out[] = {a->moe_gate, a->moe_up};
     td_wmat gu_w[] = {*wg, *wu};
     int gu_dim[] = {FI, FI};
     matmul_forward_multi(ops, 2, gu_out, in, gu_w, NULL, n, C, gu_dim);
     swiglu_forward(ops, act, a->moe_gate, a->moe_up, n, FI);
-    matmul_forward(ops, a->moe_y, act, wd, NULL, n, FI, C);
+    matmul_forward(down, a->moe_y, act, wd, NULL, n, FI, C);
     td_ops_sync(ops);
+}
+
+static void expert_forward(const td_ops *ops, td_acts *a, const td_wmat *wg, const td_wmat *wu, const td_wmat *wd,
+                           const float *in, float *act, int n, int C, int FI)
+{
+    expert_forward_down(ops, ops, a, wg, wu, wd, in, act, n, C, FI);
 }
 
 /* Expert e of MoE layer l on the rows that chose it: gathered (a->moe_rows, a->moe_in), then run
  * (act: silu(gate) * up; a->moe_y the output rows). Returns the number of rows (0: none chose e). */
-static int routed_expert(const td_ops *ops, td_acts *a, const td_config *c, int l, int e, const int *experts,
-                         const float *x, int N, float *act)
+static int routed_expert_down(const td_ops *ops, const td_ops *down, td_acts *a, const td_config *c, int l, int e,
+                              const int *experts, const float *x, int N, float *act)
 {
     int C = c->hidden_size, K = c->num_experts_per_tok;
     int ne = gather(a, experts, x, N, K, C, e);
     if (ne)
-        expert_forward(ops, a, wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e), wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e + 1),
-                       wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e + 2), a->moe_in, act, ne, C,
-                       c->moe_intermediate_size);
+        expert_forward_down(ops, down, a, wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e),
+                            wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e + 1), wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e + 2),
+                            a->moe_in, act, ne, C, c->moe_intermediate_size);
     return ne;
+}
+
+static int routed_expert(const td_ops *ops, td_acts *a, const td_config *c, int l, int e, const int *experts,
+                         const float *x, int N, float *act)
+{
+    return routed_expert_down(ops, ops, a, c, l, e, experts, x, N, act);
 }
 
 void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const float *x, const int *pos, int N,
@@ -166,7 +203,24 @@ void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const 
     moe_route_only(ops, m, a, l, x, pos, N);
 
     memset(out, 0, (size_t)N * C * sizeof(float));
-    for (int e = 0; e < E; e++) {
+    if (moe_fused(r)) {   /* vLLM's fused_moe: D(acc * w) per (row, slot), then moe_sum in top-k order */
+        td_recipe acc_r = *r;
+        acc_r.activations = TD_F32;   /* the down GEMM's fp32 accumulator, unrounded */
+        td_ops down = td_ops_gemm(ops, &acc_r, ops->qin, ops->gscratch);
+        float *v = td_xmalloc((size_t)N * K * C * sizeof(float));
+        for (int e = 0; e < E; e++) {
+            int ne = routed_expert_down(ops, &down, a, c, l, e, experts, x, N, a->moe_gate);
+            for (int q = 0; q < ne; q++) {
+                float w = weights[a->moe_rows[q]];
+                const float *y = a->moe_y + (size_t)q * C;
+                float *vq = v + (size_t)a->moe_rows[q] * C;
+                for (int h = 0; h < C; h++) vq[h] = td_round(D, y[h] * w);
+            }
+        }
+        moe_sum_topk(D, N, K, C, v, out);
+        free(v);
+    }
+    for (int e = 0; e < E && !moe_fused(r); e++) {
         int ne = routed_expert(ops, a, c, l, e, experts, x, N, a->moe_gate);
         if (!ne) continue;
         for (int q = 0; q < ne; q++) {

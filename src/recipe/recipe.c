@@ -40,10 +40,10 @@ static const td_recipe PRESETS[] = {
      .norm = TD_NORM_FUSED, .rope = TD_ROPE_FUSED},
     {BASE("vllm-bf16", "vLLM in bf16: its RMSNorm (two roundings) and RoPE (bf16 cos/sin cache, fp32 rotation); engine kernels as bf16-infer", TD_BF16),
      .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 2,
-     .norm = TD_NORM_UNFUSED, .rope = TD_ROPE_VLLM},
+     .norm = TD_NORM_UNFUSED, .rope = TD_ROPE_VLLM, .moe_fused = true},
     {BASE("sglang-bf16", "SGLang in bf16: FlashInfer fused add+RMSNorm (norm of the fp32 sum) and RoPE (fp32 cache); engine kernels as bf16-infer", TD_BF16),
      .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 2,
-     .norm = TD_NORM_FUSED_ADD, .rope = TD_ROPE_FUSED},
+     .norm = TD_NORM_FUSED_ADD, .rope = TD_ROPE_FUSED, .moe_fused = true},
     {BASE("fp16-train", "trainer in fp16: as bf16-train with fp16", TD_F16),
      .attention = TD_ATTN_FLASH, .attn_block = 128},
     {BASE("fp16-infer", "engine in fp16: as bf16-infer with fp16", TD_F16),
@@ -51,10 +51,10 @@ static const td_recipe PRESETS[] = {
      .norm = TD_NORM_FUSED, .rope = TD_ROPE_FUSED},
     {BASE("vllm-fp16", "vLLM in fp16: as vllm-bf16 with fp16", TD_F16),
      .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 2,
-     .norm = TD_NORM_UNFUSED, .rope = TD_ROPE_VLLM},
+     .norm = TD_NORM_UNFUSED, .rope = TD_ROPE_VLLM, .moe_fused = true},
     {BASE("sglang-fp16", "SGLang in fp16: as sglang-bf16 with fp16", TD_F16),
      .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 2,
-     .norm = TD_NORM_FUSED_ADD, .rope = TD_ROPE_FUSED},
+     .norm = TD_NORM_FUSED_ADD, .rope = TD_ROPE_FUSED, .moe_fused = true},
     /* FP8 rollouts against a bf16 trainer: block-FP8 weights (128x128), dynamic 1x128 FP8
      * activations into the GEMMs, Hopper fast accumulation promoted every 128 products; the
      * rest of the engine as bf16-infer */
@@ -68,12 +68,12 @@ static const td_recipe PRESETS[] = {
      .weights = TD_E4M3, .weight_scaling = FP8_TENSOR, .gemm_inputs = TD_E4M3, .act_scaling = FP8_TENSOR,
      .accumulate = TD_ACC_FP8_FAST, .promote_every = 65536,
      .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 1,
-     .norm = TD_NORM_UNFUSED, .rope = TD_ROPE_VLLM},
+     .norm = TD_NORM_UNFUSED, .rope = TD_ROPE_VLLM, .moe_fused = true},
     {BASE("vllm-fp8-per-token", "vllm-fp8 with dynamic per-token activation scales", TD_BF16),
      .weights = TD_E4M3, .weight_scaling = FP8_TENSOR, .gemm_inputs = TD_E4M3, .act_scaling = FP8_ROW,
      .accumulate = TD_ACC_FP8_FAST, .promote_every = 65536,
      .attention = TD_ATTN_FLASH, .attn_block = 64, .decode_splits = 4, .split_k = 1,
-     .norm = TD_NORM_UNFUSED, .rope = TD_ROPE_VLLM},
+     .norm = TD_NORM_UNFUSED, .rope = TD_ROPE_VLLM, .moe_fused = true},
     /* Jet-RL: one FP8 flow for both paths (same quantisation of weights and activations in
      * training and rollout). fp8-unified on both paths has no kernel differences between them
      * (only the structure differs); the fair pair is fp8-unified-train / fp8-unified-infer,
@@ -105,10 +105,11 @@ static const struct { const char *name, *doc; } DOCS[] = {
     {"bf16-infer", "generic engine: FlashInfer-style RMSNormKernel / rope (one rounding), split-KV decode"},
     {"vllm-bf16", "vLLM csrc/layernorm_kernels.cu rms_norm_kernel and fused_add_rms_norm_kernel "
                   "((scalar_t)(x * s_variance)) * weight; csrc/pos_encoding_kernels.cu "
-                  "apply_token_rotary_embedding (cache in dtype, fp32 rotation)"},
+                  "apply_token_rotary_embedding (cache in dtype, fp32 rotation); MoE layers as fused_moe (fp32 "
+                  "routing weights in the down GEMM's epilogue, moe_sum in top-k order)"},
     {"sglang-bf16", "SGLang on CUDA: FlashInfer include/flashinfer/norm.cuh RMSNormKernel and "
                     "FusedAddRMSNormKernel; apply_rope_with_cos_sin_cache with the fp32 cos_sin_cache "
-                    "of python/sglang/srt/layers/rotary_embedding.py"},
+                    "of python/sglang/srt/layers/rotary_embedding.py; MoE layers as its Triton fused_moe (vLLM's)"},
     {"fp16-train", "as bf16-train, the HF model in fp16"},
     {"fp16-infer", "as bf16-infer in fp16"},
     {"vllm-fp16", "as vllm-bf16"},
@@ -260,6 +261,7 @@ char *td_recipe_to_json(const td_recipe *r)
     json_object_set_new(o, "residual", json_string(r->residual_fp32 ? "fp32" : "activations"));
     json_object_set_new(o, "logits_temperature", json_string(r->temp_in_act ? "activations" : "fp32"));
     json_object_set_new(o, "logsoftmax", json_string(r->logsoftmax_act ? "activations" : "fp32"));
+    if (r->moe_fused) json_object_set_new(o, "moe", json_string("fused"));   /* hf, the default, unprinted */
     char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT);
     json_decref(o);
     return s;
@@ -396,6 +398,7 @@ int td_recipe_from_json(const char *text, size_t len, const char *what, td_recip
         else if (!strcmp(key, "logits_temperature"))
             e = get_choice(v, what, key, "fp32", "activations", &r.temp_in_act, err);
         else if (!strcmp(key, "logsoftmax")) e = get_choice(v, what, key, "fp32", "activations", &r.logsoftmax_act, err);
+        else if (!strcmp(key, "moe")) e = get_choice(v, what, key, "hf", "fused", &r.moe_fused, err);
         else { td_fail(err, "%s: unknown field \"%s\"", what, key); goto done; }
         if (e) goto done;
     }

@@ -333,6 +333,33 @@ def check_bad(tmp):
     bad('config with "scoring_func": "sigmoid"', d, "scoring_func")
 
 
+def check_fused_combine(tmp):
+    """recipe "moe": "fused" (vLLM's fused_moe: fp32 routing weights in the down GEMM's epilogue,
+    moe_sum in top-k order) against the same engine recipe with HF's combine: on the shipped MoE
+    model the engine's log-probs differ; on the dense twin they are bit-identical (the field
+    touches MoE layers only)."""
+    import h5py
+    hf = os.path.join(tmp, "vllm-hf.json")
+    with open(hf, "w") as f:
+        json.dump({"base": "vllm-bf16", "moe": "hf"}, f)
+    got = {}
+    for m in ("add-moe", "add"):
+        for rb in ("vllm-bf16", hf):
+            out = os.path.join(tmp, f"fused-{m}-{os.path.basename(rb)}.h5")
+            p = tidal_diff("--model", os.path.join("datasets/models", m), "--prompts", "datasets/models/prompts-add.jsonl",
+                           "--max-new-tokens", 8, "--recipe-a", "fp32", "--recipe-b", rb, "--temperature", 0, "-o", out, "--force")
+            if p.returncode:
+                check(False, f"tidal-diff {m} {rb}: {p.stderr.strip()[-200:]}")
+                return
+            with h5py.File(out, "r") as f:
+                got[m, rb] = f["tokens/logp_b"][:]
+    a, b = got["add-moe", "vllm-bf16"], got["add-moe", hf]
+    check(a.shape != b.shape or not np.array_equal(a, b),
+          f"add-moe: vllm-bf16's fused combine changes the engine's log-probs against HF's combine "
+          f"({int(np.sum(a != b)) if a.shape == b.shape else 'different lengths'} of {a.size} differ)")
+    check(np.array_equal(got["add", "vllm-bf16"], got["add", hf]), "add (dense): the moe field changes nothing, bit for bit")
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="tidal-moe-test-")
     try:
@@ -358,6 +385,7 @@ def run_all(tmp):
                     seed += 1
                     check_tidal(tmp, arch, variant, layout, storage, seed)
         check_replay(tmp)
+        check_fused_combine(tmp)
         check_bad(tmp)
 
 
