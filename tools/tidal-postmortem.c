@@ -287,7 +287,7 @@ static void plot_keys(const td_pm_curves *c, const td_pm_events *e, const char *
         td_canvas *cv = td_plot_lines(L, nl, font, &lo);
         const char *kv[] = {"command_line", cmd};
         td_error err;
-        if (cv && !td_canvas_write_png(cv, path, kv, 2, &err)) {
+        if (cv && !td_canvas_write_png(cv, path, kv, 1, &err)) {
             const char *base = strrchr(path, '/');
             json_array_append_new(figs, json_string(base ? base + 1 : path));
         }
@@ -352,6 +352,14 @@ int main(int argc, char **argv)
                   "Ctrl-C stops after the diff batch in flight; the same command continues (finished diffs are\nkept in OUT/diffs/).",
                   opts, 0, 1};
     int nargs, rc0 = td_cli_parse(&cli, argc, argv, operands, &nargs);
+    /* what main allocates, freed at `out` whatever the exit */
+    td_pm_curves C = {0};
+    td_pm_events E = {0};
+    td_pm_checkpoint *ck = NULL;
+    size_t nck = 0;
+    pm_meas *M = NULL;
+    json_t *J = NULL, *figs = NULL;
+    int status = 0;
     if (rc0 >= 0) return rc0;
     o.run_dir = nargs ? operands[0] : NULL;
     o.lora_sync = sync;
@@ -369,23 +377,19 @@ int main(int argc, char **argv)
     char outd[4400];
     snprintf(outd, sizeof outd, "%s", o.out_dir ? o.out_dir : "");
     if (!o.out_dir) {
-        if (o.preflight) return td_cli_bad(&cli, "--preflight", NULL, "needs -o DIR");
+        if (o.preflight) { status = td_cli_bad(&cli, "--preflight", NULL, "needs -o DIR"); goto out; }
         snprintf(outd, sizeof outd, "%s/postmortem", o.run_dir);
     }
     o.stop = td_stop_on_signals(PROG, "diff batch");
 
     /* ---- the run's log and its settings ---- */
-    td_pm_curves C = {0};
-    td_pm_events E = {0};
     E.drop_step = E.onset_step = -1;
-    td_pm_checkpoint *ck = NULL;
-    size_t nck = 0;
     char rl_model[4096] = "", rl_data[4096] = "", rl_ra[256] = "", rl_rb[256] = "", rl_sync[32] = "";
     int rl_len = 0, rl_steps = -1;
     if (!o.preflight) {
         if (td_pm_read(o.run_dir, &C, &err) || td_pm_events_find(&C, &ccfg, &E, &err)) {
             fprintf(stderr, PROG ": %s\n", err.msg);
-            return 1;
+            { status = 1; goto out; }
         }
         char p[4400];
         snprintf(p, sizeof p, "%s/rl.h5", o.run_dir);
@@ -408,7 +412,7 @@ int main(int argc, char **argv)
             free(cfg);
             if (rf) td_runfile_close(rf, NULL);
         }
-        if (td_pm_checkpoints(o.run_dir, &ck, &nck, &err)) { fprintf(stderr, PROG ": %s\n", err.msg); return 1; }
+        if (td_pm_checkpoints(o.run_dir, &ck, &nck, &err)) { fprintf(stderr, PROG ": %s\n", err.msg); { status = 1; goto out; } }
         /* tidal-rl's final policy */
         snprintf(p, sizeof p, "%s/model", o.run_dir);
         if (!strcmp(C.format, "tidal-rl") && is_dir(p) && rl_steps > 0) {
@@ -448,9 +452,9 @@ int main(int argc, char **argv)
                     fprintf(stderr, PROG ": --checkpoints: no checkpoint at step %s in %s (it has:", t, o.run_dir);
                     for (size_t j = 0; j < nck; j++) fprintf(stderr, " %lld", (long long)ck[j].step);
                     fprintf(stderr, ")\n");
-                    return 2;
+                    { status = 2; goto out; }
                 }
-                if (ck[i].unreadable) { fprintf(stderr, PROG ": %s: %s\n", ck[i].dir, ck[i].unreadable); return 1; }
+                if (ck[i].unreadable) { fprintf(stderr, PROG ": %s: %s\n", ck[i].dir, ck[i].unreadable); { status = 1; goto out; } }
                 pick[npick++] = i;
             }
         } else {
@@ -460,7 +464,7 @@ int main(int argc, char **argv)
     if (npick && !o.dataset) {
         fprintf(stderr, PROG ": the checkpoints are measured on prompts: give --dataset-path FILE (the run's dataset, "
                 "TRL's shapes), or --no-measure for the curves only\n");
-        return 2;
+        { status = 2; goto out; }
     }
     /* the base model of adapters */
     int any_adapter = 0;
@@ -472,16 +476,16 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, PROG ": the checkpoints are LoRA adapters of '%s', which is not a local folder: give "
                     "--model DIR (the base checkpoint)\n", b[0] ? b : "(no base_model_name_or_path)");
-            return 2;
+            { status = 2; goto out; }
         }
     }
     if (td_make_parent_dirs(outd, &err) || (mkdir(outd, 0755) != 0 && errno != EEXIST)) {
         fprintf(stderr, PROG ": %s: cannot create: %s\n", outd, err.msg[0] ? err.msg : strerror(errno));
-        return 1;
+        { status = 1; goto out; }
     }
 
     /* ---- measuring ---- */
-    pm_meas *M = td_xcalloc(npick + 1, sizeof *M);
+    M = td_xcalloc(npick + 1, sizeof *M);
     size_t nm = 0;
     int rc = 0;
     char prompts[4600], tokens[4600];
@@ -498,11 +502,11 @@ int main(int argc, char **argv)
         }
         if (!tok_dir) {
             fprintf(stderr, PROG ": no tokenizer.json in the checkpoints: give --model DIR (the base, with its tokenizer)\n");
-            return 2;
+            { status = 2; goto out; }
         }
         if (write_prompts(&o, prompts, &nprompts, &err) || tokenize_prompts(tok_dir, prompts, tokens, &err)) {
             fprintf(stderr, PROG ": %s\n", err.msg);
-            return 1;
+            { status = 1; goto out; }
         }
         char dd[4600];
         snprintf(dd, sizeof dd, "%s/diffs", outd);
@@ -546,9 +550,9 @@ int main(int argc, char **argv)
             fprintf(stderr, PROG ": %s\n", err.msg);
             if (*o.stop) {
                 td_stop_print_command(PROG, "continue (finished diffs are kept)", argc, argv, NULL, NULL);
-                return TD_EXIT_STOPPED;
+                { status = TD_EXIT_STOPPED; goto out; }
             }
-            return 1;
+            { status = 1; goto out; }
         }
     }
 
@@ -561,7 +565,7 @@ int main(int argc, char **argv)
         td_recipe r1, r2;
         if (!base || td_recipe_resolve(o.rollout_recipe, &r1, &err) || td_recipe_resolve(rb16, &r2, &err)) {
             fprintf(stderr, PROG ": %s\n", err.msg);
-            return 1;
+            { status = 1; goto out; }
         }
         for (int s = 0; s < 3; s++) {
             pm_keep *a = &proj[s][0], *b = &proj[s][1];
@@ -570,7 +574,7 @@ int main(int argc, char **argv)
                 td_pm_lora_projected(base, &base->cfg, o.lora_r, o.lora_alpha, o.lr, PSTEPS[s], o.seed, &r2, &b->surv, &b->aligned,
                                      &b->changed, &err)) {
                 fprintf(stderr, PROG ": %s\n", err.msg);
-                return 1;
+                { status = 1; goto out; }
             }
             nproj++;
         }
@@ -743,7 +747,7 @@ int main(int argc, char **argv)
         }
 
     /* ---- figures ---- */
-    json_t *figs = json_array();
+    figs = json_array();
     td_font *font = td_font_open(NULL, &err);
     char fp[4800];
     if (font && !o.preflight) {
@@ -780,7 +784,7 @@ int main(int argc, char **argv)
             td_canvas *cv = td_plot_lines(L, 4, font, &lo);
             const char *kv[] = {"command_line", o.command};
             snprintf(fp, sizeof fp, "%s/checkpoints.png", outd);
-            if (cv && !td_canvas_write_png(cv, fp, kv, 2, &err)) json_array_append_new(figs, json_string("checkpoints.png"));
+            if (cv && !td_canvas_write_png(cv, fp, kv, 1, &err)) json_array_append_new(figs, json_string("checkpoints.png"));
             td_canvas_free(cv);
             free(x); free(y1); free(y2); free(y3); free(y4);
         }
@@ -788,7 +792,7 @@ int main(int argc, char **argv)
     if (font) td_font_close(font);
 
     /* ---- postmortem.json ---- */
-    json_t *J = json_object();
+    J = json_object();
     json_object_set_new(J, "command_line", json_string(o.command));
     json_object_set_new(J, "tool", json_string(PROG));
     json_object_set_new(J, "preflight", json_boolean(o.preflight));
@@ -883,12 +887,12 @@ int main(int argc, char **argv)
     json_object_set_new(J, "figures", figs);
     json_object_set_new(J, "seconds", json_real(omp_get_wtime() - t_start));
     snprintf(fp, sizeof fp, "%s/postmortem.json", outd);
-    if (json_dump_file(J, fp, JSON_INDENT(2)) != 0) { fprintf(stderr, PROG ": %s: cannot write\n", fp); return 1; }
+    if (json_dump_file(J, fp, JSON_INDENT(2)) != 0) { fprintf(stderr, PROG ": %s: cannot write\n", fp); { status = 1; goto out; } }
 
     /* ---- report.md ---- */
     snprintf(fp, sizeof fp, "%s/report.md.tmp", outd);
     FILE *f = fopen(fp, "w");
-    if (!f) { fprintf(stderr, PROG ": %s: cannot create: %s\n", fp, strerror(errno)); return 1; }
+    if (!f) { fprintf(stderr, PROG ": %s: cannot create: %s\n", fp, strerror(errno)); { status = 1; goto out; } }
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
     if (o.preflight) {
         fprintf(f, "# Pre-flight check of %s%s%s\n\n", o.model, o.adapter ? " + " : "", o.adapter ? o.adapter : "");
@@ -986,11 +990,13 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < nf; i++) fprintf(f, "![%s](%s)\n", json_string_value(json_array_get(figs, i)), json_string_value(json_array_get(figs, i)));
         fprintf(f, "\n");
     }
+    char *cj = td_collapse_cfg_json(&ccfg);
     fprintf(f, "## Thresholds and their sources\n\n- tidal's collapse detector (RL.md section 5; `--collapse`): %s\n"
             "- verl's rollout-correction health checks: mean IS weight outside [0.5, 2], ESS < 0.3, |kl| > 0.1, chi2_token > 1\n"
             "- the post-mortem's own: mean completion length > 1.5x its early median for 3 logged steps; TRL's mean |logp "
             "difference| > %.0fx its early median; a checkpoint's mean |dlogp| >= 3x the first checkpoint's; an engine copy "
-            "keeping < 0.5 of the adapter's update (its component along the update, tidal-rl's merge_aligned)\n\n", td_collapse_cfg_json(&ccfg), ccfg.k3_factor);
+            "keeping < 0.5 of the adapter's update (its component along the update, tidal-rl's merge_aligned)\n\n", cj, ccfg.k3_factor);
+    free(cj);
     fprintf(f, "## What these numbers do not show\n\nThe events are correlations in time on one run; a precursor before the drop "
             "is evidence, not proof, of a cause. The checkpoints are measured on %zu prompts in recipes that model the engines "
             "(the run's own kernels may differ); TRL's merge-unmerge drift and an engine's own batching are not rebuilt. A log "
@@ -1000,7 +1006,7 @@ int main(int argc, char **argv)
     int werr = fclose(f) != 0;
     char fin[4800];
     snprintf(fin, sizeof fin, "%s/report.md", outd);
-    if (werr || rename(fp, fin) != 0) { fprintf(stderr, PROG ": %s: cannot write\n", fin); return 1; }
+    if (werr || rename(fp, fin) != 0) { fprintf(stderr, PROG ": %s: cannot write\n", fin); { status = 1; goto out; } }
     if (o.json) {
         char *s = json_dumps(J, JSON_INDENT(2));
         printf("%s\n", s);
@@ -1020,10 +1026,13 @@ int main(int argc, char **argv)
         }
         printf(PROG ": report in %s/report.md\n", outd);
     }
-    json_decref(J);
+out:
+    if (J) json_decref(J);   /* it holds figs */
+    else if (figs) json_decref(figs);
     free(M);
     td_pm_checkpoints_free(ck, nck);
-    if (!o.preflight) { td_pm_events_free(&E); td_pm_curves_free(&C); }
+    td_pm_events_free(&E);
+    td_pm_curves_free(&C);
     free(o.command);
-    return 0;
+    return status;
 }

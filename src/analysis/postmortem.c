@@ -236,7 +236,7 @@ static void find_events(const char *dir, int depth, char ***list, size_t *n)
         names[nn++] = strdup(e->d_name);
     }
     closedir(d);
-    qsort(names, nn, sizeof *names, cmp_str);
+    if (nn) qsort(names, nn, sizeof *names, cmp_str);
     for (size_t i = 0; i < nn; i++) {
         char p[4400];
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
@@ -307,7 +307,7 @@ int td_pm_read(const char *run_dir, td_pm_curves *c, td_error *err)
             }
         }
         if (d) closedir(d);
-        qsort(files, nf, sizeof *files, cmp_str);
+        if (nf) qsort(files, nf, sizeof *files, cmp_str);
         int verl = 0;
         for (size_t i = 0; i < nf; i++) {
             snprintf(p, sizeof p, "%s/%s", run_dir, files[i]);
@@ -588,7 +588,7 @@ int td_pm_events_find(const td_pm_curves *c, const td_collapse_cfg *cfg, td_pm_e
     free(tmp);
     free(row_of);
     free(ema);
-    qsort(e->ev, e->n_ev, sizeof *e->ev, cmp_event);
+    if (e->n_ev) qsort(e->ev, e->n_ev, sizeof *e->ev, cmp_event);
     return 0;
 }
 
@@ -679,7 +679,7 @@ int td_pm_checkpoints(const char *run_dir, td_pm_checkpoint **out, size_t *n, td
         }
     }
     closedir(d);
-    qsort(*out, *n, sizeof **out, cmp_ck);
+    if (*n) qsort(*out, *n, sizeof **out, cmp_ck);
     return 0;
 }
 
