@@ -64,6 +64,15 @@ static int parse_checkpoint(void *dest, const char *v, char *why, size_t n)
     return 0;
 }
 
+/* --output-router-logits VALUE: true or false as transformers' config spells them (True, False; 1, 0) */
+static int parse_bool(void *dest, const char *v, char *why, size_t n)
+{
+    if (!strcmp(v, "true") || !strcmp(v, "True") || !strcmp(v, "1")) *(int *)dest = 1;
+    else if (!strcmp(v, "false") || !strcmp(v, "False") || !strcmp(v, "0")) *(int *)dest = 0;
+    else return -1;
+    return 0;
+}
+
 static int parse_collapse(void *dest, const char *v, char *why, size_t n)
 {
     td_error err;
@@ -106,6 +115,15 @@ int main(int argc, char **argv)
                  "r2 = pi_theta takes pi_old's (vanilla routing replay)"),
         TD_OPT_F("freeze-router", 0, &o.freeze_router, 1, "mixtures of experts: do not train the routers (they keep\n"
                  "the checkpoint's weights)"),
+        TD_OPT_FUN("output-router-logits", 0, &o.output_router_logits, "true|false", parse_bool, "true or false",
+                   "mixtures of experts: add transformers' load-balancing\n"
+                   "loss (load_balancing_loss_func over every token and MoE\n"
+                   "layer) x --router-aux-loss-coef to the loss, as a model\n"
+                   "with output_router_logits on does; /steps/aux_loss\n"
+                   "(default: config.json's output_router_logits, false\n"
+                   "unless it says true)"),
+        TD_OPT_D("router-aux-loss-coef", 0, &o.router_aux_loss_coef, "X", 0, 1e6, "the load-balancing loss's weight (default: config.json's\n"
+                 "router_aux_loss_coef; transformers' default 0.001)"),
         TD_OPT_F("exact-match", 0, &o.exact_match, 1, "control: mu is scored by the training path itself (one\n"
                  "recipe, one structure: the mismatch is exactly 0)"),
         TD_OPT_D("rollout-logit-noise", 0, &o.rollout_logit_noise, "SIGMA", 0, 100, "synthetic mismatch: N(0, SIGMA^2) on every rollout\n"

@@ -24,6 +24,15 @@ static int parse_recipe(void *dest, const char *value, char *why, size_t whylen)
 }
 
 /* "q_proj,v_proj", "all-linear" (PEFT's shorthand) -> a td_lora_module bit mask */
+/* --output-router-logits VALUE: true or false as transformers' config spells them (True, False; 1, 0) */
+static int parse_bool(void *dest, const char *v, char *why, size_t n)
+{
+    if (!strcmp(v, "true") || !strcmp(v, "True") || !strcmp(v, "1")) *(int *)dest = 1;
+    else if (!strcmp(v, "false") || !strcmp(v, "False") || !strcmp(v, "0")) *(int *)dest = 0;
+    else return -1;
+    return 0;
+}
+
 static int parse_dropout(void *dest, const char *v, char *why, size_t n)
 {
     return td_lora_dropout_parse(v, (double *)dest, why, n);
@@ -86,6 +95,8 @@ int main(int argc, char **argv)
     td_sft_opts_defaults(&o);
     td_train_opts *t = &o.train;
     t->lr = 5e-5;
+    t->output_router_logits = -1;   /* transformers: the model config's */
+    t->router_aux_loss_coef = NAN;
     const char *save_dtype = "f32", *completions = NULL;
     unsigned long long seed = 42;   /* HF TrainingArguments' default */
     int eval_only = 0, lora_given = 0;
@@ -114,6 +125,15 @@ int main(int argc, char **argv)
         TD_OPT_D("max-grad-norm", 0, &t->max_grad_norm, "N", 0, 1e30, "clip the global gradient norm (default 1; 0 = off)"),
         TD_OPT_F("freeze-router", 0, &t->freeze_router, 1, "mixtures of experts: do not train the routers (they keep\n"
                  "the checkpoint's weights)"),
+        TD_OPT_FUN("output-router-logits", 0, &t->output_router_logits, "true|false", parse_bool, "true or false",
+                   "mixtures of experts: add transformers' load-balancing\n"
+                   "loss (load_balancing_loss_func over every token and MoE\n"
+                   "layer) x --router-aux-loss-coef to the loss, as a model\n"
+                   "with output_router_logits on does; /steps/aux_loss\n"
+                   "(default: config.json's output_router_logits, false\n"
+                   "unless it says true)"),
+        TD_OPT_D("router-aux-loss-coef", 0, &t->router_aux_loss_coef, "X", 0, 1e6, "the load-balancing loss's weight (default: config.json's\n"
+                 "router_aux_loss_coef; transformers' default 0.001)"),
         TD_OPT_F("gradient-checkpointing", 0, &t->gradient_checkpointing, 1, "recompute each layer's activations in the backward\n"
                  "(HF's activation checkpointing): ~L x less activation\nmemory, one more forward, the same results bit for bit"),
         TD_OPT_F("plan-only", 0, &o.plan_only, 1, "print the GPU memory plan (weights, optimizer state,\n"

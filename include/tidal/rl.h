@@ -224,6 +224,7 @@ enum { TD_RL_REPLAY_NONE = 0, TD_RL_REPLAY_R2 = 1, TD_RL_REPLAY_R3 = 2 };   /* -
     X(routing_mismatch_flipped, "MoE: mean |pi_old - mu| over the response tokens with a flip") \
     X(routing_mismatch_unflipped, "MoE: mean |pi_old - mu| over the response tokens without one") \
     X(routing_expert_load, "MoE: the rollout's expert load, max over MoE layers of (tokens of the busiest expert / mean tokens per expert), over the positions that predict response tokens (1 = even)") \
+    X(aux_loss, "MoE: transformers' aux_loss of the update, load_balancing_loss_func over every token and MoE layer of each forward (the loss gains router_aux_loss_coef x this; nan: --output-router-logits off)") \
     X(time_rollout, "seconds: generation (and the weight sync) on the inference path") \
     X(time_reward, "seconds: decoding and grading") \
     X(time_old, "seconds: pi_old (and reference) on the training path") \
@@ -366,6 +367,9 @@ typedef struct {
     int freeze_router;         /* mixtures of experts: the routers are not trained (--freeze-router) */
     int routing_replay;        /* mixtures of experts: TD_RL_REPLAY_NONE, _R2 (pi_theta takes
                                   pi_old's experts), _R3 (pi_old and pi_theta take the rollout's) */
+    int output_router_logits;  /* mixtures of experts: the update's loss gains HF's load-balancing
+                                  loss x router_aux_loss_coef (train.h); -1: config.json's      */
+    double router_aux_loss_coef; /* NAN: config.json's                                          */
     double rollout_logit_noise;/* synthetic mismatch (dose-response arm); 0 = none */
     td_rl_loss_cfg loss;
     int is_cap_given, is_cap_low_given;

@@ -61,7 +61,7 @@ extern const td_colspec td_schema_progress[TD_PRG_COUNT];
  * without an evaluation. */
 enum { TD_STP_STEP, TD_STP_EPOCH, TD_STP_LOSS, TD_STP_TOKEN_ACCURACY, TD_STP_GRAD_NORM, TD_STP_LR,
        TD_STP_LOSS_SCALE, TD_STP_SKIPPED, TD_STP_SKIPPED_TOTAL, TD_STP_TARGET_TOKENS, TD_STP_EVAL_ACCURACY,
-       TD_STP_EVAL_REWARD, TD_STP_SECONDS, TD_STP_COUNT };
+       TD_STP_EVAL_REWARD, TD_STP_SECONDS, TD_STP_AUX_LOSS, TD_STP_COUNT };
 extern const td_colspec td_schema_steps[TD_STP_COUNT];
 #define TD_SCHEMA_STEPS "/steps"
 

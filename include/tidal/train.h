@@ -68,6 +68,12 @@ typedef struct {
     int decay_all;             /* 0: no decay on biases and norm weights (HF Trainer) */
     int freeze_router;         /* mixtures of experts: the routers are not trained (no gradient, no
                                   optimiser state; they keep the checkpoint's weights)          */
+    int output_router_logits;  /* mixtures of experts: 1 adds transformers' load-balancing loss
+                                  (load_balancing_loss_func) times router_aux_loss_coef to the
+                                  loss, as a model with output_router_logits on does (below);
+                                  0 not; -1 config.json's output_router_logits (transformers'
+                                  default: the model's config)                                */
+    double router_aux_loss_coef; /* its weight; NAN: config.json's router_aux_loss_coef        */
     double max_grad_norm;      /* 1.0; <= 0: no clipping (the norm is still reported) */
     /* schedule: the multiplier of lr at optimiser step k (0-based) */
     td_lr_schedule schedule;   /* TD_SCHED_LINEAR (HF's default) */
@@ -101,6 +107,9 @@ typedef struct {
 } td_train_opts;
 
 void td_train_opts_defaults(td_train_opts *o);
+/* output_router_logits -1 and router_aux_loss_coef NAN replaced by the model config's (what
+ * td_trainer_create does with them; callers that record the settings call it first). */
+void td_train_opts_resolve_moe(td_train_opts *o, const td_config *c);
 /* PEFT's target_modules as a flag spells them: "q_proj,v_proj" or "all-linear" (every linear
  * layer of the block) into a lora_modules mask. 0, or -1 with why (the accepted names). */
 int td_lora_targets_parse(const char *value, unsigned *mask, char *why, size_t whylen);
@@ -222,6 +231,22 @@ double td_trainer_loss_scale(const td_trainer *tr);
  * of another model, rank or shape, non-finite values). */
 int td_trainer_save_state(const td_trainer *tr, const char *path, td_error *err);
 int td_trainer_load_state(td_trainer *tr, const char *path, td_error *err);
+
+/* HF's auxiliary load-balancing loss (opts.output_router_logits; src/train/aux_loss.c). Each
+ * micro-batch (one forward) adds coef * aux to the loss, aux = load_balancing_loss_func over its
+ * rows and every MoE layer (transformers concatenates the layers' router logits):
+ *   aux = E * sum_e f_e P_e,  f_e = (selections of e by the rows' own top-k) / (rows * layers),
+ *                             P_e = (sum of the router softmax p_e over rows and layers) / (rows * layers)
+ * with the gradient through P only (top-k has none), as autograd gives it. The top-k is the path's
+ * own, recomputed from its probabilities as transformers does from the logits, also under routing
+ * replay. With several micro-batches in an optimiser step each one's aux is weighted by its share
+ * of the step's rows (transformers averages the per-forward losses over gradient accumulation);
+ * the step's rows are those of one td_trainer_accumulate call unless set here (rows > 0: the rows
+ * of all calls up to the next td_trainer_step; 0: per call again). */
+void td_trainer_set_aux_rows(td_trainer *tr, long rows);
+/* The aux value (unscaled: transformers' outputs.aux_loss) of the micro-batches since the last
+ * reset, weighted as above; NAN when the loss is off. reset: zero it after reading. */
+double td_trainer_aux_loss(td_trainer *tr, int reset);
 
 /* Token accuracy (TRL's mean_token_accuracy): of the targets with a non-zero dL/dlogp seen by
  * td_trainer_accumulate since the last reset, how many were their row's most probable token

@@ -311,14 +311,15 @@ void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts
             for (int h = 0; h < C; h++) d[h] += s[h];
         }
     }
-    /* w_j = p_ej (/ S = sum_k p_ek when norm_topk_prob), p = softmax(logits): back to the logits */
+    /* w_j = p_ej (/ S = sum_k p_ek when norm_topk_prob), p = softmax(logits): back to the logits;
+     * the trainer's load-balancing loss adds its d/dp (ga->moe_aux_dp, src/train/aux_loss.c) */
     for (int i = 0; i < N; i++) {
         const float *p = probs + (size_t)i * E;
         const int *sel = experts + (size_t)i * K;
         const float *dw = ga->moe_dw + (size_t)i * K;
         float *dl = ga->moe_dlogits + (size_t)i * E;
         double dp[E > 0 ? E : 1];
-        for (int e = 0; e < E; e++) dp[e] = 0;
+        for (int e = 0; e < E; e++) dp[e] = ga->moe_aux_dp ? ga->moe_aux_dp[e] : 0;
         double S = 0, dws = 0;
         for (int j = 0; j < K; j++) S += p[sel[j]];
         for (int j = 0; j < K; j++) dws += (double)dw[j] * p[sel[j]] / S;

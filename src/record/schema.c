@@ -75,6 +75,8 @@ const td_colspec td_schema_steps[TD_STP_COUNT] = {
     [TD_STP_EVAL_ACCURACY]  = {"/steps/eval_accuracy", TD_COL_F64, "greedy exact-answer rate on the eval split (NaN: not evaluated)", NULL, 0},
     [TD_STP_EVAL_REWARD]    = {"/steps/eval_reward", TD_COL_F64, "greedy mean task reward on the eval split (NaN: not evaluated)", NULL, 0},
     [TD_STP_SECONDS]        = {"/steps/seconds", TD_COL_F64, "wall seconds of the step (evaluation included)", NULL, 0},
+    [TD_STP_AUX_LOSS]       = {"/steps/aux_loss", TD_COL_F64, "MoE with --output-router-logits: transformers' aux_loss "
+                               "(load_balancing_loss_func), the loss trained being loss + router_aux_loss_coef x this", NULL, 1},
 };
 
 const td_colspec td_schema_layers_rel_err = {"/layers/rel_err", TD_COL_F32, "relative L2 error per layer", NULL, 1};

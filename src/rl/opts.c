@@ -4,6 +4,7 @@
 #include "tidal/rl.h"
 #include "tidal/train.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +50,8 @@ void td_rl_opts_defaults(td_rl_opts *o)
     o->log_completions = 4;
     td_collapse_cfg_defaults(&o->collapse);
     o->reward_timeout = 600;
+    o->output_router_logits = -1;      /* transformers: the model config's */
+    o->router_aux_loss_coef = NAN;
 }
 
 int td_rl_opts_check(const td_rl_opts *o, td_error *err)

@@ -56,6 +56,12 @@ char *rl_config_json(const rl_run *R)
     if (o->lora_modules)   /* absent for the default (q_proj, v_proj): older run files resume */
         json_object_set_new(j, "lora_target_modules", json_integer(o->lora_modules));
     if (o->freeze_router) json_object_set_new(j, "freeze_router", json_true());   /* absent without */
+    td_train_opts aux = {.output_router_logits = o->output_router_logits, .router_aux_loss_coef = o->router_aux_loss_coef};
+    td_train_opts_resolve_moe(&aux, &R->model->cfg);
+    if (aux.output_router_logits) {   /* absent when off (the default): older run files resume */
+        json_object_set_new(j, "output_router_logits", json_true());
+        json_object_set_new(j, "router_aux_loss_coef", json_real(aux.router_aux_loss_coef));
+    }
     if (o->routing_replay != TD_RL_REPLAY_NONE)   /* absent without: older run files resume */
         json_object_set_new(j, "routing_replay", json_string(o->routing_replay == TD_RL_REPLAY_R2 ? "r2" : "r3"));
     if (o->reward_command) {   /* absent for built-in rewards: older run files resume as they were */

@@ -105,6 +105,8 @@ static int build(rl_run *R, td_error *err)
     t.warmup_ratio = o->warmup_ratio;
     t.lora_modules = o->lora_modules;
     t.freeze_router = o->freeze_router;
+    t.output_router_logits = o->output_router_logits;
+    t.router_aux_loss_coef = o->router_aux_loss_coef;
     t.lora_r = o->lora_r;
     t.lora_alpha = o->lora_alpha;
     t.lora_base_dtype = o->lora_r > 0 ? o->model_dtype : TD_F32;

@@ -486,6 +486,7 @@ static int update(rl_run *R, double *M, td_error *err)
     }
     double G = (double)R->B / R->G, nt = R->clip.n_tokens;
     M[TD_RLM_loss] = loss;
+    M[TD_RLM_aux_loss] = td_trainer_aux_loss(R->tr, 1);
     M[TD_RLM_lr] = info.lr;
     M[TD_RLM_grad_norm] = info.grad_norm;
     M[TD_RLM_loss_scale] = info.loss_scale;

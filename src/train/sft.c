@@ -109,9 +109,11 @@ static void data_paths(const td_sft_opts *o, char *train, char *eval, size_t cap
  * shapes the steps and their /steps rows. Free to change: --max-steps / --epochs (the new total:
  * HF's Trainer recomputes the schedule from it), --save-steps, --save-dtype and the evaluation
  * batch (greedy decoding is batch-invariant). */
-static void settings_json(const td_sft_opts *o, char *out, size_t cap)
+static void settings_json(const td_sft_opts *o, const td_config *c, char *out, size_t cap)
 {
     const td_train_opts *t = &o->train;
+    td_train_opts aux = *t;   /* the load-balancing loss as the model's config resolves it */
+    if (c) td_train_opts_resolve_moe(&aux, c);
     char seed[32];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)t->seed);
     json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:i, s:f, s:f, s:f, s:f, s:f}",
@@ -122,6 +124,11 @@ static void settings_json(const td_sft_opts *o, char *out, size_t cap)
                           "max_grad_norm", t->max_grad_norm, "adam_beta1", t->beta1, "adam_beta2", t->beta2,
                           "adam_epsilon", t->eps);
     if (t->gradient_checkpointing) json_object_set_new(j, "gradient_checkpointing", json_true());
+    if (t->freeze_router) json_object_set_new(j, "freeze_router", json_true());   /* absent without: older runs resume */
+    if (aux.output_router_logits > 0) {   /* absent when off (the default): older runs resume */
+        json_object_set_new(j, "output_router_logits", json_true());
+        json_object_set_new(j, "router_aux_loss_coef", json_real(aux.router_aux_loss_coef));
+    }
     if (o->tokenizer_path) json_object_set_new(j, "tokenizer_path", json_string(o->tokenizer_path));
     if (o->eval_dataset_path) json_object_set_new(j, "eval_dataset_path", json_string(o->eval_dataset_path));
     json_object_set_new(j, "lora_r", json_integer(t->lora_r));
@@ -264,6 +271,7 @@ static int append_row(sft_job *J, const double *v, td_error *err)
 {
     for (int c = 0; c < TD_STP_COUNT; c++) {
         const td_colspec *s = &td_schema_steps[c];
+        if (c == TD_STP_AUX_LOSS && isnan(v[c])) continue;   /* the load-balancing loss off: no column */
         union { int8_t i8; int32_t i32; int64_t i64; double f64; } x;
         switch (s->type) {
         case TD_COL_I8: x.i8 = (int8_t)v[c]; break;
@@ -278,7 +286,7 @@ static int append_row(sft_job *J, const double *v, td_error *err)
     td_step_value lv[TD_STP_COUNT];
     int n = 0;
     for (int c = 0; c < TD_STP_COUNT; c++)
-        if (c != TD_STP_STEP)
+        if (c != TD_STP_STEP && !(c == TD_STP_AUX_LOSS && isnan(v[c])))
             lv[n++] = (td_step_value){td_schema_steps[c].path + strlen(TD_SCHEMA_STEPS "/"), v[c],
                                       td_schema_steps[c].type != TD_COL_F64};
     return td_steplog_write(J->log, (int64_t)v[TD_STP_STEP], lv, n, err);
@@ -335,6 +343,9 @@ static int train_step(sft_job *J, int k, double *row, td_error *err)
         for (int t = e->plen - 1; t < e->len - 1; t++) w[i][t] = 1.0f;   /* target t + 1: completion, EOS */
         z += e->len - e->plen;
     }
+    long rows = 0;
+    for (int i = 0; i < S; i++) rows += lens[i];
+    td_trainer_set_aux_rows(J->tr, rows);   /* the aux loss: each forward weighted by its share of the step */
     for (int g = 0; g < o->grad_accum; g++) {
         double l = 0.0;
         int at = g * o->batch;
@@ -361,6 +372,7 @@ static int train_step(sft_job *J, int k, double *row, td_error *err)
     row[TD_STP_SKIPPED] = info.skipped;
     row[TD_STP_SKIPPED_TOTAL] = (double)info.skipped_total;
     row[TD_STP_TARGET_TOKENS] = z;
+    row[TD_STP_AUX_LOSS] = td_trainer_aux_loss(J->tr, 1);
     rc = 0;
 out:
     for (int i = 0; i < S; i++) free(w[i]);
@@ -423,7 +435,7 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
     char ck[4200] = "", mine[sizeof ((sft_progress *)0)->settings];
     sft_progress prog = {0}, done = {0};
     int finished = 0;
-    settings_json(o, mine, sizeof mine);
+    settings_json(o, NULL, mine, sizeof mine);
     snprintf(J->settings, sizeof J->settings, "%s", mine);
     char *plan_json = NULL;
     if (o->plan_only || (o->device && strncmp(o->device, "cuda", 4) == 0)) {
@@ -453,6 +465,8 @@ static int run(sft_job *J, td_sft_result *res, td_error *err)
     }
     if (o->progress) fprintf(o->progress, "tidal-sft: loading %s\n", o->model_path);
     if (!J->model && load_inputs(J, 1, err)) return -1;
+    settings_json(o, &J->model->cfg, mine, sizeof mine);   /* config.json's defaults resolved */
+    snprintf(J->settings, sizeof J->settings, "%s", mine);
     int S = o->batch * o->grad_accum;
     J->total = o->max_steps > 0 ? o->max_steps : (int)ceil(o->epochs * (double)J->train.n / S);
     if (finished && done.global_step >= J->total) {

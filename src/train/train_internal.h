@@ -71,7 +71,23 @@ struct td_trainer {
                                      params_dev after each step (trainer.c's header); 0 on the
                                      CPU and under TIDAL_PREPARE_ON_HOST=1                    */
     int log_d2h;                  /* TIDAL_STEP_D2H=1: each step's device -> host bytes on stderr */
+    /* the load-balancing loss (aux_loss.c; NULL / 0 when off) */
+    double *aux_cnt, *aux_psum;   /* (E) this forward's top-k selections and summed probabilities */
+    long aux_cells;               /* rows x MoE layers seen by this forward                      */
+    int *aux_sel;                 /* (K) one row's own top-k                                     */
+    float *aux_dp;                /* (E) d(loss)/dp of every row and layer (ga.moe_aux_dp)       */
+    long aux_rows_step;           /* td_trainer_set_aux_rows; 0: the call's rows                 */
+    long aux_rows_call;           /* the rows of the td_trainer_accumulate call running          */
+    double aux_value;             /* weighted aux since td_trainer_aux_loss's last reset         */
 };
+
+/* aux_loss.c: set up (at creation: buffers when opts ask for the loss), observe a micro-batch's
+ * forward (begin: counters zeroed and the routing observer on; end: observer off, the value
+ * accumulated and ga.moe_aux_dp set for the backward, `scale` the loss scale), free. */
+void train_aux_init(td_trainer *tr);
+void train_aux_begin(td_trainer *tr);
+void train_aux_end(td_trainer *tr, int N, double scale);
+void train_aux_free(td_trainer *tr);
 
 /* The accumulated gradients on the host (downloaded from a device first), and zeroing them
  * (device and host copy) (trainer.c). */

@@ -80,6 +80,12 @@ void td_train_opts_defaults(td_train_opts *o)
     o->max_seq_len = 512;
 }
 
+void td_train_opts_resolve_moe(td_train_opts *o, const td_config *c)
+{
+    if (o->output_router_logits < 0) o->output_router_logits = c->num_experts > 0 && c->output_router_logits;
+    if (isnan(o->router_aux_loss_coef)) o->router_aux_loss_coef = c->router_aux_loss_coef;
+}
+
 static int check_opts(const td_train_opts *o, td_error *err)
 {
     if (!(o->lr >= 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) ||
@@ -233,14 +239,21 @@ int td_lora_dropout_parse(const char *value, double *p, char *why, size_t whylen
     return -1;
 }
 
-td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_train_opts *opts,
+td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_train_opts *opts_in,
                               const td_lora *lora_init, td_error *err)
 {
+    td_train_opts resolved = *opts_in, *opts = &resolved;
+    td_train_opts_resolve_moe(opts, &src->cfg);
     if (check_opts(opts, err)) return NULL;
     const td_config *c = &src->cfg;
     if (td_config_check_len(c, opts->max_seq_len, err)) return NULL;
     if (opts->freeze_router && c->num_experts <= 0)
         return td_fail(err, "--freeze-router: %s is a dense model: it has no router to freeze", td_arch_name(c->arch)), NULL;
+    if (opts->output_router_logits && c->num_experts <= 0)
+        return td_fail(err, "--output-router-logits: %s is a dense model: it has no router logits (the load-balancing "
+                       "loss is a mixture of experts')", td_arch_name(c->arch)), NULL;
+    if (opts->output_router_logits && !(opts->router_aux_loss_coef >= 0 && isfinite(opts->router_aux_loss_coef)))
+        return td_fail(err, "--router-aux-loss-coef %g: expected a finite value >= 0", opts->router_aux_loss_coef), NULL;
     if (c->num_experts > 0 && lora_init)
         return td_fail(err, "training: LoRA on a mixture of experts (%s) is not modelled yet (issue 35): train it "
                        "fully", td_arch_name(c->arch)), NULL;
@@ -321,6 +334,7 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
     td_ops ops;
     td_ops_init(&ops, tr->be);
     grad_acts_alloc(&tr->ga, c, &ops, opts->max_tokens, opts->max_seq_len, tr->lora ? tr->lora->rank : 0);
+    train_aux_init(tr);
     tr->logits = tr->be->alloc((size_t)tr->logits_rows * V * sizeof(float));
     tr->tlogp = td_xmalloc((size_t)opts->max_tokens * sizeof(float));
     tr->dlogp = td_xmalloc((size_t)opts->max_tokens * sizeof(float));
@@ -364,6 +378,7 @@ void td_trainer_free(td_trainer *tr)
     free(tr->mb_seq);
     free(tr->lg);
     free(tr->tlogp); free(tr->dlogp); free(tr->target); free(tr->top1);
+    train_aux_free(tr);
     free(tr);
 }
 
@@ -387,7 +402,9 @@ static int micro_batch(td_trainer *tr, int s0, int s1, const int *const *tokens,
     int C = m->cfg.hidden_size, V = m->cfg.vocab_size;
     td_forward_rows rows;
     tr->mb_s0 = s0;
+    train_aux_begin(tr);   /* the load-balancing loss counts this forward's routing */
     int N = forward_decoder(tr->f, s1 - s0, tokens + s0, lens + s0, &rows);
+    train_aux_end(tr, N, tr->scaler.scale);
     const td_ops *ops = rows.ops;
     const td_acts *a = forward_acts(tr->f);
     for (int i = 0; i < N; i++) {
@@ -455,6 +472,8 @@ int td_trainer_accumulate(td_trainer *tr, int nseq, const int *const *tokens, co
                                "the vocabulary 0..%d", s, t, tokens[s][t], V - 1);
     }
     double total = 0.0;
+    tr->aux_rows_call = 0;
+    for (int s = 0; s < nseq; s++) tr->aux_rows_call += lens[s];
     for (int s0 = 0; s0 < nseq;) {   /* greedy packing of whole sequences, as td_forward */
         int s1 = s0, rows = 0;
         while (s1 < nseq && rows + lens[s1] <= tr->o.max_tokens) rows += lens[s1++];

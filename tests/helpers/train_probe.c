@@ -10,10 +10,13 @@
  *               [--lora-r R] [--lora-alpha A] [--lora-modules q_proj,v_proj,...]
  *               [--loss-scaling 0|1] [--init-scale X] [--growth-interval N]
  *               [--max-tokens N] [--logits-rows N] [--seed N] [--bench-seconds S]
+ *               [--output-router-logits 0|1] [--router-aux-loss-coef X]
  *
  * FILE.json: {"tokens": [[ids...], ...], "mask": [[0/1 per target t = 1..len-1], ...]}
  * (mask optional: all targets). Per step prints
- *   step K loss L grad_norm G lr X loss_scale S skipped 0|1
+ *   step K loss L grad_norm G lr X loss_scale S skipped 0|1 [aux_loss A]
+ * (aux_loss: the unscaled load-balancing loss, with --output-router-logits 1; L excludes it: the
+ * loss trained is L + coef * A, coef = --router-aux-loss-coef, default config.json's)
  * --dump-grads FILE: the first step's gradients (td_trainer_dump_grads); --trace DIR: every
  * step's gradients DIR/grads_K.safetensors and masters after it DIR/step_K/ (fp32);
  * --logp FILE: the target log-probs the training path saw at the first step, one per line;
@@ -23,6 +26,7 @@
 #include "tidal/train.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,7 +55,7 @@ int main(int argc, char **argv)
     const char *model = NULL, *batch = NULL, *recipe = "fp32", *dump = NULL, *trace = NULL;
     const char *save = NULL, *logp_path = NULL, *mods = NULL;
     int steps = 1;
-    double bench = 0;
+    double bench = 0, aux_coef = NAN;
     td_train_opts o;
     td_train_opts_defaults(&o);
     o.max_steps = 0;
@@ -90,6 +94,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--logits-rows")) o.logits_rows = atoi(v);
         else if (!strcmp(a, "--seed")) o.seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--bench-seconds")) bench = atof(v);
+        else if (!strcmp(a, "--output-router-logits")) o.output_router_logits = atoi(v);
+        else if (!strcmp(a, "--router-aux-loss-coef")) aux_coef = atof(v);
         else return usage("unknown option");
     }
     if (!model || !batch || steps < 1) return usage("--model and --batch are required");
@@ -133,6 +139,7 @@ int main(int argc, char **argv)
     if (td_recipe_resolve(recipe, &r, &err)) { fprintf(stderr, "train_probe: %s\n", err.msg); return 1; }
     td_model *m = td_model_load(model, &err);
     if (!m) { fprintf(stderr, "train_probe: %s\n", err.msg); return 1; }
+    o.router_aux_loss_coef = isnan(aux_coef) ? m->cfg.router_aux_loss_coef : aux_coef;
     td_trainer *tr = td_trainer_create(m, &r, &o, NULL, &err);
     if (!tr) { fprintf(stderr, "train_probe: %s\n", err.msg); return 1; }
     const int *const *tokens = (const int *const *)tok;
@@ -147,7 +154,9 @@ int main(int argc, char **argv)
             return 1;
         }
         fclose(f);
-        /* these gradients are zero (the logging loss has no derivative); nothing to undo */
+        /* the logging loss has no derivative; the load-balancing loss's gradient and value go */
+        td_trainer_zero_grads(tr);
+        td_trainer_aux_loss(tr, 1);
     }
     double t0 = omp_get_wtime(), t1 = t0;
     long tokens_done = 0;
@@ -166,8 +175,12 @@ int main(int argc, char **argv)
         tokens_done += total;
         t1 = omp_get_wtime();
         if (!bench)
-            printf("step %d loss %.9g grad_norm %.9g lr %.17g loss_scale %.17g skipped %d\n", k, loss,
+        {
+            printf("step %d loss %.9g grad_norm %.9g lr %.17g loss_scale %.17g skipped %d", k, loss,
                    info.grad_norm, info.lr, info.loss_scale, info.skipped);
+            if (o.output_router_logits) printf(" aux_loss %.9g", td_trainer_aux_loss(tr, 1));
+            printf("\n");
+        }
         if (trace) {
             char p[4096];
             snprintf(p, sizeof p, "%s/step_%d", trace, k);

@@ -14,6 +14,13 @@ bf16-train: the median tensor's relative Frobenius error against float64 <= 2x t
 model held in bf16 by transformers (autograd, what a TRL user trains) and <= 16 u_bf16 (u = 2^-9);
 not every tensor, because bf16 rounding flips some routing decisions and an expert that sees other
 rows has a gradient that differs O(1/rows): the MoE mismatch itself, printed.
+With the load-balancing loss on (train_probe --output-router-logits 1, coefficient AUX_COEF): the
+reference is transformers' own loss as a Trainer computes it, model(input_ids, attention_mask,
+labels, output_router_logits=True).loss on the right-padded batch (mean cross-entropy over the
+labels + router_aux_loss_coef * load_balancing_loss_func over the unpadded tokens of every MoE
+layer), float64 autograd: aux_loss and the total loss within 1e-5 relative, every gradient within
+1e-4 of the reference's largest entry as above; and the aux term must move the routers' gradients
+(by more than 1e-2 relative: the check sees it).
 Skips (exit 77) without torch, safetensors or transformers.
 """
 import json
@@ -91,13 +98,35 @@ BATCH = os.path.join(tmp, "batch.json")
 json.dump(batch, open(BATCH, "w"))
 
 
-def probe(model, dump, *args):
+def probe_line(model, dump, *args):
     p = subprocess.run([PROBE, "--model", model, "--batch", BATCH, "--dump-grads", dump, *args], capture_output=True,
                        text=True, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
     if p.returncode != 0:
         print(p.stdout, p.stderr)
         raise SystemExit("train_probe failed")
-    return float(p.stdout.split()[3])   # "step 0 loss X ..."
+    return p.stdout.split()   # "step 0 loss X grad_norm ... [aux_loss A]"
+
+
+def probe(model, dump, *args):
+    return float(probe_line(model, dump, *args)[3])
+
+
+AUX_COEF = 0.5   # large, so that the auxiliary term is a visible share of the routers' gradients
+
+
+def autograd_aux(d, dump):
+    """transformers' loss with output_router_logits on, on the padded batch, float64 autograd."""
+    m = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float64, attn_implementation="eager",
+                                             router_aux_loss_coef=AUX_COEF)
+    m.train()
+    ids, mask = dump["input_ids"], dump["loss_mask"]
+    am = torch.zeros_like(ids)
+    for b, n in enumerate(LENS):
+        am[b, :n] = 1
+    labels = torch.where(mask.bool(), ids, torch.full_like(ids, -100))
+    out = m(input_ids=ids, attention_mask=am, labels=labels, output_router_logits=True)
+    out.loss.backward()
+    return out.loss.item(), out.aux_loss.item(), {k: v.grad.double() for k, v in m.named_parameters()}
 
 
 def autograd(d, dump, dtype=torch.float64):
@@ -140,6 +169,25 @@ for i, (name, cls, cfg, mixtral) in enumerate(MODELS):
     kinds = sorted({k.split(".")[-2] for k in errs})
     check(errs[worst] <= 1e-4, f"{name}: fp32 gradients of {len(errs)} tensors ({', '.join(kinds)}) within 1e-4 of "
           f"float64 autograd; worst {errs[worst]:.2e} ({worst})")
+    # the load-balancing loss on: transformers' loss with output_router_logits, padded batch
+    adump_path = os.path.join(tmp, name + "-aux.safetensors")
+    words = probe_line(d, adump_path, "--output-router-logits", "1", "--router-aux-loss-coef", str(AUX_COEF))
+    ce, aux = float(words[3]), float(words[words.index("aux_loss") + 1])
+    adump = load_file(adump_path)
+    aref_loss, aref_aux, aref = autograd_aux(d, adump)
+    check(abs(aux - aref_aux) <= 1e-5 * abs(aref_aux) and abs(ce + AUX_COEF * aux - aref_loss) <= 1e-5 * abs(aref_loss),
+          f"{name}: aux_loss {aux:.7f} vs transformers' {aref_aux:.7f}; loss + {AUX_COEF} aux {ce + AUX_COEF * aux:.7f} vs "
+          f"transformers' output_router_logits loss {aref_loss:.7f} (float64, padded batch)")
+    aerrs = {k: ((adump[k].double() - aref[k]).abs().max() / max(aref[k].abs().max().item(), 1e-30)).item()
+             for k in aref if k in adump}
+    aworst = max(aerrs, key=aerrs.get)
+    check(len(aerrs) == len(errs) and aerrs[aworst] <= 1e-4,
+          f"{name}: with the aux loss, fp32 gradients of {len(aerrs)} tensors within 1e-4 of float64 autograd; worst "
+          f"{aerrs[aworst]:.2e} ({aworst})")
+    routers = [k for k in aref if k.endswith("gate.weight") and "experts" not in k and "shared" not in k]
+    moved = min(((aref[k] - ref[k]).norm() / ref[k].norm()).item() for k in routers)
+    check(moved > 1e-2, f"{name}: the aux term moves every router's gradient (least {moved:.2e} relative, {len(routers)} "
+          f"routers): the comparison sees it")
     fd = fuse(d, name + "-fused", mixtral)
     fdump_path = os.path.join(tmp, name + "-fused.safetensors")
     probe(fd, fdump_path)
