@@ -124,7 +124,6 @@ static void settings_json(const td_sft_opts *o, const td_config *c, char *out, s
                           "max_grad_norm", t->max_grad_norm, "adam_beta1", t->beta1, "adam_beta2", t->beta2,
                           "adam_epsilon", t->eps);
     if (t->gradient_checkpointing) json_object_set_new(j, "gradient_checkpointing", json_true());
-    if (t->freeze_router) json_object_set_new(j, "freeze_router", json_true());   /* absent without: older runs resume */
     if (aux.output_router_logits > 0) {   /* absent when off (the default): older runs resume */
         json_object_set_new(j, "output_router_logits", json_true());
         json_object_set_new(j, "router_aux_loss_coef", json_real(aux.router_aux_loss_coef));
