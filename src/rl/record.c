@@ -2,6 +2,8 @@
  *   /steps/<metric>        one row per step, float64, the names of TD_RL_METRICS (verl/TRL's)
  *   /steps/collapse_fired  int32: bit mask of detector signals first marked by this step's push
  *   /steps/collapse_active int32: bit mask of signals whose condition holds at this step
+ *   /steps/routing_flip_rate_layers  mixtures of experts: (steps, MoE layers) float64, each MoE
+ *                          layer's routing_flip_rate (absent for a dense model)
  *   /seqs /tokens /prompts the first --log-completions completions of every step, in the
  *                          tidal-diff layout (A = training path pi_old, B = rollout), /seqs/batch
  *                          = the step: tidal-report and tidal-heatmap read them
@@ -33,6 +35,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#define RL_FLIP_LAYERS "/steps/routing_flip_rate_layers"
 
 static void file_path(const rl_run *R, char *buf, size_t n, const char *name)
 {
@@ -153,6 +157,13 @@ static int replay(rl_run *R, int steps, td_error *err)
             free(col); free(rows); return -1;
         }
         for (int k = 0; k < steps; k++) rows[(size_t)k * TD_RLM_COUNT + i] = col[k];
+    }
+    if (R->Lm && steps && !td_runfile_exists(R->rf, RL_FLIP_LAYERS)) {   /* a run file older than the column */
+        double *nan = td_xmalloc((size_t)steps * R->Lm * sizeof(double));
+        for (size_t i = 0; i < (size_t)steps * R->Lm; i++) nan[i] = NAN;
+        int rc = td_runfile_append(R->rf, RL_FLIP_LAYERS, TD_COL_F64, (size_t)R->Lm, nan, (size_t)steps, err);
+        free(nan);
+        if (rc) { free(col); free(rows); return -1; }
     }
     R->skipped_extra = 0;
     for (int k = 0; k < steps; k++) {
@@ -389,6 +400,7 @@ int rl_file_commit(rl_run *R, int k, const double *M, td_error *err)
         snprintf(p, sizeof p, "/steps/reward_%s", R->comp_names[c]);
         if (td_runfile_append(R->rf, p, TD_COL_F64, 1, &mean, 1, err)) return -1;
     }
+    if (R->Lm && td_runfile_append(R->rf, RL_FLIP_LAYERS, TD_COL_F64, (size_t)R->Lm, R->flip_rate_l, 1, err)) return -1;
     if (td_runfile_append(R->rf, "/steps/collapse_fired", TD_COL_I32, 1, &f, 1, err) ||
         td_runfile_append(R->rf, "/steps/collapse_active", TD_COL_I32, 1, &a, 1, err))
         return -1;

@@ -115,6 +115,8 @@ typedef struct {
     int *route_b, *route_old;
     unsigned char *route_tok_flip;/* (B, max_len) pi_old's routing at the position flipped in a layer */
     int64_t route_flips, route_routed;
+    int64_t *route_flips_l, *route_routed_l; /* (Lm) the same per MoE layer                     */
+    double *flip_rate_l;          /* (Lm) this step's /steps/routing_flip_rate_layers row           */
 } rl_run;
 
 /* step.c: the routing observers and replays of a mixture of experts (run.c sets them) */

@@ -140,6 +140,9 @@ static int build(rl_run *R, td_error *err)
         R->route_b = td_xmalloc(cells * sizeof(int));
         R->route_old = td_xmalloc(cells * sizeof(int));
         R->route_tok_flip = td_xmalloc((size_t)R->B * R->max_len);
+        R->route_flips_l = td_xcalloc((size_t)R->Lm, sizeof(int64_t));
+        R->route_routed_l = td_xcalloc((size_t)R->Lm, sizeof(int64_t));
+        R->flip_rate_l = td_xcalloc((size_t)R->Lm, sizeof(double));
         td_session_set_moe_fn(R->sess, rl_moe_on_rollout, R);
         td_forward_set_moe_fn(R->fold, rl_moe_on_old, R);
         if (o->routing_replay == TD_RL_REPLAY_R3) {
@@ -200,6 +203,7 @@ static void teardown(rl_run *R)
     td_sampler_free(R->smp);
     td_session_free(R->sess);
     free(R->route_b); free(R->route_old); free(R->route_tok_flip);
+    free(R->route_flips_l); free(R->route_routed_l); free(R->flip_rate_l);
     rl_sync_free(R);
     td_forward_free(R->fold);
     td_forward_free(R->fref);

@@ -135,8 +135,11 @@ static void response_metrics(rl_run *R, double *M)
     M[TD_RLM_logp_diff_max] = dmax;
     M[TD_RLM_routing_flip_rate] = M[TD_RLM_routing_tokens_flipped] = NAN;
     M[TD_RLM_routing_mismatch_flipped] = M[TD_RLM_routing_mismatch_unflipped] = M[TD_RLM_routing_expert_load] = NAN;
+    for (int m = 0; m < R->Lm; m++) R->flip_rate_l[m] = NAN;
     if (R->Lm && !R->o->exact_match) {
         M[TD_RLM_routing_flip_rate] = R->route_routed ? (double)R->route_flips / R->route_routed : NAN;
+        for (int m = 0; m < R->Lm; m++)
+            R->flip_rate_l[m] = R->route_routed_l[m] ? (double)R->route_flips_l[m] / R->route_routed_l[m] : NAN;
         int64_t flipped = 0;
         for (int s = 0; s < R->B; s++)
             for (int t = R->plen[s] - 1; t <= R->len[s] - 2; t++) flipped += R->route_tok_flip[(size_t)s * R->max_len + t];
@@ -239,7 +242,12 @@ void rl_moe_on_old(void *user, const td_moe_route *r)
             same = in;
         }
         R->route_routed++;
-        if (!same) { R->route_flips++; R->route_tok_flip[(size_t)s * R->max_len + t] = 1; }
+        R->route_routed_l[r->moe_layer]++;
+        if (!same) {
+            R->route_flips++;
+            R->route_flips_l[r->moe_layer]++;
+            R->route_tok_flip[(size_t)s * R->max_len + t] = 1;
+        }
     }
 }
 
@@ -296,6 +304,8 @@ static int rollout(rl_run *R, int k, double *M, td_error *err)
         memset(R->route_old, 0xFF, cells * sizeof(int));
         memset(R->route_tok_flip, 0, (size_t)R->B * R->max_len);
         R->route_flips = R->route_routed = 0;
+        memset(R->route_flips_l, 0, (size_t)R->Lm * sizeof(int64_t));
+        memset(R->route_routed_l, 0, (size_t)R->Lm * sizeof(int64_t));
     }
     int rc = td_rollout_generate(R->sess, R->smp, &ro, &b, R->nlog ? on_rollout_row : NULL, R, err);
     free(stream);

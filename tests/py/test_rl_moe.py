@@ -8,6 +8,10 @@
 3. --resume after a stop at step 2 gives every /steps column bit for bit (timings aside) of the
    uninterrupted 4-step run, with r3 (the rollout's experts kept with the batch and replayed);
 4. --routing-replay on a dense model exits 1 naming the flag; a bad value exits 2;
+6. /steps/routing_flip_rate_layers: (steps, MoE layers), each layer's flip rate in [0, 1], their mean
+   the pooled routing_flip_rate (every layer routes the same positions); absent on the dense model;
+   a run file made before it and /steps/aux_loss existed (both deleted after 2 steps) resumes: nan
+   rows for the old steps, every other column bit for bit;
 5. tidal-sft --freeze-router: two fp32-saved steps leave every router bit-identical to add-moe's while
    every expert matrix moves (without it the routers move too); on a dense model it exits 1.
 """
@@ -59,6 +63,11 @@ for rr in ("none", "r2", "r3"):
     check(bool(np.all(np.isfinite(fr)) and (rr != "none" or fr.max() > 0) and np.all((fr >= 0) & (fr <= 1)) and np.all((tf >= 0) & (tf <= 1))),
           f"{rr}: /steps routing_flip_rate {fr} and routing_tokens_flipped {tf} in [0, 1] (bf16 pair: some flips without replay)")
     first[rr] = float(s["logp_diff_mean"][0])
+    fl = s.get("routing_flip_rate_layers")
+    check(fl is not None and fl.shape == (1, 4) and bool(np.all((fl >= 0) & (fl <= 1)))
+          and abs(float(fl.mean()) - float(fr[0])) <= 1e-12,
+          f"{rr}: /steps/routing_flip_rate_layers {None if fl is None else np.round(fl, 4).tolist()} (steps x 4 MoE layers), "
+          f"mean = routing_flip_rate {fr[0]:.4f}")
     if rr == "none":
         mf, mu, load = s["routing_mismatch_flipped"][0], s["routing_mismatch_unflipped"][0], s["routing_expert_load"][0]
         check(bool(mf > mu > 0 and load >= 1), f"step 0: flipped tokens' mean |pi_old - mu| {mf:.2e} > unflipped "
@@ -74,11 +83,28 @@ check(full.returncode == 0 and cut.returncode == 0 and res.returncode == 0, "r3:
 a, b = steps("full"), steps("cut")
 bad = [k for k in a if not k.startswith("time_") and not np.array_equal(a[k], b.get(k), equal_nan=True)]
 check(not bad, f"r3: --resume gives every /steps column bit for bit ({len(a)} columns{', differ: ' + str(bad) if bad else ''})")
+old = rl("old", "--max-steps", "2", "--routing-replay", "r3")
+with h5py.File(os.path.join(tmp, "old", "rl.h5"), "a") as f:   # what a run file made before these columns holds
+    del f["steps/routing_flip_rate_layers"], f["steps/aux_loss"]
+res = subprocess.run([os.path.join(BIN, "tidal-rl"), *BASE, "--output-dir", os.path.join(tmp, "old"), "--max-steps", "4",
+                      "--routing-replay", "r3", "--resume"], capture_output=True, text=True)
+c = steps("old") if res.returncode == 0 else {}
+new = ("routing_flip_rate_layers", "aux_loss")
+bad = [k for k in a if not k.startswith("time_") and k not in new and not np.array_equal(a[k], c.get(k), equal_nan=True)]
+check(res.returncode == 0 and not bad and bool(np.isnan(c["routing_flip_rate_layers"][:2]).all())
+      and np.array_equal(c["routing_flip_rate_layers"][2:], a["routing_flip_rate_layers"][2:]),
+      f"a run file older than routing_flip_rate_layers and aux_loss resumes (nan rows before){' differ: ' + str(bad) if bad else ''}"
+      + ("" if res.returncode == 0 else res.stderr[-300:]))
 
 dense = subprocess.run([os.path.join(BIN, "tidal-rl"), *BASE[2:], "--model-path", os.path.join(ROOT, "datasets/models/add"),
                         "--output-dir", os.path.join(tmp, "dense"), "--max-steps", "1", "--routing-replay", "r3"],
                        capture_output=True, text=True)
 check(dense.returncode == 1 and "--routing-replay" in dense.stderr, "--routing-replay r3 on a dense model: exit 1 naming the flag")
+dense = subprocess.run([os.path.join(BIN, "tidal-rl"), *BASE[2:], "--model-path", os.path.join(ROOT, "datasets/models/add"),
+                        "--output-dir", os.path.join(tmp, "dense1"), "--max-steps", "1"], capture_output=True, text=True)
+sd = steps("dense1") if dense.returncode == 0 else {}
+check(dense.returncode == 0 and "routing_flip_rate_layers" not in sd and bool(np.isnan(sd["routing_flip_rate"]).all()),
+      "dense model: no routing_flip_rate_layers, routing_flip_rate nan")
 badv = rl("bad", "--max-steps", "1", "--routing-replay", "r4")
 check(badv.returncode == 2, "--routing-replay r4: usage error (exit 2)")
 try:
