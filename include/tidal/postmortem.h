@@ -54,7 +54,7 @@ int td_pm_metric_column(const td_pm_curves *c, int rlm);
 
 /* An event found in the curves. */
 typedef struct {
-    char name[32];         /* "reward_drop", "grad_spike", "entropy", "mismatch", "length", "dead",
+    char name[32];         /* "reward_drop", "reward_dip", "grad_spike", "entropy", "mismatch", "length", "dead",
                               "length_surge", "is_extreme", "logp_diff_rise", "lr_change" */
     int64_t step;          /* the run's step */
     char rule[256];        /* the threshold that fired, with its source */
@@ -63,11 +63,10 @@ typedef struct {
 
 typedef struct {
     td_collapse_cfg cfg;
-    /* the drop: the detector's reward_drop (the first of its hold steps), the onset (the first
-     * step of the final descent: after the last step before the detector's whose raw reward was
-     * within drop_abs/2 of the best EMA; at most the detector's), the reward's best EMA, the EMA at
-     * the end; -1 when
-     * there was no drop */
+    /* the collapse the run ended in (postmortem.c: its final EMA below its best by the detector's
+     * margin): drop_step the first step from which the EMA stays below that level to the end,
+     * onset_step the first step of that descent; -1 when the run did not end collapsed (a detector
+     * mark it recovered from is the event reward_dip). The reward's best EMA, its EMA at the end. */
     int64_t drop_step, onset_step;
     double best_reward, final_reward, initial_reward;
     int reward_col;

@@ -25,20 +25,28 @@ for n in sorted(os.listdir(G)):
     v = {h["hypothesis"]: h["reading"] for h in j["verdict"]}
     arm = n.split("-", 1)[1] if n.startswith("s") else "full-bf16"
     rows.append((n, arm, dead, final, j["reward_drop_step"], j["reward_drop_confirmed_step"], ck, v,
-                 [(e["event"], e["step"]) for e in j["events"] if e["before_onset"] and e["event"] != "reward_drop"]))
+                 [(e["event"], e["step"]) for e in j["events"] if e["before_onset"] and e["event"] not in ("reward_drop", "reward_dip")],
+                 [e["step"] for e in j["events"] if e["event"] == "reward_dip"]))
     for h, r in v.items():
         tally.setdefault(h, {}).setdefault((dead, r), 0)
         tally[h][(dead, r)] += 1
 
-print("| run | dead | final clean acc | drop (onset) | confirmed | run file's collapse_step + 1 | mismatch | entropy | learning_rate | truncation | dead_groups | precursors before the onset |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-for n, arm, dead, final, on, conf, ck, v, pre in rows:
+print("| run | dead | final clean acc | collapse onset | collapse confirmed | detector's first mark (run file) | dips | mismatch | entropy | learning_rate | truncation | dead_groups | precursors before the onset |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+for n, arm, dead, final, on, conf, ck, v, pre, dips in rows:
     print(f"| {n} | {'yes' if dead else 'no'} | {final:.3f} | {on if on is not None else '—'} | {conf if conf is not None else '—'} | "
-          f"{ck + 1 if ck >= 0 else '—'} | {v['mismatch']} | {v['entropy']} | {v['learning_rate']} | {v['truncation']} | "
-          f"{v['dead_groups']} | {', '.join('%s@%d' % e for e in pre) or '—'} |")
+          f"{ck + 1 if ck >= 0 else '—'} | {', '.join(map(str, dips)) or '—'} | {v['mismatch']} | {v['entropy']} | {v['learning_rate']} | "
+          f"{v['truncation']} | {v['dead_groups']} | {', '.join('%s@%d' % e for e in pre) or '—'} |")
 print()
-agree = sum((conf if conf is not None else -1) == (ck + 1 if ck >= 0 else -1) for _, _, _, _, _, conf, ck, _, _ in rows)
-print(f"The detector's confirmation equals the run file's collapse_step + 1 in {agree} of {len(rows)} runs.")
+both = sum(1 for r in rows if r[2] and r[4] is not None)
+dead_only = sum(1 for r in rows if r[2] and r[4] is None)
+col_only = sum(1 for r in rows if not r[2] and r[4] is not None)
+neither = sum(1 for r in rows if not r[2] and r[4] is None)
+print(f"Ended collapsed (the rollout reward's final EMA below its best by the detector's margin) against dead (clean accuracy): "
+      f"both {both}, dead only {dead_only}, collapsed only {col_only}, neither {neither}.")
+first = sum(1 for r in rows if r[6] >= 0 and r[4] is not None and r[4] <= r[6] + 1 <= (r[5] or 0))
+print(f"The detector's first mark (the run file's collapse_step) falls inside the final collapse in {first} of "
+      f"{sum(1 for r in rows if r[4] is not None)} collapsed runs; in the others it marked an earlier dip the reward recovered from.")
 nd = sum(r[2] for r in rows)
 print(f"Dead: {nd} of {len(rows)}. Readings by outcome (dead / alive):")
 print()

@@ -509,25 +509,50 @@ int td_pm_events_find(const td_pm_curves *c, const td_collapse_cfg *cfg, td_pm_e
         }
         if (s == TD_CLP_REWARD) e->drop_step = st;
     }
-    /* the onset: after the last row up to the detector's whose raw reward was within drop_abs/2 of
-     * the best EMA so far */
-    if (e->drop_step >= 0) {
-        size_t kd = 0;
-        while (kd < nr && c->step[row_of[kd]] != e->drop_step) kd++;
-        size_t last_hold = kd + (size_t)cfg->hold - 1 < nr ? kd + (size_t)cfg->hold - 1 : nr - 1;
-        double best = -INFINITY;
-        size_t kb = 0;
-        for (size_t k = 0; k <= last_hold; k++)
-            if (ema[k] > best) { best = ema[k]; kb = k; }
-        e->best_reward = best;
-        size_t on = kb + 1 <= kd ? kb + 1 : kd;
-        for (size_t k = kb; k < kd; k++)   /* never past the detector's mark */
-            if (R[row_of[k]] >= best - 0.5 * cfg->drop_abs) on = k + 1;
+    /* The collapse the run ended in, not its first dip: the detector marks its first reward_drop
+     * only, and a run can dip, recover and die later. The run ended collapsed when its final EMA
+     * is below its best EMA by the detector's margin (drop_abs, or drop_rel of the gain when the
+     * gain reached min_gain). Then the confirmation is the first row from which the EMA stays
+     * below that level to the end, and the onset the row after the last one before it whose raw
+     * reward was within drop_abs/2 of the best EMA reached before it; a stretch below the level
+     * shorter than the detector's hold at the end of the log is not called a collapse. A detector
+     * mark that the reward recovered from is kept as the event reward_dip. */
+    double best = -INFINITY;
+    for (size_t k = 0; k < nr; k++)
+        if (ema[k] > best) best = ema[k];
+    e->best_reward = nr ? best : NAN;
+    double margin = cfg->drop_abs, gain = nr ? best - ema[0] : 0;
+    if (gain >= cfg->min_gain && cfg->drop_rel * gain < margin) margin = cfg->drop_rel * gain;
+    int ended = nr > 0 && best - ema[nr - 1] >= margin;
+    size_t kc = nr;
+    while (ended && kc > 0 && best - ema[kc - 1] >= margin) kc--;
+    if (ended && nr - kc < (size_t)cfg->hold) ended = 0;   /* a dip at the very end: too short to call */
+    if (ended) {
+        double bb = ema[0];
+        for (size_t k = 0; k < kc; k++)
+            if (ema[k] > bb) bb = ema[k];
+        size_t on = 0;
+        for (size_t k = 0; k < kc; k++)
+            if (R[row_of[k]] >= bb - 0.5 * cfg->drop_abs) on = k + 1;
+        if (on > kc) on = kc;
         e->onset_step = c->step[row_of[on]];
+        e->drop_step = c->step[row_of[kc]];
     } else {
-        for (size_t k = 0; k < nr; k++)
-            if (k == 0 || ema[k] > e->best_reward) e->best_reward = ema[k];
+        e->drop_step = -1;
     }
+    int have_final = 0;
+    for (size_t i = 0; i < e->n_ev; i++) {
+        td_pm_event *v = &e->ev[i];
+        if (strcmp(v->name, "reward_drop")) continue;
+        if (ended && v->step >= e->onset_step) { have_final = 1; continue; }
+        snprintf(v->name, sizeof v->name, "reward_dip");
+        size_t l = strlen(v->rule);
+        snprintf(v->rule + l, sizeof v->rule - l, "; the reward recovered afterwards");
+    }
+    if (ended && !have_final)
+        event(e, "reward_drop", e->drop_step, c->key[rc], "the collapse the run ended in: EMA(%.2g) of the reward %.2g below "
+              "its best from here to the end (the detector's margin; its own mark came earlier, at a dip)",
+              cfg->ema_alpha, margin);
     td_collapse_free(d);
     /* the post-mortem's own precursors, on what TRL and verl log beside the detector's inputs */
     size_t base = nr < 20 ? (nr + 1) / 2 : 20;   /* the early window: the detector's k3 baseline */
