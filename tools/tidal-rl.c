@@ -181,8 +181,9 @@ int main(int argc, char **argv)
         TD_OPT_U("seed", 0, &seed, "S", "seed of prompts order, sampling and LoRA init (default 42)"),
         TD_OPT_I("dump-step", 0, &o.dump_step, "K", 0, 1 << 30, "write step K's per-token tensors (TRL's names: per_token_logps,\n"
                  "old/sampling/ref_per_token_logps, completion_mask, advantages,\n"
-                 "importance_sampling_ratio, per_token_loss_grad) to\n"
-                 "OUTPUT_DIR/dump-step-K.safetensors, to check the loss against\n"
+                 "importance_sampling_ratio, per_token_loss_grad; MoE: the\n"
+                 "rollout's and pi_old's experts, sampling/old_routed_experts)\n"
+                 "to OUTPUT_DIR/dump-step-K.safetensors, to check the loss against\n"
                  "TRL's or verl's code (K counts from 1, as the progress line)"),
         TD_OPT_I("eval-steps", 0, &o.eval_steps, "N", 0, 1 << 30, "clean evaluation every N steps (default 0 = never): the\n"
                  "trainer's policy, greedy, training recipe, no engine sync\nor noise -> /steps eval_reward, eval_accuracy (your own\nrecords: your reward; accuracy = share with reward >= 1)"),

@@ -427,8 +427,10 @@ typedef struct {
      * ref_per_token_logps (with --beta), importance_sampling_ratio (the IS weight the loss uses),
      * loss_mask (the mask after IS masking), per_token_loss_grad (d loss / d per_token_logps:
      * the coefficient of each token in the gradient), advantages and rewards [B]; metadata: the
-     * loss, loss_type, epsilon(s), beta, the step and the command line. Output only: not part of
-     * the run's configuration. */
+     * loss, loss_type, epsilon(s), beta, the step and the command line. A mixture of experts adds
+     * sampling_routed_experts (the rollout's) and old_routed_experts (pi_old's forward's), int64
+     * [B, P + T, Lm, K] over cat(prompt_ids, completion_ids), -1 where not routed, and metadata
+     * moe_layers. Output only: not part of the run's configuration. */
     int dump_step;
     unsigned report_to;        /* --report-to: TD_REPORT_* mask (tfevents.h; default 0, none) */
     volatile sig_atomic_t *stop; /* set by a signal (td_stop_on_signals): at the next step boundary

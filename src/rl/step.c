@@ -520,6 +520,25 @@ static int update(rl_run *R, double *M, td_error *err)
     return 0;
 }
 
+/* A mixture of experts' routing of the step in the layout of TRL's input_ids = cat(prompt_ids,
+ * completion_ids): (B, P + T, Lm, K), each token's experts as the input at its position, -1 on
+ * padding and where the source did not route it */
+static int dump_routing(const rl_run *R, td_st_writer *w, const char *name, const int *src, int P, int T, td_error *err)
+{
+    size_t row = (size_t)R->Lm * R->K, n = (size_t)R->B * (P + T) * row;
+    int64_t *x = td_xmalloc(n * sizeof(int64_t));
+    for (size_t i = 0; i < n; i++) x[i] = -1;
+    for (int s = 0; s < R->B; s++)
+        for (int t = 0; t < R->len[s]; t++) {   /* prompt position t at column P - plen + t, completion at P + t - plen */
+            int j = t < R->plen[s] ? P - R->plen[s] + t : P + t - R->plen[s];
+            const int *e = route_cell((int *)src, R, s, t, 0);
+            for (size_t q = 0; q < row; q++) x[((size_t)s * (P + T) + j) * row + q] = e[q];
+        }
+    int rc = td_st_writer_write_raw(w, name, x, n * sizeof(int64_t), err);
+    free(x);
+    return rc;
+}
+
 /* --dump-step: one step's tensors as TRL holds them in _compute_loss (include/tidal/rl.h) */
 static int dump_step(rl_run *R, int k, double loss, td_error *err)
 {
@@ -564,6 +583,17 @@ static int dump_step(rl_run *R, int k, double loss, td_error *err)
              td_st_writer_declare(w, "rewards", TD_DT_F32, 1, shb, err);
         for (int i = 0; i < NT && !rc; i++)
             if (tok_src[i]) rc = td_st_writer_declare(w, tok_names[i], TD_DT_F32, 2, shp, err);
+        if (R->Lm && !rc) {   /* the routing: the rollout's (what R3 replays) and pi_old's forward's */
+            int64_t shr[4] = {B, P + T, R->Lm, R->K};
+            char layers[1024] = "";
+            const td_config *c = &R->model->cfg;
+            size_t n = 0;
+            for (int l = 0; l < c->num_layers && n + 16 < sizeof layers; l++)   /* "0,1,2,3": which layers */
+                if (td_config_layer_moe(c, l)) n += (size_t)snprintf(layers + n, sizeof layers - n, "%s%d", n ? "," : "", l);
+            rc = td_st_writer_meta(w, "moe_layers", layers, err) ||
+                 td_st_writer_declare(w, "sampling_routed_experts", TD_DT_I64, 4, shr, err) ||
+                 td_st_writer_declare(w, "old_routed_experts", TD_DT_I64, 4, shr, err);
+        }
         rc = rc || td_st_writer_begin(w, err);
     }
     if (!rc) {   /* prompts left-padded with 0, as TRL's processor pads them */
@@ -593,6 +623,9 @@ static int dump_step(rl_run *R, int k, double loss, td_error *err)
             memcpy(pad + (size_t)s * T, tok_src[i] + R->off[s], (size_t)(R->off[s + 1] - R->off[s]) * sizeof(float));
         rc = td_st_writer_write_f32(w, tok_names[i], pad, BT, err);
     }
+    if (R->Lm && !rc)
+        rc = dump_routing(R, w, "sampling_routed_experts", R->route_b, P, T, err) ||
+             dump_routing(R, w, "old_routed_experts", R->route_old, P, T, err);
     rc = rc || td_st_writer_finish(w, err);
     td_st_writer_free(w);
     free(pad); free(seqv); free(ids);

@@ -12,6 +12,12 @@
    the pooled routing_flip_rate (every layer routes the same positions); absent on the dense model;
    a run file made before it and /steps/aux_loss existed (both deleted after 2 steps) resumes: nan
    rows for the old steps, every other column bit for bit;
+7. --dump-step 1 writes the routing in the layout of TRL's input_ids = cat(prompt_ids, completion_ids):
+   sampling_routed_experts (the rollout's) and old_routed_experts (pi_old's forward's), int64
+   (B, P + T, MoE layers, K), -1 exactly on padding (and, for the rollout, on each sequence's last
+   token, which generation never feeds); the step's routing_flip_rate recomputed from the two
+   (pi_old's set against the rollout's at the positions predicting response tokens) equals /steps';
+   under r3 pi_old's experts are the rollout's wherever the rollout routed;
 5. tidal-sft --freeze-router: two fp32-saved steps leave every router bit-identical to add-moe's while
    every expert matrix moves (without it the routers move too); on a dense model it exits 1.
 """
@@ -72,6 +78,39 @@ for rr in ("none", "r2", "r3"):
         mf, mu, load = s["routing_mismatch_flipped"][0], s["routing_mismatch_unflipped"][0], s["routing_expert_load"][0]
         check(bool(mf > mu > 0 and load >= 1), f"step 0: flipped tokens' mean |pi_old - mu| {mf:.2e} > unflipped "
               f"{mu:.2e}; expert load {load:.2f} >= 1")
+try:
+    from safetensors import safe_open
+except ImportError:
+    safe_open = None
+if safe_open is not None:
+    for rr in ("none", "r3"):
+        p = rl("dump-" + rr, "--max-steps", "1", "--routing-replay", rr, "--dump-step", "1", *GRID)
+        with safe_open(os.path.join(tmp, "dump-" + rr, "dump-step-1.safetensors"), "np") as f:
+            d = {k: f.get_tensor(k) for k in f.keys()}
+            meta = f.metadata()
+        sr, orr = d["sampling_routed_experts"], d["old_routed_experts"]
+        B, P = d["prompt_ids"].shape
+        T = d["completion_ids"].shape[1]
+        valid = np.concatenate([d["prompt_mask"], d["completion_mask"]], 1) > 0
+        lens = d["completion_mask"].sum(1).astype(int)
+        last = np.zeros_like(valid)
+        for q in range(B):
+            last[q, P + lens[q] - 1] = True
+        ok = (sr.shape == orr.shape == (B, P + T, 4, 2) and meta["moe_layers"] == "0,1,2,3"
+              and bool(np.all((orr >= 0) == valid[:, :, None, None])) and bool(np.all((sr >= 0) == (valid & ~last)[:, :, None, None]))
+              and int(max(sr.max(), orr.max())) < 8)
+        check(ok, f"{rr}: --dump-step's routing: (B, P + T, 4, 2) = {sr.shape}, -1 exactly on padding (and the rollout's last tokens)")
+        if rr == "none":   # the flip rate from the dump: positions P - 1 + j predict completion token j
+            flips = routed = 0
+            for q in range(B):
+                for j in range(lens[q]):
+                    a_, b_ = orr[q, P - 1 + j], sr[q, P - 1 + j]
+                    routed += 4
+                    flips += sum(set(a_[m]) != set(b_[m]) for m in range(4))
+            check(flips > 0 and flips / routed == steps("dump-none")["routing_flip_rate"][0],
+                  f"the dump's routing gives /steps' routing_flip_rate ({flips} of {routed})")
+        else:
+            check(bool(np.all(orr[sr >= 0] == sr[sr >= 0])), "r3: pi_old's experts are the rollout's wherever it routed")
 check(first["r3"] < first["none"], f"step 0: mean |pi_old - mu| with r3 {first['r3']:.3e} < without {first['none']:.3e}")
 check(first["r2"] == first["none"], f"step 0: r2 leaves pi_old as it is ({first['r2']:.3e})")
 
