@@ -60,6 +60,8 @@ typedef enum {
     TD_LORA_Q = 0, TD_LORA_K, TD_LORA_V, TD_LORA_O, TD_LORA_GATE, TD_LORA_UP, TD_LORA_DOWN,
     TD_LORA_NMOD
 } td_lora_module;
+/* the attention projections' bits: what a LoRA on a mixture of experts may adapt */
+#define TD_LORA_ATTN_MASK ((1u << TD_LORA_Q) | (1u << TD_LORA_K) | (1u << TD_LORA_V) | (1u << TD_LORA_O))
 
 const char *td_lora_module_name(int m);          /* "q_proj", ..., "down_proj"       */
 int td_lora_module_from_name(const char *name);  /* -1 if not one of the seven       */

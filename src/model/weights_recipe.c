@@ -400,9 +400,10 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
                      const td_lora *lora, int mode, int cap, int f32, td_error *err)
 {
     if (td_recipe_check(r, r->name, err)) return -1;
-    if (lora && m->cfg.num_experts > 0)
-        return td_fail(err, "%s: LoRA adapters on a mixture-of-experts model are not run yet (MoE training, issue 35)",
-                       lora->dir);
+    if (lora && m->cfg.num_experts > 0 && (lora->modules & ~TD_LORA_ATTN_MASK))
+        return td_fail(err, "%s: a LoRA adapter on a mixture of experts' MLP modules (gate_proj, up_proj, down_proj: "
+                       "every expert's and the shared expert's) is not run; adapters on attention (q/k/v/o_proj) are",
+                       lora->dir ? lora->dir : "adapter");
     if (lora && lora->num_layers != m->cfg.num_layers)
         return td_fail(err, "%s: adapter for %d layers, model has %d", lora->dir, lora->num_layers, m->cfg.num_layers);
     for (int i = 0; lora && i < lora->num_layers * TD_LORA_NMOD; i++) {

@@ -254,9 +254,13 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
                        "loss is a mixture of experts')", td_arch_name(c->arch)), NULL;
     if (opts->output_router_logits && !(opts->router_aux_loss_coef >= 0 && isfinite(opts->router_aux_loss_coef)))
         return td_fail(err, "--router-aux-loss-coef %g: expected a finite value >= 0", opts->router_aux_loss_coef), NULL;
-    if (c->num_experts > 0 && lora_init)
-        return td_fail(err, "training: LoRA on a mixture of experts (%s) is not modelled yet (issue 35): train it "
-                       "fully", td_arch_name(c->arch)), NULL;
+    /* a mixture of experts: adapters on attention only (PEFT would put gate_proj / up_proj / down_proj
+     * adapters on every expert, the shared expert and dense layers alike: not modelled) */
+    unsigned mods = lora_init ? lora_init->modules : opts->lora_modules;
+    if (c->num_experts > 0 && opts->lora_r > 0 && (mods & ~TD_LORA_ATTN_MASK))
+        return td_fail(err, "--lora-target-modules: LoRA on a mixture of experts (%s) adapts attention only "
+                       "(q_proj,k_proj,v_proj,o_proj); adapters on the MLP modules (every expert's, the shared "
+                       "expert's, all-linear) are not modelled", td_arch_name(c->arch)), NULL;
     if (src->backend && !td_backend_has_backward(src->backend))
         return td_fail(err, "training: the %s backend lacks backward ops (matmul_backward): train on "
                        "the CPU (--device cpu)", src->backend->name), NULL;

@@ -18,6 +18,9 @@
    token, which generation never feeds); the step's routing_flip_rate recomputed from the two
    (pi_old's set against the rollout's at the positions predicting response tokens) equals /steps';
    under r3 pi_old's experts are the rollout's wherever the rollout routed;
+8. LoRA on attention (r 4, q_proj,v_proj) on add-moe with r3: 2 steps with each --lora-sync run,
+   checkpoint-2 holds the adapter under PEFT's names (…self_attn.q_proj.lora_A.weight), the routing
+   columns are written; --lora-target-modules all-linear on an MoE is refused naming the flag;
 5. tidal-sft --freeze-router: two fp32-saved steps leave every router bit-identical to add-moe's while
    every expert matrix moves (without it the routers move too); on a dense model it exits 1.
 """
@@ -146,6 +149,18 @@ check(dense.returncode == 0 and "routing_flip_rate_layers" not in sd and bool(np
       "dense model: no routing_flip_rate_layers, routing_flip_rate nan")
 badv = rl("bad", "--max-steps", "1", "--routing-replay", "r4")
 check(badv.returncode == 2, "--routing-replay r4: usage error (exit 2)")
+if safe_open is not None:
+    ok = []
+    for sync in ("merged", "merge-unmerge", "adapter"):
+        p = rl("lora-" + sync, "--max-steps", "2", "--lora-r", "4", "--lora-sync", sync, "--learning-rate", "1e-3",
+               "--routing-replay", "r3")
+        ck = os.path.join(tmp, "lora-" + sync, "checkpoint-2", "adapter_model.safetensors")
+        keys = set(safe_open(ck, "np").keys()) if p.returncode == 0 and os.path.exists(ck) else set()
+        ok.append(p.returncode == 0 and "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in keys
+                  and len(keys) == 4 * 2 * 2 and bool(np.isfinite(steps("lora-" + sync)["routing_flip_rate"]).all()))
+    check(all(ok), f"LoRA q/v on add-moe, r3, each --lora-sync: 2 steps, PEFT-named adapter, routing columns ({ok})")
+    p = rl("lora-all", "--max-steps", "1", "--lora-r", "4", "--lora-target-modules", "all-linear")
+    check(p.returncode == 1 and "--lora-target-modules" in p.stderr, "--lora-target-modules all-linear on an MoE: exit 1 naming it")
 try:
     import torch
     from safetensors.torch import load_file
