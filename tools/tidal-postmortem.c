@@ -685,7 +685,7 @@ int main(int argc, char **argv)
         for (size_t i = 1; i < nm; i++) {
             if (!M[i].run.ok) continue;
             if (E.onset_step < 0 || M[i].step <= E.onset_step) { before = M[i].run.mean; sb = M[i].step; }
-            else if (sa < 0) { after = M[i].run.mean; sa = M[i].step; }
+            else if (sa < 0 || M[i].run.mean > after) { after = M[i].run.mean; sa = M[i].step; }   /* the largest after it */
         }
         hypothesis *h = &H[0];
         char b1[32], b2[32], b3[32];

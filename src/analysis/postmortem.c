@@ -511,8 +511,8 @@ int td_pm_events_find(const td_pm_curves *c, const td_collapse_cfg *cfg, td_pm_e
     }
     /* The collapse the run ended in, not its first dip: the detector marks its first reward_drop
      * only, and a run can dip, recover and die later. The run ended collapsed when its final EMA
-     * is below its best EMA by the detector's margin (drop_abs, or drop_rel of the gain when the
-     * gain reached min_gain). Then the confirmation is the first row from which the EMA stays
+     * is below its best EMA by the detector's margin (drop_abs; drop_rel of the gain when the gain
+     * reached min_gain and the run did not fall by drop_abs). Then the confirmation is the first row from which the EMA stays
      * below that level to the end, and the onset the row after the last one before it whose raw
      * reward was within drop_abs/2 of the best EMA reached before it; a stretch below the level
      * shorter than the detector's hold at the end of the log is not called a collapse. A detector
@@ -522,7 +522,10 @@ int td_pm_events_find(const td_pm_curves *c, const td_collapse_cfg *cfg, td_pm_e
         if (ema[k] > best) best = ema[k];
     e->best_reward = nr ? best : NAN;
     double margin = cfg->drop_abs, gain = nr ? best - ema[0] : 0;
-    if (gain >= cfg->min_gain && cfg->drop_rel * gain < margin) margin = cfg->drop_rel * gain;
+    /* the detector's relative margin only when the run did not fall by drop_abs: a run that ends far
+     * below its best is dated by its big fall, not by the first sag of a few hundredths */
+    if (gain >= cfg->min_gain && cfg->drop_rel * gain < margin && !(nr && best - ema[nr - 1] >= cfg->drop_abs))
+        margin = cfg->drop_rel * gain;
     int ended = nr > 0 && best - ema[nr - 1] >= margin;
     size_t kc = nr;
     while (ended && kc > 0 && best - ema[kc - 1] >= margin) kc--;
