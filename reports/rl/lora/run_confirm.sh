@@ -17,6 +17,12 @@ BIN=${BIN:-build/bin}
 LR=${LR:-1e-2}
 TAG=lr${LR}
 mkdir -p build/rl/lora
+# finished runs packed in reports/ (a new checkout has no build/): restored so the sweep skips them
+for f in reports/rl/lora/runs/confirm-*/*/rl.h5 reports/rl/lora/runs/control-*/*/rl.h5; do
+  [ -f "$f" ] || continue
+  d=build/rl/lora/${f#reports/rl/lora/runs/}; d=${d%/rl.h5}
+  [ -f "$d/rl.h5" ] || { mkdir -p "$d" && cp "$f" "$d/rl.h5"; }
+done
 mk() {   # mk CONFIG OUT: the config with the rate, the tag and the binaries filled in
   sed -e "s/\"LR_CHOSEN\"/$LR/" -e "s/LRTAG/$TAG/g" -e "s#\"build/bin/tidal-rl\"#\"$BIN/tidal-rl\"#" "$1" > "$2"
 }

@@ -9,6 +9,12 @@ cd "$(dirname "$0")/../../.."
 export OMP_WAIT_POLICY=PASSIVE
 BIN=${BIN:-build/bin}
 mkdir -p build/rl/moe
+# finished runs packed in reports/ (a new checkout has no build/): restored so the sweep skips them
+for f in reports/rl/moe/runs/*/*/rl.h5; do
+  [ -f "$f" ] || continue
+  d=build/rl/moe/${f#reports/rl/moe/runs/}; d=${d%/rl.h5}
+  [ -f "$d/rl.h5" ] || { mkdir -p "$d" && cp "$f" "$d/rl.h5"; }
+done
 sed -e "s#\"build/bin/tidal-rl\"#\"$BIN/tidal-rl\"#" reports/rl/moe/lrscan.json > build/rl/moe/lrscan.json
 "$BIN"/tidal-sweep build/rl/moe/lrscan.json --workers "${WORKERS:-2}" || exit $?
 [ -n "${LR:-}" ] || { echo "run_all.sh: lrscan done; apply the README's rule and rerun with LR=..." >&2; exit 0; }
