@@ -587,7 +587,7 @@ int main(int argc, char **argv)
          "an importance-sampling correction (tidal-rl --is-correction token-tis / seq-mis; TRL "
          "vllm_importance_sampling_correction; verl rollout_corr), or fp16 on both paths (compare the fp16 columns)"},
         {"adapter_rounding", "were the adapter's updates rounded away in the engine's weights?", "", "", "", -1,
-         "sync the adapter natively (vLLM's LoRA kernels: tidal --lora-sync adapter) or keep the engine's weights in fp16/fp32"},
+         "sync the adapter natively (vLLM's LoRA kernels; tidal-rl --lora-sync adapter models it) or keep the engine's weights in fp16/fp32"},
         {"entropy", "did the policy's entropy collapse or explode first?", "", "", "", -1,
          "a lower learning rate, a smaller clip range, or an entropy bonus; check the temperature the trainer scores at"},
         {"learning_rate", "a gradient spike or a schedule change just before the drop?", "", "", "", -1,
