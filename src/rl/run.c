@@ -253,7 +253,7 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
     rl_run R;
     memset(&R, 0, sizeof R);
     R.o = o;
-    int rc = -1, start = 0, stopped = 0, interrupted = 0, k, dead_said = 0;
+    int rc = -1, start = 0, stopped = 0, interrupted = 0, k, dead_said = 0, drop_said = 0;
     if (o->plan_only) return rl_plan_only(o, err);
     /* the plan before the trainer is made and before the run file is touched */
     if (load_inputs(&R, err) || rl_memory_plan(&R, err) || build(&R, err) || rl_file_open(&R, &start, err)) goto done;
@@ -301,6 +301,14 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
                         M[TD_RLM_response_length_clip_ratio] >= 1 ? "every completion hit --max-completion-length"
                                                                    : "every group's rewards were equal",
                         o->collapse.dead_hold, M[TD_RLM_grad_norm]);
+            }
+            int drop = td_collapse_first(R.det, TD_CLP_REWARD);
+            if (drop >= 0 && !drop_said) {   /* the detector's collapse, said when it fires */
+                drop_said = 1;
+                fprintf(stderr, "tidal-rl: collapse: the reward's EMA fell below its best by the detector's margin (%.2g, or "
+                        "%.0f%% of the gain) and stayed there %d steps, from step %d (reward_drop); `tidal-postmortem %s` "
+                        "examines the run\n", o->collapse.drop_abs, 100 * o->collapse.drop_rel, o->collapse.hold, drop + 1,
+                        o->output_dir);
             }
             double el = omp_get_wtime() - t0, per = el / (k + 1 - start);
             char eta[32], trl_kl[32] = "";

@@ -127,9 +127,11 @@ except ImportError:
 rl = os.path.join(tmp, "rl")
 r = subprocess.run([os.path.join(BIN, "tidal-rl"), "--model-path", MODEL, "--dataset-path", DATA, "--num-generations", "8",
                     "--per-device-batch-size", "16", "--gradient-accumulation-steps", "1", "--max-completion-length", "48",
-                    "--learning-rate", "0.03", "--max-steps", "20", "--save-steps", "5", "--seed", "3", "-q", "-o", rl],
+                    "--learning-rate", "0.03", "--max-steps", "20", "--save-steps", "5", "--seed", "3", "-o", rl],
                    capture_output=True, text=True, env=ENV, timeout=900)
 check(r.returncode == 0, f"tidal-rl at lr 0.03 runs (rc {r.returncode}: {r.stderr.strip()[-200:]})")
+check("tidal-rl: collapse:" in r.stderr and f"tidal-postmortem {rl}" in r.stderr,
+      "tidal-rl says on the console when the detector's reward_drop fires, and what examines the run")
 cks = sorted(int(x.split("-")[1]) for x in os.listdir(rl) if x.startswith("checkpoint-")) if r.returncode == 0 else []
 ts = os.path.join(rl, "checkpoint-10", "trainer_state.json")
 hist = json.load(open(ts))["log_history"] if os.path.exists(ts) else []
