@@ -191,7 +191,8 @@ int main(int argc, char **argv)
         TD_OPT_I("eval-max-samples", 0, &o.eval_max_samples, "N", 0, 100000000, "evaluate the first N records (default all)"),
         TD_OPT_F("resume", 0, &o.resume, 1, "continue OUTPUT_DIR from its last checkpoint: a stopped run,\n"
                  "or a finished one to a larger --max-steps (the schedule\nrecomputed from the new total, as HF's Trainer); "
-                 "other\nsettings must be the run's (a change is refused, named)"),
+                 "other\nsettings must be the run's (a change is refused, named);\n--report-to, --save-steps, "
+                 "--save-total-limit,\n--log-completions and --eval-* carry over unless given"),
         TD_OPT_FUN("resume-from-checkpoint", 0, &o.resume_checkpoint, "PATH", parse_checkpoint, "a checkpoint folder or true",
                    "HF's spelling of --resume: PATH must be OUTPUT_DIR's\nnewest checkpoint-K (the one the run file names); "
                    "true = it"),
@@ -209,7 +210,7 @@ int main(int argc, char **argv)
         TD_OPT_FUN("report-to", 0, &o.report_to, "LIST", td_report_to_parse, TD_REPORT_TO_EXPECT,
                    "each step's /steps values also to: tensorboard (event\nfiles in OUTPUT_DIR/runs), jsonl (OUTPUT_DIR/\n"
                    "metrics.jsonl), both (all), or none (default)"),
-        TD_OPT_F("quiet", 'q', &o.quiet, 1, "no progress lines"),
+        TD_OPT_F("quiet", 'q', &o.quiet, 1, "no progress lines: only the end-of-run summary (stdout)"),
         {0}};
     td_opt_get(opts, "train-recipe")->given = &gave_train;
     td_opt_get(opts, "rollout-recipe")->given = &gave_roll;
@@ -224,6 +225,13 @@ int main(int argc, char **argv)
     td_opt_get(opts, "dtype")->aliases = "torch-dtype";
     td_opt_get(opts, "lora-r")->aliases = "lora-rank";   /* verl's lora_rank; TRL/PEFT say lora_r / r */
     td_opt_get(opts, "lora-target-modules")->given = &gave_targets;
+    /* --resume: the settings not given carry over from the run (rl.h, td_rl_opts.given) */
+    td_opt_get(opts, "report-to")->given = &o.given.report_to;
+    td_opt_get(opts, "save-steps")->given = &o.given.save_steps;
+    td_opt_get(opts, "save-total-limit")->given = &o.given.save_total_limit;
+    td_opt_get(opts, "log-completions")->given = &o.given.log_completions;
+    td_opt_get(opts, "eval-steps")->given = &o.given.eval_steps;
+    td_opt_get(opts, "eval-max-samples")->given = &o.given.eval_max_samples;
     td_opt_get(opts, "model-path")->required = 1;
     td_cli cli = {"tidal-rl", "--model-path DIR --dataset-path FILE --output-dir DIR [options]",
                   "GRPO on a built-in verifiable task, or on your own records scored by your own reward\n"

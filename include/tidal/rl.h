@@ -433,6 +433,11 @@ typedef struct {
      * moe_layers. Output only: not part of the run's configuration. */
     int dump_step;
     unsigned report_to;        /* --report-to: TD_REPORT_* mask (tfevents.h; default 0, none) */
+    /* --resume: which of the settings that are not the maths this command gives (1 = given). The
+     * others carry over from the run file's rl_config (record.c, rl_carry_over): --report-to,
+     * --save-steps, --save-total-limit, --log-completions and the --eval-* trio. --quiet and
+     * --stop-on-collapse are this invocation's (a flag cannot be given as off). */
+    struct { int report_to, save_steps, save_total_limit, log_completions, eval_steps, eval_max_samples; } given;
     volatile sig_atomic_t *stop; /* set by a signal (td_stop_on_signals): at the next step boundary
                                     the steps done are checkpointed and the run returns 2 */
 } td_rl_opts;

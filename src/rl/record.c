@@ -102,6 +102,10 @@ char *rl_config_json(const rl_run *R)
     json_object_set_new(j, "max_completion_length", json_integer(o->max_completion_length));
     json_object_set_new(j, "seed", json_integer((json_int_t)o->seed));
     json_object_set_new(j, "log_completions", json_integer(R->nlog));
+    /* output only, free on --resume and carried over unless given again (rl_carry_over) */
+    json_object_set_new(j, "report_to", json_string(td_report_to_name(o->report_to)));
+    json_object_set_new(j, "save_steps", json_integer(o->save_steps));
+    json_object_set_new(j, "save_total_limit", json_integer(o->save_total_limit));
     char *s = json_dumps(j, JSON_SORT_KEYS | JSON_COMPACT);
     json_decref(j);
     return s;
@@ -214,7 +218,48 @@ static const td_setting_flag RESUME_FLAGS[] = {
     {"is_drop_masked", "--is-masked-normaliser", "keep|drop"}, {"lr_scheduler_type", "--lr-scheduler-type", NULL},
     {"mask_truncated_completions", "--mask-truncated-completions", NULL}, {"log_completions", "--log-completions", NULL},
     {0}};
-static const char *const RESUME_FREE[] = {"max_steps", "gradient_checkpointing", NULL};
+static const char *const RESUME_FREE[] = {"max_steps", "gradient_checkpointing", "report_to", "save_steps",
+                                           "save_total_limit", NULL};
+
+int rl_carry_over(rl_run *R, td_rl_opts *o, td_error *err)
+{
+    char path[4200], said[600] = "";
+    struct stat st;
+    file_path(R, path, sizeof path, TD_RL_RUNFILE);
+    if (!o->resume || o->overwrite || stat(path, &st) != 0 || st.st_size == 0) return 0;
+    td_runfile *rf = td_runfile_open(path, 0, err);
+    if (!rf) return -1;
+    char *text = td_runfile_get_str(rf, "rl_config", NULL);
+    td_runfile_close(rf, NULL);
+    json_t *cfg = text ? json_loads(text, 0, NULL) : NULL;
+    free(text);
+    if (!json_is_object(cfg)) { json_decref(cfg); return 0; }   /* rl_file_open names what is wrong */
+    json_t *v;
+    if (!o->given.report_to && json_is_string(v = json_object_get(cfg, "report_to")) &&
+        td_report_to_parse(&o->report_to, json_string_value(v), NULL, 0) == 0 && o->report_to)
+        snprintf(said, sizeof said, " --report-to %s", json_string_value(v));
+    struct { int given, *dest; const char *key, *flag; } ints[] = {
+        {o->given.save_steps, &o->save_steps, "save_steps", "--save-steps"},
+        {o->given.save_total_limit, &o->save_total_limit, "save_total_limit", "--save-total-limit"},
+        {o->given.log_completions, &o->log_completions, "log_completions", "--log-completions"},
+        {o->given.eval_steps, &o->eval_steps, "eval_steps", "--eval-steps"},
+        {o->given.eval_max_samples, &o->eval_max_samples, "eval_max_samples", "--eval-max-samples"}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        if (ints[i].given || !json_is_integer(v = json_object_get(cfg, ints[i].key))) continue;
+        int was = *ints[i].dest;
+        *ints[i].dest = (int)json_integer_value(v);
+        size_t at = strlen(said);
+        if (*ints[i].dest != was) snprintf(said + at, sizeof said - at, " %s %d", ints[i].flag, *ints[i].dest);
+    }
+    if (!o->eval_dataset_path && o->eval_steps > 0 && json_is_string(v = json_object_get(cfg, "eval_dataset_path"))) {
+        R->carried_eval_path = strdup(json_string_value(v));
+        o->eval_dataset_path = R->carried_eval_path;
+    }
+    json_decref(cfg);
+    if (*said && !o->quiet)
+        fprintf(stderr, "tidal-rl: --resume: carried over from the run (give them to change them):%s\n", said);
+    return 0;
+}
 
 /* --resume-from-checkpoint PATH: the newest checkpoint, the one the run file names */
 static int check_named(const td_rl_opts *o, int ck, td_error *err)

@@ -117,6 +117,7 @@ typedef struct {
     int64_t route_flips, route_routed;
     int64_t *route_flips_l, *route_routed_l; /* (Lm) the same per MoE layer                     */
     double *flip_rate_l;          /* (Lm) this step's /steps/routing_flip_rate_layers row           */
+    char *carried_eval_path;      /* --resume: the run's --eval-dataset-path (rl_carry_over)         */
 } rl_run;
 
 /* step.c: the routing observers and replays of a mixture of experts (run.c sets them) */
@@ -155,6 +156,10 @@ int rl_file_open(rl_run *R, int *start_step, td_error *err);
 int rl_file_commit(rl_run *R, int k, const double *metrics, td_error *err);
 int rl_checkpoint_save(rl_run *R, int k, td_error *err);
 int rl_file_finish(rl_run *R, int steps_done, int stopped, td_error *err);
+/* --resume: the settings that are not the maths (report_to, save_steps, save_total_limit,
+ * log_completions, eval_*) the command did not give (o->given), set from the run file's rl_config,
+ * before the inputs are read; said on stderr unless quiet. No run file: nothing. 0 or -1 + err. */
+int rl_carry_over(rl_run *R, td_rl_opts *o, td_error *err);
 /* the configuration a resumed run must share with the file (JSON; caller frees) */
 char *rl_config_json(const rl_run *R);
 

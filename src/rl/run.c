@@ -6,6 +6,7 @@
 #include "tidal/io.h"
 #include "tidal/sampling.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -216,6 +217,7 @@ static void teardown(rl_run *R)
     free(R->eval_ids); free(R->eval_len);
     rl_records_clear(&R->ev);
     td_tokenizer_free(R->tkz);
+    free(R->carried_eval_path);
 }
 
 /* The final policy directory loads like the starting one: the tokenizer files beside it (TRL
@@ -246,17 +248,91 @@ static void fmt_secs(char *buf, size_t n, double s)
     else snprintf(buf, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
 }
 
-int td_rl_run(const td_rl_opts *o, td_error *err)
+/* OUTPUT_DIR's checkpoint-K/ folders: how many, and the newest K (0: none) */
+static int count_checkpoints(const char *dir, int *newest)
 {
-    if (td_rl_opts_check(o, err)) return -1;
-    if (o->n_jobs > 0) omp_set_num_threads(o->n_jobs);
+    DIR *d = opendir(dir);
+    int n = 0;
+    *newest = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        int k, used = 0;
+        if (sscanf(e->d_name, "checkpoint-%d%n", &k, &used) != 1 || e->d_name[used] || k < 1) continue;
+        n++;
+        if (k > *newest) *newest = k;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* The end of a finished run, on stdout (also under -q, which prints nothing else): the reward
+ * at the last step and over the last ten, the last clean evaluation, what the collapse detector
+ * marked (steps counted from 1, as the progress lines), and where the files are. Read back from
+ * the run file, so a resume with nothing left to do says the same. */
+static void print_summary(rl_run *R, int steps, int stopped)
+{
+    const td_rl_opts *o = R->o;
+    printf("tidal-rl: %s after %d of %d steps (train %s, rollout %s)\n", stopped ? "stopped on a collapse" : "done",
+           steps, R->total_steps, R->rtrain.name, o->exact_match ? R->rtrain.name : R->rroll.name);
+    if (steps > 0) {
+        double *col = td_xmalloc((size_t)steps * sizeof(double)), acc = NAN, mean = 0;
+        int first = steps > 10 ? steps - 10 : 0, got = 0;
+        if (!td_runfile_read(R->rf, "/steps/reward", TD_COL_F64, 0, steps, col, NULL)) {
+            for (int i = first; i < steps; i++) mean += col[i] / (steps - first);
+            td_runfile_read(R->rf, "/steps/accuracy", TD_COL_F64, steps - 1, 1, &acc, NULL);
+            printf("  reward      %.3f at step %d (accuracy %.3f); %.3f over steps %d-%d\n", col[steps - 1], steps,
+                   acc, mean, first + 1, steps);
+        }
+        if (o->eval_steps > 0 && !td_runfile_read(R->rf, "/steps/eval_accuracy", TD_COL_F64, 0, steps, col, NULL))
+            for (int i = steps - 1; i >= 0 && !got; i--)
+                if (isfinite(col[i])) {
+                    double rw = NAN;
+                    td_runfile_read(R->rf, "/steps/eval_reward", TD_COL_F64, i, 1, &rw, NULL);
+                    printf("  clean eval  accuracy %.3f, reward %.3f before step %d (%zu records, greedy, the trainer's "
+                           "policy)\n", col[i], rw, i + 1, R->n_eval);
+                    got = 1;
+                }
+        free(col);
+    }
+    char marks[512] = "";
+    for (int i = 1; i < TD_CLP_NSIGNALS; i++) {   /* the precursors, in the detector's order */
+        int at = td_collapse_first(R->det, (td_collapse_signal)i);
+        size_t n = strlen(marks);
+        if (at >= 0)
+            snprintf(marks + n, sizeof marks - n, "%s %s at step %d", n ? "," : "; marked:", td_collapse_signal_names[i],
+                     at + 1);
+    }
+    int drop = td_collapse_first(R->det, TD_CLP_REWARD);
+    if (drop >= 0)
+        printf("  collapse    yes: reward_drop from step %d%s%s\n", drop + 1,
+               stopped ? " (stopped there: --stop-on-collapse)" : "", marks);
+    else
+        printf("  collapse    no (the reward's EMA never fell below its best by the detector's margin)%s\n", marks);
+    int newest, nck = count_checkpoints(o->output_dir, &newest);
+    printf("  files       %s/%s (every step: tidal-report, tidal-postmortem %s)\n", o->output_dir, TD_RL_RUNFILE,
+           o->output_dir);
+    if (nck) printf("              %s/checkpoint-%d/ (the newest of %d; --resume with a larger --max-steps continues from it)\n", o->output_dir,
+                    newest, nck);
+    printf("              %s/model/ (the final policy%s)\n", o->output_dir, o->lora_r > 0 ? ": the PEFT adapter" : "");
+    if (o->report_to & TD_REPORT_TENSORBOARD)
+        printf("              %s/runs/ (tensorboard --logdir %s)\n", o->output_dir, o->output_dir);
+    if (o->report_to & TD_REPORT_JSONL) printf("              %s/metrics.jsonl\n", o->output_dir);
+    fflush(stdout);
+}
+
+int td_rl_run(const td_rl_opts *given, td_error *err)
+{
+    if (td_rl_opts_check(given, err)) return -1;
+    if (given->n_jobs > 0) omp_set_num_threads(given->n_jobs);
+    if (given->plan_only) return rl_plan_only(given, err);
     rl_run R;
     memset(&R, 0, sizeof R);
+    td_rl_opts run_opts = *given;   /* --resume: with what carries over from the run */
+    const td_rl_opts *o = &run_opts;
     R.o = o;
     int rc = -1, start = 0, stopped = 0, interrupted = 0, k, dead_said = 0, drop_said = 0;
-    if (o->plan_only) return rl_plan_only(o, err);
     /* the plan before the trainer is made and before the run file is touched */
-    if (load_inputs(&R, err) || rl_memory_plan(&R, err) || build(&R, err) || rl_file_open(&R, &start, err)) goto done;
+    if (rl_carry_over(&R, &run_opts, err) || load_inputs(&R, err) || rl_memory_plan(&R, err) || build(&R, err) || rl_file_open(&R, &start, err)) goto done;
     /* the logs cut back to the steps rl.h5 keeps (0..start-1), then this invocation's sinks */
     if (!(R.log = td_steplog_open(o->output_dir, o->report_to, start, err))) goto done;
     if (!o->quiet && (o->report_to & TD_REPORT_TENSORBOARD))
@@ -355,6 +431,7 @@ int td_rl_run(const td_rl_opts *o, td_error *err)
         (o->lora_r == 0 && copy_tokenizer(o->model_path, mp, err)) ||
         rl_file_finish(&R, k, stopped, err))
         goto done;
+    print_summary(&R, k, stopped);
     rc = stopped;
 done:
     teardown(&R);

@@ -7,8 +7,14 @@
    byte; a mistyped recipe name (`vllm_bf16`, `bf16-trian`) is answered with the preset it meant.
 3. `tidal` with no arguments or `tidal help` lists every tool (as git does), `tidal help TOOL`
    prints that tool's help, `tidal TOOL ARGS` runs it, an unknown name exits 2 with the list.
+4. `tidal-rl --resume` without `--report-to` once stopped the TensorBoard log (and without
+   `--eval-steps` was refused): the settings that are not the maths carry over unless given again.
+5. `tidal-rl -q` printed nothing, a normal run no summary: both end with one on stdout (the last
+   step's reward, the last clean evaluation, the detector's verdict, where the files are); -q
+   prints nothing else. (The summary of a collapsed run: tests/py/test_postmortem.py.)
 """
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -79,6 +85,48 @@ check(p.returncode == 2 and "'dif' is not a tidal tool" in p.stderr and "report"
       "tidal dif: exit 2, the list on stderr")
 p = tool("tidal", "--version")
 check(p.returncode == 0 and p.stdout.startswith("tidal (tidal) "), "tidal --version")
+
+# ---- 4. --resume keeps the run's output settings
+import h5py  # noqa: E402
+
+run = os.path.join(tmp, "resumed")
+RL = ["tidal-rl", "--model-path", "datasets/models/add", "--dataset-path", "datasets/tasks/add/train.jsonl",
+      "--num-generations", "4", "--per-device-batch-size", "8", "--max-completion-length", "16",
+      "--output-dir", run]
+
+
+def rl_config():
+    with h5py.File(os.path.join(run, "rl.h5"), "r") as f:
+        return json.loads(f.attrs["rl_config"]), f["steps/eval_accuracy"][:]
+
+
+def events():
+    return len(glob.glob(os.path.join(run, "runs", "events.out.tfevents.*")))
+
+
+p = tool(*RL, "--max-steps", "2", "--report-to", "tensorboard", "--eval-steps", "1", "--eval-max-samples", "4",
+         "--log-completions", "2", "-q")
+check(p.returncode == 0 and events() == 1, f"a 2-step run with --report-to tensorboard: one events file {p.stderr[-300:]}")
+summary = p.stdout
+check(p.returncode == 0 and not p.stderr and summary.startswith("tidal-rl: done after 2 of 2 steps")
+      and "  reward " in summary and "clean eval  accuracy" in summary and "before step 2 (4 records" in summary
+      and "collapse    no" in summary and f"{run}/rl.h5" in summary and f"{run}/checkpoint-2/" in summary
+      and f"{run}/model/" in summary and f"{run}/runs/" in summary,
+      f"-q: the end-of-run summary on stdout and nothing else: {summary!r} {p.stderr[-200:]!r}")
+p = tool(*RL, "--max-steps", "3", "--resume")
+check(p.returncode == 0 and "tidal-rl: step 3/3 reward" in p.stderr and p.stdout.startswith("tidal-rl: done after 3 of 3"),
+      f"a normal run: progress on stderr, the summary on stdout ({p.stdout[:60]!r})")
+cfg, acc = rl_config() if p.returncode == 0 else ({}, [])
+check(p.returncode == 0 and events() == 2 and cfg.get("report_to") == "tensorboard"
+      and "carried over from the run" in p.stderr and "--report-to tensorboard" in p.stderr,
+      f"--resume without --report-to: the TensorBoard log goes on (a second events file), said on stderr "
+      f"({p.stderr.strip()[:300]!r})")
+check(len(acc) == 3 and all(a == a for a in acc) and cfg.get("eval_max_samples") == 4 and cfg.get("log_completions") == 2,
+      f"... and --eval-steps 1 --eval-max-samples 4 --log-completions 2 with it (eval_accuracy {list(acc)})")
+p = tool(*RL, "--max-steps", "4", "--resume", "--report-to", "none", "-q")
+cfg, _ = rl_config() if p.returncode == 0 else ({}, [])
+check(p.returncode == 0 and events() == 2 and cfg.get("report_to") == "none" and not p.stderr,
+      f"--resume --report-to none: given again, it changes (no new events file) {p.stderr[-300:]!r}")
 
 shutil.rmtree(tmp, ignore_errors=True)
 print(f"{len(failures)} failed")

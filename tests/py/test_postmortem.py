@@ -21,6 +21,7 @@
 Exit 0 pass, 1 fail, 77 skip (torch / transformers / peft missing)."""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -132,6 +133,9 @@ r = subprocess.run([os.path.join(BIN, "tidal-rl"), "--model-path", MODEL, "--dat
 check(r.returncode == 0, f"tidal-rl at lr 0.03 runs (rc {r.returncode}: {r.stderr.strip()[-200:]})")
 check("tidal-rl: collapse:" in r.stderr and f"tidal-postmortem {rl}" in r.stderr,
       "tidal-rl says on the console when the detector's reward_drop fires, and what examines the run")
+said = re.search(r"from step (\d+) \(reward_drop\)", r.stderr)
+check(said is not None and f"  collapse    yes: reward_drop from step {said.group(1)}" in r.stdout,
+      f"... and its end-of-run summary names the same step: {r.stdout.strip()[:400]!r}")
 cks = sorted(int(x.split("-")[1]) for x in os.listdir(rl) if x.startswith("checkpoint-")) if r.returncode == 0 else []
 ts = os.path.join(rl, "checkpoint-10", "trainer_state.json")
 hist = json.load(open(ts))["log_history"] if os.path.exists(ts) else []
