@@ -515,6 +515,18 @@ int main(int argc, char **argv)
         fprintf(stderr, PROG ": measuring %zu %s x 2 recipe pairs (%s/%s and %s/%s) on %zu prompts x %d tokens\n", total,
                 o.preflight ? "starting point" : "checkpoints", o.train_recipe, o.rollout_recipe, ra16, rb16, nprompts,
                 o.max_completion);
+        {   /* the scale of the work, before it starts: the model's size; the ETA follows the first checkpoint */
+            char cp[4400];
+            snprintf(cp, sizeof cp, "%s/config.json", tok_dir);
+            td_config mc;
+            if (!td_config_parse(cp, &mc, NULL)) {
+                double np = (double)td_config_param_elems(&mc);
+                fprintf(stderr, PROG ": %.3g parameters: %d sequences of up to %d new tokens per diff, %zu diffs; tidal-diff "
+                        "holds the weights as stored plus each recipe's prepared copies (about %.2g GiB at bf16), and on this "
+                        "CPU an 8B model takes minutes per prompt (--max-prompts, --device cuda)\n",
+                        np, (int)nprompts, o.max_completion, 2 * total, 3.0 * 2.0 * np / (1u << 30));
+            }
+        }
         for (size_t i = 0; i < total && !rc; i++) {
             pm_meas *m = &M[nm];
             nan_diff(&m->run);
