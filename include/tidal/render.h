@@ -84,6 +84,13 @@ typedef struct {
 /* A figure of lines over a shared x axis with a legend below (tidal-sweep's reports). */
 td_canvas *td_plot_lines(const td_line *lines, size_t n, td_font *font, const td_lines_opts *o);
 
+/* tidal-heatmap --plot training: the /steps column `column` of n tidal-rl run files against the
+ * optimiser step, one line per run, a ring at each run's collapse_step (src/render/plot_training.c).
+ * title NULL: "COLUMN against the optimiser step". NULL + err: not a tidal-rl file, no such column,
+ * no finite value. */
+td_canvas *td_plot_training(const char *const *paths, size_t n, const char *column, td_font *font, const char *title,
+                            td_error *err);
+
 TD_END_DECLS
 
 #endif

@@ -1,8 +1,9 @@
-/* steps: the mismatch against the generation step (position within the response), one line
- * per run: users think in generation steps, and drift that grows along a rollout (KV cache
- * error, long-range attention) shows as a rising line. y = mean |Δlogp| (or KL(B‖A)) over the
- * response tokens at that step, log axis; steps with fewer than MIN_TOKENS tokens (the tail
- * where only a few sequences are still generating) are left out rather than drawn as noise. */
+/* positions (--plot positions; its old name "steps"): the mismatch against the position within
+ * the completion (the generated token's index, /tokens/step; not an optimiser step), one line
+ * per run: drift that grows along a rollout (KV cache error, long-range attention) shows as a
+ * rising line. y = mean |Δlogp| (or KL(B‖A)) over the response tokens at that position, log
+ * axis; positions with fewer than MIN_TOKENS tokens (the tail where only a few sequences are
+ * still generating) are left out rather than drawn as noise. */
 #include "render_internal.h"
 
 #include <math.h>
@@ -47,9 +48,9 @@ td_canvas *td_plot_steps(const td_run *runs, size_t n, td_font *font, const td_p
     td_canvas *c = td_canvas_new(FIG_W, TOP + 22 + PH + 64 + 20 * (int)n, TD_WHITE);
     const char *what = o->metric_kl ? "KL(B‖A)" : "|Δlogp|";
     char title[128], sub[256];
-    snprintf(title, sizeof title, "Mean %s by generation step", what);
-    snprintf(sub, sizeof sub, "response tokens only; step 0 = the first generated token; steps with fewer than %d "
-             "tokens left out", MIN_TOKENS);
+    snprintf(title, sizeof title, "Mean %s by position in the completion", what);
+    snprintf(sub, sizeof sub, "response tokens only; position 0 = the first generated token; positions with fewer "
+             "than %d tokens left out", MIN_TOKENS);
     td_figure_title(c, font, o->title ? o->title : title, sub);
     int x = ML, y = TOP + 22, W = PW + 100;
     double x1 = S > 1 ? S - 1 : 1;
@@ -79,7 +80,7 @@ td_canvas *td_plot_steps(const td_run *runs, size_t n, td_font *font, const td_p
         free(m[k]);
     }
     free(m);
-    td_font_draw(font, c, x + W / 2, y + PH + 24, TD_FONT_LABEL, 1, 0, 0, TD_BLACK, "generation step (position within the response)");
+    td_font_draw(font, c, x + W / 2, y + PH + 24, TD_FONT_LABEL, 1, 0, 0, TD_BLACK, "position in the completion (generated token index)");
     snprintf(title, sizeof title, "mean %s", what);
     td_font_draw(font, c, 14, y + PH / 2, TD_FONT_LABEL, 1, 1, 1, TD_BLACK, title);
     return c;

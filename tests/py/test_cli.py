@@ -12,7 +12,7 @@
 3. Output: --json summary equals the file's numbers; the generation line shows only what
    generation_config.json holds and says what is used; KL >= 0 exactly; same-recipe report
    columns are titled by file name.
-4. /tokens/step = pos - prompt_len; tidal-heatmap --plot steps; tidal-export CSV equals the
+4. /tokens/step = pos - prompt_len; tidal-heatmap --plot positions (and its old name steps); tidal-export CSV equals the
    HDF5 columns bit for bit; the docs/diff.md tour and the docs/run-files.md pandas one-liner run.
 """
 import json
@@ -238,8 +238,8 @@ with h5py.File(js, "r") as f:
 check(np.array_equal(t["step"], t["pos"] - pl[t["seq"]]) and t["step"].min() == 0 and t["step"].dtype == np.int32,
       "/tokens/step = pos - prompt_len, 0 at the first generated token")
 png = os.path.join(tmp, "steps.png")
-p = tool("tidal-heatmap", js, done, "--plot", "steps", "-o", png)
-check(p.returncode == 0 and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n", "tidal-heatmap --plot steps")
+p = tool("tidal-heatmap", js, done, "--plot", "positions", "-o", png)
+check(p.returncode == 0 and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n", "tidal-heatmap --plot positions")
 csv = os.path.join(tmp, "t.csv")
 p = tool("tidal-export", js, "-o", csv)
 header = open(csv).readline().strip().split(",")

@@ -12,6 +12,9 @@
 5. `tidal-rl -q` printed nothing, a normal run no summary: both end with one on stdout (the last
    step's reward, the last clean evaluation, the detector's verdict, where the files are); -q
    prints nothing else. (The summary of a collapsed run: tests/py/test_postmortem.py.)
+6. `tidal-heatmap --plot steps` drew positions within a completion, not optimiser steps: it is
+   `--plot positions` (`steps` still accepted, the same picture), and `--plot training` draws a
+   tidal-rl run's /steps column against the optimiser step.
 """
 import glob
 import json
@@ -127,6 +130,34 @@ p = tool(*RL, "--max-steps", "4", "--resume", "--report-to", "none", "-q")
 cfg, _ = rl_config() if p.returncode == 0 else ({}, [])
 check(p.returncode == 0 and events() == 2 and cfg.get("report_to") == "none" and not p.stderr,
       f"--resume --report-to none: given again, it changes (no new events file) {p.stderr[-300:]!r}")
+
+# ---- 6. tidal-heatmap's two step axes
+def png_pixels(path):
+    """the PNG's chunks but its text (the command line differs between two invocations)"""
+    data, out, at = open(path, "rb").read(), [], 8
+    while at < len(data):
+        n = int.from_bytes(data[at:at + 4], "big")
+        kind = data[at + 4:at + 8]
+        if kind not in (b"tEXt", b"iTXt", b"zTXt"):
+            out.append(data[at + 4:at + 12 + n])
+        at += 12 + n
+    return out
+
+
+rl_h5 = os.path.join(run, "rl.h5")
+pngs = {k: os.path.join(tmp, f"{k}.png") for k in ("positions", "steps", "training", "eval")}
+ps = {k: tool("tidal-heatmap", rl_h5, "--plot", k, "-o", pngs[k]) for k in ("positions", "steps", "training")}
+check(all(p.returncode == 0 for p in ps.values()) and png_pixels(pngs["positions"]) == png_pixels(pngs["steps"]),
+      "--plot steps (the old name) draws what --plot positions draws: " + " ".join(p.stderr for p in ps.values())[:300])
+p = tool("tidal-heatmap", "--help")
+check("positions mean |dlogp|" in p.stdout and "training  tidal-rl runs" in p.stdout and "|steps" not in p.stdout,
+      "--help names positions and training (steps is not offered)")
+p = tool("tidal-heatmap", rl_h5, "--plot", "training", "--column", "eval_accuracy", "-o", pngs["eval"])
+check(p.returncode == 0 and open(pngs["training"], "rb").read(8) == open(pngs["eval"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+      and png_pixels(pngs["training"]) != png_pixels(pngs["eval"]),
+      f"--plot training: the reward and --column eval_accuracy against the optimiser step {p.stderr[-200:]}")
+p = tool("tidal-heatmap", rl_h5, "--plot", "training", "--column", "rewrd", "-o", os.path.join(tmp, "x.png"))
+check(p.returncode == 1 and "no /steps/rewrd" in p.stderr, f"--column of no /steps column: named ({p.stderr.strip()!r})")
 
 shutil.rmtree(tmp, ignore_errors=True)
 print(f"{len(failures)} failed")
