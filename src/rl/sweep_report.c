@@ -152,6 +152,29 @@ static double last_finite_mean(const double *x, int n, int k)
     return c ? s / c : NAN;
 }
 
+/* a table cell: the value, or "—" where it is not defined (no finite value) */
+static void cell(FILE *F, const char *fmt, double v)
+{
+    if (isfinite(v)) { fputc(' ', F); fprintf(F, fmt, v); fputs(" |", F); }
+    else fputs(" — |", F);
+}
+
+/* mean ± sample sd over the seeds' finite values: "—" when none, the mean alone with "(1 seed)"
+ * when one (a sample sd needs two) */
+static void cell_mean_sd(FILE *F, const char *fmt_mean, const char *fmt_sd, const double *v, int n)
+{
+    double mu, sd;
+    int c = 0;
+    for (int i = 0; i < n; i++) c += isfinite(v[i]) != 0;
+    mean_sd(v, n, &mu, &sd);
+    if (!c) { fputs(" — |", F); return; }
+    fputc(' ', F);
+    fprintf(F, fmt_mean, mu);
+    if (c == 1) fputs(" (1 seed)", F);
+    else { fputs(" ± ", F); fprintf(F, fmt_sd, sd); }
+    fputs(" |", F);
+}
+
 static double window_mean(const double *x, int n, int from, int to)
 {
     double s = 0;
@@ -305,7 +328,7 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
             char col[256] = "", pre[256] = "", evs[256] = "";
             double fa = 0, ba = 0, fr = 0, k0 = 0, k1 = 0, d0 = 0, d1 = 0, ess = INFINITY, gmed = 0;
             double *ev = td_xmalloc(s->n * sizeof(double)), *dr = td_xmalloc(s->n * sizeof(double));
-            int nr = 0, n = 0;
+            int nr = 0, n = 0, nb = 0;   /* nb: seeds with a full 10-step window (best acc) */
             for (size_t i = 0; i < s->n; i++) {
                 if (!have[i] || strcmp(s->runs[i].config, cfg[c])) continue;
                 run_data *d = &rd[i];
@@ -321,9 +344,12 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
                 strncat(pre, one, sizeof pre - strlen(pre) - 1);
                 fa += window_mean(d->m[M_ACC], d->n, d->n - 10, d->n);
                 fr += window_mean(d->m[M_REWARD], d->n, d->n - 10, d->n);
-                double b = 0;
-                for (int k = 0; k < d->n; k++) b = fmax(b, window_mean(d->m[M_ACC], d->n, k - 9, k + 1));
-                ba += b;
+                if (d->n >= 10) {   /* full windows only: a partial one (the first steps) is no 10-step mean */
+                    double b = 0;
+                    for (int k = 9; k < d->n; k++) b = fmax(b, window_mean(d->m[M_ACC], d->n, k - 9, k + 1));
+                    ba += b;
+                    nb++;
+                }
                 k0 += d->m[M_K3][0];
                 k1 += window_mean(d->m[M_K3], d->n, d->n - 10, d->n);
                 d0 += d->m[M_DLOGP][0];
@@ -339,26 +365,33 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
                 ev[nr] = last_finite_mean(d->m[M_EVAL], d->n, 2);
                 dr[nr] = last_finite_mean(d->m[M_DRIFT], d->n, 1);
                 snprintf(one, sizeof one, "%s%.2f", nr ? " / " : "", ev[nr]);
+                if (!isfinite(ev[nr])) snprintf(one, sizeof one, "%s—", nr ? " / " : "");
                 strncat(evs, one, sizeof evs - strlen(evs) - 1);
                 nr++;
             }
-            fprintf(F, "| %s | %d | %d | %s | %s | %.3f | %.3f | %.3f | %.2e | %.2e | %.2e | %.2e | %.3f | %.3g |",
-                    cfg[c], nr, n, col, pre, fa / nr, ba / nr, fr / nr, k0 / nr, k1 / nr, d0 / nr, d1 / nr, ess, gmed / nr);
-            double mu, sd;
+            fprintf(F, "| %s | %d | %d | %s | %s |", cfg[c], nr, n, col, pre);
+            cell(F, "%.3f", fa / nr);
+            cell(F, "%.3f", nb ? ba / nb : NAN);
+            cell(F, "%.3f", fr / nr);
+            cell(F, "%.2e", k0 / nr);
+            cell(F, "%.2e", k1 / nr);
+            cell(F, "%.2e", d0 / nr);
+            cell(F, "%.2e", d1 / nr);
+            cell(F, "%.3f", ess);
+            cell(F, "%.3g", gmed / nr);
             if (has[M_EVAL]) {
-                mean_sd(ev, nr, &mu, &sd);
-                fprintf(F, " %.3f ± %.3f | %s |", mu, sd, evs);
+                cell_mean_sd(F, "%.3f", "%.3f", ev, nr);
+                fprintf(F, " %s |", evs);
             }
-            if (has[M_DRIFT]) {
-                mean_sd(dr, nr, &mu, &sd);
-                fprintf(F, " %.2e ± %.1e |", mu, sd);
-            }
+            if (has[M_DRIFT]) cell_mean_sd(F, "%.2e", "%.1e", dr, nr);
             fputc('\n', F);
             free(ev); free(dr);
         }
-        fprintf(F, "\nfinal = mean of the last 10 steps; best acc = best 10-step mean; mismatch 'last' = mean of the last "
-                "10 steps; values averaged over seeds; collapse and precursors: the detector's marks "
-                "(include/tidal/rl.h).%s%s\n",
+        fprintf(F, "\nfinal = mean of the last 10 steps (of all, in a shorter run); best acc = best mean of 10 "
+                "consecutive steps (— in a run of fewer than 10 steps; seeds with 10 averaged); mismatch 'last' = mean of "
+                "the last 10 steps; values averaged over seeds; collapse and precursors: the detector's marks "
+                "(include/tidal/rl.h). — = not defined (no finite value: not measured, or full fine-tuning's base "
+                "drift); one seed has no sd, marked (1 seed).%s%s\n",
                 has[M_EVAL] ? " Final clean acc: per seed the mean of its last two evaluations (--eval-steps: the "
                               "trainer's greedy accuracy on held-out records), then mean ± sample sd over seeds." : "",
                 has[M_DRIFT] ? " Base drift: max |W_t − W_0| of the frozen LoRA base at the last step (0 unless the "

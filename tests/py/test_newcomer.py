@@ -15,6 +15,9 @@
 6. `tidal-heatmap --plot steps` drew positions within a completion, not optimiser steps: it is
    `--plot positions` (`steps` still accepted, the same picture), and `--plot training` draws a
    tidal-rl run's /steps column against the optimiser step.
+7. tidal-sweep's table printed "best acc 1.000" beside "final acc 0.113" on a 10-step run (the
+   best window a partial one), "0.280 ± nan" for one seed and "nan ± nan" base drift for full
+   fine-tuning: what is defined is printed, the rest marked "—" or "(1 seed)".
 """
 import glob
 import json
@@ -158,6 +161,33 @@ check(p.returncode == 0 and open(pngs["training"], "rb").read(8) == open(pngs["e
       f"--plot training: the reward and --column eval_accuracy against the optimiser step {p.stderr[-200:]}")
 p = tool("tidal-heatmap", rl_h5, "--plot", "training", "--column", "rewrd", "-o", os.path.join(tmp, "x.png"))
 check(p.returncode == 1 and "no /steps/rewrd" in p.stderr, f"--column of no /steps column: named ({p.stderr.strip()!r})")
+
+# ---- 7. tidal-sweep's table says what is not defined
+sweep = os.path.join(tmp, "sweep")
+conf = {"tool": os.path.join(ROOT, BIN, "tidal-rl"), "output_dir": sweep, "report_dir": os.path.join(sweep, "report"),
+        "args": {"model-path": "datasets/models/add", "dataset-path": "datasets/tasks/add/train.jsonl",
+                 "num-generations": 4, "per-device-batch-size": 8, "max-completion-length": 16, "learning-rate": 1e-3,
+                 "max-steps": 3, "eval-steps": 1, "eval-max-samples": 4, "quiet": True},
+        "runs": [{"name": "full", "args": {}}, {"name": "lora", "args": {"lora-r": 2}},
+                 {"name": "ten", "args": {"max-steps": 10}}]}
+json.dump(conf, open(os.path.join(tmp, "sweep.json"), "w"))
+p = tool("tidal-sweep", os.path.join(tmp, "sweep.json"), "--workers", "1")
+table = open(os.path.join(sweep, "report", "table.md")).read() if p.returncode == 0 else ""
+rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[1:-1]] for ln in table.splitlines()
+        if ln.startswith("| ") and not ln.startswith("| configuration")}
+head = [c.strip() for c in table.splitlines()[0].split("|")[1:-1]] if table else []
+col = {name: head.index(name) for name in head}
+check(p.returncode == 0 and set(rows) == {"full", "lora", "ten"} and "nan" not in table,
+      f"the sweep's table has no nan ({p.stderr[-300:]})")
+if set(rows) == {"full", "lora", "ten"}:
+    drift, best, clean = (col["base drift max at the end (mean ± sd)"], col["best acc"],
+                          col["final clean acc (mean ± sd)"])
+    check(rows["full"][drift] == "—" and rows["lora"][drift].endswith("(1 seed)"),
+          f"base drift: — for full fine-tuning, LoRA's one seed marked ({rows['full'][drift]!r}, {rows['lora'][drift]!r})")
+    check(rows["full"][best] == "—" and rows["ten"][best] == rows["ten"][col["final acc"]],
+          f"best acc: — in a 3-step run, the one 10-step window (= final acc) in a 10-step run ({rows['ten']})")
+    check(all(r[clean].endswith("(1 seed)") and "±" not in r[clean] for r in rows.values()),
+          "final clean acc of one seed: the mean, marked (1 seed), no ± nan")
 
 shutil.rmtree(tmp, ignore_errors=True)
 print(f"{len(failures)} failed")
