@@ -88,6 +88,8 @@ int main(int argc, char **argv)
         TD_OPT_S("prompts", 0, &o.prompts_path, "FILE", "prompts JSONL ({\"prompt\": text or messages}, {\"messages\": [...]},\n"
                  "{\"text\": ...}, {\"tokens\": [...]}; conversations through the chat\ntemplate) or a rollout dump "
                  "(tidal, TRL, verl, vLLM, SGLang:\ndatasets/rollouts; replayed through recipe A)"),
+        TD_OPT_S("chat-template", 0, &o.chat_template, "FILE", "a Jinja chat template for conversational prompts, used\n"
+                 "instead of the checkpoint's (TRL's chat_template_path)"),
         TD_OPT_S("output", 'o', &o.out_path, "OUT.h5", "the run file (reports/SCHEMA.md)"),
         TD_OPT_S("recipe-a", 0, &o.recipe_a_arg, "NAME|FILE", "training path recipe (default bf16-train)"),
         TD_OPT_S("recipe-b", 0, &o.recipe_b_arg, "NAME|FILE", "inference path recipe (default bf16-infer)"),

@@ -96,6 +96,8 @@ int main(int argc, char **argv)
                  "({\"prompt\": str|messages} or {\"messages\"}, any other\n"
                  "fields) scored by --reward-command"),
         TD_OPT_S("output-dir", 'o', &o.output_dir, "DIR", "where rl.h5, checkpoint-K/ and model/ go"),
+        TD_OPT_S("chat-template", 0, &o.chat_template, "FILE", "a Jinja chat template for conversational prompts, used\n"
+                 "instead of the checkpoint's (TRL's chat_template_path)"),
         TD_OPT_S("reward-command", 0, &o.reward_command, "CMD", "your reward, any language (/bin/sh -c CMD, started\n"
                  "once): one JSON object per completion on its stdin\n"
                  "(prompt, completion, completion_ids, the record's\n"

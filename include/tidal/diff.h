@@ -22,6 +22,8 @@ TD_BEGIN_DECLS
 typedef struct {
     const char *model_dir;
     const char *prompts_path;
+    const char *chat_template;   /* --chat-template FILE: conversational prompts rendered with it, not
+                                    the checkpoint's (TRL's chat_template_path; NULL: the checkpoint's) */
     const char *out_path;
     const char *recipe_a_arg, *recipe_b_arg;   /* as given: preset names or file paths */
     td_recipe recipe_a, recipe_b;

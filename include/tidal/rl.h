@@ -433,6 +433,8 @@ typedef struct {
      * moe_layers. Output only: not part of the run's configuration. */
     int dump_step;
     unsigned report_to;        /* --report-to: TD_REPORT_* mask (tfevents.h; default 0, none) */
+    const char *chat_template; /* --chat-template FILE (TRL's chat_template_path): conversational
+                                  prompts rendered with it, not the checkpoint's (NULL: that one) */
     /* --resume: which of the settings that are not the maths this command gives (1 = given). The
      * others carry over from the run file's rl_config (record.c, rl_carry_over): --report-to,
      * --save-steps, --save-total-limit, --log-completions and the --eval-* trio. --quiet and

@@ -60,6 +60,9 @@ bool td_tokenizer_is_special(const td_tokenizer *tok, int32_t id);
 /* The chat template text (tokenizer_config.json "chat_template", its "default" entry when it
  * is a list, or chat_template.jinja beside it); NULL if none. *from (may be NULL) gets the file. */
 const char *td_tokenizer_chat_template(const td_tokenizer *tok, const char **from);
+/* --chat-template FILE (TRL's chat_template_path): the Jinja template in FILE replaces the
+ * checkpoint's; checked to parse. 0, or -1 + err naming the file. */
+int td_tokenizer_set_chat_template(td_tokenizer *tok, const char *path, td_error *err);
 
 /* ---- character vocabulary for tidal's task models ----
  * Every character of `alphabet` (UTF-8) is one token; special tokens come first (ids 0..).

@@ -181,6 +181,10 @@ int td_diff_run(const td_diff_opts *opts, td_diff_summary *sum, td_error *err)
         J.tok = td_tokenizer_load(tok_path, err);
         if (!J.tok) goto out;
     }
+    if (o->chat_template && (!J.tok ? td_fail(err, "--chat-template: %s has no tokenizer.json to tokenise the rendered "
+                                              "prompts with", o->model_dir)
+                                    : td_tokenizer_set_chat_template(J.tok, o->chat_template, err)))
+        goto out;
     /* the stop set: generation_config.json's eos list wins over config.json's, as in transformers */
     J.n_eos = td_checkpoint_stop_ids(o->model_dir, cfg, J.tok ? td_tokenizer_eos_id(J.tok) : -1, J.eos, err);
     if (J.n_eos < 0) goto out;

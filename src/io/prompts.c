@@ -115,7 +115,8 @@ static int chat(loader *L, json_t *msgs, const char *key, const char *where, td_
                                    "(tokenised as TRL does), or give {\"tokens\": [...]}";
     if (!r->chat_template)
         return td_fail(err, "%s: \"%s\" is a conversation, but the checkpoint has no chat template (no \"chat_template\" "
-                       "in tokenizer_config.json, no chat_template.jinja); %s", where, key, how);
+                       "in tokenizer_config.json, no chat_template.jinja; tidal-diff --chat-template FILE gives one); %s",
+                       where, key, how);
     if (!r->tokenize)
         return td_fail(err, "%s: a conversation needs a tokenizer, and the checkpoint has none", where);
     if (L->tmpl_state == 0) {

@@ -36,8 +36,8 @@ static int own_record(rl_run *R, td_task_item *it, char *chat, json_t *rec, cons
     const char *from, *text = td_tokenizer_chat_template(R->tkz, &from);
     if (!text)
         return td_fail(err, "%s: the prompt is a conversation, but %s has no chat template (no \"chat_template\" in "
-                       "tokenizer_config.json, no chat_template.jinja); apply one yourself and give the text as "
-                       "{\"prompt\": \"...\"}", where, R->o->model_path);
+                       "tokenizer_config.json, no chat_template.jinja): give one with --chat-template FILE, or apply one "
+                       "yourself and give the text as {\"prompt\": \"...\"}", where, R->o->model_path);
     if (!*tmpl) {
         td_error terr;
         *tmpl = td_chat_template_parse(text, strlen(text), &terr);

@@ -68,6 +68,8 @@ char *rl_config_json(const rl_run *R)
     }
     if (o->routing_replay != TD_RL_REPLAY_NONE)   /* absent without: older run files resume */
         json_object_set_new(j, "routing_replay", json_string(o->routing_replay == TD_RL_REPLAY_R2 ? "r2" : "r3"));
+    if (o->chat_template)   /* absent without: older run files resume */
+        json_object_set_new(j, "chat_template", json_string(o->chat_template));
     if (o->reward_command) {   /* absent for built-in rewards: older run files resume as they were */
         json_object_set_new(j, "reward_command", json_string(o->reward_command));
         json_object_set_new(j, "reward_weights", json_string(o->reward_weights ? o->reward_weights : ""));

@@ -28,6 +28,7 @@ static int load_inputs(rl_run *R, td_error *err)
     R->tkz = td_tokenizer_load(tp, err);
     if (!R->tkz) return td_fail(err, "%s (tidal-rl decodes completions for the reward: the model "
                                 "directory needs its tokenizer.json)", err->msg);
+    if (o->chat_template && td_tokenizer_set_chat_template(R->tkz, o->chat_template, err)) return -1;
     if (rl_load_records(R, err)) return -1;
     R->prompt_ids = td_xcalloc(R->n_items, sizeof(int *));
     R->prompt_len = td_xcalloc(R->n_items, sizeof(int));
@@ -280,8 +281,10 @@ static void print_summary(rl_run *R, int steps, int stopped)
         if (!td_runfile_read(R->rf, "/steps/reward", TD_COL_F64, 0, steps, col, NULL)) {
             for (int i = first; i < steps; i++) mean += col[i] / (steps - first);
             td_runfile_read(R->rf, "/steps/accuracy", TD_COL_F64, steps - 1, 1, &acc, NULL);
-            printf("  reward      %.3f at step %d (accuracy %.3f); %.3f over steps %d-%d\n", col[steps - 1], steps,
-                   acc, mean, first + 1, steps);
+            char acc_text[48] = "";   /* none for a --reward-command without an accuracy */
+            if (isfinite(acc)) snprintf(acc_text, sizeof acc_text, " (accuracy %.3f)", acc);
+            printf("  reward      %.3f at step %d%s; %.3f over steps %d-%d\n", col[steps - 1], steps, acc_text, mean,
+                   first + 1, steps);
         }
         if (o->eval_steps > 0 && !td_runfile_read(R->rf, "/steps/eval_accuracy", TD_COL_F64, 0, steps, col, NULL))
             for (int i = steps - 1; i >= 0 && !got; i--)

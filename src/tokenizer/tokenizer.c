@@ -1,6 +1,7 @@
 /* Loading a tokenizer.json (+ tokenizer_config.json), the encode pipeline and decoding.
  * See include/tidal/tokenizer.h for the contract (agreement with HF `tokenizers`). */
 #include "tok_internal.h"
+#include "tidal/chat_template.h"
 
 #include "tidal/io.h"
 
@@ -464,6 +465,24 @@ int32_t td_tokenizer_token_id(const td_tokenizer *t, const char *token)
 
 size_t td_tokenizer_vocab_size(const td_tokenizer *t) { return t->n_ids; }
 int32_t td_tokenizer_bos_id(const td_tokenizer *t) { return t->bos_id; }
+int td_tokenizer_set_chat_template(td_tokenizer *t, const char *path, td_error *err)
+{
+    td_error perr;
+    char *text = td_read_file(path, 1 << 22, NULL, &perr);
+    if (!text) return td_fail(err, "--chat-template: %s", perr.msg);
+    td_chat_template *parsed = td_chat_template_parse(text, strlen(text), &perr);
+    if (!parsed) {
+        free(text);
+        return td_fail(err, "--chat-template %s: not a chat template tidal can render: %s", path, perr.msg);
+    }
+    td_chat_template_free(parsed);
+    free(t->chat_template);
+    free(t->chat_template_from);
+    t->chat_template = text;
+    t->chat_template_from = strdup(path);
+    return 0;
+}
+
 const char *td_tokenizer_chat_template(const td_tokenizer *t, const char **from)
 {
     if (from) *from = t->chat_template_from;

@@ -18,6 +18,8 @@
 7. tidal-sweep's table printed "best acc 1.000" beside "final acc 0.113" on a 10-step run (the
    best window a partial one), "0.280 ± nan" for one seed and "nan ± nan" base drift for full
    fine-tuning: what is defined is printed, the rest marked "—" or "(1 seed)".
+8. No shipped model has a chat template: `--chat-template FILE` (TRL's chat_template_path) gives
+   tidal-rl and tidal-diff one for conversational prompts; the refusal without it names the flag.
 """
 import glob
 import json
@@ -188,6 +190,43 @@ if set(rows) == {"full", "lora", "ten"}:
           f"best acc: — in a 3-step run, the one 10-step window (= final acc) in a 10-step run ({rows['ten']})")
     check(all(r[clean].endswith("(1 seed)") and "±" not in r[clean] for r in rows.values()),
           "final clean acc of one seed: the mean, marked (1 seed), no ± nan")
+
+# ---- 8. --chat-template FILE
+tmpl = os.path.join(tmp, "plain.jinja")
+open(tmpl, "w").write("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+conv, convd = os.path.join(tmp, "conv.jsonl"), os.path.join(tmp, "convd.jsonl")
+with open(conv, "w") as f, open(convd, "w") as g:
+    for a in (12, 23, 34):
+        f.write(json.dumps({"prompt": [{"role": "user", "content": f"{a}+{a}="}]}) + "\n")
+        g.write(json.dumps({"messages": [{"role": "user", "content": f"{a}+{a}="}]}) + "\n")
+RLC = ["tidal-rl", "--model-path", "datasets/models/add", "--dataset-path", conv, "--reward-command",
+       "while read -r l; do echo 1; done", "--num-generations", "4", "--per-device-batch-size", "8",
+       "--max-completion-length", "8", "--max-steps", "1", "-q"]
+p = tool(*RLC, "-o", os.path.join(tmp, "conv-no"))
+check(p.returncode == 1 and "has no chat template" in p.stderr and "--chat-template FILE" in p.stderr,
+      f"tidal-rl, conversational prompts, no template: refused naming --chat-template ({p.stderr.strip()[-200:]!r})")
+p = tool(*RLC, "-o", os.path.join(tmp, "conv"), "--chat-template", tmpl)
+cfg = {}
+if p.returncode == 0:
+    with h5py.File(os.path.join(tmp, "conv", "rl.h5"), "r") as f:
+        cfg = json.loads(f.attrs["rl_config"])
+check(p.returncode == 0 and cfg.get("chat_template") == tmpl and "reward      1.000" in p.stdout,
+      f"tidal-rl --chat-template FILE: the run goes, rl_config records the file ({p.stderr.strip()[-200:]!r})")
+p = tool(*RLC, "-o", os.path.join(tmp, "conv"), "--max-steps", "2", "--resume")
+check(p.returncode == 1 and "--chat-template" in p.stderr,
+      f"--resume without --chat-template: refused, named ({p.stderr.strip()[-200:]!r})")
+DIFF = ["tidal-diff", "--model", "datasets/models/add", "--prompts", convd, "--max-new-tokens", "4"]
+p = tool(*DIFF, "-o", os.path.join(tmp, "d-no.h5"))
+check(p.returncode == 1 and "--chat-template FILE" in p.stderr, "tidal-diff, messages, no template: refused naming the flag")
+p = tool(*DIFF, "-o", os.path.join(tmp, "d.h5"), "--chat-template", tmpl)
+check(p.returncode == 0, f"tidal-diff --chat-template FILE: the conversations are scored ({p.stderr.strip()[-200:]!r})")
+p = tool(*DIFF, "-o", os.path.join(tmp, "d2.h5"), "--chat-template", os.path.join(tmp, "none.jinja"))
+check(p.returncode == 1 and "none.jinja" in p.stderr, "--chat-template of a missing file: named")
+bad = os.path.join(tmp, "bad.jinja")
+open(bad, "w").write("{% for m in messages %}{{ m['content'] }")
+p = tool(*DIFF, "-o", os.path.join(tmp, "d3.h5"), "--chat-template", bad)
+check(p.returncode == 1 and "bad.jinja: not a chat template" in p.stderr,
+      f"--chat-template of a broken template: named ({p.stderr.strip()[-200:]!r})")
 
 shutil.rmtree(tmp, ignore_errors=True)
 print(f"{len(failures)} failed")
