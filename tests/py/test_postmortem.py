@@ -8,7 +8,9 @@
    onset diffed in bf16 and fp16 (the FP16 counterfactual has the smaller mismatch: the ordering
    every tidal measurement of these recipes shows), the update a merged engine copy keeps nearer 1
    in fp16 than in bf16, report.md with its figures, --json with reward_drop_step and checkpoints;
-   the same log as TensorBoard events (tidal's writer, HF's train/ tags) gives the same drop;
+   the same log as TensorBoard events (torch's SummaryWriter, HF's train/ tags) gives the same drop,
+   and as verl leaves it (its file logger's JSON lines under verl's keys, global_step_N/actor/
+   lora_adapter, a step in FSDP shards named with verl's converter) the same drop and checkpoints;
 2. a tidal-rl run driven into collapse (learning rate 0.03 on the add model: reward 0.66 at step 1,
    ~0 from step 2; a checkpoint every 5 steps): every checkpoint-K/ keeps the policy and HF's
    trainer_state.json (log_history at steps 1..K), and the post-mortem finds the drop the run file
@@ -123,6 +125,30 @@ try:
           f"TensorBoard events (torch's SummaryWriter): the same drop ({jt.get('reward_drop_step')} vs {d})")
 except ImportError:
     print("torch.utils.tensorboard unavailable: the TensorBoard case skipped")
+
+# the same collapse as verl leaves it: its file logger's JSON lines ({"step", "data"}, verl's keys), the
+# adapter in global_step_N/actor/lora_adapter/, and a step saved as FSDP shards only (torch pickles)
+verl = os.path.join(tmp, "verl")
+os.makedirs(verl)
+with open(os.path.join(verl, "grpo_run.jsonl"), "w") as f:
+    for e in log:
+        f.write(json.dumps({"step": e["step"], "data": {"critic/score/mean": e["reward"], "actor/entropy": e["entropy"],
+                                                        "actor/grad_norm": e["grad_norm"], "response_length/mean": 30.0,
+                                                        "response_length/clip_ratio": 0.0, "actor/lr": 1e-5}}) + "\n")
+for s_ in (10, 50):
+    import shutil
+    shutil.copytree(os.path.join(trl, f"checkpoint-{s_}"), os.path.join(verl, f"global_step_{s_}", "actor", "lora_adapter"))
+os.makedirs(os.path.join(verl, "global_step_60", "actor"))
+open(os.path.join(verl, "global_step_60", "actor", "model_world_size_1_rank_0.pt"), "wb").write(b"\x80\x02}q\x00.")
+p = pm(verl, "--model", MODEL, "--dataset-path", DATA, "--max-prompts", "4", "--max-completion-length", "8", "--json",
+       "-o", os.path.join(tmp, "verl-pm"))
+jv = json.loads(p.stdout) if p.returncode == 0 else {}
+found = {c["step"]: c for c in jv.get("checkpoints_found", [])}
+check(p.returncode == 0 and jv.get("log_format") == "verl" and jv.get("reward_key") == "critic/score/mean" and
+      jv.get("reward_drop_step") == d and [c["step"] for c in jv.get("checkpoints", [])] == [10, 50] and
+      "model_merger" in found.get(60, {}).get("unreadable", ""),
+      f"verl folder: its JSON lines read under verl's names (reward {jv.get('reward_key')}, drop {jv.get('reward_drop_step')}), "
+      f"the lora_adapter checkpoints measured, FSDP shards named with verl's converter (rc {p.returncode}: {p.stderr.strip()[-150:]})")
 
 # ---- 2. a tidal-rl run driven into collapse ----
 rl = os.path.join(tmp, "rl")
