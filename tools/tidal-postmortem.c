@@ -62,6 +62,8 @@ typedef struct {
     const td_pm_checkpoint *ck;
     pm_diff run, fp16;
     pm_keep keep, keep16;   /* NaN: not an adapter */
+    pm_keep upd, upd16;     /* the update since the checkpoint before (prev_step) as the engine copy sees it */
+    int64_t prev_step;      /* -1: no adapter checkpoint before this one */
 } pm_meas;
 
 static int is_dir(const char *p) { struct stat st; return stat(p, &st) == 0 && S_ISDIR(st.st_mode); }
@@ -206,7 +208,8 @@ static int diff_one(const pm_opts *o, const char *model_dir, const char *lora_di
 static void nan_diff(pm_diff *d) { memset(d, 0, sizeof *d); d->mean = d->p99 = d->max = d->k3 = d->kl = d->seq_abs_mean = d->seq_abs_max = d->seq_ess = d->tok_ess = d->is_mean = d->chi2 = NAN; }
 
 /* what a bf16 (the run's engine) and an fp16 engine copy keep of an adapter */
-static void survival(const char *base_dir, const char *adapter_dir, const char *rb, pm_keep *k, pm_keep *k16)
+static void survival(const char *base_dir, const char *adapter_dir, const char *prev_dir, const char *rb, pm_keep *k,
+                     pm_keep *k16, pm_keep *st, pm_keep *st16)
 {
     td_error err;
     td_model *m = td_model_load(base_dir, &err);
@@ -217,6 +220,11 @@ static void survival(const char *base_dir, const char *adapter_dir, const char *
         if (td_pm_lora_survival(m, lo, &r1, &k->surv, &k->aligned, &k->changed, &err) ||
             td_pm_lora_survival(m, lo, &r2, &k16->surv, &k16->aligned, &k16->changed, &err))
             fprintf(stderr, PROG ": merge survival: %s\n", err.msg);
+        td_lora *pl = prev_dir ? td_lora_load(prev_dir, &m->cfg, &err) : NULL;
+        if (pl && (td_pm_lora_step_survival(m, pl, lo, &r1, &st->surv, &st->aligned, &st->changed, &err) ||
+                   td_pm_lora_step_survival(m, pl, lo, &r2, &st16->surv, &st16->aligned, &st16->changed, &err)))
+            fprintf(stderr, PROG ": the update since %s: %s\n", prev_dir, err.msg);
+        td_lora_free(pl);
     } else {
         fprintf(stderr, PROG ": merge survival: %s\n", err.msg);
     }
@@ -531,7 +539,8 @@ int main(int argc, char **argv)
             pm_meas *m = &M[nm];
             nan_diff(&m->run);
             nan_diff(&m->fp16);
-            m->keep = m->keep16 = (pm_keep){NAN, NAN, NAN};
+            m->keep = m->keep16 = m->upd = m->upd16 = (pm_keep){NAN, NAN, NAN};
+            m->prev_step = -1;
             const char *model_dir, *lora_dir = NULL;
             if (o.preflight) {
                 m->step = 0;
@@ -552,7 +561,12 @@ int main(int argc, char **argv)
                 rc = 1;
                 break;
             }
-            if (lora_dir) survival(o.model, lora_dir, o.rollout_recipe, &m->keep, &m->keep16);
+            const char *prev_dir = NULL;
+            if (!o.preflight && pick[i] > 0 && ck[pick[i] - 1].adapter && !ck[pick[i] - 1].unreadable) {
+                prev_dir = ck[pick[i] - 1].dir;
+                m->prev_step = ck[pick[i] - 1].step;
+            }
+            if (lora_dir) survival(o.model, lora_dir, prev_dir, o.rollout_recipe, &m->keep, &m->keep16, &m->upd, &m->upd16);
             nm++;
             double per = omp_get_wtime() - t0;
             fprintf(stderr, PROG ": checkpoint %zu/%zu (step %lld) measured in %.0f s; ETA %.0f s\n", i + 1, total,
@@ -741,6 +755,24 @@ int main(int argc, char **argv)
                 snprintf(h->against + l, sizeof h->against - l, "%sstep %lld: it keeps %s", l ? "; " : "", (long long)M[i].step, fmtg(b1, 32, M[i].keep.aligned));
         }
     }
+    for (size_t i = 0; i < nm; i++) {   /* the updates between checkpoints, as the engine saw them */
+        if (!isfinite(M[i].upd.aligned)) continue;
+        hypothesis *h = &H[1];
+        char b1[32], b2[32];
+        size_t l;
+        if (M[i].upd.aligned < 0.5) {
+            l = strlen(h->for_);
+            snprintf(h->for_ + l, sizeof h->for_ - l, "%sthe update from step %lld to %lld: the engine kept %s of it (fp16: %s)",
+                     l ? "; " : "", (long long)M[i].prev_step, (long long)M[i].step, fmtg(b1, 32, M[i].upd.aligned),
+                     fmtg(b2, 32, M[i].upd16.aligned));
+            if (h->first < 0 || M[i].step < h->first) h->first = M[i].step;
+        } else if (M[i].upd.aligned >= 0.9) {
+            l = strlen(h->against);
+            if (l < 250)
+                snprintf(h->against + l, sizeof h->against - l, "%sthe update from step %lld to %lld kept %s", l ? "; " : "",
+                         (long long)M[i].prev_step, (long long)M[i].step, fmtg(b1, 32, M[i].upd.aligned));
+        }
+    }
     for (int i = 0; i < 6; i++) {
         hypothesis *h = &H[i];
         snprintf(h->reading, sizeof h->reading, "%s", h->for_[0] ? (h->against[0] ? "mixed" : "supported") : (h->against[0] ? "against" : "no data"));
@@ -856,6 +888,12 @@ int main(int argc, char **argv)
         json_object_set_new(x, "merge_survival_fp16", num(M[i].keep16.surv));
         json_object_set_new(x, "merge_aligned_fp16", num(M[i].keep16.aligned));
         json_object_set_new(x, "merge_changed_frac_fp16", num(M[i].keep16.changed));
+        if (M[i].prev_step >= 0) {   /* the stretch since the checkpoint before */
+            json_object_set_new(x, "update_since_step", json_integer(M[i].prev_step));
+            json_object_set_new(x, "update_kept", num(M[i].upd.aligned));
+            json_object_set_new(x, "update_kept_fp16", num(M[i].upd16.aligned));
+            json_object_set_new(x, "update_changed_frac", num(M[i].upd.changed));
+        }
         json_array_append_new(cks, x);
     }
     json_object_set_new(J, "checkpoints", cks);
@@ -939,16 +977,19 @@ int main(int argc, char **argv)
                                                         : " The engine runs merged weights (TRL's merge-unmerge drift cannot be "
                                                           "rebuilt from saved adapters: `merged` stands for it).") : "");
         fprintf(f, "| step | tokens | mean \\|dlogp\\| | p99 | max | k3 | seq \\|log W\\| mean | seq ESS | fp16 mean \\|dlogp\\| | "
-                "fp16 k3 | fp16 seq ESS | update kept (%s) | update kept (fp16) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-                o.rollout_recipe);
+                "fp16 k3 | fp16 seq ESS | adapter kept (%s) | adapter kept (fp16) | last update kept (%s) | last update kept (fp16) |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", o.rollout_recipe, o.rollout_recipe);
         for (size_t i = 0; i < nm; i++) {
             char c1[32], c2[32], c3[32], c4[32], c5[32], c6[32];
-            fprintf(f, "| %lld | %zu | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", (long long)M[i].step, M[i].run.tokens,
+            fprintf(f, "| %lld | %zu | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", (long long)M[i].step, M[i].run.tokens,
                     fmtg(b1, 32, M[i].run.mean), fmtg(b2, 32, M[i].run.p99), fmtg(b3, 32, M[i].run.max), fmtg(b4, 32, M[i].run.k3),
                     fmtg(b5, 32, M[i].run.seq_abs_mean), fmtg(b6, 32, M[i].run.seq_ess), fmtg(b7, 32, M[i].fp16.mean),
-                    fmtg(c1, 32, M[i].fp16.k3), fmtg(c2, 32, M[i].fp16.seq_ess), fmtg(c3, 32, M[i].keep.aligned), fmtg(c4, 32, M[i].keep16.aligned));
-            (void)c5; (void)c6;
+                    fmtg(c1, 32, M[i].fp16.k3), fmtg(c2, 32, M[i].fp16.seq_ess), fmtg(c3, 32, M[i].keep.aligned), fmtg(c4, 32, M[i].keep16.aligned),
+                    fmtg(c5, 32, M[i].upd.aligned), fmtg(c6, 32, M[i].upd16.aligned));
         }
+        fprintf(f, "\nAdapter kept: the share of the whole adapter's update a merged engine copy keeps (its component "
+                "along the update); last update kept: the same for the update since the checkpoint before this one "
+                "(the engine sees only what survives its weights' rounding).\n");
         fprintf(f, "\nEach row's run files: `diffs/step-N-run.h5`, `diffs/step-N-fp16.h5` (`tidal-report` and `tidal-heatmap` read "
                 "them).\n\n");
     }

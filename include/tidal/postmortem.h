@@ -105,6 +105,11 @@ size_t td_pm_pick(const td_pm_checkpoint *ck, size_t n, int64_t onset, size_t ma
  * initialisation after `steps` Adam steps of size lr on B (the assumption stated in pm_lora.c). */
 int td_pm_lora_survival(const td_model *base, const td_lora *lo, const td_recipe *engine, double *survival,
                         double *aligned, double *changed_frac, td_error *err);
+/* The update between two checkpoints' adapters (lo - prev) as a merged engine copy sees it:
+ * E(D(W + dW_lo)) - E(D(W + dW_prev)) against dW_lo - dW_prev (did the engine see this stretch's
+ * updates). */
+int td_pm_lora_step_survival(const td_model *base, const td_lora *prev, const td_lora *lo, const td_recipe *engine,
+                             double *survival, double *aligned, double *changed_frac, td_error *err);
 int td_pm_lora_projected(const td_model *base, const td_config *cfg, int rank, double alpha, double lr, int steps,
                          uint64_t seed, const td_recipe *engine, double *survival, double *aligned, double *changed_frac,
                          td_error *err);

@@ -40,31 +40,65 @@ static float *weight_of(const td_model *m, int l, int mo)
     return w;
 }
 
-/* kept^2, delta^2 and changed count of one matrix */
-static void one(const td_recipe *engine, const float *w, const float *delta, int out, int in, double *kept2, double *delta2,
-                double *dot, int64_t *changed)
+/* kept^2, update^2, <kept, update> and changed count of one matrix: the engine's E(D(W + delta))
+ * against E(D(W + prev)) (prev NULL: against E(W)), the update delta - prev */
+static void one_from(const td_recipe *engine, const float *w, const float *prev, const float *delta, int out, int in,
+                     double *kept2, double *delta2, double *dot, int64_t *changed)
 {
     size_t n = (size_t)out * in;
-    float *m = td_xmalloc(3 * n * sizeof(float)), *pm = m + n, *pw = pm + n;
+    float *m = td_xmalloc(4 * n * sizeof(float)), *pm = m + n, *pw = pm + n, *m0 = pw + n;
     memcpy(m, w, n * sizeof(float));
     td_lora_peft_merge(engine->weights, m, delta, n);
     td_gemm_prepare_weight(engine, m, out, in, pm);
-    td_gemm_prepare_weight(engine, w, out, in, pw);
+    memcpy(m0, w, n * sizeof(float));
+    if (prev) td_lora_peft_merge(engine->weights, m0, prev, n);
+    td_gemm_prepare_weight(engine, m0, out, in, pw);
     for (size_t j = 0; j < n; j++) {
-        double d = (double)pm[j] - pw[j];
+        double d = (double)pm[j] - pw[j], u = (double)delta[j] - (prev ? prev[j] : 0.0f);
         *kept2 += d * d;
-        *delta2 += (double)delta[j] * delta[j];
-        *dot += d * delta[j];
+        *delta2 += u * u;
+        *dot += d * u;
         *changed += pm[j] != pw[j];
     }
     free(m);
 }
 
+static void one(const td_recipe *engine, const float *w, const float *delta, int out, int in, double *kept2, double *delta2,
+                double *dot, int64_t *changed)
+{
+    one_from(engine, w, NULL, delta, out, in, kept2, delta2, dot, changed);
+}
+
+int td_pm_lora_step_survival(const td_model *base, const td_lora *prev, const td_lora *lo, const td_recipe *engine,
+                             double *survival, double *aligned, double *changed_frac, td_error *err)
+{
+    if (prev->num_layers != lo->num_layers || prev->modules != lo->modules)
+        return td_fail(err, "%s and %s adapt different modules: no update between them", prev->dir, lo->dir);
+    double kept2 = 0, delta2 = 0, dot = 0;
+    int64_t changed = 0, elements = 0;
+    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+        const td_lora_pair *p = &lo->pairs[i], *q = &prev->pairs[i];
+        if (!p->a || !q->a) continue;
+        size_t n = (size_t)p->out * p->in;
+        float *delta = td_xmalloc(2 * n * sizeof(float)), *d0 = delta + n;
+        td_lora_peft_delta(lo, p, delta);
+        td_lora_peft_delta(prev, q, d0);
+        float *w = weight_of(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD);
+        if (w) one_from(engine, w, d0, delta, p->out, p->in, &kept2, &delta2, &dot, &changed);
+        free(w);
+        elements += (int64_t)n;
+        free(delta);
+    }
+    *survival = delta2 > 0 ? sqrt(kept2 / delta2) : NAN;
+    *aligned = delta2 > 0 ? dot / delta2 : NAN;
+    *changed_frac = elements ? (double)changed / (double)elements : NAN;
+    return 0;
+}
+
 int td_pm_lora_survival(const td_model *base, const td_lora *lo, const td_recipe *engine, double *survival,
                         double *aligned, double *changed_frac, td_error *err)
 {
-    if (base->cfg.num_experts > 0)
-        return td_fail(err, "LoRA on a mixture of experts' model is not supported (tidal refuses it in training too)");
+    (void)err;   /* an MoE's MLP modules have no dense weight: only its attention adapters count */
     double kept2 = 0, delta2 = 0, dot = 0;
     int64_t changed = 0, elements = 0;
     for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
@@ -92,8 +126,7 @@ int td_pm_lora_survival(const td_model *base, const td_lora *lo, const td_recipe
 int td_pm_lora_projected(const td_model *base, const td_config *cfg, int rank, double alpha, double lr, int steps,
                          uint64_t seed, const td_recipe *engine, double *survival, double *aligned, double *changed_frac, td_error *err)
 {
-    if (base->cfg.num_experts > 0)
-        return td_fail(err, "LoRA on a mixture of experts' model is not supported (tidal refuses it in training too)");
+    (void)err;
     double kept2 = 0, delta2 = 0, dot = 0, scale = alpha / rank;
     int64_t changed = 0, elements = 0;
     td_rng g;

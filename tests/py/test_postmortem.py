@@ -97,6 +97,9 @@ sv = [(c["merge_aligned"], c["merge_aligned_fp16"]) for c in cks]
 check(all(s is not None and abs(f - 1) < abs(s - 1) for s, f in sv) and sv[0][0] < 0.95,
       f"what a merged engine copy keeps of the adapter (its component along the update): fp16 nearer 1 than bf16 at "
       f"every checkpoint, bf16 < 0.95 at the first, smallest one ({sv})")
+up = [(c["step"], c.get("update_since_step"), c.get("update_kept"), c.get("update_kept_fp16")) for c in cks]
+check(all(u[1] is not None and abs(u[3] - 1) < abs(u[2] - 1) for u in up if u[0] > 10) and up and up[0][1] is None,
+      f"the update since the checkpoint before each one, as the engine copy sees it: fp16 nearer 1 than bf16 ({up})")
 rep = open(os.path.join(out, "report.md")).read() if os.path.exists(os.path.join(out, "report.md")) else ""
 check("## Verdict" in rep and "![reward.png](reward.png)" in rep and os.path.exists(os.path.join(out, "checkpoints.png"))
       and os.path.exists(os.path.join(out, "diffs", f"step-{st[0] if st else 0}-fp16.h5")),
