@@ -69,54 +69,44 @@ static void one(const td_recipe *engine, const float *w, const float *delta, int
     one_from(engine, w, NULL, delta, out, in, kept2, delta2, dot, changed);
 }
 
+static void finish(double kept2, double delta2, double dot, int64_t changed, int64_t elements, double *survival,
+                   double *aligned, double *changed_frac)
+{
+    *survival = delta2 > 0 ? sqrt(kept2 / delta2) : NAN;
+    *aligned = delta2 > 0 ? dot / delta2 : NAN;
+    *changed_frac = elements ? (double)changed / (double)elements : NAN;
+}
+
+/* Both measures in one loop: prev NULL = lo's whole update against the base, else the update since
+ * prev. An MoE's MLP modules have no dense weight (weight_of NULL): only its attention adapters count. */
 int td_pm_lora_step_survival(const td_model *base, const td_lora *prev, const td_lora *lo, const td_recipe *engine,
                              double *survival, double *aligned, double *changed_frac, td_error *err)
 {
-    if (prev->num_layers != lo->num_layers || prev->modules != lo->modules)
+    if (prev && (prev->num_layers != lo->num_layers || prev->modules != lo->modules))
         return td_fail(err, "%s and %s adapt different modules: no update between them", prev->dir, lo->dir);
     double kept2 = 0, delta2 = 0, dot = 0;
     int64_t changed = 0, elements = 0;
     for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
-        const td_lora_pair *p = &lo->pairs[i], *q = &prev->pairs[i];
-        if (!p->a || !q->a) continue;
+        const td_lora_pair *p = &lo->pairs[i], *q = prev ? &prev->pairs[i] : NULL;
+        if (!p->a || (q && !q->a)) continue;
         size_t n = (size_t)p->out * p->in;
-        float *delta = td_xmalloc(2 * n * sizeof(float)), *d0 = delta + n;
+        float *delta = td_xmalloc(2 * n * sizeof(float)), *d0 = q ? delta + n : NULL;
         td_lora_peft_delta(lo, p, delta);
-        td_lora_peft_delta(prev, q, d0);
+        if (q) td_lora_peft_delta(prev, q, d0);
         float *w = weight_of(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD);
         if (w) one_from(engine, w, d0, delta, p->out, p->in, &kept2, &delta2, &dot, &changed);
         free(w);
         elements += (int64_t)n;
         free(delta);
     }
-    *survival = delta2 > 0 ? sqrt(kept2 / delta2) : NAN;
-    *aligned = delta2 > 0 ? dot / delta2 : NAN;
-    *changed_frac = elements ? (double)changed / (double)elements : NAN;
+    finish(kept2, delta2, dot, changed, elements, survival, aligned, changed_frac);
     return 0;
 }
 
 int td_pm_lora_survival(const td_model *base, const td_lora *lo, const td_recipe *engine, double *survival,
                         double *aligned, double *changed_frac, td_error *err)
 {
-    (void)err;   /* an MoE's MLP modules have no dense weight: only its attention adapters count */
-    double kept2 = 0, delta2 = 0, dot = 0;
-    int64_t changed = 0, elements = 0;
-    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
-        const td_lora_pair *p = &lo->pairs[i];
-        if (!p->a) continue;
-        size_t n = (size_t)p->out * p->in;
-        float *delta = td_xmalloc(n * sizeof(float));
-        td_lora_peft_delta(lo, p, delta);
-        float *w = weight_of(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD);
-        if (w) one(engine, w, delta, p->out, p->in, &kept2, &delta2, &dot, &changed);
-        free(w);
-        elements += (int64_t)n;
-        free(delta);
-    }
-    *survival = delta2 > 0 ? sqrt(kept2 / delta2) : NAN;
-    *aligned = delta2 > 0 ? dot / delta2 : NAN;
-    *changed_frac = elements ? (double)changed / (double)elements : NAN;
-    return 0;
+    return td_pm_lora_step_survival(base, NULL, lo, engine, survival, aligned, changed_frac, err);
 }
 
 /* The projection: PEFT's initialisation (lora_A kaiming_uniform_(a=sqrt(5)) = U(-1/sqrt(in),
@@ -150,8 +140,6 @@ int td_pm_lora_projected(const td_model *base, const td_config *cfg, int rank, d
             free(delta);
             free(a);
         }
-    *survival = delta2 > 0 ? sqrt(kept2 / delta2) : NAN;
-    *aligned = delta2 > 0 ? dot / delta2 : NAN;
-    *changed_frac = elements ? (double)changed / (double)elements : NAN;
+    finish(kept2, delta2, dot, changed, elements, survival, aligned, changed_frac);
     return 0;
 }
