@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "tidal/gemm.h"
+#include "tidal/isa.h"
 #include "tidal/rng.h"
 
 static float *randn(size_t n, uint64_t seed, float scale)
@@ -118,6 +119,77 @@ static void test_fp8_fast_accumulation_bounded(void **state)
     run_gemm(&wide, in, w, NULL, M, K, N, out);
     for (int i = 0; i < M * N; i++) assert_true(fabsf(out[i] - out_exact[i]) <= 1e-2f * fabsf(out_exact[i]) + 1e-2f);
     free(in); free(w); free(out); free(out_exact);
+}
+
+/* td_gemm_fp8_fast against the fp8-fast model written out with td_gemm_fixed (the portable
+ * kernel) on each 32-product step, as td_gemm_accumulate computed it before the fused kernel:
+ * every kernel the CPU has, bit for bit, on ragged shapes (K not a multiple of 8 or 32, blocks
+ * not a multiple of 32), every promotion length the presets use and others, 13 and 23 bits;
+ * then td_gemm_accumulate under the fp8-rollout preset takes that order at any M. */
+static void fp8_fast_model(const float *a, const float *w, int M, int N, int K, int promote, int bits,
+                           float *c)
+{
+    td_gemm_fixed_kernel saved = td_gemm_fixed_max_kernel;
+    td_gemm_fixed_max_kernel = TD_GEMM_FIXED_PORTABLE;
+    float *step = malloc((size_t)M * N * sizeof(float)), *part = malloc((size_t)M * N * sizeof(float));
+    memset(c, 0, (size_t)M * N * sizeof(float));
+    if (promote < 32) promote = 32;
+    for (int k0 = 0; k0 < K; k0 += promote) {
+        int k1 = k0 + promote < K ? k0 + promote : K;
+        memset(part, 0, (size_t)M * N * sizeof(float));
+        for (int s0 = k0; s0 < k1; s0 += 32) {
+            int sn = s0 + 32 <= k1 ? 32 : k1 - s0;
+            td_gemm_fixed(a + s0, K, w + s0, K, step, N, M, N, sn, 0);
+            for (size_t j = 0; j < (size_t)M * N; j++) part[j] = td_trunc_fraction(part[j] + step[j], bits);
+        }
+        for (size_t j = 0; j < (size_t)M * N; j++) c[j] += part[j];
+    }
+    free(step); free(part);
+    td_gemm_fixed_max_kernel = saved;
+}
+
+static void test_fp8_fast_kernel_matches_model(void **state)
+{
+    (void)state;
+    const int shapes[][3] = {{1, 8, 128}, {3, 5, 37}, {6, 16, 256}, {7, 9, 100}, {13, 19, 300},
+                             {20, 33, 896}, {1, 1, 5}, {9, 8, 0}};
+    const int promotes[] = {32, 128, 100, 65536};
+    const int bits[] = {13, 23};
+    td_gemm_fixed_kernel saved = td_gemm_fixed_max_kernel;
+    int checked = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+        float *a = randn((size_t)M * K + 1, 40 + si, 1.0f), *w = randn((size_t)N * K + 1, 60 + si, 0.05f);
+        float *want = malloc((size_t)M * N * sizeof(float)), *got = malloc((size_t)M * N * sizeof(float));
+        for (size_t pi = 0; pi < 4; pi++)
+            for (size_t bi = 0; bi < 2; bi++) {
+                fp8_fast_model(a, w, M, N, K, promotes[pi], bits[bi], want);
+                for (int kern = TD_GEMM_FIXED_PORTABLE; kern <= TD_GEMM_FIXED_AVX512; kern++) {
+                    td_gemm_fixed_max_kernel = (td_gemm_fixed_kernel)kern;
+                    memset(got, 0xff, (size_t)M * N * sizeof(float));
+                    td_gemm_fp8_fast(a, K, w, K, got, N, M, N, K, promotes[pi], bits[bi]);
+                    if (memcmp(got, want, (size_t)M * N * sizeof(float)))
+                        fail_msg("td_gemm_fp8_fast (kernel cap %d) differs from the model at M %d N %d K %d promote %d bits %d",
+                                 kern, M, N, K, promotes[pi], bits[bi]);
+                    checked++;
+                }
+            }
+        free(a); free(w); free(want); free(got);
+    }
+    td_gemm_fixed_max_kernel = saved;
+    /* through td_gemm_accumulate: the preset's promotion and bits, a decode-sized and a large M */
+    const td_recipe *r = td_recipe_find_preset("fp8-rollout");
+    for (int M = 4; M <= 40; M += 36) {
+        int N = 24, K = 512;
+        float *a = randn((size_t)M * K, 80, 1.0f), *w = randn((size_t)N * K, 81, 0.05f);
+        float *want = malloc((size_t)M * N * sizeof(float)), *got = malloc((size_t)M * N * sizeof(float));
+        fp8_fast_model(a, w, M, N, K, r->promote_every, r->acc_fraction_bits, want);
+        td_gemm_accumulate(r, a, M, K, w, K, N, got, N, NULL);
+        assert_memory_equal(got, want, (size_t)M * N * sizeof(float));
+        free(a); free(w); free(want); free(got);
+    }
+    printf("td_gemm_fp8_fast: %d cases bit-identical to the step-by-step model (widest kernel here: %s)\n",
+           checked, td_isa_level() >= TD_ISA_AVX512 ? "AVX-512" : td_isa_level() >= TD_ISA_AVX2 ? "AVX2" : "portable");
 }
 
 static void test_split_k_is_sum_of_halves(void **state)
@@ -308,6 +380,7 @@ int main(void)
         cmocka_unit_test(test_fp32_and_bf16_within_bound),
         cmocka_unit_test(test_split_k_is_sum_of_halves),
         cmocka_unit_test(test_fp8_fast_accumulation_bounded),
+        cmocka_unit_test(test_fp8_fast_kernel_matches_model),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_fixed_w16_matches_fixed),
         cmocka_unit_test(test_bf16dp_matches_ref),

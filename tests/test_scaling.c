@@ -13,9 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <math.h>
+#include <string.h>
 #include <cmocka.h>
 
 #include "tidal/scaling.h"
+#include "tidal/formats.h"
 #include "tidal/rng.h"
 
 static td_fp8_scheme scheme(td_scale_granularity g, td_scale_arith a, bool pow2)
@@ -211,6 +213,62 @@ static void test_div_and_mul_differ(void **state)
     assert_int_equal(code_far, 0);
 }
 
+/* td_fp8_fake_quant (one pass per block, no codes) against td_fp8_quantize + td_fp8_dequantize
+ * bit for bit, in place and out of place, on every granularity, both arithmetics, both formats,
+ * ragged shapes, with huge, tiny, zero, Inf and NaN inputs; and td_fp8_decode_scaled_row (F16C
+ * where the CPU has it) against the table for every code and several scales. */
+static void test_fake_quant_is_quantize_dequantize(void **state)
+{
+    (void)state;
+    td_rng rng;
+    td_rng_seed(&rng, 91);
+    const size_t shapes[][2] = {{1, 7}, {3, 130}, {130, 257}, {256, 128}};
+    int cases = 0;
+    for (int fmt = 0; fmt < 2; fmt++)
+        for (int g = 0; g < TD_SCALE_COUNT; g++)
+            for (int a = 0; a < 2; a++)
+                for (size_t si = 0; si < 4; si++) {
+                    size_t R = shapes[si][0], C = shapes[si][1], n = R * C;
+                    td_fp8_scheme sc = scheme((td_scale_granularity)g, a ? TD_ARITH_MUL : TD_ARITH_DIV, false);
+                    sc.fmt = fmt ? TD_E5M2 : TD_E4M3;
+                    float *x = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+                    for (size_t i = 0; i < n; i++) x[i] = (float)td_rng_normal(&rng) * (i % 97 == 3 ? 1e30f : i % 89 == 5 ? 1e-30f : 3.0f);
+                    if (n > 40) { x[7] = 0.0f; x[11] = INFINITY; x[13] = NAN; x[17] = -0.0f; }
+                    uint8_t *q = malloc(n);
+                    float *scales = malloc(td_fp8_num_scales(&sc, R, C) * sizeof(float));
+                    td_fp8_quantize(&sc, x, R, C, q, scales);
+                    td_fp8_dequantize(&sc, q, scales, R, C, want);
+                    td_fp8_fake_quant(&sc, x, R, C, got);
+                    for (size_t i = 0; i < n; i++)
+                        if (memcmp(got + i, want + i, 4) && !(isnan(got[i]) && isnan(want[i])))
+                            fail_msg("fake_quant differs at %zu (fmt %d gran %d arith %d shape %zux%zu): %a vs %a",
+                                     i, fmt, g, a, R, C, got[i], want[i]);
+                    memcpy(got, x, n * sizeof(float));
+                    td_fp8_fake_quant(&sc, got, R, C, got);   /* in place */
+                    for (size_t i = 0; i < n; i++)
+                        assert_true(!memcmp(got + i, want + i, 4) || (isnan(got[i]) && isnan(want[i])));
+                    cases++;
+                    free(x); free(want); free(got); free(q); free(scales);
+                }
+    /* the decode rows: every code, scales 1, 2^-7, 3.7e-3, 1e30 (overflow), 1e-40 (subnormal) */
+    const float scales[] = {1.0f, 0x1p-7f, 3.7e-3f, 1e30f, 1e-40f};
+    for (int fmt = 0; fmt < 2; fmt++) {
+        td_format f = fmt ? TD_E5M2 : TD_E4M3;
+        const float *lut = td_fp8_decode_table(f);
+        uint8_t codes[259];
+        for (int i = 0; i < 259; i++) codes[i] = (uint8_t)(i * 7 + (i >> 8));   /* every code, a ragged tail */
+        for (size_t k = 0; k < sizeof scales / sizeof *scales; k++) {
+            float y[259];
+            td_fp8_decode_scaled_row(f, codes, scales[k], y, 259);
+            for (int i = 0; i < 259; i++) {
+                float w = lut[codes[i]] * scales[k];
+                assert_true(!memcmp(&w, y + i, 4) || (isnan(w) && isnan(y[i])));
+            }
+        }
+    }
+    printf("td_fp8_fake_quant: %d cases bit-identical to quantize + dequantize; fp8 decode rows = table\n", cases);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -219,6 +277,7 @@ int main(void)
         cmocka_unit_test(test_invariants),
         cmocka_unit_test(test_mx_scale_is_smallest),
         cmocka_unit_test(test_div_and_mul_differ),
+        cmocka_unit_test(test_fake_quant_is_quantize_dequantize),
     };
     return cmocka_run_group_tests_name("scaling", tests, NULL, NULL);
 }

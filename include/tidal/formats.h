@@ -108,6 +108,10 @@ void td_round_row(td_format f, const float *x, float *y, size_t n, td_saturation
 extern int td_formats_scalar_only;
 int td_formats_have_vector_f16(void);   /* 1 when the fp16 rows take F16C on this CPU */
 
+/* y[i] = decode(codes[i]) * scale for e4m3 or e5m2 codes: one rounding, the table's bits (F16C
+ * where the CPU has it and td_formats_scalar_only is 0, else the table). */
+void td_fp8_decode_scaled_row(td_format f, const uint8_t *codes, float scale, float *y, size_t n);
+
 /* The 256 decoded values of every e4m3 or e5m2 code (NULL for other formats). */
 const float *td_fp8_decode_table(td_format f);
 

@@ -11,7 +11,8 @@
  *   fp8-fast  the Hopper FP8 model: K is walked in WGMMA steps of 32 products; after each
  *             step the running partial sum keeps only acc_fraction_bits fraction bits
  *             (truncated), and every promote_every products the partial is added into an
- *             fp32 total and restarts at zero (DeepGEMM's promotion). Operands are the
+ *             fp32 total and restarts at zero (DeepGEMM's promotion); each step summed in
+ *             td_gemm_fixed's order, whatever M (td_gemm_fp8_fast). Operands are the
  *             dequantised values, so scales are folded into the products; truncation is
  *             relative, which makes this match the unscaled hardware sum up to the rounding
  *             of the scale products.
@@ -122,6 +123,14 @@ extern int td_gemm_bf16dp_disabled;
  * td_gemm_w16_force: 1 the portable kernel, 2 AVX2 even where AVX-512 is. */
 int td_gemm_w16_kernel(void);
 extern int td_gemm_w16_force;
+
+/* The fp8-fast accumulation (above) as one kernel (src/recipe/gemm_fp8fast.c): c (M, N; ldc) =
+ * a (M, K; lda) . w (N rows of stride ldw)^T, steps of 32 products in td_gemm_fixed's order,
+ * partials truncated to `bits` fraction bits, promoted into an fp32 total every `promote`
+ * products (at least 32). Its bits depend only on the two operand rows, promote and bits (the
+ * AVX-512, AVX2 and portable kernels agree; td_gemm_fixed_max_kernel caps the choice). */
+void td_gemm_fp8_fast(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
+                      int N, int K, int promote, int bits);
 
 /* Truncates an fp32 value to `bits` fraction bits (toward zero): the fp8-fast accumulator. */
 static inline float td_trunc_fraction(float x, int bits)

@@ -152,13 +152,8 @@ static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const
         if (o0 < o1) {
             /* gscratch is NULL when no recipe needs it (NULL + 0 is undefined behaviour in C) */
             float *scratch = ctx->gscratch ? ctx->gscratch + (size_t)t * ctx->gscratch_per_thread : NULL;
-            /* one GEMM per fixed tile (cpu.h); fp8-fast scratch holds (N, cols) twice: a tile
-             * in chunks that fit, should it not */
+            /* one GEMM per fixed tile (cpu.h) */
             int cols = TD_GEMM_TILE;
-            if (r->accumulate == TD_ACC_FP8_FAST) {
-                size_t fit = ctx->gscratch_per_thread / (2 * (size_t)N);
-                if (fit < (size_t)cols) cols = fit > 0 ? (int)fit : 1;
-            }
             float *tile = wtile_scratch(ctx, t);
             for (int c0 = o0; c0 < o1; c0 += cols) {
                 int nc = c0 + cols <= o1 ? cols : o1 - c0;

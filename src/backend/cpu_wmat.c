@@ -17,14 +17,11 @@ TD_CLONES static void widen_bf16(const uint16_t *src, float *dst, size_t n)
     for (size_t i = 0; i < n; i++) o[i] = (uint32_t)src[i] << 16;
 }
 
-TD_CLONES static void widen_fp8_row(const uint8_t *codes, const float *lut, const float *srow,
-                                    int sc, int cols, float *dst)
+static void widen_fp8_row(td_format f, const uint8_t *codes, const float *srow, int sc, int cols,
+                          float *dst)
 {
-    for (int c0 = 0, b = 0; c0 < cols; c0 += sc, b++) {
-        int c1 = c0 + sc < cols ? c0 + sc : cols;
-        float s = srow[b];
-        for (int c = c0; c < c1; c++) dst[c] = lut[codes[c]] * s;
-    }
+    for (int c0 = 0, b = 0; c0 < cols; c0 += sc, b++)
+        td_fp8_decode_scaled_row(f, codes + c0, srow[b], dst + c0, (size_t)(c0 + sc < cols ? sc : cols - c0));
 }
 
 const float *wmat_rows(const td_wmat *w, long r0, long nr, int cols, float *dst)
@@ -41,10 +38,9 @@ const float *wmat_rows(const td_wmat *w, long r0, long nr, int cols, float *dst)
         return dst;
     case TD_E4M3:
     case TD_E5M2: {
-        const float *lut = td_fp8_decode_table(w->dtype);
         const uint8_t *codes = (const uint8_t *)w->data + at;
         for (long r = 0; r < nr; r++)
-            widen_fp8_row(codes + (size_t)r * cols, lut, w->scale + (size_t)((r0 + r) / w->sr) * w->nbc,
+            widen_fp8_row(w->dtype, codes + (size_t)r * cols, w->scale + (size_t)((r0 + r) / w->sr) * w->nbc,
                           w->sc, cols, dst + (size_t)r * cols);
         return dst;
     }

@@ -466,10 +466,6 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
     }
     if (td_recipe_is_plain_fp32(&rc)) return 0;   /* the fp32 reference ops */
     st->qin = td_xmalloc((size_t)cap * width * sizeof(float));
-    if (rc.accumulate == TD_ACC_FP8_FAST) {
-        ops->gscratch_per_thread = 2 * (size_t)cap * 256;
-        st->gscratch = td_xmalloc((size_t)ops->nthreads * ops->gscratch_per_thread * sizeof(float));
-    }
     ops->recipe = &st->recipe;
     ops->head = &st->head;
     ops->qin = st->qin;

@@ -208,13 +208,25 @@ void td_decode_row(td_format f, const void *codes, float *y, size_t n)
             if (f == TD_E4M3) for (size_t i = 0; i < n; i++) y[i] = narrow_decode(c[i], 8, 3, 7, 0);
             else              for (size_t i = 0; i < n; i++) y[i] = narrow_decode(c[i], 8, 2, 15, 1);
         } else {
-            const float *lut = td_fp8_decode_table(f);
-            for (size_t i = 0; i < n; i++) y[i] = lut[c[i]];
+            td_fp8_decode_scaled_row(f, c, 1.0f, y, n);
         }
     } break;
     case TD_E8M0: { const uint8_t *c = codes; for (size_t i = 0; i < n; i++) y[i] = td_e8m0_to_f32(c[i]); } break;
     default: break;
     }
+}
+
+void td_fp8_decode_scaled_row(td_format f, const uint8_t *codes, float scale, float *y, size_t n)
+{
+    const float *lut = td_fp8_decode_table(f);
+    if (!lut) return;
+#if TD_HAVE_F16C_PATH
+    if (f16_vector()) {
+        td_fp8_decode_scaled_row_f16c(f == TD_E5M2, codes, scale, lut, y, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++) y[i] = lut[codes[i]] * scale;
 }
 
 void td_round_row(td_format f, const float *x, float *y, size_t n, td_saturation sat)

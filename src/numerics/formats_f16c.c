@@ -121,6 +121,37 @@ TGT void td_bf16_encode_row_avx2(const float *x, uint16_t *codes, size_t n)
     }
 }
 
+/* ---- fp8 codes widened through fp16: an e5m2 code is the high byte of the fp16 code of the same
+ * value; an e4m3 code's magnitude shifted by 7 is an fp16 code of its value / 2^8 (the 4-bit
+ * exponent in fp16's low exponent bits: normals and subnormals alike), so vcvtph2ps then x 256
+ * gives the value exactly, and one multiplication by the block's scale rounds once, as
+ * lut[code] * scale does. Blocks of 8 holding a NaN code (e4m3 S.1111.111, e5m2 S.11111.mm with
+ * mm != 0) take the table, so NaN payloads are the table's. */
+TGT void td_fp8_decode_scaled_row_f16c(int e5m2, const uint8_t *codes, float scale, const float *lut,
+                                       float *y, size_t n)
+{
+    __m256 s = _mm256_set1_ps(scale), k = _mm256_set1_ps(e5m2 ? 1.0f : 256.0f);
+    __m128i m7f = _mm_set1_epi16(0x7F), sign = _mm_set1_epi16(0x80);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(codes + i)));
+        __m128i mag = _mm_and_si128(b, m7f), h, nan;
+        if (e5m2) {
+            h = _mm_slli_epi16(b, 8);
+            nan = _mm_cmpgt_epi16(mag, _mm_set1_epi16(0x7C));
+        } else {
+            h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, sign), 8), _mm_slli_epi16(mag, 7));
+            nan = _mm_cmpeq_epi16(mag, m7f);
+        }
+        if (!_mm_testz_si128(nan, nan)) {
+            for (size_t j = i; j < i + 8; j++) y[j] = lut[codes[j]] * scale;
+            continue;
+        }
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(h), k), s));
+    }
+    for (; i < n; i++) y[i] = lut[codes[i]] * scale;
+}
+
 int td_cpu_has_f16c(void)
 {
     return td_isa_level() >= TD_ISA_AVX2;   /* AVX2 + FMA + F16C, unless TIDAL_ISA caps it */

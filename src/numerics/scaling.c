@@ -80,6 +80,28 @@ float td_fp8_scale_from_amax(const td_fp8_scheme *s, float amax)
     return block_scale_from_amax(s, amax).scale;
 }
 
+/* The largest |x| of a block (NaN ignored, as fmaxf does: a comparison with NaN is false). */
+static float row_amax(const float *x, size_t n)
+{
+    float m = 0.0f;
+    #pragma omp simd reduction(max : m)
+    for (size_t i = 0; i < n; i++) {
+        float v = fabsf(x[i]);
+        m = v > m ? v : m;
+    }
+    return m;
+}
+
+static float block_amax(const float *x, size_t cols, size_t r0, size_t r1, size_t c0, size_t c1)
+{
+    float amax = 0.0f;
+    for (size_t r = r0; r < r1; r++) {
+        float m = row_amax(x + r * cols + c0, c1 - c0);
+        amax = m > amax ? m : amax;
+    }
+    return amax;
+}
+
 /* Visits each block: computes its amax and scale, then quantises it into codes. */
 void td_fp8_quantize(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols,
                      uint8_t *codes, float *scales)
@@ -91,10 +113,7 @@ void td_fp8_quantize(const td_fp8_scheme *s, const float *x, size_t rows, size_t
     for (size_t bi = 0; bi < nbr * nbc; bi++) {
         size_t r0 = (bi / nbc) * br, c0 = (bi % nbc) * bc;
         size_t r1 = r0 + br < rows ? r0 + br : rows, c1 = c0 + bc < cols ? c0 + bc : cols;
-        float amax = 0.0f;
-        for (size_t r = r0; r < r1; r++)
-            for (size_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(x[r * cols + c]));
-        block_scale b = block_scale_from_amax(s, amax);
+        block_scale b = block_scale_from_amax(s, block_amax(x, cols, r0, r1, c0, c1));
         scales[bi] = b.scale;
         /* the block's row pieces scaled into a buffer, then encoded by the row form (one
          * specialised loop per format) */
@@ -118,28 +137,42 @@ void td_fp8_dequantize(const td_fp8_scheme *s, const uint8_t *codes, const float
     size_t br, bc;
     td_fp8_block_shape(s, rows, cols, &br, &bc);
     size_t nbc = (cols + bc - 1) / bc;
-    const float *lut = td_fp8_decode_table(s->fmt);
     #pragma omp parallel for schedule(static) if (rows * cols > (1u << 16))
     for (size_t r = 0; r < rows; r++) {
         const float *srow = scales + (r / br) * nbc;
-        const uint8_t *cr = codes + r * cols;
-        float *yr = y + r * cols;
-        for (size_t c0 = 0, b = 0; c0 < cols; c0 += bc, b++) {   /* block by block: one scale */
-            size_t c1 = c0 + bc < cols ? c0 + bc : cols;
-            float sc = srow[b];
-            for (size_t c = c0; c < c1; c++) yr[c] = lut[cr[c]] * sc;
-        }
+        for (size_t c0 = 0, b = 0; c0 < cols; c0 += bc, b++)   /* block by block: one scale */
+            td_fp8_decode_scaled_row(s->fmt, codes + r * cols + c0, srow[b], y + r * cols + c0,
+                                     c0 + bc < cols ? bc : cols - c0);
     }
 }
 
+/* td_fp8_quantize then td_fp8_dequantize, block by block without the codes: a block's values
+ * scaled, rounded to the format and back (td_round_row: decode(encode(v)), the table's value),
+ * times the block's scale (the dequantisation's one rounding). In place allowed: a block's amax
+ * is read before any of it is written. */
 void td_fp8_fake_quant(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols, float *y)
 {
-    uint8_t *codes = td_xmalloc(rows * cols);
-    float *scales = td_xmalloc(td_fp8_num_scales(s, rows, cols) * sizeof(float));
-    td_fp8_quantize(s, x, rows, cols, codes, scales);
-    td_fp8_dequantize(s, codes, scales, rows, cols, y);
-    free(codes);
-    free(scales);
+    size_t br, bc;
+    td_fp8_block_shape(s, rows, cols, &br, &bc);
+    size_t nbr = (rows + br - 1) / br, nbc = (cols + bc - 1) / bc;
+    #pragma omp parallel for schedule(static) if (rows * cols > (1u << 16))
+    for (size_t bi = 0; bi < nbr * nbc; bi++) {
+        size_t r0 = (bi / nbc) * br, c0 = (bi % nbc) * bc;
+        size_t r1 = r0 + br < rows ? r0 + br : rows, c1 = c0 + bc < cols ? c0 + bc : cols;
+        block_scale b = block_scale_from_amax(s, block_amax(x, cols, r0, r1, c0, c1));
+        float buf[256];
+        for (size_t r = r0; r < r1; r++) {
+            const float *xr = x + r * cols;
+            float *yr = y + r * cols;
+            for (size_t p0 = c0; p0 < c1; p0 += 256) {
+                size_t n = c1 - p0 < 256 ? c1 - p0 : 256;
+                if (b.mul != 0.0f) for (size_t c = 0; c < n; c++) buf[c] = xr[p0 + c] * b.mul;
+                else               for (size_t c = 0; c < n; c++) buf[c] = xr[p0 + c] / b.div;
+                td_round_row(s->fmt, buf, buf, n, s->sat);
+                for (size_t c = 0; c < n; c++) yr[p0 + c] = buf[c] * b.scale;
+            }
+        }
+    }
 }
 
 static const char *GRAN_NAMES[TD_SCALE_COUNT] = {"tensor", "row", "group", "block", "mx"};

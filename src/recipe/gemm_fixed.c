@@ -18,7 +18,7 @@
  *   AVX-512   6 rows x 8 columns in 24 zmm registers: a zmm holds the lane sums of two
  *             columns (low and high 256 bits), w of the two columns side by side, and the
  *             row's chunk of a broadcast to both halves — each half is the AVX2 lane order.
- *             A row's 8 reductions run side by side in shuffles (reduce8x8), same adds.
+ *             A row's 8 reductions run side by side in shuffles (td_lanes_reduce8x8, gemm_lanes.h), same adds.
  * Both SIMD kernels keep the order by construction (per lane, the same fma's in the same k
  * order; the same reduction), so they differ only in how much they reuse per load. Blocking
  * that a fast GEMM needs changes no order either:
@@ -212,28 +212,6 @@ TGT512 static INLINE void chunk512(__m512 acc[6][4], const float *a, int lda, co
     }
 }
 
-/* The 8 columns' reductions of one row at once: acc[p] holds columns 2p and 2p+1. Lane i of a
- * column is s_i; each step below adds the same operands in the same order as reduce8:
- *   q_i = s_i + s_{i+4}:   the low 128 bits of a column's half plus its high 128 bits;
- *   a0 = q0 + q2, a1 = q1 + q3;   then a0 + a1.
- * Returns the 8 sums in column order. */
-TGT512 static INLINE __m256 reduce8x8(const __m512 acc[4])
-{
-    /* 128-bit blocks [col 0 s0..3, col 1 s0..3, col 2 s0..3, col 3 s0..3] + the s4..7 blocks */
-    __m512 q03 = _mm512_add_ps(_mm512_shuffle_f32x4(acc[0], acc[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                               _mm512_shuffle_f32x4(acc[0], acc[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    __m512 q47 = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2], acc[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                               _mm512_shuffle_f32x4(acc[2], acc[3], _MM_SHUFFLE(3, 1, 3, 1)));
-    /* block b: [a0, a1 of column b, a0, a1 of column 4+b] */
-    __m512 a01 = _mm512_add_ps(_mm512_shuffle_ps(q03, q47, _MM_SHUFFLE(1, 0, 1, 0)),
-                               _mm512_shuffle_ps(q03, q47, _MM_SHUFFLE(3, 2, 3, 2)));
-    /* block b: [sum of column b, sum of column 4+b, (copies)] */
-    __m512 sum = _mm512_add_ps(_mm512_shuffle_ps(a01, a01, _MM_SHUFFLE(2, 0, 2, 0)),
-                               _mm512_shuffle_ps(a01, a01, _MM_SHUFFLE(3, 1, 3, 1)));
-    __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
-    return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, sum));
-}
-
 TGT512 static INLINE void tile512(const float *a, int lda, const float *wp, size_t pstride, int K,
                                   kspan ks, float *c, int ldc, int ncols, int add, int R)
 {
@@ -255,7 +233,7 @@ TGT512 static INLINE void tile512(const float *a, int lda, const float *wp, size
     }
     __mmask8 keep = (__mmask8)((1u << ncols) - 1);
     for (int r = 0; r < R; r++) {
-        __m256 d = reduce8x8(acc[r]);
+        __m256 d = td_lanes_reduce8x8(acc[r]);
         float *o = c + (size_t)r * ldc;
         if (add) d = _mm256_add_ps(_mm256_maskz_loadu_ps(keep, o), d);
         _mm256_mask_storeu_ps(o, keep, d);

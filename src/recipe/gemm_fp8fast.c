@@ -1,0 +1,247 @@
+/* The fp8-fast accumulation (gemm.h, recipe.h: DeepGEMM's promotion model) as one kernel:
+ * c (M, N; ldc) = a (M, K) . w (N rows of stride ldw)^T where, per output, K is walked in
+ * promotion blocks of `promote` products [k0, k1) and each block in WGMMA steps of 32 products
+ * [s0, s0 + 32) (the last shorter); a step's sum is td_gemm_fixed's order over its products
+ * (eight lane sums from zero, s_l = fma(a[k], w[k], s_l) for k = s0 + l, s0 + l + 8, ...,
+ * missing k as fma(0, 0, s_l); then ((s0+s4) + (s2+s6)) + ((s1+s5) + (s3+s7))); the block's
+ * partial is part = trunc(part + step, bits) after every step (td_trunc_fraction), and
+ * total += part (fp32, from 0) at the end of every block.
+ *
+ * That is the arithmetic td_gemm_accumulate did before this kernel by cutting K into 32-product
+ * GEMMs (td_gemm_fixed for a batch-invariant recipe or at most TD_GEMM_FIXED_ROWS rows: those
+ * bits are unchanged) and passing over the (M, N) partials after each; larger products of other
+ * recipes took OpenBLAS's sgemm for the step, whose order within 32 products depended on its
+ * micro-kernel (the CPU), and now take this order too: an fp8-fast GEMM's bits depend on nothing
+ * but the two operand rows and the recipe, on every machine.
+ *
+ * Kernels, picked at run time (td_gemm_fixed_max_kernel and TIDAL_ISA cap the choice as they
+ * do td_gemm_fixed's; all give the same bits):
+ *   AVX-512   6 rows x 8 columns, a zmm per row and column pair (the two columns' lane sums
+ *             side by side, a row's 8 values broadcast to both halves), w read in place;
+ *             after each step a row's 8 columns reduced at once (td_lanes_reduce8x8) and the
+ *             partials truncated with one AND.
+ *   AVX2+FMA  3 rows x 4 columns of 8-lane accumulators, each reduced by td_lanes_hsum8.
+ *   portable  one element at a time, as written above: the reference.
+ * Single-threaded; callers parallelise over column tiles. No scratch. */
+#include "tidal/gemm.h"
+#include "tidal/isa.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include "gemm_lanes.h"
+#define TD_HAVE_FP8FAST_SIMD 1
+#endif
+
+enum { STEP = 32 };
+
+/* the end of the step starting at s0 (steps restart at every promotion block) */
+static inline int step_end(int s0, int K, int promote)
+{
+    int k1 = (s0 / promote + 1) * promote;   /* s0's block ends at k1 (or K) */
+    if (k1 > K || k1 < 0) k1 = K;
+    return s0 + STEP < k1 ? s0 + STEP : k1;
+}
+
+/* 1 when a step ending at e closes its promotion block */
+static inline int closes_block(int e, int K, int promote) { return e == K || e % promote == 0; }
+
+static float fp8_fast_portable(const float *a, const float *w, int K, int promote, int bits)
+{
+    float total = 0.0f, part = 0.0f;
+    for (int s0 = 0; s0 < K;) {
+        int e = step_end(s0, K, promote), n = e - s0;
+        float s[8] = {0};
+        for (int k = 0; k < n; k += 8)
+            for (int l = 0; l < 8; l++) {
+                float x = k + l < n ? a[s0 + k + l] : 0.0f, y = k + l < n ? w[s0 + k + l] : 0.0f;
+                s[l] = fmaf(x, y, s[l]);
+            }
+        float step = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+        part = td_trunc_fraction(part + step, bits);
+        if (closes_block(e, K, promote)) {
+            total += part;
+            part = 0.0f;
+        }
+        s0 = e;
+    }
+    return total;
+}
+
+#ifdef TD_HAVE_FP8FAST_SIMD
+#define TGT __attribute__((target("avx2,fma")))
+#define TGT512 __attribute__((target("avx2,fma,avx512f,avx512dq,avx512vl")))
+#define INLINE inline __attribute__((always_inline))
+
+/* AVX-512: R (constant, <= 6) rows x 8 columns (nc real ones; the others repeat the last and are
+ * not stored). One step of n products at s0; full: n == 32 (no masks). */
+TGT512 static INLINE void step512(__m512 acc[6][4], const float *a, int lda, const float *const wc[8],
+                                  int s0, int n, int R, int full)
+{
+    #pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) acc[r][p] = _mm512_setzero_ps();
+    for (int k = 0; k < (full ? STEP : n); k += 8) {   /* unrolled when full (a constant) */
+        int m = full || n - k >= 8 ? 8 : n - k;
+        __mmask8 mk = (__mmask8)((1u << m) - 1);
+        __m512 x[4];
+        #pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const float *lo = wc[2 * p] + s0 + k, *hi = wc[2 * p + 1] + s0 + k;
+            __m256 l = full ? _mm256_loadu_ps(lo) : _mm256_maskz_loadu_ps(mk, lo);
+            __m256 h = full ? _mm256_loadu_ps(hi) : _mm256_maskz_loadu_ps(mk, hi);
+            x[p] = _mm512_insertf32x8(_mm512_castps256_ps512(l), h, 1);
+        }
+        #pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const float *ar = a + (size_t)r * lda + s0 + k;
+            __m512 av = _mm512_broadcast_f32x8(full ? _mm256_loadu_ps(ar) : _mm256_maskz_loadu_ps(mk, ar));
+            __asm__("" : "+v"(av));   /* one load per row, not one per FMA */
+            #pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) acc[r][p] = _mm512_fmadd_ps(av, x[p], acc[r][p]);
+        }
+    }
+}
+
+TGT512 static INLINE void tile512(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
+                                  int K, int promote, __m256 keep, int nc, int R)
+{
+    const float *wc[8];
+    for (int s = 0; s < 8; s++) wc[s] = w + (size_t)(s < nc ? s : nc - 1) * ldw;
+    __m256 part[6], total[6];
+    __m512 acc[6][4];
+    #pragma GCC unroll 6
+    for (int r = 0; r < R; r++) part[r] = total[r] = _mm256_setzero_ps();
+    for (int s0 = 0; s0 < K;) {
+        int e = step_end(s0, K, promote);
+        if (e - s0 == STEP) step512(acc, a, lda, wc, s0, STEP, R, 1);
+        else                step512(acc, a, lda, wc, s0, e - s0, R, 0);
+        #pragma GCC unroll 6
+        for (int r = 0; r < R; r++)
+            part[r] = _mm256_and_ps(_mm256_add_ps(part[r], td_lanes_reduce8x8(acc[r])), keep);
+        if (closes_block(e, K, promote)) {
+            #pragma GCC unroll 6
+            for (int r = 0; r < R; r++) {
+                total[r] = _mm256_add_ps(total[r], part[r]);
+                part[r] = _mm256_setzero_ps();
+            }
+        }
+        s0 = e;
+    }
+    __mmask8 km = (__mmask8)((1u << nc) - 1);
+    for (int r = 0; r < R; r++) _mm256_mask_storeu_ps(c + (size_t)r * ldc, km, total[r]);
+}
+
+TGT512 static void gemm512(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
+                           int M, int N, int K, int promote, int bits)
+{
+    __m256 keep = _mm256_castsi256_ps(_mm256_set1_epi32((int)~((1u << (23 - bits)) - 1u)));
+    for (int j = 0; j < N; j += 8) {
+        int nc = N - j < 8 ? N - j : 8;
+        const float *wj = w + (size_t)j * ldw;
+        for (int i = 0; i < M; i += 6) {
+            const float *ai = a + (size_t)i * lda;
+            float *ci = c + (size_t)i * ldc + j;
+            switch (M - i < 6 ? M - i : 6) {
+#define CALL(r) tile512(ai, lda, wj, ldw, ci, ldc, K, promote, keep, nc, r); break
+            case 6: CALL(6);
+            case 5: CALL(5);
+            case 4: CALL(4);
+            case 3: CALL(3);
+            case 2: CALL(2);
+            default: CALL(1);
+#undef CALL
+            }
+        }
+    }
+}
+
+/* AVX2: R x S (constants, R * S <= 12) outputs, one ymm of lane sums each; nc real columns */
+TGT static INLINE void tile2(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
+                             int K, int promote, int bits, int nc, int R, int S)
+{
+    const float *wc[4];
+    for (int s = 0; s < S; s++) wc[s] = w + (size_t)(s < nc ? s : nc - 1) * ldw;
+    float part[3][4] = {{0}}, total[3][4] = {{0}};
+    __m256 acc[3][4];
+    for (int s0 = 0; s0 < K;) {
+        int e = step_end(s0, K, promote), n = e - s0;
+        #pragma GCC unroll 3
+        for (int r = 0; r < R; r++)
+            #pragma GCC unroll 4
+            for (int s = 0; s < S; s++) acc[r][s] = _mm256_setzero_ps();
+        for (int k = 0; k < n; k += 8) {
+            int m = n - k >= 8 ? 8 : n - k;
+            __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            __m256 x[4];
+            #pragma GCC unroll 4
+            for (int s = 0; s < S; s++)
+                x[s] = m == 8 ? _mm256_loadu_ps(wc[s] + s0 + k) : _mm256_maskload_ps(wc[s] + s0 + k, mask);
+            #pragma GCC unroll 3
+            for (int r = 0; r < R; r++) {
+                const float *ar = a + (size_t)r * lda + s0 + k;
+                __m256 av = m == 8 ? _mm256_loadu_ps(ar) : _mm256_maskload_ps(ar, mask);
+                __asm__("" : "+x"(av));
+                #pragma GCC unroll 4
+                for (int s = 0; s < S; s++) acc[r][s] = _mm256_fmadd_ps(av, x[s], acc[r][s]);
+            }
+        }
+        int close = closes_block(e, K, promote);
+        for (int r = 0; r < R; r++)
+            for (int s = 0; s < S; s++) {
+                part[r][s] = td_trunc_fraction(part[r][s] + td_lanes_hsum8(acc[r][s]), bits);
+                if (close) {
+                    total[r][s] += part[r][s];
+                    part[r][s] = 0.0f;
+                }
+            }
+        s0 = e;
+    }
+    for (int r = 0; r < R; r++)
+        for (int s = 0; s < nc; s++) c[(size_t)r * ldc + s] = total[r][s];
+}
+
+TGT static void gemm2(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
+                      int N, int K, int promote, int bits)
+{
+    for (int j = 0; j < N; j += 4) {
+        int nc = N - j < 4 ? N - j : 4;
+        for (int i = 0; i < M; i += 3) {
+            const float *ai = a + (size_t)i * lda, *wj = w + (size_t)j * ldw;
+            float *ci = c + (size_t)i * ldc + j;
+            switch (M - i < 3 ? M - i : 3) {
+            case 3: tile2(ai, lda, wj, ldw, ci, ldc, K, promote, bits, nc, 3, 4); break;
+            case 2: tile2(ai, lda, wj, ldw, ci, ldc, K, promote, bits, nc, 2, 4); break;
+            default: tile2(ai, lda, wj, ldw, ci, ldc, K, promote, bits, nc, 1, 4); break;
+            }
+        }
+    }
+}
+#endif
+
+void td_gemm_fp8_fast(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
+                      int N, int K, int promote, int bits)
+{
+    if (M <= 0 || N <= 0) return;
+    if (promote < STEP) promote = STEP;
+    if (bits < 0) bits = 0;
+    if (bits > 23) bits = 23;
+#ifdef TD_HAVE_FP8FAST_SIMD
+    int avx2 = td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX2 && td_isa_level() >= TD_ISA_AVX2;
+    int avx512 = avx2 && td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 && td_isa_level() >= TD_ISA_AVX512;
+    if (avx512) {
+        gemm512(a, lda, w, ldw, c, ldc, M, N, K, promote, bits);
+        return;
+    }
+    if (avx2) {
+        gemm2(a, lda, w, ldw, c, ldc, M, N, K, promote, bits);
+        return;
+    }
+#endif
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++)
+            c[(size_t)i * ldc + j] = fp8_fast_portable(a + (size_t)i * lda, w + (size_t)j * ldw, K, promote, bits);
+}
