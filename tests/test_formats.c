@@ -171,6 +171,55 @@ static void test_vector_rows_vs_scalar(void **state)
     free(x); free(y_vec); free(y_sc); free(inplace); free(c_vec); free(c_sc); free(codes); free(codes8);
 }
 
+/* The fp8 rounding rows (td_round_row for e4m3 and e5m2, both saturation modes) against the
+ * scalar encoder and decoder, bit for bit: special values, ties at the formats' quanta and random
+ * patterns at every tail length, in place; with TIDAL_EXHAUSTIVE=1 every fp32 pattern. */
+static void test_fp8_round_rows_vs_scalar(void **state)
+{
+    (void)state;
+    const size_t N = 1 << 16;
+    float *x = malloc(N * 4), *y_vec = malloc(N * 4), *y_sc = malloc(N * 4);
+    int exhaustive = getenv("TIDAL_EXHAUSTIVE") && !strcmp(getenv("TIDAL_EXHAUSTIVE"), "1");
+    uint64_t checked = 0;
+    for (td_format f = TD_E4M3; f <= TD_E5M2; f++)
+        for (int sat = 0; sat < 2; sat++) {
+            td_saturation sm = sat ? TD_SATFINITE : TD_NOSAT;
+            int m = f == TD_E4M3 ? 3 : 2;
+            for (size_t i = 0; i < N; i++)
+                x[i] = i < TI_N_SPECIAL ? ti_special(i) : (i % 3 == 0) ? ti_random_bits(m, i)
+                     : (i % 3 == 1) ? ti_tie(f, m, i) : ldexpf(ti_random_bits(m, i) , -(int)(i % 40));
+            for (size_t n = N - 17; n <= N; n++) {
+                td_formats_scalar_only = 1;
+                td_round_row(f, x, y_sc, n, sm);
+                td_formats_scalar_only = 0;
+                memcpy(y_vec, x, n * 4);
+                td_round_row(f, y_vec, y_vec, n, sm);
+                assert_memory_equal(y_vec, y_sc, n * 4);
+                checked += n;
+            }
+            for (uint64_t u0 = 0; exhaustive && u0 < (1ull << 32); u0 += N) {
+                for (size_t i = 0; i < N; i++) {
+                    uint32_t u = (uint32_t)(u0 + i);
+                    memcpy(x + i, &u, 4);
+                }
+                td_formats_scalar_only = 1;
+                td_round_row(f, x, y_sc, N, sm);
+                td_formats_scalar_only = 0;
+                td_round_row(f, x, y_vec, N, sm);
+                if (memcmp(y_vec, y_sc, N * 4))
+                    for (size_t i = 0; i < N; i++)
+                        if (memcmp(y_vec + i, y_sc + i, 4))
+                            fail_msg("%s %s: fp32 pattern 0x%08x rounds to %a (vector) and %a (scalar)",
+                                     f == TD_E4M3 ? "e4m3" : "e5m2", sat ? "satfinite" : "nosat",
+                                     (unsigned)(u0 + i), y_vec[i], y_sc[i]);
+                checked += N;
+            }
+        }
+    printf("fp8 rounding rows: %llu values, vector and scalar identical%s\n", (unsigned long long)checked,
+           exhaustive ? " (every fp32 pattern, both formats, both saturation modes)" : " (TIDAL_EXHAUSTIVE=1: every fp32 pattern)");
+    free(x); free(y_vec); free(y_sc);
+}
+
 /* Round-tripping: every non-NaN code decodes to a value that encodes back to the same code. */
 static void test_every_code_round_trips(void **state)
 {
@@ -195,6 +244,7 @@ int main(void)
         cmocka_unit_test(test_every_code_round_trips),
         cmocka_unit_test(test_fast_vs_ref),
         cmocka_unit_test(test_vector_rows_vs_scalar),
+        cmocka_unit_test(test_fp8_round_rows_vs_scalar),
     };
     return cmocka_run_group_tests_name("formats", tests, NULL, NULL);
 }

@@ -36,8 +36,10 @@ static inline td_format act_of(const td_ops *ctx) { return ctx->recipe ? ctx->re
 /* dst (cols, rows) = src (rows, cols)^T */
 static void transpose(const float *src, size_t rows, size_t cols, float *dst)
 {
-    for (size_t i = 0; i < rows; i++)
-        for (size_t j = 0; j < cols; j++) dst[j * rows + i] = src[i * cols + j];
+    for (size_t i0 = 0; i0 < rows; i0 += 32)   /* 32 x 32 blocks: both sides stay in cache */
+        for (size_t j0 = 0; j0 < cols; j0 += 32)
+            for (size_t i = i0; i < rows && i < i0 + 32; i++)
+                for (size_t j = j0; j < cols && j < j0 + 32; j++) dst[j * rows + i] = src[i * cols + j];
 }
 
 /* the bf16 codes of src (rows, cols; bf16 values), transposed: dst (cols, rows), in 32 x 32

@@ -4,6 +4,7 @@
  */
 #include "tidal/formats.h"
 #include "formats_simd.h"
+#include "tidal/isa.h"
 #include "narrow.h"
 
 #include <pthread.h>
@@ -216,13 +217,28 @@ void td_decode_row(td_format f, const void *codes, float *y, size_t n)
     }
 }
 
+/* The vector fp8 rounding rows fall back to td_round_row on awkward blocks: fp8_rounding_scalar
+ * (thread-local) makes that call take the scalar loops. */
+static _Thread_local int fp8_rounding_scalar;
+#if TD_HAVE_F16C_PATH
+static inline int fp8_vector(void) { return f16_vector() && !fp8_rounding_scalar; }
+static void fp8_round_vector(int e5m2, const float *x, float *y, size_t n, int sat)
+{
+    fp8_rounding_scalar = 1;
+    if (td_isa_level() >= TD_ISA_AVX512) td_fp8_round_row_avx512(e5m2, x, y, n, sat);
+    else                                 td_fp8_round_row_avx2(e5m2, x, y, n, sat);
+    fp8_rounding_scalar = 0;
+}
+#endif
+
 void td_fp8_decode_scaled_row(td_format f, const uint8_t *codes, float scale, float *y, size_t n)
 {
     const float *lut = td_fp8_decode_table(f);
     if (!lut) return;
 #if TD_HAVE_F16C_PATH
     if (f16_vector()) {
-        td_fp8_decode_scaled_row_f16c(f == TD_E5M2, codes, scale, lut, y, n);
+        if (td_isa_level() >= TD_ISA_AVX512) td_fp8_decode_scaled_row_avx512(f == TD_E5M2, codes, scale, lut, y, n);
+        else                                 td_fp8_decode_scaled_row_f16c(f == TD_E5M2, codes, scale, lut, y, n);
         return;
     }
 #endif
@@ -248,10 +264,16 @@ void td_round_row(td_format f, const float *x, float *y, size_t n, td_saturation
         for (size_t i = 0; i < n; i++) y[i] = narrow_decode(F16_ENC(u[i]), 16, 10, 15, 1);
         break;
     case TD_E4M3:
+#if TD_HAVE_F16C_PATH
+        if (fp8_vector()) { fp8_round_vector(0, x, y, n, sat == TD_SATFINITE); break; }
+#endif
         if (sat == TD_SATFINITE) for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E4M3_ENC(u[i], TD_SATFINITE), 8, 3, 7, 0);
         else                     for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E4M3_ENC(u[i], TD_NOSAT), 8, 3, 7, 0);
         break;
     case TD_E5M2:
+#if TD_HAVE_F16C_PATH
+        if (fp8_vector()) { fp8_round_vector(1, x, y, n, sat == TD_SATFINITE); break; }
+#endif
         if (sat == TD_SATFINITE) for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E5M2_ENC(u[i], TD_SATFINITE), 8, 2, 15, 1);
         else                     for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E5M2_ENC(u[i], TD_NOSAT), 8, 2, 15, 1);
         break;

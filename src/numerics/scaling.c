@@ -102,6 +102,19 @@ static float block_amax(const float *x, size_t cols, size_t r0, size_t r1, size_
     return amax;
 }
 
+/* A block's piece scaled for encoding: x * mul (Transformer Engine) or x / div (vLLM) */
+static void scale_piece(float *buf, const float *x, size_t n, block_scale b)
+{
+    const float mul = b.mul, div = b.div;
+    if (mul != 0.0f) {
+        #pragma omp simd
+        for (size_t c = 0; c < n; c++) buf[c] = x[c] * mul;
+    } else {
+        #pragma omp simd
+        for (size_t c = 0; c < n; c++) buf[c] = x[c] / div;
+    }
+}
+
 /* Visits each block: computes its amax and scale, then quantises it into codes. */
 void td_fp8_quantize(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols,
                      uint8_t *codes, float *scales)
@@ -123,8 +136,7 @@ void td_fp8_quantize(const td_fp8_scheme *s, const float *x, size_t rows, size_t
             uint8_t *qr = codes + r * cols;
             for (size_t p0 = c0; p0 < c1; p0 += 256) {
                 size_t n = c1 - p0 < 256 ? c1 - p0 : 256;
-                if (b.mul != 0.0f) for (size_t c = 0; c < n; c++) buf[c] = xr[p0 + c] * b.mul;
-                else               for (size_t c = 0; c < n; c++) buf[c] = xr[p0 + c] / b.div;
+                scale_piece(buf, xr + p0, n, b);
                 td_encode_row(s->fmt, buf, qr + p0, n, s->sat);
             }
         }
@@ -166,10 +178,11 @@ void td_fp8_fake_quant(const td_fp8_scheme *s, const float *x, size_t rows, size
             float *yr = y + r * cols;
             for (size_t p0 = c0; p0 < c1; p0 += 256) {
                 size_t n = c1 - p0 < 256 ? c1 - p0 : 256;
-                if (b.mul != 0.0f) for (size_t c = 0; c < n; c++) buf[c] = xr[p0 + c] * b.mul;
-                else               for (size_t c = 0; c < n; c++) buf[c] = xr[p0 + c] / b.div;
+                scale_piece(buf, xr + p0, n, b);
                 td_round_row(s->fmt, buf, buf, n, s->sat);
-                for (size_t c = 0; c < n; c++) yr[p0 + c] = buf[c] * b.scale;
+                const float sc = b.scale;
+                #pragma omp simd
+                for (size_t c = 0; c < n; c++) yr[p0 + c] = buf[c] * sc;
             }
         }
     }
