@@ -17,9 +17,16 @@
  * side of the same bound: "peak_gflops X", this machine's fp32 multiply-add peak measured in the
  * run (every thread running independent fused multiply-adds on the widest vectors the CPU has:
  * AVX-512, else AVX2, else scalar), and "decode_flops_per_token X" (2 per weight of every matrix
- * a step multiplies: all 2-D tensors but the embedding).
+ * a step multiplies: all 2-D tensors but the embedding). And the bound of the instruction mix the
+ * decode step's GEMMs run (issue 38: a bound must be one the kernel can reach): "kernel_gflops X"
+ * and "kernel NAME", the fixed-order decode kernel that a step of decode-batch rows takes on the
+ * fp32 recipe (td_gemm_fixed_w16 over the checkpoint's 16-bit weights, widened in registers and
+ * multiplied with fp32 fused multiply-adds; td_gemm_fixed over fp32 ones) on weights that stay in
+ * cache (64 columns x the hidden size per thread), every thread, best of 3 passes of 0.2 s.
  */
 #include "tidal/checkpoint.h"
+#include "tidal/gemm.h"
+#include "tidal/isa.h"
 #include "tidal/model.h"
 #include "tidal/opts.h"
 #include "tidal/rng.h"
@@ -66,8 +73,10 @@ static double bandwidth_gbs(void)
 #define FMA_CHAINS(VEC, SET1, FMA, LANES)                                                          \
     VEC acc[12], x = SET1(0.999f), y = SET1(1e-3f);                                                \
     for (int j = 0; j < 12; j++) acc[j] = SET1((float)j);                                          \
-    for (long r = 0; r < reps; r++)                                                                \
+    for (long r = 0; r < reps; r++) {                                                              \
+        _Pragma("GCC unroll 12")   /* in registers: a loop over acc[] in memory measures latency */ \
         for (int j = 0; j < 12; j++) acc[j] = FMA(acc[j], x, y);                                   \
+    }                                                                                              \
     float keep = 0;                                                                                \
     for (int j = 0; j < 12; j++) { float t[LANES]; memcpy(t, &acc[j], sizeof t); keep += t[0]; }  \
     *sink += keep;                                                                                 \
@@ -112,6 +121,46 @@ static double peak_gflops(void)
         if (g > best) best = g;
     }
     fma_sink = sink;   /* the chains' results are used: the loops cannot be dropped */
+    return best;
+}
+
+/* The decode kernel's own compute ceiling: td_gemm_fixed_w16 (or td_gemm_fixed for fp32 weights)
+ * on B rows against a cache-resident slice of K-wide weights per thread. */
+static double kernel_gflops(int B, int K, td_format wdt, char *name, size_t cap)
+{
+    const int N = 64;
+    int w16 = wdt == TD_BF16 || wdt == TD_F16;
+    const char *isa = td_isa_level() >= TD_ISA_AVX512 ? "AVX-512" : td_isa_level() >= TD_ISA_AVX2 ? "AVX2" : "portable";
+    if (w16) {
+        int kk = td_gemm_w16_kernel();
+        isa = kk == 2 ? "AVX-512" : kk == 1 ? "AVX2" : "portable";
+    }
+    snprintf(name, cap, "%s/%s(fp32-FMA%s)", w16 ? "td_gemm_fixed_w16" : "td_gemm_fixed", isa,
+             w16 ? (wdt == TD_BF16 ? ",bf16-widen" : ",fp16-widen") : "");
+    double best = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        double flops = 0, t0 = now();
+        #pragma omp parallel reduction(+ : flops)
+        {
+            float *a = calloc((size_t)B * K, sizeof(float)), *c = malloc((size_t)B * N * sizeof(float));
+            uint16_t *w = malloc((size_t)N * K * sizeof(uint16_t));
+            float *wf = w16 ? NULL : malloc((size_t)N * K * sizeof(float));
+            if (a && c && w && (w16 || wf)) {
+                for (size_t i = 0; i < (size_t)B * K; i++) a[i] = (float)(i % 7) * 0.125f;
+                for (size_t i = 0; i < (size_t)N * K; i++) w[i] = (uint16_t)(0x3C00 + i % 64);
+                if (wf) for (size_t i = 0; i < (size_t)N * K; i++) wf[i] = (float)(i % 5) * 0.25f;
+                double t1 = now();
+                while (now() - t1 < 0.2) {
+                    if (w16) td_gemm_fixed_w16(a, K, w, K, wdt, c, N, B, N, K, 0);
+                    else     td_gemm_fixed(a, K, wf, K, c, N, B, N, K, 0);
+                    flops += 2.0 * B * N * K;
+                }
+            }
+            free(a); free(c); free(w); free(wf);
+        }
+        double g = flops / (now() - t0) / 1e9;
+        if (g > best) best = g;
+    }
     return best;
 }
 
@@ -242,6 +291,15 @@ int main(int argc, char **argv)
         printf("decode_flops_per_token %.0f\n", flops);
         printf("bandwidth_gbs %.3f\n", bandwidth_gbs());
         printf("peak_gflops %.3f\n", peak_gflops());
+        td_format wdt = TD_F32;
+        for (size_t i = 0; i < td_checkpoint_num_tensors(m->ck); i++) {
+            const td_tensor *t = td_checkpoint_tensor(m->ck, i);
+            if (t->ndim == 2 && strstr(t->name, "mlp")) { wdt = td_dtype_format(t->dtype); break; }
+        }
+        char kname[96];
+        double kg = kernel_gflops(decB <= TD_GEMM_FIXED_ROWS ? decB : TD_GEMM_FIXED_ROWS, m->cfg.hidden_size, wdt, kname, sizeof kname);
+        printf("kernel_gflops %.3f\n", kg);
+        printf("kernel %s\n", kname);
     }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);

@@ -11,6 +11,7 @@
 #   bench: diff-fp16-vs-bf16 fp16=X bf16=Y ratio=R             (tidal's fp16 pair against its bf16 pair; target >= 0.8)
 #   bench: diff-fp8-vs-bf16 fp8=X bf16=Y ratio=R               (fp8-unified-train vs fp8-unified-infer, block
 #                                                              FP8 both sides; PyTorch has no FP8 GEMM on the CPU)
+#   bench: diff-fp8-vs-fp16 fp8=X fp16=Y ratio=R               (the same FP8 pair against the fp16 pair; target >= 0.8)
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -50,3 +51,4 @@ why=""; [ -z "$ph" ] && why=" (this PyTorch has no float16 GEMM on the CPU: $("$
 echo "bench: diff-fp16-vs-torch-fp16 tidal=${th:-NA} torch=${ph:-NA} ratio=$(ratio "$th" "$ph")$why"
 echo "bench: diff-fp16-vs-bf16 fp16=${th:-NA} bf16=${t16:-NA} ratio=$(ratio "$th" "$t16")"
 echo "bench: diff-fp8-vs-bf16 fp8=${t8:-NA} bf16=${t16:-NA} ratio=$(ratio "$t8" "$t16")"
+echo "bench: diff-fp8-vs-fp16 fp8=${t8:-NA} fp16=${th:-NA} ratio=$(ratio "$t8" "$th")"

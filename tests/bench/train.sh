@@ -18,6 +18,7 @@
 #   bench: train-bf16 tidal=X torch=Y ratio=R
 #   bench: train-fp16 tidal=X torch=Y ratio=R
 #   bench: train-fp8-vs-bf16 fp8=X bf16=Y ratio=R
+#   bench: train-fp8-vs-fp16 fp8=X fp16=Y ratio=R   (target >= 0.8)
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -68,3 +69,5 @@ done
 t=$(best < "$tmp/t")
 ratio=$(awk -v a="$t" -v b="$tidal_bf16" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }')
 echo "bench: train-fp8-vs-bf16 fp8=${t:-NA} bf16=${tidal_bf16:-NA} ratio=$ratio"
+ratio=$(awk -v a="$t" -v b="$tidal_fp16" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }')
+echo "bench: train-fp8-vs-fp16 fp8=${t:-NA} fp16=${tidal_fp16:-NA} ratio=$ratio"
