@@ -14,6 +14,7 @@
 
 #include "tidal/gemm.h"
 #include "tidal/isa.h"
+#include "tidal/formats.h"
 #include "tidal/rng.h"
 
 static float *randn(size_t n, uint64_t seed, float scale)
@@ -190,6 +191,58 @@ static void test_fp8_fast_kernel_matches_model(void **state)
     }
     printf("td_gemm_fp8_fast: %d cases bit-identical to the step-by-step model (widest kernel here: %s)\n",
            checked, td_isa_level() >= TD_ISA_AVX512 ? "AVX-512" : td_isa_level() >= TD_ISA_AVX2 ? "AVX2" : "portable");
+}
+
+/* td_gemm_fp8_fast_codes (fp8 codes decoded in registers) against widening the same rows
+ * (td_fp8_decode_scaled_row per scale block) and td_gemm_fp8_fast: bit for bit on random codes
+ * of both formats, block shapes 128 x 128, per-tensor, 1 x 32 and 8-wide, rows offset into the
+ * scale grid, ragged K, decode-sized M; a NaN code sends the call back to the caller (returns 0). */
+static void test_fp8_fast_codes_matches_widened(void **state)
+{
+    (void)state;
+    td_rng rng;
+    td_rng_seed(&rng, 77);
+    const int Ks[] = {37, 100, 256, 300}, scs[] = {128, 8, 32, 0 /* = K */};
+    int checked = 0, declined = 0;
+    for (int fmt = 0; fmt < 2; fmt++)
+        for (size_t ki = 0; ki < 4; ki++)
+            for (size_t si = 0; si < 4; si++)
+                for (int M = 1; M <= 8; M += 3) {
+                    td_format wf = fmt ? TD_E5M2 : TD_E4M3;
+                    int K = Ks[ki], N = 21, row0 = 5, sc = scs[si] ? scs[si] : K, sr = si == 3 ? 1000 : 16;
+                    int nbc = (K + sc - 1) / sc, nbr = (row0 + N + sr - 1) / sr;
+                    uint8_t *w = malloc((size_t)N * K);
+                    float *scale = malloc((size_t)nbr * nbc * sizeof(float)), *wide = malloc((size_t)N * K * sizeof(float));
+                    float *a = randn((size_t)M * K, 90 + ki, 1.0f);
+                    float *want = malloc((size_t)M * N * sizeof(float)), *got = malloc((size_t)M * N * sizeof(float));
+                    for (size_t i = 0; i < (size_t)N * K; i++) {
+                        uint8_t cde = (uint8_t)td_rng_below(&rng, 256);
+                        if ((cde & 0x7F) > (fmt ? 0x7B : 0x7E)) cde &= 0xBF;   /* no NaN / Inf codes */
+                        w[i] = cde;
+                    }
+                    for (int b = 0; b < nbr * nbc; b++) scale[b] = (float)(0.001 + td_rng_uniform(&rng)) * 0x1p-6f;
+                    for (int j = 0; j < N; j++)
+                        for (int k0 = 0; k0 < K; k0 += sc)
+                            td_fp8_decode_scaled_row(wf, w + (size_t)j * K + k0, scale[((row0 + j) / sr) * nbc + k0 / sc],
+                                                     wide + (size_t)j * K + k0, (size_t)(K - k0 < sc ? K - k0 : sc));
+                    for (int pi = 0; pi < 2; pi++) {
+                        int promote = pi ? 65536 : 128;
+                        td_gemm_fp8_fast(a, K, wide, K, want, N, M, N, K, promote, 13);
+                        if (!td_gemm_fp8_fast_codes(a, K, w, K, wf, scale, row0, sr, sc, nbc, got, N, M, N, K, promote, 13)) {
+                            declined++;
+                            continue;
+                        }
+                        if (memcmp(got, want, (size_t)M * N * sizeof(float)))
+                            fail_msg("td_gemm_fp8_fast_codes differs (fmt %d K %d sc %d M %d promote %d)", fmt, K, sc, M, promote);
+                        checked++;
+                    }
+                    w[3] = fmt ? 0x7D : 0x7F;   /* a NaN code: declined */
+                    assert_int_equal(td_gemm_fp8_fast_codes(a, K, w, K, wf, scale, row0, sr, sc, nbc, got, N, M, N, K, 128, 13), 0);
+                    free(w); free(scale); free(wide); free(a); free(want); free(got);
+                }
+    printf("td_gemm_fp8_fast_codes: %d cases bit-identical to the widened rows, %d declined (%s)\n", checked, declined,
+           td_isa_level() >= TD_ISA_AVX512 ? "AVX-512 here" : "no AVX-512 here: every call declines, the widened path runs");
+    if (td_isa_level() >= TD_ISA_AVX512) assert_true(checked > 0);
 }
 
 static void test_split_k_is_sum_of_halves(void **state)
@@ -381,6 +434,7 @@ int main(void)
         cmocka_unit_test(test_split_k_is_sum_of_halves),
         cmocka_unit_test(test_fp8_fast_accumulation_bounded),
         cmocka_unit_test(test_fp8_fast_kernel_matches_model),
+        cmocka_unit_test(test_fp8_fast_codes_matches_widened),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_fixed_w16_matches_fixed),
         cmocka_unit_test(test_bf16dp_matches_ref),

@@ -166,6 +166,13 @@ static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const
                         wc = td_gemm_pack_bf16(memcpy(tile, (const float *)weight->data + (size_t)c0 * IN,
                                                       (size_t)nc * IN * sizeof(float)), (size_t)nc * IN);
                     td_gemm_accumulate_bf16dp(r, qcodes, N, IN, wc, IN, nc, out + c0, OUT);
+                } else if (r->accumulate == TD_ACC_FP8_FAST && N <= TD_GEMM_FIXED_ROWS &&
+                           (weight->dtype == TD_E4M3 || weight->dtype == TD_E5M2) &&
+                           td_gemm_fp8_fast_codes(qin, IN, (const uint8_t *)weight->data + (size_t)c0 * IN, IN,
+                                                  weight->dtype, weight->scale, c0, weight->sr, weight->sc,
+                                                  weight->nbc, out + c0, OUT, N, nc, IN, r->promote_every,
+                                                  r->acc_fraction_bits)) {
+                    /* a decode step: fp8 codes decoded in registers, the bits of the widened rows */
                 } else {
                     const float *wt = wmat_rows(weight, c0, nc, IN, tile);   /* widened to fp32 */
                     td_gemm_accumulate(r, qin, N, IN, wt, IN, nc, out + c0, OUT, scratch);
