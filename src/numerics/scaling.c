@@ -115,9 +115,14 @@ static void scale_piece(float *buf, const float *x, size_t n, block_scale b)
     }
 }
 
-/* Visits each block: computes its amax and scale, then quantises it into codes. */
-void td_fp8_quantize(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols,
-                     uint8_t *codes, float *scales)
+/* Visits each block: computes its amax and scale, then scales the block's row pieces into a
+ * buffer and either encodes them into codes (codes, scales) or, for td_fp8_fake_quant (y), rounds
+ * them to the format and back (td_round_row: decode(encode(v)), the table's value) and multiplies
+ * by the block's scale (the dequantisation's one rounding): the values quantize + dequantize
+ * give, without the codes. In place (y == x) allowed: a block's amax is read before any of it is
+ * written. */
+static void quant_blocks(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols,
+                         uint8_t *codes, float *scales, float *y)
 {
     size_t br, bc;
     td_fp8_block_shape(s, rows, cols, &br, &bc);
@@ -127,20 +132,29 @@ void td_fp8_quantize(const td_fp8_scheme *s, const float *x, size_t rows, size_t
         size_t r0 = (bi / nbc) * br, c0 = (bi % nbc) * bc;
         size_t r1 = r0 + br < rows ? r0 + br : rows, c1 = c0 + bc < cols ? c0 + bc : cols;
         block_scale b = block_scale_from_amax(s, block_amax(x, cols, r0, r1, c0, c1));
-        scales[bi] = b.scale;
-        /* the block's row pieces scaled into a buffer, then encoded by the row form (one
-         * specialised loop per format) */
+        if (scales) scales[bi] = b.scale;
         float buf[256];
-        for (size_t r = r0; r < r1; r++) {
-            const float *xr = x + r * cols;
-            uint8_t *qr = codes + r * cols;
+        for (size_t r = r0; r < r1; r++)
             for (size_t p0 = c0; p0 < c1; p0 += 256) {
                 size_t n = c1 - p0 < 256 ? c1 - p0 : 256;
-                scale_piece(buf, xr + p0, n, b);
-                td_encode_row(s->fmt, buf, qr + p0, n, s->sat);
+                scale_piece(buf, x + r * cols + p0, n, b);
+                if (!y) {
+                    td_encode_row(s->fmt, buf, codes + r * cols + p0, n, s->sat);
+                    continue;
+                }
+                td_round_row(s->fmt, buf, buf, n, s->sat);
+                float *yr = y + r * cols + p0;
+                const float sc = b.scale;
+                #pragma omp simd
+                for (size_t k = 0; k < n; k++) yr[k] = buf[k] * sc;
             }
-        }
     }
+}
+
+void td_fp8_quantize(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols,
+                     uint8_t *codes, float *scales)
+{
+    quant_blocks(s, x, rows, cols, codes, scales, NULL);
 }
 
 void td_fp8_dequantize(const td_fp8_scheme *s, const uint8_t *codes, const float *scales,
@@ -158,34 +172,9 @@ void td_fp8_dequantize(const td_fp8_scheme *s, const uint8_t *codes, const float
     }
 }
 
-/* td_fp8_quantize then td_fp8_dequantize, block by block without the codes: a block's values
- * scaled, rounded to the format and back (td_round_row: decode(encode(v)), the table's value),
- * times the block's scale (the dequantisation's one rounding). In place allowed: a block's amax
- * is read before any of it is written. */
 void td_fp8_fake_quant(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols, float *y)
 {
-    size_t br, bc;
-    td_fp8_block_shape(s, rows, cols, &br, &bc);
-    size_t nbr = (rows + br - 1) / br, nbc = (cols + bc - 1) / bc;
-    #pragma omp parallel for schedule(static) if (rows * cols > (1u << 16))
-    for (size_t bi = 0; bi < nbr * nbc; bi++) {
-        size_t r0 = (bi / nbc) * br, c0 = (bi % nbc) * bc;
-        size_t r1 = r0 + br < rows ? r0 + br : rows, c1 = c0 + bc < cols ? c0 + bc : cols;
-        block_scale b = block_scale_from_amax(s, block_amax(x, cols, r0, r1, c0, c1));
-        float buf[256];
-        for (size_t r = r0; r < r1; r++) {
-            const float *xr = x + r * cols;
-            float *yr = y + r * cols;
-            for (size_t p0 = c0; p0 < c1; p0 += 256) {
-                size_t n = c1 - p0 < 256 ? c1 - p0 : 256;
-                scale_piece(buf, xr + p0, n, b);
-                td_round_row(s->fmt, buf, buf, n, s->sat);
-                const float sc = b.scale;
-                #pragma omp simd
-                for (size_t c = 0; c < n; c++) yr[p0 + c] = buf[c] * sc;
-            }
-        }
-    }
+    quant_blocks(s, x, rows, cols, NULL, NULL, y);
 }
 
 static const char *GRAN_NAMES[TD_SCALE_COUNT] = {"tensor", "row", "group", "block", "mx"};

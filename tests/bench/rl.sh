@@ -16,7 +16,9 @@
 # Each side runs ROUNDS times interleaved, the best kept (the machine is shared). Prints
 #   bench: rl-steps-fp32 tidal=X torch=Y ratio=R      (RL steps/s; R = tidal / torch)
 #   bench: rl-rollout-tokens-fp32 tidal=X torch=Y ratio=R
-#   (and the bf16 pair)
+#   (and the bf16 pair, and lora-bf16: the LoRA grids' step, reports/rl/lora: LoRA r 1, alpha 2 on
+#   q_proj,v_proj, bf16 base and recipes, TRL's merge-unmerge sync; the peer torch_rl.py
+#   --lora-r 1 under bf16 autocast, generating on merged weights)
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -37,9 +39,13 @@ fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 have_torch=1
 "$PY" -c "import torch, safetensors, h5py" 2>/dev/null || have_torch=0
-for case in fp32 bf16; do
+for case in fp32 bf16 lora-bf16; do
   if [ $case = fp32 ]; then R="--train-recipe fp32 --rollout-recipe fp32"; else R="--dtype bf16"; fi
-  dt=float32; [ $case = bf16 ] && dt=bfloat16
+  PL=""
+  if [ $case = lora-bf16 ]; then
+    R="--dtype bf16 --model-dtype bf16 --lora-r 1 --lora-alpha 2 --lora-sync merge-unmerge"; PL="--lora-r 1 --lora-alpha 2"
+  fi
+  dt=float32; [ $case != fp32 ] && dt=bfloat16
   t_steps=0; t_tok=0; p_steps=0; p_tok=0
   for r in $(seq "$ROUNDS"); do
     "$BUILD/bin/tidal-rl" --model-path "$MODEL" --dataset-path datasets/tasks/add/train.jsonl $R --num-generations 8 \
@@ -55,7 +61,7 @@ print(f'{len(ts) / ts.sum():.4f} {n.sum() / tr.sum():.1f} {n.mean() / 32:.0f}')"
     t_tok=$(awk -v x="$b" -v y="$t_tok" 'BEGIN { print (x > y ? x : y) }')
     if [ $have_torch = 1 ]; then
       out=$("$PY" tests/bench/torch_rl.py --model "$MODEL" --batch 32 --prompt-len 9 --response-len "$resp" \
-            --dtype $dt --steps "$STEPS" 2>/dev/null)
+            --dtype $dt --steps "$STEPS" $PL 2>/dev/null)
       a=$(echo "$out" | awk '$1 == "steps_per_s" { print $2 }')
       b=$(echo "$out" | awk '$1 == "rollout_tokens_per_s" { print $2 }')
       p_steps=$(awk -v x="${a:-0}" -v y="$p_steps" 'BEGIN { print (x > y ? x : y) }')

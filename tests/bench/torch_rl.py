@@ -5,8 +5,13 @@ gradient (pi_old), then forward + backward of the policy-gradient loss (-A logp 
 tokens) and torch.optim.AdamW with clip_grad_norm_(1.0) — in fp32, or with the matmuls under
 torch.autocast("cpu", bfloat16). Prints `steps_per_s X` and `rollout_tokens_per_s X` (generated
 tokens / generation seconds) after --steps steps (one warm-up step first).
+With --lora-r R: PEFT's LoRA written out (lora_A, lora_B on --lora-targets, default PEFT's
+q_proj,v_proj; y = x W^T + (x A^T) B^T * alpha / r, only A and B trained, the base frozen), and
+the generation on merged weights W + (alpha / r) B A made once per step (TRL's merge before it
+hands the policy to the engine): the cheapest way PyTorch runs the LoRA grids' step.
 
   torch_rl.py --model DIR --batch B --prompt-len P --response-len T [--dtype float32|bfloat16]
+              [--lora-r R --lora-alpha A --lora-targets q_proj,v_proj]
 """
 import argparse
 import os
@@ -26,13 +31,40 @@ ap.add_argument("--response-len", type=int, default=32)
 ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
 ap.add_argument("--steps", type=int, default=3)
 ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--lora-r", type=int, default=0)
+ap.add_argument("--lora-alpha", type=float, default=16)
+ap.add_argument("--lora-targets", default="q_proj,v_proj")
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
 torch.set_flush_denormal(True)   # a fair peer: fp32 denormals would slow its CPU kernels
 torch.manual_seed(0)
 cfg, w = llama_ref.load_checkpoint(a.model, torch.float32)
-params = [v.requires_grad_(True) for v in w.values()]
+lora = {}   # module name -> (A (r, in), B (out, r))
+if a.lora_r:
+    targets = a.lora_targets.split(",")
+    for name in list(w):
+        mod = name[:-len(".weight")] if name.endswith(".weight") else None
+        if mod and any(mod.endswith("." + t) for t in targets):
+            out_f, in_f = w[name].shape
+            A = torch.empty(a.lora_r, in_f)
+            torch.nn.init.kaiming_uniform_(A, a=5 ** 0.5)   # PEFT's lora_A init
+            lora[mod] = (A.requires_grad_(True), torch.zeros(out_f, a.lora_r).requires_grad_(True))
+    params = [t for ab in lora.values() for t in ab]
+else:
+    params = [v.requires_grad_(True) for v in w.values()]
 model = llama_ref.Model(cfg, w, torch.float32)
+scaling = a.lora_alpha / max(a.lora_r, 1)
+base_lin = model.lin
+
+
+def lin_lora(x, name):
+    y = base_lin(x, name)
+    if name in lora:
+        A, B = lora[name]
+        y = y + torch.nn.functional.linear(torch.nn.functional.linear(x, A), B) * scaling
+    return y
+
+
 opt = torch.optim.AdamW(params, lr=1e-6)
 B, P, T, V = a.batch, a.prompt_len, a.response_len, cfg["vocab_size"]
 ac = dict(device_type="cpu", dtype=torch.bfloat16, enabled=a.dtype == "bfloat16")
@@ -41,6 +73,11 @@ ac = dict(device_type="cpu", dtype=torch.bfloat16, enabled=a.dtype == "bfloat16"
 def step():
     prompts = torch.randint(4, V, (B, P))
     t0 = time.perf_counter()
+    if lora:                                            # the engine gets W + s B A (merged)
+        with torch.no_grad():
+            merged = {n + ".weight": w[n + ".weight"] + scaling * (B @ A) for n, (A, B) in lora.items()}
+        model.w = {**w, **merged}
+        model.lin = base_lin
     with torch.no_grad(), torch.autocast(**ac):        # generate: prefill, then T-1 decode steps
         cache = model.new_cache(B, P + T)
         h = model.forward(prompts, 0, cache)
@@ -53,6 +90,9 @@ def step():
         ids.append(nxt)
         seq = torch.cat(ids, 1)
     t1 = time.perf_counter()
+    if lora:                                            # the trainer: frozen base + adapter
+        model.w = w
+        model.lin = lin_lora
     with torch.no_grad(), torch.autocast(**ac):        # pi_old
         old = model.logsoftmax(model.forward(seq[:, :-1])).float().gather(2, seq[:, 1:, None])[:, P - 1:, 0]
     adv = torch.randn(B, 1)
