@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+import tidal_check  # noqa: F401,E402  (SIGINT deliverable to the tools, whatever started the suite)
+
 try:
     import h5py
     import numpy as np

@@ -2,6 +2,14 @@
 named checks (each printed ok/FAIL; the script's exit status comes from `failures`)."""
 import os
 import subprocess
+import signal
+
+# A suite started as a background job by a shell without job control (nohup CMD &, a CI runner's
+# script) inherits SIGINT ignored, and the tools rightly keep an ignored SIGINT ignored (stop.c):
+# the Ctrl-C checks then see runs that cannot be interrupted. Restore a handler here, so the tools
+# these tests start get SIGINT's default disposition whatever started the suite.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 BUILD = os.environ.get("BUILD", "build")
 BIN = os.path.join(BUILD, "bin")
