@@ -49,6 +49,14 @@ static inline int step_end(int s0, int K, int promote)
     return s0 + STEP < k1 ? s0 + STEP : k1;
 }
 
+/* promotion at least one step, 0..23 kept fraction bits (both kernels' entry points) */
+static void clamp_fp8_args(int *promote, int *bits)
+{
+    if (*promote < STEP) *promote = STEP;
+    if (*bits < 0) *bits = 0;
+    if (*bits > 23) *bits = 23;
+}
+
 /* 1 when a step ending at e closes its promotion block */
 static inline int closes_block(int e, int K, int promote) { return e == K || e % promote == 0; }
 
@@ -340,9 +348,7 @@ void td_gemm_fp8_fast(const float *a, int lda, const float *w, int ldw, float *c
                       int N, int K, int promote, int bits)
 {
     if (M <= 0 || N <= 0) return;
-    if (promote < STEP) promote = STEP;
-    if (bits < 0) bits = 0;
-    if (bits > 23) bits = 23;
+    clamp_fp8_args(&promote, &bits);
 #ifdef TD_HAVE_FP8FAST_SIMD
     int avx2 = td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX2 && td_isa_level() >= TD_ISA_AVX2;
     int avx512 = avx2 && td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 && td_isa_level() >= TD_ISA_AVX512;
@@ -364,9 +370,7 @@ int td_gemm_fp8_fast_codes(const float *a, int lda, const uint8_t *w, int ldw, t
                            const float *scale, int row0, int sr, int sc, int nbc, float *c, int ldc,
                            int M, int N, int K, int promote, int bits)
 {
-    if (promote < STEP) promote = STEP;
-    if (bits < 0) bits = 0;
-    if (bits > 23) bits = 23;
+    clamp_fp8_args(&promote, &bits);
 #ifdef TD_HAVE_FP8FAST_SIMD
     int avx512 = td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 && td_isa_level() >= TD_ISA_AVX512;
     if (!avx512 || (wf != TD_E4M3 && wf != TD_E5M2) || sc % 8 || promote % 8 || sr < 1) return 0;
