@@ -147,7 +147,9 @@ int main(int argc, char **argv)
         TD_OPT_F("ignore-memory-plan", 0, &o.ignore_memory_plan, 1, "--device cuda: run even when the plan says it does not\n"
                  "fit (the plan is an upper bound)"),
         TD_OPT_FUN("lora-target-modules", 0, &o.lora_modules, "LIST", parse_targets, NULL,
-                   "q_proj,k_proj,... or all-linear (default q_proj,v_proj)"),
+                   "q_proj,k_proj,... or all-linear (default q_proj,v_proj);\n"
+                   "on a mixture of experts gate_proj,up_proj,down_proj (Mixtral:\nw1,w3,w2) adapt every expert and "
+                   "the shared expert, all-linear\nevery projection but the routers (the adapter's config\nlists them)"),
         TD_OPT_FUN("lora-dropout", 0, &lora_dropout, "P", parse_dropout, "0", "PEFT's lora_dropout: 0 only (the engine has none)"),
         TD_OPT_I("lora-r", 0, &o.lora_r, "R", 0, 4096, "LoRA rank (default 0 = full fine-tuning)"),
         TD_OPT_D("lora-alpha", 0, &o.lora_alpha, "A", 0, 1e6, "LoRA alpha (default 16)"),

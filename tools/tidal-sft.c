@@ -148,7 +148,9 @@ int main(int argc, char **argv)
         TD_OPT_D("lora-alpha", 0, &t->lora_alpha, "A", 0, 1e6, "lora_alpha (default 16)"),
         TD_OPT_FUN("lora-dropout", 0, &lora_dropout, "P", parse_dropout, "0", "PEFT's lora_dropout: 0 only (the engine has none)"),
         TD_OPT_FUN("lora-target-modules", 0, &t->lora_modules, "LIST", parse_targets, NULL,
-                   "q_proj,k_proj,... or all-linear (default q_proj,v_proj)"),
+                   "q_proj,k_proj,... or all-linear (default q_proj,v_proj);\n"
+                   "on a mixture of experts gate_proj,up_proj,down_proj (Mixtral:\nw1,w3,w2) adapt every expert and "
+                   "the shared expert, all-linear\nevery projection but the routers (the adapter's config\nlists them)"),
         TD_OPT_U("seed", 0, &seed, "S", "data order and LoRA init (default 42)"),
         TD_OPT_F("resume", 0, &o.resume, 1, "continue from OUTPUT_DIR's newest checkpoint-K: a stopped\n"
                  "run, or a finished one to a larger --max-steps (--epochs)"),

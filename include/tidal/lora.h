@@ -44,6 +44,21 @@
  * or "all-linear"), layers_to_transform, use_rslora. Rejected with a message naming the file and
  * the key: fan_in_fan_out, use_dora, bias other than "none", modules_to_save, rank_pattern,
  * alpha_pattern, layer_replication, peft_type other than LORA, targets outside those seven.
+ *
+ * Mixtures of experts: every expert's projections are nn.Linear modules in transformers 4 (the
+ * hub's layout), and PEFT adapts each under its own name:
+ *   model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj             Qwen2-MoE, Qwen3-MoE
+ *   model.layers.{i}.mlp.shared_expert.{gate,up,down}_proj           Qwen2-MoE's shared expert
+ *   model.layers.{i}.block_sparse_moe.experts.{e}.{w1,w3,w2}         Mixtral (gate, up, down)
+ * so target_modules ["gate_proj"] adapts every expert's gate and the shared expert's, as PEFT's
+ * suffix match does; Mixtral's w1 / w3 / w2 are its gate / up / down. Each layer's pairs sit at
+ * slots (td_lora_slots): 0..6 the seven modules (in an MoE layer 4..6 are the shared expert's),
+ * then expert e's gate, up, down at 7 + 3e + {0, 1, 2}. The router (mlp.gate, block_sparse_moe.
+ * gate) and the shared expert's sigmoid gate (mlp.shared_expert_gate) are nn.Linear too, which
+ * "all-linear" and a matching target would adapt in PEFT: tidal refuses such an adapter by name
+ * (a LoRA on the router is not modelled) rather than run it without them. transformers 5 fuses
+ * the experts into 3-D parameters that PEFT reaches only through target_parameters: such an
+ * adapter (a "target_parameters" key) is refused; tidal writes the per-expert names.
  */
 #ifndef TIDAL_LORA_H
 #define TIDAL_LORA_H
@@ -60,8 +75,6 @@ typedef enum {
     TD_LORA_Q = 0, TD_LORA_K, TD_LORA_V, TD_LORA_O, TD_LORA_GATE, TD_LORA_UP, TD_LORA_DOWN,
     TD_LORA_NMOD
 } td_lora_module;
-/* the attention projections' bits: what a LoRA on a mixture of experts may adapt */
-#define TD_LORA_ATTN_MASK ((1u << TD_LORA_Q) | (1u << TD_LORA_K) | (1u << TD_LORA_V) | (1u << TD_LORA_O))
 
 const char *td_lora_module_name(int m);          /* "q_proj", ..., "down_proj"       */
 int td_lora_module_from_name(const char *name);  /* -1 if not one of the seven       */
@@ -74,6 +87,19 @@ typedef struct {
     int out, in;
 } td_lora_pair;
 
+/* The LoRA slots of a layer of cfg: TD_LORA_NMOD for a dense model, TD_LORA_NMOD + 3 E with
+ * experts (above). */
+int td_lora_slots(const td_config *cfg);
+/* The kind of projection at a slot (td_lora_module: an expert's gate is TD_LORA_GATE). */
+int td_lora_slot_module(int slot);
+/* (out, in) of slot `slot` of layer l; -1 when layer l has no such projection (a dense layer's
+ * experts, an MoE layer without a shared expert). */
+int td_lora_slot_shape(const td_config *cfg, int layer, int slot, int *out, int *in);
+/* The module's name in the model, as PEFT sees it: "model.layers.3.mlp.experts.5.gate_proj". */
+void td_lora_slot_path(const td_config *cfg, int layer, int slot, char *buf, size_t n);
+/* The name a target_modules list uses for module m on cfg ("w1" for a Mixtral gate). */
+const char *td_lora_module_leaf(const td_config *cfg, int m);
+
 typedef struct {
     char *dir;
     int rank;              /* r                                                         */
@@ -81,9 +107,10 @@ typedef struct {
     int rslora;            /* use_rslora                                                */
     float scale;           /* alpha / r, or alpha / sqrt(r) with rslora                 */
     int num_layers;        /* L of the config it was loaded for                         */
-    unsigned modules;      /* bit m set when module m is adapted in at least one layer  */
+    int slots;             /* pairs per layer: td_lora_slots of that config             */
+    unsigned modules;      /* bit m set when a projection of kind m is adapted anywhere */
     int n_adapted;         /* adapted matrices                                          */
-    td_lora_pair *pairs;   // (L, TD_LORA_NMOD)
+    td_lora_pair *pairs;   // (L, slots)
     float *owned;          /* every A and B, in one allocation                          */
     const float *owned_dev;/* a trainer's copy of owned in the backend's memory: its paths round A
                               and B from it on the device (src/train/trainer.c); NULL: none */
@@ -104,8 +131,9 @@ int td_lora_init_random(const char *dir, const td_config *cfg, int rank, double 
                         unsigned modules, double std, uint64_t seed, const char *base_model,
                         const char *command, td_error *err);
 
-/* An adapter of rank r on `modules` of every layer, A and B zero (one allocation, pairs in
- * layer, module order, A then B): for trainers and writers to fill. scale = alpha / r. */
+/* An adapter of rank r on `modules` of every layer (every slot of those kinds: each expert's
+ * too), A and B zero (one allocation, pairs in layer, slot order, A then B): for trainers and
+ * writers to fill. scale = alpha / r. */
 td_lora *td_lora_new(const td_config *cfg, int rank, double alpha, unsigned modules);
 /* Writes lo as PEFT's save_pretrained does (adapter_config.json, adapter_model.safetensors
  * in F32); td_lora_load reads it back. Refuses adapters whose layers differ in what they adapt. */

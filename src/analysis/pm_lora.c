@@ -20,13 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* module mo of layer l widened to fp32 (caller frees): the param table's entry of its HF name */
-static float *weight_of(const td_model *m, int l, int mo)
+/* LoRA slot s of layer l (lora.h) widened to fp32 (caller frees; NULL when the layer has no such
+ * projection): the param table's entry of its HF name */
+static float *weight_of(const td_model *m, int l, int s)
 {
-    static const char *const names[TD_LORA_NMOD] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                    "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
-    char want[96];
-    snprintf(want, sizeof want, "model.layers.%d.%s.weight", l, names[mo]);
+    char path[128], want[160];
+    td_lora_slot_path(&m->cfg, l, s, path, sizeof path);
+    snprintf(want, sizeof want, "%s.weight", path);
     size_t n = td_config_params(&m->cfg, NULL, 0);
     td_param_spec *sp = td_xmalloc(n * sizeof *sp);
     td_config_params(&m->cfg, sp, n);
@@ -78,7 +78,7 @@ static void finish(double kept2, double delta2, double dot, int64_t changed, int
 }
 
 /* Both measures in one loop: prev NULL = lo's whole update against the base, else the update since
- * prev. An MoE's MLP modules have no dense weight (weight_of NULL): only its attention adapters count. */
+ * prev; every adapted projection, an MoE's experts included. */
 int td_pm_lora_step_survival(const td_model *base, const td_lora *prev, const td_lora *lo, const td_recipe *engine,
                              double *survival, double *aligned, double *changed_frac, td_error *err)
 {
@@ -86,14 +86,15 @@ int td_pm_lora_step_survival(const td_model *base, const td_lora *prev, const td
         return td_fail(err, "%s and %s adapt different modules: no update between them", prev->dir, lo->dir);
     double kept2 = 0, delta2 = 0, dot = 0;
     int64_t changed = 0, elements = 0;
-    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+    if (prev && prev->slots != lo->slots) return td_fail(err, "%s and %s adapt different models", prev->dir, lo->dir);
+    for (int i = 0; i < lo->num_layers * lo->slots; i++) {
         const td_lora_pair *p = &lo->pairs[i], *q = prev ? &prev->pairs[i] : NULL;
         if (!p->a || (q && !q->a)) continue;
         size_t n = (size_t)p->out * p->in;
         float *delta = td_xmalloc(2 * n * sizeof(float)), *d0 = q ? delta + n : NULL;
         td_lora_peft_delta(lo, p, delta);
         if (q) td_lora_peft_delta(prev, q, d0);
-        float *w = weight_of(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD);
+        float *w = weight_of(base, i / lo->slots, i % lo->slots);
         if (w) one_from(engine, w, d0, delta, p->out, p->in, &kept2, &delta2, &dot, &changed);
         free(w);
         elements += (int64_t)n;
@@ -123,7 +124,7 @@ int td_pm_lora_projected(const td_model *base, const td_config *cfg, int rank, d
     for (int l = 0; l < cfg->num_layers; l++)
         for (int mo = 0; mo < TD_LORA_NMOD; mo++) {
             int out, in;
-            td_lora_module_shape(cfg, mo, &out, &in);
+            if (td_lora_slot_shape(cfg, l, mo, &out, &in)) continue;   /* an MoE layer without a shared expert */
             td_rng_stream(&g, seed, (uint64_t)l * TD_LORA_NMOD + mo);
             float *a = td_xmalloc(((size_t)rank * in + (size_t)out * rank) * sizeof(float)), *b = a + (size_t)rank * in;
             double bound = 1.0 / sqrt((double)in), step = lr * steps;

@@ -120,20 +120,23 @@ static void weights_add(wsum *w, const td_recipe *ra, int ma, const td_recipe *r
     w->b += count * ub.own;
 }
 
+/* bytes of the adapter's pairs of kind m (td_lora_module: every expert's gate counts as a gate) */
 static size_t lora_pair_bytes(const td_lora *lora, int m)
 {
     size_t s = 0;
-    for (int l = 0; l < lora->num_layers; l++) {
-        const td_lora_pair *p = &lora->pairs[(size_t)l * TD_LORA_NMOD + m];
-        if (p->a) s += ((size_t)p->in + p->out) * lora->rank * sizeof(float);
+    for (size_t i = 0; i < (size_t)lora->num_layers * lora->slots; i++) {
+        const td_lora_pair *p = &lora->pairs[i];
+        if (p->a && td_lora_slot_module((int)(i % lora->slots)) == m) s += ((size_t)p->in + p->out) * lora->rank * sizeof(float);
     }
     return s;
 }
 
-static int lora_adapted(const td_lora *lora, int m)
+/* layers whose dense projection m is adapted (expert pairs are counted with the MoE's matrices) */
+static int lora_adapted(const td_config *c, const td_lora *lora, int m)
 {
     int k = 0;
-    for (int l = 0; l < lora->num_layers; l++) k += lora->pairs[(size_t)l * TD_LORA_NMOD + m].a != NULL;
+    for (int l = 0; l < lora->num_layers; l++)
+        k += lora->pairs[(size_t)l * lora->slots + m].a != NULL && (m <= TD_LORA_O || !td_config_layer_moe(c, l));
     return k;
 }
 
@@ -146,7 +149,7 @@ static wsum plan_weights(const td_memplan_in *in)
     for (int m = 0; m < TD_LORA_NMOD; m++) {
         int out, inw;
         td_lora_module_shape(c, m, &out, &inw);
-        size_t k = lora ? (size_t)lora_adapted(lora, m) : 0;
+        size_t k = lora ? (size_t)lora_adapted(c, lora, m) : 0;
         int ma = lora && in->lora_mode_a == TD_LORA_MERGED, mb = lora && in->lora_mode_b == TD_LORA_MERGED;
         /* a mixture of experts' MoE layers have no dense MLP (their matrices are counted below) */
         size_t Ld = m >= TD_LORA_GATE && c->num_experts > 0 ? L - (size_t)td_config_num_moe_layers(c) : L;
@@ -549,7 +552,7 @@ void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p
     }
     if (lora && in->lora_sync_device && (in->lora_merged || in->engine_copy)) {
         size_t model = trained_params(c, 0, 0) * sizeof(float), w0 = 0;
-        for (int i = 0; i < lora->num_layers * TD_LORA_NMOD; i++)
+        for (int i = 0; i < lora->num_layers * lora->slots; i++)
             if (lora->pairs[i].a) w0 += (size_t)lora->pairs[i].out * lora->pairs[i].in * sizeof(float);
         p->weights += model + (in->engine_copy ? model + w0 : 0);
     }

@@ -48,11 +48,11 @@ static int run_batch(job *J, int64_t batch_no, const size_t *idx, int n, td_erro
     batch_alloc(&b, J, idx, n);
     int rc = -1;
     if (b.L) {
-        td_session_set_layer_fn(J->sb, on_layer_b, &b);
+        if (J->sb) td_session_set_layer_fn(J->sb, on_layer_b, &b);
         td_forward_set_layer_fn(J->fa, on_layer_a, &b);
     }
     if (b.Lm) {
-        td_session_set_moe_fn(J->sb, on_moe_b, &b);
+        if (J->sb) td_session_set_moe_fn(J->sb, on_moe_b, &b);   /* replayed rollouts: no path B session */
         td_forward_set_moe_fn(J->fa, on_moe_a, &b);
         if (b.replay) td_forward_set_moe_replay(J->fa, replay_moe_b, &b);
     }
@@ -80,9 +80,9 @@ static int run_batch(job *J, int64_t batch_no, const size_t *idx, int n, td_erro
     collect(J, &b, idx, batch_no);
     rc = 0;
 done:
-    if (b.L) { td_session_set_layer_fn(J->sb, NULL, NULL); td_forward_set_layer_fn(J->fa, NULL, NULL); }
+    if (b.L) { if (J->sb) td_session_set_layer_fn(J->sb, NULL, NULL); td_forward_set_layer_fn(J->fa, NULL, NULL); }
     if (b.Lm) {
-        td_session_set_moe_fn(J->sb, NULL, NULL);
+        if (J->sb) td_session_set_moe_fn(J->sb, NULL, NULL);
         td_forward_set_moe_fn(J->fa, NULL, NULL);
         td_forward_set_moe_replay(J->fa, NULL, NULL);
     }

@@ -61,6 +61,8 @@ void grad_acts_alloc(td_grad_acts *g, const td_config *c, const td_ops *ops, int
     if (lora_rank > 0) {
         size_t wide = C > F ? C : F;
         if (QD > wide) wide = QD;
+        if ((size_t)c->moe_intermediate_size > wide) wide = c->moe_intermediate_size;
+        if ((size_t)c->shared_expert_intermediate_size > wide) wide = c->shared_expert_intermediate_size;
         g->lora = gbuf(g, n * (2 * (size_t)lora_rank + wide));
     }
 }
@@ -98,7 +100,7 @@ void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td
 
         if (td_config_layer_moe(c, l)) {   /* x_out = x_mid + moe(xn2) */
             zero(ops, dxn, nC);
-            moe_backward(ops, m, (td_acts *)a, ga, gw, l, la.xn2, dx, dxn, N);
+            moe_backward(ops, m, (td_acts *)a, ga, gw, lg, l, la.xn2, dx, dxn, N);
             rmsnorm_backward(ops, dx, G(gw->mlp_norm), dxn, la.x_mid, w->mlp_norm, la.rstd2, N, C);
             goto attention;
         }

@@ -23,7 +23,8 @@ int td_lora_module_from_name(const char *name)
 {
     for (int m = 0; m < TD_LORA_NMOD; m++)
         if (!strcmp(name, MODULE_NAMES[m])) return m;
-    return -1;
+    /* Mixtral's experts: w1 gate, w3 up, w2 down */
+    return !strcmp(name, "w1") ? TD_LORA_GATE : !strcmp(name, "w3") ? TD_LORA_UP : !strcmp(name, "w2") ? TD_LORA_DOWN : -1;
 }
 
 void td_lora_module_shape(const td_config *c, int m, int *out, int *in)
@@ -37,6 +38,61 @@ void td_lora_module_shape(const td_config *c, int m, int *out, int *in)
     case TD_LORA_GATE: case TD_LORA_UP: *out = F; *in = C; break;
     default: *out = C; *in = F; break;
     }
+}
+
+int td_lora_slots(const td_config *c) { return TD_LORA_NMOD + 3 * (c->num_experts > 0 ? c->num_experts : 0); }
+
+int td_lora_slot_module(int s) { return s < TD_LORA_NMOD ? s : TD_LORA_GATE + (s - TD_LORA_NMOD) % 3; }
+
+int td_lora_slot_shape(const td_config *c, int l, int s, int *out, int *in)
+{
+    int m = td_lora_slot_module(s), F;
+    if (s < 0 || s >= td_lora_slots(c) || l < 0 || l >= c->num_layers) return -1;
+    if (m <= TD_LORA_O) {
+        td_lora_module_shape(c, m, out, in);
+        return 0;
+    }
+    if (c->num_experts == 0 || !td_config_layer_moe(c, l)) {   /* a dense MLP */
+        if (s >= TD_LORA_NMOD) return -1;
+        F = c->intermediate_size;
+    } else if (s < TD_LORA_NMOD) {   /* the shared expert */
+        if ((F = c->shared_expert_intermediate_size) <= 0) return -1;
+    } else {
+        F = c->moe_intermediate_size;
+    }
+    *out = m == TD_LORA_DOWN ? c->hidden_size : F;
+    *in = m == TD_LORA_DOWN ? F : c->hidden_size;
+    return 0;
+}
+
+const char *td_lora_module_leaf(const td_config *c, int m)
+{
+    static const char *const MIXTRAL[3] = {"w1", "w3", "w2"};   /* gate, up, down */
+    if (c->arch == TD_ARCH_MIXTRAL && m >= TD_LORA_GATE && m <= TD_LORA_DOWN) return MIXTRAL[m - TD_LORA_GATE];
+    return td_lora_module_name(m);
+}
+
+void td_lora_slot_path(const td_config *c, int l, int s, char *buf, size_t n)
+{
+    int m = td_lora_slot_module(s);
+    if (m <= TD_LORA_O || c->num_experts == 0 || !td_config_layer_moe(c, l))
+        snprintf(buf, n, "model.layers.%d.%s.%s", l, MODULE_PARENT[m], MODULE_NAMES[m]);
+    else if (s < TD_LORA_NMOD)
+        snprintf(buf, n, "model.layers.%d.mlp.shared_expert.%s", l, MODULE_NAMES[m]);
+    else
+        snprintf(buf, n, "model.layers.%d.%s.experts.%d.%s", l, c->arch == TD_ARCH_MIXTRAL ? "block_sparse_moe" : "mlp",
+                 (s - TD_LORA_NMOD) / 3, td_lora_module_leaf(c, m));
+}
+
+/* The nn.Linear modules of an MoE layer that PEFT could adapt and tidal does not: the router and
+ * the shared expert's sigmoid gate. Their paths into buf[0..1]; returns how many. */
+static int unadaptable_paths(const td_config *c, int l, char buf[2][96])
+{
+    if (c->num_experts == 0 || !td_config_layer_moe(c, l)) return 0;
+    snprintf(buf[0], 96, "model.layers.%d.%s.gate", l, c->arch == TD_ARCH_MIXTRAL ? "block_sparse_moe" : "mlp");
+    if (c->shared_expert_intermediate_size <= 0) return 1;
+    snprintf(buf[1], 96, "model.layers.%d.mlp.shared_expert_gate", l);
+    return 2;
 }
 
 void td_lora_free(td_lora *l)
@@ -54,7 +110,8 @@ typedef struct {
     int rank;
     double alpha;
     int rslora;
-    unsigned char *adapt;    /* (L, NMOD): 1 where the config targets that projection */
+    unsigned char *adapt;    /* (L, slots): 1 where the config targets that projection */
+    int slots;
 } lora_plan;
 
 static int is_true(json_t *v) { return v && json_is_true(v); }
@@ -76,10 +133,44 @@ static int suffix_match(const char *key, const char *t)
     return k > n && key[k - n - 1] == '.' && !strcmp(key + k - n, t);
 }
 
+/* Whether target t (a list entry: suffix match; a regex: full match) selects module path key. */
+static int target_hits(const char *key, const char *t, pcre2_code *re, pcre2_match_data *md)
+{
+    if (!re) return suffix_match(key, t);
+    return pcre2_match(re, (PCRE2_SPTR)key, PCRE2_ZERO_TERMINATED, 0, 0, md, NULL) >= 0;
+}
+
+/* Marks every projection target t selects (all-linear: every one); refuses a target that selects a
+ * linear layer tidal does not adapt (an MoE router). Returns the number selected, -1 on error. */
+static int mark_target(const char *path, const char *t, pcre2_code *re, pcre2_match_data *md, int all,
+                       const td_config *cfg, lora_plan *p, td_error *err)
+{
+    char key[128], un[2][96];
+    int hit = 0, S = p->slots;
+    for (int l = 0; l < cfg->num_layers; l++) {
+        int nu = unadaptable_paths(cfg, l, un);
+        for (int u = 0; u < nu; u++)
+            if (all || target_hits(un[u], t, re, md))
+                return td_fail(err, "%s: target_modules %s\"%s\" selects %s, %s; tidal does not run a LoRA on it "
+                               "(list the projections instead: q_proj, ..., and the experts' %s, %s, %s)", path,
+                               re ? "regex " : all ? "" : "entry ", t, un[u],
+                               u == 0 ? "the router" : "the shared expert's gate", td_lora_module_leaf(cfg, TD_LORA_GATE),
+                               td_lora_module_leaf(cfg, TD_LORA_UP), td_lora_module_leaf(cfg, TD_LORA_DOWN)), -1;
+        for (int s = 0; s < S; s++) {
+            int out, in;
+            if (td_lora_slot_shape(cfg, l, s, &out, &in)) continue;
+            td_lora_slot_path(cfg, l, s, key, sizeof key);
+            if (all || target_hits(key, t, re, md)) {
+                p->adapt[(size_t)l * S + s] = 1;
+                hit++;
+            }
+        }
+    }
+    return hit;
+}
+
 static int parse_targets(const char *path, json_t *tm, const td_config *cfg, lora_plan *p, td_error *err)
 {
-    int L = cfg->num_layers;
-    char key[128];
     if (json_is_array(tm)) {
         if (json_array_size(tm) == 0) return td_fail(err, "%s: target_modules is empty", path);
         size_t i;
@@ -87,24 +178,19 @@ static int parse_targets(const char *path, json_t *tm, const td_config *cfg, lor
         json_array_foreach(tm, i, e) {
             if (!json_is_string(e)) return td_fail(err, "%s: target_modules[%zu] is not a string", path, i);
             const char *t = json_string_value(e);
-            int hit = 0;
-            for (int l = 0; l < L; l++)
-                for (int m = 0; m < TD_LORA_NMOD; m++) {
-                    snprintf(key, sizeof key, "model.layers.%d.%s.%s", l, MODULE_PARENT[m], MODULE_NAMES[m]);
-                    if (suffix_match(key, t)) { p->adapt[l * TD_LORA_NMOD + m] = 1; hit = 1; }
-                }
+            int hit = mark_target(path, t, NULL, NULL, 0, cfg, p, err);
+            if (hit < 0) return -1;
             if (!hit)
                 return td_fail(err, "%s: target_modules entry \"%s\" names no projection tidal can adapt "
-                               "(q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)", path, t);
+                               "(q_proj, k_proj, v_proj, o_proj, %s, %s, %s)", path, t, td_lora_module_leaf(cfg, TD_LORA_GATE),
+                               td_lora_module_leaf(cfg, TD_LORA_UP), td_lora_module_leaf(cfg, TD_LORA_DOWN));
         }
         return 0;
     }
     if (!json_is_string(tm)) return td_fail(err, "%s: target_modules must be a list of names or a string", path);
     const char *t = json_string_value(tm);
-    if (!strcmp(t, "all-linear")) {   /* every linear layer but the output head */
-        memset(p->adapt, 1, (size_t)L * TD_LORA_NMOD);
-        return 0;
-    }
+    if (!strcmp(t, "all-linear"))   /* every linear layer but the output head */
+        return mark_target(path, t, NULL, NULL, 1, cfg, p, err) < 0 ? -1 : 0;
     /* a string is a regular expression that must match the whole module name (re.fullmatch) */
     int ec;
     PCRE2_SIZE eo;
@@ -115,17 +201,10 @@ static int parse_targets(const char *path, json_t *tm, const td_config *cfg, lor
         return td_fail(err, "%s: target_modules regex \"%s\": %s at offset %zu", path, t, (const char *)msg, (size_t)eo);
     }
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
-    int hit = 0;
-    for (int l = 0; l < L; l++)
-        for (int m = 0; m < TD_LORA_NMOD; m++) {
-            snprintf(key, sizeof key, "model.layers.%d.%s.%s", l, MODULE_PARENT[m], MODULE_NAMES[m]);
-            if (pcre2_match(re, (PCRE2_SPTR)key, PCRE2_ZERO_TERMINATED, 0, 0, md, NULL) >= 0) {
-                p->adapt[l * TD_LORA_NMOD + m] = 1;
-                hit = 1;
-            }
-        }
+    int hit = mark_target(path, t, re, md, 0, cfg, p, err);
     pcre2_match_data_free(md);
     pcre2_code_free(re);
+    if (hit < 0) return -1;
     if (!hit) return td_fail(err, "%s: target_modules regex \"%s\" matches no projection of the model", path, t);
     return 0;
 }
@@ -173,7 +252,9 @@ static int parse_config(const char *path, const td_config *cfg, lora_plan *p, td
     if (reject_if_set(path, root, "modules_to_save", "fully trained extra modules", err) ||
         reject_if_set(path, root, "rank_pattern", "per-module ranks", err) ||
         reject_if_set(path, root, "alpha_pattern", "per-module alphas", err) ||
-        reject_if_set(path, root, "layer_replication", "replicated layers", err))
+        reject_if_set(path, root, "layer_replication", "replicated layers", err) ||
+        reject_if_set(path, root, "target_parameters", "LoRA on nn.Parameter tensors such as transformers 5's fused "
+                      "experts; tidal reads the per-expert module names of transformers 4", err))
         goto out;
     if ((v = json_object_get(root, "layers_pattern")) && !json_is_null(v) &&
         !(json_is_string(v) && !strcmp(json_string_value(v), "layers")) &&
@@ -199,7 +280,7 @@ static int parse_config(const char *path, const td_config *cfg, lora_plan *p, td
             keep[json_integer_value(e)] = 1;
         }
         for (int l = 0; l < L; l++)
-            if (!keep[l]) memset(p->adapt + (size_t)l * TD_LORA_NMOD, 0, TD_LORA_NMOD);
+            if (!keep[l]) memset(p->adapt + (size_t)l * p->slots, 0, (size_t)p->slots);
         free(keep);
     }
     rc = 0;
@@ -212,21 +293,36 @@ out:
 
 #define PREFIX "base_model.model.model.layers."
 
-/* Parses "base_model.model.model.layers.{i}.{parent}.{module}.lora_{A|B}.weight";
- * 0 and (layer, module, which) or -1 when the name is not of that form. */
-static int parse_tensor_name(const char *name, int L, int *layer, int *module, int *which)
+/* The tensor name of slot s of layer l, A (ab 0) or B (ab 1), as PEFT writes it. */
+static void tensor_name(const td_config *c, int l, int s, int ab, char *buf, size_t n)
+{
+    char path[128];
+    td_lora_slot_path(c, l, s, path, sizeof path);
+    snprintf(buf, n, "base_model.model.%s.lora_%c.weight", path, ab ? 'B' : 'A');
+}
+
+/* Parses a tensor name of one of cfg's projections; 0 and (layer, slot, which) or -1 when the name
+ * is not of that form. */
+static int parse_tensor_name(const char *name, const td_config *cfg, int *layer, int *slot, int *which)
 {
     if (strncmp(name, PREFIX, strlen(PREFIX))) return -1;
     const char *p = name + strlen(PREFIX);
     char *end;
     long l = strtol(p, &end, 10);
-    if (end == p || *end != '.' || l < 0 || l >= L) return -1;
-    p = end + 1;
-    for (int m = 0; m < TD_LORA_NMOD; m++) {
-        char tail[96];
+    if (end == p || *end != '.' || l < 0 || l >= cfg->num_layers) return -1;
+    size_t skip = (size_t)(end - name);   /* the same prefix up to the layer index */
+    char want[192];
+    for (int s = 0; s < td_lora_slots(cfg); s++) {
+        int out, in;
+        if (td_lora_slot_shape(cfg, (int)l, s, &out, &in)) continue;
         for (int ab = 0; ab < 2; ab++) {
-            snprintf(tail, sizeof tail, "%s.%s.lora_%c.weight", MODULE_PARENT[m], MODULE_NAMES[m], ab ? 'B' : 'A');
-            if (!strcmp(p, tail)) { *layer = (int)l; *module = m; *which = ab; return 0; }
+            tensor_name(cfg, (int)l, s, ab, want, sizeof want);
+            if (strlen(want) > skip && !strcmp(name + skip, want + skip)) {
+                *layer = (int)l;
+                *slot = s;
+                *which = ab;
+                return 0;
+            }
         }
     }
     return -1;
@@ -234,12 +330,13 @@ static int parse_tensor_name(const char *name, int L, int *layer, int *module, i
 
 td_lora *td_lora_load(const char *dir, const td_config *cfg, td_error *err)
 {
-    char cpath[4096], wpath[4096];
+    char cpath[4096], wpath[4096], path[128];
     snprintf(cpath, sizeof cpath, "%s/adapter_config.json", dir);
     snprintf(wpath, sizeof wpath, "%s/adapter_model.safetensors", dir);
-    int L = cfg->num_layers;
+    int L = cfg->num_layers, S = td_lora_slots(cfg);
     lora_plan plan = {0};
-    plan.adapt = td_xcalloc((size_t)L * TD_LORA_NMOD, 1);
+    plan.slots = S;
+    plan.adapt = td_xcalloc((size_t)L * S, 1);
     td_lora *lo = NULL;
     td_checkpoint *ck = NULL;
     if (parse_config(cpath, cfg, &plan, err)) goto fail;
@@ -248,16 +345,19 @@ td_lora *td_lora_load(const char *dir, const td_config *cfg, td_error *err)
     /* every tensor in the file must be an A or B of a targeted projection */
     for (size_t i = 0; i < td_checkpoint_num_tensors(ck); i++) {
         const char *name = td_checkpoint_tensor(ck, i)->name;
-        int l, m, ab;
-        if (parse_tensor_name(name, L, &l, &m, &ab)) {
+        int l, s, ab;
+        if (parse_tensor_name(name, cfg, &l, &s, &ab)) {
             td_fail(err, "%s: tensor \"%s\" is not a LoRA A/B of a projection tidal adapts (expected "
-                    PREFIX "{0..%d}.{self_attn.{q,k,v,o}_proj|mlp.{gate,up,down}_proj}.lora_{A,B}.weight)",
-                    wpath, name, L - 1);
+                    PREFIX "{0..%d}.{self_attn.{q,k,v,o}_proj|mlp.{gate,up,down}_proj%s}.lora_{A,B}.weight)",
+                    wpath, name, L - 1, cfg->num_experts == 0 ? ""
+                    : cfg->arch == TD_ARCH_MIXTRAL ? "|block_sparse_moe.experts.{e}.{w1,w3,w2}"
+                    : "|mlp.experts.{e}.{gate,up,down}_proj|mlp.shared_expert.{gate,up,down}_proj");
             goto fail;
         }
-        if (!plan.adapt[l * TD_LORA_NMOD + m]) {
-            td_fail(err, "%s: tensor \"%s\" adapts layer %d %s, which target_modules/layers_to_transform in %s "
-                    "do not select", wpath, name, l, MODULE_NAMES[m], cpath);
+        if (!plan.adapt[(size_t)l * S + s]) {
+            td_lora_slot_path(cfg, l, s, path, sizeof path);
+            td_fail(err, "%s: tensor \"%s\" adapts %s, which target_modules/layers_to_transform in %s "
+                    "do not select", wpath, name, path, cpath);
             goto fail;
         }
     }
@@ -265,10 +365,9 @@ td_lora *td_lora_load(const char *dir, const td_config *cfg, td_error *err)
     size_t total = 0;
     int n_adapted = 0;
     for (int l = 0; l < L; l++)
-        for (int m = 0; m < TD_LORA_NMOD; m++) {
-            if (!plan.adapt[l * TD_LORA_NMOD + m]) continue;
+        for (int s = 0; s < S; s++) {
             int out, in;
-            td_lora_module_shape(cfg, m, &out, &in);
+            if (!plan.adapt[(size_t)l * S + s] || td_lora_slot_shape(cfg, l, s, &out, &in)) continue;
             total += ((size_t)out + in) * plan.rank;
             n_adapted++;
         }
@@ -279,18 +378,20 @@ td_lora *td_lora_load(const char *dir, const td_config *cfg, td_error *err)
     lo->rslora = plan.rslora;
     lo->scale = (float)(plan.rslora ? plan.alpha / sqrt((double)plan.rank) : plan.alpha / plan.rank);
     lo->num_layers = L;
+    lo->slots = S;
     lo->n_adapted = n_adapted;
-    lo->pairs = td_xcalloc((size_t)L * TD_LORA_NMOD, sizeof *lo->pairs);
+    lo->pairs = td_xcalloc((size_t)L * S, sizeof *lo->pairs);
     /* the file holds every one of these tensors (checked below before reading), so its size
      * bounds the allocation: refuse before allocating when a tensor is missing */
     for (int l = 0; l < L; l++)
-        for (int m = 0; m < TD_LORA_NMOD; m++) {
-            if (!plan.adapt[l * TD_LORA_NMOD + m]) continue;
+        for (int s = 0; s < S; s++) {
+            if (!plan.adapt[(size_t)l * S + s]) continue;
             for (int ab = 0; ab < 2; ab++) {
-                char name[160];
-                snprintf(name, sizeof name, PREFIX "%d.%s.%s.lora_%c.weight", l, MODULE_PARENT[m], MODULE_NAMES[m], ab ? 'B' : 'A');
+                char name[192];
+                tensor_name(cfg, l, s, ab, name, sizeof name);
                 if (!td_checkpoint_find(ck, name)) {
-                    td_fail(err, "%s: tensor \"%s\" is missing (%s targets layer %d %s)", wpath, name, cpath, l, MODULE_NAMES[m]);
+                    td_lora_slot_path(cfg, l, s, path, sizeof path);
+                    td_fail(err, "%s: tensor \"%s\" is missing (%s targets %s)", wpath, name, cpath, path);
                     goto fail;
                 }
             }
@@ -299,26 +400,29 @@ td_lora *td_lora_load(const char *dir, const td_config *cfg, td_error *err)
     if (total && !lo->owned) { td_fail(err, "%s: out of memory for %zu MB of LoRA weights", wpath, total * 4 >> 20); goto fail; }
     float *p = lo->owned;
     for (int l = 0; l < L; l++)
-        for (int m = 0; m < TD_LORA_NMOD; m++) {
-            if (!plan.adapt[l * TD_LORA_NMOD + m]) continue;
+        for (int s = 0; s < S; s++) {
             int out, in;
-            td_lora_module_shape(cfg, m, &out, &in);
-            td_lora_pair *pr = &lo->pairs[l * TD_LORA_NMOD + m];
+            if (!plan.adapt[(size_t)l * S + s] || td_lora_slot_shape(cfg, l, s, &out, &in)) continue;
+            td_lora_pair *pr = &lo->pairs[(size_t)l * S + s];
             pr->out = out;
             pr->in = in;
-            char name[160];
+            char name[192];
             int64_t sa[2] = {plan.rank, in}, sb[2] = {out, plan.rank};
             size_t bad = 0;
-            snprintf(name, sizeof name, PREFIX "%d.%s.%s.lora_A.weight", l, MODULE_PARENT[m], MODULE_NAMES[m]);
+            tensor_name(cfg, l, s, 0, name, sizeof name);
             if (td_checkpoint_read_f32(ck, name, 2, sa, p, &bad, err)) goto fail;
             pr->a = p;
             p += (size_t)plan.rank * in;
-            snprintf(name, sizeof name, PREFIX "%d.%s.%s.lora_B.weight", l, MODULE_PARENT[m], MODULE_NAMES[m]);
+            tensor_name(cfg, l, s, 1, name, sizeof name);
             if (td_checkpoint_read_f32(ck, name, 2, sb, p, &bad, err)) goto fail;
             pr->b = p;
             p += (size_t)out * plan.rank;
-            if (bad) { td_fail(err, "%s: layer %d %s: %zu NaN/Inf values in lora_A/lora_B", wpath, l, MODULE_NAMES[m], bad); goto fail; }
-            lo->modules |= 1u << m;
+            if (bad) {
+                td_lora_slot_path(cfg, l, s, path, sizeof path);
+                td_fail(err, "%s: %s: %zu NaN/Inf values in lora_A/lora_B", wpath, path, bad);
+                goto fail;
+            }
+            lo->modules |= 1u << td_lora_slot_module(s);
         }
     td_checkpoint_close(ck);
     free(plan.adapt);

@@ -13,13 +13,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static const char *module_parent(int m) { return m <= TD_LORA_O ? "self_attn" : "mlp"; }
-
-static int write_config(const char *path, int rank, double alpha, unsigned modules, const char *base, td_error *err)
+static int write_config(const char *path, const td_config *cfg, int rank, double alpha, unsigned modules,
+                        const char *base, td_error *err)
 {
     json_t *o = json_object(), *tm = json_array();
     for (int m = 0; m < TD_LORA_NMOD; m++)
-        if (modules & (1u << m)) json_array_append_new(tm, json_string(td_lora_module_name(m)));
+        if (modules & (1u << m)) json_array_append_new(tm, json_string(td_lora_module_leaf(cfg, m)));
     json_object_set_new(o, "peft_type", json_string("LORA"));
     json_object_set_new(o, "task_type", json_string("CAUSAL_LM"));
     json_object_set_new(o, "base_model_name_or_path", base ? json_string(base) : json_null());
@@ -41,68 +40,68 @@ static int write_config(const char *path, int rank, double alpha, unsigned modul
 
 td_lora *td_lora_new(const td_config *cfg, int rank, double alpha, unsigned modules)
 {
-    int L = cfg->num_layers;
+    int L = cfg->num_layers, S = td_lora_slots(cfg), out, in;
     td_lora *lo = td_xcalloc(1, sizeof *lo);
     lo->rank = rank;
     lo->alpha = alpha;
     lo->scale = (float)(alpha / rank);
     lo->num_layers = L;
-    lo->modules = modules;
-    lo->pairs = td_xcalloc((size_t)L * TD_LORA_NMOD, sizeof *lo->pairs);
+    lo->slots = S;
+    lo->pairs = td_xcalloc((size_t)L * S, sizeof *lo->pairs);
     size_t total = 0;
     for (int l = 0; l < L; l++)
-        for (int m = 0; m < TD_LORA_NMOD; m++)
-            if (modules & (1u << m)) {
-                int out, in;
-                td_lora_module_shape(cfg, m, &out, &in);
+        for (int s = 0; s < S; s++)
+            if ((modules & (1u << td_lora_slot_module(s))) && !td_lora_slot_shape(cfg, l, s, &out, &in))
                 total += ((size_t)out + in) * rank;
-            }
     lo->owned = td_xcalloc(total ? total : 1, sizeof(float));
     float *p = lo->owned;
     for (int l = 0; l < L; l++)
-        for (int m = 0; m < TD_LORA_NMOD; m++) {
-            if (!(modules & (1u << m))) continue;
-            td_lora_pair *pr = &lo->pairs[l * TD_LORA_NMOD + m];
-            td_lora_module_shape(cfg, m, &pr->out, &pr->in);
+        for (int s = 0; s < S; s++) {
+            td_lora_pair *pr = &lo->pairs[(size_t)l * S + s];
+            if (!(modules & (1u << td_lora_slot_module(s))) || td_lora_slot_shape(cfg, l, s, &pr->out, &pr->in))
+                continue;
             pr->a = p;
             p += (size_t)rank * pr->in;
             pr->b = p;
             p += (size_t)pr->out * rank;
             lo->n_adapted++;
+            lo->modules |= 1u << td_lora_slot_module(s);
         }
     return lo;
-}
-
-static void tensor_name(char *name, size_t size, int l, int m, int ab)
-{
-    snprintf(name, size, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l, module_parent(m),
-             td_lora_module_name(m), ab ? 'B' : 'A');
 }
 
 int td_lora_save(const td_lora *lo, const td_config *cfg, const char *dir, const char *base_model,
                  const char *command, td_error *err)
 {
     /* adapter_config.json names target modules for every layer: refuse a per-layer pattern */
+    int S = td_lora_slots(cfg), out, in;
+    if (lo->slots != S || lo->num_layers != cfg->num_layers)
+        return td_fail(err, "%s: the adapter was made for another model's layout", dir);
     for (int l = 0; l < lo->num_layers; l++)
-        for (int m = 0; m < TD_LORA_NMOD; m++)
-            if (!lo->pairs[l * TD_LORA_NMOD + m].a != !(lo->modules & (1u << m)))
-                return td_fail(err, "%s: adapter adapts %s in some layers only (layers_to_transform "
-                               "is not written)", dir, td_lora_module_name(m));
+        for (int s = 0; s < S; s++)
+            if (!td_lora_slot_shape(cfg, l, s, &out, &in) &&
+                !lo->pairs[(size_t)l * S + s].a != !(lo->modules & (1u << td_lora_slot_module(s)))) {
+                char path[128];
+                td_lora_slot_path(cfg, l, s, path, sizeof path);
+                return td_fail(err, "%s: adapter adapts %s in some places only, not %s (layers_to_transform "
+                               "is not written)", dir, td_lora_module_leaf(cfg, td_lora_slot_module(s)), path);
+            }
     if (lo->rslora) return td_fail(err, "%s: use_rslora adapters are not written", dir);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) return td_fail(err, "%s: cannot create directory: %s", dir, strerror(errno));
-    char path[4096], name[160];
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-    td_st_writer *w = td_st_writer_new(path);
+    char fpath[4096], name[192], mpath[128];
+    snprintf(fpath, sizeof fpath, "%s/adapter_model.safetensors", dir);
+    td_st_writer *w = td_st_writer_new(fpath);
     int rc = -1;
     if (td_st_writer_meta(w, "tidal_command", command ? command : "", err)) goto out;
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1 && td_st_writer_begin(w, err)) goto out;
         for (int l = 0; l < cfg->num_layers; l++)
-            for (int m = 0; m < TD_LORA_NMOD; m++) {
-                const td_lora_pair *pr = &lo->pairs[l * TD_LORA_NMOD + m];
+            for (int s = 0; s < S; s++) {
+                const td_lora_pair *pr = &lo->pairs[(size_t)l * S + s];
                 if (!pr->a) continue;
+                td_lora_slot_path(cfg, l, s, mpath, sizeof mpath);
                 for (int ab = 0; ab < 2; ab++) {
-                    tensor_name(name, sizeof name, l, m, ab);
+                    snprintf(name, sizeof name, "base_model.model.%s.lora_%c.weight", mpath, ab ? 'B' : 'A');
                     int64_t shape[2] = {ab ? pr->out : lo->rank, ab ? lo->rank : pr->in};
                     if (pass == 0 ? td_st_writer_declare(w, name, TD_DT_F32, 2, shape, err)
                                   : td_st_writer_write_f32(w, name, ab ? pr->b : pr->a,
@@ -112,8 +111,8 @@ int td_lora_save(const td_lora *lo, const td_config *cfg, const char *dir, const
             }
     }
     if (td_st_writer_finish(w, err)) goto out;
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    rc = write_config(path, lo->rank, lo->alpha, lo->modules, base_model, err);
+    snprintf(fpath, sizeof fpath, "%s/adapter_config.json", dir);
+    rc = write_config(fpath, cfg, lo->rank, lo->alpha, lo->modules, base_model, err);
 out:
     td_st_writer_free(w);
     return rc;
@@ -125,12 +124,12 @@ int td_lora_init_random(const char *dir, const td_config *cfg, int rank, double 
     if (rank < 1 || !(alpha > 0) || !(std >= 0) || modules == 0 || modules >= 1u << TD_LORA_NMOD)
         return td_fail(err, "%s: bad adapter parameters (rank %d, alpha %g, std %g, %s)", dir, rank, alpha, std,
                        modules ? "modules" : "no target modules");
-    /* tensor t (layer, module, A then B) draws from td_rng_stream(seed, t) */
+    /* tensor t (layer, slot, A then B) draws from td_rng_stream(seed, t) */
     td_lora *lo = td_lora_new(cfg, rank, alpha, modules);
     uint64_t t = 0;
     for (int l = 0; l < cfg->num_layers; l++)
-        for (int m = 0; m < TD_LORA_NMOD; m++) {
-            td_lora_pair *pr = &lo->pairs[l * TD_LORA_NMOD + m];
+        for (int s = 0; s < lo->slots; s++) {
+            td_lora_pair *pr = &lo->pairs[(size_t)l * lo->slots + s];
             if (!pr->a) continue;
             for (int ab = 0; ab < 2; ab++, t++) {
                 size_t n = (size_t)(ab ? pr->out : pr->in) * rank;

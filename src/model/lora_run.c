@@ -28,7 +28,7 @@
 static void lora_rt_round(lora_rt *rt, const td_lora *lora)
 {
     const td_recipe *lr = &rt->recipe;
-    for (int i = 0; i < lora->num_layers * TD_LORA_NMOD; i++) {
+    for (int i = 0; i < lora->num_layers * lora->slots; i++) {
         const td_lora_pair *p = &lora->pairs[i];
         if (!p->a) continue;
         float *a = (float *)rt->pairs[i].a, *b = (float *)rt->pairs[i].b;
@@ -52,7 +52,7 @@ lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int pu
                         const td_backend *be)
 {
     lora_rt *rt = td_xcalloc(1, sizeof *rt);
-    int L = lora->num_layers, rank = lora->rank;
+    int L = lora->num_layers, rank = lora->rank, S = lora->slots;
     rt->rank = rank;
     rt->scale = punica ? 1.0f : lora->scale;
     td_recipe lr = *r;
@@ -65,20 +65,21 @@ lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int pu
     rt->recipe = lr;
     size_t total = 0;
     int max_in = rank, max_out = 1;
-    for (int i = 0; i < L * TD_LORA_NMOD; i++) {
+    for (int i = 0; i < L * S; i++) {
         const td_lora_pair *p = &lora->pairs[i];
         if (!p->a) continue;
         total += ((size_t)p->in + p->out) * rank;
         if (p->in > max_in) max_in = p->in;
         if (p->out > max_out) max_out = p->out;
     }
-    rt->pairs = td_xcalloc((size_t)L * TD_LORA_NMOD, sizeof *rt->pairs);
+    rt->pairs = td_xcalloc((size_t)L * S, sizeof *rt->pairs);
+    rt->slots = S;
     rt->owned = td_xmalloc((total ? total : 1) * sizeof(float));
     rt->punica = punica;
     rt->on_device = lora->owned_dev && be->prepare && (lr.activations == TD_F32 || lr.activations == TD_BF16 ||
                                                         lr.activations == TD_F16);
     float *q = rt->owned;
-    for (int i = 0; i < L * TD_LORA_NMOD; i++) {
+    for (int i = 0; i < L * S; i++) {
         const td_lora_pair *p = &lora->pairs[i];
         if (!p->a) continue;
         td_lora_pair *d = &rt->pairs[i];
@@ -89,7 +90,7 @@ lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int pu
         q += (size_t)p->out * rank;
     }
     rt->be = be;
-    rt->npairs = L * TD_LORA_NMOD;
+    rt->npairs = L * S;
     lora_rt_round(rt, lora);
     /* the branch's activations: written and read by ops only, so in the backend's memory (a
      * device's ops would otherwise stage host buffers at every call) */
@@ -125,7 +126,8 @@ void lora_forward(const td_ops *ops, int layer, int module, float *y, const floa
 {
     const lora_rt *rt = ops->lora;
     if (!rt) return;
-    const td_lora_pair *p = &rt->pairs[layer * TD_LORA_NMOD + module];
+    if (module < 0) return;
+    const td_lora_pair *p = &rt->pairs[(size_t)layer * rt->slots + module];
     if (!p->a) return;
     td_ops lo = td_ops_gemm(ops, &rt->recipe, rt->qin, NULL);   /* the LoRA GEMMs' recipe */
     int r = rt->rank;
@@ -142,9 +144,10 @@ void lora_backward(const td_ops *ops, int layer, int module, float *dx, const fl
 {
     const lora_rt *rt = ops->lora;
     if (!rt) return;
-    const td_lora_pair *p = &rt->pairs[layer * TD_LORA_NMOD + module];
+    if (module < 0) return;
+    const td_lora_pair *p = &rt->pairs[(size_t)layer * rt->slots + module];
     if (!p->a) return;
-    const lora_grad *g = &lg[layer * TD_LORA_NMOD + module];
+    const lora_grad *g = &lg[(size_t)layer * rt->slots + module];
     td_ops lo = td_ops_gemm(ops, &rt->recipe, rt->qin, NULL);
     int r = rt->rank;
     size_t nr = (size_t)N * r, nout = (size_t)N * p->out;

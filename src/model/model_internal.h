@@ -35,6 +35,8 @@ static inline td_wmat *wset_moe(const td_wset *ws, int layer, int slot)
 }
 /* The wset_moe slot of a parameter-table entry, -1 for a tensor outside the MoE blocks. */
 int param_moe_slot(const td_param_spec *p);
+/* The LoRA slot (lora.h td_lora_slots) of a parameter-table entry, -1 for one no LoRA adapts. */
+int param_lora_slot(const td_param_spec *p);
 
 /* A loaded model's tensors in their storage dtype (load.c): entry i of the parameter table is
  * t[i] (mapped from the checkpoint, or owned); nan[i] says whether it holds a NaN (scanned at
@@ -209,7 +211,8 @@ typedef struct lora_rt {
     int rank;
     float scale;
     td_recipe recipe;      /* the LoRA GEMMs' recipe (never fp8, split_k 1)             */
-    td_lora_pair *pairs;   // (L, TD_LORA_NMOD) rounded A (r, in), B (out, r); a NULL = not adapted
+    td_lora_pair *pairs;   // (L, slots) rounded A (r, in), B (out, r); a NULL = not adapted
+    int slots;             /* the adapter's pairs per layer (lora.h td_lora_slots)      */
     float *owned;          /* storage of the rounded A and B                            */
     const td_backend *be;  /* whose buffers t and u are (the path's backend)               */
     float *t;              // (cap, r)        D(A x)
@@ -226,8 +229,9 @@ void lora_rt_free(lora_rt *rt);
 /* A and B rounded again from lora (the adapter rt was made for, since updated): on the device from
  * lora->owned_dev when rt->on_device, else on the host (its device copies then dropped by forget). */
 void lora_rt_refresh(lora_rt *rt, const td_lora *lora);
-/* y (N, out) += the LoRA branch of projection `module` of `layer` on its input x (N, in);
- * nothing when ops has no adapter or this projection is not adapted. */
+/* y (N, out) += the LoRA branch of slot `module` of `layer` (lora.h: 0..6 the seven projections,
+ * in an MoE layer 4..6 the shared expert's, 7 + 3 e + k expert e's) on its input x (N, in);
+ * nothing when ops has no adapter, this projection is not adapted, or module is -1. */
 void lora_forward(const td_ops *ops, int layer, int module, float *y, const float *x, int N);
 
 /* The gradient of one LoRA pair: dA (r, in), dB (out, r); NULL when not adapted. */
@@ -238,7 +242,7 @@ typedef struct {
 /* y += scale B(A x) of projection `module` in `layer`, backwards (nothing without an adapter,
  * or when this projection is not adapted): with t = D(A x) recomputed and du = D(scale dy),
  *   dB += du^T t,   dt = du B,   dA += dt^T x,   dx += dt A.
- * lg: (L, TD_LORA_NMOD) gradients; scratch: N * (2 r + max(out)) floats. */
+ * lg: (L, slots) gradients; scratch: N * (2 r + max(out)) floats. */
 void lora_backward(const td_ops *ops, int layer, int module, float *dx, const float *dy,
                    const float *x, int N, const lora_grad *lg, float *scratch);
 
@@ -280,9 +284,10 @@ void grad_acts_free(td_grad_acts *g);
 /* A mixture-of-experts layer's MLP backwards (moe.c): dxn (N, C, accumulated) += the gradient of
  * its input (the post-attention norm output) given dout (N, C) the gradient of its output; weight
  * gradients into gw (router, experts, shared expert; NULL entries frozen). The experts run again on
- * their rows (the forward's ops in its order: the same values). */
+ * their rows (the forward's ops in its order: the same values); an unmerged adapter's expert and
+ * shared-expert pairs get their A/B gradients in lg. */
 void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts *ga, const td_layer_weights *gw,
-                  int l, const float *xn2, const float *dout, float *dxn, int N);
+                  const lora_grad *lg, int l, const float *xn2, const float *dout, float *dxn, int N);
 
 void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td_grad_acts *ga,
                       td_model_weights *grads, const lora_grad *lg, const int *tokens,

@@ -149,23 +149,29 @@ static int gather(const td_acts *a, const int *experts, const float *x, int N, i
 }
 
 /* One SwiGLU expert on n rows of in: gate and up into a->moe_gate / a->moe_up, silu(gate) * up into
- * act, down into a->moe_y (the dense MLP's ops, in its order). */
+ * act, down into a->moe_y (the dense MLP's ops, in its order); an unmerged LoRA's branches beside
+ * each projection, as in the dense MLP (lo: the LoRA slot of the gate, lora.h, up and down after it). */
 static void expert_forward_down(const td_ops *ops, const td_ops *down, td_acts *a, const td_wmat *wg, const td_wmat *wu,
-                                const td_wmat *wd, const float *in, float *act, int n, int C, int FI)
+                                const td_wmat *wd, const float *in, float *act, int n, int C, int FI, int l, int lo)
 {
     float *gu_out[] = {a->moe_gate, a->moe_up};
     td_wmat gu_w[] = {*wg, *wu};
     int gu_dim[] = {FI, FI};
     matmul_forward_multi(ops, 2, gu_out, in, gu_w, NULL, n, C, gu_dim);
+    lora_forward(ops, l, lo, a->moe_gate, in, n);
+    lora_forward(ops, l, lo < 0 ? -1 : lo + 1, a->moe_up, in, n);
     swiglu_forward(ops, act, a->moe_gate, a->moe_up, n, FI);
     matmul_forward(down, a->moe_y, act, wd, NULL, n, FI, C);
+    lora_forward(ops, l, lo < 0 ? -1 : lo + 2, a->moe_y, act, n);
     td_ops_sync(ops);
 }
 
-static void expert_forward(const td_ops *ops, td_acts *a, const td_wmat *wg, const td_wmat *wu, const td_wmat *wd,
-                           const float *in, float *act, int n, int C, int FI)
+/* Qwen2-MoE's shared expert of layer l on n rows (its LoRA slots: the dense MLP's) */
+static void shared_forward(const td_ops *ops, td_acts *a, int l, const float *in, float *act, int n, int C, int FS)
 {
-    expert_forward_down(ops, ops, a, wg, wu, wd, in, act, n, C, FI);
+    const td_wset *ws = ops->ws;
+    expert_forward_down(ops, ops, a, wset_moe(ws, l, TD_MOE_SH_GATE), wset_moe(ws, l, TD_MOE_SH_UP),
+                        wset_moe(ws, l, TD_MOE_SH_DOWN), in, act, n, C, FS, l, TD_LORA_GATE);
 }
 
 /* Expert e of MoE layer l on the rows that chose it: gathered (a->moe_rows, a->moe_in), then run
@@ -178,7 +184,7 @@ static int routed_expert_down(const td_ops *ops, const td_ops *down, td_acts *a,
     if (ne)
         expert_forward_down(ops, down, a, wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e),
                             wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e + 1), wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e + 2),
-                            a->moe_in, act, ne, C, c->moe_intermediate_size);
+                            a->moe_in, act, ne, C, c->moe_intermediate_size, l, TD_LORA_NMOD + 3 * e);
     return ne;
 }
 
@@ -232,8 +238,7 @@ void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const 
         }
     }
     if (FS > 0) {   /* Qwen2-MoE's shared expert, on every row, behind its sigmoid gate */
-        expert_forward(ops, a, wset_moe(ws, l, TD_MOE_SH_GATE), wset_moe(ws, l, TD_MOE_SH_UP),
-                       wset_moe(ws, l, TD_MOE_SH_DOWN), x, a->moe_gate, N, C, FS);
+        shared_forward(ops, a, l, x, a->moe_gate, N, C, FS);
         matmul_forward(ops, a->moe_logits, x, wset_moe(ws, l, TD_MOE_SH_ROUTE), NULL, N, C, 1);
         td_ops_sync(ops);
         for (int i = 0; i < N; i++) {
@@ -254,25 +259,29 @@ static double dot(const float *x, const float *y, int n)
     return s;
 }
 
-/* One SwiGLU expert backwards on its n rows (run again first: expert_forward): dy (n, C) the
+/* One SwiGLU expert backwards on its n rows (run again first: expert_forward_down): dy (n, C) the
  * gradient of its output rows; the gradient of its input rows into ga->moe_dx (n, C, written);
- * weight gradients into g[0..2] (gate, up, down; NULL = frozen). w: the fp32 weights the GEMMs read. */
+ * weight gradients into g[0..2] (gate, up, down; NULL = frozen). w: the fp32 weights the GEMMs read.
+ * An unmerged LoRA at slots lo, lo + 1, lo + 2 of layer l: its A/B gradients into lg. */
 static void expert_backward(const td_ops *ops, td_acts *a, td_grad_acts *ga, const float *const *w, float *const *g,
-                            const float *in, int n, int C, int FI)
+                            const float *in, int n, int C, int FI, int l, int lo, const lora_grad *lg)
 {
     size_t nF = (size_t)n * FI;
     memset(ga->moe_dact, 0, nF * sizeof(float));
     matmul_backward(ops, ga->moe_dact, g[2], NULL, ga->moe_dy, ga->moe_act, w[2], n, FI, C);
+    lora_backward(ops, l, lo + 2, ga->moe_dact, ga->moe_dy, ga->moe_act, n, lg, ga->lora);
     memset(ga->moe_dgate, 0, nF * sizeof(float));
     memset(ga->moe_dup, 0, nF * sizeof(float));
     swiglu_backward(ops, ga->moe_dgate, ga->moe_dup, ga->moe_dact, a->moe_gate, a->moe_up, n, FI);
     memset(ga->moe_dx, 0, (size_t)n * C * sizeof(float));
     matmul_backward(ops, ga->moe_dx, g[0], NULL, ga->moe_dgate, in, w[0], n, C, FI);
     matmul_backward(ops, ga->moe_dx, g[1], NULL, ga->moe_dup, in, w[1], n, C, FI);
+    lora_backward(ops, l, lo, ga->moe_dx, ga->moe_dgate, in, n, lg, ga->lora);
+    lora_backward(ops, l, lo + 1, ga->moe_dx, ga->moe_dup, in, n, lg, ga->lora);
 }
 
 void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts *ga, const td_layer_weights *gw,
-                  int l, const float *xn2, const float *dout, float *dxn, int N)
+                  const lora_grad *lg, int l, const float *xn2, const float *dout, float *dxn, int N)
 {
     const td_config *c = &m->cfg;
     int C = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, FE = c->moe_intermediate_size;
@@ -303,7 +312,7 @@ void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts
         float *eg[3] = {NULL, NULL, NULL};
         if (gw->w_experts)
             for (int k = 0; k < 3; k++) eg[k] = G(gw->w_experts[3 * e + k]);
-        expert_backward(ops, a, ga, ew, eg, a->moe_in, ne, C, FE);
+        expert_backward(ops, a, ga, ew, eg, a->moe_in, ne, C, FE, l, TD_LORA_NMOD + 3 * e, lg);
         td_ops_sync(ops);
         for (int q = 0; q < ne; q++) {   /* back to the rows the expert read */
             float *d = dxn + (size_t)(a->moe_rows[q] / K) * C;
@@ -330,8 +339,7 @@ void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts
     }
     matmul_backward(ops, dxn, G(gw->w_router), NULL, ga->moe_dlogits, xn2, w->w_router, N, C, E);
     if (FS > 0) {   /* out_i += s_i shared(x_i), s_i = sigmoid(z_i), z_i = <x_i, w_route> */
-        expert_forward(ops, a, wset_moe(ws, l, TD_MOE_SH_GATE), wset_moe(ws, l, TD_MOE_SH_UP),
-                       wset_moe(ws, l, TD_MOE_SH_DOWN), xn2, ga->moe_act, N, C, FS);
+        shared_forward(ops, a, l, xn2, ga->moe_act, N, C, FS);
         matmul_forward(ops, a->moe_logits, xn2, wset_moe(ws, l, TD_MOE_SH_ROUTE), NULL, N, C, 1);
         td_ops_sync(ops);
         float *dz = ga->moe_dw;   /* (N) */
@@ -344,7 +352,7 @@ void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts
         }
         const float *sw[3] = {w->ws_gate, w->ws_up, w->ws_down};
         float *sgr[3] = {G(gw->ws_gate), G(gw->ws_up), G(gw->ws_down)};
-        expert_backward(ops, a, ga, sw, sgr, xn2, N, C, FS);
+        expert_backward(ops, a, ga, sw, sgr, xn2, N, C, FS, l, TD_LORA_GATE, lg);
         td_ops_sync(ops);
         for (size_t k = 0; k < (size_t)N * C; k++) dxn[k] += ga->moe_dx[k];
         matmul_backward(ops, dxn, G(gw->ws_route), NULL, dz, xn2, w->ws_route, N, C, 1);

@@ -70,6 +70,18 @@ int param_moe_slot(const td_param_spec *p)
     }
 }
 
+int param_lora_slot(const td_param_spec *p)
+{
+    int mo = param_lora_module(p->role);
+    if (mo >= 0) return mo;
+    switch (p->role) {
+    case TD_ROLE_SH_GATE: case TD_ROLE_SH_UP: case TD_ROLE_SH_DOWN: return TD_LORA_GATE + (p->role - TD_ROLE_SH_GATE);
+    case TD_ROLE_E_GATE: case TD_ROLE_E_UP: case TD_ROLE_E_DOWN:
+        return TD_LORA_NMOD + 3 * p->expert + (p->role - TD_ROLE_E_GATE);
+    default: return -1;
+    }
+}
+
 td_param_spec *param_table(const td_config *c, size_t *n)
 {
     *n = td_config_params(c, NULL, 0);

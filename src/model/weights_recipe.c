@@ -344,13 +344,11 @@ static int weights_prepare(prep *P, const td_recipe *r)
         } else if (p->role == TD_ROLE_LM_HEAD) {
             out = &st->ws.lm_head;
             rc = prep_wmat(P, &head, src, nan, NULL, rows, cols, out);
-        } else if (param_moe_slot(p) >= 0) {   /* router, experts, shared expert: GEMMs like any other */
-            out = wset_moe(&st->ws, p->layer, param_moe_slot(p));
-            rc = prep_wmat(P, r, src, nan, NULL, rows, cols, out);
-        } else {
-            int mo = param_lora_module(p->role);
-            const td_lora_pair *ad = P->mc.lora ? &P->mc.lora->pairs[p->layer * TD_LORA_NMOD + mo] : NULL;
-            out = wset_mat(&st->ws, p->layer, mo);
+        } else {   /* a projection; in an MoE the router, experts, shared expert: GEMMs like any other */
+            int ls = param_lora_slot(p);
+            const td_lora_pair *ad = P->mc.lora && ls >= 0 ? &P->mc.lora->pairs[(size_t)p->layer * P->mc.lora->slots + ls] : NULL;
+            out = param_moe_slot(p) >= 0 ? wset_moe(&st->ws, p->layer, param_moe_slot(p))
+                                         : wset_mat(&st->ws, p->layer, param_lora_module(p->role));
             rc = prep_wmat(P, r, src, nan, ad && ad->a ? ad : NULL, rows, cols, out);
         }
         if (!rc) *slot = out->dtype == TD_F32 ? out->data : NULL;
@@ -400,18 +398,22 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
                      const td_lora *lora, int mode, int cap, int f32, td_error *err)
 {
     if (td_recipe_check(r, r->name, err)) return -1;
-    if (lora && m->cfg.num_experts > 0 && (lora->modules & ~TD_LORA_ATTN_MASK))
-        return td_fail(err, "%s: a LoRA adapter on a mixture of experts' MLP modules (gate_proj, up_proj, down_proj: "
-                       "every expert's and the shared expert's) is not run; adapters on attention (q/k/v/o_proj) are",
-                       lora->dir ? lora->dir : "adapter");
-    if (lora && lora->num_layers != m->cfg.num_layers)
-        return td_fail(err, "%s: adapter for %d layers, model has %d", lora->dir, lora->num_layers, m->cfg.num_layers);
-    for (int i = 0; lora && i < lora->num_layers * TD_LORA_NMOD; i++) {
-        int out, in;
-        td_lora_module_shape(&m->cfg, i % TD_LORA_NMOD, &out, &in);
-        if (lora->pairs[i].a && (lora->pairs[i].out != out || lora->pairs[i].in != in))
-            return td_fail(err, "%s: layer %d %s is (%d, %d), the model's is (%d, %d)", lora->dir, i / TD_LORA_NMOD,
-                           td_lora_module_name(i % TD_LORA_NMOD), lora->pairs[i].out, lora->pairs[i].in, out, in);
+    if (lora && (lora->num_layers != m->cfg.num_layers || lora->slots != td_lora_slots(&m->cfg)))
+        return td_fail(err, "%s: adapter for %d layers of %d projections, the model has %d of %d", lora->dir,
+                       lora->num_layers, lora->slots, m->cfg.num_layers, td_lora_slots(&m->cfg));
+    for (int i = 0; lora && i < lora->num_layers * lora->slots; i++) {
+        int out = 0, in = 0, l = i / lora->slots, s = i % lora->slots;
+        char path[128];
+        if (!lora->pairs[i].a) continue;
+        td_lora_slot_path(&m->cfg, l, s, path, sizeof path);
+        if (td_lora_slot_shape(&m->cfg, l, s, &out, &in) || lora->pairs[i].out != out || lora->pairs[i].in != in)
+            return td_fail(err, "%s: %s is (%d, %d), the model's is (%d, %d)", lora->dir, path, lora->pairs[i].out,
+                           lora->pairs[i].in, out, in);
+        /* vLLM's fused_moe runs an adapter's expert branches inside its kernel (fused_moe_lora), with
+         * roundings tidal has not modelled: merged adapters fold into the weights and run */
+        if (s >= TD_LORA_NMOD && mode != TD_LORA_MERGED && r->moe_fused)
+            return td_fail(err, "%s: %s: an unmerged LoRA on an expert under recipe %s (vLLM's fused_moe) is not "
+                           "modelled; merge it (lora sync \"merged\") or use an unfused recipe", lora->dir, path, r->name);
     }
     td_recipe rc = *r;   /* r may be st->recipe itself */
     recipe_state_free(st);

@@ -41,19 +41,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The adapted base matrix (layer l, module mo) of a model whose weights are its own fp32
+/* The adapted base matrix (layer l, LoRA slot s: lora.h) of a model whose weights are its own fp32
  * allocation (td_model_alloc: the trainer's base, the engine copy). */
-static float *base_mat(td_model *m, int l, int mo)
+static float *base_mat(td_model *m, int l, int s)
 {
     const td_layer_weights *w = &m->w.layers[l];
-    const float *p[TD_LORA_NMOD] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down};
-    return (float *)p[mo];
+    if (s >= TD_LORA_NMOD) return (float *)w->w_experts[s - TD_LORA_NMOD];
+    int moe = td_config_layer_moe(&m->cfg, l);
+    const float *p[TD_LORA_NMOD] = {w->wq, w->wk, w->wv, w->wo, moe ? w->ws_gate : w->w_gate, moe ? w->ws_up : w->w_up,
+                                    moe ? w->ws_down : w->w_down};
+    return (float *)p[s];
 }
 
-static void mat_name(char *buf, size_t n, int l, int mo)
+static void mat_name(const td_config *c, char *buf, size_t n, int l, int s)
 {
-    snprintf(buf, n, "model.layers.%d.%s.%s.weight", l, mo <= TD_LORA_O ? "self_attn" : "mlp",
-             td_lora_module_name(mo));
+    char path[128];
+    td_lora_slot_path(c, l, s, path, sizeof path);
+    snprintf(buf, n, "%s.weight", path);
 }
 
 int rl_sync_init(rl_run *R, td_error *err)
@@ -62,7 +66,7 @@ int rl_sync_init(rl_run *R, td_error *err)
     if (!lo) return 0;
     td_model *base = td_trainer_base(R->tr);
     size_t total = 0, widest = 1;
-    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+    for (int i = 0; i < lo->num_layers * lo->slots; i++) {
         const td_lora_pair *p = &lo->pairs[i];
         if (!p->a) continue;
         size_t n = (size_t)p->out * p->in;
@@ -73,11 +77,11 @@ int rl_sync_init(rl_run *R, td_error *err)
     R->n_base = total;
     R->sync_buf = td_xmalloc(3 * widest * sizeof(float));
     float *q = R->w0;
-    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+    for (int i = 0; i < lo->num_layers * lo->slots; i++) {
         const td_lora_pair *p = &lo->pairs[i];
         if (!p->a) continue;
         size_t n = (size_t)p->out * p->in;
-        memcpy(q, base_mat(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD), n * sizeof(float));
+        memcpy(q, base_mat(base, i / lo->slots, i % lo->slots), n * sizeof(float));
         q += n;
     }
     /* merged: the frozen base beside the adapter on the device, so each sync folds the adapter
@@ -154,10 +158,10 @@ static int merge_unmerge(rl_run *R, double *M, td_error *err)
     td_format D = (td_format)R->o->model_dtype;
     double kept2 = 0, delta2 = 0, dot = 0, s[4];
     int64_t changed = 0, elements = 0;
-    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+    for (int i = 0; i < lo->num_layers * lo->slots; i++) {
         const td_lora_pair *p = &lo->pairs[i];
         if (!p->a) continue;
-        int l = i / TD_LORA_NMOD, mo = i % TD_LORA_NMOD;
+        int l = i / lo->slots, mo = i % lo->slots;
         size_t n = (size_t)p->out * p->in;
         if (R->sync_be) {   /* the same arithmetic on the device: the four sums come down */
             R->sync_be->lora_peft_sync(dev_mat(base, base->owned_dev, l, mo), dev_mat(R->engine, R->engine_dev, l, mo),
@@ -196,11 +200,11 @@ static void drift(rl_run *R, double *M)
     const float *w0 = R->w0;
     double mx = 0, sum = 0, s[3];
     int64_t changed = 0;
-    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+    for (int i = 0; i < lo->num_layers * lo->slots; i++) {
         const td_lora_pair *p = &lo->pairs[i];
         if (!p->a) continue;
         size_t n = (size_t)p->out * p->in;
-        int l = i / TD_LORA_NMOD, mo = i % TD_LORA_NMOD;
+        int l = i / lo->slots, mo = i % lo->slots;
         if (R->sync_be) {
             R->sync_be->lora_drift(dev_mat(base, base->owned_dev, l, mo), R->w0_dev + (w0 - R->w0), p->out, p->in, s);
         } else {   /* each row's sum in order, the rows' in order (the device's order) */
@@ -269,19 +273,19 @@ int rl_sync_save(rl_run *R, const char *dir, td_error *err)
     snprintf(path, sizeof path, "%s/lora_base.safetensors", dir);
     td_st_writer *w = td_st_writer_new(path);
     int rc = -1;
-    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+    for (int i = 0; i < lo->num_layers * lo->slots; i++) {
         const td_lora_pair *p = &lo->pairs[i];
         if (!p->a) continue;
         int64_t shape[2] = {p->out, p->in};
-        mat_name(name, sizeof name, i / TD_LORA_NMOD, i % TD_LORA_NMOD);
+        mat_name(&base->cfg, name, sizeof name, i / lo->slots, i % lo->slots);
         if (td_st_writer_declare(w, name, TD_DT_F32, 2, shape, err)) goto out;
     }
     if (td_st_writer_begin(w, err)) goto out;
-    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+    for (int i = 0; i < lo->num_layers * lo->slots; i++) {
         const td_lora_pair *p = &lo->pairs[i];
         if (!p->a) continue;
-        mat_name(name, sizeof name, i / TD_LORA_NMOD, i % TD_LORA_NMOD);
-        if (td_st_writer_write_f32(w, name, base_mat(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD),
+        mat_name(&base->cfg, name, sizeof name, i / lo->slots, i % lo->slots);
+        if (td_st_writer_write_f32(w, name, base_mat(base, i / lo->slots, i % lo->slots),
                                    (size_t)p->out * p->in, err))
             goto out;
     }
@@ -302,13 +306,13 @@ int rl_sync_load(rl_run *R, const char *dir, td_error *err)
     td_checkpoint *ck = td_checkpoint_open(path, &why);
     if (!ck) return td_fail(err, "%s (a --lora-sync merge-unmerge run keeps its drifted base there)", why.msg);
     int rc = -1;
-    for (int i = 0; i < lo->num_layers * TD_LORA_NMOD; i++) {
+    for (int i = 0; i < lo->num_layers * lo->slots; i++) {
         const td_lora_pair *p = &lo->pairs[i];
         if (!p->a) continue;
         int64_t shape[2] = {p->out, p->in};
         size_t bad = 0;
-        mat_name(name, sizeof name, i / TD_LORA_NMOD, i % TD_LORA_NMOD);
-        if (td_checkpoint_read_f32(ck, name, 2, shape, base_mat(base, i / TD_LORA_NMOD, i % TD_LORA_NMOD), &bad, err))
+        mat_name(&base->cfg, name, sizeof name, i / lo->slots, i % lo->slots);
+        if (td_checkpoint_read_f32(ck, name, 2, shape, base_mat(base, i / lo->slots, i % lo->slots), &bad, err))
             goto out;
         if (bad) { td_fail(err, "%s: %s holds %zu non-finite values", path, name, bad); goto out; }
     }

@@ -50,7 +50,7 @@ struct td_trainer {
     train_tensor *tensors;        /* the trained tensors, in table (or layer, module) order     */
     size_t ntensors;
     td_model_weights gw;          /* gradient views of the model (NULL entries under LoRA)     */
-    lora_grad *lg;                /* (L, NMOD) gradient views of A and B                        */
+    lora_grad *lg;                /* (L, slots) gradient views of A and B                       */
     td_forward *f;                /* the training path, activations kept                        */
     td_grad_acts ga;
     int logits_rows;

@@ -122,7 +122,7 @@ static td_lora *lora_fresh(const td_config *c, const td_train_opts *o)
 {
     unsigned mods = o->lora_modules ? o->lora_modules : (1u << TD_LORA_Q) | (1u << TD_LORA_V);
     td_lora *lo = td_lora_new(c, o->lora_r, o->lora_alpha, mods);
-    for (int i = 0; i < c->num_layers * TD_LORA_NMOD; i++) {
+    for (int i = 0; i < c->num_layers * lo->slots; i++) {
         td_lora_pair *p = &lo->pairs[i];
         if (!p->a) continue;
         td_rng r;
@@ -143,13 +143,15 @@ static td_lora *lora_copy(const td_lora *src, const td_config *c, td_error *err)
     td_lora *lo = td_lora_new(c, src->rank, src->alpha, src->modules);
     lo->rslora = src->rslora;
     lo->scale = src->scale;
-    for (int i = 0; i < c->num_layers * TD_LORA_NMOD; i++) {
+    for (int i = 0; i < c->num_layers * lo->slots; i++) {
         const td_lora_pair *s = &src->pairs[i];
         td_lora_pair *d = &lo->pairs[i];
-        if (!s->a != !d->a) {
+        if (src->slots != lo->slots || !s->a != !d->a) {
+            char path[128];
+            td_lora_slot_path(c, i / lo->slots, i % lo->slots, path, sizeof path);
             td_lora_free(lo);
-            return td_fail(err, "%s: adapts %s in some layers only: not trainable here",
-                           src->dir ? src->dir : "adapter", td_lora_module_name(i % TD_LORA_NMOD)), NULL;
+            return td_fail(err, "%s: adapts %s in some places only (not %s): not trainable here",
+                           src->dir ? src->dir : "adapter", td_lora_module_name(td_lora_slot_module(i % lo->slots)), path), NULL;
         }
         if (!s->a) continue;
         memcpy((float *)d->a, s->a, (size_t)lo->rank * d->in * sizeof(float));
@@ -185,15 +187,15 @@ static void build_tensors(td_trainer *tr)
     tr->ntensors = 2 * (size_t)lo->n_adapted;
     tr->tensors = td_xcalloc(tr->ntensors, sizeof *tr->tensors);
     size_t k = 0;
-    for (int i = 0; i < c->num_layers * TD_LORA_NMOD; i++) {
+    for (int i = 0; i < c->num_layers * lo->slots; i++) {
         const td_lora_pair *p = &lo->pairs[i];
         if (!p->a) continue;
-        int l = i / TD_LORA_NMOD, mod = i % TD_LORA_NMOD;
+        char path[128];
+        td_lora_slot_path(c, i / lo->slots, i % lo->slots, path, sizeof path);
         for (int ab = 0; ab < 2; ab++, k++) {
             train_tensor *t = &tr->tensors[k];
             const float *x = ab ? p->b : p->a;
-            snprintf(t->name, sizeof t->name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l,
-                     mod <= TD_LORA_O ? "self_attn" : "mlp", td_lora_module_name(mod), ab ? 'B' : 'A');
+            snprintf(t->name, sizeof t->name, "base_model.model.%s.lora_%c.weight", path, ab ? 'B' : 'A');
             t->offset = (size_t)(x - lo->owned);
             t->ndim = 2;
             t->shape[0] = ab ? p->out : lo->rank;
@@ -254,13 +256,6 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
                        "loss is a mixture of experts')", td_arch_name(c->arch)), NULL;
     if (opts->output_router_logits && !(opts->router_aux_loss_coef >= 0 && isfinite(opts->router_aux_loss_coef)))
         return td_fail(err, "--router-aux-loss-coef %g: expected a finite value >= 0", opts->router_aux_loss_coef), NULL;
-    /* a mixture of experts: adapters on attention only (PEFT would put gate_proj / up_proj / down_proj
-     * adapters on every expert, the shared expert and dense layers alike: not modelled) */
-    unsigned mods = lora_init ? lora_init->modules : opts->lora_modules;
-    if (c->num_experts > 0 && opts->lora_r > 0 && (mods & ~TD_LORA_ATTN_MASK))
-        return td_fail(err, "--lora-target-modules: LoRA on a mixture of experts (%s) adapts attention only "
-                       "(q_proj,k_proj,v_proj,o_proj); adapters on the MLP modules (every expert's, the shared "
-                       "expert's, all-linear) are not modelled", td_arch_name(c->arch)), NULL;
     if (src->backend && !td_backend_has_backward(src->backend))
         return td_fail(err, "training: the %s backend lacks backward ops (matmul_backward): train on "
                        "the CPU (--device cpu)", src->backend->name), NULL;
@@ -281,7 +276,7 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
         tr->lora = lora_init ? lora_copy(lora_init, c, err) : lora_fresh(c, opts);
         if (!tr->lora) goto fail;
         size_t total = 0;
-        for (int i = 0; i < c->num_layers * TD_LORA_NMOD; i++)
+        for (int i = 0; i < c->num_layers * tr->lora->slots; i++)
             if (tr->lora->pairs[i].a) total += ((size_t)tr->lora->pairs[i].in + tr->lora->pairs[i].out) * tr->lora->rank;
         tr->params = tr->lora->owned;
         tr->nparams = total;
@@ -318,7 +313,7 @@ td_trainer *td_trainer_create(const td_model *src, const td_recipe *r, const td_
         tr->be->alias(m->owned, tr->params_dev, m->owned_floats * sizeof(float), TD_F32);
     }
     td_model_weights_layers(&tr->gw, c, NULL);
-    tr->lg = td_xcalloc((size_t)c->num_layers * TD_LORA_NMOD, sizeof *tr->lg);
+    tr->lg = td_xcalloc((size_t)c->num_layers * td_lora_slots(c), sizeof *tr->lg);
     build_tensors(tr);
 
     size_t V = (size_t)c->vocab_size;
