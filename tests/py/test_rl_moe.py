@@ -20,10 +20,12 @@
    under r3 pi_old's experts are the rollout's wherever the rollout routed;
 8. LoRA on attention (r 4, q_proj,v_proj) on add-moe with r3: 2 steps with each --lora-sync run,
    checkpoint-2 holds the adapter under PEFT's names (…self_attn.q_proj.lora_A.weight), the routing
-   columns are written; --lora-target-modules all-linear on an MoE is refused naming the flag;
+   columns are written; --lora-target-modules all-linear on add-moe adapts attention and every expert
+   (not the routers), and the adapter's config lists the projections, not "all-linear";
 5. tidal-sft --freeze-router: two fp32-saved steps leave every router bit-identical to add-moe's while
    every expert matrix moves (without it the routers move too); on a dense model it exits 1.
 """
+import json
 import os
 import subprocess
 import sys
@@ -159,8 +161,14 @@ if safe_open is not None:
         ok.append(p.returncode == 0 and "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in keys
                   and len(keys) == 4 * 2 * 2 and bool(np.isfinite(steps("lora-" + sync)["routing_flip_rate"]).all()))
     check(all(ok), f"LoRA q/v on add-moe, r3, each --lora-sync: 2 steps, PEFT-named adapter, routing columns ({ok})")
-    p = rl("lora-all", "--max-steps", "1", "--lora-r", "4", "--lora-target-modules", "all-linear")
-    check(p.returncode == 1 and "--lora-target-modules" in p.stderr, "--lora-target-modules all-linear on an MoE: exit 1 naming it")
+    p = rl("lora-all", "--max-steps", "1", "--lora-r", "4", "--lora-target-modules", "all-linear", "--save-steps", "1")
+    ck = os.path.join(tmp, "lora-all", "checkpoint-1")
+    keys = set(safe_open(os.path.join(ck, "adapter_model.safetensors"), "np").keys()) if p.returncode == 0 else set()
+    tm = json.load(open(os.path.join(ck, "adapter_config.json")))["target_modules"] if keys else None
+    check(p.returncode == 0 and "base_model.model.model.layers.1.mlp.experts.7.down_proj.lora_B.weight" in keys
+          and not any(".mlp.gate." in k for k in keys) and isinstance(tm, list) and "gate_proj" in tm,
+          f"--lora-target-modules all-linear on add-moe: every expert adapted, no router, the config lists the "
+          f"projections ({len(keys)} tensors, target_modules {tm}; {p.stderr.strip()[-120:]})")
 try:
     import torch
     from safetensors.torch import load_file
