@@ -54,9 +54,6 @@ int td_model_set_device(td_model *m, const char *device, td_error *err)
         m->backend = NULL;
         return 0;
     }
-    if (m->cfg.num_experts > 0)
-        return td_fail(err, "--device %s: %s is a mixture of experts; its routing runs on the CPU backend only so far "
-                       "(use --device cpu)", device, td_arch_name(m->cfg.arch));
 #ifdef TD_HAVE_CUDA
     const td_backend *be = td_cuda_backend_open(index, NULL, 0, err);
     if (!be) return -1;

@@ -19,6 +19,24 @@ static float *acts_buf(td_acts *a, size_t floats)
     return p;
 }
 
+/* whether the backend's buffers are host memory (the CPU backend: no device to synchronise) */
+static int be_host(const td_backend *be) { return be->sync == NULL; }
+
+/* a buffer the host reads and writes: the backend's own on the CPU, host memory on a device */
+static float *acts_host(td_acts *a, size_t floats)
+{
+    if (be_host(a->be)) return acts_buf(a, floats);
+    float *p = td_xcalloc(floats ? floats : 1, sizeof(float));
+    a->host_owned[a->nhost++] = p;
+    return p;
+}
+
+/* the host mirror of backend buffer b: b itself on the CPU backend */
+static float *acts_mirror(td_acts *a, float *b, size_t floats)
+{
+    return be_host(a->be) ? b : acts_host(a, floats);
+}
+
 void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int max_keys, int save)
 {
     size_t n = (size_t)cap, C = c->hidden_size, F = c->intermediate_size, L = c->num_layers;
@@ -46,20 +64,27 @@ void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int 
         size_t E = c->num_experts, K = c->num_experts_per_tok, FW = c->moe_intermediate_size;
         if ((size_t)c->shared_expert_intermediate_size > FW) FW = c->shared_expert_intermediate_size;
         a->moe_logits = acts_buf(a, n * E);
-        a->moe_probs = acts_buf(a, n * E);
-        a->moe_experts = (int *)acts_buf(a, n * K);
-        a->moe_weights = acts_buf(a, n * K);
-        a->moe_rows = (int *)acts_buf(a, n * K);
+        a->moe_probs = acts_host(a, n * E);
+        a->moe_experts = (int *)acts_host(a, n * K);
+        a->moe_weights = acts_host(a, n * K);
+        a->moe_rows = (int *)acts_host(a, n * K);
         a->moe_in = acts_buf(a, n * C);
         a->moe_gate = acts_buf(a, n * FW);
         a->moe_up = acts_buf(a, n * FW);
         a->moe_y = acts_buf(a, n * C);
+        a->moe_logits_h = acts_mirror(a, a->moe_logits, n * E);
+        a->moe_in_h = acts_mirror(a, a->moe_in, n * C);
+        a->moe_y_h = acts_mirror(a, a->moe_y, n * C);
+        if (!be_host(a->be)) {
+            a->moe_x_h = acts_host(a, n * C);
+            a->moe_out_h = acts_host(a, n * C);
+        }
     }
     if (!save) return;
     if (c->num_experts > 0) {
-        a->moe_probs_s = acts_buf(a, per * n * c->num_experts);
-        a->moe_experts_s = (int *)acts_buf(a, per * n * c->num_experts_per_tok);
-        a->moe_weights_s = acts_buf(a, per * n * c->num_experts_per_tok);
+        a->moe_probs_s = acts_host(a, per * n * c->num_experts);
+        a->moe_experts_s = (int *)acts_host(a, per * n * c->num_experts_per_tok);
+        a->moe_weights_s = acts_host(a, per * n * c->num_experts_per_tok);
     }
     a->x_mid = acts_buf(a, per * n * C);
     a->xn1 = acts_buf(a, per * n * C);
@@ -80,6 +105,7 @@ void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int 
 void acts_free(td_acts *a)
 {
     for (int i = 0; i < a->nowned; i++) a->be->free(a->owned[i]);
+    for (int i = 0; i < a->nhost; i++) free(a->host_owned[i]);
     free(a->kv_off);
     free(a->x_host);
     memset(a, 0, sizeof *a);

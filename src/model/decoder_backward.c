@@ -16,6 +16,7 @@
  * stream that entered it just before its backward, bit for bit the forward's. */
 #include "model_internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define G(p) ((float *)(p))   /* gradient buffers are carved as td_model_weights: writable */
@@ -25,6 +26,22 @@ static float *gbuf(td_grad_acts *g, size_t floats)
     float *p = g->be->alloc(floats * sizeof(float));
     g->owned[g->nowned++] = p;
     return p;
+}
+
+/* host memory on a device backend (NULL on the CPU backend, whose buffers are host memory) */
+static float *ghost(td_grad_acts *g, size_t floats)
+{
+    if (!g->be->sync) return NULL;
+    float *p = td_xcalloc(floats ? floats : 1, sizeof(float));
+    g->host_owned[g->nhost++] = p;
+    return p;
+}
+
+/* a host mirror of backend buffer b (b itself on the CPU backend) */
+static float *gmirror(td_grad_acts *g, float *b, size_t floats)
+{
+    float *h = ghost(g, floats);
+    return h ? h : b;
 }
 
 void grad_acts_alloc(td_grad_acts *g, const td_config *c, const td_ops *ops, int cap, int max_keys,
@@ -55,8 +72,14 @@ void grad_acts_alloc(td_grad_acts *g, const td_config *c, const td_ops *ops, int
         g->moe_dgate = gbuf(g, n * FW);
         g->moe_dup = gbuf(g, n * FW);
         g->moe_dx = gbuf(g, n * C);
-        g->moe_dw = gbuf(g, n * K);
         g->moe_dlogits = gbuf(g, n * E);
+        g->moe_dw = g->be->sync ? ghost(g, n * K) : gbuf(g, n * K);
+        g->moe_dy_h = gmirror(g, g->moe_dy, n * C);
+        g->moe_dx_h = gmirror(g, g->moe_dx, n * C);
+        g->moe_dlogits_h = gmirror(g, g->moe_dlogits, n * E);
+        g->moe_xn_h = ghost(g, n * C);
+        g->moe_dout_h = ghost(g, n * C);
+        g->moe_dxn_h = ghost(g, n * C);
     }
     if (lora_rank > 0) {
         size_t wide = C > F ? C : F;
@@ -70,6 +93,7 @@ void grad_acts_alloc(td_grad_acts *g, const td_config *c, const td_ops *ops, int
 void grad_acts_free(td_grad_acts *g)
 {
     for (int i = 0; i < g->nowned; i++) g->be->free(g->owned[i]);
+    for (int i = 0; i < g->nhost; i++) free(g->host_owned[i]);
     memset(g, 0, sizeof *g);
 }
 

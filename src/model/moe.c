@@ -22,15 +22,34 @@
  * outputs are summed in top-k order: o = 0; o = D(o + v_j) for j = 0 .. K-1 (moe_sum_kernel's
  * scalar_t accumulator); the shared expert as above.
  *
- * Routing runs on the host (host memory on the CPU backend; a device backend refuses MoE models,
- * td_model_set_device). Each layer reports its routing to ops->moe_fn; ops->moe_replay may supply
- * the experts instead (routing replay): they are then weighted by this path's own probabilities,
- * renormalised over them when norm_topk_prob, as R3 defines it. */
+ * Routing runs on the host, as do the gather of each expert's rows and the combine; the GEMMs and
+ * SwiGLU run on the path's backend. On a device backend (CUDA) the layer's input rows, the router
+ * logits and each expert's output rows come down (be->download), each expert's gathered rows and
+ * the layer's output go up (td_acts' host mirrors); on the CPU backend the mirrors are the buffers.
+ * The same host arithmetic on both, so a device changes only what its GEMMs and SwiGLU change.
+ * Each layer reports its routing to ops->moe_fn; ops->moe_replay may supply the experts instead
+ * (routing replay): they are then weighted by this path's own probabilities, renormalised over
+ * them when norm_topk_prob, as R3 defines it. */
 #include "model_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* backend buffer d (n floats) on the host: h, its mirror, filled (d itself on the CPU backend) */
+static const float *down_rows(const td_ops *ops, float *h, const float *d, size_t n)
+{
+    if (h == d) return d;
+    td_ops_sync(ops);
+    ops->be->download(h, d, n * sizeof(float));
+    return h;
+}
+
+/* host rows h (n floats) into backend buffer d (nothing on the CPU backend, where h is d) */
+static void up_rows(const td_ops *ops, float *d, const float *h, size_t n)
+{
+    if (h != d) ops->be->upload(d, h, n * sizeof(float));
+}
 
 /* whether the layer runs as vLLM's fused_moe: a fused recipe over a rounded stream */
 static int moe_fused(const td_recipe *r)
@@ -130,21 +149,23 @@ void moe_route_only(const td_ops *ops, const td_model *m, td_acts *a, int l, con
     route_bufs(a, c, l, &probs, &experts, &weights);
     matmul_forward(ops, a->moe_logits, x, wset_moe(ops->ws, l, TD_MOE_ROUTER), NULL, N, c->hidden_size, c->num_experts);
     td_ops_sync(ops);
-    moe_route(ops, c, l, N, pos, a->moe_logits, probs, experts, weights);
+    moe_route(ops, c, l, N, pos, down_rows(ops, a->moe_logits_h, a->moe_logits, (size_t)N * c->num_experts), probs,
+              experts, weights);
 }
 
-/* The rows that chose expert e, in row order, gathered into a->moe_in; a->moe_rows[q] = i * K + j
- * for the q-th (row i, top-k slot j). Returns their number. */
-static int gather(const td_acts *a, const int *experts, const float *x, int N, int K, int C, int e)
+/* The rows that chose expert e, in row order, gathered into a->moe_in (from x, host rows);
+ * a->moe_rows[q] = i * K + j for the q-th (row i, top-k slot j). Returns their number. */
+static int gather(const td_ops *ops, const td_acts *a, const int *experts, const float *x, int N, int K, int C, int e)
 {
     int ne = 0;
     for (int i = 0; i < N; i++)
         for (int j = 0; j < K; j++)
             if (experts[(size_t)i * K + j] == e) {
                 a->moe_rows[ne] = i * K + j;
-                memcpy(a->moe_in + (size_t)ne * C, x + (size_t)i * C, (size_t)C * sizeof(float));
+                memcpy(a->moe_in_h + (size_t)ne * C, x + (size_t)i * C, (size_t)C * sizeof(float));
                 ne++;
             }
+    up_rows(ops, a->moe_in, a->moe_in_h, (size_t)ne * C);
     return ne;
 }
 
@@ -174,17 +195,19 @@ static void shared_forward(const td_ops *ops, td_acts *a, int l, const float *in
                         wset_moe(ws, l, TD_MOE_SH_DOWN), in, act, n, C, FS, l, TD_LORA_GATE);
 }
 
-/* Expert e of MoE layer l on the rows that chose it: gathered (a->moe_rows, a->moe_in), then run
- * (act: silu(gate) * up; a->moe_y the output rows). Returns the number of rows (0: none chose e). */
+/* Expert e of MoE layer l on the rows that chose it: gathered (a->moe_rows, a->moe_in) from x (the
+ * layer's input rows on the host), then run (act: silu(gate) * up; a->moe_y the output rows, and
+ * a->moe_y_h their host copy). Returns the number of rows (0: none chose e). */
 static int routed_expert_down(const td_ops *ops, const td_ops *down, td_acts *a, const td_config *c, int l, int e,
                               const int *experts, const float *x, int N, float *act)
 {
     int C = c->hidden_size, K = c->num_experts_per_tok;
-    int ne = gather(a, experts, x, N, K, C, e);
+    int ne = gather(ops, a, experts, x, N, K, C, e);
     if (ne)
         expert_forward_down(ops, down, a, wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e),
                             wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e + 1), wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e + 2),
                             a->moe_in, act, ne, C, c->moe_intermediate_size, l, TD_LORA_NMOD + 3 * e);
+    if (ne) down_rows(ops, a->moe_y_h, a->moe_y, (size_t)ne * C);
     return ne;
 }
 
@@ -203,37 +226,41 @@ void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const 
     const td_wset *ws = ops->ws;
     const td_recipe *r = ops->recipe;
     td_format D = r ? r->activations : TD_F32, R = !r || r->residual_fp32 ? TD_F32 : D;
+    size_t nC = (size_t)N * C;
     float *probs, *weights;
     int *experts;
     route_bufs(a, c, l, &probs, &experts, &weights);
     moe_route_only(ops, m, a, l, x, pos, N);
+    /* the host's rows: x and out themselves on the CPU backend, mirrors on a device */
+    const float *xh = a->moe_x_h ? down_rows(ops, a->moe_x_h, x, nC) : x;
+    float *oh = a->moe_out_h ? a->moe_out_h : out;
 
-    memset(out, 0, (size_t)N * C * sizeof(float));
+    memset(oh, 0, nC * sizeof(float));
     if (moe_fused(r)) {   /* vLLM's fused_moe: D(acc * w) per (row, slot), then moe_sum in top-k order */
         td_recipe acc_r = *r;
         acc_r.activations = TD_F32;   /* the down GEMM's fp32 accumulator, unrounded */
         td_ops down = td_ops_gemm(ops, &acc_r, ops->qin, ops->gscratch);
         float *v = td_xmalloc((size_t)N * K * C * sizeof(float));
         for (int e = 0; e < E; e++) {
-            int ne = routed_expert_down(ops, &down, a, c, l, e, experts, x, N, a->moe_gate);
+            int ne = routed_expert_down(ops, &down, a, c, l, e, experts, xh, N, a->moe_gate);
             for (int q = 0; q < ne; q++) {
                 float w = weights[a->moe_rows[q]];
-                const float *y = a->moe_y + (size_t)q * C;
+                const float *y = a->moe_y_h + (size_t)q * C;
                 float *vq = v + (size_t)a->moe_rows[q] * C;
                 for (int h = 0; h < C; h++) vq[h] = td_round(D, y[h] * w);
             }
         }
-        moe_sum_topk(D, N, K, C, v, out);
+        moe_sum_topk(D, N, K, C, v, oh);
         free(v);
     }
     for (int e = 0; e < E && !moe_fused(r); e++) {
-        int ne = routed_expert(ops, a, c, l, e, experts, x, N, a->moe_gate);
+        int ne = routed_expert(ops, a, c, l, e, experts, xh, N, a->moe_gate);
         if (!ne) continue;
         for (int q = 0; q < ne; q++) {
             int i = a->moe_rows[q] / K;
             float w = weights[a->moe_rows[q]];
-            const float *y = a->moe_y + (size_t)q * C;
-            float *o = out + (size_t)i * C;
+            const float *y = a->moe_y_h + (size_t)q * C;
+            float *o = oh + (size_t)i * C;
             for (int h = 0; h < C; h++) o[h] = td_round(R, o[h] + td_round(R, y[h] * w));
         }
     }
@@ -241,13 +268,16 @@ void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const 
         shared_forward(ops, a, l, x, a->moe_gate, N, C, FS);
         matmul_forward(ops, a->moe_logits, x, wset_moe(ws, l, TD_MOE_SH_ROUTE), NULL, N, C, 1);
         td_ops_sync(ops);
+        const float *yh = down_rows(ops, a->moe_y_h, a->moe_y, nC);
+        const float *zh = down_rows(ops, a->moe_logits_h, a->moe_logits, (size_t)N);
         for (int i = 0; i < N; i++) {
-            float g = td_round(D, 1.0f / (1.0f + expf(-a->moe_logits[i])));   /* F.sigmoid on the D gate */
-            const float *y = a->moe_y + (size_t)i * C;
-            float *o = out + (size_t)i * C;
+            float g = td_round(D, 1.0f / (1.0f + expf(-zh[i])));   /* F.sigmoid on the D gate */
+            const float *y = yh + (size_t)i * C;
+            float *o = oh + (size_t)i * C;
             for (int h = 0; h < C; h++) o[h] = td_round(R, o[h] + td_round(D, g * y[h]));
         }
     }
+    up_rows(ops, out, oh, nC);
 }
 
 #define G(p) ((float *)(p))   /* gradient buffers are carved as td_model_weights: writable */
@@ -267,13 +297,14 @@ static void expert_backward(const td_ops *ops, td_acts *a, td_grad_acts *ga, con
                             const float *in, int n, int C, int FI, int l, int lo, const lora_grad *lg)
 {
     size_t nF = (size_t)n * FI;
-    memset(ga->moe_dact, 0, nF * sizeof(float));
+    const td_backend *be = ops->be;
+    be->zero(ga->moe_dact, nF * sizeof(float));
     matmul_backward(ops, ga->moe_dact, g[2], NULL, ga->moe_dy, ga->moe_act, w[2], n, FI, C);
     lora_backward(ops, l, lo + 2, ga->moe_dact, ga->moe_dy, ga->moe_act, n, lg, ga->lora);
-    memset(ga->moe_dgate, 0, nF * sizeof(float));
-    memset(ga->moe_dup, 0, nF * sizeof(float));
+    be->zero(ga->moe_dgate, nF * sizeof(float));
+    be->zero(ga->moe_dup, nF * sizeof(float));
     swiglu_backward(ops, ga->moe_dgate, ga->moe_dup, ga->moe_dact, a->moe_gate, a->moe_up, n, FI);
-    memset(ga->moe_dx, 0, (size_t)n * C * sizeof(float));
+    be->zero(ga->moe_dx, (size_t)n * C * sizeof(float));
     matmul_backward(ops, ga->moe_dx, g[0], NULL, ga->moe_dgate, in, w[0], n, C, FI);
     matmul_backward(ops, ga->moe_dx, g[1], NULL, ga->moe_dup, in, w[1], n, C, FI);
     lora_backward(ops, l, lo, ga->moe_dx, ga->moe_dgate, in, n, lg, ga->lora);
@@ -286,37 +317,43 @@ void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts
     const td_config *c = &m->cfg;
     int C = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, FE = c->moe_intermediate_size;
     int FS = c->shared_expert_intermediate_size;
-    const td_wset *ws = ops->ws;
     const td_model_weights *W = ops->w ? ops->w : &m->w;
     const td_layer_weights *w = &W->layers[l];
     const td_recipe *r = ops->recipe;
     td_format D = r ? r->activations : TD_F32;
+    size_t nC = (size_t)N * C;
     float *probs, *weights;
     int *experts;
     route_bufs(a, c, l, &probs, &experts, &weights);
     td_ops_sync(ops);
+    /* the host's rows (the buffers themselves on the CPU backend) */
+    const float *xh = ga->moe_xn_h ? down_rows(ops, ga->moe_xn_h, xn2, nC) : xn2;
+    const float *douth = ga->moe_dout_h ? down_rows(ops, ga->moe_dout_h, dout, nC) : dout;
+    float *dxnh = ga->moe_dxn_h ? (float *)down_rows(ops, ga->moe_dxn_h, dxn, nC) : dxn;
 
     /* out_i = sum_j w_ij expert_{e_ij}(x_i): each expert's rows again, then backwards */
     memset(ga->moe_dw, 0, (size_t)N * K * sizeof(float));
     for (int e = 0; e < E; e++) {
-        int ne = routed_expert(ops, a, c, l, e, experts, xn2, N, ga->moe_act);
+        int ne = routed_expert(ops, a, c, l, e, experts, xh, N, ga->moe_act);
         if (!ne) continue;
         for (int q = 0; q < ne; q++) {   /* dw_ij = <dout_i, y>, dy = w_ij dout_i */
             int pr = a->moe_rows[q], i = pr / K;
-            const float *d = dout + (size_t)i * C;
-            ga->moe_dw[pr] = (float)dot(d, a->moe_y + (size_t)q * C, C);
-            float *dy = ga->moe_dy + (size_t)q * C;
+            const float *d = douth + (size_t)i * C;
+            ga->moe_dw[pr] = (float)dot(d, a->moe_y_h + (size_t)q * C, C);
+            float *dy = ga->moe_dy_h + (size_t)q * C;
             for (int h = 0; h < C; h++) dy[h] = td_round(D, weights[pr] * d[h]);
         }
+        up_rows(ops, ga->moe_dy, ga->moe_dy_h, (size_t)ne * C);
         const float *ew[3] = {w->w_experts[3 * e], w->w_experts[3 * e + 1], w->w_experts[3 * e + 2]};
         float *eg[3] = {NULL, NULL, NULL};
         if (gw->w_experts)
             for (int k = 0; k < 3; k++) eg[k] = G(gw->w_experts[3 * e + k]);
         expert_backward(ops, a, ga, ew, eg, a->moe_in, ne, C, FE, l, TD_LORA_NMOD + 3 * e, lg);
         td_ops_sync(ops);
+        const float *dxe = down_rows(ops, ga->moe_dx_h, ga->moe_dx, (size_t)ne * C);
         for (int q = 0; q < ne; q++) {   /* back to the rows the expert read */
-            float *d = dxn + (size_t)(a->moe_rows[q] / K) * C;
-            const float *s = ga->moe_dx + (size_t)q * C;
+            float *d = dxnh + (size_t)(a->moe_rows[q] / K) * C;
+            const float *s = dxe + (size_t)q * C;
             for (int h = 0; h < C; h++) d[h] += s[h];
         }
     }
@@ -326,7 +363,7 @@ void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts
         const float *p = probs + (size_t)i * E;
         const int *sel = experts + (size_t)i * K;
         const float *dw = ga->moe_dw + (size_t)i * K;
-        float *dl = ga->moe_dlogits + (size_t)i * E;
+        float *dl = ga->moe_dlogits_h + (size_t)i * E;
         double dp[E > 0 ? E : 1];
         for (int e = 0; e < E; e++) dp[e] = ga->moe_aux_dp ? ga->moe_aux_dp[e] : 0;
         double S = 0, dws = 0;
@@ -337,24 +374,35 @@ void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts
         for (int e = 0; e < E; e++) pdp += p[e] * dp[e];
         for (int e = 0; e < E; e++) dl[e] = td_round(D, (float)(p[e] * (dp[e] - pdp)));
     }
+    up_rows(ops, ga->moe_dlogits, ga->moe_dlogits_h, (size_t)N * E);
+    up_rows(ops, dxn, dxnh, nC);
     matmul_backward(ops, dxn, G(gw->w_router), NULL, ga->moe_dlogits, xn2, w->w_router, N, C, E);
     if (FS > 0) {   /* out_i += s_i shared(x_i), s_i = sigmoid(z_i), z_i = <x_i, w_route> */
         shared_forward(ops, a, l, xn2, ga->moe_act, N, C, FS);
-        matmul_forward(ops, a->moe_logits, xn2, wset_moe(ws, l, TD_MOE_SH_ROUTE), NULL, N, C, 1);
+        matmul_forward(ops, a->moe_logits, xn2, wset_moe(ops->ws, l, TD_MOE_SH_ROUTE), NULL, N, C, 1);
         td_ops_sync(ops);
-        float *dz = ga->moe_dw;   /* (N) */
+        const float *yh = down_rows(ops, a->moe_y_h, a->moe_y, nC);
+        const float *zh = down_rows(ops, a->moe_logits_h, a->moe_logits, (size_t)N);
+        float *dz = ga->moe_dw;   /* (N), host */
         for (int i = 0; i < N; i++) {
-            float sg = 1.0f / (1.0f + expf(-a->moe_logits[i])), s = td_round(D, sg);
-            const float *d = dout + (size_t)i * C;
-            dz[i] = td_round(D, (float)(dot(d, a->moe_y + (size_t)i * C, C) * sg * (1.0f - sg)));
-            float *dy = ga->moe_dy + (size_t)i * C;
+            float sg = 1.0f / (1.0f + expf(-zh[i])), s = td_round(D, sg);
+            const float *d = douth + (size_t)i * C;
+            dz[i] = td_round(D, (float)(dot(d, yh + (size_t)i * C, C) * sg * (1.0f - sg)));
+            float *dy = ga->moe_dy_h + (size_t)i * C;
             for (int h = 0; h < C; h++) dy[h] = td_round(D, s * d[h]);
         }
+        up_rows(ops, ga->moe_dy, ga->moe_dy_h, nC);
         const float *sw[3] = {w->ws_gate, w->ws_up, w->ws_down};
         float *sgr[3] = {G(gw->ws_gate), G(gw->ws_up), G(gw->ws_down)};
         expert_backward(ops, a, ga, sw, sgr, xn2, N, C, FS, l, TD_LORA_GATE, lg);
         td_ops_sync(ops);
-        for (size_t k = 0; k < (size_t)N * C; k++) dxn[k] += ga->moe_dx[k];
-        matmul_backward(ops, dxn, G(gw->ws_route), NULL, dz, xn2, w->ws_route, N, C, 1);
+        const float *dxs = down_rows(ops, ga->moe_dx_h, ga->moe_dx, nC);
+        dxnh = ga->moe_dxn_h ? (float *)down_rows(ops, ga->moe_dxn_h, dxn, nC) : dxn;
+        for (size_t k = 0; k < nC; k++) dxnh[k] += dxs[k];
+        up_rows(ops, dxn, dxnh, nC);
+        /* the gate's z gradient as a GEMM operand: in the backend's memory */
+        memcpy(ga->moe_dlogits_h, dz, (size_t)N * sizeof(float));
+        up_rows(ops, ga->moe_dlogits, ga->moe_dlogits_h, (size_t)N);
+        matmul_backward(ops, dxn, G(gw->ws_route), NULL, ga->moe_dlogits, xn2, w->ws_route, N, C, 1);
     }
 }

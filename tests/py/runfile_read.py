@@ -5,6 +5,7 @@ must not lose their results to a missing import. numpy is required either way (t
 depends on it).
 
   steps(path)          {column: numpy array} of /steps (sft.h5, rl.h5)
+  group(path, g)       the same of group g: tokens, seqs, progress or steps (tidal-export's groups)
   attrs(path, names)   {name: value} of the named root attributes that exist: strings as str,
                        numbers as numbers with h5py but as their text through tidal-export
                        (callers convert with int() / float(), which take both)
@@ -32,12 +33,16 @@ def _export():
 
 
 def steps(path):
+    return group(path, "steps")
+
+
+def group(path, g):
     if h5py:
         with h5py.File(path, "r") as f:
-            return {k: f["steps"][k][:] for k in f["steps"]}
-    p = subprocess.run([_export(), path, "--group", "steps"], capture_output=True, text=True)
+            return {k: f[g][k][:] for k in f[g] if f[g][k].ndim == 1}
+    p = subprocess.run([_export(), path, "--group", g], capture_output=True, text=True)
     if p.returncode:
-        raise RuntimeError(f"tidal-export {path} --group steps: {p.stderr.strip()}")
+        raise RuntimeError(f"tidal-export {path} --group {g}: {p.stderr.strip()}")
     rows = list(csv.reader(io.StringIO(p.stdout)))
     cols = list(zip(*rows[1:])) if len(rows) > 1 else [() for _ in rows[0]]
     return {name: np.array([float(x) for x in col]) for name, col in zip(rows[0], cols)}
