@@ -14,7 +14,7 @@
 # and GLIBCXX_3.4.29 on the GPU machine). On the GPU machine, from the repository root:
 #
 #   tar xJf .gpu-pack/build-gpu.tar.xz &&
-#   BUILD=build-gpu OUT=$OUT tests/gpu/run.sh check rl bench attn-bench fidelity memory rl-bench
+#   BUILD=build-gpu OUT=$OUT tests/gpu/run.sh check rl moe bench attn-bench fidelity memory rl-bench
 #
 # run.sh puts build-gpu/lib on the tools' library path itself and keeps it from python (whose
 # torch, ssl and zlib must not load this machine's copies); LD_LIBRARY_PATH=$PWD/build-gpu/lib
