@@ -92,6 +92,15 @@
  *                 top-k order in a scalar_t (activations dtype) accumulator, each add rounded,
  *                 csrc/moe/moe_align_sum_kernels.cu moe_sum_kernel). Printed only when "fused"; in
  *                 the fp32 reference and under an fp32 residual stream both are the same maths.
+ *   router        the precision of a mixture of experts' router GEMM (src/model/moe.c):
+ *                 "activations" (default, unprinted: the router is an nn.Linear like any other,
+ *                 its logits rounded to the activations dtype before the fp32 softmax, as
+ *                 transformers, FSDP and vLLM's / SGLang's ReplicatedLinear gate compute it) or
+ *                 "fp32" (Megatron-Core's moe_router_dtype "fp32", which slime / Miles set for
+ *                 Qwen3-30B-A3B: megatron/core/transformer/moe/moe_utils.py
+ *                 RouterGatingLinearFunction: logits = linear(x.to(fp32), W.to(fp32)), fp32
+ *                 operands and output; backward grad_input = (dlogits @ W).to(x's dtype), the
+ *                 logits' gradient left in fp32). The softmax, top-k and combine are "moe"'s.
  * Every recipe gives the same results for any thread count: GEMMs are cut into fixed column
  * tiles, never by thread (src/backend/cpu.h).
  */
@@ -134,6 +143,7 @@ typedef struct {
     bool temp_in_act;                  /* "logits_temperature": "activations"         */
     bool logsoftmax_act;               /* "logsoftmax": "activations"                 */
     bool moe_fused;                    /* "moe": "fused" (vLLM / SGLang fused_moe)    */
+    bool router_fp32;                  /* "router": "fp32" (Megatron moe_router_dtype) */
 } td_recipe;
 
 /* The presets, in the order --list-recipes prints them. Each preset's doc (td_recipe_preset_doc)

@@ -141,13 +141,33 @@ static void route_bufs(const td_acts *a, const td_config *c, int l, float **prob
     *weights = a->moe_weights_s + sl * cap * K;
 }
 
+/* whether the router GEMM runs as Megatron's fp32 router (recipe.h "router": "fp32") */
+static int router_fp32(const td_recipe *r)
+{
+    return r && r->router_fp32 && !td_recipe_is_plain_fp32(r);
+}
+
+/* the ops of the router GEMM: the path's, or under "router": "fp32" the same GEMMs with fp32
+ * operands (the stream's rows and the prepared weight as they are, widened) and an fp32 output,
+ * RouterGatingLinearFunction's linear(x.to(fp32), W.to(fp32)); rr holds that recipe */
+static td_ops router_ops(const td_ops *ops, td_recipe *rr)
+{
+    if (!router_fp32(ops->recipe)) return *ops;
+    *rr = *ops->recipe;
+    rr->activations = rr->gemm_inputs = rr->weights = TD_F32;
+    rr->accumulate = TD_ACC_FP32;
+    return td_ops_gemm(ops, rr, ops->qin, ops->gscratch);
+}
+
 void moe_route_only(const td_ops *ops, const td_model *m, td_acts *a, int l, const float *x, const int *pos, int N)
 {
     const td_config *c = &m->cfg;
     float *probs, *weights;
     int *experts;
     route_bufs(a, c, l, &probs, &experts, &weights);
-    matmul_forward(ops, a->moe_logits, x, wset_moe(ops->ws, l, TD_MOE_ROUTER), NULL, N, c->hidden_size, c->num_experts);
+    td_recipe rr;
+    td_ops rops = router_ops(ops, &rr);
+    matmul_forward(&rops, a->moe_logits, x, wset_moe(ops->ws, l, TD_MOE_ROUTER), NULL, N, c->hidden_size, c->num_experts);
     td_ops_sync(ops);
     moe_route(ops, c, l, N, pos, down_rows(ops, a->moe_logits_h, a->moe_logits, (size_t)N * c->num_experts), probs,
               experts, weights);
@@ -372,11 +392,26 @@ void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts
         for (int j = 0; j < K; j++) dp[sel[j]] += c->norm_topk_prob ? (dw[j] - dws) / S : dw[j];
         double pdp = 0;
         for (int e = 0; e < E; e++) pdp += p[e] * dp[e];
-        for (int e = 0; e < E; e++) dl[e] = td_round(D, (float)(p[e] * (dp[e] - pdp)));
+        for (int e = 0; e < E; e++) {   /* the logits' gradient in their dtype: D, or fp32 (router "fp32") */
+            float g = (float)(p[e] * (dp[e] - pdp));
+            dl[e] = router_fp32(r) ? g : td_round(D, g);
+        }
     }
     up_rows(ops, ga->moe_dlogits, ga->moe_dlogits_h, (size_t)N * E);
-    up_rows(ops, dxn, dxnh, nC);
-    matmul_backward(ops, dxn, G(gw->w_router), NULL, ga->moe_dlogits, xn2, w->w_router, N, C, E);
+    if (router_fp32(r)) {   /* grad_input = (dlogits @ W).to(x's dtype), then added to the rest of x's */
+        td_recipe rr;
+        td_ops rops = router_ops(ops, &rr);
+        ops->be->zero(ga->moe_dx, nC * sizeof(float));
+        matmul_backward(&rops, ga->moe_dx, G(gw->w_router), NULL, ga->moe_dlogits, xn2, w->w_router, N, C, E);
+        td_ops_sync(ops);
+        const float *gx = down_rows(ops, ga->moe_dx_h, ga->moe_dx, nC);
+        td_format X = r->residual_fp32 ? TD_F32 : D;   /* the dtype of the router's input */
+        for (size_t k = 0; k < nC; k++) dxnh[k] = td_round(X, dxnh[k] + td_round(X, gx[k]));
+        up_rows(ops, dxn, dxnh, nC);
+    } else {
+        up_rows(ops, dxn, dxnh, nC);
+        matmul_backward(ops, dxn, G(gw->w_router), NULL, ga->moe_dlogits, xn2, w->w_router, N, C, E);
+    }
     if (FS > 0) {   /* out_i += s_i shared(x_i), s_i = sigmoid(z_i), z_i = <x_i, w_route> */
         shared_forward(ops, a, l, xn2, ga->moe_act, N, C, FS);
         matmul_forward(ops, a->moe_logits, xn2, wset_moe(ops->ws, l, TD_MOE_SH_ROUTE), NULL, N, C, 1);

@@ -262,6 +262,7 @@ char *td_recipe_to_json(const td_recipe *r)
     json_object_set_new(o, "logits_temperature", json_string(r->temp_in_act ? "activations" : "fp32"));
     json_object_set_new(o, "logsoftmax", json_string(r->logsoftmax_act ? "activations" : "fp32"));
     if (r->moe_fused) json_object_set_new(o, "moe", json_string("fused"));   /* hf, the default, unprinted */
+    if (r->router_fp32) json_object_set_new(o, "router", json_string("fp32"));   /* activations: unprinted */
     char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT);
     json_decref(o);
     return s;
@@ -399,6 +400,7 @@ int td_recipe_from_json(const char *text, size_t len, const char *what, td_recip
             e = get_choice(v, what, key, "fp32", "activations", &r.temp_in_act, err);
         else if (!strcmp(key, "logsoftmax")) e = get_choice(v, what, key, "fp32", "activations", &r.logsoftmax_act, err);
         else if (!strcmp(key, "moe")) e = get_choice(v, what, key, "hf", "fused", &r.moe_fused, err);
+        else if (!strcmp(key, "router")) e = get_choice(v, what, key, "activations", "fp32", &r.router_fp32, err);
         else { td_fail(err, "%s: unknown field \"%s\"", what, key); goto done; }
         if (e) goto done;
     }
