@@ -79,7 +79,7 @@ int main(int argc, char **argv)
     const int MAXDIM = 1 << 24;
     /* shape flags take the config.json names too (--num-hidden-layers, --num_attention_heads ...) */
     td_opt opts[] = {
-        TD_OPT_S("arch", 0, &arch, "A", "llama|mistral|qwen2|qwen3|qwen2_moe|qwen3_moe|mixtral\n"
+        TD_OPT_S("arch", 0, &arch, "A", "llama|mistral|qwen2|qwen3|qwen2_moe|qwen3_moe|mixtral|olmoe\n"
                  "(default llama, or the preset's)"),
         TD_OPT_S("preset", 0, &preset, "NAME", "tiny|qwen2.5-0.5b|qwen3-0.6b|llama-3.2-1b|llama-3.1-8b|\n"
                  "llama-3.1-8b-instruct|qwen3-30b-a3b|qwen1.5-moe-a2.7b|\nmixtral-8x7b; shape flags override it"),
@@ -100,7 +100,7 @@ int main(int argc, char **argv)
                  "Instruct: 128001,128008,128009)"),
         TD_OPT_I("bos-token-id", 0, &bos, "ID", -1, 0x7FFFFFFF, "beginning-of-sequence id (-1: none)"),
         TD_OPT_I("num-experts", 0, &moe.num_experts, "E", 1, 65536, "mixture of experts: experts per MoE layer\n"
-                 "(--arch qwen2_moe|qwen3_moe|mixtral; tiny: 8)"),
+                 "(--arch qwen2_moe|qwen3_moe|mixtral|olmoe; tiny: 8)"),
         TD_OPT_I("num-experts-per-tok", 0, &moe.num_experts_per_tok, "K", 1, 65536, "experts each token is routed to (top-k)"),
         TD_OPT_I("moe-intermediate-size", 0, &moe.moe_intermediate_size, "FE", 1, MAXDIM, "each expert's MLP width (Qwen; Mixtral's is\n"
                  "--intermediate-size)"),
@@ -176,7 +176,7 @@ int main(int argc, char **argv)
 
     td_config cfg;
     int a = arch ? td_arch_from_name(arch) : TD_ARCH_LLAMA;
-    if (a < 0) return td_cli_bad(&cli, "--arch", arch, "one of llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral");
+    if (a < 0) return td_cli_bad(&cli, "--arch", arch, "one of llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, olmoe");
     td_config_defaults(&cfg, (td_arch)a);
     if (preset) {
         if (td_config_preset(preset, &cfg) != 0) {

@@ -26,6 +26,8 @@ typedef enum {
                             sigmoid gate)                                           */
     TD_ARCH_QWEN3_MOE,   /* Qwen3MoeForCausalLM (q/k norm; experts)                 */
     TD_ARCH_MIXTRAL,     /* MixtralForCausalLM (experts in block_sparse_moe, w1/w3/w2) */
+    TD_ARCH_OLMOE,       /* OlmoeForCausalLM (q/k norm over the whole projection; experts of width
+                            intermediate_size in every layer, no shared expert)    */
     TD_ARCH_COUNT
 } td_arch;
 
@@ -46,7 +48,9 @@ typedef struct {
     int rope_original_max_position;
     bool tie_word_embeddings;
     bool qkv_bias;             /* Qwen2 */
-    bool qk_norm;              /* Qwen3 */
+    bool qk_norm;              /* Qwen3, OLMoE */
+    bool qk_norm_full;         /* OLMoE: q_norm over NH*HD, k_norm over NKV*HD (the whole projection,
+                                  before the heads split), not per head as Qwen3's */
     int bos_token_id, eos_token_id;   /* -1 when absent; eos_token_id = eos_token_ids[0] */
     int eos_token_ids[TD_CONFIG_MAX_EOS];  /* config.json's whole eos list (Llama 3: 3 ids) */
     int n_eos;

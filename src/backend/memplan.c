@@ -121,6 +121,12 @@ static void weights_add(wsum *w, const td_recipe *ra, int ma, const td_recipe *r
 }
 
 /* bytes of the adapter's pairs of kind m (td_lora_module: every expert's gate counts as a gate) */
+/* the q-norm and k-norm weights of one layer: 2 HD (Qwen3), (NH + NKV) HD (OLMoE) */
+static size_t qk_norm_width(const td_config *c)
+{
+    return c->qk_norm_full ? (size_t)(c->num_heads + c->num_kv_heads) * c->head_dim : 2 * (size_t)c->head_dim;
+}
+
 static size_t lora_pair_bytes(const td_lora *lora, int m)
 {
     size_t s = 0;
@@ -180,7 +186,7 @@ static wsum plan_weights(const td_memplan_in *in)
                 (size_t)c->hidden_size, 1);
     /* norms and biases: the model's fp32 under the plain fp32 recipe, else a rounded copy each */
     size_t QD = (size_t)c->num_heads * c->head_dim, KVD = (size_t)c->num_kv_heads * c->head_dim;
-    size_t small = ((2 * L + 1) * c->hidden_size + (c->qk_norm ? 2 * L * c->head_dim : 0) +
+    size_t small = ((2 * L + 1) * c->hidden_size + (c->qk_norm ? L * qk_norm_width(c) : 0) +
                     (c->qkv_bias ? L * (QD + 2 * KVD) : 0)) * sizeof(float);
     int plain_a = in->a && td_recipe_is_plain_fp32(in->a), plain_b = in->b && td_recipe_is_plain_fp32(in->b);
     if (plain_a || plain_b) w.shared += small;
@@ -531,7 +537,7 @@ void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p
     td_memplan_in wa = {.cfg = c, .storage = TD_F32, .a = in->train, .lora = lora, .lora_mode_a = TD_LORA_UNMERGED};
     wsum sa = plan_weights(&wa);   /* its norms and biases, the adapter's rounded A and B, inv_freq */
     size_t QDs = (size_t)c->num_heads * c->head_dim, KVDs = (size_t)c->num_kv_heads * c->head_dim, Ls = c->num_layers;
-    size_t small = ((2 * Ls + 1) * c->hidden_size + (c->qk_norm ? 2 * Ls * c->head_dim : 0) +
+    size_t small = ((2 * Ls + 1) * c->hidden_size + (c->qk_norm ? Ls * qk_norm_width(c) : 0) +
                     (c->qkv_bias ? Ls * (QDs + 2 * KVDs) : 0)) * sizeof(float);
     size_t lora_a = 0;
     if (lora)

@@ -418,8 +418,11 @@ size_t td_config_params(const td_config *c, td_param_spec *out, size_t cap)
         }
         ADD(TD_PARAM_MATRIX, TD_ROLE_WO, l, 2, C, QD, "model.layers.%d.self_attn.o_proj.weight", l);
         if (c->qk_norm) {
-            ADD(TD_PARAM_NORM, TD_ROLE_Q_NORM, l, 1, c->head_dim, 0, "model.layers.%d.self_attn.q_norm.weight", l);
-            ADD(TD_PARAM_NORM, TD_ROLE_K_NORM, l, 1, c->head_dim, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+            /* Qwen3: per head (HD); OLMoE: over the whole projection (NH*HD, NKV*HD) */
+            int64_t qn = c->qk_norm_full ? (int64_t)c->num_heads * c->head_dim : c->head_dim;
+            int64_t kn = c->qk_norm_full ? (int64_t)c->num_kv_heads * c->head_dim : c->head_dim;
+            ADD(TD_PARAM_NORM, TD_ROLE_Q_NORM, l, 1, qn, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+            ADD(TD_PARAM_NORM, TD_ROLE_K_NORM, l, 1, kn, 0, "model.layers.%d.self_attn.k_norm.weight", l);
         }
         ADD(TD_PARAM_NORM, TD_ROLE_MLP_NORM, l, 1, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
         if (!td_config_layer_moe(c, l)) {

@@ -37,7 +37,16 @@ static const struct {
     [TD_ARCH_QWEN2_MOE] = {"Qwen2MoeForCausalLM", "qwen2_moe", 16, 0, 8192, -1, -1},
     [TD_ARCH_QWEN3_MOE] = {"Qwen3MoeForCausalLM", "qwen3_moe", 4, 0, 32768, -1, -1},   /* head_dim: getattr(config, "head_dim", C / NH) */
     [TD_ARCH_MIXTRAL] = {"MixtralForCausalLM", "mixtral", 8, 0, 131072, 1, 2},
+    /* OlmoeConfig (transformers 4.45+); its eos default 50279 is not taken when the key is absent or
+     * null (published configs write it; a small tidal-init vocabulary has no such token) */
+    [TD_ARCH_OLMOE] = {"OlmoeForCausalLM", "olmoe", 0, 0, 4096, -1, -1},
 };
+
+/* whether an architecture is a mixture of experts */
+static int arch_moe(int a)
+{
+    return a == TD_ARCH_QWEN2_MOE || a == TD_ARCH_QWEN3_MOE || a == TD_ARCH_MIXTRAL || a == TD_ARCH_OLMOE;
+}
 
 /* Upper bound of any one dimension: keeps products such as V*C far from size_t overflow and
  * rejects typos before anything is allocated from them. */
@@ -95,7 +104,7 @@ static int parse_moe(const char *path, json_t *j, td_config *c, td_error *err)
     if (scaling != 1.0)
         return td_fail(err, "%s: \"routed_scaling_factor\" is %g: tidal models unscaled routing weights (1.0)", path,
                        scaling);
-    if (c->arch != TD_ARCH_QWEN2_MOE && c->arch != TD_ARCH_QWEN3_MOE && c->arch != TD_ARCH_MIXTRAL) {
+    if (!arch_moe(c->arch)) {
         static const char *moe_keys[] = {"num_experts", "num_local_experts", "num_experts_per_tok",
                                          "moe_intermediate_size", "shared_expert_intermediate_size", NULL};
         for (int i = 0; moe_keys[i]; i++) {
@@ -106,7 +115,7 @@ static int parse_moe(const char *path, json_t *j, td_config *c, td_error *err)
         }
         return 0;
     }
-    int mixtral = c->arch == TD_ARCH_MIXTRAL, qwen2 = c->arch == TD_ARCH_QWEN2_MOE;
+    int mixtral = c->arch == TD_ARCH_MIXTRAL, qwen2 = c->arch == TD_ARCH_QWEN2_MOE, olmoe = c->arch == TD_ARCH_OLMOE;
     /* Mixtral names it num_local_experts; transformers 5's Qwen3-MoE config writes that name too
      * (its attribute map sends num_experts there): either is read, and two different values refused */
     const char *ekey = mixtral || !json_object_get(j, "num_experts") ? "num_local_experts" : "num_experts";
@@ -115,10 +124,10 @@ static int parse_moe(const char *path, json_t *j, td_config *c, td_error *err)
         return td_fail(err, "%s: \"num_experts\" %lld and \"num_local_experts\" %lld differ", path,
                        (long long)json_integer_value(e1), (long long)json_integer_value(e2));
     if (!mixtral && !e1 && !e2) ekey = "num_experts";
-    if (cfgj_int(path, j, ekey, false, mixtral ? 8 : qwen2 ? 60 : 128, 1, 65536, &c->num_experts, err) ||
+    if (cfgj_int(path, j, ekey, false, mixtral ? 8 : qwen2 ? 60 : olmoe ? 64 : 128, 1, 65536, &c->num_experts, err) ||
         cfgj_int(path, j, "num_experts_per_tok", false, mixtral ? 2 : qwen2 ? 4 : 8, 1, 65536,
                  &c->num_experts_per_tok, err) ||
-        cfgj_num(path, j, "router_aux_loss_coef", 0.001, &c->router_aux_loss_coef, err) ||
+        cfgj_num(path, j, "router_aux_loss_coef", olmoe ? 0.01 : 0.001, &c->router_aux_loss_coef, err) ||
         cfgj_bool(path, j, "output_router_logits", false, &c->output_router_logits, err))
         return -1;
     if (mixtral) {
@@ -128,6 +137,13 @@ static int parse_moe(const char *path, json_t *j, td_config *c, td_error *err)
         double jitter;
         if (cfgj_num(path, j, "router_jitter_noise", 0.0, &jitter, err)) return -1;
         (void)jitter;                   /* applied in training mode only: the forward is without it */
+    } else if (olmoe) {   /* OlmoeSparseMoeBlock: experts of width intermediate_size in every layer */
+        c->moe_intermediate_size = c->intermediate_size;
+        c->decoder_sparse_step = 1;
+        if (cfgj_bool(path, j, "norm_topk_prob", false, &c->norm_topk_prob, err)) return -1;
+        json_t *clip = json_object_get(j, "clip_qkv");
+        if (clip && !json_is_null(clip))
+            return td_fail(err, "%s: \"clip_qkv\" is set: OLMoE's clamp of q, k and v is not modelled (null reads)", path);
     } else {
         if (cfgj_int(path, j, "moe_intermediate_size", false, qwen2 ? 1408 : 768, 1, DIM_MAX,
                      &c->moe_intermediate_size, err) ||
@@ -178,7 +194,9 @@ void td_config_defaults(td_config *c, td_arch arch)
     c->rms_norm_eps = 1e-6;
     c->rope_theta = 10000.0;
     c->qkv_bias = arch == TD_ARCH_QWEN2 || arch == TD_ARCH_QWEN2_MOE;
-    c->qk_norm = arch == TD_ARCH_QWEN3 || arch == TD_ARCH_QWEN3_MOE;
+    c->qk_norm = arch == TD_ARCH_QWEN3 || arch == TD_ARCH_QWEN3_MOE || arch == TD_ARCH_OLMOE;
+    c->qk_norm_full = arch == TD_ARCH_OLMOE;
+    if (arch == TD_ARCH_OLMOE) c->rms_norm_eps = 1e-5;
     c->bos_token_id = archs[arch].bos;
     c->eos_token_id = archs[arch].eos;
     c->first_sliding_layer = -1;
@@ -293,7 +311,8 @@ int td_config_parse(const char *path, td_config *c, td_error *err)
     }
     if (arch < 0) {
         td_fail(err, "%s: unknown architecture \"%s\" (tidal reads LlamaForCausalLM, MistralForCausalLM, "
-                "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)",
+                "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, "
+                "OlmoeForCausalLM)",
                 path, archname);
         goto done;
     }
@@ -382,7 +401,7 @@ int td_config_validate(const td_config *c, const char *what, td_error *err)
     if (c->num_experts > 0 && c->num_experts_per_tok > c->num_experts)
         return td_fail(err, "%s: num_experts_per_tok %d exceeds the %d experts", what, c->num_experts_per_tok,
                        c->num_experts);
-    int moe_arch = c->arch == TD_ARCH_QWEN2_MOE || c->arch == TD_ARCH_QWEN3_MOE || c->arch == TD_ARCH_MIXTRAL;
+    int moe_arch = arch_moe(c->arch);
     if (moe_arch && c->num_experts < 1)
         return td_fail(err, "%s: %s is a mixture of experts: num_experts must be at least 1", what, td_arch_name(c->arch));
     if (c->arch == TD_ARCH_MIXTRAL &&
@@ -391,7 +410,14 @@ int td_config_validate(const td_config *c, const char *what, td_error *err)
         return td_fail(err, "%s: Mixtral's experts are every layer's, of width intermediate_size %d, renormalised "
                        "(got width %d, sparse step %d, %d dense layers, norm_topk_prob %d)", what, c->intermediate_size,
                        c->moe_intermediate_size, c->decoder_sparse_step, c->n_mlp_only, (int)c->norm_topk_prob);
-    if (c->num_experts > 0 && c->arch != TD_ARCH_QWEN2_MOE && c->arch != TD_ARCH_QWEN3_MOE && c->arch != TD_ARCH_MIXTRAL)
+    if (c->arch == TD_ARCH_OLMOE &&
+        (c->moe_intermediate_size != c->intermediate_size || c->decoder_sparse_step > 1 || c->n_mlp_only > 0 ||
+         c->head_dim * c->num_heads != c->hidden_size))
+        return td_fail(err, "%s: OLMoE's experts are every layer's, of width intermediate_size %d, and its heads "
+                       "split hidden_size (got width %d, sparse step %d, %d dense layers, head_dim %d x %d heads "
+                       "for hidden_size %d)", what, c->intermediate_size, c->moe_intermediate_size,
+                       c->decoder_sparse_step, c->n_mlp_only, c->head_dim, c->num_heads, c->hidden_size);
+    if (c->num_experts > 0 && !moe_arch)
         return td_fail(err, "%s: %d experts for %s, a dense architecture", what, c->num_experts, td_arch_name(c->arch));
     if (c->shared_expert_intermediate_size > 0 && c->arch != TD_ARCH_QWEN2_MOE)
         return td_fail(err, "%s: a shared expert is Qwen2-MoE's alone", what);
@@ -436,8 +462,9 @@ int td_config_write(const char *path, const td_config *c, td_error *err)
         json_object_set_new(j, "rope_scaling", json_null());
     json_object_set_new(j, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
     json_object_set_new(j, "attention_dropout", json_real(0.0));
-    if (c->arch == TD_ARCH_LLAMA || c->arch == TD_ARCH_QWEN3 || c->arch == TD_ARCH_QWEN3_MOE)
+    if (c->arch == TD_ARCH_LLAMA || c->arch == TD_ARCH_QWEN3 || c->arch == TD_ARCH_QWEN3_MOE || c->arch == TD_ARCH_OLMOE)
         json_object_set_new(j, "attention_bias", json_false());
+    if (c->arch == TD_ARCH_OLMOE) json_object_set_new(j, "clip_qkv", json_null());
     if (c->arch == TD_ARCH_LLAMA) json_object_set_new(j, "mlp_bias", json_false());
     if (c->arch == TD_ARCH_MISTRAL || c->arch == TD_ARCH_MIXTRAL) json_object_set_new(j, "sliding_window", json_null());
     if (c->arch == TD_ARCH_QWEN2 || c->arch == TD_ARCH_QWEN3 || c->arch == TD_ARCH_QWEN2_MOE ||
@@ -461,7 +488,8 @@ int td_config_write(const char *path, const td_config *c, td_error *err)
         json_object_set_new(j, "num_experts_per_tok", json_integer(c->num_experts_per_tok));
         json_object_set_new(j, "router_aux_loss_coef", json_real(c->router_aux_loss_coef));
         json_object_set_new(j, "output_router_logits", json_boolean(c->output_router_logits));
-        if (c->arch != TD_ARCH_MIXTRAL) {
+        if (c->arch == TD_ARCH_OLMOE) json_object_set_new(j, "norm_topk_prob", json_boolean(c->norm_topk_prob));
+        if (c->arch != TD_ARCH_MIXTRAL && c->arch != TD_ARCH_OLMOE) {
             json_object_set_new(j, "moe_intermediate_size", json_integer(c->moe_intermediate_size));
             json_object_set_new(j, "norm_topk_prob", json_boolean(c->norm_topk_prob));
             json_object_set_new(j, "decoder_sparse_step", json_integer(c->decoder_sparse_step));

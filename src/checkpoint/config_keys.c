@@ -50,7 +50,7 @@ static const struct { const char *key; int cls; } keys[] = {
     /* mixtures of experts (config.c parse_moe; unmodelled routers refused there by key and value) */
     {"num_experts", READ}, {"num_local_experts", READ}, {"num_experts_per_tok", READ},
     {"moe_intermediate_size", READ}, {"shared_expert_intermediate_size", READ}, {"norm_topk_prob", READ},
-    {"decoder_sparse_step", READ}, {"mlp_only_layers", READ}, {"router_jitter_noise", READ},
+    {"decoder_sparse_step", READ}, {"mlp_only_layers", READ}, {"router_jitter_noise", READ}, {"clip_qkv", READ},
     {"scoring_func", READ}, {"topk_method", READ}, {"routed_scaling_factor", READ}, {"n_group", READ},
     {"topk_group", READ}, {"e_score_correction_bias", READ}, {"n_routed_experts", READ},
     {"n_shared_experts", READ}, {"first_k_dense_replace", READ}, {"moe_layer_freq", READ},

@@ -13,8 +13,11 @@
 
 static bool is_moe_arch(td_arch a)
 {
-    return a == TD_ARCH_QWEN2_MOE || a == TD_ARCH_QWEN3_MOE || a == TD_ARCH_MIXTRAL;
+    return a == TD_ARCH_QWEN2_MOE || a == TD_ARCH_QWEN3_MOE || a == TD_ARCH_MIXTRAL || a == TD_ARCH_OLMOE;
 }
+
+/* Mixtral and OLMoE: every layer sparse, experts intermediate_size wide (no separate key) */
+static bool experts_full_width(td_arch a) { return a == TD_ARCH_MIXTRAL || a == TD_ARCH_OLMOE; }
 
 /* The mixture-of-experts fields as td_config_parse fills them for a config.json that writes them
  * all: every layer sparse (decoder_sparse_step 1, no mlp_only_layers); Mixtral's experts are
@@ -41,8 +44,9 @@ int td_config_preset(const char *name, td_config *c)
         c->head_dim = 16; c->intermediate_size = 176; c->vocab_size = 512;
         c->bos_token_id = 1; c->eos_token_id = 2;
         if (is_moe_arch(arch)) {   /* a tiny mixture: 8 experts, top-2, every layer sparse */
-            set_moe(c, 8, 2, arch == TD_ARCH_MIXTRAL ? c->intermediate_size : 32,
-                    arch == TD_ARCH_QWEN2_MOE ? 64 : 0, arch != TD_ARCH_QWEN2_MOE, 0.001);
+            set_moe(c, 8, 2, experts_full_width(arch) ? c->intermediate_size : 32,
+                    arch == TD_ARCH_QWEN2_MOE ? 64 : 0, arch != TD_ARCH_QWEN2_MOE && arch != TD_ARCH_OLMOE,
+                    arch == TD_ARCH_OLMOE ? 0.01 : 0.001);
         }
         return 0;
     }
@@ -152,7 +156,7 @@ static int parse_layer_list(td_config *c, const char *list, td_error *err)
 int td_config_set_moe(td_config *c, const td_moe_opts *o, td_error *err)
 {
     const char *arch = td_arch_name(c->arch);
-    bool mixtral = c->arch == TD_ARCH_MIXTRAL, qwen2 = c->arch == TD_ARCH_QWEN2_MOE;
+    bool mixtral = c->arch == TD_ARCH_MIXTRAL, qwen2 = c->arch == TD_ARCH_QWEN2_MOE, olmoe = c->arch == TD_ARCH_OLMOE;
     static const char *flag[] = {"--num-experts", "--num-experts-per-tok", "--moe-intermediate-size",
                                  "--shared-expert-intermediate-size", "--decoder-sparse-step", "--norm-topk-prob"};
     const int given[] = {o->num_experts, o->num_experts_per_tok, o->moe_intermediate_size,
@@ -161,19 +165,23 @@ int td_config_set_moe(td_config *c, const td_moe_opts *o, td_error *err)
         if (given[i] < 0) continue;
         const char *name = i == 5 && !given[i] ? "--no-norm-topk-prob" : flag[i];
         if (!is_moe_arch(c->arch))
-            return td_fail(err, "%s: %s is a dense architecture (mixtures of experts: --arch qwen2_moe, qwen3_moe or "
-                           "mixtral)", name, arch);
+            return td_fail(err, "%s: %s is a dense architecture (mixtures of experts: --arch qwen2_moe, qwen3_moe, "
+                           "mixtral or olmoe)", name, arch);
         if (mixtral && (i == 2 || i == 4 || i == 5))   /* config.json of Mixtral has no such key */
             return td_fail(err, "%s: not a Mixtral setting (%s)", name,
                            i == 2 ? "its experts are --intermediate-size wide" : i == 4 ? "every layer is sparse"
                                                                                     : "it always renormalises the top-k");
+        if (olmoe && (i == 2 || i == 4))   /* OlmoeConfig has no such key */
+            return td_fail(err, "%s: not an OLMoE setting (%s)", name,
+                           i == 2 ? "its experts are --intermediate-size wide" : "every layer is sparse");
         if (i == 3 && !qwen2 && given[i] > 0)
             return td_fail(err, "%s: a shared expert is Qwen2-MoE's alone (--arch qwen2_moe), not %s", flag[i], arch);
     }
     if (o->mlp_only_layers && !is_moe_arch(c->arch))
         return td_fail(err, "--mlp-only-layers: %s is a dense architecture (mixtures of experts: --arch qwen2_moe, "
                        "qwen3_moe or mixtral)", arch);
-    if (o->mlp_only_layers && mixtral) return td_fail(err, "--mlp-only-layers: not a Mixtral setting (every layer is sparse)");
+    if (o->mlp_only_layers && (mixtral || olmoe))
+        return td_fail(err, "--mlp-only-layers: not a%s setting (every layer is sparse)", mixtral ? " Mixtral" : "n OLMoE");
     if (!is_moe_arch(c->arch)) return 0;
 
     bool had = c->num_experts > 0;   /* a preset's mixture, which the flags override */
@@ -188,15 +196,19 @@ int td_config_set_moe(td_config *c, const td_moe_opts *o, td_error *err)
         if (c->num_experts < 1 || c->num_experts_per_tok < 1)
             return td_fail(err, "%s: %s without a preset that sets its experts needs --num-experts E%s "
                            "--num-experts-per-tok K%s", c->num_experts < 1 ? flag[0] : flag[1], arch,
-                           mixtral ? " and" : ",", mixtral ? "" : qwen2 ? ", --moe-intermediate-size FE and "
-                           "--shared-expert-intermediate-size FS" : " and --moe-intermediate-size FE");
-        if (!mixtral && c->moe_intermediate_size < 1)
+                           experts_full_width(c->arch) ? " and" : ",", experts_full_width(c->arch) ? "" : qwen2 ?
+                           ", --moe-intermediate-size FE and --shared-expert-intermediate-size FS" : " and --moe-intermediate-size FE");
+        if (!experts_full_width(c->arch) && c->moe_intermediate_size < 1)
             return td_fail(err, "%s: %s without a preset that sets its experts needs it (each expert's MLP width)", flag[2], arch);
         if (qwen2 && o->shared_expert_intermediate_size < 0)
             return td_fail(err, "%s: %s without a preset that sets its experts needs it (the shared expert's MLP "
                            "width; 0: none)", flag[3], arch);
         if (c->decoder_sparse_step < 1) c->decoder_sparse_step = 1;
-        c->router_aux_loss_coef = 0.001;   /* transformers' default (recorded; not used by a forward) */
+        c->router_aux_loss_coef = olmoe ? 0.01 : 0.001;   /* transformers' default (recorded; not used by a forward) */
+    }
+    if (olmoe) {   /* OlmoeConfig: the experts are intermediate_size wide, every layer */
+        c->moe_intermediate_size = c->intermediate_size;
+        c->decoder_sparse_step = 1;
     }
     if (mixtral) {   /* MixtralConfig: the experts are intermediate_size wide, always renormalised */
         c->moe_intermediate_size = c->intermediate_size;

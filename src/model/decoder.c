@@ -205,7 +205,10 @@ static void layer_body(const td_ops *ops, const td_model *m, td_acts *a, int l, 
     lora_forward(ops, l, TD_LORA_Q, la.q_raw, la.xn1, N);   /* unmerged adapters, if any */
     lora_forward(ops, l, TD_LORA_K, la.k_raw, la.xn1, N);
     lora_forward(ops, l, TD_LORA_V, la.v, la.xn1, N);
-    if (w->q_norm) {  /* Qwen3: RMSNorm over each head's HD values, before RoPE */
+    if (w->q_norm && c->qk_norm_full) {   /* OLMoE: RMSNorm over each row's whole projection, before RoPE */
+        rmsnorm_forward(ops, la.q, la.q_rstd, la.q_raw, w->q_norm, N, QD, eps);
+        rmsnorm_forward(ops, la.k, la.k_rstd, la.k_raw, w->k_norm, N, KVD, eps);
+    } else if (w->q_norm) {   /* Qwen3: RMSNorm over each head's HD values, before RoPE */
         rmsnorm_forward(ops, la.q, la.q_rstd, la.q_raw, w->q_norm, N * NH, HD, eps);
         rmsnorm_forward(ops, la.k, la.k_rstd, la.k_raw, w->k_norm, N * NKV, HD, eps);
     }

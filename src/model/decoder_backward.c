@@ -155,13 +155,14 @@ void decoder_backward(const td_ops *ops, const td_model *m, const td_acts *a, td
         rope_backward(ops, ga->dq, pos, m->inv_freq, N, NH, HD);
         rope_backward(ops, ga->dk, pos, m->inv_freq, N, NKV, HD);
         float *dq = ga->dq, *dk = ga->dk;
-        if (w->q_norm) {   /* Qwen3: per-head RMSNorm of the projections */
+        if (w->q_norm) {   /* Qwen3: per-head RMSNorm of the projections; OLMoE: over each whole row */
+            int full = c->qk_norm_full;
             zero(ops, ga->dq_raw, nQ);
             zero(ops, ga->dk_raw, nK);
             rmsnorm_backward(ops, ga->dq_raw, G(gw->q_norm), dq, la.q_raw, w->q_norm, la.q_rstd,
-                             N * NH, HD);
+                             full ? N : N * NH, full ? QD : HD);
             rmsnorm_backward(ops, ga->dk_raw, G(gw->k_norm), dk, la.k_raw, w->k_norm, la.k_rstd,
-                             N * NKV, HD);
+                             full ? N : N * NKV, full ? KVD : HD);
             dq = ga->dq_raw;
             dk = ga->dk_raw;
         }

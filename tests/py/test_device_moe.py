@@ -5,7 +5,7 @@ tests/py/device_train.py chooses them (the simulator's, under CUDASIM_DEVICE_GUA
 touches device memory faults; DEVICE_BIN=build/bin on a GPU).
 
 1. tidal-diff on a tiny random Qwen2-MoE (tidal-init: 8 experts, top-2, a shared expert, layer 2
-   dense) and Mixtral, fp32 / fp32, greedy, prompt scored: the device generates the CPU's tokens,
+   dense), Mixtral and OLMoE (q/k norm over the whole projection), fp32 / fp32, greedy, prompt scored: the device generates the CPU's tokens,
    logp_a and logp_b within 1e-5 of the CPU's, the routing (/routing experts of both paths) equal.
 2. bf16-train / vllm-bf16 (vLLM's fused_moe combine) and --routing-replay r3 on the device: the
    CPU's tokens; the mean |dlogp| between the paths within 2x of the CPU's (the quantity tidal
@@ -30,7 +30,7 @@ TINY = ["--hidden-size", "64", "--num-layers", "3", "--num-heads", "4", "--num-k
         "--vocab-size", "128", "--num-experts", "8", "--num-experts-per-tok", "2"]
 MODELS = {"qwen2_moe": ["--intermediate-size", "96", "--moe-intermediate-size", "32", "--shared-expert-intermediate-size",
                         "48", "--mlp-only-layers", "2"],
-          "mixtral": ["--intermediate-size", "32"]}
+          "mixtral": ["--intermediate-size", "32"], "olmoe": ["--intermediate-size", "32"]}
 prompts = os.path.join(tmp, "prompts.jsonl")
 with open(prompts, "w") as f:
     for t in ([3, 17, 9, 44, 5], [100, 2, 7], [8, 8, 61, 23, 90, 4, 12]):

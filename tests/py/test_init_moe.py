@@ -7,8 +7,8 @@
    spelling), and the wrong ones are usage errors (exit 2) naming the flag.
 2. The MoE presets write config.json alone under --config-only (no weights: tens of GB), with the
    published values (tests/fixtures/configs/hf4/ holds the files they follow).
-3. With transformers (4.46 here: Mixtral and Qwen2-MoE; Qwen3-MoE needs >= 4.51), tidal-init's
-   random Mixtral and Qwen2-MoE load into transformers' own classes with no missing, unexpected
+3. With transformers (4.46 here: Mixtral, Qwen2-MoE and OLMoE; Qwen3-MoE needs >= 4.51), tidal-init's
+   random Mixtral, Qwen2-MoE and OLMoE load into transformers' own classes with no missing, unexpected
    or mismatched tensor, every tensor bit-identical to the file, and their routing is neither
    uniform nor one-hot: with routers N(0, (2/sqrt(C))^2) the top expert takes a median ~50% of
    the probability over 8 experts (required: 0.3..0.9; routers of std 0.02 would give ~0.15).
@@ -68,6 +68,8 @@ bad = [
     (["--arch", "mixtral", "--preset", "tiny", "--moe-intermediate-size", "8"], "--moe-intermediate-size",
      "not a Mixtral setting"),
     (["--arch", "mixtral", "--preset", "tiny", "--no-norm-topk-prob"], "--no-norm-topk-prob", "always renormalises"),
+    (["--arch", "olmoe", "--preset", "tiny", "--moe-intermediate-size", "8"], "--moe-intermediate-size",
+     "not an OLMoE setting"),
     (["--arch", "qwen3_moe", "--preset", "tiny", "--shared-expert-intermediate-size", "8"],
      "--shared-expert-intermediate-size", "Qwen2-MoE's alone"),
     (["--arch", "qwen3_moe", "--preset", "tiny", "--mlp-only-layers", "0,1"], "--mlp-only-layers", "no layer of the 2"),
@@ -112,7 +114,7 @@ except Exception as e:  # noqa: BLE001 - any import failure: helper missing
     transformers = None
 
 if transformers is not None:
-    for arch in ["mixtral", "qwen2_moe"]:
+    for arch in ["mixtral", "qwen2_moe", "olmoe"]:
         d = os.path.join(tmp, "hf-" + arch)
         run("tidal-init", "--arch", arch, "--preset", "tiny", "--num-layers", "3", "--seed", "4", "-o", d)
         m, info = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32, output_loading_info=True,

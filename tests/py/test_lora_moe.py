@@ -2,7 +2,9 @@
 per-expert nn.Linear modules).
 
 Tiny random Qwen2-MoE (8 experts, top-3, a sigmoid-gated shared expert, layer 1 dense through
-mlp_only_layers) and Mixtral (8 experts, top-2) made by transformers itself.
+mlp_only_layers), Mixtral (8 experts, top-2) and OLMoE (8 experts, top-3, q/k norm over the whole
+projection) made by transformers itself (OLMoE's log-probs are thereby checked against transformers'
+own OlmoeForCausalLM too).
 1. PEFT's own adapters: get_peft_model with init_lora_weights=False (B non-zero) on attention and the
    experts' projections (Qwen2-MoE: q_proj, v_proj, gate_proj, up_proj, down_proj, which PEFT's suffix
    match puts on every expert, the shared expert and the dense layer's MLP; Mixtral: q_proj, o_proj,
@@ -28,7 +30,8 @@ try:
     import h5py
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
-    from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+    from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig,
+                              Qwen2MoeForCausalLM)
 except Exception as e:  # noqa: BLE001 - any import failure: a helper is missing
     print(f"torch/peft/transformers/h5py unavailable ({type(e).__name__}): skipped")
     sys.exit(77)
@@ -110,6 +113,11 @@ MODELS = [
         num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=512,
         tie_word_embeddings=False, sliding_window=None),
      ["q_proj", "o_proj", "w1", "w3", "w2"], "block_sparse_moe.gate"),
+    ("olmoe", OlmoeForCausalLM, OlmoeConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_experts=8, num_experts_per_tok=3, max_position_embeddings=512,
+        tie_word_embeddings=False, pad_token_id=None, eos_token_id=2),
+     ["k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"], "mlp.gate"),
 ]
 for i, (name, cls, cfg, targets, router) in enumerate(MODELS):
     d, _ = make(name, cls, cfg, 20 + i)

@@ -23,7 +23,8 @@ the per-expert ones a transformers 4 config.
    is below 1e-5 are left out of both (tidal's fp32 router may choose the other expert there;
    their number is printed).
 4. Bad input: a per-expert checkpoint missing one expert tensor, a fused gate_up_proj of the
-   wrong shape, num_experts_per_tok > num_experts, "n_group", "scoring_func": "sigmoid": exit 1,
+   wrong shape, num_experts_per_tok > num_experts, "n_group", "scoring_func": "sigmoid", OLMoE's
+   "clip_qkv": exit 1,
    no crash, stderr naming the thing.
 Exit 77 when torch or safetensors is missing.
 """
@@ -331,6 +332,12 @@ def check_bad(tmp):
     d = mk.make(os.path.join(tmp, "bad-sigmoid"), "qwen3_moe", "per-expert", "f32", 21)
     mk.patch_config(d, scoring_func="sigmoid")
     bad('config with "scoring_func": "sigmoid"', d, "scoring_func")
+
+    d = os.path.join(tmp, "bad-clip")   # OLMoE's clamp of q, k, v: not modelled
+    subprocess.run([os.path.join(BIN, "tidal-init"), "--arch", "olmoe", "--preset", "tiny", "-o", d], check=True,
+                   capture_output=True)
+    mk.patch_config(d, clip_qkv=8.0)
+    bad('OLMoE config with "clip_qkv": 8.0', d, "clip_qkv")
 
 
 def check_fused_combine(tmp):
