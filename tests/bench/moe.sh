@@ -6,6 +6,9 @@
 #     tf        teacher-forced log-probs, TF_BATCH sequences of TF_LEN tokens
 #     decode1   1 slot, prefill PROMPT tokens, STEPS decode steps (full log-softmax rows)
 #     decode16  16 slots, the same
+#     train     a training step (forward, backward through experts and routers, clip, AdamW) in fp32
+#               on TRAIN_BATCH sequences of TRAIN_LEN tokens: tests/helpers/train_probe against
+#               torch_moe.py --train (transformers' model under autograd), SECONDS_PER of steps each
 # An MoE forward costs its active parameters: each expert's GEMMs run on the rows routed to it.
 # Each side runs ROUNDS times, interleaved, and keeps its best. Prints
 #   bench: moe-NAME tidal=X torch=Y ratio=R     (tokens/s; R = tidal / torch)
@@ -37,3 +40,22 @@ for c in tf decode1 decode16; do
   t=$(best "$tmp/tidal" $c); p=$(best "$tmp/torch" $c)
   echo "bench: moe-$c tidal=$t torch=$p ratio=$(awk -v a="$t" -v b="$p" 'BEGIN { printf "%.2f", a / b }')"
 done
+# the training step
+PROBE=$BUILD/tests/helpers/train_probe
+[ -x "$PROBE" ] || { echo "moe.sh: $PROBE missing (make tests)" >&2; exit 1; }
+"$PY" - "${TRAIN_BATCH:-4}" "${TRAIN_LEN:-128}" > "$tmp/batch.json" <<'PYEOF'
+import json, random, sys
+random.seed(1)
+b, n = int(sys.argv[1]), int(sys.argv[2])
+print(json.dumps({"tokens": [[random.randrange(8192) for _ in range(n)] for _ in range(b)],
+                  "mask": [[int(random.random() < 0.9) for _ in range(n - 1)] for _ in range(b)]}))
+PYEOF
+: > "$tmp/tt"; : > "$tmp/pt"
+for r in $(seq "$ROUNDS"); do
+  "$PROBE" --model "$DIR" --batch "$tmp/batch.json" --recipe fp32 --lr 1e-5 --bench-seconds "${SECONDS_PER:-8}" \
+    | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/tt"
+  "$PY" tests/bench/torch_moe.py --model "$DIR" --train "$tmp/batch.json" --seconds "${SECONDS_PER:-8}" 2>/dev/null \
+    | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/pt"
+done
+t=$(sort -g "$tmp/tt" | tail -n1); p=$(sort -g "$tmp/pt" | tail -n1)
+echo "bench: moe-train-fp32 tidal=$t torch=$p ratio=$(awk -v a="$t" -v b="$p" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }')"

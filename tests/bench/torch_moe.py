@@ -7,6 +7,12 @@ checkpoint (--make DIR: a Mixtral-shaped random model saved by transformers). Pr
 
   torch_moe.py --make DIR
   torch_moe.py --model DIR [--tf-batch 2] [--tf-len 512] [--prompt 32] [--steps 16] [--decode-batch 16]
+  torch_moe.py --model DIR --train BATCH.json [--seconds S]
+
+--train: the training step of tests/bench/train.sh's peer on this model (the batch file of
+tests/helpers/train_probe: tokens and a loss mask): forward in fp32, mean token cross-entropy over
+the mask, autograd backward through the experts and the router, clip_grad_norm_(1.0),
+torch.optim.AdamW; prints "tokens_per_s X" after --seconds of steps (one warm-up step first).
 """
 import argparse
 import sys
@@ -45,6 +51,37 @@ def decode(model, B, prompt, steps, V, gen):
     return dt
 
 
+def train(a):
+    import json
+    model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32, attn_implementation="eager")
+    model.train()
+    b = json.load(open(a.train))
+    seqs = [torch.tensor(t)[None] for t in b["tokens"]]
+    masks = [torch.tensor(m, dtype=torch.float32) for m in b["mask"]]
+    nmask = float(sum(m.sum() for m in masks))
+    total = sum(len(t) for t in b["tokens"])
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = 0
+        for ids, m in zip(seqs, masks):
+            lp = torch.log_softmax(model(ids).logits[0], -1)
+            loss = loss - (lp[:-1].gather(1, ids[0, 1:, None])[:, 0] * m).sum()
+        loss = loss / nmask
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+
+    step()   # warm-up
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < a.seconds:
+        step()
+        n += 1
+    print("tokens_per_s %.3f" % (n * total / (time.perf_counter() - t0)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--make")
@@ -55,11 +92,16 @@ def main():
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--decode-batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--train")
+    ap.add_argument("--seconds", type=float, default=8.0)
     a = ap.parse_args()
     if a.make:
         make(a.make)
         return
     torch.set_num_threads(a.threads)
+    if a.train:
+        train(a)
+        return
     model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32, attn_implementation="eager").eval()
     V = model.config.vocab_size
     gen = torch.Generator().manual_seed(1)
