@@ -426,6 +426,33 @@ static void test_bf16dp_matches_ref(void **state)
     assert_memory_equal(td_gemm_pack_bf16(x, 37), want16, sizeof want16);
 }
 
+/* src/backend/cpu_backward.c: bf16 codes transposed (the backward's operands), the 16 x 16
+ * AVX-512 register blocks against the element-by-element form */
+void td_test_codes_transposed(const float *src, size_t rows, size_t cols, uint16_t *dst, int scalar);
+
+static void test_codes_transposed(void **state)
+{
+    (void)state;
+    const size_t shapes[][2] = {{1, 1}, {16, 16}, {17, 33}, {32, 16}, {48, 80}, {15, 64}, {64, 15}, {129, 70},
+                                {512, 256}};
+    td_rng rng;
+    td_rng_seed(&rng, 11);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        size_t R = shapes[s][0], C = shapes[s][1];
+        float *x = malloc(R * C * 4);
+        uint16_t *want = malloc(R * C * 2), *got = malloc(R * C * 2);
+        for (size_t i = 0; i < R * C; i++) x[i] = td_bf16_to_f32(td_f32_to_bf16((float)td_rng_normal(&rng)));
+        td_test_codes_transposed(x, R, C, want, 1);
+        td_test_codes_transposed(x, R, C, got, 0);
+        if (memcmp(want, got, R * C * 2)) fail_msg("codes_transposed %zu x %zu: the blocked form differs", R, C);
+        for (size_t i = 0; i < R; i++)   /* and it is the transpose */
+            for (size_t j = 0; j < C; j++) assert_int_equal(got[j * R + i], td_f32_to_bf16(x[i * C + j]).bits);
+        free(x); free(want); free(got);
+    }
+    printf("codes_transposed: %zu shapes, the %s form equals the scalar one\n", sizeof shapes / sizeof *shapes,
+           td_isa_level() >= TD_ISA_AVX512 ? "AVX-512" : "portable");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -438,6 +465,7 @@ int main(void)
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_fixed_w16_matches_fixed),
         cmocka_unit_test(test_bf16dp_matches_ref),
+        cmocka_unit_test(test_codes_transposed),
     };
     return cmocka_run_group_tests_name("gemm", tests, NULL, NULL);
 }

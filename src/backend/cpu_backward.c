@@ -26,6 +26,7 @@
  * Inf here, which is what dynamic loss scaling detects. */
 #include "cpu.h"
 #include "tidal/gemm.h"
+#include "tidal/isa.h"
 
 #include <omp.h>
 #include <stdlib.h>
@@ -42,18 +43,77 @@ static void transpose(const float *src, size_t rows, size_t cols, float *dst)
                 for (size_t j = j0; j < cols && j < j0 + 32; j++) dst[j * rows + i] = src[i * cols + j];
 }
 
-/* the bf16 codes of src (rows, cols; bf16 values), transposed: dst (cols, rows), in 32 x 32
- * blocks */
+/* the bf16 codes of src rows [i0, i1) x cols [j0, j1) (bf16 values), transposed into dst (cols, rows) */
+static void codes_transposed_scalar(const float *src, size_t rows, size_t cols, uint16_t *dst, size_t i0,
+                                    size_t i1, size_t j0, size_t j1)
+{
+    for (size_t i = i0; i < i1; i++)
+        for (size_t j = j0; j < j1; j++) {
+            uint32_t u;
+            memcpy(&u, src + i * cols + j, 4);
+            dst[j * rows + i] = (uint16_t)(u >> 16);
+        }
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TGT512 __attribute__((target("avx512f,avx512bw")))
+/* one 16 x 16 block: src rows of stride ls, dst rows of stride ld (the transposed codes); the
+ * classic three-stage register transpose (32-bit unpacks, 64-bit unpacks, 128-bit lane shuffles),
+ * then each column's upper halves narrowed to 16 bits (vpsrld, vpmovdw) */
+TGT512 static void transpose16_codes(const float *src, size_t ls, uint16_t *dst, size_t ld)
+{
+    __m512i r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(src + (size_t)i * ls));
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int i = 0; i < 4; i++) {
+            t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
+            t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+    for (int k = 0; k < 16; k++)
+        _mm256_storeu_si256((__m256i *)(dst + (size_t)k * ld), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r[k], 16)));
+}
+#endif
+
+/* the bf16 codes of src (rows, cols; bf16 values), transposed: dst (cols, rows); 16 x 16 register
+ * blocks on AVX-512 (the only CPUs whose bf16 dot products call this), the edges element by element */
 static void codes_transposed(const float *src, size_t rows, size_t cols, uint16_t *dst)
 {
-    for (size_t i0 = 0; i0 < rows; i0 += 32)
-        for (size_t j0 = 0; j0 < cols; j0 += 32)
-            for (size_t i = i0; i < rows && i < i0 + 32; i++)
-                for (size_t j = j0; j < cols && j < j0 + 32; j++) {
-                    uint32_t u;
-                    memcpy(&u, src + i * cols + j, 4);
-                    dst[j * rows + i] = (uint16_t)(u >> 16);
-                }
+    size_t r16 = 0, c16 = 0;
+#if defined(__x86_64__)
+    if (td_isa_level() >= TD_ISA_AVX512) {
+        r16 = rows & ~(size_t)15;
+        c16 = cols & ~(size_t)15;
+        for (size_t i0 = 0; i0 < r16; i0 += 16)
+            for (size_t j0 = 0; j0 < c16; j0 += 16)
+                transpose16_codes(src + i0 * cols + j0, cols, dst + j0 * rows + i0, rows);
+    }
+#endif
+    codes_transposed_scalar(src, rows, cols, dst, 0, r16, c16, cols);      /* the right edge */
+    codes_transposed_scalar(src, rows, cols, dst, r16, rows, 0, cols);     /* the bottom rows */
+}
+
+/* exposed for tests/test_gemm.c: the vector transpose against the scalar one */
+void td_test_codes_transposed(const float *src, size_t rows, size_t cols, uint16_t *dst, int scalar)
+{
+    if (scalar)
+        codes_transposed_scalar(src, rows, cols, dst, 0, rows, 0, cols);
+    else
+        codes_transposed(src, rows, cols, dst);
 }
 
 /* C (M, N; ldc) += A (M, K) . B (N, K)^T over bf16 codes (td_gemm_bf16dp), threads over slices

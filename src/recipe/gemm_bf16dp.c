@@ -96,6 +96,34 @@ TGT INLINE __m512bh load_bh(const uint16_t *p, __mmask32 m, int masked)
     return (__m512bh)v;
 }
 
+/* hsum16 of 16 vectors at once: out[a] = hsum16(v[a]), each by the same additions in the same
+ * tree (u_i = v_i + v_{i+8}, q_i = u_i + u_{i+4}, h_i = q_i + q_{i+2}, h_0 + h_1), so the same bits;
+ * the vectors' halves, quarters and pairs are brought together by shuffles, four levels of 8, 4,
+ * 2 and 1 additions instead of 16 separate reductions. The last level's element 4L + j holds
+ * v[4j + L]'s sum. */
+TGT INLINE void hsum16x16(const __m512 *v, float *out)
+{
+    __m512 s1[8], s2[4], s3[2];
+    #pragma GCC unroll 8
+    for (int k = 0; k < 8; k++)   /* [v_2k lanes 0-7 | v_2k+1 lanes 0-7] + [their lanes 8-15] */
+        s1[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                              _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+    #pragma GCC unroll 4
+    for (int m = 0; m < 4; m++)   /* 128-bit lane L of s2[m]: v[4m + L]'s q */
+        s2[m] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[2 * m], s1[2 * m + 1], 0x88),
+                              _mm512_shuffle_f32x4(s1[2 * m], s1[2 * m + 1], 0xDD));
+    #pragma GCC unroll 2
+    for (int m = 0; m < 2; m++)   /* lane L: h of v[8m + L], then of v[8m + 4 + L] */
+        s3[m] = _mm512_add_ps(_mm512_shuffle_ps(s2[2 * m], s2[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(s2[2 * m], s2[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 s4 = _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    float t[16];
+    _mm512_storeu_ps(t, s4);
+    #pragma GCC unroll 16
+    for (int a = 0; a < 16; a++) out[a] = t[4 * (a & 3) + (a >> 2)];
+}
+
 /* R x S block (R <= 4, S <= 6): the whole K, the last block of 32 masked */
 TGT INLINE void block(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c, int ldc,
                       int K, int add, int R, int S)
@@ -126,9 +154,20 @@ TGT INLINE void block(const uint16_t *a, int lda, const uint16_t *w, int ldw, fl
             for (int r = 0; r < R; r++) acc[r][s] = _mm512_dpbf16_ps(acc[r][s], av[r], wv);
         }
     }
+    /* the R x S sums, 16 at a time (hsum16x16: hsum16's bits; zero vectors pad the last group) */
+    __m512 flat[32];
+    int n = 0;
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 6
+        for (int s = 0; s < S; s++) flat[n++] = acc[r][s];
+    int n16 = (n + 15) & ~15;
+    for (int q = n; q < n16; q++) flat[q] = _mm512_setzero_ps();
+    float sums[32];
+    for (int g = 0; g < n16; g += 16) hsum16x16(flat + g, sums + g);
     for (int r = 0; r < R; r++)
         for (int s = 0; s < S; s++) {
-            float d = hsum16(acc[r][s]), *o = c + (size_t)r * ldc + s;
+            float d = sums[r * S + s], *o = c + (size_t)r * ldc + s;
             *o = add ? *o + d : d;
         }
 }
