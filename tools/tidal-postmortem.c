@@ -287,7 +287,7 @@ static void plot_keys(const td_pm_curves *c, const td_pm_events *e, const char *
             m++;
         }
         if (!m) { free(x[nl]); free(y[nl]); continue; }
-        L[nl] = (td_line){keys[k], x[nl], y[nl], m, (int)nl, 0, marker};
+        L[nl] = (td_line){keys[k], x[nl], y[nl], m, (int)nl, 0, marker, 0};
         nl++;
     }
     if (nl) {
@@ -823,7 +823,7 @@ int main(int argc, char **argv)
             snprintf(l2, sizeof l2, "mean |dlogp| %s/%s", ra16, rb16);
             snprintf(l3, sizeof l3, "p99 |dlogp| %s/%s", o.train_recipe, o.rollout_recipe);
             snprintf(l4, sizeof l4, "p99 |dlogp| %s/%s", ra16, rb16);
-            td_line L[4] = {{l1, x, y1, nm, 0, 0, mk1}, {l2, x, y2, nm, 1, 0, -1}, {l3, x, y3, nm, 0, 6, -1}, {l4, x, y4, nm, 1, 6, -1}};
+            td_line L[4] = {{l1, x, y1, nm, 0, 0, mk1, 0}, {l2, x, y2, nm, 1, 0, -1, 0}, {l3, x, y3, nm, 0, 6, -1, 0}, {l4, x, y4, nm, 1, 6, -1, 0}};
             td_lines_opts lo = {"the checkpoints measured", "solid: mean, dashed: p99; ring: the first at or after the onset", "step", "|dlogp| (nats)", 1};
             td_canvas *cv = td_plot_lines(L, 4, font, &lo);
             const char *kv[] = {"command_line", o.command};

@@ -74,6 +74,7 @@ typedef struct {
     int colour;            // index into a 12-colour palette
     int dash;              // 0 solid, else dash length in pixels
     int marker;            // -1 none
+    int width;             // line width in pixels (0: 2, the default); a NULL label: no legend entry
 } td_line;
 
 typedef struct {

@@ -36,7 +36,9 @@ td_canvas *td_plot_lines(const td_line *lines, size_t n, td_font *font, const td
     if (!isfinite(y0)) { y0 = 0; y1 = 1; }
     if (o->log_y) { y0 = floor(y0); y1 = ceil(y1 + 1e-9); if (y1 <= y0) y1 = y0 + 1; }
     else { double pad = (y1 - y0) * 0.05; if (pad <= 0) pad = fabs(y0) * 0.05 + 1e-9; y0 -= pad; y1 += pad; }
-    int cols = 2, rows = (int)((n + cols - 1) / cols);
+    size_t labelled = 0, li = 0;   /* legend entries: the lines with a label */
+    for (size_t k = 0; k < n; k++) labelled += lines[k].label != NULL;
+    int cols = 2, rows = (int)((labelled + cols - 1) / cols);
     td_canvas *c = td_canvas_new(FIG_W, TOP + 22 + PH + 64 + LEG_ROW * rows, TD_WHITE);
     td_figure_title(c, font, o->title ? o->title : "", o->subtitle);
     int x = ML, y = TOP + 22, W = PW + 100;
@@ -61,8 +63,9 @@ td_canvas *td_plot_lines(const td_line *lines, size_t n, td_font *font, const td
                 cy = y + DH - 1 - (int)lround((v - y0) / (y1 - y0) * (DH - 1));
             }
             if (px >= 0) {
-                td_canvas_line(c, px, py, cx, cy, col, L->dash);
-                td_canvas_line(c, px, py + 1, cx, cy + 1, col, L->dash);
+                int w = L->width > 0 ? L->width : 2;
+                for (int t = 0; t < w; t++)   /* rows py .. py + w - 1 around the default two */
+                    td_canvas_line(c, px, py + t - (w - 1) / 2, cx, cy + t - (w - 1) / 2, col, L->dash);
             }
             if ((int)i == L->marker) {   /* a ring: the marked step */
                 for (int a = 0; a < 24; a++) {
@@ -74,10 +77,12 @@ td_canvas *td_plot_lines(const td_line *lines, size_t n, td_font *font, const td
             px = cx;
             py = cy;
         }
-        int lx = x + 12 + (int)(k % cols) * (W / cols), ly = y + PH + 58 + (int)(k / cols) * LEG_ROW;
+        if (!L->label) continue;   /* no legend entry */
+        int lx = x + 12 + (int)(li % cols) * (W / cols), ly = y + PH + 58 + (int)(li / cols) * LEG_ROW;
+        li++;
         td_canvas_line(c, lx, ly, lx + 22, ly, col, L->dash);
         td_canvas_line(c, lx, ly + 1, lx + 22, ly + 1, col, L->dash);
-        td_font_draw(font, c, lx + 28, ly, TD_FONT_TICK, 0, 1, 0, TD_BLACK, L->label ? L->label : "");
+        td_font_draw(font, c, lx + 28, ly, TD_FONT_TICK, 0, 1, 0, TD_BLACK, L->label);
     }
     td_font_draw(font, c, x + W / 2, y + PH + 24, TD_FONT_LABEL, 1, 0, 0, TD_BLACK, o->xlabel ? o->xlabel : "step");
     td_font_draw(font, c, 14, y + PH / 2, TD_FONT_LABEL, 1, 1, 1, TD_BLACK, o->ylabel ? o->ylabel : "");

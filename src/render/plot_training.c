@@ -84,7 +84,7 @@ td_canvas *td_plot_training(const char *const *paths, size_t n, const char *colu
             s[i].n = m;
             s[i].marker = -1;
         }
-        lines[i] = (td_line){paths[i], s[i].x, s[i].y, s[i].n, (int)(i % 12), i >= 12 ? 6 : 0, s[i].marker};
+        lines[i] = (td_line){paths[i], s[i].x, s[i].y, s[i].n, (int)(i % 12), i >= 12 ? 6 : 0, s[i].marker, 0};
     }
     char t[300], sub[200];
     snprintf(t, sizeof t, "%s", title ? title : "");

@@ -24,6 +24,7 @@ typedef struct {
     double *m[M_N];          /* (n) */
     int collapse;            /* first reward_drop step, -1 */
     int failed;              /* a read failed (the file changed under us: td_runfile_changed) */
+    int finished;            /* the run reached max_steps (attribute finished) */
     int first[TD_CLP_NSIGNALS];
 } run_data;
 
@@ -38,9 +39,11 @@ static int load_run(const td_sweep_run *r, run_data *d)
     if (!rf) return -1;
     char col[128];
     snprintf(col, sizeof col, "/steps/%s", td_rl_metric_names[TD_RLM_reward]);
-    int64_t n = td_runfile_rows(rf, col);
+    int64_t n = td_runfile_rows(rf, col), fin = 0;
     if (n <= 0) { td_runfile_close(rf, NULL); return -1; }
     d->n = (int)n;
+    td_runfile_get_i64(rf, "finished", &fin, NULL);
+    d->finished = fin == 1;
     for (int i = 0; i < M_N; i++) {
         d->m[i] = td_xmalloc((size_t)n * sizeof(double));
         snprintf(col, sizeof col, "/steps/%s", td_rl_metric_names[METRIC[i]]);
@@ -183,6 +186,111 @@ static double window_mean(const double *x, int n, int from, int to)
     return c ? s / c : NAN;
 }
 
+static int write_fig(const td_sweep *s, const char *file, const td_line *lines, size_t n, td_font *font,
+                     const td_lines_opts *lo, td_error *err)
+{
+    td_canvas *cv = td_plot_lines(lines, n, font, lo);
+    char path[4300];
+    snprintf(path, sizeof path, "%s/%s", s->report_dir, file);
+    const char *kv[2] = {"sweep", s->path};
+    int rc = td_canvas_write_png(cv, path, kv, 1, err);
+    td_canvas_free(cv);
+    return rc;
+}
+
+/* The seeds behind the means (the clean evaluation, eval_accuracy): per configuration, every
+ * seed's line thin and their mean thick (eval_seeds-CONFIG.png), so that runs that die and runs
+ * that live show as two bundles rather than one middling mean; and survival.png, the share of a
+ * configuration's seeds alive against the step (Kaplan-Meier): a finished run whose last
+ * evaluation finds no right answer (eval_accuracy 0) died at the first evaluation after its last
+ * one that found some; a finished run that ends finding some survived; a run still going is
+ * censored at its last evaluation that found some (it may yet come back). Drawn as steps. */
+static int seed_figures(const td_sweep *s, run_data *rd, const int *have, const char **cfg, int ncfg, int steps,
+                        td_font *font, td_error *err)
+{
+    int rc = 0;
+    td_line *surv = td_xcalloc((size_t)ncfg, sizeof *surv);
+    double *sx = td_xcalloc((size_t)ncfg * 2 * steps, sizeof(double)), *sy = td_xcalloc((size_t)ncfg * 2 * steps, sizeof(double));
+    for (int c = 0; c < ncfg && !rc; c++) {
+        td_line *lines = td_xcalloc(s->n + 1, sizeof *lines);
+        double *bufx = td_xcalloc((s->n + 1) * (size_t)steps, sizeof(double));
+        double *bufy = td_xcalloc((s->n + 1) * (size_t)steps, sizeof(double));
+        double *sum = td_xcalloc((size_t)steps, sizeof(double));
+        int *cnt = td_xcalloc((size_t)steps, sizeof(int)), *last_alive = td_xcalloc(s->n, sizeof(int));
+        int *death = td_xcalloc(s->n, sizeof(int)), *censor = td_xcalloc(s->n, sizeof(int));
+        size_t nl = 0;
+        int nseed = 0;
+        for (size_t i = 0; i < s->n; i++) {
+            if (!have[i] || strcmp(s->runs[i].config, cfg[c])) continue;
+            double *x = bufx + nl * steps, *y = bufy + nl * steps;
+            size_t m = 0;
+            last_alive[nseed] = -1;
+            double final = NAN;
+            for (int k = 0; k < rd[i].n && k < steps; k++) {
+                double v = rd[i].m[M_EVAL][k];
+                if (!isfinite(v)) continue;
+                x[m] = k;
+                y[m++] = v;
+                sum[k] += v;
+                cnt[k]++;
+                if (v > 0) last_alive[nseed] = k;
+                final = v;
+            }
+            death[nseed] = censor[nseed] = -1;
+            if (rd[i].finished && final > 0) {
+                censor[nseed] = steps;   /* survived to the end */
+            } else if (rd[i].finished) {   /* died at the evaluation after the last right answer */
+                for (size_t q = 0; q < m && death[nseed] < 0; q++)
+                    if (x[q] > last_alive[nseed]) death[nseed] = (int)x[q];
+            } else {
+                censor[nseed] = last_alive[nseed] > 0 ? last_alive[nseed] : 0;
+            }
+            lines[nl] = (td_line){NULL, x, y, m, c % 12, 0, -1, 1};
+            if (nl == 0) lines[nl].label = "one seed (thin)";
+            nl++;
+            nseed++;
+        }
+        double *mx = bufx + nl * steps, *my = bufy + nl * steps;
+        size_t mm = 0;
+        for (int k = 0; k < steps; k++)
+            if (cnt[k]) { mx[mm] = k; my[mm++] = sum[k] / cnt[k]; }
+        lines[nl++] = (td_line){"mean over the seeds (thick)", mx, my, mm, c % 12, 0, -1, 5};
+        /* survival at every evaluated step (the steps where any seed was evaluated), as steps */
+        double *vx = sx + (size_t)c * 2 * steps, *vy = sy + (size_t)c * 2 * steps;
+        size_t vm = 0;
+        double S = 1;
+        for (int k = 0; k < steps; k++) {
+            if (!cnt[k]) continue;
+            int at_risk = 0, died = 0;
+            for (int q = 0; q < nseed; q++) {
+                at_risk += death[q] >= k || censor[q] >= k;
+                died += death[q] == k;
+            }
+            if (at_risk) S *= 1.0 - (double)died / at_risk;
+            if (vm) { vx[vm] = k; vy[vm] = vy[vm - 1]; vm++; }   /* the level holds until this step */
+            vx[vm] = k;
+            vy[vm++] = S;
+        }
+        surv[c] = (td_line){cfg[c], vx, vy, vm, c % 12, c >= 12 ? 6 : 0, -1, 0};
+        char title[300], subt[300], file[300];
+        snprintf(title, sizeof title, "Clean evaluation, %s: every seed and their mean", cfg[c]);
+        snprintf(subt, sizeof subt, "%d seeds; the trainer's greedy accuracy on held-out records at each evaluation", nseed);
+        snprintf(file, sizeof file, "eval_seeds-%s.png", cfg[c]);
+        for (char *q = file; *q; q++) if (*q == '/' || *q == ' ') *q = '_';
+        td_lines_opts lo = {title, subt, "step", "eval_accuracy", 0};
+        rc = write_fig(s, file, lines, nl, font, &lo, err);
+        free(lines); free(bufx); free(bufy); free(sum); free(cnt); free(last_alive); free(death); free(censor);
+    }
+    if (!rc) {
+        td_lines_opts lo = {"Runs alive against step (Kaplan-Meier)", "a run dies at the evaluation after its last "
+                            "right answer (eval_accuracy 0 to its end); runs still going are censored", "step",
+                            "share of seeds alive", 0};
+        rc = write_fig(s, "survival.png", surv, (size_t)ncfg, font, &lo, err);
+    }
+    free(surv); free(sx); free(sy);
+    return rc;
+}
+
 int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
 {
     run_data *rd = td_xcalloc(s->n ? s->n : 1, sizeof *rd);
@@ -256,7 +364,7 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
                 np = finite_points(x, y, np);
                 mark = -1;
             }
-            lines[c] = (td_line){cfg[c], x, y, np, c % 12, c >= 12 ? 6 : 0, mark};
+            lines[c] = (td_line){cfg[c], x, y, np, c % 12, c >= 12 ? 6 : 0, mark, 0};
         }
         char sub_t[256];
         snprintf(sub_t, sizeof sub_t, FIGS[f].sparse ? "mean over seeds at each evaluation"
@@ -276,6 +384,7 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
         free(lines);
         free(sub);
     }
+    if (!rc && has[M_EVAL]) rc = seed_figures(s, rd, have, cfg, ncfg, steps, font, err);
     /* outcome against mismatch: one point per configuration (seeds averaged): x = log10 of the
      * run-mean |dlogp|, y = the final reward; the exact-match control (0) has no place on it */
     if (!rc) {
@@ -294,7 +403,7 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
             if (!(mx > 0)) continue;
             px[np] = log10(mx / nr);
             py[np] = fr / nr;
-            pts[np] = (td_line){cfg[c], &px[np], &py[np], 1, c % 12, 0, 0};
+            pts[np] = (td_line){cfg[c], &px[np], &py[np], 1, c % 12, 0, 0, 0};
             np++;
         }
         td_lines_opts lo = {"Final reward against the mismatch", "one ring per configuration: x = log10 of the mean |Δlogp| "

@@ -198,7 +198,7 @@ sw = os.path.join(tmp, "sweep")
 conf = {"tool": RL, "output_dir": sw, "report_dir": os.path.join(sw, "report"),
         "args": {"model-path": base, "dataset-path": DATA, "num-generations": 4, "per-device-batch-size": 4,
                  "gradient-accumulation-steps": 2, "max-completion-length": 40, "learning-rate": 1e-3,
-                 "max-steps": 4, "save-steps": 1, "quiet": True},
+                 "max-steps": 4, "save-steps": 1, "quiet": True, "eval-steps": 2, "eval-max-samples": 4},
         "grid": [{"axis": "recipe", "values": {"bf16": {"dtype": "bf16"}, "fp8roll": {"rollout-recipe": "fp8-rollout"}}},
                  {"axis": "seed", "seed": True, "values": {"s1": {"seed": 1}, "s2": {"seed": 2}}}],
         "runs": [{"name": "exact", "args": {"exact-match": True}}]}
@@ -223,6 +223,10 @@ p = sh(SWEEP, cpath, "--workers", "2")
 check("6 to run" in p.stderr and os.path.exists(os.path.join(sw, "report", "reward.png")) and
       os.path.exists(os.path.join(sw, "report", "mismatch.png")) and "| bf16 |" in open(os.path.join(sw, "report", "table.md")).read(),
       "tidal-sweep runs the grid with 2 workers and writes the report (PNGs, table.md)")
+seedfigs = [f for f in ("eval_seeds-bf16.png", "eval_seeds-fp8roll.png", "eval_seeds-exact.png", "survival.png")
+            if os.path.exists(os.path.join(sw, "report", f))]
+check(len(seedfigs) == 4, f"with clean evaluations the report draws every seed per configuration and the survival "
+      f"curve ({seedfigs})")
 p = sh(SWEEP, cpath, "--workers", "2")
 check("6 finished (skipped), 0 to run" in p.stderr, "run again: every finished run is skipped")
 for kind, files in (("slurm", ["jobs.txt", "sweep.sbatch", "report.sbatch", "submit.sh"]),
