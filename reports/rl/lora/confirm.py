@@ -1,0 +1,153 @@
+"""Section 5's pre-registered tests (README.md, issue 41), from the packed run files:
+  runs/confirm-lr1e-2/s{6..15}-{bf16-mu,bf16-merged,bf16-adapter,fp16-mu,em}/rl.h5   the new seeds
+  runs/control-lr1e-2/s{1..5}-em/rl.h5                                             the control's old seeds
+  runs/grid/s{1..5}-{bf16,fp16}-{mu,merged,adapter}/rl.h5                           the grid (section 3)
+Usage: .venv/bin/python reports/rl/lora/confirm.py [--allow-interim]      (h5py and numpy only)
+
+Dead, as pre-registered: final clean accuracy (mean of the last two eval_accuracy values) below
+0.005. Only finished runs (steps_done = max_steps) count. H1 (one-sided): bf16 merge-unmerge +
+bf16 merged end dead more often than bf16 adapter + fp16 merge-unmerge. Primary: one-sided Fisher
+exact test on the new seeds 6-15; secondary: one-sided Mann-Whitney U on the final clean accuracy
+(the weight-sync group lower), exact permutation p (all splits when they number at most 2e6, else
+2e6 random ones, seeded); then both pooled with the grid's seeds 1-5 (reported, not deciding). The
+control: its dead count over seeds 1-15 and a two-sided Fisher test against the bf16 weight-sync
+arms' seeds 6-15; the conditional follow-up at 3e-3 is due when it died in at least 5 of its 15.
+Until all 40 H1 runs on seeds 6-15 are finished the output says INTERIM and calls nothing a result
+(the script refuses to print p-values then, unless --allow-interim).
+"""
+import glob
+import itertools
+import math
+import os
+import re
+import sys
+
+import h5py
+import numpy as np
+
+os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUNS = os.path.join(HERE, "runs")
+DEAD = 0.005
+H1_A = ("bf16-mu", "bf16-merged")      # bf16 base, merged weights to the engine
+H1_B = ("bf16-adapter", "fp16-mu")      # the comparison arms
+NEW = range(6, 16)
+OLD = range(1, 6)
+
+
+def final_clean(path):
+    with h5py.File(path, "r") as f:
+        a = dict(f.attrs)
+        if int(a.get("steps_done", 0)) < int(a.get("max_steps", 1)):
+            return None   # unfinished: not counted
+        ev = f["steps"]["eval_accuracy"][:]
+    ev = ev[np.isfinite(ev)]
+    return float(ev[-2:].mean()) if len(ev) else float("nan")
+
+
+def collect():
+    """{(arm, seed): final clean accuracy} of every finished run of the three folders."""
+    out = {}
+    pats = [("confirm-lr1e-2", r"s(\d+)-(\w+-\w+|em)"), ("control-lr1e-2", r"s(\d+)-(em)"),
+            ("grid", r"s(\d+)-(\w+)-(\w+)")]
+    for folder, pat in pats:
+        for p in sorted(glob.glob(os.path.join(RUNS, folder, "*", "rl.h5"))):
+            m = re.fullmatch(pat, os.path.basename(os.path.dirname(p)))
+            if not m:
+                continue
+            seed = int(m.group(1))
+            arm = m.group(2) if folder != "grid" else f"{m.group(2)}-{m.group(3)}"
+            acc = final_clean(p)
+            if acc is not None:
+                out[(arm, seed)] = acc
+    return out
+
+
+def fisher_greater(a, b, c, d):
+    """one-sided P(X >= a) of the 2x2 table [[a, b], [c, d]] with fixed margins"""
+    n1, n2, k = a + b, c + d, a + c
+    tot = math.comb(n1 + n2, k)
+    return sum(math.comb(n1, x) * math.comb(n2, k - x) for x in range(a, min(n1, k) + 1)) / tot
+
+
+def fisher_two_sided(a, b, c, d):
+    """two-sided: the tables at most as probable as the observed one"""
+    n1, n2, k = a + b, c + d, a + c
+    tot = math.comb(n1 + n2, k)
+    pr = {x: math.comb(n1, x) * math.comb(n2, k - x) / tot for x in range(max(0, k - n2), min(n1, k) + 1)}
+    return min(1.0, sum(p for p in pr.values() if p <= pr[a] * (1 + 1e-9)))
+
+
+def mann_whitney_less(x, y, seed=41):
+    """U of x against y (ties count half) and the one-sided permutation p of x being lower"""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+
+    def u(xs, ys):
+        return float(((xs[:, None] > ys[None, :]) + 0.5 * (xs[:, None] == ys[None, :])).sum())
+
+    obs = u(x, y)
+    allv = np.concatenate([x, y])
+    n, nx = len(allv), len(x)
+    splits = math.comb(n, nx)
+    le = tot = 0
+    if splits <= 2_000_000:
+        for idx in itertools.combinations(range(n), nx):
+            mask = np.zeros(n, bool)
+            mask[list(idx)] = True
+            le += u(allv[mask], allv[~mask]) <= obs + 1e-9
+            tot += 1
+    else:
+        rng = np.random.default_rng(seed)
+        for _ in range(2_000_000 // 50):   # 40,000 random splits: a p known to about +-0.002
+            perm = rng.permutation(n)
+            le += u(allv[perm[:nx]], allv[perm[nx:]]) <= obs + 1e-9
+            tot += 1
+    return obs, le / tot, splits <= 2_000_000
+
+
+def main():
+    interim_ok = "--allow-interim" in sys.argv
+    acc = collect()
+    arms = ("bf16-mu", "bf16-merged", "bf16-adapter", "fp16-mu", "em")
+    print("| arm | seeds 6-15 finished | dead (6-15) | final clean acc per seed (6-15) | seeds 1-5 dead |")
+    print("|---|---|---|---|---|")
+    for arm in arms:
+        new = [(s, acc[(arm, s)]) for s in NEW if (arm, s) in acc]
+        old = [acc[(arm, s)] for s in OLD if (arm, s) in acc]
+        print(f"| {arm} | {len(new)} | {sum(v < DEAD for _, v in new)} | "
+              f"{' / '.join(f's{s} ' + ('dead' if v < DEAD else f'{v:.2f}') for s, v in new)} | "
+              f"{sum(v < DEAD for v in old)} of {len(old)} |")
+    h1_new = [(arm, s) for arm in H1_A + H1_B for s in NEW]
+    done = sum(k in acc for k in h1_new)
+    complete = done == len(h1_new)
+    print()
+    print(f"H1 runs on seeds 6-15 finished: {done} of {len(h1_new)}" + ("" if complete else " -- INTERIM"))
+    if not complete and not interim_ok:
+        print("No test is run before every H1 run is in (the pre-registration's rule); --allow-interim prints "
+              "them marked as interim.")
+        return
+    tag = "" if complete else " [INTERIM: not a result]"
+    for label, seeds in (("new seeds 6-15", NEW), ("pooled with the grid's seeds 1-5", list(OLD) + list(NEW))):
+        xa = [acc[(a, s)] for a in H1_A for s in seeds if (a, s) in acc]
+        xb = [acc[(a, s)] for a in H1_B for s in seeds if (a, s) in acc]
+        da, db = sum(v < DEAD for v in xa), sum(v < DEAD for v in xb)
+        p = fisher_greater(da, len(xa) - da, db, len(xb) - db)
+        U, pu, exact = mann_whitney_less(xa, xb)
+        print(f"- {label}: weight-sync arms dead {da} of {len(xa)}, comparison arms {db} of {len(xb)}; one-sided "
+              f"Fisher p = {p:.3f}; Mann-Whitney U = {U:.1f}, one-sided p = {pu:.3f} "
+              f"({'exact' if exact else '40,000 random splits'}){tag}")
+    ce = [acc[("em", s)] for s in list(OLD) + list(NEW) if ("em", s) in acc]
+    dc = sum(v < DEAD for v in ce)
+    xa = [acc[(a, s)] for a in H1_A for s in NEW if (a, s) in acc]
+    da = sum(v < DEAD for v in xa)
+    cn = [acc[("em", s)] for s in NEW if ("em", s) in acc]
+    dn = sum(v < DEAD for v in cn)
+    print(f"- control (exact match, mismatch 0): dead {dc} of {len(ce)} over seeds 1-15; seeds 6-15 {dn} of {len(cn)} "
+          f"against the bf16 weight-sync arms' {da} of {len(xa)}: two-sided Fisher p = "
+          f"{fisher_two_sided(dn, len(cn) - dn, da, len(xa) - da):.3f}{tag}")
+    print(f"- the conditional follow-up at 3e-3 (control dead in >= 5 of its 15): "
+          f"{'due' if dc >= 5 else 'not due' if len(ce) == 15 else f'open ({dc} dead of {len(ce)} so far)'}")
+
+
+if __name__ == "__main__":
+    main()
