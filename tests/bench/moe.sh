@@ -43,13 +43,7 @@ done
 # the training step
 PROBE=$BUILD/tests/helpers/train_probe
 [ -x "$PROBE" ] || { echo "moe.sh: $PROBE missing (make tests)" >&2; exit 1; }
-"$PY" - "${TRAIN_BATCH:-4}" "${TRAIN_LEN:-128}" > "$tmp/batch.json" <<'PYEOF'
-import json, random, sys
-random.seed(1)
-b, n = int(sys.argv[1]), int(sys.argv[2])
-print(json.dumps({"tokens": [[random.randrange(8192) for _ in range(n)] for _ in range(b)],
-                  "mask": [[int(random.random() < 0.9) for _ in range(n - 1)] for _ in range(b)]}))
-PYEOF
+"$PY" tests/bench/make_batch.py 8192 "${TRAIN_BATCH:-4}" "${TRAIN_LEN:-128}" > "$tmp/batch.json"
 : > "$tmp/tt"; : > "$tmp/pt"
 for r in $(seq "$ROUNDS"); do
   "$PROBE" --model "$DIR" --batch "$tmp/batch.json" --recipe fp32 --lr 1e-5 --bench-seconds "${SECONDS_PER:-8}" \

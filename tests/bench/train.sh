@@ -35,13 +35,7 @@ if [ ! -f "$DIR/model.safetensors" ] || [ ! -f "$DIR/config.json" ]; then
     || { echo "train.sh: tidal-init failed" >&2; exit 1; }
 fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-"$PY" - "$BATCH" "$LEN" > "$tmp/batch.json" <<'PYEOF'
-import json, random, sys
-random.seed(1)
-b, n = int(sys.argv[1]), int(sys.argv[2])
-print(json.dumps({"tokens": [[random.randrange(4096) for _ in range(n)] for _ in range(b)],
-                  "mask": [[int(random.random() < 0.9) for _ in range(n - 1)] for _ in range(b)]}))
-PYEOF
+"$PY" tests/bench/make_batch.py 4096 "$BATCH" "$LEN" > "$tmp/batch.json"
 have_torch=1
 "$PY" -c "import torch, safetensors" 2>/dev/null || have_torch=0
 best() { sort -g | tail -n1; }

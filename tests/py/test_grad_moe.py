@@ -48,6 +48,7 @@ except Exception as e:  # noqa: BLE001 - any import failure: the helper is missi
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(__file__))
+import moe_random  # noqa: E402
 from tidal_check import BUILD, check, failures  # noqa: E402
 
 PROBE = os.path.join(BUILD, "tests", "helpers", "train_probe")
@@ -57,19 +58,7 @@ V = 128
 
 
 def make(name, cls, cfg, seed):
-    torch.manual_seed(seed)
-    m = cls(cfg)
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if "norm" in n:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            elif n.endswith("gate.weight") and "experts" not in n and "shared" not in n:
-                p.copy_(0.5 * torch.randn_like(p))   # routers: routing far from uniform
-            else:
-                p.copy_(0.1 * torch.randn_like(p))
-    d = os.path.join(tmp, name)
-    m.save_pretrained(d, safe_serialization=True)
-    return d
+    return moe_random.make(os.path.join(tmp, name), cls, cfg, seed)
 
 
 def fuse(src, name, mixtral):

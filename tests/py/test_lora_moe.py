@@ -37,6 +37,7 @@ except Exception as e:  # noqa: BLE001 - any import failure: a helper is missing
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(__file__))
+import moe_random  # noqa: E402
 from tidal_check import check, failures, run  # noqa: E402
 
 torch.set_num_threads(2)
@@ -46,19 +47,7 @@ TOL = 1e-5
 
 
 def make(name, cls, cfg, seed):
-    torch.manual_seed(seed)
-    m = cls(cfg)
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if "norm" in n:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            elif n.endswith("gate.weight") and "experts" not in n and "shared" not in n:
-                p.copy_(0.5 * torch.randn_like(p))   # routers: routing far from uniform
-            else:
-                p.copy_(0.1 * torch.randn_like(p))
-    d = os.path.join(tmp, name)
-    m.save_pretrained(d, safe_serialization=True)
-    return d, m
+    return moe_random.make(os.path.join(tmp, name), cls, cfg, seed)
 
 
 random.seed(3)
@@ -120,7 +109,7 @@ MODELS = [
      ["k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"], "mlp.gate"),
 ]
 for i, (name, cls, cfg, targets, router) in enumerate(MODELS):
-    d, _ = make(name, cls, cfg, 20 + i)
+    d = make(name, cls, cfg, 20 + i)
     base_lp = tidal_logp(d)
     # 1. PEFT's adapter, random B, saved by PEFT (fp32, as a trainer saves it)
     torch.manual_seed(30 + i)
