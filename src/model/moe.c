@@ -59,14 +59,24 @@ static int moe_fused(const td_recipe *r)
 
 void moe_sum_topk(td_format D, int N, int K, int C, const float *v, float *out)
 {
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; i < N; i++) {   /* o = 0; o = D(o + v_j) for j = 0 .. K-1, as rows */
         float *o = out + (size_t)i * C;
-        for (int h = 0; h < C; h++) {
-            float x = 0.0f;
-            for (int j = 0; j < K; j++) x = td_round(D, x + v[((size_t)i * K + j) * C + h]);
-            o[h] = x;
+        for (int h = 0; h < C; h++) o[h] = 0.0f;
+        for (int j = 0; j < K; j++) {
+            const float *vj = v + ((size_t)i * K + j) * C;
+            for (int h = 0; h < C; h++) o[h] = o[h] + vj[h];
+            td_round_row(D, o, o, (size_t)C, TD_SATFINITE);
         }
     }
+}
+
+/* o = R(o + X(y * w)) over n values, as rows (td_round_row: td_round's bits); tmp holds n */
+static void add_scaled_rounded(td_format X, td_format R, float *o, const float *y, float w, size_t n, float *tmp)
+{
+    for (size_t h = 0; h < n; h++) tmp[h] = y[h] * w;
+    td_round_row(X, tmp, tmp, n, TD_SATFINITE);
+    for (size_t h = 0; h < n; h++) tmp[h] = o[h] + tmp[h];
+    td_round_row(R, tmp, o, n, TD_SATFINITE);
 }
 
 void td_moe_top_k(const float *p, int E, int K, int *sel)
@@ -267,22 +277,20 @@ void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const 
                 float w = weights[a->moe_rows[q]];
                 const float *y = a->moe_y_h + (size_t)q * C;
                 float *vq = v + (size_t)a->moe_rows[q] * C;
-                for (int h = 0; h < C; h++) vq[h] = td_round(D, y[h] * w);
+                for (int h = 0; h < C; h++) vq[h] = y[h] * w;
+                td_round_row(D, vq, vq, (size_t)C, TD_SATFINITE);
             }
         }
         moe_sum_topk(D, N, K, C, v, oh);
         free(v);
     }
+    float *tmp = td_xmalloc((size_t)C * sizeof(float));
     for (int e = 0; e < E && !moe_fused(r); e++) {
         int ne = routed_expert(ops, a, c, l, e, experts, xh, N, a->moe_gate);
         if (!ne) continue;
-        for (int q = 0; q < ne; q++) {
-            int i = a->moe_rows[q] / K;
-            float w = weights[a->moe_rows[q]];
-            const float *y = a->moe_y_h + (size_t)q * C;
-            float *o = oh + (size_t)i * C;
-            for (int h = 0; h < C; h++) o[h] = td_round(R, o[h] + td_round(R, y[h] * w));
-        }
+        for (int q = 0; q < ne; q++)   /* o = R(o + R(y w)) */
+            add_scaled_rounded(R, R, oh + (size_t)(a->moe_rows[q] / K) * C, a->moe_y_h + (size_t)q * C,
+                               weights[a->moe_rows[q]], (size_t)C, tmp);
     }
     if (FS > 0) {   /* Qwen2-MoE's shared expert, on every row, behind its sigmoid gate */
         shared_forward(ops, a, l, x, a->moe_gate, N, C, FS);
@@ -290,13 +298,12 @@ void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const 
         td_ops_sync(ops);
         const float *yh = down_rows(ops, a->moe_y_h, a->moe_y, nC);
         const float *zh = down_rows(ops, a->moe_logits_h, a->moe_logits, (size_t)N);
-        for (int i = 0; i < N; i++) {
+        for (int i = 0; i < N; i++) {   /* o = R(o + D(g y)) */
             float g = td_round(D, 1.0f / (1.0f + expf(-zh[i])));   /* F.sigmoid on the D gate */
-            const float *y = yh + (size_t)i * C;
-            float *o = oh + (size_t)i * C;
-            for (int h = 0; h < C; h++) o[h] = td_round(R, o[h] + td_round(D, g * y[h]));
+            add_scaled_rounded(D, R, oh + (size_t)i * C, yh + (size_t)i * C, g, (size_t)C, tmp);
         }
     }
+    free(tmp);
     up_rows(ops, out, oh, nC);
 }
 
