@@ -44,7 +44,9 @@
 #               Qwen2-MoE and Mixtral (fp32 within 1e-5 of the CPU with the same experts; bf16
 #               mismatch within 2x of the CPU's, vllm-bf16's fused_moe, R3), tidal-sft on add-moe with
 #               the aux loss, full and LoRA on the experts (loss, grad_norm within 1e-4); routing runs
-#               on the host (src/model/moe.c), so this measures correctness, not MoE speed
+#               on the host (src/model/moe.c), so this checks correctness; then tidal-bench-model
+#               bf16-infer on Qwen3-30B-A3B's widths with 2 layers (tidal-init, ~1.3 GB), device and
+#               CPU: the host-routed MoE's cost, a figure to decide on device routing
 #   bench        90 s / 180 s  tests/bench/gpu.sh (fractions of cuBLAS peak and HBM bandwidth, tokens/s
 #               against transformers): 0.5B forward 4 x 512 (~1 TFLOP: ms), 64 decode steps at
 #               batch 1 and 64, transformers' three rounds, eight peer GEMM shapes x 20, the 4 GiB
@@ -92,7 +94,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 STAGES="build check rl moe bench attn-bench fidelity fidelity-8b memory rl-bench"
 # expected seconds on an H100, and the limit
-declare -A EXPECT=([build]=0 [check]=150 [rl]=60 [moe]=30 [bench]=90 [attn-bench]=30 [fidelity]=150 [fidelity-8b]=0
+declare -A EXPECT=([build]=0 [check]=150 [rl]=60 [moe]=60 [bench]=90 [attn-bench]=30 [fidelity]=150 [fidelity-8b]=0
                    [memory]=40 [rl-bench]=150)
 declare -A LIMIT=([build]=600 [check]=240 [rl]=150 [moe]=120 [bench]=180 [attn-bench]=90 [fidelity]=300 [fidelity-8b]=600
                   [memory]=120 [rl-bench]=300)
@@ -142,6 +144,22 @@ stage() {
     moe)   # mixtures of experts on the device against the CPU (issues 34, 35)
       echo "=== tests/py/test_device_moe.py"; DEVICE_BIN="$BUILD/bin" "$PY" tests/py/test_device_moe.py; r=$?
       echo "=== tests/py/test_device_moe.py: exit $r"
+      # what the host-routed MoE costs on the device: Qwen3-30B-A3B's widths (128 experts, top-8,
+      # C 2048, FE 768) with 2 layers, bf16, on the device and on this machine's CPU (a figure, no
+      # target: routing, gathers and combines cross to the host; reports/gpu/README.md)
+      q=$BUILD/gpu/q30b-L2; A=(--tf-batch 2 --tf-len 256 --prompt 32 --steps 16 --decode-batch 16 --recipe bf16-infer)
+      [ "${TIDAL_GPU_TINY:-0}" = 1 ] && A=(--tf-batch 1 --tf-len 16 --prompt 4 --steps 4 --decode-batch 2 --recipe bf16-infer)
+      if [ ! -f "$q/config.json" ]; then
+        if [ "${TIDAL_GPU_TINY:-0}" = 1 ]; then
+          "$BUILD/bin/tidal-init" --arch qwen3_moe --preset tiny --dtype bf16 --seed 1 -o "$q" >/dev/null
+        else
+          "$BUILD/bin/tidal-init" --preset qwen3-30b-a3b --num-layers 2 --dtype bf16 --seed 1 -o "$q" >/dev/null
+        fi || { echo "=== moe: tidal-init failed"; return 1; }
+      fi
+      for dev in cuda cpu; do
+        echo "=== tidal-bench-model --device $dev on $q"
+        "$BUILD/bin/tidal-bench-model" --model "$q" "${A[@]}" --device $dev | sed "s/^/moe-q30b-L2 $dev: /" || r=1
+      done
       return $r ;;   # a skip (77) is a failure here too
     *) echo "run.sh: unknown stage '$1' ($STAGES)" >&2; return 2 ;;
   esac
