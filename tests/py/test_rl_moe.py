@@ -21,7 +21,8 @@
 8. LoRA on attention (r 4, q_proj,v_proj) on add-moe with r3: 2 steps with each --lora-sync run,
    checkpoint-2 holds the adapter under PEFT's names (…self_attn.q_proj.lora_A.weight), the routing
    columns are written; --lora-target-modules all-linear on add-moe adapts attention and every expert
-   (not the routers), and the adapter's config lists the projections, not "all-linear";
+   (not the routers), and the adapter's config lists the projections, not "all-linear"; with
+   merge-unmerge, 2 steps and --resume to 3 equal 3 straight steps bit for bit;
 5. tidal-sft --freeze-router: two fp32-saved steps leave every router bit-identical to add-moe's while
    every expert matrix moves (without it the routers move too); on a dense model it exits 1.
 """
@@ -169,6 +170,18 @@ if safe_open is not None:
           and not any(".mlp.gate." in k for k in keys) and isinstance(tm, list) and "gate_proj" in tm,
           f"--lora-target-modules all-linear on add-moe: every expert adapted, no router, the config lists the "
           f"projections ({len(keys)} tensors, target_modules {tm}; {p.stderr.strip()[-120:]})")
+    # the experts' drifted base is part of a merge-unmerge run's state: 2 steps + --resume to 3 = 3 straight
+    LA = ["--lora-r", "2", "--lora-target-modules", "all-linear", "--lora-sync", "merge-unmerge", "--save-steps", "1",
+          "--learning-rate", "1e-3"]
+    rl("lx3", "--max-steps", "3", *LA)
+    rl("lx", "--max-steps", "2", *LA)
+    p = rl("lx", "--max-steps", "3", "--resume", *LA)
+    a3, b3 = steps("lx3"), steps("lx") if p.returncode == 0 else {}
+    same = bool(b3) and all(np.array_equal(a3[k], b3[k], equal_nan=True) for k in a3
+                            if not k.startswith("time") and "memory" not in k and k in b3)
+    check(p.returncode == 0 and same and len(a3["loss"]) == 3,
+          "LoRA on every expert, merge-unmerge: 2 steps and --resume to 3 equal 3 straight steps bit for bit "
+          "(the experts' drifted base restored from lora_base.safetensors)")
 try:
     import torch
     from safetensors.torch import load_file
