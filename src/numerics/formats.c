@@ -217,19 +217,28 @@ void td_decode_row(td_format f, const void *codes, float *y, size_t n)
     }
 }
 
-/* The vector fp8 rounding rows fall back to td_round_row on awkward blocks: fp8_rounding_scalar
- * (thread-local) makes that call take the scalar loops. */
-static _Thread_local int fp8_rounding_scalar;
-#if TD_HAVE_F16C_PATH
-static inline int fp8_vector(void) { return f16_vector() && !fp8_rounding_scalar; }
-static void fp8_round_vector(int e5m2, const float *x, float *y, size_t n, int sat)
+/* The scalar fp8 rounding rows: td_round_row's form without vectors, and what the vector rows
+ * (formats_f16c.c) take for a block holding a NaN or a value past the format's range. */
+void td_fp8_round_row_scalar(int e5m2, const float *x, float *y, size_t n, int sat)
 {
-    fp8_rounding_scalar = 1;
-    if (td_isa_level() >= TD_ISA_AVX512) td_fp8_round_row_avx512(e5m2, x, y, n, sat);
-    else                                 td_fp8_round_row_avx2(e5m2, x, y, n, sat);
-    fp8_rounding_scalar = 0;
+    const uint32_t *u = (const uint32_t *)x;
+    if (e5m2 && sat)  for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E5M2_ENC(u[i], TD_SATFINITE), 8, 2, 15, 1);
+    else if (e5m2)    for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E5M2_ENC(u[i], TD_NOSAT), 8, 2, 15, 1);
+    else if (sat)     for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E4M3_ENC(u[i], TD_SATFINITE), 8, 3, 7, 0);
+    else              for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E4M3_ENC(u[i], TD_NOSAT), 8, 3, 7, 0);
 }
+
+static void fp8_round_row(int e5m2, const float *x, float *y, size_t n, int sat)
+{
+#if TD_HAVE_F16C_PATH
+    if (f16_vector()) {
+        if (td_isa_level() >= TD_ISA_AVX512) td_fp8_round_row_avx512(e5m2, x, y, n, sat);
+        else                                 td_fp8_round_row_avx2(e5m2, x, y, n, sat);
+        return;
+    }
 #endif
+    td_fp8_round_row_scalar(e5m2, x, y, n, sat);
+}
 
 void td_fp8_decode_scaled_row(td_format f, const uint8_t *codes, float scale, float *y, size_t n)
 {
@@ -263,20 +272,8 @@ void td_round_row(td_format f, const float *x, float *y, size_t n, td_saturation
 #endif
         for (size_t i = 0; i < n; i++) y[i] = narrow_decode(F16_ENC(u[i]), 16, 10, 15, 1);
         break;
-    case TD_E4M3:
-#if TD_HAVE_F16C_PATH
-        if (fp8_vector()) { fp8_round_vector(0, x, y, n, sat == TD_SATFINITE); break; }
-#endif
-        if (sat == TD_SATFINITE) for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E4M3_ENC(u[i], TD_SATFINITE), 8, 3, 7, 0);
-        else                     for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E4M3_ENC(u[i], TD_NOSAT), 8, 3, 7, 0);
-        break;
-    case TD_E5M2:
-#if TD_HAVE_F16C_PATH
-        if (fp8_vector()) { fp8_round_vector(1, x, y, n, sat == TD_SATFINITE); break; }
-#endif
-        if (sat == TD_SATFINITE) for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E5M2_ENC(u[i], TD_SATFINITE), 8, 2, 15, 1);
-        else                     for (size_t i = 0; i < n; i++) y[i] = narrow_decode(E5M2_ENC(u[i], TD_NOSAT), 8, 2, 15, 1);
-        break;
+    case TD_E4M3: fp8_round_row(0, x, y, n, sat == TD_SATFINITE); break;
+    case TD_E5M2: fp8_round_row(1, x, y, n, sat == TD_SATFINITE); break;
     case TD_E8M0: for (size_t i = 0; i < n; i++) y[i] = td_e8m0_to_f32(td_f32_to_e8m0(x[i], sat, TD_ROUND_UP)); break;
     default: break;
     }

@@ -206,7 +206,7 @@ static fp8_round_k fp8_k(int e5m2)
 
 static void fp8_round_scalar(int e5m2, const float *x, float *y, size_t n, int sat)
 {
-    td_round_row(e5m2 ? TD_E5M2 : TD_E4M3, x, y, n, sat ? TD_SATFINITE : TD_NOSAT);
+    td_fp8_round_row_scalar(e5m2, x, y, n, sat);
 }
 
 TGT void td_fp8_round_row_avx2(int e5m2, const float *x, float *y, size_t n, int sat)
