@@ -311,10 +311,14 @@ static void test_init_each_arch(void **state)
         assert_int_equal(c->hidden_size, 64);
         assert_int_equal(c->tie_word_embeddings, a % 2);
         assert_int_equal(td_checkpoint_find(ck, "lm_head.weight") != NULL, !(a % 2));
-        bool qwen2 = a == TD_ARCH_QWEN2 || a == TD_ARCH_QWEN2_MOE, qwen3 = a == TD_ARCH_QWEN3 || a == TD_ARCH_QWEN3_MOE;
-        bool moe = a == TD_ARCH_QWEN2_MOE || a == TD_ARCH_QWEN3_MOE || a == TD_ARCH_MIXTRAL;
+        bool qwen2 = a == TD_ARCH_QWEN2 || a == TD_ARCH_QWEN2_MOE;
+        bool qknorm = a == TD_ARCH_QWEN3 || a == TD_ARCH_QWEN3_MOE || a == TD_ARCH_OLMOE;
+        bool moe = a == TD_ARCH_QWEN2_MOE || a == TD_ARCH_QWEN3_MOE || a == TD_ARCH_MIXTRAL || a == TD_ARCH_OLMOE;
         assert_int_equal(td_checkpoint_find(ck, "model.layers.1.self_attn.q_proj.bias") != NULL, qwen2);
-        assert_int_equal(td_checkpoint_find(ck, "model.layers.0.self_attn.k_norm.weight") != NULL, qwen3);
+        const td_tensor *kn = td_checkpoint_find(ck, "model.layers.0.self_attn.k_norm.weight");
+        assert_int_equal(kn != NULL, qknorm);
+        if (kn)   /* Qwen3: per head (HD 16); OLMoE: the whole k projection (NKV 2 x HD 16) */
+            assert_int_equal(kn->shape[0], a == TD_ARCH_OLMOE ? 32 : 16);
         assert_int_equal(c->num_experts, moe ? 8 : 0);   /* tiny on an MoE arch: 8 experts, top-2 */
         assert_int_equal(td_checkpoint_find(ck, "model.layers.1.mlp.gate_proj.weight") != NULL, !moe);
         assert_int_equal(td_checkpoint_find(ck, a == TD_ARCH_MIXTRAL ? "model.layers.1.block_sparse_moe.experts.7.w2.weight"
