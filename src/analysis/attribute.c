@@ -7,11 +7,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A recipe as a JSON object with every field: td_recipe_to_json leaves out the fields that hold
+ * their default ("moe": "hf", "router": "activations"), and a field only one side prints would
+ * otherwise never be a player (bf16-train against vllm-bf16 differ in "moe") */
 static json_t *recipe_obj(const td_recipe *r)
 {
+    static const char *const OPTIONAL[][2] = {{"moe", "hf"}, {"router", "activations"}};
     char *s = td_recipe_to_json(r);
     json_t *j = json_loads(s, 0, NULL);
     free(s);
+    for (size_t i = 0; j && i < sizeof OPTIONAL / sizeof OPTIONAL[0]; i++)
+        if (!json_object_get(j, OPTIONAL[i][0])) json_object_set_new(j, OPTIONAL[i][0], json_string(OPTIONAL[i][1]));
     return j;
 }
 

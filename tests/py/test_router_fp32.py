@@ -11,7 +11,9 @@ the router GEMM with fp32 operands and fp32 logits, the logits' gradient left in
    is the same (the forward's loss reads the same logits' routing on this batch) or close, every
    router gradient changes (its logits' gradient is no longer rounded to bf16) and the expert
    gradients stay finite.
-4. A bad value ("router": "fp16") exits 1 naming the field.
+4. tidal-attribute between bf16-train and the same with the field: one player, "router" (the field
+   is printed only when "fp32", yet compared from both sides).
+5. A bad value ("router": "fp16") exits 1 naming the field.
 """
 import json
 import os
@@ -92,6 +94,14 @@ finite = all(np.isfinite(g1[k]).all() for k in g1)
 check(abs(l0 - l1) <= 1e-2 * abs(l0) and len(routers) == 4 and min(moved) > 0 and finite,
       f"bf16-train step with router fp32: loss {l1:.6f} vs {l0:.6f}; every router's gradient changed (least "
       f"{min(moved):.2e} relative, {len(routers)} routers); all gradients finite")
+
+# 4. tidal-attribute sees the field (a default that td_recipe_to_json leaves out on one side is still a player)
+p = run("tidal-attribute", "--model", MODEL, "--prompts", os.path.join(ROOT, "datasets/models/prompts-add.jsonl"),
+        "--recipe-a", "bf16-train", "--recipe-b", bfr, "--max-new-tokens", "8", "--json")
+players = []
+if p.returncode == 0:
+    players = [x["name"] for x in json.loads(p.stdout)["players"]]
+check(players == ["router"], f"tidal-attribute bf16-train vs router fp32: the one player is router ({players})")
 
 bad = recipe("bad", {"base": "bf16-train", "router": "fp16"})
 p = run("tidal-diff", "--model", MODEL, "--prompts", ROLL, "--recipe-a", bad, "--recipe-b", "fp32",
