@@ -47,12 +47,18 @@ for p in bin/tidal-diff bin/tidal-logprobs bin/tidal-bench-model bin/tidal-sft b
          gpu/test_decoder_backward_sim gpu/test_forward_sim gpu/test_sampling_sim tests/helpers/rl_base_sft; do
   [ -x "$B/$p" ] || { echo "pack.sh: $B/$p was not built" >&2; exit 1; }
 done
-# only what runs there (no objects, libtidal.a, dependency files), xz -9: the device tool carries
-# 64 MiB in all, the tracked files included (~44 MiB on 2026-11-26: 50.5 before reports/rl/pack_runs.py
-# stored the packed run files' columns as float32), so every MiB counts
+# only what runs there (no objects, libtidal.a, dependency files, tools no stage starts), xz -9:
+# the device tool carries 64 MiB in all, the tracked files included (~44 MiB on 2026-11-26: 50.5
+# before reports/rl/pack_runs.py stored the packed run files' columns as float32; 72.7 on
+# 2026-11-29 with the LoRA and MoE grids' runs, 49.8 once those were repacked in HDF5 1.10's
+# format), so every MiB counts
 mkdir -p .gpu-pack
 gpu_progs=$(cd "$B" && ls gpu/test_* | grep -v '\.[od]$')
-tar -C "$(dirname "$B")" -cf - $(for p in bin gpu/peer $gpu_progs lib tests/helpers/rl_base_sft; do echo "$(basename "$B")/$p"; done) |
+# the tools the stages start (the list checked above), not every tool: each links libtidal and
+# CUDA's runtime statically, and the other tools would only swell the archive
+tools=$(for p in bin/tidal-diff bin/tidal-logprobs bin/tidal-bench-model bin/tidal-sft bin/tidal-rl bin/tidal-init \
+              bin/tidal-tokenize bin/tidal-export bin/tidal-report; do echo "$p"; done)
+tar -C "$(dirname "$B")" -cf - $(for p in $tools gpu/peer $gpu_progs lib tests/helpers/rl_base_sft; do echo "$(basename "$B")/$p"; done) |
   xz -9 -T"$(nproc)" > .gpu-pack/build-gpu.tar.xz.part
 mv .gpu-pack/build-gpu.tar.xz.part .gpu-pack/build-gpu.tar.xz
 du -sh .gpu-pack/build-gpu.tar.xz | sed 's/^/pack.sh: /'
