@@ -19,13 +19,10 @@ static float *acts_buf(td_acts *a, size_t floats)
     return p;
 }
 
-/* whether the backend's buffers are host memory (the CPU backend: no device to synchronise) */
-static int be_host(const td_backend *be) { return be->sync == NULL; }
-
 /* a buffer the host reads and writes: the backend's own on the CPU, host memory on a device */
 static float *acts_host(td_acts *a, size_t floats)
 {
-    if (be_host(a->be)) return acts_buf(a, floats);
+    if (backend_host_memory(a->be)) return acts_buf(a, floats);
     float *p = td_xcalloc(floats ? floats : 1, sizeof(float));
     a->host_owned[a->nhost++] = p;
     return p;
@@ -34,7 +31,7 @@ static float *acts_host(td_acts *a, size_t floats)
 /* the host mirror of backend buffer b: b itself on the CPU backend */
 static float *acts_mirror(td_acts *a, float *b, size_t floats)
 {
-    return be_host(a->be) ? b : acts_host(a, floats);
+    return backend_host_memory(a->be) ? b : acts_host(a, floats);
 }
 
 void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int max_keys, int save)
@@ -75,7 +72,7 @@ void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int 
         a->moe_logits_h = acts_mirror(a, a->moe_logits, n * E);
         a->moe_in_h = acts_mirror(a, a->moe_in, n * C);
         a->moe_y_h = acts_mirror(a, a->moe_y, n * C);
-        if (!be_host(a->be)) {
+        if (!backend_host_memory(a->be)) {
             a->moe_x_h = acts_host(a, n * C);
             a->moe_out_h = acts_host(a, n * C);
         }

@@ -31,7 +31,7 @@ static float *gbuf(td_grad_acts *g, size_t floats)
 /* host memory on a device backend (NULL on the CPU backend, whose buffers are host memory) */
 static float *ghost(td_grad_acts *g, size_t floats)
 {
-    if (!g->be->sync) return NULL;
+    if (backend_host_memory(g->be)) return NULL;
     float *p = td_xcalloc(floats ? floats : 1, sizeof(float));
     g->host_owned[g->nhost++] = p;
     return p;
@@ -73,7 +73,7 @@ void grad_acts_alloc(td_grad_acts *g, const td_config *c, const td_ops *ops, int
         g->moe_dup = gbuf(g, n * FW);
         g->moe_dx = gbuf(g, n * C);
         g->moe_dlogits = gbuf(g, n * E);
-        g->moe_dw = g->be->sync ? ghost(g, n * K) : gbuf(g, n * K);
+        g->moe_dw = backend_host_memory(g->be) ? gbuf(g, n * K) : ghost(g, n * K);
         g->moe_dy_h = gmirror(g, g->moe_dy, n * C);
         g->moe_dx_h = gmirror(g, g->moe_dx, n * C);
         g->moe_dlogits_h = gmirror(g, g->moe_dlogits, n * E);

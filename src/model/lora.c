@@ -17,14 +17,18 @@ static const char *const MODULE_NAMES[TD_LORA_NMOD] = {
 static const char *const MODULE_PARENT[TD_LORA_NMOD] = {
     "self_attn", "self_attn", "self_attn", "self_attn", "mlp", "mlp", "mlp"};
 
+/* Mixtral's expert projections: gate, up, down */
+static const char *const MIXTRAL_LEAF[3] = {"w1", "w3", "w2"};
+
 const char *td_lora_module_name(int m) { return m >= 0 && m < TD_LORA_NMOD ? MODULE_NAMES[m] : "?"; }
 
 int td_lora_module_from_name(const char *name)
 {
     for (int m = 0; m < TD_LORA_NMOD; m++)
         if (!strcmp(name, MODULE_NAMES[m])) return m;
-    /* Mixtral's experts: w1 gate, w3 up, w2 down */
-    return !strcmp(name, "w1") ? TD_LORA_GATE : !strcmp(name, "w3") ? TD_LORA_UP : !strcmp(name, "w2") ? TD_LORA_DOWN : -1;
+    for (int k = 0; k < 3; k++)   /* Mixtral's experts */
+        if (!strcmp(name, MIXTRAL_LEAF[k])) return TD_LORA_GATE + k;
+    return -1;
 }
 
 void td_lora_module_shape(const td_config *c, int m, int *out, int *in)
@@ -67,8 +71,7 @@ int td_lora_slot_shape(const td_config *c, int l, int s, int *out, int *in)
 
 const char *td_lora_module_leaf(const td_config *c, int m)
 {
-    static const char *const MIXTRAL[3] = {"w1", "w3", "w2"};   /* gate, up, down */
-    if (c->arch == TD_ARCH_MIXTRAL && m >= TD_LORA_GATE && m <= TD_LORA_DOWN) return MIXTRAL[m - TD_LORA_GATE];
+    if (c->arch == TD_ARCH_MIXTRAL && m >= TD_LORA_GATE && m <= TD_LORA_DOWN) return MIXTRAL_LEAF[m - TD_LORA_GATE];
     return td_lora_module_name(m);
 }
 

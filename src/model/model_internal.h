@@ -7,6 +7,10 @@
 #include "tidal/model.h"
 #include "ops.h"
 
+/* Whether a backend's buffers are host memory (the CPU backend: nothing to synchronise); a device
+ * backend's routing buffers get host mirrors (td_acts, td_grad_acts). */
+static inline int backend_host_memory(const td_backend *be) { return be->sync == NULL; }
+
 /* A model with config, inv_freq and an empty layer table, nothing else. */
 td_model *model_new(const td_config *cfg, const char *what, td_error *err);
 
