@@ -13,10 +13,13 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-/* A fresh directory under /tmp; removed (with its files) by rm_tree. */
+/* A fresh directory under $TMPDIR or /tmp; removed (with its files) by rm_tree. */
 static inline char *make_tmpdir(void)
 {
-    char *d = strdup("/tmp/tidal-ckpt-test-XXXXXX");
+    const char *t = getenv("TMPDIR");
+    char *d = malloc(4096);
+    assert_non_null(d);
+    snprintf(d, 4096, "%s/tidal-ckpt-test-XXXXXX", t && t[0] ? t : "/tmp");
     assert_non_null(mkdtemp(d));
     return d;
 }

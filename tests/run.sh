@@ -6,13 +6,27 @@ set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 pass=0; fail=0; skip=0; failed=()
+# Each test program gets a fresh TMPDIR (Python's tempfile, the C tests' helpers and the tools all
+# honour it), removed when the test ends: the suite's temporary files never accumulate on the disk
+# (a CI run once failed on "No space left on device" after tests had left 60 GB in /tmp). A failed
+# test's directory is removed too; its messages name what it wrote. The closing line of each test
+# says how much it wrote there.
+TMP_ROOT=${TMPDIR:-/tmp}
+trap '[ -n "${TEST_TMP:-}" ] && rm -rf "$TEST_TMP"' EXIT
+tmp_begin() { TEST_TMP=$(mktemp -d "$TMP_ROOT/tt.XXXXXX") || { echo "tests/run.sh: cannot create a directory under $TMP_ROOT" >&2; exit 1; }; }
+tmp_end() {  # prints the size written, then removes the directory
+  local kib; kib=$(du -sk "$TEST_TMP" 2>/dev/null | cut -f1)
+  rm -rf "$TEST_TMP"
+  echo "$((${kib:-0} / 1024)) MiB in TMPDIR"
+}
 run_c() {  # $1: label, then the command
   local label=$1; shift
   echo "=== $label"
   local t0=$SECONDS
-  out=$("$@" 2>&1); rc=$?
+  tmp_begin
+  out=$(TMPDIR=$TEST_TMP "$@" 2>&1); rc=$?
   echo "$out"
-  echo "--- $label: $((SECONDS - t0)) s"
+  echo "--- $label: $((SECONDS - t0)) s, $(tmp_end)"
   n_ok=$(echo "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -n1)
   n_bad=$(echo "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -n1)
   pass=$((pass + ${n_ok:-0})); fail=$((fail + ${n_bad:-0}))
@@ -34,8 +48,9 @@ for t in tests/py/test_*.py; do
   case " ${TIDAL_SKIP_PY:-} " in *" $(basename "$t") "*) echo "=== $t: left out of this run (TIDAL_SKIP_PY)"; skip=$((skip + 1)); continue ;; esac
   echo "=== $t"
   t0=$SECONDS
-  BUILD=$BUILD "$PY" "$t"; rc=$?
-  echo "--- $t: $((SECONDS - t0)) s"
+  tmp_begin
+  TMPDIR=$TEST_TMP BUILD=$BUILD "$PY" "$t"; rc=$?
+  echo "--- $t: $((SECONDS - t0)) s, $(tmp_end)"
   if [ $rc -eq 0 ]; then pass=$((pass + 1));
   elif [ $rc -eq 77 ]; then skip=$((skip + 1));
   else fail=$((fail + 1)); failed+=("$t"); fi

@@ -364,7 +364,7 @@ static void test_threads(void **state)
 
 int main(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/tidal-tok-XXXXXX");
+    snprintf(tmpdir, sizeof tmpdir, "%s/tidal-tok-XXXXXX", test_tmp_base());
     if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 1; }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bpe_rank_order),   cmocka_unit_test(test_byte_level_encode),

@@ -442,7 +442,9 @@ static void test_lora_save_roundtrip(void **st)
         assert_int_equal(td_trainer_accumulate_sft(tr, NSEQ, tokens, LENS, weights, 0, &loss, &err), 0);
         assert_int_equal(td_trainer_step(tr, NULL, &err), 0);
     }
-    char dir[] = "/tmp/tidal-lora-XXXXXX";
+    char dir[4096];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/tidal-lora-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
     assert_non_null(mkdtemp(dir));
     assert_int_equal(td_trainer_save(tr, dir, TD_DT_F32, "test_train", &err), 0);
     td_lora *back = td_lora_load(dir, &m->cfg, &err);
@@ -462,8 +464,8 @@ static void test_lora_save_roundtrip(void **st)
     }
     assert_memory_equal(td_trainer_model(tr)->owned, m->owned, m->owned_floats * sizeof(float));
     td_lora_free(back);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
     td_trainer_free(tr);
     td_model_free(m);

@@ -76,8 +76,10 @@ int main(int argc, char **argv)
         return 2;
     }
     char *cmd = td_command_line(argc, argv);
-    char tmp[] = "/tmp/tidal-attribute-XXXXXX";
-    char tmp_run[64] = "";
+    /* the temporary run goes under $TMPDIR as mkdtemp(1) would put it, /tmp without one */
+    const char *tmpdir_env = getenv("TMPDIR");
+    char tmp[4096], tmp_run[4120] = "";
+    snprintf(tmp, sizeof tmp, "%s/tidal-attribute-XXXXXX", tmpdir_env && tmpdir_env[0] ? tmpdir_env : "/tmp");
     if (!run) {
         /* the diff job once: B generates, A scores; its run file is what gets replayed */
         td_diff_opts o = {.model_dir = model, .prompts_path = prompts, .recipe_a_arg = ra ? ra : "bf16-train",
@@ -92,7 +94,7 @@ int main(int argc, char **argv)
             if (td_make_parent_dirs(save_run, &err)) { free(cmd); return fail(err.msg); }
             o.out_path = save_run;
         } else {
-            if (!mkdtemp(tmp)) { free(cmd); return fail("cannot create a temporary directory under /tmp"); }
+            if (!mkdtemp(tmp)) { free(cmd); return fail("cannot create a temporary directory (set TMPDIR to a writable directory)"); }
             snprintf(tmp_run, sizeof tmp_run, "%s/run.h5", tmp);
             o.out_path = tmp_run;
         }
