@@ -84,6 +84,14 @@ typedef struct { size_t count; double mean, p50, p90, p99, max; } td_summary;
 void td_summary_compute(const double *x, size_t n, td_summary *s);
 /* Quantile f (linear interpolation, as above) of v (m >= 1 values, reordered in place). */
 double td_quantile_select(double *v, size_t m, double f);
+/* rank[i] = the 1-based rank of x[i] among x's m values (finite), tied values sharing the mean of
+ * their ranks (-0 ties +0): what gsl_stats_spearman ranks by, in O(m) (a radix sort of the values'
+ * ordered bit patterns) instead of GSL's heapsort. */
+void td_average_ranks(const double *x, size_t m, double *rank);
+/* Spearman's rank correlation of the m pairs (x, y), all finite: Pearson (gsl_stats_correlation)
+ * of the average ranks in the pairs' order; NAN for m < 2. The value of gsl_stats_spearman up to
+ * the last bits (that one correlates in its sort's order). */
+double td_spearman(const double *x, const double *y, size_t m);
 
 /* Importance-sampling simulator. A correction is a level, a mode and a band [lo, hi]:
  * truncate clamps w into [lo, hi] (TIS: lo = 0, hi = C); mask zeroes w outside [lo, hi]

@@ -28,7 +28,7 @@ static json_t *summary_json(const double *x, size_t n)
 }
 
 /* Pearson and Spearman correlation of x and y over the pairs where both are finite
- * (gsl_stats_correlation; gsl_stats_spearman = Pearson of average ranks). */
+ * (gsl_stats_correlation; td_spearman = Pearson of average ranks, as gsl_stats_spearman). */
 typedef struct { size_t n; double pearson, spearman; } corr_result;
 
 static void correlation(const double *x, const double *y, size_t n, corr_result *r)
@@ -41,9 +41,7 @@ static void correlation(const double *x, const double *y, size_t n, corr_result 
     r->pearson = r->spearman = NAN;
     if (m >= 2) {
         r->pearson = gsl_stats_correlation(a, 1, b, 1, m);
-        double *work = td_xmalloc(2 * m * sizeof(double));
-        r->spearman = gsl_stats_spearman(a, 1, b, 1, m, work);
-        free(work);
+        r->spearman = td_spearman(a, b, m);
     }
     free(a);
     free(b);
