@@ -56,9 +56,18 @@ static void rmsnorm_cpu(const td_ops *ctx, float *out, float *rstd, const float 
         for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
         float rs = 1.0f / sqrtf((float)(ss / C) + eps);
         if (rstd) rstd[i] = rs;
-        if (form == 1)      for (int c = 0; c < C; c++) y[c] = td_round(D, x[c] * rs * weight[c]);
-        else if (form == 0) for (int c = 0; c < C; c++) y[c] = td_round(D, td_round(D, x[c] * rs) * weight[c]);
-        else                for (int c = 0; c < C; c++) y[c] = (x[c] * rs) * weight[c];
+        /* the products in fp32, the roundings as rows (td_round_row: td_round's bits, vectorised) */
+        if (form == 1) {
+            for (int c = 0; c < C; c++) y[c] = x[c] * rs * weight[c];
+            td_round_row(D, y, y, (size_t)C, TD_SATFINITE);
+        } else if (form == 0) {
+            for (int c = 0; c < C; c++) y[c] = x[c] * rs;
+            td_round_row(D, y, y, (size_t)C, TD_SATFINITE);
+            for (int c = 0; c < C; c++) y[c] = y[c] * weight[c];
+            td_round_row(D, y, y, (size_t)C, TD_SATFINITE);
+        } else {
+            for (int c = 0; c < C; c++) y[c] = (x[c] * rs) * weight[c];
+        }
     }
 }
 
@@ -83,16 +92,30 @@ static void rope_cpu(const td_ops *ctx, float *x, const int *pos, const float *i
         }
         for (int h = 0; h < nheads; h++) {
             float *xh = x + ((size_t)i * nheads + h) * HD;
-            for (int k = 0; k < half; k++) {
-                float x0 = xh[k], x1 = xh[k + half];
-                if (form == TD_ROPE_VLLM) {   /* fp32 rotation over the dtype cache */
-                    float p = x0 * cs[k], q = x1 * sn[k], u = x1 * cs[k], v = x0 * sn[k];
-                    xh[k] = td_round(D, p - q);
-                    xh[k + half] = td_round(D, u + v);
-                } else {
-                    xh[k] = td_round(D, td_round(D, x0 * cs[k]) - td_round(D, x1 * sn[k]));
-                    xh[k + half] = td_round(D, td_round(D, x1 * cs[k]) + td_round(D, x0 * sn[k]));
+            /* the products and sums in fp32, each rounding as a row (td_round_row: td_round's bits) */
+            if (form == TD_ROPE_VLLM) {   /* fp32 rotation over the dtype cache */
+                float r[1024];
+                for (int k = 0; k < half; k++) {
+                    float x0 = xh[k], x1 = xh[k + half];
+                    r[k] = x0 * cs[k] - x1 * sn[k];
+                    r[k + half] = x1 * cs[k] + x0 * sn[k];
                 }
+                td_round_row(D, r, xh, (size_t)HD, TD_SATFINITE);
+            } else {   /* D(D(x0 c) - D(x1 s)), D(D(x1 c) + D(x0 s)) */
+                float p[2048];   /* x0 c | x1 c | x1 s | x0 s, each half wide */
+                for (int k = 0; k < half; k++) {
+                    float x0 = xh[k], x1 = xh[k + half];
+                    p[k] = x0 * cs[k];
+                    p[half + k] = x1 * cs[k];
+                    p[2 * half + k] = x1 * sn[k];
+                    p[3 * half + k] = x0 * sn[k];
+                }
+                td_round_row(D, p, p, (size_t)(4 * half), TD_SATFINITE);
+                for (int k = 0; k < half; k++) {
+                    xh[k] = p[k] - p[2 * half + k];
+                    xh[k + half] = p[half + k] + p[3 * half + k];
+                }
+                td_round_row(D, xh, xh, (size_t)HD, TD_SATFINITE);
             }
         }
     }
