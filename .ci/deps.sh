@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 DEBS=(build-essential pkg-config libhdf5-dev hdf5-tools libgsl-dev libopenblas-dev libjansson-dev
       libpcre2-dev libcmocka-dev libpng-dev libfreetype-dev zlib1g-dev fonts-dejavu-core
       clang libclang-rt-dev libomp-dev
-      python3 python3-venv python3-numpy python3-h5py python3-torch)
+      python3 python3-venv python3-numpy python3-h5py python3-torch python3-scipy)
 # module:pip-spec. numpy<2 keeps pip from shadowing Debian's numpy 1.x, which h5py and torch
 # from Debian are built against; ml_dtypes 0.4 is the last series that runs on numpy 1.x.
 PYPI=("ml_dtypes:ml_dtypes<0.5" "safetensors:safetensors" "tokenizers:tokenizers" "jinja2:jinja2")

@@ -16,33 +16,19 @@ Until all 40 H1 runs on seeds 6-15 are finished the output says INTERIM and call
 (the script refuses to print p-values then, unless --allow-interim).
 """
 import glob
-import itertools
-import math
 import os
 import re
 import sys
 
-import h5py
-import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from rlstats import DEAD, final_clean, fisher_greater, fisher_two_sided, mann_whitney_less  # noqa: E402
 
-os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs")
-DEAD = 0.005
 H1_A = ("bf16-mu", "bf16-merged")      # bf16 base, merged weights to the engine
 H1_B = ("bf16-adapter", "fp16-mu")      # the comparison arms
 NEW = range(6, 16)
 OLD = range(1, 6)
-
-
-def final_clean(path):
-    with h5py.File(path, "r") as f:
-        a = dict(f.attrs)
-        if int(a.get("steps_done", 0)) < int(a.get("max_steps", 1)):
-            return None   # unfinished: not counted
-        ev = f["steps"]["eval_accuracy"][:]
-    ev = ev[np.isfinite(ev)]
-    return float(ev[-2:].mean()) if len(ev) else float("nan")
 
 
 def collect():
@@ -61,48 +47,6 @@ def collect():
             if acc is not None:
                 out[(arm, seed)] = acc
     return out
-
-
-def fisher_greater(a, b, c, d):
-    """one-sided P(X >= a) of the 2x2 table [[a, b], [c, d]] with fixed margins"""
-    n1, n2, k = a + b, c + d, a + c
-    tot = math.comb(n1 + n2, k)
-    return sum(math.comb(n1, x) * math.comb(n2, k - x) for x in range(a, min(n1, k) + 1)) / tot
-
-
-def fisher_two_sided(a, b, c, d):
-    """two-sided: the tables at most as probable as the observed one"""
-    n1, n2, k = a + b, c + d, a + c
-    tot = math.comb(n1 + n2, k)
-    pr = {x: math.comb(n1, x) * math.comb(n2, k - x) / tot for x in range(max(0, k - n2), min(n1, k) + 1)}
-    return min(1.0, sum(p for p in pr.values() if p <= pr[a] * (1 + 1e-9)))
-
-
-def mann_whitney_less(x, y, seed=41):
-    """U of x against y (ties count half) and the one-sided permutation p of x being lower"""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-
-    def u(xs, ys):
-        return float(((xs[:, None] > ys[None, :]) + 0.5 * (xs[:, None] == ys[None, :])).sum())
-
-    obs = u(x, y)
-    allv = np.concatenate([x, y])
-    n, nx = len(allv), len(x)
-    splits = math.comb(n, nx)
-    le = tot = 0
-    if splits <= 2_000_000:
-        for idx in itertools.combinations(range(n), nx):
-            mask = np.zeros(n, bool)
-            mask[list(idx)] = True
-            le += u(allv[mask], allv[~mask]) <= obs + 1e-9
-            tot += 1
-    else:
-        rng = np.random.default_rng(seed)
-        for _ in range(2_000_000 // 50):   # 40,000 random splits: a p known to about +-0.002
-            perm = rng.permutation(n)
-            le += u(allv[perm[:nx]], allv[perm[nx:]]) <= obs + 1e-9
-            tot += 1
-    return obs, le / tot, splits <= 2_000_000
 
 
 def main():
