@@ -64,15 +64,6 @@ static int parse_checkpoint(void *dest, const char *v, char *why, size_t n)
     return 0;
 }
 
-/* --output-router-logits VALUE: true or false as transformers' config spells them (True, False; 1, 0) */
-static int parse_bool(void *dest, const char *v, char *why, size_t n)
-{
-    if (!strcmp(v, "true") || !strcmp(v, "True") || !strcmp(v, "1")) *(int *)dest = 1;
-    else if (!strcmp(v, "false") || !strcmp(v, "False") || !strcmp(v, "0")) *(int *)dest = 0;
-    else return -1;
-    return 0;
-}
-
 static int parse_collapse(void *dest, const char *v, char *why, size_t n)
 {
     td_error err;
@@ -117,7 +108,7 @@ int main(int argc, char **argv)
                  "r2 = pi_theta takes pi_old's (vanilla routing replay)"),
         TD_OPT_F("freeze-router", 0, &o.freeze_router, 1, "mixtures of experts: do not train the routers (they keep\n"
                  "the checkpoint's weights)"),
-        TD_OPT_FUN("output-router-logits", 0, &o.output_router_logits, "true|false", parse_bool, "true or false",
+        TD_OPT_FUN("output-router-logits", 0, &o.output_router_logits, "true|false", td_opt_parse_bool, "true or false",
                    "mixtures of experts: add transformers' load-balancing\n"
                    "loss (load_balancing_loss_func over every token and MoE\n"
                    "layer) x --router-aux-loss-coef to the loss, as a model\n"

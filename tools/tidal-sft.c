@@ -23,16 +23,6 @@ static int parse_recipe(void *dest, const char *value, char *why, size_t whylen)
     return -1;
 }
 
-/* "q_proj,v_proj", "all-linear" (PEFT's shorthand) -> a td_lora_module bit mask */
-/* --output-router-logits VALUE: true or false as transformers' config spells them (True, False; 1, 0) */
-static int parse_bool(void *dest, const char *v, char *why, size_t n)
-{
-    if (!strcmp(v, "true") || !strcmp(v, "True") || !strcmp(v, "1")) *(int *)dest = 1;
-    else if (!strcmp(v, "false") || !strcmp(v, "False") || !strcmp(v, "0")) *(int *)dest = 0;
-    else return -1;
-    return 0;
-}
-
 static int parse_dropout(void *dest, const char *v, char *why, size_t n)
 {
     return td_lora_dropout_parse(v, (double *)dest, why, n);
@@ -125,7 +115,7 @@ int main(int argc, char **argv)
         TD_OPT_D("max-grad-norm", 0, &t->max_grad_norm, "N", 0, 1e30, "clip the global gradient norm (default 1; 0 = off)"),
         TD_OPT_F("freeze-router", 0, &t->freeze_router, 1, "mixtures of experts: do not train the routers (they keep\n"
                  "the checkpoint's weights)"),
-        TD_OPT_FUN("output-router-logits", 0, &t->output_router_logits, "true|false", parse_bool, "true or false",
+        TD_OPT_FUN("output-router-logits", 0, &t->output_router_logits, "true|false", td_opt_parse_bool, "true or false",
                    "mixtures of experts: add transformers' load-balancing\n"
                    "loss (load_balancing_loss_func over every token and MoE\n"
                    "layer) x --router-aux-loss-coef to the loss, as a model\n"

@@ -87,6 +87,10 @@ int td_cli_parse(const td_cli *cli, int argc, char **argv, const char **operands
  * NULL if absent. */
 td_opt *td_opt_get(td_opt *opts, const char *name);
 
+/* A TD_OPT_FN parser for a boolean as transformers' and TRL's configs spell it: true/True/1 and
+ * false/False/0 into an int (1 or 0); anything else is refused with the option's `expect`. */
+int td_opt_parse_bool(void *dest, const char *value, char *why, size_t whylen);
+
 /* A usage error found by the tool itself, in the one format: "PROG: OPT: expected WHAT, got
  * 'VALUE'" (value NULL: "PROG: OPT: WHAT") and the --help hint. Returns 2, the exit status. */
 int td_cli_bad(const td_cli *cli, const char *opt, const char *value, const char *fmt, ...)

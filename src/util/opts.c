@@ -390,3 +390,13 @@ int td_make_parent_dirs(const char *path, td_error *err)
     }
     return 0;
 }
+
+int td_opt_parse_bool(void *dest, const char *v, char *why, size_t whylen)
+{
+    (void)why;
+    (void)whylen;
+    if (!strcmp(v, "true") || !strcmp(v, "True") || !strcmp(v, "1")) *(int *)dest = 1;
+    else if (!strcmp(v, "false") || !strcmp(v, "False") || !strcmp(v, "0")) *(int *)dest = 0;
+    else return -1;
+    return 0;
+}
