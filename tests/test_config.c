@@ -368,6 +368,29 @@ static void test_moe_defaults(void **state)
     assert_true(c.shared_expert_intermediate_size == 0 && c.norm_topk_prob);
 }
 
+/* OlmoeConfig's eos_token_id default (50279) where config.json leaves the key out and the
+ * vocabulary holds it; none where it is null or the vocabulary is smaller; the file's value wins */
+static void test_olmoe_eos_default(void **state)
+{
+    (void)state;
+    static const char *fmt = "{\"architectures\":[\"OlmoeForCausalLM\"],\"vocab_size\":%d,\"hidden_size\":128,"
+                             "\"intermediate_size\":96,\"num_hidden_layers\":2,\"num_attention_heads\":4%s}";
+    char text[1024];
+    td_config c;
+    snprintf(text, sizeof text, fmt, 50304, "");
+    parse_ok(text, &c);
+    assert_int_equal(c.eos_token_id, 50279);
+    snprintf(text, sizeof text, fmt, 50304, ",\"eos_token_id\":null");
+    parse_ok(text, &c);
+    assert_int_equal(c.eos_token_id, -1);
+    snprintf(text, sizeof text, fmt, 256, "");
+    parse_ok(text, &c);
+    assert_int_equal(c.eos_token_id, -1);
+    snprintf(text, sizeof text, fmt, 50304, ",\"eos_token_id\":7");
+    parse_ok(text, &c);
+    assert_int_equal(c.eos_token_id, 7);
+}
+
 /* Layer l is sparse when (l + 1) % decoder_sparse_step == 0 and l is not in mlp_only_layers
  * (transformers' Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer); the parameter table follows: a
  * dense layer has mlp.gate_proj (F, C), a sparse one mlp.gate (E, C) and E experts of (FE, C). */
@@ -651,6 +674,7 @@ int main(void)
         cmocka_unit_test(test_generation_config),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_moe_defaults),
+        cmocka_unit_test(test_olmoe_eos_default),
         cmocka_unit_test(test_moe_layer_rule),
         cmocka_unit_test(test_moe_refusals),
         cmocka_unit_test(test_moe_write_roundtrip),

@@ -37,8 +37,8 @@ static const struct {
     [TD_ARCH_QWEN2_MOE] = {"Qwen2MoeForCausalLM", "qwen2_moe", 16, 0, 8192, -1, -1},
     [TD_ARCH_QWEN3_MOE] = {"Qwen3MoeForCausalLM", "qwen3_moe", 4, 0, 32768, -1, -1},   /* head_dim: getattr(config, "head_dim", C / NH) */
     [TD_ARCH_MIXTRAL] = {"MixtralForCausalLM", "mixtral", 8, 0, 131072, 1, 2},
-    /* OlmoeConfig (transformers 4.45+); its eos default 50279 is not taken when the key is absent or
-     * null (published configs write it; a small tidal-init vocabulary has no such token) */
+    /* OlmoeConfig (transformers 4.45+): its eos default 50279 is applied in td_config_parse (absent
+     * key, a vocabulary that holds it) */
     [TD_ARCH_OLMOE] = {"OlmoeForCausalLM", "olmoe", 0, 0, 4096, -1, -1},
 };
 
@@ -283,6 +283,15 @@ static int get_tokens(const char *path, json_t *o, const char *key, int def, int
 }
 
 
+/* eos_token_id when config.json leaves it out: the architecture's class default, but OlmoeConfig's
+ * 50279 only where the key is absent (null is None in transformers) and the vocabulary holds that
+ * id (a small tidal-init vocabulary does not: no eos then, as before) */
+static int eos_default(int arch, json_t *j, const td_config *c)
+{
+    if (arch != TD_ARCH_OLMOE) return c->eos_token_id;
+    return !json_object_get(j, "eos_token_id") && c->vocab_size > 50279 ? 50279 : -1;
+}
+
 int td_config_parse(const char *path, td_config *c, td_error *err)
 {
     json_t *j = td_json_load_file(path, err);
@@ -332,7 +341,7 @@ int td_config_parse(const char *path, td_config *c, td_error *err)
         cfgj_num(path, j, "rms_norm_eps", c->rms_norm_eps, &c->rms_norm_eps, err) ||
         cfgj_bool(path, j, "tie_word_embeddings", false, &c->tie_word_embeddings, err) ||
         get_tokens(path, j, "bos_token_id", c->bos_token_id, &c->bos_token_id, bos_ids, &n_bos, err) ||
-        get_tokens(path, j, "eos_token_id", c->eos_token_id, &c->eos_token_id, c->eos_token_ids, &c->n_eos, err) ||
+        get_tokens(path, j, "eos_token_id", eos_default(arch, j, c), &c->eos_token_id, c->eos_token_ids, &c->n_eos, err) ||
         cfgj_rope(path, j, c, err) || cfgj_attention_layers(path, j, c, err) || cfgj_classify_keys(path, j, c, err) ||
         parse_moe(path, j, c, err))
         goto done;
