@@ -368,6 +368,85 @@ static void test_fixed_w16_matches_fixed(void **state)
            td_gemm_w16_kernel() == 2 ? "AVX-512" : td_gemm_w16_kernel() == 1 ? "AVX2" : "portable");
 }
 
+/* td_gemm_bf16dp's path for K = 1 and 2 (a rank-1/2 LoRA's GEMMs: lane 0 alone, then + 0) against
+ * td_gemm_bf16dp_ref over every pair (K = 1) and 20,000 quadruples (K = 2) of 34 bf16 values: both
+ * zeros, subnormals (zeros to the instruction), the least normals, products that underflow to
+ * subnormals or zero and that overflow, infinities, NaN (compared as NaN), ordinary values */
+static void test_bf16dp_small_k(void **state)
+{
+    (void)state;
+    static const float base[] = {0.0f, 1.0f, 1.5f, 3.0f, 0x1p-126f, 0x1.fep-126f, 0x1p-70f, 0x1p-63f, 0x1p-60f,
+                                 0x1p64f, 0x1p100f, 7.0e37f, 0.1f, INFINITY, NAN, 0x1p-130f, 2.0f};
+    enum { NB = sizeof base / sizeof *base, NV = 2 * NB };
+    uint16_t v[NV];
+    for (int i = 0; i < NB; i++) {
+        v[2 * i] = td_f32_to_bf16(base[i]).bits;
+        v[2 * i + 1] = v[2 * i] ^ 0x8000;
+    }
+    int checked = 0;
+    for (int add = 0; add < 2; add++) {
+        for (int i = 0; i < NV; i++)   /* K = 1: a row of every value against a column of every value */
+            for (int j = 0; j < NV; j++) {
+                float want = 0.25f, got = 0.25f;
+                td_gemm_bf16dp_ref(&v[i], 1, &v[j], 1, &want, 1, 1, 1, 1, add);
+                td_gemm_bf16dp(&v[i], 1, &v[j], 1, &got, 1, 1, 1, 1, add);
+                if (!(isnan(want) && isnan(got)) && memcmp(&want, &got, 4))
+                    fail_msg("K=1 add=%d: %a x %a: %a, the reference %a", add, td_bf16_to_f32((td_bf16){v[i]}),
+                             td_bf16_to_f32((td_bf16){v[j]}), got, want);
+                checked++;
+            }
+        td_rng rng;
+        td_rng_seed(&rng, 11);
+        for (int t = 0; t < 10000; t++) {   /* K = 2 */
+            uint16_t a[2] = {v[td_rng_below(&rng, NV)], v[td_rng_below(&rng, NV)]};
+            uint16_t w[2] = {v[td_rng_below(&rng, NV)], v[td_rng_below(&rng, NV)]};
+            float want = -0.0f, got = -0.0f;
+            td_gemm_bf16dp_ref(a, 2, w, 2, &want, 1, 1, 1, 2, add);
+            td_gemm_bf16dp(a, 2, w, 2, &got, 1, 1, 1, 2, add);
+            if (!(isnan(want) && isnan(got)) && memcmp(&want, &got, 4))
+                fail_msg("K=2 add=%d: %a, the reference %a", add, got, want);
+            checked++;
+        }
+    }
+    printf("td_gemm_bf16dp, K = 1 and 2: %d products and pairs bit-identical to the reference\n", checked);
+}
+
+/* The flush rule at the edge of the normals: sums whose exact value lies just below 2^-126 but
+ * rounds to it (2^-126 - 2^-150, from 2^-63 * 2^-63 and -2^-75 * 2^-75) must become zeros, as the
+ * instruction gives; 4 x 4 blocks of such pairs (K = 3, so the kernel runs where the CPU has it) and
+ * their mirror images, each row against each column, against the reference */
+static void test_bf16dp_tiny(void **state)
+{
+    (void)state;
+    static const float vals[] = {0x1p-63f, -0x1p-63f, 0x1p-75f, -0x1p-75f, 0x1p-126f, -0x1p-126f, 1.0f, -1.0f,
+                                 0x1.02p-63f, 0x1p-64f, 0x1.8p-75f, 0x1p-76f, 0.0f, 0x1p-125f, 0x1.fcp-127f, 3.0f};
+    enum { NV = sizeof vals / sizeof *vals, K = 3 };
+    td_rng rng;
+    td_rng_seed(&rng, 19);
+    int checked = 0, zeros = 0;
+    for (int t = 0; t < 2000; t++) {
+        uint16_t a[16 * K], w[16 * K];
+        for (int i = 0; i < 16 * K; i++) {
+            a[i] = td_f32_to_bf16(vals[td_rng_below(&rng, NV)]).bits;
+            w[i] = td_f32_to_bf16(vals[td_rng_below(&rng, NV)]).bits;
+        }
+        float want[256], got[256];
+        td_gemm_bf16dp_ref(a, K, w, K, want, 16, 16, 16, K, 0);
+        td_gemm_bf16dp(a, K, w, K, got, 16, 16, 16, K, 0);
+        if (memcmp(got, want, sizeof got)) fail_msg("tiny sums: the kernel differs from the reference (trial %d)", t);
+        for (int i = 0; i < 256; i++) zeros += want[i] == 0;
+        checked += 256;
+    }
+    /* the case that found the rule: 2^-63 * 2^-63 + (-2^-75) * 2^-75, k1 first */
+    uint16_t a1[3] = {td_f32_to_bf16(-0x1p-75f).bits, td_f32_to_bf16(0x1p-63f).bits, 0};
+    uint16_t w1[3] = {td_f32_to_bf16(0x1p-75f).bits, td_f32_to_bf16(0x1p-63f).bits, 0};
+    float r = 1.0f;
+    td_gemm_bf16dp_ref(a1, 3, w1, 3, &r, 1, 1, 1, 3, 0);
+    assert_true(r == 0.0f && !signbit(r));
+    printf("td_gemm_bf16dp: %d sums at the edge of the normals bit-identical to the reference (%d zeros; kernel %s)\n",
+           checked, zeros, td_gemm_bf16dp_available() ? "AVX512-BF16" : "absent");
+}
+
 /* td_gemm_bf16dp (the CPU's bf16 dot products, where it has them) against td_gemm_bf16dp_ref,
  * the same order in portable C, bit for bit: K with and without a tail of the 32-wide blocks,
  * every row and column remainder, strides, add; operands with subnormals (zeros in that order)
@@ -376,7 +455,7 @@ static void test_fixed_w16_matches_fixed(void **state)
 static void test_bf16dp_matches_ref(void **state)
 {
     (void)state;
-    const int Ms[] = {1, 3, 4, 9, 17}, Ns[] = {1, 5, 6, 7, 13, 50}, Ks[] = {1, 31, 32, 33, 96, 200};
+    const int Ms[] = {1, 3, 4, 9, 17}, Ns[] = {1, 5, 6, 7, 13, 50}, Ks[] = {1, 2, 31, 32, 33, 96, 200};
     td_rng rng;
     td_rng_seed(&rng, 7);
     int checked = 0;
@@ -465,6 +544,8 @@ int main(void)
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_fixed_w16_matches_fixed),
         cmocka_unit_test(test_bf16dp_matches_ref),
+        cmocka_unit_test(test_bf16dp_small_k),
+        cmocka_unit_test(test_bf16dp_tiny),
         cmocka_unit_test(test_codes_transposed),
     };
     return cmocka_run_group_tests_name("gemm", tests, NULL, NULL);

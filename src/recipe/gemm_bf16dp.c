@@ -8,10 +8,11 @@
  *   block t taking k1 = 32t + 2l + 1, then k0 = 32t + 2l:
  *       s_l = ftz(fma(daz(a[k1]), daz(w[k1]), s_l));  s_l = ftz(fma(daz(a[k0]), daz(w[k0]), s_l))
  *   then u_l = s_l + s_(l+8) (l < 8) and ((u0+u4) + (u2+u6)) + ((u1+u5) + (u3+u7)) in IEEE fp32.
- *   daz: a bf16 subnormal operand counts as a zero of its sign; ftz: a subnormal sum becomes a
- *   zero of its sign. (Intel's pseudo-code of VDPBF16PS; measured identical on an AMD Zen 4 on
- *   3.2e7 lanes with subnormal operands and sums; the products are exact in fp32, so each fma
- *   rounds once.)
+ *   daz: a bf16 subnormal operand counts as a zero of its sign; ftz: a sum that is tiny becomes a
+ *   zero of its sign, tiny as x86 detects it, after rounding (its exact value rounded to 24 bits
+ *   with an unbounded exponent below 2^-126: 2^-126 - 2^-150 is, 2^-126 - 2^-190 is not). (Intel's pseudo-code of VDPBF16PS; measured identical on an AMD
+ *   Zen 4 on 3.2e7 lanes with subnormal operands and sums, and on sums that round up to 2^-126
+ *   (test_bf16dp_tiny); the products are exact in fp32, so each fma rounds once.)
  *
  * The order depends on nothing but K: not on M, N, the tiling or the thread, so results do not
  * depend on the thread count (nor on the batch). Before first use the kernel is run against the
@@ -26,6 +27,7 @@
 #include "tidal/gemm.h"
 #include "tidal/isa.h"
 
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -43,6 +45,26 @@ static inline float bf16_value(uint16_t h)
 
 static inline float flush(float x) { return fpclassify(x) == FP_SUBNORMAL ? copysignf(0.0f, x) : x; }
 
+/* ftz(fma(x, y, s)) as the instruction flushes: x86's tininess after rounding, i.e. a result is
+ * flushed to a zero of its sign when its exact value, rounded to 24 bits with an unbounded
+ * exponent, lies below 2^-126 in magnitude. Where fmaf gives +-2^-126 the exact value may sit just
+ * below it: flushed iff below 2^-126 - 2^-151 (tests/test_gemm.c test_bf16dp_tiny on Zen 4:
+ * 2^-126 - 2^-150 gives 0, 2^-126 - 2^-190 gives 2^-126). x and y are bf16 values, so x y is
+ * exact in double; the exact sum's side of the threshold comes from an error-free sum in double. */
+static inline float fma_ftz(float x, float y, float s)
+{
+    float r = fmaf(x, y, s), a = fabsf(r);
+    if (!(a <= FLT_MIN)) return r;                     /* above the least normal, inf, NaN */
+    if (a < FLT_MIN) return copysignf(0.0f, r);        /* below it whichever way it is rounded */
+    double p = (double)x * y, sum = p + s, bb = sum - p;
+    double e = (p - (sum - bb)) + ((double)s - bb);     /* p + s = sum + e exactly (TwoSum) */
+    double t = (double)FLT_MIN - 0x1p-151;              /* the exact values that round to 2^-126 */
+    double d = r > 0 ? sum - t : -sum - t;              /* exact: sum and t within a factor 2 */
+    double ee = r > 0 ? e : -e;
+    int below = d != 0 ? d < 0 : ee < 0;               /* |e| is below d's granularity */
+    return below ? copysignf(0.0f, r) : r;
+}
+
 static float reduce16(const float s[16])
 {
     float u[8];
@@ -58,7 +80,7 @@ static float dot_ref(const uint16_t *a, const uint16_t *w, int K)
             for (int q = 1; q >= 0; q--) {
                 int k = k0 + 2 * l + q;
                 float x = k < K ? flush(bf16_value(a[k])) : 0.0f, y = k < K ? flush(bf16_value(w[k])) : 0.0f;
-                s[l] = flush(fmaf(x, y, s[l]));
+                s[l] = fma_ftz(x, y, s[l]);
             }
     return reduce16(s);
 }
@@ -206,6 +228,35 @@ TGT static void gemm_avx512bf16(const uint16_t *a, int lda, const uint16_t *w, i
     }
 }
 #undef COLS
+
+/* gemm_small_k's K = 1 with w's codes contiguous (ldw 1: a rank-1 LoRA's B, and A^T in its
+ * gradient), 16 columns a vector: d = x0 w (exact, or inf, or NaN) unless |d| < 2^-126 (then +0,
+ * as s + 0 turns any zero), w's subnormals counted as zeros first */
+TGT static void gemm_k1_avx512(const uint16_t *a, int lda, const uint16_t *w, float *c, int ldc, int M, int N,
+                               int add)
+{
+    const __m512 least = _mm512_set1_ps(FLT_MIN);
+    const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
+    for (int i = 0; i < M; i++) {
+        float x0 = flush(bf16_value(a[(size_t)i * lda]));
+        __m512 xv = _mm512_set1_ps(x0);
+        float *ci = c + (size_t)i * ldc;
+        for (int j = 0; j < N; j += 16) {
+            __mmask16 m = N - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - j)) - 1);
+            __m512i codes = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, w + j));
+            __m512 wv = _mm512_castsi512_ps(_mm512_slli_epi32(codes, 16));
+            __mmask16 wsub = _mm512_cmp_ps_mask(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(wv), absmask)),
+                                                least, _CMP_LT_OQ);
+            wv = _mm512_maskz_mov_ps((__mmask16)~wsub, wv);                      /* daz */
+            __m512 p = _mm512_mul_ps(xv, wv);
+            __mmask16 tiny = _mm512_cmp_ps_mask(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p), absmask)),
+                                                least, _CMP_LT_OQ);
+            __m512 d = _mm512_maskz_mov_ps((__mmask16)~tiny, p);                 /* ftz, then + 0 */
+            if (add) d = _mm512_add_ps(_mm512_maskz_loadu_ps(m, ci + j), d);
+            _mm512_mask_storeu_ps(ci + j, m, d);
+        }
+    }
+}
 #endif
 
 /* ---- availability: the instruction, and its bits checked against the reference once ---- */
@@ -245,9 +296,48 @@ int td_gemm_bf16dp_available(void)
     return bf16dp_ok;
 }
 
+/* K <= 2 (a rank-1 or rank-2 LoRA's second GEMM and its gradient's): only lane 0 of the first block
+ * holds products, s_0 = fma_ftz(a0, w0, fma_ftz(a1, w1, 0)), and the reduction adds zeros to it,
+ * which turns -0 into +0 and changes nothing else: d = s_0 + 0. The reference's bits (and the
+ * instruction's) without a masked block of 32 and a 16-lane reduction per output, which made these
+ * GEMMs cost as much as ones of K = 32. For K = 1 the exact product decides alone: a zero below
+ * the least normal, else itself (exact in fp32). */
+static void gemm_small_k(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c, int ldc,
+                         int M, int N, int K, int add)
+{
+    for (int i = 0; i < M; i++) {
+        const uint16_t *ai = a + (size_t)i * lda;
+        float x0 = flush(bf16_value(ai[0])), x1 = K > 1 ? flush(bf16_value(ai[1])) : 0.0f;
+        float *ci = c + (size_t)i * ldc;
+        for (int j = 0; j < N; j++) {
+            const uint16_t *wj = w + (size_t)j * ldw;
+            float s;
+            if (K > 1) {
+                s = fma_ftz(x1, flush(bf16_value(wj[1])), 0.0f);
+                s = fma_ftz(x0, flush(bf16_value(wj[0])), s);
+            } else {
+                float p = x0 * flush(bf16_value(wj[0]));       /* exact, or inf, or tiny */
+                s = fabsf(p) < FLT_MIN ? copysignf(0.0f, p) : p;
+            }
+            float d = s + 0.0f;
+            ci[j] = add ? ci[j] + d : d;
+        }
+    }
+}
+
 void td_gemm_bf16dp(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c, int ldc,
                     int M, int N, int K, int add)
 {
+    if (K >= 1 && K <= 2) {
+#ifdef TD_HAVE_BF16DP
+        if (K == 1 && ldw == 1 && td_isa_level() >= TD_ISA_AVX512) {
+            gemm_k1_avx512(a, lda, w, c, ldc, M, N, add);
+            return;
+        }
+#endif
+        gemm_small_k(a, lda, w, ldw, c, ldc, M, N, K, add);
+        return;
+    }
 #ifdef TD_HAVE_BF16DP
     if (td_gemm_bf16dp_available()) {
         gemm_avx512bf16(a, lda, w, ldw, c, ldc, M, N, K, add);

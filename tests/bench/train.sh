@@ -12,6 +12,9 @@
 #     fp16   tidal's fp16-train recipe (with its loss scaling) vs torch.autocast("cpu", float16)
 #     fp8    tidal's fp8-unified-train recipe (block FP8 GEMMs) vs tidal's own bf16-train: PyTorch
 #            has no FP8 GEMM on the CPU
+#     lora   the LoRA grids' step (reports/rl/lora: rank 1, alpha 2, all seven linear modules, bf16):
+#            tidal's bf16-train recipe with LoRA vs transformers + PEFT 0.17 (bf16 base, fp32
+#            adapters, autocast bf16: what TRL runs; skipped without transformers/peft)
 # Each side runs SECONDS of steps after a warm-up step, ROUNDS times interleaved, best kept
 # (the machine is shared). Prints
 #   bench: train-fp32 tidal=X torch=Y ratio=R     (training tokens/s; R = tidal / torch)
@@ -19,6 +22,7 @@
 #   bench: train-fp16 tidal=X torch=Y ratio=R
 #   bench: train-fp8-vs-bf16 fp8=X bf16=Y ratio=R
 #   bench: train-fp8-vs-fp16 fp8=X fp16=Y ratio=R   (target >= 0.8)
+#   bench: train-lora-bf16 tidal=X torch_peft=Y ratio=R
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -65,3 +69,17 @@ ratio=$(awk -v a="$t" -v b="$tidal_bf16" 'BEGIN { if (a > 0 && b > 0) printf "%.
 echo "bench: train-fp8-vs-bf16 fp8=${t:-NA} bf16=${tidal_bf16:-NA} ratio=$ratio"
 ratio=$(awk -v a="$t" -v b="$tidal_fp16" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }')
 echo "bench: train-fp8-vs-fp16 fp8=${t:-NA} fp16=${tidal_fp16:-NA} ratio=$ratio"
+LORA_MODS=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
+: > "$tmp/t"; : > "$tmp/p"
+have_peft=$have_torch
+"$PY" -c "import peft, transformers" 2>/dev/null || have_peft=0
+for r in $(seq "$ROUNDS"); do
+  "$PROBE" --model "$DIR" --batch "$tmp/batch.json" --recipe bf16-train --lora-r 1 --lora-alpha 2 --lora-modules $LORA_MODS \
+    --lr 1e-5 --bench-seconds "$SECONDS_PER" | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/t"
+  [ $have_peft = 1 ] && "$PY" tests/bench/torch_train.py --model "$DIR" --batch "$tmp/batch.json" --dtype bfloat16 \
+    --lora 1 --seconds "$SECONDS_PER" 2>/dev/null | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/p"
+done
+t=$(best < "$tmp/t"); p=$(best < "$tmp/p")
+ratio=$(awk -v a="$t" -v b="$p" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }')
+why=""; [ $have_peft = 0 ] && why=" (transformers/peft not installed)"
+echo "bench: train-lora-bf16 tidal=${t:-NA} torch_peft=${p:-NA} ratio=$ratio$why"
