@@ -286,6 +286,14 @@ static void bf16dp_check(void)
     td_gemm_bf16dp_ref(a, K, w, K, want, N, M, N, K, 0);
     gemm_avx512bf16(a, K, w, K, got, N, M, N, K, 0);
     bf16dp_ok = memcmp(got, want, sizeof got) == 0;
+    /* and the flush rule at the edge of the normals (fma_ftz): 2^-126 - 2^-150 flushed,
+     * 2^-126 - 2^-190 not: a CPU that flushes otherwise keeps the reference's bits elsewhere */
+    const uint16_t ea[2][2] = {{0x9A00, 0xA000}, {0x8080, 0xA000}};   /* -2^-75 | -2^-126, then -2^-63 */
+    const uint16_t ew[2][2] = {{0x1A00, 0xA000}, {0x1F80, 0xA000}};   /*  2^-75 |  2^-64,  then -2^-63 */
+    float eg[2][2], ef[2][2];
+    td_gemm_bf16dp_ref(&ea[0][0], 2, &ew[0][0], 2, &ef[0][0], 2, 2, 2, 2, 0);
+    gemm_avx512bf16(&ea[0][0], 2, &ew[0][0], 2, &eg[0][0], 2, 2, 2, 2, 0);
+    bf16dp_ok = bf16dp_ok && memcmp(eg, ef, sizeof eg) == 0 && ef[0][0] == 0.0f && ef[1][1] == FLT_MIN;
 #endif
 }
 
