@@ -28,6 +28,9 @@
 #include "tidal/recipe.h"
 #include "tidal/rl.h"
 
+#include <jansson.h>
+#include <stdio.h>
+
 TD_BEGIN_DECLS
 
 /* Every numeric key of a run's log on one step axis. */
@@ -113,6 +116,153 @@ int td_pm_lora_step_survival(const td_model *base, const td_lora *prev, const td
 int td_pm_lora_projected(const td_model *base, const td_config *cfg, int rank, double alpha, double lr, int steps,
                          uint64_t seed, const td_recipe *engine, double *survival, double *aligned, double *changed_frac,
                          td_error *err);
+
+/* ---------------------------------------------------------------- the whole post-mortem
+ * What tidal-postmortem does, in library form: the tool parses its options into a td_pm_setup,
+ * then calls, in this order, td_pm_open_run (a run folder; not with --preflight), td_pm_measure
+ * per checkpoint (or once for --preflight's starting point), td_pm_project (--preflight with a
+ * LoRA rank), td_pm_verdict, td_pm_figures, td_pm_json and td_pm_print_markdown. */
+
+/* The settings a tidal-rl run recorded in rl.h5 (rl_config, steps_done): the post-mortem's
+ * defaults for what the command line leaves out. */
+typedef struct {
+    char model[4096], dataset[4096];
+    char train_recipe[256], rollout_recipe[256];
+    char lora_sync[32];            /* "merged", "adapter" or "" */
+    int max_completion;            /* 0: not recorded */
+    int steps_done;                /* -1: not recorded */
+} td_pm_rl_settings;
+
+/* What a post-mortem reads and measures, and how (tidal-postmortem's options, defaults filled). */
+typedef struct {
+    int preflight;                             /* 1: a set-up before a run, no run folder */
+    const char *run_dir;                       /* NULL under preflight */
+    const char *model;                         /* the base of adapters (and preflight's model) */
+    const char *adapter;                       /* preflight: a PEFT adapter to start from (NULL: none) */
+    const char *dataset;                       /* the prompts' records (TRL's shapes) */
+    const char *train_recipe, *rollout_recipe; /* the run's pair */
+    const char *train16, *rollout16;           /* its FP16 counterfactual (td_pm_fp16_of) */
+    int max_prompts, max_completion;           /* prompts sampled; tokens generated per prompt */
+    int lora_sync;                             /* 1: the engine ran vLLM's LoRA kernels; 0: merged weights */
+    int lora_r;                                /* preflight: the LoRA rank to be trained (0: none) */
+    double lora_alpha, lr;                     /* preflight: its alpha and the run's learning rate */
+    unsigned long long seed;                   /* prompt sampling and generation */
+    const char *device;                        /* where the diffs run ("cpu" or NULL, "cuda[:N]") */
+    char *command;                             /* the command line, recorded in every output */
+    const volatile sig_atomic_t *stop;         /* checked between diff batches (NULL: never) */
+    td_collapse_cfg collapse;                  /* the detector's thresholds */
+} td_pm_setup;
+
+/* One tidal-diff run file's numbers over its completion tokens (NaN: not measured). */
+typedef struct {
+    int ok;                        /* 1: read, with completion tokens */
+    char file[4400];               /* the run file */
+    size_t tokens, seqs;
+    double mean, p99, max;         /* |dlogp| per completion token */
+    double k3, kl;                 /* mean k3; verl's kl */
+    double seq_abs_mean, seq_abs_max;   /* |log W| of the sequences' IS weights */
+    double seq_ess, tok_ess;       /* the sequences' and the tokens' ESS fraction */
+    double is_mean, chi2;          /* the tokens' mean IS weight, chi2_token */
+} td_pm_diff;
+
+/* What an engine's merged copy keeps of an adapter (td_pm_lora_survival's three numbers). */
+typedef struct { double surv, aligned, changed; } td_pm_keep;
+
+/* One checkpoint measured (or --preflight's starting point). */
+typedef struct {
+    int64_t step;
+    const td_pm_checkpoint *ck;    /* NULL: the starting point */
+    td_pm_diff run, fp16;          /* in the run's recipes; in their FP16 counterfactual */
+    td_pm_keep keep, keep16;       /* the whole adapter as a rollout / fp16 engine copy keeps it (NaN: no adapter) */
+    td_pm_keep upd, upd16;         /* the update since the checkpoint before (prev_step) as the engine copy sees it */
+    int64_t prev_step;             /* -1: no adapter checkpoint before this one */
+} td_pm_meas;
+
+/* A hypothesis of the verdict and its evidence, worded for the report. */
+typedef struct {
+    const char *name, *question;
+    char for_[400], against[400];
+    char reading[16];              /* "supported", "mixed", "against", "no data" */
+    int64_t first;                 /* the step of its earliest evidence, for ranking (-1: none) */
+    const char *next;              /* what to try next when it is supported */
+} td_pm_hypothesis;
+
+#define TD_PM_NHYP 6
+#define TD_PM_NPROJ 3
+/* The Adam steps after which --preflight projects LoRA's update: 1, 10, 100. */
+extern const int td_pm_proj_steps[TD_PM_NPROJ];
+
+typedef struct {
+    td_pm_setup set;
+    td_pm_curves curves;           /* the run's log (empty under preflight) */
+    td_pm_events events;           /* drop_step = onset_step = -1 until read */
+    td_pm_checkpoint *ck;          /* every checkpoint of the folder */
+    size_t nck;
+    td_pm_meas *meas;              /* those measured, in order */
+    size_t nmeas;
+    size_t nprompts;               /* prompts the diffs ran on */
+    int any_adapter;               /* a checkpoint picked for measuring is an adapter */
+    td_pm_keep proj[TD_PM_NPROJ][2];   /* preflight: LoRA's projected update kept, rollout recipe / fp16 */
+    int nproj;
+    td_pm_hypothesis hyp[TD_PM_NHYP];
+    int order[TD_PM_NHYP];         /* hyp's indices: supported first, earliest evidence first */
+    json_t *figures;               /* names of the PNGs written (td_pm_figures) */
+    json_t *alarms;                /* the health checks crossed, as sentences (td_pm_verdict) */
+} td_postmortem;
+
+/* An empty post-mortem of set (its events' steps -1). */
+void td_pm_init(td_postmortem *pm, const td_pm_setup *set);
+void td_postmortem_free(td_postmortem *pm);
+
+/* Reads pm->set.run_dir: its log (td_pm_read), the events (td_pm_events_find), tidal-rl's settings
+ * into rl (when the log is rl.h5; rl is left as it was otherwise) and the checkpoints, tidal-rl's
+ * final model/ among them. 0 or -1 + err. */
+int td_pm_open_run(td_postmortem *pm, td_pm_rl_settings *rl, td_error *err);
+
+/* fp16's counterpart of a recipe name: the engine's own family where there is one (vllm-bf16 ->
+ * vllm-fp16), else fp16-train (train) or fp16-infer. */
+const char *td_pm_fp16_of(const char *recipe, int train);
+
+/* max_prompts records of dataset, drawn without replacement by the seed, written to path as
+ * tidal-diff's prompts (a built-in task's record as {"text"}; TRL's prompt/messages as they are).
+ * *n: how many. 0 or -1 + err. */
+int td_pm_write_prompts(const char *dataset, int max_prompts, unsigned long long seed, const char *path, size_t *n,
+                        td_error *err);
+/* The prompts of `in` as token ids through tok_dir's tokenizer, to `out` ({"tokens": [...]} lines),
+ * so that checkpoints without a tokenizer, and adapters, are diffed on the same ids. */
+int td_pm_tokenize_prompts(const char *tok_dir, const char *in, const char *out, td_error *err);
+
+/* Measures one checkpoint ck of pm->ck (NULL: --preflight's starting point, set.model with
+ * set.adapter) into m: tidal-diff of the token prompts in the run's recipes and in fp16, to
+ * diffs_dir/step-N-run.h5 and step-N-fp16.h5 (an existing file is resumed, or, finished, read);
+ * for an adapter what a rollout and an fp16 engine copy keep of it and of the update since the
+ * adapter checkpoint before it (a failure there is said on stderr and leaves NaN). 0, or -1 + err
+ * when a diff fails (interrupted through set.stop: TD_DIFF_INTERRUPTED). */
+int td_pm_measure(const td_postmortem *pm, const td_pm_checkpoint *ck, const char *tokens, const char *diffs_dir,
+                  td_pm_meas *m, td_error *err);
+
+/* --preflight with set.lora_r: LoRA's update after each of td_pm_proj_steps as a rollout-recipe
+ * and an fp16 engine copy keep it (td_pm_lora_projected) into pm->proj. 0 or -1 + err. */
+int td_pm_project(td_postmortem *pm, td_error *err);
+
+/* 1 when event v (not NULL) comes at or before the drop's onset, or the run did not collapse. */
+int td_pm_before_onset(const td_pm_events *e, const td_pm_event *v);
+
+/* Weighs the hypotheses (pm->hyp, pm->order) on the events and the measurements, and lists the
+ * health checks crossed (pm->alarms: verl's on preflight's step-0 diff, the projected LoRA
+ * update kept below 0.5). */
+void td_pm_verdict(td_postmortem *pm);
+
+/* The PNG figures into out_dir (the curves around the drop, the checkpoints measured), their
+ * names in pm->figures; a figure that cannot be drawn or written is left out. */
+void td_pm_figures(td_postmortem *pm, const char *out_dir);
+
+/* postmortem.json (a new reference); seconds: the time measuring took. */
+json_t *td_pm_json(const td_postmortem *pm, double seconds);
+
+/* report.md: curves and measurements on one step axis, the verdict worded as evidence, what to
+ * try next ranked by it, the thresholds and their sources. */
+void td_pm_print_markdown(FILE *f, const td_postmortem *pm);
 
 TD_END_DECLS
 
