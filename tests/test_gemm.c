@@ -455,7 +455,7 @@ static void test_bf16dp_tiny(void **state)
 static void test_bf16dp_matches_ref(void **state)
 {
     (void)state;
-    const int Ms[] = {1, 3, 4, 9, 17}, Ns[] = {1, 5, 6, 7, 13, 50}, Ks[] = {1, 2, 31, 32, 33, 96, 200};
+    const int Ms[] = {1, 3, 4, 9, 17}, Ns[] = {1, 5, 6, 7, 13, 50}, Ks[] = {1, 2, 31, 32, 33, 96, 200, 1600};   /* 1600: the 4 x 6 blocks */
     td_rng rng;
     td_rng_seed(&rng, 7);
     int checked = 0;
