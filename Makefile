@@ -162,8 +162,8 @@ check: deps
 # under ASan; the device backend's host code stays under ASan through test_device.py,
 # test_device_metrics.py, test_device_sim.py and the sim/ C tests) and the bit-for-bit batch and
 # thread invariance of tidal-diff (numerics only; tidal-diff's code paths run under ASan in
-# test_cli, test_resume, test_kills and others).
-ASAN_SKIP_PY := test_device_rl.py test_device_sft.py test_batch_invariance.py
+# test_cli, test_resume, test_kills and others), and test_rlstats.py (Python alone, no tidal binary).
+ASAN_SKIP_PY := test_device_rl.py test_device_sft.py test_batch_invariance.py test_rlstats.py
 check-asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 OPT="-O1 -fno-omit-frame-pointer" \
 	    SAN="-fsanitize=address -fsanitize=undefined -fno-sanitize-recover=undefined" tests
