@@ -236,6 +236,40 @@ static void test_every_code_round_trips(void **state)
     }
 }
 
+/* td_expf_row against the C library's expf, bit for bit (NaN as NaN), on every 61st fp32 pattern
+ * at every offset a 16-wide tail can take, in place; TIDAL_EXHAUSTIVE=1: every fp32 pattern */
+static void test_expf_row_vs_libm(void **state)
+{
+    (void)state;
+    int exhaustive = getenv("TIDAL_EXHAUSTIVE") && !strcmp(getenv("TIDAL_EXHAUSTIVE"), "1");
+    uint32_t stride = exhaustive ? 1 : 61;
+    enum { B = 1 << 20 };
+    float *x = malloc(B * sizeof(float)), *a = malloc(B * sizeof(float)), *b = malloc(B * sizeof(float));
+    uint64_t checked = 0, bad = 0;
+    for (uint64_t base = 0; base < (1ull << 32); base += (uint64_t)B * stride) {
+        size_t n = B;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u = (uint32_t)(base + i * stride);
+            memcpy(&x[i], &u, 4);
+        }
+        size_t tail = (size_t)(base / ((uint64_t)B * stride)) % 17;   /* rows ending mid-vector too */
+        n -= tail;
+        td_expf_row_scalar(x, a, n);
+        memcpy(b, x, n * sizeof(float));
+        td_expf_row(b, b, n);
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(&a[i], &b[i], 4) && !(isnan(a[i]) && isnan(b[i]))) {
+                if (bad++ < 5) print_error("expf(%a): libm %a, td_expf_row %a\n", x[i], a[i], b[i]);
+            }
+        checked += n;
+    }
+    free(x); free(a); free(b);
+    printf("td_expf_row: %llu values bit-identical to libm's expf (vector form %s)%s\n", (unsigned long long)checked,
+           td_expf_row_vector() ? "on" : "off: the scalar loop both times",
+           exhaustive ? " (every fp32 pattern)" : " (TIDAL_EXHAUSTIVE=1: every fp32 pattern)");
+    assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -245,6 +279,7 @@ int main(void)
         cmocka_unit_test(test_fast_vs_ref),
         cmocka_unit_test(test_vector_rows_vs_scalar),
         cmocka_unit_test(test_fp8_round_rows_vs_scalar),
+        cmocka_unit_test(test_expf_row_vs_libm),
     };
     return cmocka_run_group_tests_name("formats", tests, NULL, NULL);
 }

@@ -127,13 +127,14 @@ static void swiglu_cpu(const td_ops *ctx, float *out, const float *gate, const f
     td_format D = act_of(ctx);
     if (D == TD_F32) { swiglu_forward_ref(ctx, out, gate, up, N, F); return; }
     size_t n = (size_t)N * F;
-    /* D(D(g / (1 + exp(-g))) * up) in blocks: glibc's expf element by element (its bits), the
-     * quotient, product and roundings as rows (td_round_row: td_round's bits, vectorised) */
+    /* D(D(g / (1 + exp(-g))) * up) in blocks: glibc's expf's bits (td_expf_row), the quotient,
+     * product and roundings as rows (td_round_row: td_round's bits, vectorised) */
     #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 16384)
     for (size_t b = 0; b < n; b += 1024) {
         size_t m = n - b < 1024 ? n - b : 1024;
         float t[1024];
-        for (size_t i = 0; i < m; i++) t[i] = expf(-gate[b + i]);
+        for (size_t i = 0; i < m; i++) t[i] = -gate[b + i];
+        td_expf_row(t, t, m);
         #pragma omp simd
         for (size_t i = 0; i < m; i++) t[i] = gate[b + i] / (1.0f + t[i]);
         td_round_row(D, t, t, m, TD_SATFINITE);
@@ -256,8 +257,10 @@ static void flash_part(const float *qh, const float *kb, const float *vb, int KV
             float alpha = expf(m - m_new);
             l *= alpha;
             for (int c = 0; c < HD; c++) o[c] *= alpha;
+            for (int j = c0; j < c1; j++) s[j - c0] -= m_new;
+            td_expf_row(s, s, (size_t)(c1 - c0));   /* expf's bits, 16 at a time */
             for (int j = c0; j < c1; j++) {
-                float p = expf(s[j - c0] - m_new);
+                float p = s[j - c0];
                 l += p;
                 float pr = td_round(D, p);
                 const float *vj = vb + (size_t)j * KVD;
@@ -285,7 +288,9 @@ static void eager_head(const float *qh, const float *kb, const float *vb, int KV
         mx = s[j] > mx ? s[j] : mx;
     }
     double sum = 0.0;
-    for (int j = 0; j < nk; j++) { s[j] = expf(s[j] - mx); sum += s[j]; }
+    for (int j = 0; j < nk; j++) s[j] -= mx;
+    td_expf_row(s, s, (size_t)nk);
+    for (int j = 0; j < nk; j++) sum += s[j];
     if (lse) *lse = mx + (float)log(sum);
     float inv = (float)(1.0 / sum);
     for (int c = 0; c < HD; c++) oh[c] = 0.0f;

@@ -1,0 +1,144 @@
+/* tidal — expf over a row with the C library's own bits, 16 at a time.
+ *
+ * The rounded recipes call expf where PyTorch's CPU kernels and the CUDA kernels they model take
+ * an exponential (SiLU's sigmoid, attention's softmax): tidal keeps glibc's expf element by element
+ * so that its bits are one fixed, known function. That scalar call was 5 % of an MoE GRPO step.
+ *
+ * glibc (2.28 and later, here 2.36) computes expf(x) for |x| < ~88 in double precision from a
+ * 32-entry table of 2^(i/32) and a cubic; with FMA (its __expf_fma, the variant x86 CPUs with FMA
+ * run) every step below rounds once:
+ *   kd = fma(32/ln2, x, 0x1.8p52)       k = round(32 x / ln2) in kd's low bits
+ *   r  = fma(32/ln2, x, -(kd - 0x1.8p52))
+ *   s  = double(T[k mod 32] + (k << 47))   2^(k/32)
+ *   y  = fma(fma(C0, r, C1), r*r, fma(r, C2, 1)) * s,  rounded to float
+ * The constants and the table are those values (the correctly rounded 2^(i/32), less i << 47 in
+ * the bit pattern; the cubic's coefficients scaled by 1/32, 1/32^2, 1/32^3). The same operations on
+ * eight doubles at a time give the same bits; the lanes outside that range (overflow, underflow,
+ * Inf, NaN) take the scalar expf. Because a C library other than the one measured may compute
+ * otherwise (another glibc, musl, a CPU without FMA: __expf_sse2 rounds each product), the vector
+ * path is checked against the library's expf once, on 2^18 inputs spread over every exponent and
+ * the range's edges, and is used only where they agree (td_expf_row_vector says which); else the
+ * scalar loop runs. tests/test_formats.c compares the two on every 16th fp32 pattern
+ * (TIDAL_EXHAUSTIVE=1: every one). */
+#include "tidal/formats.h"
+#include "tidal/isa.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+void td_expf_row_scalar(const float *x, float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = expf(x[i]);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define TD_HAVE_EXPF_VEC 1
+#define TGT __attribute__((target("avx512f,avx512dq,avx512vl,fma")))
+
+static const uint64_t expf_tab[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+
+static inline double bits_d(uint64_t u)
+{
+    double d;
+    memcpy(&d, &u, 8);
+    return d;
+}
+
+/* eight lanes of the main range, x widened to double */
+TGT static inline __m256 expf8(__m256 x)
+{
+    const __m512d inv = _mm512_set1_pd(bits_d(0x40471547652b82fe));     /* 32 / ln 2 */
+    const __m512d shift = _mm512_set1_pd(bits_d(0x4338000000000000));   /* 0x1.8p52 */
+    __m512d xd = _mm512_cvtps_pd(x);
+    __m512d kd = _mm512_fmadd_pd(inv, xd, shift);
+    __m512i ki = _mm512_castpd_si512(kd);
+    kd = _mm512_sub_pd(kd, shift);
+    __m512d r = _mm512_fmsub_pd(inv, xd, kd);
+    __m512i t = _mm512_i64gather_epi64(_mm512_and_si512(ki, _mm512_set1_epi64(31)), (const void *)expf_tab, 8);
+    __m512d s = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64(ki, 47)));
+    __m512d z = _mm512_fmadd_pd(_mm512_set1_pd(bits_d(0x3ebc6af84b912394)), r, _mm512_set1_pd(bits_d(0x3f2ebfce50fac4f3)));
+    __m512d r2 = _mm512_mul_pd(r, r);
+    __m512d y = _mm512_fmadd_pd(r, _mm512_set1_pd(bits_d(0x3f962e42ff0c52d6)), _mm512_set1_pd(1.0));
+    y = _mm512_fmadd_pd(z, r2, y);
+    return _mm512_cvtpd_ps(_mm512_mul_pd(y, s));
+}
+
+TGT static void expf_row_avx512(const float *x, float *y, size_t n)
+{
+    const __m512i topmask = _mm512_set1_epi32(0x7ff), limit = _mm512_set1_epi32(0x42a);
+    size_t i = 0;
+    for (; i < n; i += 16) {
+        size_t m = n - i < 16 ? n - i : 16;
+        __mmask16 live = m == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << m) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(live, x + i);
+        /* glibc's test: the top 12 bits of |x| above those of 88: its other branches, here scalar */
+        __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 20), topmask);
+        __mmask16 special = _mm512_cmpgt_epi32_mask(top, limit) & live;
+        __m256 lo = expf8(_mm512_castps512_ps256(v)), hi = expf8(_mm512_extractf32x8_ps(v, 1));
+        __m512 out = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+        float xs[16];   /* the inputs of special lanes, kept before y (possibly x itself) is written */
+        if (special) _mm512_storeu_ps(xs, v);
+        _mm512_mask_storeu_ps(y + i, live, out);
+        for (unsigned sp = special; sp; sp &= sp - 1) {
+            int k = __builtin_ctz(sp);
+            y[i + (size_t)k] = expf(xs[k]);
+        }
+    }
+}
+#endif
+
+static int vec_ok;
+static pthread_once_t vec_once = PTHREAD_ONCE_INIT;
+
+/* 2^18 inputs: patterns at a stride over all 2^32, both signs, the edges of the main range
+ * and of the special branches */
+static void vec_check(void)
+{
+#ifdef TD_HAVE_EXPF_VEC
+    if (td_isa_level() < TD_ISA_AVX512) return;
+    enum { NCHK = 1 << 18 };
+    float *in = malloc(3 * (size_t)NCHK * sizeof(float)), *a = in + NCHK, *b = a + NCHK;
+    if (!in) return;
+    for (uint32_t i = 0; i < NCHK; i++) {
+        uint32_t u = i * 16381u + (i >> 5);   /* odd stride over all 2^32: low and high bits vary */
+        memcpy(&in[i], &u, 4);
+    }
+    static const float edge[] = {88.0f, -88.0f, 0x1.62e42ep6f, 0x1.62e430p6f, -0x1.9fe368p6f, -0x1.9fe36ap6f,
+                                 -0x1.9d1d9ep6f, -0x1.9d1da0p6f, 0.0f, -0.0f, 1e-30f, -1e-30f, 0x1p-149f};
+    for (size_t e = 0; e < sizeof edge / sizeof *edge; e++) in[e] = edge[e];
+    td_expf_row_scalar(in, a, NCHK);
+    expf_row_avx512(in, b, NCHK);
+    int same = 1;
+    for (uint32_t i = 0; i < NCHK && same; i++) same = !memcmp(&a[i], &b[i], 4) || (isnan(a[i]) && isnan(b[i]));
+    free(in);
+    vec_ok = same;
+#endif
+}
+
+int td_expf_row_vector(void)
+{
+    pthread_once(&vec_once, vec_check);
+    return vec_ok;
+}
+
+void td_expf_row(const float *x, float *y, size_t n)
+{
+#ifdef TD_HAVE_EXPF_VEC
+    if (n >= 16 && td_expf_row_vector()) {
+        expf_row_avx512(x, y, n);
+        return;
+    }
+#endif
+    td_expf_row_scalar(x, y, n);
+}
