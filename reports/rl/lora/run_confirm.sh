@@ -17,6 +17,7 @@ BIN=${BIN:-build/bin}
 LR=${LR:-1e-2}
 TAG=lr${LR}
 mkdir -p build/rl/lora
+.venv/bin/python reports/rl/prune_checkpoints.py build/rl/lora || true   # finished runs keep their last checkpoint only
 # finished runs packed in reports/ (a new checkout has no build/): restored so the sweep skips them
 for f in reports/rl/lora/runs/confirm-*/*/rl.h5 reports/rl/lora/runs/control-*/*/rl.h5; do
   [ -f "$f" ] || continue

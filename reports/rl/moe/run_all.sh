@@ -9,6 +9,7 @@ cd "$(dirname "$0")/../../.."
 export OMP_WAIT_POLICY=PASSIVE
 BIN=${BIN:-build/bin}
 mkdir -p build/rl/moe
+.venv/bin/python reports/rl/prune_checkpoints.py build/rl/moe || true   # finished runs keep their last checkpoint only
 # finished runs packed in reports/ (a new checkout has no build/): restored so the sweep skips them
 for f in reports/rl/moe/runs/*/*/rl.h5; do
   [ -f "$f" ] || continue
