@@ -503,6 +503,20 @@ static void test_bf16dp_matches_ref(void **state)
         want16[i] = td_f32_to_bf16(x[i]).bits;
     }
     assert_memory_equal(td_gemm_pack_bf16(x, 37), want16, sizeof want16);
+    /* td_gemm_bf16_codes (16 a step on AVX-512) at every length to 100, in place and not: the
+     * upper halves of any pattern */
+    for (size_t n = 0; n <= 100; n++) {
+        uint32_t u[100];
+        uint16_t want[100], out[100];
+        for (size_t i = 0; i < n; i++) {
+            u[i] = (uint32_t)(i * 2654435761u) ^ (uint32_t)(n << 20);
+            want[i] = (uint16_t)(u[i] >> 16);
+        }
+        if (n) {
+            assert_memory_equal(td_gemm_bf16_codes((const float *)u, n, out), want, n * 2);
+            assert_memory_equal(td_gemm_bf16_codes((const float *)u, n, (uint16_t *)u), want, n * 2);
+        }
+    }
 }
 
 /* src/backend/cpu_backward.c: bf16 codes transposed (the backward's operands), the 16 x 16

@@ -262,7 +262,11 @@ void td_round_row(td_format f, const float *x, float *y, size_t n, td_saturation
     case TD_F32:  if (x != y) memmove(y, x, n * 4); break;
     case TD_BF16:
 #if TD_HAVE_F16C_PATH
-        if (f16_vector()) { td_bf16_round_row_avx2(x, y, n); break; }
+        if (f16_vector()) {
+            if (td_isa_level() >= TD_ISA_AVX512) td_bf16_round_row_avx512(x, y, n);
+            else                                 td_bf16_round_row_avx2(x, y, n);
+            break;
+        }
 #endif
         for (size_t i = 0; i < n; i++) o[i] = (uint32_t)bf16_encode(u[i]) << 16;
         break;

@@ -1,10 +1,14 @@
 /* Recipe-driven GEMM emulation (see include/tidal/gemm.h). */
 #include "tidal/gemm.h"
+#include "tidal/isa.h"
 
 #include <cblas.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 static int legacy;
 static pthread_once_t legacy_once = PTHREAD_ONCE_INIT;
@@ -102,10 +106,28 @@ int td_gemm_bf16dp_applies(const td_recipe *r)
            td_gemm_bf16dp_available();
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* 16 codes a step: floats [i, i + 16) are read before codes [i, i + 16) are written to bytes
+ * [2i, 2i + 32), all below float i + 16's, so in place is safe too */
+__attribute__((target("avx512f,avx512bw"))) static size_t codes_avx512(const float *x, size_t n, uint16_t *codes)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i u = _mm512_loadu_si512((const void *)(x + i));
+        _mm256_storeu_si256((__m256i *)(codes + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+    }
+    return i;
+}
+#endif
+
 uint16_t *td_gemm_bf16_codes(const float *x, size_t n, uint16_t *codes)
 {
+    size_t i = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (td_isa_level() >= TD_ISA_AVX512) i = codes_avx512(x, n, codes);
+#endif
     /* in place, code i lands on bytes [2i, 2i + 2), at or before float i's [4i, 4i + 4), read first */
-    for (size_t i = 0; i < n; i++) {
+    for (; i < n; i++) {
         uint32_t u;
         memcpy(&u, x + i, 4);
         codes[i] = (uint16_t)(u >> 16);
