@@ -339,8 +339,7 @@ int td_gemm_bf16dp_available(void)
  * holds products, s_0 = fma_ftz(a0, w0, fma_ftz(a1, w1, 0)), and the reduction adds zeros to it,
  * which turns -0 into +0 and changes nothing else: d = s_0 + 0. The reference's bits (and the
  * instruction's) without a masked block of 32 and a 16-lane reduction per output, which made these
- * GEMMs cost as much as ones of K = 32. For K = 1 the exact product decides alone: a zero below
- * the least normal, else itself (exact in fp32). */
+ * GEMMs cost as much as ones of K = 32. K = 1 takes the same two steps, k = 1 being padding. */
 static void gemm_small_k(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c, int ldc,
                          int M, int N, int K, int add)
 {
@@ -350,14 +349,8 @@ static void gemm_small_k(const uint16_t *a, int lda, const uint16_t *w, int ldw,
         float *ci = c + (size_t)i * ldc;
         for (int j = 0; j < N; j++) {
             const uint16_t *wj = w + (size_t)j * ldw;
-            float s;
-            if (K > 1) {
-                s = fma_ftz(x1, flush(bf16_value(wj[1])), 0.0f);
-                s = fma_ftz(x0, flush(bf16_value(wj[0])), s);
-            } else {
-                float p = x0 * flush(bf16_value(wj[0]));       /* exact, or inf, or tiny */
-                s = fabsf(p) < FLT_MIN ? copysignf(0.0f, p) : p;
-            }
+            float y1 = K > 1 ? flush(bf16_value(wj[1])) : 0.0f;   /* K = 1: k = 1 is padding, 0 x 0 */
+            float s = fma_ftz(x0, flush(bf16_value(wj[0])), fma_ftz(x1, y1, 0.0f));
             float d = s + 0.0f;
             ci[j] = add ? ci[j] + d : d;
         }
