@@ -47,10 +47,8 @@ static inline uint64_t order_key(double v)
 void td_average_ranks(const double *x, size_t m, double *rank)
 {
     if (m == 0) return;
-    uint64_t *key = td_xmalloc(2 * m * sizeof *key);
-    size_t *idx = td_xmalloc(2 * m * sizeof *idx);
-    uint64_t *k2 = key + m;
-    size_t *i2 = idx + m;
+    uint64_t *key_buf = td_xmalloc(2 * m * sizeof *key_buf), *key = key_buf, *k2 = key_buf + m;
+    size_t *idx_buf = td_xmalloc(2 * m * sizeof *idx_buf), *idx = idx_buf, *i2 = idx_buf + m;
     uint64_t all_or = 0, all_and = ~0ull;
     for (size_t i = 0; i < m; i++) {
         key[i] = order_key(x[i]);
@@ -82,8 +80,8 @@ void td_average_ranks(const double *x, size_t m, double *rank)
         for (size_t t = i; t < j; t++) rank[idx[t]] = r;
         i = j;
     }
-    free(key < k2 ? key : k2);   /* the allocations' first halves, whichever the swaps left where */
-    free(idx < i2 ? idx : i2);
+    free(key_buf);
+    free(idx_buf);
 }
 
 double td_spearman(const double *x, const double *y, size_t m)
