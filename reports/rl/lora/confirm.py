@@ -2,6 +2,7 @@
   runs/confirm-lr1e-2/s{6..15}-{bf16-mu,bf16-merged,bf16-adapter,fp16-mu,em}/rl.h5   the new seeds
   runs/control-lr1e-2/s{1..5}-em/rl.h5                                             the control's old seeds
   runs/grid/s{1..5}-{bf16,fp16}-{mu,merged,adapter}/rl.h5                           the grid (section 3)
+  runs/confirm-lr3e-3/s{6..10}-{bf16-mu,fp16-mu,em}/rl.h5                           the follow-up at 3e-3
 Usage: .venv/bin/python reports/rl/lora/confirm.py [--allow-interim]      (h5py and numpy only)
 
 Dead, as pre-registered: final clean accuracy (mean of the last two eval_accuracy values) below
@@ -35,7 +36,7 @@ def collect():
     """{(arm, seed): final clean accuracy} of every finished run of the three folders."""
     out = {}
     pats = [("confirm-lr1e-2", r"s(\d+)-(\w+-\w+|em)"), ("control-lr1e-2", r"s(\d+)-(em)"),
-            ("grid", r"s(\d+)-(\w+)-(\w+)")]
+            ("grid", r"s(\d+)-(\w+)-(\w+)"), ("confirm-lr3e-3", r"s(\d+)-(\w+-\w+|em)")]
     for folder, pat in pats:
         for p in sorted(glob.glob(os.path.join(RUNS, folder, "*", "rl.h5"))):
             m = re.fullmatch(pat, os.path.basename(os.path.dirname(p)))
@@ -43,6 +44,8 @@ def collect():
                 continue
             seed = int(m.group(1))
             arm = m.group(2) if folder != "grid" else f"{m.group(2)}-{m.group(3)}"
+            if folder == "confirm-lr3e-3":
+                arm += "@3e-3"
             acc = final_clean(p)
             if acc is not None:
                 out[(arm, seed)] = acc
@@ -91,6 +94,32 @@ def main():
           f"{fisher_two_sided(dn, len(cn) - dn, da, len(xa) - da):.3f}{tag}")
     print(f"- the conditional follow-up at 3e-3 (control dead in >= 5 of its 15): "
           f"{'due' if dc >= 5 else 'not due' if len(ce) == 15 else f'open ({dc} dead of {len(ce)} so far)'}")
+
+    followup(acc)
+
+
+def followup(acc):
+    """section 5's conditional follow-up at 3e-3 (seeds 6-10), when any of its runs exist"""
+    arms = ("bf16-mu", "fp16-mu", "em")
+    runs = {a: [(s, acc[(a + "@3e-3", s)]) for s in range(6, 11) if (a + "@3e-3", s) in acc] for a in arms}
+    if not any(runs.values()):
+        return
+    print()
+    print("Follow-up at 3e-3 (seeds 6-10):")
+    print()
+    print("| arm | finished | dead | final clean acc per seed |")
+    print("|---|---|---|---|")
+    for a in arms:
+        print(f"| {a} | {len(runs[a])} | {sum(v < DEAD for _, v in runs[a])} | "
+              f"{' / '.join(f's{s} ' + ('dead' if v < DEAD else f'{v:.2f}') for s, v in runs[a])} |")
+    xa, xb = [v for _, v in runs["bf16-mu"]], [v for _, v in runs["fp16-mu"]]
+    tag = "" if len(xa) == len(xb) == 5 else " [INTERIM: not all 10 runs in]"
+    if xa and xb:
+        da, db = sum(v < DEAD for v in xa), sum(v < DEAD for v in xb)
+        U, pu, exact = mann_whitney_less(xa, xb)
+        print(f"- bf16 merge-unmerge dead {da} of {len(xa)}, fp16 merge-unmerge {db} of {len(xb)}: one-sided "
+              f"Fisher p = {fisher_greater(da, len(xa) - da, db, len(xb) - db):.3f}; Mann-Whitney U = {U:.1f}, "
+              f"one-sided p = {pu:.3f}{tag}")
 
 
 if __name__ == "__main__":
