@@ -449,4 +449,13 @@ const td_backend td_backend_cpu = {
     .optim_adamw = optim_adamw_cpu,
     .optim_sumsq = optim_sumsq_cpu,
     .optim_scale = optim_scale_cpu,
+    /* mixtures of experts (cpu_moe.c) */
+    .moe_gather = moe_gather_cpu,
+    .moe_combine = moe_combine_cpu,
+    .moe_scatter = moe_scatter_cpu,
+    .moe_sum = moe_sum_cpu,
+    .moe_shared_combine = moe_shared_combine_cpu,
+    .moe_combine_backward = moe_combine_backward_cpu,
+    .moe_scatter_add = moe_scatter_add_cpu,
+    .moe_shared_combine_backward = moe_shared_combine_backward_cpu,
 };

@@ -124,6 +124,23 @@ void attention_backward_cpu(const td_ops *ctx, float *dq, float *dk, float *dv, 
 void swiglu_backward_cpu(const td_ops *ctx, float *dgate, float *dup, const float *dout,
                          const float *gate, const float *up, int N, int F);
 
+/* a mixture of experts' row ops (cpu_moe.c; ops.h moe_*), moe.c's arithmetic in its order */
+void moe_gather_cpu(const td_ops *ctx, float *out, const float *x, const int *rows, int N, int n, int K, int C);
+void moe_combine_cpu(const td_ops *ctx, float *out, const float *y, const int *rows, const float *w, int N, int n,
+                     int K, int C);
+void moe_scatter_cpu(const td_ops *ctx, float *v, const float *y, const int *rows, const float *w, int N, int n,
+                     int K, int C);
+void moe_sum_cpu(const td_ops *ctx, float *out, const float *v, int N, int K, int C);
+void moe_shared_combine_cpu(const td_ops *ctx, float *out, const float *y, const float *z, int N, int C);
+void moe_combine_backward_cpu(const td_ops *ctx, float *dw, float *dy, const float *dout, const float *y,
+                              const int *rows, const float *w, int N, int n, int K, int C);
+void moe_scatter_add_cpu(const td_ops *ctx, float *dx, const float *dxe, const int *rows, int N, int n, int K,
+                         int C, int rounded);
+void moe_shared_combine_backward_cpu(const td_ops *ctx, float *dz, float *dy, const float *dout,
+                                     const float *y, const float *z, int N, int C);
+/* vLLM's moe_sum over host rows in format D (moe_sum_cpu; tests call it by name) */
+void moe_sum_topk(td_format D, int N, int K, int C, const float *v, float *out);
+
 /* How GEMMs are cut for threads (fp32 and recipe GEMMs alike): the output columns, laid end
  * to end over the products of one call, are cut into fixed tiles of TD_GEMM_TILE columns, each
  * tile one GEMM call of its own; threads take whole tiles. The tiles do not depend on the

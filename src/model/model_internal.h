@@ -159,7 +159,7 @@ void moe_route(const td_ops *ops, const td_config *c, int l, int N, const int *p
 /* Under TD_ACTS_CHECKPOINT's recomputation (tail 0): the router and the routing alone, into the
  * saved slices (the experts run again in moe_backward). */
 /* vLLM's moe_sum: out (N, C) row i = the K values v[(i * K + j) * C ..] summed in slot order j in a
- * D accumulator, each add rounded to D (moe.c; exposed for tests) */
+ * D accumulator, each add rounded to D (src/backend/cpu_moe.c, the CPU's moe_sum; tests call it) */
 void moe_sum_topk(td_format D, int N, int K, int C, const float *v, float *out);
 void moe_route_only(const td_ops *ops, const td_model *m, td_acts *a, int l, const float *x, const int *pos, int N);
 

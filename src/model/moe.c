@@ -57,19 +57,6 @@ static int moe_fused(const td_recipe *r)
     return r && r->moe_fused && !r->residual_fp32 && r->activations != TD_F32 && !td_recipe_is_plain_fp32(r);
 }
 
-void moe_sum_topk(td_format D, int N, int K, int C, const float *v, float *out)
-{
-    for (int i = 0; i < N; i++) {   /* o = 0; o = D(o + v_j) for j = 0 .. K-1, as rows */
-        float *o = out + (size_t)i * C;
-        for (int h = 0; h < C; h++) o[h] = 0.0f;
-        for (int j = 0; j < K; j++) {
-            const float *vj = v + ((size_t)i * K + j) * C;
-            for (int h = 0; h < C; h++) o[h] = o[h] + vj[h];
-            td_round_row(D, o, o, (size_t)C, TD_SATFINITE);
-        }
-    }
-}
-
 /* o = R(o + X(y * w)) over n values, as rows (td_round_row: td_round's bits); tmp holds n */
 static void add_scaled_rounded(td_format X, td_format R, float *o, const float *y, float w, size_t n, float *tmp)
 {

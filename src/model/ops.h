@@ -173,6 +173,24 @@ struct td_backend {
     void (*logsoftmax_backward)(const td_ops *ctx, float *dx, const float *logp,
                                 const int *target, const float *dlogp, int N, int V);
 
+    /* a mixture of experts' rows (moe.c; the op list's moe_* below) */
+    void (*moe_gather)(const td_ops *ctx, float *out, const float *x, const int *rows, int N, int n, int K,
+                       int C);
+    void (*moe_combine)(const td_ops *ctx, float *out, const float *y, const int *rows,
+                        const float *w, int N, int n, int K, int C);
+    void (*moe_scatter)(const td_ops *ctx, float *v, const float *y, const int *rows,
+                        const float *w, int N, int n, int K, int C);
+    void (*moe_sum)(const td_ops *ctx, float *out, const float *v, int N, int K, int C);
+    void (*moe_shared_combine)(const td_ops *ctx, float *out, const float *y, const float *z, int N,
+                               int C);
+    void (*moe_combine_backward)(const td_ops *ctx, float *dw, float *dy, const float *dout,
+                                 const float *y, const int *rows, const float *w, int N, int n, int K,
+                                 int C);
+    void (*moe_scatter_add)(const td_ops *ctx, float *dx, const float *dxe, const int *rows, int N, int n,
+                            int K, int C, int rounded);
+    void (*moe_shared_combine_backward)(const td_ops *ctx, float *dz, float *dy, const float *dout,
+                                        const float *y, const float *z, int N, int C);
+
     /* The optimiser's element-wise steps on the backend's buffers (src/train/optim.c says what
      * each reproduces), the CPU's arithmetic on every backend: AdamW (td_adamw_k above) over n
      * elements; the sum of squares of n gradients in double (returned to the host; the CPU sums
@@ -495,6 +513,91 @@ static inline void logsoftmax_backward(const td_ops *ctx, float *dx, const float
                                        const int *target, const float *dlogp, int N, int V)
 {
     ctx->be->logsoftmax_backward(ctx, dx, logp, target, dlogp, N, V);
+}
+
+/* ---- mixtures of experts (src/model/moe.c) ------------------------------------------------
+ * An MoE layer's N rows each chose K experts: pair p = i * K + j is row i's j-th choice (top-k
+ * order). The routing decision is the host's (moe.c: softmax, top-k, the weights), the rows stay
+ * on the backend: moe.c hands these ops, per expert, rows (n ints): the pairs routed to that
+ * expert in row order, and w (N * K): every pair's routing weight (backend memory, uploaded once
+ * per layer; a device backend stages host tables, as it stages any host input). x, out, dout,
+ * dx: the layer's rows (N, C); y, dy, dxe: the expert's (n, C). Roundings (td_round, SATFINITE):
+ * D the activations dtype, R the stream's (D, or fp32 under residual_fp32); none under no recipe.
+ * Top-k chooses an expert once per row, so the pairs of one call have distinct rows; a row listed
+ * twice (a replayed routing could; its pairs are then adjacent, rows being in row order) is added
+ * to in list order, as a loop over the list would. */
+
+/* out (n, C): row q = row rows[q] / K of x (an expert's input rows). */
+static inline void moe_gather(const td_ops *ctx, float *out, const float *x, const int *rows, int N, int n,
+                              int K, int C)
+{
+    ctx->be->moe_gather(ctx, out, x, rows, N, n, K, C);
+}
+
+/* transformers' index_add_ of one expert's output rows y (n, C) into out (N, C), q = 0 .. n-1:
+ *   out_i = R(out_i + R(y_q * w[rows[q]])),   i = rows[q] / K
+ * (the products in fp32). Experts are combined one call after another, in expert order. */
+static inline void moe_combine(const td_ops *ctx, float *out, const float *y, const int *rows,
+                               const float *w, int N, int n, int K, int C)
+{
+    ctx->be->moe_combine(ctx, out, y, rows, w, N, n, K, C);
+}
+
+/* vLLM's fused_moe (MUL_ROUTED_WEIGHT): v (N * K, C) row rows[q] = D(y_q * w[rows[q]]) from the
+ * down GEMM's fp32 rows y (n, C). */
+static inline void moe_scatter(const td_ops *ctx, float *v, const float *y, const int *rows,
+                               const float *w, int N, int n, int K, int C)
+{
+    ctx->be->moe_scatter(ctx, v, y, rows, w, N, n, K, C);
+}
+
+/* vLLM's moe_sum: out (N, C) row i = 0, then out_i = D(out_i + v row i * K + j) for j = 0 .. K-1
+ * (a D accumulator, top-k order). Writes out. */
+static inline void moe_sum(const td_ops *ctx, float *out, const float *v, int N, int K, int C)
+{
+    ctx->be->moe_sum(ctx, out, v, N, K, C);
+}
+
+/* Qwen2-MoE's shared expert behind its gate: per row i of out (N, C), with y (N, C) the shared
+ * expert's output and z (N) the gate's logit,
+ *   g = D(1 / (1 + expf(-z_i))),   out_i = R(out_i + D(y_i * g))
+ * (expf: glibc's, on every backend; fp32 operations). */
+static inline void moe_shared_combine(const td_ops *ctx, float *out, const float *y, const float *z,
+                                      int N, int C)
+{
+    ctx->be->moe_shared_combine(ctx, out, y, z, N, C);
+}
+
+/* moe_combine backwards for one expert, dout (N, C) the gradient of the layer's output, y (n, C)
+ * the expert's output rows: for q < n, p = rows[q], i = p / K,
+ *   dw[p] = (float) sum_h dout_i[h] y_q[h]   (in double, h = 0 .. C-1 in order)
+ *   dy_q  = D(w[p] * dout_i)                 (n, C)
+ * Writes dw's n entries (dw: N * K) and dy. */
+static inline void moe_combine_backward(const td_ops *ctx, float *dw, float *dy, const float *dout,
+                                        const float *y, const int *rows, const float *w, int N, int n,
+                                        int K, int C)
+{
+    ctx->be->moe_combine_backward(ctx, dw, dy, dout, y, rows, w, N, n, K, C);
+}
+
+/* moe_gather backwards: dx (N, C) row i = rows[q] / K (rows NULL: i = q) += dxe (n, C) row q,
+ * in fp32, or with rounded: dx_i = R(dx_i + R(dxe_q)). */
+static inline void moe_scatter_add(const td_ops *ctx, float *dx, const float *dxe, const int *rows,
+                                   int N, int n, int K, int C, int rounded)
+{
+    ctx->be->moe_scatter_add(ctx, dx, dxe, rows, N, n, K, C, rounded);
+}
+
+/* moe_shared_combine backwards, dout and y (N, C), z (N): with s = 1 / (1 + expf(-z_i)) (fp32),
+ *   dz_i = D((float)(<dout_i, y_i> * s * (1 - s)))   (the dot in double in h order, then double
+ *                                                     products; 1 - s in fp32)
+ *   dy_i = D(D(s) * dout_i)
+ * Writes dz (N) and dy (N, C). */
+static inline void moe_shared_combine_backward(const td_ops *ctx, float *dz, float *dy,
+                                               const float *dout, const float *y, const float *z,
+                                               int N, int C)
+{
+    ctx->be->moe_shared_combine_backward(ctx, dz, dy, dout, y, z, N, C);
 }
 
 #endif

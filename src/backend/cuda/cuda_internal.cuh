@@ -198,6 +198,21 @@ void swiglu_backward_cuda(const td_ops *ctx, float *dgate, float *dup, const flo
 void logsoftmax_backward_cuda(const td_ops *ctx, float *dx, const float *logp, const int *target,
                               const float *dlogp, int N, int V);
 
+/* a mixture of experts' row ops (moe.cu, moe_backward.cu; ops.h moe_*) */
+void moe_gather_cuda(const td_ops *ctx, float *out, const float *x, const int *rows, int N, int n, int K, int C);
+void moe_combine_cuda(const td_ops *ctx, float *out, const float *y, const int *rows, const float *w, int N, int n,
+                      int K, int C);
+void moe_scatter_cuda(const td_ops *ctx, float *v, const float *y, const int *rows, const float *w, int N, int n,
+                      int K, int C);
+void moe_sum_cuda(const td_ops *ctx, float *out, const float *v, int N, int K, int C);
+void moe_shared_combine_cuda(const td_ops *ctx, float *out, const float *y, const float *z, int N, int C);
+void moe_combine_backward_cuda(const td_ops *ctx, float *dw, float *dy, const float *dout, const float *y,
+                               const int *rows, const float *w, int N, int n, int K, int C);
+void moe_scatter_add_cuda(const td_ops *ctx, float *dx, const float *dxe, const int *rows, int N, int n, int K,
+                          int C, int rounded);
+void moe_shared_combine_backward_cuda(const td_ops *ctx, float *dz, float *dy, const float *dout, const float *y,
+                                      const float *z, int N, int C);
+
 } /* extern "C" */
 #include "tidal/sampling.h"
 extern "C" {
