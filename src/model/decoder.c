@@ -61,21 +61,18 @@ void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int 
         size_t E = c->num_experts, K = c->num_experts_per_tok, FW = c->moe_intermediate_size;
         if ((size_t)c->shared_expert_intermediate_size > FW) FW = c->shared_expert_intermediate_size;
         a->moe_logits = acts_buf(a, n * E);
+        a->moe_logits_h = acts_mirror(a, a->moe_logits, n * E);
         a->moe_probs = acts_host(a, n * E);
         a->moe_experts = (int *)acts_host(a, n * K);
         a->moe_weights = acts_host(a, n * K);
         a->moe_rows = (int *)acts_host(a, n * K);
+        a->moe_start = (int *)acts_host(a, 2 * E + 1);
+        a->moe_rows_b = backend_host_memory(a->be) ? a->moe_rows : (int *)acts_buf(a, n * K);
+        a->moe_weights_b = backend_host_memory(a->be) ? NULL : acts_buf(a, n * K);
         a->moe_in = acts_buf(a, n * C);
         a->moe_gate = acts_buf(a, n * FW);
         a->moe_up = acts_buf(a, n * FW);
         a->moe_y = acts_buf(a, n * C);
-        a->moe_logits_h = acts_mirror(a, a->moe_logits, n * E);
-        a->moe_in_h = acts_mirror(a, a->moe_in, n * C);
-        a->moe_y_h = acts_mirror(a, a->moe_y, n * C);
-        if (!backend_host_memory(a->be)) {
-            a->moe_x_h = acts_host(a, n * C);
-            a->moe_out_h = acts_host(a, n * C);
-        }
     }
     if (!save) return;
     if (c->num_experts > 0) {

@@ -73,13 +73,9 @@ void grad_acts_alloc(td_grad_acts *g, const td_config *c, const td_ops *ops, int
         g->moe_dup = gbuf(g, n * FW);
         g->moe_dx = gbuf(g, n * C);
         g->moe_dlogits = gbuf(g, n * E);
-        g->moe_dw = backend_host_memory(g->be) ? gbuf(g, n * K) : ghost(g, n * K);
-        g->moe_dy_h = gmirror(g, g->moe_dy, n * C);
-        g->moe_dx_h = gmirror(g, g->moe_dx, n * C);
+        g->moe_dw = gbuf(g, n * K);
+        g->moe_dw_h = gmirror(g, g->moe_dw, n * K);
         g->moe_dlogits_h = gmirror(g, g->moe_dlogits, n * E);
-        g->moe_xn_h = ghost(g, n * C);
-        g->moe_dout_h = ghost(g, n * C);
-        g->moe_dxn_h = ghost(g, n * C);
     }
     if (lora_rank > 0) {
         size_t wide = C > F ? C : F;

@@ -7,8 +7,9 @@
 #include "tidal/model.h"
 #include "ops.h"
 
-/* Whether a backend's buffers are host memory (the CPU backend: nothing to synchronise); a device
- * backend's routing buffers get host mirrors (td_acts, td_grad_acts). */
+/* Whether a backend's buffers are host memory (the CPU backend: nothing to synchronise); on a device
+ * backend the MoE router's logits and their gradients get host mirrors, and the routing decision
+ * goes up into backend copies (td_acts, td_grad_acts). */
 static inline int backend_host_memory(const td_backend *be) { return be->sync == NULL; }
 
 /* A model with config, inv_freq and an empty layer table, nothing else. */
@@ -110,28 +111,31 @@ typedef struct {
     float *scores;   // (nthreads, ATT_BLOCK, max_keys)
     size_t *kv_off;  // (cap)
     float *x_host;   /* a device backend's stream rows for the layer observer (lazy) */
-    /* mixture-of-experts scratch (moe.c), one layer's. Routing runs on the host: the routing
-     * buffers are host memory on every backend; the GEMMs' operands are the backend's, and on a
-     * device backend each has a host mirror (_h) the routing reads and writes, moved by
-     * be->upload / be->download (on the CPU backend a mirror is the buffer itself) */
+    /* mixture-of-experts scratch (moe.c), one layer's. The routing decision is the host's: the
+     * routing buffers are host memory on every backend; the rows are the backend's, and the
+     * decision goes up into backend copies (_b; on the CPU backend the host buffers themselves) */
     float *moe_logits;  // (cap, E)    router logits (and the shared expert's gate)     [backend]
+    float *moe_logits_h;// (cap, E)    their host mirror (moe_logits itself on the CPU)
     float *moe_probs;   // (cap, E)    router softmax                                   [host]
     int *moe_experts;   // (cap, K)    chosen experts, top-k order                      [host]
     float *moe_weights; // (cap, K)    their routing weights                            [host]
-    int *moe_rows;      // (cap * K)   the (row, slot) pairs routed to one expert       [host]
-    float *moe_in;      // (cap * K, C) those rows' inputs (at most cap: an expert is chosen once per row)
+    int *moe_rows;      // (cap * K)   the pairs i * K + j, expert after expert, in row order [host]
+    int *moe_start;     // (2 E + 1)   expert e's pairs: moe_rows[moe_start[e] .. moe_start[e + 1]),
+                        //             then E ints of the counting sort's cursors    [host]
+    int *moe_rows_b;    // (cap * K)   moe_rows on the backend
+    float *moe_weights_b;//(cap, K)    the layer's routing weights on the backend (device backends)
+    float *moe_in;      // (cap, C)    an expert's input rows (an expert is chosen once per row) [backend]
     float *moe_gate;    // (cap, max(FE, FS))                                           [backend]
     float *moe_up;      // (cap, max(FE, FS))                                           [backend]
     float *moe_y;       // (cap, C)    an expert's output rows                          [backend]
-    float *moe_logits_h, *moe_in_h, *moe_y_h;   /* host mirrors of the three above           */
-    float *moe_x_h;     // (cap, C)    the layer's input rows on the host (device backends)
-    float *moe_out_h;   // (cap, C)    the layer's output summed on the host (device backends)
+    float *moe_v;       // (cap * K, C) the fused combine's weighted rows (allocated by the first
+                        //             fused layer, moe.c)                              [backend]
     float *moe_probs_s; // (L, cap, E) router softmax of every MoE layer             [save, host]
     int *moe_experts_s; // (L, cap, K) chosen experts                                [save, host]
     float *moe_weights_s;//(L, cap, K) routing weights (before the stream's rounding) [save, host]
     void *host_owned[16]; /* host buffers of a device backend's acts_alloc */
     int nhost;
-    void *owned[40]; /* what acts_alloc allocated */
+    void *owned[48]; /* what acts_alloc allocated (and moe.c's moe_v) */
     int nowned;
 } td_acts;
 
@@ -271,17 +275,14 @@ typedef struct {
     float *att_scratch; // (nthreads, 2, ATT_BLOCK, max_keys)
     float *lora;        // (cap, 2 r + max width)  LoRA backward scratch, NULL without LoRA
     /* a mixture of experts' backward (moe.c): one expert's rows at a time, in the backend's
-     * memory, with host mirrors (_h) for what the host computes or reads (the buffers themselves
-     * on the CPU backend; td_acts says the same of the forward's) */
+     * memory; the routing weights' gradient comes down for the logits' (host), which go up */
     float *moe_act;     // (cap, FW)  silu(gate) * up recomputed
     float *moe_dy;      // (cap, C)   gradient of an expert's output rows
     float *moe_dact, *moe_dgate, *moe_dup;   // (cap, FW)
     float *moe_dx;      // (cap, C)   gradient of an expert's input rows
-    float *moe_dw;      // (cap, K)   gradient of the routing weights                       [host]
-    float *moe_dlogits; // (cap, E)
-    float *moe_dy_h, *moe_dx_h, *moe_dlogits_h;   /* host mirrors of the three above            */
-    float *moe_xn_h, *moe_dout_h, *moe_dxn_h;     // (cap, C) the layer's input, output gradient
-                        //            and input gradient on the host (device backends; NULL on the CPU)
+    float *moe_dw;      // (cap, K)   gradient of the routing weights
+    float *moe_dlogits; // (cap, E)   of the router logits (and of the shared expert's gate logit)
+    float *moe_dw_h, *moe_dlogits_h;   /* host mirrors of the two above (themselves on the CPU) */
     const float *moe_aux_dp; // (E) the load-balancing loss's gradient wrt every row's router
                         //            probabilities, the same for all rows and layers (the
                         //            trainer's, src/train/aux_loss.c); NULL: no such loss

@@ -22,14 +22,19 @@
  * outputs are summed in top-k order: o = 0; o = D(o + v_j) for j = 0 .. K-1 (moe_sum_kernel's
  * scalar_t accumulator); the shared expert as above.
  *
- * Routing runs on the host, as do the gather of each expert's rows and the combine; the GEMMs and
- * SwiGLU run on the path's backend. On a device backend (CUDA) the layer's input rows, the router
- * logits and each expert's output rows come down (be->download), each expert's gathered rows and
- * the layer's output go up (td_acts' host mirrors); on the CPU backend the mirrors are the buffers.
- * The same host arithmetic on both, so a device changes only what its GEMMs and SwiGLU change.
- * Each layer reports its routing to ops->moe_fn; ops->moe_replay may supply the experts instead
- * (routing replay): they are then weighted by this path's own probabilities, renormalised over
- * them when norm_topk_prob, as R3 defines it. */
+ * Where it runs: the routing decision on the host, the rows on the path's backend. The router GEMM
+ * runs on the backend and its logits (N x E floats) come down (be->download; on the CPU backend the
+ * host mirror is the buffer itself); softmax, top-k and the weights are the host's (moe_route), because
+ * each layer reports its routing per token to ops->moe_fn (the run file records it) and routing replay
+ * supplies the experts through ops->moe_replay, both host callbacks: they then weight this path's own
+ * probabilities, renormalised over them when norm_topk_prob, as R3 defines it. The decision goes up
+ * once per layer: every expert's pairs in row order, expert after expert (a->moe_rows, the plan), and
+ * the routing weights (N x K). Everything else is the backend's op list (ops.h moe_*): the gather of
+ * an expert's rows, the GEMMs and SwiGLU, the combines above, and in moe_backward the routing
+ * weights' gradient dw (which comes down: N x K floats, for the logits' gradient on the host, which
+ * goes up as N x E), the experts' output gradient dy, the scatter-add of their input gradients and the
+ * shared expert's gate. The backends do the same arithmetic (the CPU's cpu_moe.c; the CUDA kernels of
+ * moe.cu, moe_backward.cu give its bits), so a device changes only what its GEMMs change. */
 #include "model_internal.h"
 
 #include <math.h>
@@ -55,15 +60,6 @@ static void up_rows(const td_ops *ops, float *d, const float *h, size_t n)
 static int moe_fused(const td_recipe *r)
 {
     return r && r->moe_fused && !r->residual_fp32 && r->activations != TD_F32 && !td_recipe_is_plain_fp32(r);
-}
-
-/* o = R(o + X(y * w)) over n values, as rows (td_round_row: td_round's bits); tmp holds n */
-static void add_scaled_rounded(td_format X, td_format R, float *o, const float *y, float w, size_t n, float *tmp)
-{
-    for (size_t h = 0; h < n; h++) tmp[h] = y[h] * w;
-    td_round_row(X, tmp, tmp, n, TD_SATFINITE);
-    for (size_t h = 0; h < n; h++) tmp[h] = o[h] + tmp[h];
-    td_round_row(R, tmp, o, n, TD_SATFINITE);
 }
 
 void td_moe_top_k(const float *p, int E, int K, int *sel)
@@ -170,22 +166,6 @@ void moe_route_only(const td_ops *ops, const td_model *m, td_acts *a, int l, con
               experts, weights);
 }
 
-/* The rows that chose expert e, in row order, gathered into a->moe_in (from x, host rows);
- * a->moe_rows[q] = i * K + j for the q-th (row i, top-k slot j). Returns their number. */
-static int gather(const td_ops *ops, const td_acts *a, const int *experts, const float *x, int N, int K, int C, int e)
-{
-    int ne = 0;
-    for (int i = 0; i < N; i++)
-        for (int j = 0; j < K; j++)
-            if (experts[(size_t)i * K + j] == e) {
-                a->moe_rows[ne] = i * K + j;
-                memcpy(a->moe_in_h + (size_t)ne * C, x + (size_t)i * C, (size_t)C * sizeof(float));
-                ne++;
-            }
-    up_rows(ops, a->moe_in, a->moe_in_h, (size_t)ne * C);
-    return ne;
-}
-
 /* One SwiGLU expert on n rows of in: gate and up into a->moe_gate / a->moe_up, silu(gate) * up into
  * act, down into a->moe_y (the dense MLP's ops, in its order); an unmerged LoRA's branches beside
  * each projection, as in the dense MLP (lo: the LoRA slot of the gate, lora.h, up and down after it). */
@@ -201,7 +181,6 @@ static void expert_forward_down(const td_ops *ops, const td_ops *down, td_acts *
     swiglu_forward(ops, act, a->moe_gate, a->moe_up, n, FI);
     matmul_forward(down, a->moe_y, act, wd, NULL, n, FI, C);
     lora_forward(ops, l, lo < 0 ? -1 : lo + 2, a->moe_y, act, n);
-    td_ops_sync(ops);
 }
 
 /* Qwen2-MoE's shared expert of layer l on n rows (its LoRA slots: the dense MLP's) */
@@ -212,26 +191,44 @@ static void shared_forward(const td_ops *ops, td_acts *a, int l, const float *in
                         wset_moe(ws, l, TD_MOE_SH_DOWN), in, act, n, C, FS, l, TD_LORA_GATE);
 }
 
-/* Expert e of MoE layer l on the rows that chose it: gathered (a->moe_rows, a->moe_in) from x (the
- * layer's input rows on the host), then run (act: silu(gate) * up; a->moe_y the output rows, and
- * a->moe_y_h their host copy). Returns the number of rows (0: none chose e). */
-static int routed_expert_down(const td_ops *ops, const td_ops *down, td_acts *a, const td_config *c, int l, int e,
-                              const int *experts, const float *x, int N, float *act)
+/* The layer's routing decision for the backend: a->moe_rows (host) = every pair i * K + j in row
+ * order, grouped by expert in expert order (a counting sort: expert e's pairs are [start[e],
+ * start[e + 1]), start = a->moe_start, E + 1 ints), the order the rows are gathered and combined in;
+ * a pair whose expert is outside 0 .. E-1 (never chosen by top-k) is routed nowhere. The pairs and
+ * the routing weights (N * K) go up once (on the CPU backend the host tables are the backend's):
+ * *rows_b and *w_b are the backend's copies the ops read. */
+static void route_plan(const td_ops *ops, td_acts *a, const int *experts, const float *weights, int N, int K, int E,
+                       const int **rows_b, const float **w_b)
 {
-    int C = c->hidden_size, K = c->num_experts_per_tok;
-    int ne = gather(ops, a, experts, x, N, K, C, e);
-    if (ne)
-        expert_forward_down(ops, down, a, wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e),
-                            wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e + 1), wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e + 2),
-                            a->moe_in, act, ne, C, c->moe_intermediate_size, l, TD_LORA_NMOD + 3 * e);
-    if (ne) down_rows(ops, a->moe_y_h, a->moe_y, (size_t)ne * C);
-    return ne;
+    int *start = a->moe_start, *next = a->moe_start + E + 1;
+    memset(start, 0, (size_t)(E + 1) * sizeof(int));
+    for (size_t p = 0; p < (size_t)N * K; p++)
+        if (experts[p] >= 0 && experts[p] < E) start[experts[p] + 1]++;
+    for (int e = 0; e < E; e++) start[e + 1] += start[e];
+    memcpy(next, start, (size_t)E * sizeof(int));
+    for (int p = 0; p < N * K; p++)
+        if (experts[p] >= 0 && experts[p] < E) a->moe_rows[next[experts[p]]++] = p;
+    *rows_b = a->moe_rows_b;
+    *w_b = backend_host_memory(ops->be) ? weights : a->moe_weights_b;
+    if (backend_host_memory(ops->be)) return;
+    ops->be->upload(a->moe_rows_b, a->moe_rows, (size_t)start[E] * sizeof(int));
+    ops->be->upload(a->moe_weights_b, weights, (size_t)N * K * sizeof(float));
 }
 
-static int routed_expert(const td_ops *ops, td_acts *a, const td_config *c, int l, int e, const int *experts,
-                         const float *x, int N, float *act)
+/* Expert e of MoE layer l on the ne = start[e + 1] - start[e] rows that chose it (rows: their pairs,
+ * backend memory): gathered from x into a->moe_in, then run (act: silu(gate) * up; a->moe_y the
+ * output rows), down: the context of its down GEMM. Returns ne (0: none chose e, nothing runs). */
+static int routed_expert_down(const td_ops *ops, const td_ops *down, td_acts *a, const td_config *c, int l, int e,
+                              const int *rows, const float *x, int N, float *act)
 {
-    return routed_expert_down(ops, ops, a, c, l, e, experts, x, N, act);
+    int C = c->hidden_size, K = c->num_experts_per_tok;
+    int ne = a->moe_start[e + 1] - a->moe_start[e];
+    if (!ne) return 0;
+    moe_gather(ops, a->moe_in, x, rows, N, ne, K, C);
+    expert_forward_down(ops, down, a, wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e),
+                        wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e + 1), wset_moe(ops->ws, l, TD_MOE_EXPERTS + 3 * e + 2),
+                        a->moe_in, act, ne, C, c->moe_intermediate_size, l, TD_LORA_NMOD + 3 * e);
+    return ne;
 }
 
 void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const float *x, const int *pos, int N,
@@ -242,66 +239,44 @@ void moe_forward(const td_ops *ops, const td_model *m, td_acts *a, int l, const 
     int FS = c->shared_expert_intermediate_size;
     const td_wset *ws = ops->ws;
     const td_recipe *r = ops->recipe;
-    td_format D = r ? r->activations : TD_F32, R = !r || r->residual_fp32 ? TD_F32 : D;
     size_t nC = (size_t)N * C;
     float *probs, *weights;
     int *experts;
+    const int *rows;
+    const float *w;
     route_bufs(a, c, l, &probs, &experts, &weights);
     moe_route_only(ops, m, a, l, x, pos, N);
-    /* the host's rows: x and out themselves on the CPU backend, mirrors on a device */
-    const float *xh = a->moe_x_h ? down_rows(ops, a->moe_x_h, x, nC) : x;
-    float *oh = a->moe_out_h ? a->moe_out_h : out;
+    route_plan(ops, a, experts, weights, N, K, E, &rows, &w);
 
-    memset(oh, 0, nC * sizeof(float));
     if (moe_fused(r)) {   /* vLLM's fused_moe: D(acc * w) per (row, slot), then moe_sum in top-k order */
         td_recipe acc_r = *r;
         acc_r.activations = TD_F32;   /* the down GEMM's fp32 accumulator, unrounded */
         td_ops down = td_ops_gemm(ops, &acc_r, ops->qin, ops->gscratch);
-        float *v = td_xmalloc((size_t)N * K * C * sizeof(float));
-        for (int e = 0; e < E; e++) {
-            int ne = routed_expert_down(ops, &down, a, c, l, e, experts, xh, N, a->moe_gate);
-            for (int q = 0; q < ne; q++) {
-                float w = weights[a->moe_rows[q]];
-                const float *y = a->moe_y_h + (size_t)q * C;
-                float *vq = v + (size_t)a->moe_rows[q] * C;
-                for (int h = 0; h < C; h++) vq[h] = y[h] * w;
-                td_round_row(D, vq, vq, (size_t)C, TD_SATFINITE);
-            }
+        if (!a->moe_v) {   /* (N * K, C): allocated on a fused recipe's first layer */
+            a->moe_v = a->be->alloc((size_t)a->cap * K * C * sizeof(float));
+            a->owned[a->nowned++] = a->moe_v;
         }
-        moe_sum_topk(D, N, K, C, v, oh);
-        free(v);
-    }
-    float *tmp = td_xmalloc((size_t)C * sizeof(float));
-    for (int e = 0; e < E && !moe_fused(r); e++) {
-        int ne = routed_expert(ops, a, c, l, e, experts, xh, N, a->moe_gate);
-        if (!ne) continue;
-        for (int q = 0; q < ne; q++)   /* o = R(o + R(y w)) */
-            add_scaled_rounded(R, R, oh + (size_t)(a->moe_rows[q] / K) * C, a->moe_y_h + (size_t)q * C,
-                               weights[a->moe_rows[q]], (size_t)C, tmp);
+        ops->be->zero(a->moe_v, (size_t)N * K * C * sizeof(float));
+        for (int e = 0; e < E; e++) {
+            int ne = routed_expert_down(ops, &down, a, c, l, e, rows + a->moe_start[e], x, N, a->moe_gate);
+            if (ne) moe_scatter(ops, a->moe_v, a->moe_y, rows + a->moe_start[e], w, N, ne, K, C);
+        }
+        moe_sum(ops, out, a->moe_v, N, K, C);
+    } else {   /* index_add_ of each expert's rows, expert after expert */
+        ops->be->zero(out, nC * sizeof(float));
+        for (int e = 0; e < E; e++) {
+            int ne = routed_expert_down(ops, ops, a, c, l, e, rows + a->moe_start[e], x, N, a->moe_gate);
+            if (ne) moe_combine(ops, out, a->moe_y, rows + a->moe_start[e], w, N, ne, K, C);
+        }
     }
     if (FS > 0) {   /* Qwen2-MoE's shared expert, on every row, behind its sigmoid gate */
         shared_forward(ops, a, l, x, a->moe_gate, N, C, FS);
         matmul_forward(ops, a->moe_logits, x, wset_moe(ws, l, TD_MOE_SH_ROUTE), NULL, N, C, 1);
-        td_ops_sync(ops);
-        const float *yh = down_rows(ops, a->moe_y_h, a->moe_y, nC);
-        const float *zh = down_rows(ops, a->moe_logits_h, a->moe_logits, (size_t)N);
-        for (int i = 0; i < N; i++) {   /* o = R(o + D(g y)) */
-            float g = td_round(D, 1.0f / (1.0f + expf(-zh[i])));   /* F.sigmoid on the D gate */
-            add_scaled_rounded(D, R, oh + (size_t)i * C, yh + (size_t)i * C, g, (size_t)C, tmp);
-        }
+        moe_shared_combine(ops, out, a->moe_y, a->moe_logits, N, C);
     }
-    free(tmp);
-    up_rows(ops, out, oh, nC);
 }
 
 #define G(p) ((float *)(p))   /* gradient buffers are carved as td_model_weights: writable */
-
-static double dot(const float *x, const float *y, int n)
-{
-    double s = 0;
-    for (int h = 0; h < n; h++) s += (double)x[h] * y[h];
-    return s;
-}
 
 /* One SwiGLU expert backwards on its n rows (run again first: expert_forward_down): dy (n, C) the
  * gradient of its output rows; the gradient of its input rows into ga->moe_dx (n, C, written);
@@ -338,45 +313,32 @@ void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts
     size_t nC = (size_t)N * C;
     float *probs, *weights;
     int *experts;
+    const int *rows;
+    const float *wb;
     route_bufs(a, c, l, &probs, &experts, &weights);
-    td_ops_sync(ops);
-    /* the host's rows (the buffers themselves on the CPU backend) */
-    const float *xh = ga->moe_xn_h ? down_rows(ops, ga->moe_xn_h, xn2, nC) : xn2;
-    const float *douth = ga->moe_dout_h ? down_rows(ops, ga->moe_dout_h, dout, nC) : dout;
-    float *dxnh = ga->moe_dxn_h ? (float *)down_rows(ops, ga->moe_dxn_h, dxn, nC) : dxn;
+    route_plan(ops, a, experts, weights, N, K, E, &rows, &wb);
 
     /* out_i = sum_j w_ij expert_{e_ij}(x_i): each expert's rows again, then backwards */
-    memset(ga->moe_dw, 0, (size_t)N * K * sizeof(float));
+    ops->be->zero(ga->moe_dw, (size_t)N * K * sizeof(float));
     for (int e = 0; e < E; e++) {
-        int ne = routed_expert(ops, a, c, l, e, experts, xh, N, ga->moe_act);
+        const int *re = rows + a->moe_start[e];
+        int ne = routed_expert_down(ops, ops, a, c, l, e, re, xn2, N, ga->moe_act);
         if (!ne) continue;
-        for (int q = 0; q < ne; q++) {   /* dw_ij = <dout_i, y>, dy = w_ij dout_i */
-            int pr = a->moe_rows[q], i = pr / K;
-            const float *d = douth + (size_t)i * C;
-            ga->moe_dw[pr] = (float)dot(d, a->moe_y_h + (size_t)q * C, C);
-            float *dy = ga->moe_dy_h + (size_t)q * C;
-            for (int h = 0; h < C; h++) dy[h] = td_round(D, weights[pr] * d[h]);
-        }
-        up_rows(ops, ga->moe_dy, ga->moe_dy_h, (size_t)ne * C);
+        moe_combine_backward(ops, ga->moe_dw, ga->moe_dy, dout, a->moe_y, re, wb, N, ne, K, C);   /* dw, dy = w dout */
         const float *ew[3] = {w->w_experts[3 * e], w->w_experts[3 * e + 1], w->w_experts[3 * e + 2]};
         float *eg[3] = {NULL, NULL, NULL};
         if (gw->w_experts)
             for (int k = 0; k < 3; k++) eg[k] = G(gw->w_experts[3 * e + k]);
         expert_backward(ops, a, ga, ew, eg, a->moe_in, ne, C, FE, l, TD_LORA_NMOD + 3 * e, lg);
-        td_ops_sync(ops);
-        const float *dxe = down_rows(ops, ga->moe_dx_h, ga->moe_dx, (size_t)ne * C);
-        for (int q = 0; q < ne; q++) {   /* back to the rows the expert read */
-            float *d = dxnh + (size_t)(a->moe_rows[q] / K) * C;
-            const float *s = dxe + (size_t)q * C;
-            for (int h = 0; h < C; h++) d[h] += s[h];
-        }
+        moe_scatter_add(ops, dxn, ga->moe_dx, re, N, ne, K, C, 0);   /* back to the rows the expert read */
     }
-    /* w_j = p_ej (/ S = sum_k p_ek when norm_topk_prob), p = softmax(logits): back to the logits;
-     * the trainer's load-balancing loss adds its d/dp (ga->moe_aux_dp, src/train/aux_loss.c) */
+    /* w_j = p_ej (/ S = sum_k p_ek when norm_topk_prob), p = softmax(logits): back to the logits on
+     * the host; the trainer's load-balancing loss adds its d/dp (ga->moe_aux_dp, src/train/aux_loss.c) */
+    const float *dwh = down_rows(ops, ga->moe_dw_h, ga->moe_dw, (size_t)N * K);
     for (int i = 0; i < N; i++) {
         const float *p = probs + (size_t)i * E;
         const int *sel = experts + (size_t)i * K;
-        const float *dw = ga->moe_dw + (size_t)i * K;
+        const float *dw = dwh + (size_t)i * K;
         float *dl = ga->moe_dlogits_h + (size_t)i * E;
         double dp[E > 0 ? E : 1];
         for (int e = 0; e < E; e++) dp[e] = ga->moe_aux_dp ? ga->moe_aux_dp[e] : 0;
@@ -397,41 +359,19 @@ void moe_backward(const td_ops *ops, const td_model *m, td_acts *a, td_grad_acts
         td_ops rops = router_ops(ops, &rr);
         ops->be->zero(ga->moe_dx, nC * sizeof(float));
         matmul_backward(&rops, ga->moe_dx, G(gw->w_router), NULL, ga->moe_dlogits, xn2, w->w_router, N, C, E);
-        td_ops_sync(ops);
-        const float *gx = down_rows(ops, ga->moe_dx_h, ga->moe_dx, nC);
-        td_format X = r->residual_fp32 ? TD_F32 : D;   /* the dtype of the router's input */
-        for (size_t k = 0; k < nC; k++) dxnh[k] = td_round(X, dxnh[k] + td_round(X, gx[k]));
-        up_rows(ops, dxn, dxnh, nC);
+        moe_scatter_add(ops, dxn, ga->moe_dx, NULL, N, N, K, C, 1);   /* X(dx + X(g)), X the router input's dtype */
     } else {
-        up_rows(ops, dxn, dxnh, nC);
         matmul_backward(ops, dxn, G(gw->w_router), NULL, ga->moe_dlogits, xn2, w->w_router, N, C, E);
     }
     if (FS > 0) {   /* out_i += s_i shared(x_i), s_i = sigmoid(z_i), z_i = <x_i, w_route> */
         shared_forward(ops, a, l, xn2, ga->moe_act, N, C, FS);
         matmul_forward(ops, a->moe_logits, xn2, wset_moe(ops->ws, l, TD_MOE_SH_ROUTE), NULL, N, C, 1);
-        td_ops_sync(ops);
-        const float *yh = down_rows(ops, a->moe_y_h, a->moe_y, nC);
-        const float *zh = down_rows(ops, a->moe_logits_h, a->moe_logits, (size_t)N);
-        float *dz = ga->moe_dw;   /* (N), host */
-        for (int i = 0; i < N; i++) {
-            float sg = 1.0f / (1.0f + expf(-zh[i])), s = td_round(D, sg);
-            const float *d = douth + (size_t)i * C;
-            dz[i] = td_round(D, (float)(dot(d, yh + (size_t)i * C, C) * sg * (1.0f - sg)));
-            float *dy = ga->moe_dy_h + (size_t)i * C;
-            for (int h = 0; h < C; h++) dy[h] = td_round(D, s * d[h]);
-        }
-        up_rows(ops, ga->moe_dy, ga->moe_dy_h, nC);
+        /* dz (the gate's logit, a GEMM operand: into moe_dlogits) and dy = D(s) dout */
+        moe_shared_combine_backward(ops, ga->moe_dlogits, ga->moe_dy, dout, a->moe_y, a->moe_logits, N, C);
         const float *sw[3] = {w->ws_gate, w->ws_up, w->ws_down};
         float *sgr[3] = {G(gw->ws_gate), G(gw->ws_up), G(gw->ws_down)};
         expert_backward(ops, a, ga, sw, sgr, xn2, N, C, FS, l, TD_LORA_GATE, lg);
-        td_ops_sync(ops);
-        const float *dxs = down_rows(ops, ga->moe_dx_h, ga->moe_dx, nC);
-        dxnh = ga->moe_dxn_h ? (float *)down_rows(ops, ga->moe_dxn_h, dxn, nC) : dxn;
-        for (size_t k = 0; k < nC; k++) dxnh[k] += dxs[k];
-        up_rows(ops, dxn, dxnh, nC);
-        /* the gate's z gradient as a GEMM operand: in the backend's memory */
-        memcpy(ga->moe_dlogits_h, dz, (size_t)N * sizeof(float));
-        up_rows(ops, ga->moe_dlogits, ga->moe_dlogits_h, (size_t)N);
+        moe_scatter_add(ops, dxn, ga->moe_dx, NULL, N, N, K, C, 0);
         matmul_backward(ops, dxn, G(gw->ws_route), NULL, ga->moe_dlogits, xn2, w->ws_route, N, C, 1);
     }
 }

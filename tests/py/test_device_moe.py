@@ -1,6 +1,8 @@
-"""Mixtures of experts on --device cuda (issues 34 and 35): the router GEMM, the experts' GEMMs and
-SwiGLU, their backward and the LoRA branches on the device; routing, gather and combine on the host
-(src/model/moe.c), the rows moved through td_acts' host mirrors. Device tools as
+"""Mixtures of experts on --device cuda (issues 34 and 35): the routing decision on the host (softmax,
+top-k, replay: src/model/moe.c), everything else on the device: the router GEMM, each expert's gather,
+GEMMs, SwiGLU and combine, the shared expert, their backward and the LoRA branches (only the router
+logits come down, N x E floats, and in the backward the routing weights' gradient, N x K; the
+kernels are bit for bit the CPU's ops: tests/cudasim/test_moe_sim.cpp). Device tools as
 tests/py/device_train.py chooses them (the simulator's, under CUDASIM_DEVICE_GUARD=1: host code that
 touches device memory faults; DEVICE_BIN=build/bin on a GPU).
 
