@@ -25,10 +25,11 @@
 #               processed log-probs bit-identical to td_sample's, also with its sequential
 #               fallbacks forced, where the GPU's double exp/log replace glibc's;
 #               test_rollout_sim: rollouts sampled on the device give the CPU's tokens;
-#               test_token_metrics_sim: per-token metrics on the device), tests/py/test_device.py (fp32
+#               test_token_metrics_sim: per-token metrics on the device; test_moe_sim: the MoE row
+#               ops, gather, combines, their backward, bit for bit the CPU's), tests/py/test_device.py (fp32
 #               on the GPU within 1e-4 of the CPU), tests/py/test_device_metrics.py (tidal-diff's
 #               metrics on the device: a decode step brings down no V-wide row, the metrics equal
-#               the host path's and the CPU's), tests/gpu/test_vs_transformers.py. Time: eleven
+#               the host path's and the CPU's), tests/gpu/test_vs_transformers.py. Time: thirteen
 #               test programs whose CPU references dominate (~5 s each), a Qwen2.5-0.5B-shaped
 #               checkpoint written (1 GB, ~10 s), 40 tidal-logprobs runs (~1.5 s each: process,
 #               CUDA context, checkpoint) and ten transformers loads (~3 s each)
@@ -43,10 +44,11 @@
 #   moe          30 s / 120 s  tests/py/test_device_moe.py with DEVICE_BIN=$BUILD/bin: tidal-diff on tiny
 #               Qwen2-MoE and Mixtral (fp32 within 1e-5 of the CPU with the same experts; bf16
 #               mismatch within 2x of the CPU's, vllm-bf16's fused_moe, R3), tidal-sft on add-moe with
-#               the aux loss, full and LoRA on the experts (loss, grad_norm within 1e-4); routing runs
-#               on the host (src/model/moe.c), so this checks correctness; then tidal-bench-model
-#               bf16-infer on Qwen3-30B-A3B's widths with 2 layers (tidal-init, ~1.3 GB), device and
-#               CPU: the host-routed MoE's cost, a figure to decide on device routing
+#               the aux loss, full and LoRA on the experts (loss, grad_norm within 1e-4); the routing
+#               decision is the host's, the rows stay on the device (src/model/moe.c); then
+#               tidal-bench-model bf16-infer on Qwen3-30B-A3B's widths with 2 layers (tidal-init,
+#               ~1.3 GB), device and CPU: what the device-resident MoE costs with its experts run one
+#               after another, a figure to decide on grouped expert GEMMs
 #   bench        90 s / 180 s  tests/bench/gpu.sh (fractions of cuBLAS peak and HBM bandwidth, tokens/s
 #               against transformers): 0.5B forward 4 x 512 (~1 TFLOP: ms), 64 decode steps at
 #               batch 1 and 64, transformers' three rounds, eight peer GEMM shapes x 20, the 4 GiB
@@ -144,9 +146,10 @@ stage() {
     moe)   # mixtures of experts on the device against the CPU (issues 34, 35)
       echo "=== tests/py/test_device_moe.py"; DEVICE_BIN="$BUILD/bin" "$PY" tests/py/test_device_moe.py; r=$?
       echo "=== tests/py/test_device_moe.py: exit $r"
-      # what the host-routed MoE costs on the device: Qwen3-30B-A3B's widths (128 experts, top-8,
-      # C 2048, FE 768) with 2 layers, bf16, on the device and on this machine's CPU (a figure, no
-      # target: routing, gathers and combines cross to the host; reports/gpu/README.md)
+      # what the MoE layer costs on the device: Qwen3-30B-A3B's widths (128 experts, top-8, C 2048,
+      # FE 768) with 2 layers, bf16, on the device and on this machine's CPU (a figure, no target:
+      # the router logits come down and the routing decision goes up per layer, every expert's
+      # gather, GEMMs and combine are launches of their own; reports/gpu/README.md)
       q=$BUILD/gpu/q30b-L2; A=(--tf-batch 2 --tf-len 256 --prompt 32 --steps 16 --decode-batch 16 --recipe bf16-infer)
       [ "${TIDAL_GPU_TINY:-0}" = 1 ] && A=(--tf-batch 1 --tf-len 16 --prompt 4 --steps 4 --decode-batch 2 --recipe bf16-infer)
       if [ ! -f "$q/config.json" ]; then
