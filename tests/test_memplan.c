@@ -7,7 +7,17 @@
  *    activations shrink by exactly (L - 1) x N x (2 QD + 2 KVD + 3 F + 3 C + 2 + NH) x 4 bytes;
  *  - the rollout KV cache is L x slots x positions x td_memplan_kv_bytes;
  *  - a plan that does not fit is refused with the numbers and the flags that help.
- * The plan against measured peaks: tests/py/test_memplan_train.py. */
+ * And on the Qwen3-30B-A3B preset's (C 2048, L 48, NH 32, NKV 4, HD 128, F 6144, V 151936, E 128,
+ * K 8, FE 768, every layer sparse), a mixture of experts' buffers as acts_alloc, moe.c and
+ * grad_acts_alloc make them on a device, by hand:
+ *  - a forward path's activations: per row the dense set (x, xn, proj, q, att, k, v, gate, up) and
+ *    one MoE layer's moe_logits (E), moe_rows_b and moe_weights_b (K each), moe_in and moe_y (C
+ *    each), moe_gate and moe_up (FE each); a fused recipe (vllm-bf16) adds moe_v, K x C per row;
+ *  - gradient checkpointing saves the same (L - 1) slices as for a dense model: the MoE's device
+ *    buffers are one layer's either way (the routing kept per layer is host memory);
+ *  - the activation gradients: the dense set and moe_act, moe_dact, moe_dgate, moe_dup (FE each),
+ *    moe_dy, moe_dx (C each), moe_dlogits (E), moe_dw (K).
+ * The plan against measured peaks: tests/py/test_memplan_train.py, test_memplan_moe.py. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -88,6 +98,42 @@ static void test_kv_and_fit(void **state)
     free(j);
 }
 
+static void test_moe(void **state)
+{
+    (void)state;
+    td_config moe;
+    assert_int_equal(td_config_preset("qwen3-30b-a3b", &moe), 0);
+    size_t C = 2048, L = 48, NH = 32, NKV = 4, QD = NH * 128, KVD = NKV * 128, F = 6144, V = 151936;
+    size_t E = 128, K = 8, FE = 768;
+    assert_int_equal(moe.num_experts, E);
+    assert_int_equal(moe.moe_intermediate_size, FE);
+    assert_int_equal(td_config_num_moe_layers(&moe), L);
+    size_t T = 4096, N = 4 * T, nt = 4;
+    size_t dense_row = 3 * C + 2 * QD + 2 * KVD + 2 * F, moe_row = E + 2 * K + 2 * C + 2 * FE;
+    td_memplan_in in = {.cfg = &moe, .storage = TD_BF16, .a = td_recipe_find_preset("bf16-train"),
+                        .fwd_tokens = (int)N, .fwd_seq_len = (int)T, .nthreads = (int)nt};
+    td_memplan p = {0};
+    td_memplan_compute(&in, &p);
+    assert_int_equal(p.acts_a, (N * (dense_row + moe_row) + nt * 64 * T + 256 * V) * 4);
+    size_t unfused = p.acts_a;
+    in.a = td_recipe_find_preset("vllm-bf16");   /* vLLM's fused_moe: the weighted rows of every (row, slot) */
+    td_memplan_compute(&in, &p);
+    assert_int_equal(p.acts_a - unfused, N * K * C * 4);
+
+    td_memplan_train_in ti = {.cfg = &moe, .train = td_recipe_find_preset("fp32"), .max_tokens = (int)N,
+                              .max_seq_len = (int)T, .nthreads = (int)nt};
+    td_memplan_train full = {0}, gc = {0};
+    td_memplan_train_compute(&ti, &full);
+    ti.gradient_checkpointing = 1;
+    td_memplan_train_compute(&ti, &gc);
+    /* the dense model's saved slices, Qwen3's q_raw, k_raw and their rstd among them */
+    assert_int_equal(full.acts - gc.acts,
+                     (L - 1) * N * (2 * QD + 2 * KVD + 3 * F + 3 * C + 2 + NH + QD + KVD + NH + NKV) * 4);
+    size_t grads = N * (2 * C + 3 * QD + 3 * KVD + 3 * F) + nt * 2 * 64 * T + N * (4 * FE + 2 * C + E + K);
+    assert_int_equal(full.grad_acts, grads * 4);
+    assert_int_equal(gc.grad_acts, grads * 4);
+}
+
 int main(void)
 {
     if (td_config_preset("qwen2.5-0.5b", &cfg) != 0) return 1;
@@ -95,6 +141,7 @@ int main(void)
         cmocka_unit_test(test_state),
         cmocka_unit_test(test_checkpointing),
         cmocka_unit_test(test_kv_and_fit),
+        cmocka_unit_test(test_moe),
     };
     return cmocka_run_group_tests_name("memplan", tests, NULL, NULL);
 }

@@ -8,7 +8,9 @@
  *               biases, inv_freq; an unmerged LoRA's rounded A and B
  *   kv_cache    the inference path's cache, as td_session_create allocates it (fp32 today);
  *               kv_cache_recipe: what the recipe's kv format would take
- *   acts        td_acts of each path (acts_alloc, forward only) and its logits rows
+ *   acts        td_acts of each path (acts_alloc, forward only; a mixture of experts' device
+ *               buffers: one layer's router logits, routing, expert rows, vLLM's fused moe_v) and
+ *               its logits rows
  *   workspace   the backend's grow-only scratch slots (their 1.25x growth included), cuBLASLt's
  *               32 MiB workspace, split-KV attention partials, the device sampler's processed
  *               rows and masks (slots x V), and the largest per-op staging (host rows copied in:
@@ -94,8 +96,8 @@ char *td_memplan_json(const td_memplan *p, const td_memplan_in *in);
  *                the LoRA adapter's A and B only): 4 x nparams x 4 bytes
  *   acts         acts_alloc of the training forward (every layer's saved tensors; with gradient
  *                checkpointing each layer's input stream + one layer's set, recomputed)
- *   grad_acts    grad_acts_alloc (one layer's activation gradients, the attention backward's
- *                scratch, the LoRA branch's)
+ *   grad_acts    grad_acts_alloc (one layer's activation gradients, a mixture of experts' among
+ *                them, the attention backward's scratch, the LoRA branch's)
  *   logits       the forward's logits rows and the trainer's dlogits rows (rows x V fp32 each)
  *   rollout      tidal-rl: the pi_old forward (and the reference's, beta > 0) of one micro-batch,
  *                the session's KV cache for num-generations x prompts slots at prompt +

@@ -9,7 +9,10 @@
  *                rounded A and B (unmerged); norms, biases, inv_freq (fp32, tiny)
  *   embedding    never resident: embedding.cu gathers the rows on the host (staging only)
  *   kv cache     src/paths/session.c (td_memplan_kv_bytes)
- *   activations  src/model/decoder.c acts_alloc (forward only), the paths' logits rows
+ *   activations  src/model/decoder.c acts_alloc (forward only; a mixture of experts' one layer of
+ *                router logits, routing and expert rows, and moe.c's moe_v under a fused recipe:
+ *                moe_acts_floats; its routing tables and host mirrors are host memory, never
+ *                planned), the paths' logits rows
  *   workspace    tdc_scratch slots (backend.cu: grown to 1.25x the request): GEMM_A, GEMM_SCALES,
  *                GEMM_OUT (matmul.cu), WORKSPACE (lt.cu, 32 MiB), ATTN (attention.cu split-KV),
  *                MISC (fp8_quant.cu); the largest staging of one op call (tdc_in / tdc_out of
@@ -120,13 +123,19 @@ static void weights_add(wsum *w, const td_recipe *ra, int ma, const td_recipe *r
     w->b += count * ub.own;
 }
 
-/* bytes of the adapter's pairs of kind m (td_lora_module: every expert's gate counts as a gate) */
 /* the q-norm and k-norm weights of one layer: 2 HD (Qwen3), (NH + NKV) HD (OLMoE) */
 static size_t qk_norm_width(const td_config *c)
 {
     return c->qk_norm_full ? (size_t)(c->num_heads + c->num_kv_heads) * c->head_dim : 2 * (size_t)c->head_dim;
 }
 
+/* layers with a dense MLP (a mixture of experts' MoE layers have none) */
+static size_t dense_mlp_layers(const td_config *c)
+{
+    return (size_t)c->num_layers - (c->num_experts > 0 ? (size_t)td_config_num_moe_layers(c) : 0);
+}
+
+/* bytes of the adapter's pairs of kind m (td_lora_module: every expert's gate counts as a gate) */
 static size_t lora_pair_bytes(const td_lora *lora, int m)
 {
     size_t s = 0;
@@ -158,7 +167,7 @@ static wsum plan_weights(const td_memplan_in *in)
         size_t k = lora ? (size_t)lora_adapted(c, lora, m) : 0;
         int ma = lora && in->lora_mode_a == TD_LORA_MERGED, mb = lora && in->lora_mode_b == TD_LORA_MERGED;
         /* a mixture of experts' MoE layers have no dense MLP (their matrices are counted below) */
-        size_t Ld = m >= TD_LORA_GATE && c->num_experts > 0 ? L - (size_t)td_config_num_moe_layers(c) : L;
+        size_t Ld = m >= TD_LORA_GATE ? dense_mlp_layers(c) : L;
         weights_add(&w, in->a, 0, in->b, 0, in->storage, (size_t)out, (size_t)inw, Ld - k);
         weights_add(&w, in->a, ma, in->b, mb, in->storage, (size_t)out, (size_t)inw, k);
         if (lora) {   /* unmerged: each path's rounded A and B, fp32 (lora_run.c) */
@@ -198,14 +207,46 @@ static wsum plan_weights(const td_memplan_in *in)
 
 /* ---- activations and scratch --------------------------------------------------------------- */
 
-/* acts_alloc (decoder.c, save 0): x, xn, q, k, v, att, proj, gate, up of cap rows, and the
- * attention scores scratch (nthreads, ATT_BLOCK, max_keys). */
-static size_t acts_bytes(const td_config *c, int cap, int max_keys, int nthreads)
+/* A mixture of experts' scratch width FW: the wider of an expert's MLP and the shared expert's
+ * (acts_alloc, grad_acts_alloc); 0 for a dense model. */
+static size_t moe_width(const td_config *c)
+{
+    if (c->num_experts <= 0) return 0;
+    return maxz((size_t)c->moe_intermediate_size, (size_t)c->shared_expert_intermediate_size);
+}
+
+/* moe.c moe_fused: whether a path's MoE layers run as vLLM's fused_moe (its moe_v buffer) */
+static int moe_fused(const td_recipe *r)
+{
+    return r && r->moe_fused && !r->residual_fp32 && r->activations != TD_F32 && !td_recipe_is_plain_fp32(r);
+}
+
+/* acts_alloc's MoE buffers (decoder.c) of cap rows on a device backend, in floats: the router
+ * logits moe_logits (cap, E), the layer's routing on the device moe_rows_b and moe_weights_b
+ * (cap, K) each, an expert's input and output rows moe_in, moe_y (cap, C) and its gate and up
+ * moe_gate, moe_up (cap, FW); under a fused recipe r, moe.c's moe_v (cap * K, C), which the first
+ * fused layer allocates. Whatever save is, these are one layer's: the saved routing slices
+ * (moe_probs_s, moe_experts_s, moe_weights_s) are host memory, as are the routing tables
+ * moe_probs, moe_experts, moe_weights, moe_rows, moe_start and the logits' mirror moe_logits_h:
+ * not in the device plan, as no host buffer is (kv_off, x_host, the staging's host side). */
+static size_t moe_acts_floats(const td_config *c, size_t cap, const td_recipe *r)
+{
+    if (c->num_experts <= 0) return 0;
+    size_t C = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
+    size_t f = cap * (E + 2 * K + 2 * C + 2 * moe_width(c));
+    if (moe_fused(r)) f += cap * K * C;
+    return f;
+}
+
+/* acts_alloc (decoder.c, save 0) under recipe r: x, xn, q, k, v, att, proj, gate, up of cap rows,
+ * the attention scores scratch (nthreads, ATT_BLOCK, max_keys), a mixture of experts' buffers. */
+static size_t acts_bytes(const td_config *c, const td_recipe *r, int cap, int max_keys, int nthreads)
 {
     size_t C = c->hidden_size, F = c->intermediate_size;
     size_t QD = (size_t)c->num_heads * c->head_dim, KVD = (size_t)c->num_kv_heads * c->head_dim;
     size_t per_row = 3 * C + 2 * QD + 2 * KVD + 2 * F;
-    return ((size_t)cap * per_row + (size_t)nthreads * ATT_BLOCK_ROWS * (size_t)max_keys) * sizeof(float);
+    return ((size_t)cap * per_row + (size_t)nthreads * ATT_BLOCK_ROWS * (size_t)max_keys +
+            moe_acts_floats(c, (size_t)cap, r)) * sizeof(float);
 }
 
 enum { S_A, S_SCALES, S_OUT, S_WS, S_ATTN, S_MISC, S_N };
@@ -259,8 +300,16 @@ static void path_scratch(size_t req[S_N], const td_config *c, const td_recipe *r
     td_format pd = prepared(r, storage);
     gemm_scratch(req, r, pd, N, C, maxz(QD, KVD));   /* q, k, v */
     gemm_scratch(req, r, pd, N, QD, C);              /* o_proj */
-    gemm_scratch(req, r, pd, N, C, F);               /* gate, up */
-    gemm_scratch(req, r, pd, N, F, C);               /* down */
+    if (dense_mlp_layers(c)) {
+        gemm_scratch(req, r, pd, N, C, F);           /* gate, up */
+        gemm_scratch(req, r, pd, N, F, C);           /* down */
+    }
+    if (c->num_experts > 0) {   /* moe.c: the router, and an expert's or the shared expert's MLP on up to N rows */
+        size_t FW = moe_width(c);
+        gemm_scratch(req, r, pd, N, C, (size_t)c->num_experts);
+        gemm_scratch(req, r, pd, N, C, FW);
+        gemm_scratch(req, r, pd, N, FW, C);
+    }
     td_recipe h = td_recipe_for_head(r);
     gemm_scratch(req, &h, prepared(&h, storage), H, C, (size_t)c->vocab_size);
 }
@@ -290,7 +339,7 @@ void td_memplan_compute(const td_memplan_in *in, td_memplan *p)
     if (in->a && in->fwd_tokens > 0) {
         int rows = in->fwd_logits_rows > 0 ? in->fwd_logits_rows : 256;
         if (rows > in->fwd_tokens) rows = in->fwd_tokens;
-        p->acts_a = acts_bytes(c, in->fwd_tokens, in->fwd_seq_len, nt) + (size_t)rows * V * sizeof(float);
+        p->acts_a = acts_bytes(c, in->a, in->fwd_tokens, in->fwd_seq_len, nt) + (size_t)rows * V * sizeof(float);
         path_scratch(req, c, in->a, (size_t)in->fwd_tokens, (size_t)rows, in->storage);
         staging = maxz(staging, (size_t)in->fwd_tokens * C * embed_bytes(in->a, in->storage));
     }
@@ -299,7 +348,7 @@ void td_memplan_compute(const td_memplan_in *in, td_memplan *p)
         if (chunk > in->max_len) chunk = in->max_len;
         int cap = chunk > in->slots ? chunk : in->slots;
         int rows = chunk < 64 ? chunk : 64;
-        p->acts_b = acts_bytes(c, cap, in->max_len, nt) + (size_t)rows * V * sizeof(float);
+        p->acts_b = acts_bytes(c, in->b, cap, in->max_len, nt) + (size_t)rows * V * sizeof(float);
         p->kv_cache = (size_t)c->num_layers * in->slots * (size_t)in->max_len * td_memplan_kv_bytes(c, in->b, 1);
         p->kv_cache_recipe = (size_t)c->num_layers * in->slots * (size_t)in->max_len * td_memplan_kv_bytes(c, in->b, 0);
         path_scratch(req, c, in->b, (size_t)cap, (size_t)(in->slots > rows ? in->slots : rows), in->storage);
@@ -411,9 +460,12 @@ char *td_memplan_json(const td_memplan *p, const td_memplan_in *in)
 
 /* ---- the trainers --------------------------------------------------------------------------- */
 
-/* acts_alloc (decoder.c) for save = TD_ACTS_ALL (1) or TD_ACTS_CHECKPOINT (2): the per-layer
- * buffers hold L slices under ALL, one under CHECKPOINT; the stream x L + 1 slices either way. */
-static size_t acts_train_bytes(const td_config *c, size_t n, size_t max_keys, int save, int nthreads)
+/* acts_alloc (decoder.c) for save = TD_ACTS_ALL (1) or TD_ACTS_CHECKPOINT (2) under recipe r: the
+ * per-layer buffers hold L slices under ALL, one under CHECKPOINT; the stream x L + 1 slices either
+ * way. A mixture of experts' device buffers are one layer's either way (moe_acts_floats): the
+ * per-layer routing it keeps for the backward is on the host. */
+static size_t acts_train_bytes(const td_config *c, const td_recipe *r, size_t n, size_t max_keys, int save,
+                               int nthreads)
 {
     size_t C = c->hidden_size, F = c->intermediate_size, L = c->num_layers, NH = c->num_heads, NKV = c->num_kv_heads;
     size_t QD = NH * c->head_dim, KVD = NKV * c->head_dim, per = save == 1 ? L : 1;
@@ -422,16 +474,21 @@ static size_t acts_train_bytes(const td_config *c, size_t n, size_t max_keys, in
                per * n * 3 * C /* x_mid xn1 xn2 */ + per * n * 2 + n /* rstd */ + per * n * NH /* lse */ +
                per * n * F /* act */;
     if (c->qk_norm) f += per * n * (QD + KVD + NH + NKV);
+    f += moe_acts_floats(c, n, r);
     return f * sizeof(float);
 }
 
-/* grad_acts_alloc (decoder_backward.c) */
+/* grad_acts_alloc (decoder_backward.c): a mixture of experts' moe_act, moe_dact, moe_dgate, moe_dup
+ * (n, FW), moe_dy, moe_dx (n, C), moe_dlogits (n, E), moe_dw (n, K) on the device (their host
+ * mirrors moe_dw_h, moe_dlogits_h and the trainer's moe_aux_dp are host memory); the LoRA branch's
+ * scratch as wide as the widest adapted input or output, the experts' included. */
 static size_t grad_acts_bytes(const td_config *c, size_t n, size_t max_keys, int lora_rank, int nthreads)
 {
-    size_t C = c->hidden_size, F = c->intermediate_size;
+    size_t C = c->hidden_size, F = c->intermediate_size, FW = moe_width(c);
     size_t QD = (size_t)c->num_heads * c->head_dim, KVD = (size_t)c->num_kv_heads * c->head_dim;
     size_t f = n * (2 * C + 3 * QD + 3 * KVD + 3 * F) + (size_t)nthreads * 2 * ATT_BLOCK_ROWS * max_keys;
-    if (lora_rank > 0) f += n * (2 * (size_t)lora_rank + maxz(maxz(C, F), QD));
+    if (c->num_experts > 0) f += n * (4 * FW + 2 * C + (size_t)c->num_experts + (size_t)c->num_experts_per_tok);
+    if (lora_rank > 0) f += n * (2 * (size_t)lora_rank + maxz(maxz(maxz(C, F), QD), FW));
     return f * sizeof(float);
 }
 
@@ -441,11 +498,16 @@ static size_t grad_acts_bytes(const td_config *c, size_t n, size_t max_keys, int
  * leaves it as it is, a rounded copy when it rounds. identity gets whether all were the model's. */
 static size_t train_path_bytes(const td_config *c, const td_recipe *r, int *identity)
 {
-    size_t s = 0, L = (size_t)c->num_layers;
-    for (int m = 0; m < TD_LORA_NMOD; m++) {
+    size_t s = 0, L = (size_t)c->num_layers, Lm = L - dense_mlp_layers(c);
+    for (int m = 0; m < TD_LORA_NMOD; m++) {   /* an MoE layer has no dense MLP */
         int out, inw;
         td_lora_module_shape(c, m, &out, &inw);
-        s += L * (size_t)out * inw * sizeof(float);
+        s += (m >= TD_LORA_GATE ? L - Lm : L) * (size_t)out * inw * sizeof(float);
+    }
+    if (Lm) {   /* per MoE layer: the router, E experts' gate, up and down, a shared expert and its gate */
+        size_t C = c->hidden_size, E = c->num_experts, FE = c->moe_intermediate_size;
+        size_t FS = c->shared_expert_intermediate_size;
+        s += Lm * (E * C + 3 * E * FE * C + 3 * FS * C + (FS ? C : 0)) * sizeof(float);
     }
     td_recipe h = td_recipe_for_head(r);
     s += (size_t)c->vocab_size * c->hidden_size * sizeof(float);
@@ -503,7 +565,7 @@ static void session_plan(const td_config *c, const td_recipe *r, int slots, int 
     int chunk = max_len < 128 ? max_len : 128;
     int cap = chunk > slots ? chunk : slots;
     int srows = chunk < 64 ? chunk : 64;
-    *acts += acts_bytes(c, cap, max_len, nt) + (size_t)srows * V * sizeof(float);
+    *acts += acts_bytes(c, r, cap, max_len, nt) + (size_t)srows * V * sizeof(float);
     *kv += (size_t)c->num_layers * slots * (size_t)max_len * td_memplan_kv_bytes(c, r, 1);
     size_t sreq[S_N] = {0};
     path_scratch(sreq, c, r, (size_t)cap, (size_t)(slots > srows ? slots : srows), TD_F32);
@@ -570,7 +632,7 @@ void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p
     int save = in->gradient_checkpointing ? 2 : 1;
     size_t rows = N * V <= (1u << 25) ? N : 256;   /* td_trainer_create's logits_rows */
     if (rows > N) rows = N;
-    p->acts = acts_train_bytes(c, N, (size_t)in->max_seq_len, save, nt);
+    p->acts = acts_train_bytes(c, in->train, N, (size_t)in->max_seq_len, save, nt);
     p->grad_acts = grad_acts_bytes(c, N, (size_t)in->max_seq_len, in->lora_rank, nt);
     p->logits = 2 * rows * V * sizeof(float);   /* the forward's rows and the trainer's dlogits */
 
@@ -578,8 +640,16 @@ void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p
     path_scratch(req, c, in->train, N, rows, TD_F32);
     gemm_backward_scratch(req, in->train, N, C, maxz(QD, KVD));
     gemm_backward_scratch(req, in->train, N, QD, C);
-    gemm_backward_scratch(req, in->train, N, C, F);
-    gemm_backward_scratch(req, in->train, N, F, C);
+    if (dense_mlp_layers(c)) {
+        gemm_backward_scratch(req, in->train, N, C, F);
+        gemm_backward_scratch(req, in->train, N, F, C);
+    }
+    if (c->num_experts > 0) {   /* moe_backward: the router, an expert's or the shared expert's MLP */
+        size_t FW = moe_width(c);
+        gemm_backward_scratch(req, in->train, N, C, (size_t)c->num_experts);
+        gemm_backward_scratch(req, in->train, N, C, FW);
+        gemm_backward_scratch(req, in->train, N, FW, C);
+    }
     td_recipe h = td_recipe_for_head(in->train);
     gemm_backward_scratch(req, &h, rows, C, V);
     req[S_ATTN] = maxz(req[S_ATTN], N * c->num_heads * sizeof(float));   /* attention_backward.cu */
@@ -588,7 +658,7 @@ void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p
 
     if (in->scoring_forwards > 0) {   /* td_forward_create(max_tokens, 0 logits rows: 256) */
         size_t r2 = N < 256 ? N : 256;
-        p->rollout_acts += (size_t)in->scoring_forwards * (acts_bytes(c, (int)N, in->max_seq_len, nt) + r2 * V * sizeof(float));
+        p->rollout_acts += (size_t)in->scoring_forwards * (acts_bytes(c, in->train, (int)N, in->max_seq_len, nt) + r2 * V * sizeof(float));
     }
     if (in->infer && in->slots > 0)
         session_plan(c, in->infer, in->slots, in->max_len, in->sampler, nt, req, &staging, &p->rollout_kv, &p->rollout_acts);
