@@ -25,6 +25,14 @@ def final_clean(path):
     return float(ev[-2:].mean()) if len(ev) else float("nan")
 
 
+def last_eval(path):
+    """the run's last clean evaluation (eval_accuracy), nan when it has none"""
+    with h5py.File(path, "r") as f:
+        ev = f["steps"]["eval_accuracy"][:]
+    ev = ev[np.isfinite(ev)]
+    return float(ev[-1]) if len(ev) else float("nan")
+
+
 def fisher_greater(a, b, c, d):
     """one-sided P(X >= a) of the 2x2 table [[a, b], [c, d]] with fixed margins"""
     n1, n2, k = a + b, c + d, a + c
@@ -72,3 +80,27 @@ def mann_whitney_less(x, y, seed=41):
             le += ranks[perm[:nx]].sum() - base <= obs + 1e-9
             tot += 1
     return obs, le / tot, splits <= 2_000_000
+
+
+Z95 = 1.959963984540054   # the normal quantile of a two-sided 95 % interval
+
+
+def wilson(k, n, z=Z95):
+    """Wilson's score interval (lo, hi) for a proportion k / n"""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def newcombe_diff(k1, n1, k2, n2, z=Z95):
+    """Newcombe's hybrid score interval (his method 10, Stat. Med. 1998) for p1 - p2, from the two
+    Wilson intervals: the share of runs dead in one group less the other's"""
+    p1, p2 = k1 / n1, k2 / n2
+    l1, u1 = wilson(k1, n1, z)
+    l2, u2 = wilson(k2, n2, z)
+    d = p1 - p2
+    return d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)

@@ -57,6 +57,22 @@ for trial in range(10):                                          # ties (dead ru
         fails.append(("mw ties", x, y, p, ref.pvalue))
 print(f"mann-whitney: {mw} samples compared with scipy (exact / exact permutation)")
 
+nw = 0
+for n_ in range(1, 41):   # Wilson's interval against scipy.stats.binomtest(...).proportion_ci("wilson")
+    for k in range(n_ + 1):
+        ci = stats.binomtest(k, n_).proportion_ci(confidence_level=0.95, method="wilson")
+        lo, hi = rlstats.wilson(k, n_)
+        nw += 1
+        if abs(lo - ci.low) > 1e-12 or abs(hi - ci.high) > 1e-12:
+            fails.append(("wilson", k, n_, (lo, hi), (ci.low, ci.high)))
+# Newcombe's method 10 on his own examples (Stat. Med. 17, 873-890, 1998, Table II): 56/70 - 48/80
+# -> (0.0524, 0.3339); 9/10 - 3/10 -> (0.1705, 0.8090)
+for (k1, n1, k2, n2), want in (((56, 70, 48, 80), (0.0524, 0.3339)), ((9, 10, 3, 10), (0.1705, 0.8090))):
+    got = rlstats.newcombe_diff(k1, n1, k2, n2)
+    if abs(got[0] - want[0]) > 5e-5 or abs(got[1] - want[1]) > 5e-5:
+        fails.append(("newcombe", (k1, n1, k2, n2), got, want))
+print(f"wilson: {nw} intervals compared with scipy; newcombe: Newcombe's two examples")
+
 for script, marker in (("reports/rl/lora/confirm.py", "| arm |"), ("reports/rl/moe/analyze.py", "| arm |")):
     for extra in ([], ["--allow-interim"]):
         r = subprocess.run([sys.executable, os.path.join(ROOT, script)] + extra, capture_output=True, text=True)

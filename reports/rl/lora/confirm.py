@@ -22,7 +22,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from rlstats import DEAD, final_clean, fisher_greater, fisher_two_sided, mann_whitney_less  # noqa: E402
+from rlstats import DEAD, final_clean, fisher_greater, fisher_two_sided, last_eval, mann_whitney_less, newcombe_diff  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs")
@@ -32,8 +32,11 @@ NEW = range(6, 16)
 OLD = range(1, 6)
 
 
+PATHS = {}   # (arm, seed) -> run file, filled by collect()
+
+
 def collect():
-    """{(arm, seed): final clean accuracy} of every finished run of the three folders."""
+    """{(arm, seed): final clean accuracy} of every finished run of the four folders."""
     out = {}
     pats = [("confirm-lr1e-2", r"s(\d+)-(\w+-\w+|em)"), ("control-lr1e-2", r"s(\d+)-(em)"),
             ("grid", r"s(\d+)-(\w+)-(\w+)"), ("confirm-lr3e-3", r"s(\d+)-(\w+-\w+|em)")]
@@ -49,6 +52,7 @@ def collect():
             acc = final_clean(p)
             if acc is not None:
                 out[(arm, seed)] = acc
+                PATHS[(arm, seed)] = p
     return out
 
 
@@ -80,9 +84,11 @@ def main():
         da, db = sum(v < DEAD for v in xa), sum(v < DEAD for v in xb)
         p = fisher_greater(da, len(xa) - da, db, len(xb) - db)
         U, pu, exact = mann_whitney_less(xa, xb)
+        lo, hi = newcombe_diff(da, len(xa), db, len(xb))
         print(f"- {label}: weight-sync arms dead {da} of {len(xa)}, comparison arms {db} of {len(xb)}; one-sided "
               f"Fisher p = {p:.3f}; Mann-Whitney U = {U:.1f}, one-sided p = {pu:.3f} "
-              f"({'exact' if exact else '40,000 random splits'}){tag}")
+              f"({'exact' if exact else '40,000 random splits'}); difference in the share dead "
+              f"{da / len(xa) - db / len(xb):+.2f}, 95 % interval {lo:+.2f} to {hi:+.2f} (Newcombe){tag}")
     ce = [acc[("em", s)] for s in list(OLD) + list(NEW) if ("em", s) in acc]
     dc = sum(v < DEAD for v in ce)
     xa = [acc[(a, s)] for a in H1_A for s in NEW if (a, s) in acc]
@@ -92,6 +98,13 @@ def main():
     print(f"- control (exact match, mismatch 0): dead {dc} of {len(ce)} over seeds 1-15; seeds 6-15 {dn} of {len(cn)} "
           f"against the bf16 weight-sync arms' {da} of {len(xa)}: two-sided Fisher p = "
           f"{fisher_two_sided(dn, len(cn) - dn, da, len(xa) - da):.3f}{tag}")
+    # added after the pre-registration, descriptive: "dead" as the last evaluation alone (0 right
+    # answers at step 950), which counts the runs that die in the last 100 steps
+    lastd = {a: sum(last_eval(p) < DEAD for (arm, s), p in PATHS.items() if arm == a and s in NEW) for a in arms}
+    la, lb = lastd["bf16-mu"] + lastd["bf16-merged"], lastd["bf16-adapter"] + lastd["fp16-mu"]
+    print(f"- descriptive, not registered: dead by the last evaluation alone (seeds 6-15) "
+          f"{' / '.join(f'{a} {lastd[a]}' for a in arms)}; weight-sync arms {la} of 20, comparison arms {lb} of 20, "
+          f"one-sided Fisher p = {fisher_greater(la, 20 - la, lb, 20 - lb):.3f}{tag}")
     print(f"- the conditional follow-up at 3e-3 (control dead in >= 5 of its 15): "
           f"{'due' if dc >= 5 else 'not due' if len(ce) == 15 else f'open ({dc} dead of {len(ce)} so far)'}")
 
