@@ -6,7 +6,8 @@
  *                the checkpoint's storage), uploaded by tdc_const (backend.cu, once per host
  *                range) when a GEMM reads them; matmul.cu's `widened` fp32 copies (plain fp32
  *                recipes on 16-bit storage, batch-invariant recipes, FP8 emulation); lora_run.c's
- *                rounded A and B (unmerged); norms, biases, inv_freq (fp32, tiny)
+ *                rounded A and B (unmerged) and its branch's t, u (acts) and GEMM scratch; norms,
+ *                biases, inv_freq (fp32, tiny)
  *   embedding    never resident: embedding.cu gathers the rows on the host (staging only)
  *   kv cache     src/paths/session.c (td_memplan_kv_bytes)
  *   activations  src/model/decoder.c acts_alloc (forward only; a mixture of experts' one layer of
@@ -155,6 +156,41 @@ static int lora_adapted(const td_config *c, const td_lora *lora, int m)
     return k;
 }
 
+/* the widest input (at least r) and output (at least 1) of the adapter's pairs (lora_rt_create) */
+static void lora_widest(const td_lora *lora, size_t *max_in, size_t *max_out)
+{
+    *max_in = (size_t)lora->rank;
+    *max_out = 1;
+    for (size_t i = 0; i < (size_t)lora->num_layers * lora->slots; i++)
+        if (lora->pairs[i].a) {
+            *max_in = maxz(*max_in, (size_t)lora->pairs[i].in);
+            *max_out = maxz(*max_out, (size_t)lora->pairs[i].out);
+        }
+}
+
+/* lora_run.c lora_rt_create: an unmerged (or punica) adapter's branch activations on the device,
+ * t (cap, r) and u (cap, the widest adapted output: an expert's gate or up is FE wide) */
+static size_t lora_branch_bytes(const td_lora *lora, size_t cap)
+{
+    size_t max_in, max_out;
+    lora_widest(lora, &max_in, &max_out);
+    return cap * ((size_t)lora->rank + max_out) * sizeof(float);
+}
+
+/* lora_rt_create's recipe of the branch's GEMMs under path recipe r: the activations' dtype in and
+ * out, fp32 accumulation, no split-K */
+static td_recipe lora_recipe(const td_recipe *r)
+{
+    td_recipe lr = *r;
+    lr.weights = lr.gemm_inputs = lr.kv_cache = r->activations;
+    lr.accumulate = TD_ACC_FP32;
+    lr.split_k = 1;
+    lr.attention = TD_ATTN_FULL;
+    lr.decode_splits = 1;
+    lr.lm_head_fp32 = false;
+    return lr;
+}
+
 static wsum plan_weights(const td_memplan_in *in)
 {
     const td_config *c = in->cfg;
@@ -292,8 +328,8 @@ static td_format prepared(const td_recipe *r, td_format storage)
 }
 
 /* The scratch requests of one path: its decoder GEMMs at N rows, its lm_head at H rows. */
-static void path_scratch(size_t req[S_N], const td_config *c, const td_recipe *r, size_t N, size_t H,
-                         td_format storage)
+static void path_scratch(size_t req[S_N], const td_config *c, const td_recipe *r, const td_lora *lora, size_t N,
+                         size_t H, td_format storage)
 {
     size_t C = c->hidden_size, F = c->intermediate_size;
     size_t QD = (size_t)c->num_heads * c->head_dim, KVD = (size_t)c->num_kv_heads * c->head_dim;
@@ -309,6 +345,13 @@ static void path_scratch(size_t req[S_N], const td_config *c, const td_recipe *r
         gemm_scratch(req, r, pd, N, C, (size_t)c->num_experts);
         gemm_scratch(req, r, pd, N, C, FW);
         gemm_scratch(req, r, pd, N, FW, C);
+    }
+    if (lora) {   /* an unmerged adapter's branch (lora_forward): t = x A^T, u = t B^T, A and B fp32 */
+        td_recipe lr = lora_recipe(r);
+        size_t max_in, max_out;
+        lora_widest(lora, &max_in, &max_out);
+        gemm_scratch(req, &lr, TD_F32, N, max_in, (size_t)lora->rank);
+        gemm_scratch(req, &lr, TD_F32, N, (size_t)lora->rank, max_out);
     }
     td_recipe h = td_recipe_for_head(r);
     gemm_scratch(req, &h, prepared(&h, storage), H, C, (size_t)c->vocab_size);
@@ -340,7 +383,9 @@ void td_memplan_compute(const td_memplan_in *in, td_memplan *p)
         int rows = in->fwd_logits_rows > 0 ? in->fwd_logits_rows : 256;
         if (rows > in->fwd_tokens) rows = in->fwd_tokens;
         p->acts_a = acts_bytes(c, in->a, in->fwd_tokens, in->fwd_seq_len, nt) + (size_t)rows * V * sizeof(float);
-        path_scratch(req, c, in->a, (size_t)in->fwd_tokens, (size_t)rows, in->storage);
+        if (in->lora && in->lora_mode_a != TD_LORA_MERGED) p->acts_a += lora_branch_bytes(in->lora, (size_t)in->fwd_tokens);
+        path_scratch(req, c, in->a, in->lora_mode_a != TD_LORA_MERGED ? in->lora : NULL, (size_t)in->fwd_tokens,
+                     (size_t)rows, in->storage);
         staging = maxz(staging, (size_t)in->fwd_tokens * C * embed_bytes(in->a, in->storage));
     }
     if (in->b && in->slots > 0) {
@@ -349,9 +394,11 @@ void td_memplan_compute(const td_memplan_in *in, td_memplan *p)
         int cap = chunk > in->slots ? chunk : in->slots;
         int rows = chunk < 64 ? chunk : 64;
         p->acts_b = acts_bytes(c, in->b, cap, in->max_len, nt) + (size_t)rows * V * sizeof(float);
+        if (in->lora && in->lora_mode_b != TD_LORA_MERGED) p->acts_b += lora_branch_bytes(in->lora, (size_t)cap);
         p->kv_cache = (size_t)c->num_layers * in->slots * (size_t)in->max_len * td_memplan_kv_bytes(c, in->b, 1);
         p->kv_cache_recipe = (size_t)c->num_layers * in->slots * (size_t)in->max_len * td_memplan_kv_bytes(c, in->b, 0);
-        path_scratch(req, c, in->b, (size_t)cap, (size_t)(in->slots > rows ? in->slots : rows), in->storage);
+        path_scratch(req, c, in->b, in->lora_mode_b != TD_LORA_MERGED ? in->lora : NULL, (size_t)cap,
+                     (size_t)(in->slots > rows ? in->slots : rows), in->storage);
         /* split-KV decode partials (attention.cu): (slots, NH, splits, HD + 2) */
         if (in->b->attention == TD_ATTN_FLASH && in->b->decode_splits > 1)
             req[S_ATTN] = (size_t)in->slots * c->num_heads * in->b->decode_splits * (c->head_dim + 2) * sizeof(float);
@@ -558,17 +605,18 @@ static size_t trained_params(const td_config *c, int rank, unsigned mods)
 
 /* td_session_create(slots, max_len, chunk 0: 128) on the CUDA backend: its KV cache, activations
  * and logits rows, its GEMMs' scratch, the device sampler's, the staging of a chunk's rows. */
-static void session_plan(const td_config *c, const td_recipe *r, int slots, int max_len, int sampler, int nt,
-                         size_t req[S_N + 1], size_t *staging, size_t *kv, size_t *acts)
+static void session_plan(const td_config *c, const td_recipe *r, const td_lora *lora, int slots, int max_len,
+                         int sampler, int nt, size_t req[S_N + 1], size_t *staging, size_t *kv, size_t *acts)
 {
     size_t V = (size_t)c->vocab_size, C = (size_t)c->hidden_size;
     int chunk = max_len < 128 ? max_len : 128;
     int cap = chunk > slots ? chunk : slots;
     int srows = chunk < 64 ? chunk : 64;
     *acts += acts_bytes(c, r, cap, max_len, nt) + (size_t)srows * V * sizeof(float);
+    if (lora) *acts += lora_branch_bytes(lora, (size_t)cap);   /* an unmerged adapter's branch */
     *kv += (size_t)c->num_layers * slots * (size_t)max_len * td_memplan_kv_bytes(c, r, 1);
     size_t sreq[S_N] = {0};
-    path_scratch(sreq, c, r, (size_t)cap, (size_t)(slots > srows ? slots : srows), TD_F32);
+    path_scratch(sreq, c, r, lora, (size_t)cap, (size_t)(slots > srows ? slots : srows), TD_F32);
     for (int s = 0; s < S_N; s++) req[s] = maxz(req[s], sreq[s]);
     if (r->attention == TD_ATTN_FLASH && r->decode_splits > 1)
         req[S_ATTN] = maxz(req[S_ATTN], (size_t)slots * c->num_heads * r->decode_splits * (c->head_dim + 2) * sizeof(float));
@@ -624,7 +672,6 @@ void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p
             if (lora->pairs[i].a) w0 += (size_t)lora->pairs[i].out * lora->pairs[i].in * sizeof(float);
         p->weights += model + (in->engine_copy ? model + w0 : 0);
     }
-    td_lora_free(lora);
 
     p->nparams = trained_params(c, in->lora_rank, in->lora_modules);
     p->state = 4 * p->nparams * sizeof(float);   /* masters, gradients, m, v (trainer.c) */
@@ -633,11 +680,12 @@ void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p
     size_t rows = N * V <= (1u << 25) ? N : 256;   /* td_trainer_create's logits_rows */
     if (rows > N) rows = N;
     p->acts = acts_train_bytes(c, in->train, N, (size_t)in->max_seq_len, save, nt);
+    if (lora) p->acts += lora_branch_bytes(lora, N);   /* the training forward's unmerged adapter */
     p->grad_acts = grad_acts_bytes(c, N, (size_t)in->max_seq_len, in->lora_rank, nt);
     p->logits = 2 * rows * V * sizeof(float);   /* the forward's rows and the trainer's dlogits */
 
     size_t req[S_N + 1] = {0}, staging = N * C * sizeof(float);   /* the embedding rows */
-    path_scratch(req, c, in->train, N, rows, TD_F32);
+    path_scratch(req, c, in->train, lora, N, rows, TD_F32);   /* the training forward, pi_old's */
     gemm_backward_scratch(req, in->train, N, C, maxz(QD, KVD));
     gemm_backward_scratch(req, in->train, N, QD, C);
     if (dense_mlp_layers(c)) {
@@ -650,6 +698,13 @@ void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p
         gemm_backward_scratch(req, in->train, N, C, FW);
         gemm_backward_scratch(req, in->train, N, FW, C);
     }
+    if (lora) {   /* lora_backward: dt = du B, dx += dt A, through the branch's recipe */
+        td_recipe lr = lora_recipe(in->train);
+        size_t max_in, max_out;
+        lora_widest(lora, &max_in, &max_out);
+        gemm_backward_scratch(req, &lr, N, (size_t)lora->rank, max_out);
+        gemm_backward_scratch(req, &lr, N, max_in, (size_t)lora->rank);
+    }
     td_recipe h = td_recipe_for_head(in->train);
     gemm_backward_scratch(req, &h, rows, C, V);
     req[S_ATTN] = maxz(req[S_ATTN], N * c->num_heads * sizeof(float));   /* attention_backward.cu */
@@ -659,16 +714,19 @@ void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p
     if (in->scoring_forwards > 0) {   /* td_forward_create(max_tokens, 0 logits rows: 256) */
         size_t r2 = N < 256 ? N : 256;
         p->rollout_acts += (size_t)in->scoring_forwards * (acts_bytes(c, in->train, (int)N, in->max_seq_len, nt) + r2 * V * sizeof(float));
+        if (lora) p->rollout_acts += lora_branch_bytes(lora, N);   /* pi_old runs the adapter (the reference does not) */
     }
     if (in->infer && in->slots > 0)
-        session_plan(c, in->infer, in->slots, in->max_len, in->sampler, nt, req, &staging, &p->rollout_kv, &p->rollout_acts);
+        session_plan(c, in->infer, in->lora_merged || in->engine_copy ? NULL : lora, in->slots, in->max_len, in->sampler,
+                     nt, req, &staging, &p->rollout_kv, &p->rollout_acts);
     if (in->eval && in->eval_slots > 0) {   /* a second session beside the first, under the training recipe */
-        session_plan(c, in->eval, in->eval_slots, in->eval_len, in->sampler, nt, req, &staging, &p->rollout_kv,
+        session_plan(c, in->eval, lora, in->eval_slots, in->eval_len, in->sampler, nt, req, &staging, &p->rollout_kv,
                      &p->rollout_acts);
         p->weights += sa.a;   /* its own prepared codes, as a scoring forward's */
     }
     for (int s = 0; s <= S_N; s++) p->workspace += req[s] ? SCRATCH_GROWTH(req[s]) : 0;
     p->workspace += staging + STAGING_SLACK;
+    td_lora_free(lora);
     p->total = p->weights + p->state + p->acts + p->grad_acts + p->logits + p->rollout_kv + p->rollout_acts + p->workspace;
 }
 
