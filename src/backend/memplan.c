@@ -383,7 +383,8 @@ void td_memplan_compute(const td_memplan_in *in, td_memplan *p)
         int rows = in->fwd_logits_rows > 0 ? in->fwd_logits_rows : 256;
         if (rows > in->fwd_tokens) rows = in->fwd_tokens;
         p->acts_a = acts_bytes(c, in->a, in->fwd_tokens, in->fwd_seq_len, nt) + (size_t)rows * V * sizeof(float);
-        if (in->lora && in->lora_mode_a != TD_LORA_MERGED) p->acts_a += lora_branch_bytes(in->lora, (size_t)in->fwd_tokens);
+        if (in->lora && in->lora_mode_a != TD_LORA_MERGED)
+            p->acts_a += lora_branch_bytes(in->lora, (size_t)in->fwd_tokens);
         path_scratch(req, c, in->a, in->lora_mode_a != TD_LORA_MERGED ? in->lora : NULL, (size_t)in->fwd_tokens,
                      (size_t)rows, in->storage);
         staging = maxz(staging, (size_t)in->fwd_tokens * C * embed_bytes(in->a, in->storage));

@@ -6,7 +6,8 @@ honour; CUDASIM_PEAK=1 prints the most device memory allocated at once):
    tokens, batch 4) for fp32/fp32, bf16-train/bf16-infer, bf16-train/fp8-rollout (FP8 codes and
    the fp32 copies of the products cuBLASLt's conditions refuse: K = 192 is no multiple of 128)
    and fp16-train/fp16-infer, and a LoRA (r 8) unmerged and merged into B: the plan (the run file's memory_plan attribute) is an upper
-   bound of the peak and at most 10 % above it. On this tiny model cuBLASLt's 32 MiB workspace
+   bound of the peak and at most 5 % above it (measured 2.0-2.4 %; a mixture of experts' cases:
+   test_memplan_moe.py). On this tiny model cuBLASLt's 32 MiB workspace
    (40 MiB with tdc_scratch's 1.25x growth) is most of both numbers; the 8B case below checks
    the other terms by hand.
 2. refusal: CUDASIM_MEM=30M: exit 1, the message names the shortfall and what helps, no run
@@ -82,8 +83,8 @@ for a, b in [("fp32", "fp32"), ("bf16-train", "bf16-infer"), ("bf16-train", "fp8
         check(False, f"{a}/{b}: the simulated run completes and reports its peak")
         continue
     peak, plan = int(m.group(1)), plan_attr(out)["total"]
-    check(peak <= plan <= 1.10 * peak,
-          f"{a}/{b}: plan {plan} bytes is an upper bound of the measured peak {peak} and within 10 % "
+    check(peak <= plan <= 1.05 * peak,
+          f"{a}/{b}: plan {plan} bytes is an upper bound of the measured peak {peak} and within 5 % "
           f"(+{100 * (plan - peak) / peak:.1f} %)")
     check("memory plan (GPU)" in p.stderr and "KV cache" in p.stderr, f"{a}/{b}: the plan is printed on stderr")
     with h5py.File(out, "r") as f:
@@ -106,7 +107,7 @@ for name, extra in [("unmerged", []), ("merged-b", ["--lora-merge-b"])]:
         check(False, f"LoRA {name}: the simulated run completes")
         continue
     peak, plan = int(m.group(1)), plan_attr(out)["total"]
-    check(peak <= plan <= 1.10 * peak, f"LoRA {name}, bf16 pair: plan {plan} >= peak {peak}, within 10 % "
+    check(peak <= plan <= 1.05 * peak, f"LoRA {name}, bf16 pair: plan {plan} >= peak {peak}, within 5 % "
           f"(+{100 * (plan - peak) / peak:.1f} %)")
 
 base = plan_attr(os.path.join(tmp, "bf16-train_bf16-infer.h5"))

@@ -9,7 +9,7 @@ the logits weigh beside cuBLASLt's 32 MiB workspace (40 MiB with tdc_scratch's 1
 which is most of a tiny model's peak; datasets/tasks/add, one step.
 
 1. plan vs measured peak: the plan (printed, and the run file's memory_plan attribute) is an
-   upper bound of the simulator's peak and at most 1.5x it, for tidal-sft fp32 full fine-tuning,
+   upper bound of the simulator's peak and at most 1.15x it (1.5x before the MoE cases: loose), for tidal-sft fp32 full fine-tuning,
    bf16-train with --gradient-checkpointing, LoRA r 8 on all linear layers; tidal-rl bf16 with
    --gradient-checkpointing (pi_old forward, the rollout session of 4 completions) and --eval-steps
    (the evaluation's session beside the rollouts'), bf16 LoRA r 8
@@ -109,8 +109,8 @@ for i, (name, runfile, what, args) in enumerate(cases):
     check(own == peak, f"{name} {what}: {runfile} memory_peak {own} = the simulator's peak")
     check(attr["total"] == plan and attr["free"] > 0, f"{name} {what}: {runfile} memory_plan total {attr['total']} = "
           "the printed plan, with the free memory")
-    check(peak <= plan <= 1.5 * peak, f"{name} {what}: plan {plan} bytes >= measured peak {peak}, "
-          f"ratio {plan / peak:.3f} (<= 1.5)")
+    check(peak <= plan <= 1.15 * peak, f"{name} {what}: plan {plan} bytes >= measured peak {peak}, "
+          f"ratio {plan / peak:.3f} (<= 1.15)")
 
 # 2. checkpointing lowers the activations the plan holds
 acts = {}
