@@ -40,7 +40,7 @@
 #               /steps loss, grad_norm within 1e-4 relative under fp32, bf16 / fp16 within the
 #               looser bound each script states, LoRA, --resume on the device bit for bit;
 #               tests/py/test_memplan_train.py: the trainers' memory plan >= the run file's
-#               memory_peak (the backend's own count) and <= 1.5x it
+#               memory_peak (the backend's own count) and <= 1.15x it
 #   moe          30 s / 120 s  tests/py/test_device_moe.py with DEVICE_BIN=$BUILD/bin: tidal-diff on tiny
 #               Qwen2-MoE and Mixtral (fp32 within 1e-5 of the CPU with the same experts; bf16
 #               mismatch within 2x of the CPU's, vllm-bf16's fused_moe, R3), tidal-sft on add-moe with
