@@ -42,9 +42,6 @@ void *td_xrealloc_at(void *p, size_t size, const char *file, int line);
 /* argv as one shell-quoted string (caller frees): recorded in every output file. */
 char *td_command_line(int argc, char **argv);
 
-/* argv as one shell-quoted string (caller frees): recorded in every output file. */
-char *td_command_line(int argc, char **argv);
-
 TD_END_DECLS
 
 #endif

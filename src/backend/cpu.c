@@ -82,13 +82,14 @@ static void rope_cpu(const td_ops *ctx, float *x, const int *pos, const float *i
         return;
     }
     int half = HD / 2;
+    const float *tab = rope_cos_sin_table(inv_freq, half, pos, N);
     #pragma omp parallel for num_threads(ctx->nthreads) if (N >= 16)
     for (int i = 0; i < N; i++) {
-        float cs[512], sn[512];
+        float cs[512], sn[512];   /* rope_forward_ref's cos and sin, rounded to D */
+        const float *t = tab + (size_t)pos[i] * 2 * half;
         for (int k = 0; k < half; k++) {
-            float a = (float)pos[i] * inv_freq[k];
-            cs[k] = td_round(D, (float)cos((double)a));
-            sn[k] = td_round(D, (float)sin((double)a));
+            cs[k] = td_round(D, t[k]);
+            sn[k] = td_round(D, t[half + k]);
         }
         for (int h = 0; h < nheads; h++) {
             float *xh = x + ((size_t)i * nheads + h) * HD;

@@ -50,6 +50,9 @@ void rmsnorm_forward_ref(const td_ops *ctx, float *out, float *rstd, const float
 void matmul_forward_ref(const td_ops *ctx, int n, float *const *out, const float *inp,
                         const td_wmat *weight, const float *const *bias, int N, int IN,
                         const int *OUT);
+/* the cos and sin table of inv_freq (half wide) covering positions pos[0 .. N): row p at
+ * p * 2 half, half cos then half sin (cpu_ref.c) */
+const float *rope_cos_sin_table(const float *inv_freq, int half, const int *pos, int N);
 void rope_forward_ref(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
                       int nheads, int HD);
 void attention_forward_ref(const td_ops *ctx, float *out, float *lse, const float *q,

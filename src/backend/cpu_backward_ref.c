@@ -125,26 +125,20 @@ void matmul_backward_ref(const td_ops *ctx, float *dinp, float *dweight, float *
     if (dbias) bias_grad_acc(ctx, dbias, dout, N, OUT);
 }
 
-/* the angles of rope_forward_ref (fp32 pos * inv_freq, cos/sin of it rounded to fp32), their
- * cos and sin rounded to D */
-static void rope_angles(const int p, const float *inv_freq, int half, td_format D, float *cs, float *sn)
-{
-    for (int k = 0; k < half; k++) {
-        float a = (float)p * inv_freq[k];
-        cs[k] = td_round(D, (float)cos((double)a));
-        sn[k] = td_round(D, (float)sin((double)a));
-    }
-}
-
 /* the inverse rotation, with cos/sin rounded to D (F32: the reference) */
 void rope_backward_rounded(const td_ops *ctx, td_format D, float *dx, const int *pos,
                            const float *inv_freq, int N, int nheads, int HD)
 {
     int half = HD / 2;
+    const float *tab = rope_cos_sin_table(inv_freq, half, pos, N);
     #pragma omp parallel for num_threads(ctx->nthreads) if (N >= 64)
     for (int i = 0; i < N; i++) {
-        float cs[512], sn[512];
-        rope_angles(pos[i], inv_freq, half, D, cs, sn);
+        float cs[512], sn[512];   /* rope_forward_ref's cos and sin, rounded to D */
+        const float *t = tab + (size_t)pos[i] * 2 * half;
+        for (int k = 0; k < half; k++) {
+            cs[k] = td_round(D, t[k]);
+            sn[k] = td_round(D, t[half + k]);
+        }
         for (int h = 0; h < nheads; h++) {
             float *g = dx + ((size_t)i * nheads + h) * HD;
             for (int k = 0; k < half; k++) {

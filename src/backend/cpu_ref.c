@@ -17,6 +17,8 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* tidal never inspects floating-point exception flags; without this, GCC will not if-convert
@@ -152,19 +154,82 @@ void matmul_forward_ref(const td_ops *ctx, int n, float *const *out, const float
     }
 }
 
+/* The rotary angles' cos and sin, (float)cos((double)a) and (float)sin((double)a) of the fp32
+ * angle a = (float)p * inv_freq[k] as HF forms it, for positions 0 .. npos - 1: one table per
+ * inv_freq (compared by value) kept for the process and extended (doubling) when a longer position
+ * comes, so that the L layers' q and k rotations and the backward's stop computing the same
+ * 2 L sincos per row (about 2 % of a small model's training step). Row p holds half cos then half
+ * sin. A table once returned is never changed or freed before exit (a longer one is a new table),
+ * so callers read it from any thread without a lock. */
+typedef struct rope_table {
+    struct rope_table *next;
+    int half, npos;
+    float *inv_freq, *cs;
+} rope_table;
+static rope_table *rope_tables;
+
+static void rope_tables_free(void)
+{
+    while (rope_tables) {
+        rope_table *t = rope_tables;
+        rope_tables = t->next;
+        free(t->inv_freq);
+        free(t->cs);
+        free(t);
+    }
+}
+
+const float *rope_cos_sin_table(const float *inv_freq, int half, const int *pos, int N)
+{
+    int npos = 1;
+    for (int i = 0; i < N; i++) {
+        if (pos[i] < 0) {   /* positions are the program's own, never negative */
+            fprintf(stderr, "tidal: internal error: RoPE position %d\n", pos[i]);
+            abort();
+        }
+        npos = pos[i] >= npos ? pos[i] + 1 : npos;
+    }
+    const float *out = NULL;
+    #pragma omp critical(td_rope_table)
+    {
+        rope_table *have = NULL;
+        for (rope_table *t = rope_tables; t && !out; t = t->next)
+            if (t->half == half && memcmp(t->inv_freq, inv_freq, (size_t)half * sizeof(float)) == 0) {
+                if (t->npos >= npos) out = t->cs;
+                else if (!have) have = t;   /* the newest of this inv_freq: the longest */
+            }
+        if (!out) {
+            static int registered;
+            if (!registered) registered = atexit(rope_tables_free) == 0;
+            rope_table *t = td_xmalloc(sizeof *t);
+            t->half = half;
+            t->npos = have && 2 * have->npos > npos ? 2 * have->npos : npos;
+            t->inv_freq = td_xmalloc((size_t)half * sizeof(float));
+            memcpy(t->inv_freq, inv_freq, (size_t)half * sizeof(float));
+            t->cs = td_xmalloc((size_t)t->npos * 2 * half * sizeof(float));
+            for (int p = 0; p < t->npos; p++)
+                for (int k = 0; k < half; k++) {
+                    float a = (float)p * inv_freq[k];
+                    t->cs[(size_t)p * 2 * half + k] = (float)cos((double)a);
+                    t->cs[(size_t)p * 2 * half + half + k] = (float)sin((double)a);
+                }
+            t->next = rope_tables;   /* newest first */
+            rope_tables = t;
+            out = t->cs;
+        }
+    }
+    return out;
+}
+
 void rope_forward_ref(const td_ops *ctx, float *x, const int *pos, const float *inv_freq, int N,
                       int nheads, int HD)
 {
     int half = HD / 2;
+    const float *tab = rope_cos_sin_table(inv_freq, half, pos, N);
     #pragma omp parallel for num_threads(ctx->nthreads) if (N >= 64)
     for (int i = 0; i < N; i++) {
-        float cs[512], sn[512];  /* HD <= 1024 is checked at model creation */
-        for (int k = 0; k < half; k++) {
-            /* the angle pos * inv_freq formed in fp32 as HF does, cos/sin rounded to fp32 */
-            float a = (float)pos[i] * inv_freq[k];
-            cs[k] = (float)cos((double)a);
-            sn[k] = (float)sin((double)a);
-        }
+        /* the angle pos * inv_freq formed in fp32 as HF does, cos/sin rounded to fp32 */
+        const float *cs = tab + (size_t)pos[i] * 2 * half, *sn = cs + half;
         for (int h = 0; h < nheads; h++) {
             float *xh = x + ((size_t)i * nheads + h) * HD;
             for (int k = 0; k < half; k++) {
