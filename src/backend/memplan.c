@@ -177,20 +177,6 @@ static size_t lora_branch_bytes(const td_lora *lora, size_t cap)
     return cap * ((size_t)lora->rank + max_out) * sizeof(float);
 }
 
-/* lora_rt_create's recipe of the branch's GEMMs under path recipe r: the activations' dtype in and
- * out, fp32 accumulation, no split-K */
-static td_recipe lora_recipe(const td_recipe *r)
-{
-    td_recipe lr = *r;
-    lr.weights = lr.gemm_inputs = lr.kv_cache = r->activations;
-    lr.accumulate = TD_ACC_FP32;
-    lr.split_k = 1;
-    lr.attention = TD_ATTN_FULL;
-    lr.decode_splits = 1;
-    lr.lm_head_fp32 = false;
-    return lr;
-}
-
 static wsum plan_weights(const td_memplan_in *in)
 {
     const td_config *c = in->cfg;
@@ -347,7 +333,7 @@ static void path_scratch(size_t req[S_N], const td_config *c, const td_recipe *r
         gemm_scratch(req, r, pd, N, FW, C);
     }
     if (lora) {   /* an unmerged adapter's branch (lora_forward): t = x A^T, u = t B^T, A and B fp32 */
-        td_recipe lr = lora_recipe(r);
+        td_recipe lr = lora_branch_recipe(r);
         size_t max_in, max_out;
         lora_widest(lora, &max_in, &max_out);
         gemm_scratch(req, &lr, TD_F32, N, max_in, (size_t)lora->rank);
@@ -700,7 +686,7 @@ void td_memplan_train_compute(const td_memplan_train_in *in, td_memplan_train *p
         gemm_backward_scratch(req, in->train, N, FW, C);
     }
     if (lora) {   /* lora_backward: dt = du B, dx += dt A, through the branch's recipe */
-        td_recipe lr = lora_recipe(in->train);
+        td_recipe lr = lora_branch_recipe(in->train);
         size_t max_in, max_out;
         lora_widest(lora, &max_in, &max_out);
         gemm_backward_scratch(req, &lr, N, (size_t)lora->rank, max_out);

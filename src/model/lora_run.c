@@ -48,13 +48,8 @@ static void lora_rt_round(lora_rt *rt, const td_lora *lora)
     }
 }
 
-lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int punica,
-                        const td_backend *be)
+td_recipe lora_branch_recipe(const td_recipe *r)
 {
-    lora_rt *rt = td_xcalloc(1, sizeof *rt);
-    int L = lora->num_layers, rank = lora->rank, S = lora->slots;
-    rt->rank = rank;
-    rt->scale = punica ? 1.0f : lora->scale;
     td_recipe lr = *r;
     lr.weights = lr.gemm_inputs = lr.kv_cache = r->activations;
     lr.accumulate = TD_ACC_FP32;
@@ -62,7 +57,17 @@ lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int pu
     lr.attention = TD_ATTN_FULL;
     lr.decode_splits = 1;
     lr.lm_head_fp32 = false;
-    rt->recipe = lr;
+    return lr;
+}
+
+lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int punica,
+                        const td_backend *be)
+{
+    lora_rt *rt = td_xcalloc(1, sizeof *rt);
+    int L = lora->num_layers, rank = lora->rank, S = lora->slots;
+    rt->rank = rank;
+    rt->scale = punica ? 1.0f : lora->scale;
+    rt->recipe = lora_branch_recipe(r);
     size_t total = 0;
     int max_in = rank, max_out = 1;
     for (int i = 0; i < L * S; i++) {
@@ -76,8 +81,8 @@ lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int pu
     rt->slots = S;
     rt->owned = td_xmalloc((total ? total : 1) * sizeof(float));
     rt->punica = punica;
-    rt->on_device = lora->owned_dev && be->prepare && (lr.activations == TD_F32 || lr.activations == TD_BF16 ||
-                                                        lr.activations == TD_F16);
+    rt->on_device = lora->owned_dev && be->prepare && (rt->recipe.activations == TD_F32 || rt->recipe.activations == TD_BF16 ||
+                                                        rt->recipe.activations == TD_F16);
     float *q = rt->owned;
     for (int i = 0; i < L * S; i++) {
         const td_lora_pair *p = &lora->pairs[i];

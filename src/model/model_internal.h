@@ -239,6 +239,9 @@ typedef struct lora_rt {
                               owned is a stale key of the device copies, released with them */
 } lora_rt;
 
+/* the recipe of an unmerged LoRA branch's GEMMs on a path of recipe r: the activations' dtype in
+ * and out, fp32 accumulation, no split-K (the memory plan sizes its scratch from it too) */
+td_recipe lora_branch_recipe(const td_recipe *r);
 lora_rt *lora_rt_create(const td_lora *lora, const td_recipe *r, int cap, int punica,
                         const td_backend *be);
 void lora_rt_free(lora_rt *rt);
