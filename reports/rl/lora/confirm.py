@@ -108,10 +108,10 @@ def main():
     print(f"- the conditional follow-up at 3e-3 (control dead in >= 5 of its 15): "
           f"{'due' if dc >= 5 else 'not due' if len(ce) == 15 else f'open ({dc} dead of {len(ce)} so far)'}")
 
-    followup(acc)
+    followup(acc, interim_ok)
 
 
-def followup(acc):
+def followup(acc, interim_ok):
     """section 5's conditional follow-up at 3e-3 (seeds 6-10), when any of its runs exist"""
     arms = ("bf16-mu", "fp16-mu", "em")
     runs = {a: [(s, acc[(a + "@3e-3", s)]) for s in range(6, 11) if (a + "@3e-3", s) in acc] for a in arms}
@@ -126,7 +126,12 @@ def followup(acc):
         print(f"| {a} | {len(runs[a])} | {sum(v < DEAD for _, v in runs[a])} | "
               f"{' / '.join(f's{s} ' + ('dead' if v < DEAD else f'{v:.2f}') for s, v in runs[a])} |")
     xa, xb = [v for _, v in runs["bf16-mu"]], [v for _, v in runs["fp16-mu"]]
-    tag = "" if len(xa) == len(xb) == 5 else " [INTERIM: not all 10 runs in]"
+    complete = all(len(runs[a]) == 5 for a in arms)
+    tag = "" if complete else " [INTERIM: not all 15 runs in]"
+    if not complete and not interim_ok:
+        print(f"Follow-up runs finished: {sum(len(v) for v in runs.values())} of 15 -- INTERIM; no test before all are in "
+              "(--allow-interim prints them marked as interim).")
+        return
     if xa and xb:
         da, db = sum(v < DEAD for v in xa), sum(v < DEAD for v in xb)
         U, pu, exact = mann_whitney_less(xa, xb)
