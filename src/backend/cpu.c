@@ -29,8 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static inline td_format act_of(const td_ops *ctx) { return ctx->recipe ? ctx->recipe->activations : TD_F32; }
-
 /* x rounded to the activations dtype (an op boundary; the backward's input gradients too) */
 void act_round(const td_ops *ctx, float *x, size_t n)
 {

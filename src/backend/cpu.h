@@ -8,6 +8,9 @@
 
 #include <stdint.h>
 
+/* the activations' dtype D of ctx's recipe (fp32 without one) */
+static inline td_format act_of(const td_ops *ctx) { return ctx->recipe ? ctx->recipe->activations : TD_F32; }
+
 /* e^x for x in any float range: 2^n * e^r with n = round(x/ln2), |r| <= ln2/2, and the Cephes
  * expf minimax polynomial for e^r. Clamped to the normal range (e^-87.3 .. e^88.3). */
 static inline __attribute__((always_inline)) float td_expf(float x)

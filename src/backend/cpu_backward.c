@@ -32,7 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static inline td_format act_of(const td_ops *ctx) { return ctx->recipe ? ctx->recipe->activations : TD_F32; }
 
 /* dst (cols, rows) = src (rows, cols)^T */
 static void transpose(const float *src, size_t rows, size_t cols, float *dst)

@@ -11,8 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* D the activations dtype, R the stream's: D, or fp32 under residual_fp32 */
-static td_format act_of(const td_ops *ctx) { return ctx->recipe ? ctx->recipe->activations : TD_F32; }
+/* R the stream's dtype: D (act_of), or fp32 under residual_fp32 */
 static td_format stream_of(const td_ops *ctx)
 {
     return !ctx->recipe || ctx->recipe->residual_fp32 ? TD_F32 : ctx->recipe->activations;
