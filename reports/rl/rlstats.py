@@ -14,22 +14,26 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 DEAD = 0.005
 
 
+def _evals(f):
+    """the clean evaluations of an open run file, in step order (the steps without one left out)"""
+    ev = f["steps"]["eval_accuracy"][:]
+    return ev[np.isfinite(ev)]
+
+
 def final_clean(path):
     """the run's final clean accuracy, or None while it is unfinished"""
     with h5py.File(path, "r") as f:
         a = dict(f.attrs)
         if int(a.get("steps_done", 0)) < int(a.get("max_steps", 1)):
             return None
-        ev = f["steps"]["eval_accuracy"][:]
-    ev = ev[np.isfinite(ev)]
+        ev = _evals(f)
     return float(ev[-2:].mean()) if len(ev) else float("nan")
 
 
 def last_eval(path):
     """the run's last clean evaluation (eval_accuracy), nan when it has none"""
     with h5py.File(path, "r") as f:
-        ev = f["steps"]["eval_accuracy"][:]
-    ev = ev[np.isfinite(ev)]
+        ev = _evals(f)
     return float(ev[-1]) if len(ev) else float("nan")
 
 
