@@ -103,11 +103,17 @@ static void test_moe(void **state)
     (void)state;
     td_config moe;
     assert_int_equal(td_config_preset("qwen3-30b-a3b", &moe), 0);
-    size_t C = 2048, L = 48, NH = 32, NKV = 4, QD = NH * 128, KVD = NKV * 128, F = 6144, V = 151936;
+    /* every layer is MoE: intermediate_size (6144) sizes no buffer, the dense MLP's are 0 wide */
+    size_t C = 2048, L = 48, NH = 32, NKV = 4, QD = NH * 128, KVD = NKV * 128, F = 0, V = 151936;
     size_t E = 128, K = 8, FE = 768;
     assert_int_equal(moe.num_experts, E);
     assert_int_equal(moe.moe_intermediate_size, FE);
+    assert_int_equal(moe.intermediate_size, 6144);
     assert_int_equal(td_config_num_moe_layers(&moe), L);
+    assert_int_equal(td_config_dense_mlp_width(&moe), 0);
+    moe.mlp_only_layers[moe.n_mlp_only++] = 3;   /* one dense layer: the buffers are back */
+    assert_int_equal(td_config_dense_mlp_width(&moe), 6144);
+    moe.n_mlp_only = 0;
     size_t T = 4096, N = 4 * T, nt = 4;
     size_t dense_row = 3 * C + 2 * QD + 2 * KVD + 2 * F, moe_row = E + 2 * K + 2 * C + 2 * FE;
     td_memplan_in in = {.cfg = &moe, .storage = TD_BF16, .a = td_recipe_find_preset("bf16-train"),

@@ -86,6 +86,10 @@ bool td_config_layer_moe(const td_config *c, int l);
 /* The number of MoE layers, and the index of layer l among them (-1 for a dense layer). */
 int td_config_num_moe_layers(const td_config *c);
 int td_config_moe_index(const td_config *c, int l);
+/* The width of the dense MLP's activation buffers: intermediate_size when any layer has a dense MLP,
+ * 0 when every layer is a mixture of experts (Mixtral, OLMoE, Qwen3-30B-A3B), whose
+ * intermediate_size then sizes nothing the model computes. */
+int td_config_dense_mlp_width(const td_config *c);
 
 /* 0 when a sequence of `len` positions is computed exactly by tidal's full attention; -1 + err
  * when it would pass the sliding window of a layer that slides. */

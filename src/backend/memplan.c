@@ -264,7 +264,7 @@ static size_t moe_acts_floats(const td_config *c, size_t cap, const td_recipe *r
  * the attention scores scratch (nthreads, ATT_BLOCK, max_keys), a mixture of experts' buffers. */
 static size_t acts_bytes(const td_config *c, const td_recipe *r, int cap, int max_keys, int nthreads)
 {
-    size_t C = c->hidden_size, F = c->intermediate_size;
+    size_t C = c->hidden_size, F = (size_t)td_config_dense_mlp_width(c);
     size_t QD = (size_t)c->num_heads * c->head_dim, KVD = (size_t)c->num_kv_heads * c->head_dim;
     size_t per_row = 3 * C + 2 * QD + 2 * KVD + 2 * F;
     return ((size_t)cap * per_row + (size_t)nthreads * ATT_BLOCK_ROWS * (size_t)max_keys +
@@ -501,7 +501,8 @@ char *td_memplan_json(const td_memplan *p, const td_memplan_in *in)
 static size_t acts_train_bytes(const td_config *c, const td_recipe *r, size_t n, size_t max_keys, int save,
                                int nthreads)
 {
-    size_t C = c->hidden_size, F = c->intermediate_size, L = c->num_layers, NH = c->num_heads, NKV = c->num_kv_heads;
+    size_t C = c->hidden_size, F = (size_t)td_config_dense_mlp_width(c), L = c->num_layers;
+    size_t NH = c->num_heads, NKV = c->num_kv_heads;
     size_t QD = NH * c->head_dim, KVD = NKV * c->head_dim, per = save == 1 ? L : 1;
     size_t f = (L + 1) * n * C + n * C /* xn */ + per * n * (2 * QD + 2 * KVD + 2 * F) /* q k v att gate up */ +
                n * C /* proj */ + (size_t)nthreads * ATT_BLOCK_ROWS * max_keys /* scores */ +
@@ -518,7 +519,7 @@ static size_t acts_train_bytes(const td_config *c, const td_recipe *r, size_t n,
  * scratch as wide as the widest adapted input or output, the experts' included. */
 static size_t grad_acts_bytes(const td_config *c, size_t n, size_t max_keys, int lora_rank, int nthreads)
 {
-    size_t C = c->hidden_size, F = c->intermediate_size, FW = moe_width(c);
+    size_t C = c->hidden_size, F = (size_t)td_config_dense_mlp_width(c), FW = moe_width(c);
     size_t QD = (size_t)c->num_heads * c->head_dim, KVD = (size_t)c->num_kv_heads * c->head_dim;
     size_t f = n * (2 * C + 3 * QD + 3 * KVD + 3 * F) + (size_t)nthreads * 2 * ATT_BLOCK_ROWS * max_keys;
     if (c->num_experts > 0) f += n * (4 * FW + 2 * C + (size_t)c->num_experts + (size_t)c->num_experts_per_tok);

@@ -68,6 +68,11 @@ int td_config_num_moe_layers(const td_config *c)
     return n;
 }
 
+int td_config_dense_mlp_width(const td_config *c)
+{
+    return c->num_experts > 0 && td_config_num_moe_layers(c) == c->num_layers ? 0 : c->intermediate_size;
+}
+
 int td_config_moe_index(const td_config *c, int l)
 {
     if (!td_config_layer_moe(c, l)) return -1;

@@ -14,7 +14,7 @@
 
 static float *acts_buf(td_acts *a, size_t floats)
 {
-    float *p = a->be->alloc(floats * sizeof(float));
+    float *p = a->be->alloc((floats ? floats : 1) * sizeof(float));   /* 0: a model without dense MLPs */
     a->owned[a->nowned++] = p;
     return p;
 }
@@ -36,7 +36,7 @@ static float *acts_mirror(td_acts *a, float *b, size_t floats)
 
 void acts_alloc(td_acts *a, const td_config *c, const td_ops *ops, int cap, int max_keys, int save)
 {
-    size_t n = (size_t)cap, C = c->hidden_size, F = c->intermediate_size, L = c->num_layers;
+    size_t n = (size_t)cap, C = c->hidden_size, F = td_config_dense_mlp_width(c), L = c->num_layers;
     size_t NH = c->num_heads, NKV = c->num_kv_heads;
     size_t QD = NH * c->head_dim, KVD = NKV * c->head_dim;
     size_t per = save == TD_ACTS_ALL ? L : 1;   /* slices of the per-layer buffers */
@@ -107,7 +107,7 @@ void acts_free(td_acts *a)
 
 td_layer_acts acts_layer(const td_acts *a, const td_config *c, int l)
 {
-    size_t n = (size_t)a->cap, C = c->hidden_size, F = c->intermediate_size;
+    size_t n = (size_t)a->cap, C = c->hidden_size, F = td_config_dense_mlp_width(c);
     size_t NH = c->num_heads, NKV = c->num_kv_heads, QD = NH * c->head_dim, KVD = NKV * c->head_dim;
     td_layer_acts v;
     if (!a->save) {   /* one set of buffers, updated in place */

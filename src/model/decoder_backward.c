@@ -23,7 +23,7 @@
 
 static float *gbuf(td_grad_acts *g, size_t floats)
 {
-    float *p = g->be->alloc(floats * sizeof(float));
+    float *p = g->be->alloc((floats ? floats : 1) * sizeof(float));   /* 0: a model without dense MLPs */
     g->owned[g->nowned++] = p;
     return p;
 }
@@ -47,7 +47,7 @@ static float *gmirror(td_grad_acts *g, float *b, size_t floats)
 void grad_acts_alloc(td_grad_acts *g, const td_config *c, const td_ops *ops, int cap, int max_keys,
                      int lora_rank)
 {
-    size_t n = (size_t)cap, C = c->hidden_size, F = c->intermediate_size;
+    size_t n = (size_t)cap, C = c->hidden_size, F = td_config_dense_mlp_width(c);
     size_t QD = (size_t)c->num_heads * c->head_dim, KVD = (size_t)c->num_kv_heads * c->head_dim;
     memset(g, 0, sizeof *g);
     g->be = ops->be;

@@ -168,7 +168,8 @@ for tool, runfile, what, args in TRAIN:
 # 3. Qwen3-30B-A3B, --plan-only (the CPU build's tools: the plan without the free memory)
 q30 = os.path.join(tmp, "q30")
 run("tidal-init", "--preset", "qwen3-30b-a3b", "--dtype", "bf16", "--config-only", "-o", q30)
-C, L, NH, NKV, HD, F, V = 2048, 48, 32, 4, 128, 6144, 151936
+C, L, NH, NKV, HD, F, V = 2048, 48, 32, 4, 128, 0, 151936   # F: every layer MoE, no dense MLP buffer
+                                                            # (its intermediate_size 6144 sizes nothing)
 E, K, FE = 128, 8, 768
 QD, KVD = NH * HD, NKV * HD
 GiB = 2.0 ** 30
