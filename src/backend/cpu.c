@@ -39,6 +39,30 @@ void act_round(const td_ops *ctx, float *x, size_t n)
         td_round_row(f, x + b, x + b, n - b < 4096 ? n - b : 4096, TD_SATFINITE);
 }
 
+/* sum_c x[c]^2 in double, in c's order, of n <= 4 rows of C (row stride C): the rows' sums run
+ * side by side, four independent chains instead of one serial chain at a time (each row's
+ * additions in its own order: the bits of a loop per row) */
+static void sumsq_rows(const float *x, int C, int n, double *ss)
+{
+    if (n < 4) {
+        for (int r = 0; r < n; r++) {
+            double s = 0.0;
+            for (int c = 0; c < C; c++) s += (double)x[(size_t)r * C + c] * x[(size_t)r * C + c];
+            ss[r] = s;
+        }
+        return;
+    }
+    const float *x0 = x, *x1 = x + C, *x2 = x + 2 * (size_t)C, *x3 = x + 3 * (size_t)C;
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    for (int c = 0; c < C; c++) {
+        s0 += (double)x0[c] * x0[c];
+        s1 += (double)x1[c] * x1[c];
+        s2 += (double)x2[c] * x2[c];
+        s3 += (double)x3[c] * x3[c];
+    }
+    ss[0] = s0, ss[1] = s1, ss[2] = s2, ss[3] = s3;
+}
+
 static void rmsnorm_cpu(const td_ops *ctx, float *out, float *rstd, const float *inp,
                         const float *weight, int N, int C, float eps)
 {
@@ -47,24 +71,27 @@ static void rmsnorm_cpu(const td_ops *ctx, float *out, float *rstd, const float 
     /* 0: D(D(x rs) w)   1: D(x rs w)   2: (x rs) w in fp32 (autocast's fp32 stream) */
     int form = ctx->recipe->residual_fp32 ? 2 : ctx->recipe->norm == TD_NORM_UNFUSED ? 0 : 1;
     #pragma omp parallel for num_threads(ctx->nthreads) if (N >= 16)
-    for (int i = 0; i < N; i++) {
-        const float *x = inp + (size_t)i * C;
-        float *y = out + (size_t)i * C;
-        double ss = 0.0;
-        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
-        float rs = 1.0f / sqrtf((float)(ss / C) + eps);
-        if (rstd) rstd[i] = rs;
-        /* the products in fp32, the roundings as rows (td_round_row: td_round's bits, vectorised) */
-        if (form == 1) {
-            for (int c = 0; c < C; c++) y[c] = x[c] * rs * weight[c];
-            td_round_row(D, y, y, (size_t)C, TD_SATFINITE);
-        } else if (form == 0) {
-            for (int c = 0; c < C; c++) y[c] = x[c] * rs;
-            td_round_row(D, y, y, (size_t)C, TD_SATFINITE);
-            for (int c = 0; c < C; c++) y[c] = y[c] * weight[c];
-            td_round_row(D, y, y, (size_t)C, TD_SATFINITE);
-        } else {
-            for (int c = 0; c < C; c++) y[c] = (x[c] * rs) * weight[c];
+    for (int i0 = 0; i0 < N; i0 += 4) {
+        int n4 = N - i0 < 4 ? N - i0 : 4;
+        double sq[4];
+        sumsq_rows(inp + (size_t)i0 * C, C, n4, sq);
+        for (int i = i0; i < i0 + n4; i++) {
+            const float *x = inp + (size_t)i * C;
+            float *y = out + (size_t)i * C;
+            float rs = 1.0f / sqrtf((float)(sq[i - i0] / C) + eps);
+            if (rstd) rstd[i] = rs;
+            /* the products in fp32, the roundings as rows (td_round_row: td_round's bits, vectorised) */
+            if (form == 1) {
+                for (int c = 0; c < C; c++) y[c] = x[c] * rs * weight[c];
+                td_round_row(D, y, y, (size_t)C, TD_SATFINITE);
+            } else if (form == 0) {
+                for (int c = 0; c < C; c++) y[c] = x[c] * rs;
+                td_round_row(D, y, y, (size_t)C, TD_SATFINITE);
+                for (int c = 0; c < C; c++) y[c] = y[c] * weight[c];
+                td_round_row(D, y, y, (size_t)C, TD_SATFINITE);
+            } else {
+                for (int c = 0; c < C; c++) y[c] = (x[c] * rs) * weight[c];
+            }
         }
     }
 }
