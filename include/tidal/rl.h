@@ -15,8 +15,15 @@
  *   3. rewards: the task's grader (tasks.h) on the decoded completion, or the user's reward
  *      command (below, "Rewards");
  *   4. pi_old: the training path (the training recipe, teacher-forced) recomputes every response
- *      token's log-prob at the sampling temperature, without gradient; its full rows give the
- *      entropy; with beta > 0 the reference model (the initial weights) is scored the same way;
+ *      token's log-prob at the sampling temperature; its full rows give the entropy (and, for a
+ *      mixture of experts, its routing the flip rates). With one optimiser step per batch that
+ *      forward is the update's own (pi_theta = pi_old), and TRL runs no other
+ *      (old_per_token_logps = per_token_logps.detach()); tidal does the same: pi_old's values are
+ *      read from the update's forward, unless an IS correction needs them before the loss, or the
+ *      model trains a LoRA adapter (the LoRA grids' separate forward, which under a bf16 base
+ *      differs from the update's by ~1e-7; run.c), or TIDAL_RL_OLD_FORWARD=1; then a separate
+ *      forward without gradient computes them. With beta > 0 the reference model (the initial
+ *      weights) is scored by a forward of its own;
  *   5. advantages, IS weights, normalisers (below), then one optimiser step over the B
  *      completions: td_trainer_accumulate with the per-token loss, td_trainer_step.
  * One optimiser step per generation batch (TRL's num_iterations = 1, steps_per_generation =
@@ -227,7 +234,7 @@ enum { TD_RL_REPLAY_NONE = 0, TD_RL_REPLAY_R2 = 1, TD_RL_REPLAY_R3 = 2 };   /* -
     X(aux_loss, "MoE: transformers' aux_loss of the update, load_balancing_loss_func over every token and MoE layer of each forward (the loss gains router_aux_loss_coef x this; nan: --output-router-logits off)") \
     X(time_rollout, "seconds: generation (and the weight sync) on the inference path") \
     X(time_reward, "seconds: decoding and grading") \
-    X(time_old, "seconds: pi_old (and reference) on the training path") \
+    X(time_old, "seconds: pi_old's separate forward (when it runs, rl.h step 4) and the reference's") \
     X(time_update, "seconds: loss, backward, optimiser step") \
     X(time_step, "seconds: the whole step")
 

@@ -173,6 +173,13 @@ const td_model *td_trainer_model(const td_trainer *tr);
  * for each token and MoE layer (routing replay, model.h td_moe_replay_fn), seq being the index of
  * the sequence in td_trainer_accumulate's call; NULL: the trainer routes itself. */
 void td_trainer_set_moe_replay(td_trainer *tr, td_moe_replay_fn fn, void *user);
+/* Observers of the update's forward, seq again the index in td_trainer_accumulate's call: row_fn
+ * gets every row's full log-prob row (pos: the position it follows, as td_forward_logprobs hands
+ * them), route_fn every MoE layer's routing (model.h td_moe_fn), in the order the forward makes
+ * them (sequences in order, micro-batch by micro-batch). Either may be NULL. With one optimiser
+ * step per batch this forward is pi_old's: tidal-rl takes pi_old's log-probs, entropy and routing
+ * from it, as TRL does (rl.h). */
+void td_trainer_set_observers(td_trainer *tr, td_row_fn row_fn, td_moe_fn route_fn, void *user);
 /* The adapter being trained (fp32 A and B), NULL without LoRA: set it on a path with
  * td_session_set_recipe_lora to roll out the current policy. */
 const td_lora *td_trainer_lora(const td_trainer *tr);

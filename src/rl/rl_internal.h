@@ -61,6 +61,8 @@ typedef struct {
     td_trainer *tr;
     td_forward *fold, *fref;      /* pi_old on the trainer's weights; the reference           */
     td_session *sess;
+    int old_in_update;            /* pi_old's log-probs, entropy and routing taken from the update's
+                                     own forward (run.c says when), fold left unused          */
     int fold_set, sess_set;       /* their recipe and adapter set once: under LoRA with the adapter
                                      on the device and the base unchanged (not merge-unmerge), a
                                      step re-rounds the adapter only (step.c, sync.c)         */

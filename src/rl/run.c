@@ -118,6 +118,15 @@ static int build(rl_run *R, td_error *err)
     R->tr = td_trainer_create(R->model, &R->rtrain, &t, NULL, err);
     if (!R->tr) return -1;
     td_trainer_set_temperature(R->tr, (float)o->temperature);
+    /* pi_old: with one optimiser step per batch, pi_theta's forward in the update is pi_old's, so
+     * without an IS correction (which weighs the loss by pi_old / mu before the update) TRL takes
+     * old_per_token_logps = per_token_logps.detach() and runs no forward of its own; tidal does the
+     * same (bit for bit the separate forward's values for full fine-tuning: ppo_kl was exactly 0 in
+     * every step of the MoE grid's eleven arms). Under LoRA the separate forward stays: there it
+     * differs from the update's forward by up to ~6e-7 in log-prob (the LoRA grids' ppo_kl), and
+     * the LoRA grids ran with it. TIDAL_RL_OLD_FORWARD=1 keeps the separate forward everywhere. */
+    const char *sep = getenv("TIDAL_RL_OLD_FORWARD");
+    R->old_in_update = R->lc.is_mode == TD_RLIS_NONE && o->lora_r == 0 && !(sep && *sep && strcmp(sep, "0"));
     R->fold = td_forward_create(td_trainer_model(R->tr), t.max_tokens, R->max_len, 0, err);
     if (!R->fold) return -1;
     td_forward_set_temperature(R->fold, (float)o->temperature);
@@ -150,7 +159,9 @@ static int build(rl_run *R, td_error *err)
         if (o->routing_replay == TD_RL_REPLAY_R3) {
             td_forward_set_moe_replay(R->fold, rl_moe_replay_rollout, R);
             td_trainer_set_moe_replay(R->tr, rl_moe_replay_rollout, R);
-        } else if (o->routing_replay == TD_RL_REPLAY_R2) {
+        } else if (o->routing_replay == TD_RL_REPLAY_R2 && !R->old_in_update) {
+            /* R2 replays pi_old's routing in pi_theta's update; with pi_old's forward being the
+             * update's own (above), the update routes itself: the same experts */
             td_trainer_set_moe_replay(R->tr, rl_moe_replay_old, R);
         }
     }

@@ -81,6 +81,11 @@ static double loss_fn(void *user, int s, int n, const float *logp, float *dlogp)
     for (int t = 0; t < P - 1; t++) dlogp[t] = 0.0f;
     int64_t o = R->off[s];
     int T = (int)(R->off[s + 1] - o);
+    if (R->old_in_update)   /* pi_old is this forward (TRL: per_token_logps.detach()) */
+        for (int t = 0; t < T; t++) {
+            R->old[o + t] = logp[P - 1 + t];
+            if (R->o->exact_match) R->mu[o + t] = R->old[o + t];
+        }
     for (int t = 0; t < T; t++) if (!isfinite(logp[P - 1 + t])) R->nonfinite++;
     double l = td_rl_seq_loss(&R->lc, T, logp + P - 1, R->old + o, R->lc.beta > 0 ? R->ref + o : NULL, R->w + o,
                               R->m + o, R->adv[s], R->coef[s], dlogp + P - 1, &R->clip);
@@ -438,21 +443,29 @@ static int rewards(rl_run *R, int k, double *M, td_error *err)
 static int score_old(rl_run *R, td_error *err)
 {
     const td_lora *lora = td_trainer_lora(R->tr);
-    if (R->fold_set && lora && lora->owned_dev && R->o->lora_sync != TD_RL_SYNC_MERGE_UNMERGE) {
-        forward_refresh_lora(R->fold);   /* the adapter re-rounded on the device, the base kept */
-    } else {
-        if (td_forward_set_recipe_lora(R->fold, &R->rtrain, lora, 0, err)) return -1;
-        R->fold_set = 1;
-    }
     R->entropy_sum = R->entropy_n = 0;
-    if (td_forward_logprobs(R->fold, R->B, (const int *const *)R->tok, R->len, R->old_pos, on_old_row, R, err))
-        return -1;
+    if (R->old_in_update) {
+        /* the update's forward is pi_old's (run.c): its rows and routing observed there */
+    } else {
+        if (R->fold_set && lora && lora->owned_dev && R->o->lora_sync != TD_RL_SYNC_MERGE_UNMERGE) {
+            forward_refresh_lora(R->fold);   /* the adapter re-rounded on the device, the base kept */
+        } else {
+            if (td_forward_set_recipe_lora(R->fold, &R->rtrain, lora, 0, err)) return -1;
+            R->fold_set = 1;
+        }
+        if (td_forward_logprobs(R->fold, R->B, (const int *const *)R->tok, R->len, R->old_pos, on_old_row, R, err))
+            return -1;
+    }
     int64_t o = 0;
     for (int s = 0; s < R->B; s++) {
         R->off[s] = o;
         for (int t = R->plen[s]; t < R->len[s]; t++, o++) {
-            R->old[o] = R->old_pos[s][t - 1];
-            R->mu[o] = R->o->exact_match ? R->old[o] : R->mu_pos[s][t];
+            if (!R->old_in_update) {   /* else set by loss_fn */
+                R->old[o] = R->old_pos[s][t - 1];
+                R->mu[o] = R->o->exact_match ? R->old[o] : R->mu_pos[s][t];
+            } else if (!R->o->exact_match) {
+                R->mu[o] = R->mu_pos[s][t];
+            }
             R->mask[o] = R->o->mask_truncated && R->finish[s] != TD_FINISH_EOS ? 0.0f : 1.0f;
         }
     }
@@ -481,7 +494,10 @@ static int update(rl_run *R, double *M, td_error *err)
     td_rl_prepare(&R->lc, &b, &p);
     memset(&R->clip, 0, sizeof R->clip);
     double loss = 0;
-    if (td_trainer_accumulate(R->tr, R->B, (const int *const *)R->tok, R->len, loss_fn, R, &loss, err)) return -1;
+    if (R->old_in_update) td_trainer_set_observers(R->tr, on_old_row, R->Lm ? rl_moe_on_old : NULL, R);
+    int arc = td_trainer_accumulate(R->tr, R->B, (const int *const *)R->tok, R->len, loss_fn, R, &loss, err);
+    td_trainer_set_observers(R->tr, NULL, NULL, NULL);
+    if (arc) return -1;
     td_step_info info;
     double scaled = td_trainer_loss_scale(R->tr);
     if (scaled == 1.0 && !grads_finite(R)) {

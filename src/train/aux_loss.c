@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void observe(void *user, const td_moe_route *r)
+void train_aux_observe(void *user, const td_moe_route *r)
 {
     td_trainer *tr = user;
     for (int i = 0; i < r->N; i++) {
@@ -53,7 +53,7 @@ void train_aux_begin(td_trainer *tr)
     memset(tr->aux_cnt, 0, E * sizeof(double));
     memset(tr->aux_psum, 0, E * sizeof(double));
     tr->aux_cells = 0;
-    td_forward_set_moe_fn(tr->f, observe, tr);
+    td_forward_set_moe_fn(tr->f, train_aux_observe, tr);
 }
 
 void train_aux_end(td_trainer *tr, int N, double scale)

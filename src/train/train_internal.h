@@ -27,6 +27,10 @@ struct td_trainer {
     td_train_opts o;
     td_moe_replay_fn moe_replay;  /* routing replay in the update (td_trainer_set_moe_replay)     */
     void *moe_replay_user;
+    td_row_fn row_fn;             /* the update forward's full log-prob rows (td_trainer_set_observers) */
+    td_moe_fn route_fn;           /* and its routing, each with the caller's sequence numbering */
+    void *obs_user;
+    float *rows_host;             /* (logits_rows, V) row_fn's host copy on a device backend    */
     int mb_s0;                    /* the first sequence of the micro-batch running               */
     int *mb_seq;                  /* (max_tokens) the rows' sequence indices in the caller's numbering */
     td_recipe recipe;
@@ -86,6 +90,7 @@ struct td_trainer {
  * accumulated and ga.moe_aux_dp set for the backward, `scale` the loss scale), free. */
 void train_aux_init(td_trainer *tr);
 void train_aux_begin(td_trainer *tr);
+void train_aux_observe(void *user, const td_moe_route *r);   /* the aux loss's routing observer */
 void train_aux_end(td_trainer *tr, int N, double scale);
 void train_aux_free(td_trainer *tr);
 

@@ -375,6 +375,7 @@ void td_trainer_free(td_trainer *tr)
     free(tr->m1); free(tr->m2);
     td_model_weights_free_layers(&tr->gw);
     free(tr->mb_seq);
+    free(tr->rows_host);
     free(tr->lg);
     free(tr->tlogp); free(tr->dlogp); free(tr->target); free(tr->top1);
     train_aux_free(tr);
@@ -394,6 +395,33 @@ static int first_nonfinite_tensor(const td_trainer *tr)
 }
 
 /* One micro-batch: sequences s0..s1-1. */
+/* td_trainer_set_observers: rows r0 .. r0 + R - 1 of the micro-batch starting at sequence s0,
+ * their full log-prob rows (the lm_head's, as td_forward_logprobs hands them) to the caller */
+static void observe_rows(td_trainer *tr, const td_forward_rows *rows, int s0, int r0, int R)
+{
+    size_t V = (size_t)tr->m->cfg.vocab_size;
+    const float *h = tr->logits;
+    if (!backend_host_memory(tr->be)) {
+        if (!tr->rows_host) tr->rows_host = td_xmalloc((size_t)tr->logits_rows * V * sizeof(float));
+        tr->be->download(tr->rows_host, tr->logits, (size_t)R * V * sizeof(float));
+        h = tr->rows_host;
+    }
+    for (int r = 0; r < R; r++)
+        tr->row_fn(tr->obs_user, s0 + rows->row_seq[r0 + r], rows->pos[r0 + r], h + (size_t)r * V);
+}
+
+/* the forward's routing observer while a caller's is set: the load-balancing loss's (when on), then
+ * the caller's with its own sequence numbering */
+static void route_dispatch(void *user, const td_moe_route *r)
+{
+    td_trainer *tr = user;
+    if (tr->aux_cnt) train_aux_observe(tr, r);
+    for (int i = 0; i < r->N; i++) tr->mb_seq[i] = r->seq[i] + tr->mb_s0;   /* N <= max_tokens */
+    td_moe_route g = *r;
+    g.seq = tr->mb_seq;
+    tr->route_fn(tr->obs_user, &g);
+}
+
 static int micro_batch(td_trainer *tr, int s0, int s1, const int *const *tokens, const int *lens,
                        td_loss_fn fn, void *user, double *loss, td_error *err)
 {
@@ -402,7 +430,9 @@ static int micro_batch(td_trainer *tr, int s0, int s1, const int *const *tokens,
     td_forward_rows rows;
     tr->mb_s0 = s0;
     train_aux_begin(tr);   /* the load-balancing loss counts this forward's routing */
+    if (tr->route_fn) td_forward_set_moe_fn(tr->f, route_dispatch, tr);   /* and the caller's observer */
     int N = forward_decoder(tr->f, s1 - s0, tokens + s0, lens + s0, &rows);
+    if (tr->route_fn) td_forward_set_moe_fn(tr->f, NULL, NULL);
     train_aux_end(tr, N, tr->scaler.scale);
     const td_ops *ops = rows.ops;
     const td_acts *a = forward_acts(tr->f);
@@ -415,6 +445,7 @@ static int micro_batch(td_trainer *tr, int s0, int s1, const int *const *tokens,
         int R = N - r0 < tr->logits_rows ? N - r0 : tr->logits_rows;
         head_forward(ops, m, tr->logits, a->xn + (size_t)r0 * C, R, 0);
         logprob_gather(ops, tr->tlogp + r0, tr->top1 + r0, tr->logits, tr->target + r0, R, V);
+        if (tr->row_fn) observe_rows(tr, &rows, s0, r0, R);
     }
     /* the loss: each sequence's targets are its rows but the last */
     double sum = 0.0;
@@ -589,6 +620,14 @@ static int replay_offset(void *user, int moe_layer, int N, const int *seq, const
     td_trainer *tr = user;
     for (int i = 0; i < N; i++) tr->mb_seq[i] = seq[i] + tr->mb_s0;   /* N <= max_tokens */
     return tr->moe_replay(tr->moe_replay_user, moe_layer, N, tr->mb_seq, pos, K, experts);
+}
+
+void td_trainer_set_observers(td_trainer *tr, td_row_fn row_fn, td_moe_fn route_fn, void *user)
+{
+    tr->row_fn = row_fn;
+    tr->route_fn = route_fn;
+    tr->obs_user = user;
+    if (route_fn && !tr->mb_seq) tr->mb_seq = td_xmalloc((size_t)tr->o.max_tokens * sizeof(int));
 }
 
 void td_trainer_set_moe_replay(td_trainer *tr, td_moe_replay_fn fn, void *user)

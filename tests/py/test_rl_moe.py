@@ -128,6 +128,35 @@ check(full.returncode == 0 and cut.returncode == 0 and res.returncode == 0, "r3:
 a, b = steps("full"), steps("cut")
 bad = [k for k in a if not k.startswith("time_") and not np.array_equal(a[k], b.get(k), equal_nan=True)]
 check(not bad, f"r3: --resume gives every /steps column bit for bit ({len(a)} columns{', differ: ' + str(bad) if bad else ''})")
+# pi_old from the update's own forward (TRL's per_token_logps.detach(), rl.h) against the separate
+# forward (TIDAL_RL_OLD_FORWARD=1): every dataset of the run file bit for bit, in each replay mode,
+# with the load-balancing loss's observer beside pi_old's, under exact match, on the dense twin
+def all_datasets(out):
+    d = {}
+    with h5py.File(os.path.join(tmp, out, "rl.h5"), "r") as f:
+        f.visititems(lambda k, v: d.__setitem__(k, v[()]) if isinstance(v, h5py.Dataset) else None)
+    return d
+
+
+DENSE = ["--model-path", os.path.join(ROOT, "datasets/models/add")]
+for name, extra in (("none", ["--routing-replay", "none"]), ("r2", ["--routing-replay", "r2"]),
+                    ("r3-aux", ["--routing-replay", "r3", "--output-router-logits", "true"]),
+                    ("em", ["--exact-match"]), ("dense", DENSE)):
+    runs = []
+    for sep in ("0", "1"):
+        out = f"old-{name}-{sep}"
+        p = subprocess.run([os.path.join(BIN, "tidal-rl"), *BASE, "--output-dir", os.path.join(tmp, out), "--max-steps", "2",
+                            "--beta", "0.001", *GRID, *extra], capture_output=True, text=True,
+                           env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TIDAL_RL_OLD_FORWARD=sep))
+        runs.append(all_datasets(out) if p.returncode == 0 else {})
+    ra, rb = runs
+    bad = [k for k in ra if "time_" not in k and "seconds" not in k and not (
+        np.array_equal(ra[k], rb.get(k), equal_nan=True) if getattr(ra[k], "dtype", None) is not None
+        and ra[k].dtype.kind == "f" else np.array_equal(ra[k], rb.get(k)))]
+    check(len(ra) > 50 and len(ra) == len(rb) and not bad,
+          f"{name}: pi_old from the update's forward = the separate forward's, {len(ra)} datasets bit for bit"
+          + (f" (differ: {bad[:5]})" if bad else "") + ("" if p.returncode == 0 else p.stderr[-300:]))
+
 old = rl("old", "--max-steps", "2", "--routing-replay", "r3")
 with h5py.File(os.path.join(tmp, "old", "rl.h5"), "a") as f:   # what a run file made before these columns holds
     del f["steps/routing_flip_rate_layers"], f["steps/aux_loss"]
