@@ -118,7 +118,9 @@ typedef struct {
                                       matrices                                                      */
     int gradient_checkpointing;
     int max_tokens, max_seq_len;   /* one micro-batch: rows, longest sequence                         */
-    int scoring_forwards;          /* forward-only td_forward of max_tokens rows: pi_old, reference   */
+    int scoring_forwards;          /* forward-only td_forward of max_tokens rows: pi_old's separate
+                                      forward (rl.h step 4: when it runs), the reference's           */
+    int rollouts;                  /* the session is tidal-rl's rollouts (else tidal-sft's evaluation) */
     int reference_model;           /* the reference forward reads the loaded checkpoint (not the
                                       trainer's model): its matrices uploaded too (<= 4 bytes each)  */
     int slots, max_len;            /* the session: sequences decoded together, prompt + new tokens   */

@@ -735,10 +735,10 @@ void td_memplan_train_print(FILE *f, const char *tool, const td_memplan_train *p
     fprintf(f, "%s:   logits         %12s  (rows x V fp32 and their gradient)\n", tool, human(b1, sizeof b1, p->logits));
     if (in->infer && in->slots > 0)
         fprintf(f, "%s:   %-14s %12s  (KV cache %s: %d sequences x %d positions%s; activations %s%s)\n", tool,
-                in->scoring_forwards ? "rollout" : "evaluation", human(b1, sizeof b1, p->rollout_kv + p->rollout_acts),
+                in->rollouts ? "rollout" : "evaluation", human(b1, sizeof b1, p->rollout_kv + p->rollout_acts),
                 human(b2, sizeof b2, p->rollout_kv), in->slots, in->max_len,
                 in->eval && in->eval_slots > 0 ? ", and the evaluation's beside it" : "", human(b3, sizeof b3, p->rollout_acts),
-                in->scoring_forwards ? ", the pi_old forward's included" : "");
+                in->scoring_forwards ? ", the scoring forwards' included" : "");
     fprintf(f, "%s:   workspace      %12s  (GEMM scratch, cuBLASLt, attention, sampler, staging)\n", tool,
             human(b1, sizeof b1, p->workspace));
     if (p->free)

@@ -36,7 +36,8 @@ static void plan_in(const td_rl_opts *o, const td_config *c, const td_recipe *tr
         .lora_sync_device = sync_on_device(o, roll),
         .gradient_checkpointing = o->gradient_checkpointing,
         .max_tokens = o->loss.micro_batch * max_len, .max_seq_len = max_len,
-        .scoring_forwards = 1 + (o->loss.beta > 0),   /* pi_old; the reference */
+        .scoring_forwards = !rl_old_in_update(o) + (o->loss.beta > 0),   /* pi_old's own; the reference */
+        .rollouts = 1,
         .reference_model = o->loss.beta > 0 && o->lora_r == 0,   /* rl/run.c: fref on R->model */
         .slots = B, .max_len = max_len, .sampler = 1, .nthreads = omp_get_max_threads(),
         /* --eval-steps: td_greedy_complete's session (B slots, the training recipe) beside the rollouts' */

@@ -62,7 +62,7 @@ typedef struct {
     td_forward *fold, *fref;      /* pi_old on the trainer's weights; the reference           */
     td_session *sess;
     int old_in_update;            /* pi_old's log-probs, entropy and routing taken from the update's
-                                     own forward (run.c says when), fold left unused          */
+                                     own forward (rl_old_in_update), fold not created         */
     int fold_set, sess_set;       /* their recipe and adapter set once: under LoRA with the adapter
                                      on the device and the base unchanged (not merge-unmerge), a
                                      step re-rounds the adapter only (step.c, sync.c)         */
@@ -125,6 +125,9 @@ typedef struct {
 /* step.c: the routing observers and replays of a mixture of experts (run.c sets them) */
 void rl_moe_on_rollout(void *user, const td_moe_route *r);
 void rl_moe_on_old(void *user, const td_moe_route *r);
+/* whether pi_old is read from the update's own forward (run.c says why): no IS correction, no LoRA,
+ * TIDAL_RL_OLD_FORWARD unset or 0 */
+int rl_old_in_update(const td_rl_opts *o);
 int rl_moe_replay_rollout(void *user, int moe_layer, int N, const int *seq, const int *pos, int K, int *experts);
 int rl_moe_replay_old(void *user, int moe_layer, int N, const int *seq, const int *pos, int K, int *experts);
 

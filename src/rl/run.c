@@ -12,6 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+int rl_old_in_update(const td_rl_opts *o)
+{
+    const char *sep = getenv("TIDAL_RL_OLD_FORWARD");
+    return o->loss.is_mode == TD_RLIS_NONE && o->lora_r == 0 && !(sep && *sep && strcmp(sep, "0"));
+}
 #include <sys/stat.h>
 
 static int load_inputs(rl_run *R, td_error *err)
@@ -125,11 +131,12 @@ static int build(rl_run *R, td_error *err)
      * every step of the MoE grid's eleven arms). Under LoRA the separate forward stays: there it
      * differs from the update's forward by up to ~6e-7 in log-prob (the LoRA grids' ppo_kl), and
      * the LoRA grids ran with it. TIDAL_RL_OLD_FORWARD=1 keeps the separate forward everywhere. */
-    const char *sep = getenv("TIDAL_RL_OLD_FORWARD");
-    R->old_in_update = R->lc.is_mode == TD_RLIS_NONE && o->lora_r == 0 && !(sep && *sep && strcmp(sep, "0"));
-    R->fold = td_forward_create(td_trainer_model(R->tr), t.max_tokens, R->max_len, 0, err);
-    if (!R->fold) return -1;
-    td_forward_set_temperature(R->fold, (float)o->temperature);
+    R->old_in_update = rl_old_in_update(o);
+    if (!R->old_in_update) {
+        R->fold = td_forward_create(td_trainer_model(R->tr), t.max_tokens, R->max_len, 0, err);
+        if (!R->fold) return -1;
+        td_forward_set_temperature(R->fold, (float)o->temperature);
+    }
     if (rl_sync_init(R, err)) return -1;
     /* the reference: the initial weights; under LoRA the trainer's base with the adapter off
      * (PEFT's disable_adapter(): the base in --model-dtype, drifted if the sync drifts it) */
@@ -155,9 +162,9 @@ static int build(rl_run *R, td_error *err)
         R->route_routed_l = td_xcalloc((size_t)R->Lm, sizeof(int64_t));
         R->flip_rate_l = td_xcalloc((size_t)R->Lm, sizeof(double));
         td_session_set_moe_fn(R->sess, rl_moe_on_rollout, R);
-        td_forward_set_moe_fn(R->fold, rl_moe_on_old, R);
+        if (R->fold) td_forward_set_moe_fn(R->fold, rl_moe_on_old, R);
         if (o->routing_replay == TD_RL_REPLAY_R3) {
-            td_forward_set_moe_replay(R->fold, rl_moe_replay_rollout, R);
+            if (R->fold) td_forward_set_moe_replay(R->fold, rl_moe_replay_rollout, R);
             td_trainer_set_moe_replay(R->tr, rl_moe_replay_rollout, R);
         } else if (o->routing_replay == TD_RL_REPLAY_R2 && !R->old_in_update) {
             /* R2 replays pi_old's routing in pi_theta's update; with pi_old's forward being the
