@@ -20,8 +20,8 @@
  *      forward is the update's own (pi_theta = pi_old), and TRL runs no other
  *      (old_per_token_logps = per_token_logps.detach()); tidal does the same: pi_old's values are
  *      read from the update's forward, unless an IS correction needs them before the loss, or the
- *      model trains a LoRA adapter (the LoRA grids' separate forward, which under a bf16 base
- *      differs from the update's by ~1e-7; run.c), or TIDAL_RL_OLD_FORWARD=1; then a separate
+ *      model trains a LoRA adapter (the LoRA grids' separate forward, which differed from the
+ *      update's in rare steps; run.c), or TIDAL_RL_OLD_FORWARD=1; then a separate
  *      forward without gradient computes them. With beta > 0 the reference model (the initial
  *      weights) is scored by a forward of its own;
  *   5. advantages, IS weights, normalisers (below), then one optimiser step over the B

@@ -129,8 +129,10 @@ static int build(rl_run *R, td_error *err)
      * old_per_token_logps = per_token_logps.detach() and runs no forward of its own; tidal does the
      * same (bit for bit the separate forward's values for full fine-tuning: ppo_kl was exactly 0 in
      * every step of the MoE grid's eleven arms). Under LoRA the separate forward stays: there it
-     * differs from the update's forward by up to ~6e-7 in log-prob (the LoRA grids' ppo_kl), and
-     * the LoRA grids ran with it. TIDAL_RL_OLD_FORWARD=1 keeps the separate forward everywhere. */
+     * differed from the update's forward in rare steps (ppo_kl 1e-9 to 1e-5 in one step of 4 of the
+     * LoRA confirmation's 67 runs, all already dead), and the LoRA grids ran with it, so reading it
+     * from the update would change their trajectories from such a step on.
+     * TIDAL_RL_OLD_FORWARD=1 keeps the separate forward everywhere. */
     R->old_in_update = rl_old_in_update(o);
     if (!R->old_in_update) {
         R->fold = td_forward_create(td_trainer_model(R->tr), t.max_tokens, R->max_len, 0, err);
