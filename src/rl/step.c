@@ -444,9 +444,7 @@ static int score_old(rl_run *R, td_error *err)
 {
     const td_lora *lora = td_trainer_lora(R->tr);
     R->entropy_sum = R->entropy_n = 0;
-    if (R->old_in_update) {
-        /* the update's forward is pi_old's (run.c): its rows and routing observed there */
-    } else {
+    if (!R->old_in_update) {   /* else the update's forward is pi_old's (run.c): observed there */
         if (R->fold_set && lora && lora->owned_dev && R->o->lora_sync != TD_RL_SYNC_MERGE_UNMERGE) {
             forward_refresh_lora(R->fold);   /* the adapter re-rounded on the device, the base kept */
         } else {
