@@ -12,13 +12,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int rl_old_in_update(const td_rl_opts *o)
 {
     const char *sep = getenv("TIDAL_RL_OLD_FORWARD");
     return o->loss.is_mode == TD_RLIS_NONE && o->lora_r == 0 && !(sep && *sep && strcmp(sep, "0"));
 }
-#include <sys/stat.h>
 
 static int load_inputs(rl_run *R, td_error *err)
 {

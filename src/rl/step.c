@@ -74,6 +74,13 @@ static void on_old_row(void *user, int seq, int pos, const float *row)
     }
 }
 
+/* pi_old's log-prob of response token o; under --exact-match it is mu's too */
+static void set_old(rl_run *R, int64_t o, float v)
+{
+    R->old[o] = v;
+    if (R->o->exact_match) R->mu[o] = v;
+}
+
 static double loss_fn(void *user, int s, int n, const float *logp, float *dlogp)
 {
     rl_run *R = user;
@@ -82,10 +89,7 @@ static double loss_fn(void *user, int s, int n, const float *logp, float *dlogp)
     int64_t o = R->off[s];
     int T = (int)(R->off[s + 1] - o);
     if (R->old_in_update)   /* pi_old is this forward (TRL: per_token_logps.detach()) */
-        for (int t = 0; t < T; t++) {
-            R->old[o + t] = logp[P - 1 + t];
-            if (R->o->exact_match) R->mu[o + t] = R->old[o + t];
-        }
+        for (int t = 0; t < T; t++) set_old(R, o + t, logp[P - 1 + t]);
     for (int t = 0; t < T; t++) if (!isfinite(logp[P - 1 + t])) R->nonfinite++;
     double l = td_rl_seq_loss(&R->lc, T, logp + P - 1, R->old + o, R->lc.beta > 0 ? R->ref + o : NULL, R->w + o,
                               R->m + o, R->adv[s], R->coef[s], dlogp + P - 1, &R->clip);
@@ -458,12 +462,8 @@ static int score_old(rl_run *R, td_error *err)
     for (int s = 0; s < R->B; s++) {
         R->off[s] = o;
         for (int t = R->plen[s]; t < R->len[s]; t++, o++) {
-            if (!R->old_in_update) {   /* else set by loss_fn */
-                R->old[o] = R->old_pos[s][t - 1];
-                R->mu[o] = R->o->exact_match ? R->old[o] : R->mu_pos[s][t];
-            } else if (!R->o->exact_match) {
-                R->mu[o] = R->mu_pos[s][t];
-            }
+            if (!R->o->exact_match) R->mu[o] = R->mu_pos[s][t];
+            if (!R->old_in_update) set_old(R, o, R->old_pos[s][t - 1]);   /* else loss_fn sets it */
             R->mask[o] = R->o->mask_truncated && R->finish[s] != TD_FINISH_EOS ? 0.0f : 1.0f;
         }
     }

@@ -394,7 +394,15 @@ static int first_nonfinite_tensor(const td_trainer *tr)
     return -1;
 }
 
-/* One micro-batch: sequences s0..s1-1. */
+/* the micro-batch's sequence indices seq[0..N) in td_trainer_accumulate's numbering (mb_seq, N <=
+ * max_tokens), for the routing replay and observer callers */
+static const int *caller_seq(td_trainer *tr, int N, const int *seq)
+{
+    if (!tr->mb_seq) tr->mb_seq = td_xmalloc((size_t)tr->o.max_tokens * sizeof(int));
+    for (int i = 0; i < N; i++) tr->mb_seq[i] = seq[i] + tr->mb_s0;
+    return tr->mb_seq;
+}
+
 /* td_trainer_set_observers: rows r0 .. r0 + R - 1 of the micro-batch starting at sequence s0,
  * their full log-prob rows (the lm_head's, as td_forward_logprobs hands them) to the caller */
 static void observe_rows(td_trainer *tr, const td_forward_rows *rows, int s0, int r0, int R)
@@ -416,12 +424,12 @@ static void route_dispatch(void *user, const td_moe_route *r)
 {
     td_trainer *tr = user;
     if (tr->aux_cnt) train_aux_observe(tr, r);
-    for (int i = 0; i < r->N; i++) tr->mb_seq[i] = r->seq[i] + tr->mb_s0;   /* N <= max_tokens */
     td_moe_route g = *r;
-    g.seq = tr->mb_seq;
+    g.seq = caller_seq(tr, r->N, r->seq);
     tr->route_fn(tr->obs_user, &g);
 }
 
+/* One micro-batch: sequences s0..s1-1. */
 static int micro_batch(td_trainer *tr, int s0, int s1, const int *const *tokens, const int *lens,
                        td_loss_fn fn, void *user, double *loss, td_error *err)
 {
@@ -618,8 +626,7 @@ const td_model *td_trainer_model(const td_trainer *tr) { return tr->m; }
 static int replay_offset(void *user, int moe_layer, int N, const int *seq, const int *pos, int K, int *experts)
 {
     td_trainer *tr = user;
-    for (int i = 0; i < N; i++) tr->mb_seq[i] = seq[i] + tr->mb_s0;   /* N <= max_tokens */
-    return tr->moe_replay(tr->moe_replay_user, moe_layer, N, tr->mb_seq, pos, K, experts);
+    return tr->moe_replay(tr->moe_replay_user, moe_layer, N, caller_seq(tr, N, seq), pos, K, experts);
 }
 
 void td_trainer_set_observers(td_trainer *tr, td_row_fn row_fn, td_moe_fn route_fn, void *user)
@@ -627,14 +634,12 @@ void td_trainer_set_observers(td_trainer *tr, td_row_fn row_fn, td_moe_fn route_
     tr->row_fn = row_fn;
     tr->route_fn = route_fn;
     tr->obs_user = user;
-    if (route_fn && !tr->mb_seq) tr->mb_seq = td_xmalloc((size_t)tr->o.max_tokens * sizeof(int));
 }
 
 void td_trainer_set_moe_replay(td_trainer *tr, td_moe_replay_fn fn, void *user)
 {
     tr->moe_replay = fn;
     tr->moe_replay_user = user;
-    if (fn && !tr->mb_seq) tr->mb_seq = td_xmalloc((size_t)tr->o.max_tokens * sizeof(int));
     td_forward_set_moe_replay(tr->f, fn ? replay_offset : NULL, fn ? tr : NULL);
 }
 const td_lora *td_trainer_lora(const td_trainer *tr) { return tr->lora; }
