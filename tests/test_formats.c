@@ -5,7 +5,10 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <cmocka.h>
 
@@ -270,6 +273,43 @@ static void test_expf_row_vs_libm(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* td_argmax_first against the scan that defines it (td_argmax_first_scalar) on rows built to
+ * hit its edges: NaN first, NaNs elsewhere, ties, -0 against +0, +-Inf, all-equal rows, the
+ * largest value in the tail, lengths 0-200 and 4096 */
+static void test_argmax_first_vs_scan(void **state)
+{
+    (void)state;
+    enum { NMAX = 4096 };
+    float *x = malloc(NMAX * sizeof(float));
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f, -1.0f, 3.5f, FLT_MAX, -FLT_MAX};
+    int checked = 0;
+    for (int trial = 0; trial < 20000; trial++) {
+        size_t n = trial % 5 == 4 ? NMAX : (size_t)(trial % 201);
+        int kind = (trial / 201) % 6;
+        for (size_t i = 0; i < n; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t r = (uint32_t)(rng >> 33);
+            switch (kind) {
+            case 0: x[i] = (float)(r % 1000) / 7.0f - 70.0f; break;           /* many ties */
+            case 1: x[i] = (r % 9 == 0) ? specials[r % 11] : (float)(r % 50); break;
+            case 2: x[i] = (r % 3 == 0) ? NAN : (float)(int)(r % 100) - 50.0f; break;
+            case 3: x[i] = (r & 1) ? 0.0f : -0.0f; break;
+            case 4: x[i] = -INFINITY; break;
+            default: { uint32_t u = r * 2654435761u; memcpy(&x[i], &u, 4); } break;   /* any pattern */
+            }
+        }
+        if (n && trial % 7 == 0) x[trial % n] = NAN;
+        if (n && trial % 11 == 0) x[n - 1] = INFINITY;   /* the largest in the tail */
+        size_t want = td_argmax_first_scalar(x, n), got = td_argmax_first(x, n);
+        if (want != got) print_error("n %zu kind %d: scan %zu, td_argmax_first %zu\n", n, kind, want, got);
+        assert_int_equal(want, got);
+        checked++;
+    }
+    free(x);
+    printf("td_argmax_first: %d rows, the scan's index every time\n", checked);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -280,6 +320,7 @@ int main(void)
         cmocka_unit_test(test_vector_rows_vs_scalar),
         cmocka_unit_test(test_fp8_round_rows_vs_scalar),
         cmocka_unit_test(test_expf_row_vs_libm),
+        cmocka_unit_test(test_argmax_first_vs_scan),
     };
     return cmocka_run_group_tests_name("formats", tests, NULL, NULL);
 }

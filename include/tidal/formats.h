@@ -110,6 +110,12 @@ void td_expf_row(const float *x, float *y, size_t n);
 void td_expf_row_scalar(const float *x, float *y, size_t n);
 int  td_expf_row_vector(void);
 
+/* The index of x's first largest element, as the scan `best = 0; for v: if (x[v] > x[best])
+ * best = v` gives it (a NaN in x[0]: 0; other NaNs never; ties: the first); 0 for n = 0.
+ * AVX-512 where the CPU has it (src/numerics/argmax.c), the scan itself otherwise. */
+size_t td_argmax_first(const float *x, size_t n);
+size_t td_argmax_first_scalar(const float *x, size_t n);
+
 /* The row forms of fp16 use the CPU's F16C conversions where it has them (bit-identical to
  * the scalar loops, NaN included: src/numerics/formats_f16c.c), FP8 decoding a 256-entry table.
  * Tests set td_formats_scalar_only to run the scalar loops, the reference for both. */

@@ -438,10 +438,8 @@ static void logprob_gather_cpu(const td_ops *ctx, float *tlogp, int *top1, const
     (void)ctx;
     for (int i = 0; i < N; i++) {
         const float *row = logp + (size_t)i * V;
-        int best = 0;
-        for (int v = 1; v < V; v++) best = row[v] > row[best] ? v : best;
         tlogp[i] = row[target[i]];
-        top1[i] = best;
+        top1[i] = (int)td_argmax_first(row, (size_t)V);
     }
 }
 

@@ -156,6 +156,18 @@ void rope_backward_ref(const td_ops *ctx, float *dx, const int *pos, const float
     rope_backward_rounded(ctx, TD_F32, dx, pos, inv_freq, N, nheads, HD);
 }
 
+/* P = e^(s - lse) and dP (dO.V^T - D) in place over one row of n visible keys (a vector loop at the
+ * CPU's width: td_expf's fp32 steps, no contraction under -std=c11, so the same bits at every
+ * width); the callers round both rows to D after it */
+TD_CLONES static void span_softmax_dp(float *s, float *dp, float lse, float Di, int n)
+{
+    for (int j = 0; j < n; j++) {
+        float p = td_expf(s[j] - lse);
+        dp[j] = p * (dp[j] - Di);
+        s[j] = p;
+    }
+}
+
 /* One (sequence, key/value head) of the attention backward: the sequence's n rows start at
  * row r0 (positions 0..n-1); blocks of ATT_BLOCK query rows of each query head of the group
  * against the keys the block's last row sees. P and dS are rounded to D before the GEMMs
@@ -187,10 +199,10 @@ static void attention_backward_task(float *dq, float *dk, float *dv, const float
                 float l = lse[(row + i) * NH + h], Di = 0.0f;
                 for (int c = 0; c < HD; c++) Di += doh[(size_t)i * QD + c] * oh[(size_t)i * QD + c];
                 int nv = b0 + i + 1;   /* keys 0 .. b0+i are visible to this row */
-                for (int j = 0; j < nv; j++) {
-                    float p = td_expf(si[j] - l);
-                    dpi[j] = td_round(D, p * (dpi[j] - Di));
-                    si[j] = td_round(D, p);
+                span_softmax_dp(si, dpi, l, Di, nv);
+                if (D != TD_F32) {
+                    td_round_row(D, dpi, dpi, (size_t)nv, TD_SATFINITE);
+                    td_round_row(D, si, si, (size_t)nv, TD_SATFINITE);
                 }
                 for (int j = nv; j < S; j++) si[j] = dpi[j] = 0.0f;
             }
