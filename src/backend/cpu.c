@@ -473,6 +473,7 @@ const td_backend td_backend_cpu = {
     .optim_adamw = optim_adamw_cpu,
     .optim_sumsq = optim_sumsq_cpu,
     .optim_scale = optim_scale_cpu,
+    .scratch_release = cpu_scratch_release,
     /* mixtures of experts (cpu_moe.c) */
     .moe_gather = moe_gather_cpu,
     .moe_combine = moe_combine_cpu,

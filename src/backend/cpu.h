@@ -109,6 +109,10 @@ void bias_grad_acc(const td_ops *ctx, float *db, const float *dout, int N, int O
  * when every weight is fp32). */
 float *wtile_scratch(const td_ops *ctx, int t);
 
+/* The backward GEMMs' host scratch (cpu_backward.c), kept per thread between calls and grown to
+ * the largest call; td_backend_cpu.scratch_release frees the calling thread's. */
+void cpu_scratch_release(void);
+
 /* x (n) rounded in place to the context recipe's activations dtype (cpu.c): what an op writes
  * at a kernel boundary, forward or backward. */
 void act_round(const td_ops *ctx, float *x, size_t n);

@@ -129,12 +129,43 @@ static void bf16dp_acc(const td_ops *ctx, int M, int N, int K, const uint16_t *A
     }
 }
 
-/* dgrad and wgrad of a recipe td_gemm_bf16dp_applies to: dy = G(dY) (N, OUT) as rounded */
-static void matmul_backward_bf16dp(const td_ops *ctx, float *dinp, float *dweight, const float *dy,
-                                   const float *inp, const float *weight, int N, int IN, int OUT)
+/* The backward GEMMs' scratch: one block per thread, grown to the largest call and kept (a
+ * buffer of tens of MB malloc'd and freed per call went back to the kernel each time, and its
+ * pages faulted in again on the next: 5 % of a bf16 training step), until scratch_release. */
+static _Thread_local struct { char *p; size_t cap; } bw_scratch;
+
+void cpu_scratch_release(void)
 {
-    size_t big = (size_t)(N > IN ? N : IN) * (OUT > IN ? OUT : IN);
-    uint16_t *p = td_xmalloc(big * sizeof(uint16_t)), *q = td_xmalloc(big * sizeof(uint16_t));
+    free(bw_scratch.p);
+    bw_scratch.p = NULL;
+    bw_scratch.cap = 0;
+}
+
+static size_t al64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+
+/* parts[i] of sizes[i] bytes (n parts), carved from the thread's scratch */
+static void scratch_parts(int n, const size_t *sizes, void **parts)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += al64(sizes[i]);
+    if (total > bw_scratch.cap) {
+        free(bw_scratch.p);
+        bw_scratch.p = td_xmalloc(total);
+        bw_scratch.cap = total;
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        parts[i] = bw_scratch.p + off;
+        off += al64(sizes[i]);
+    }
+}
+
+/* dgrad and wgrad of a recipe td_gemm_bf16dp_applies to: dy = G(dY) (N, OUT) as rounded; p and q
+ * hold max(N, IN) * max(OUT, IN) codes each, x N * IN floats */
+static void matmul_backward_bf16dp(const td_ops *ctx, float *dinp, float *dweight, const float *dy,
+                                   const float *inp, const float *weight, int N, int IN, int OUT,
+                                   uint16_t *p, uint16_t *q, float *x)
+{
     if (dinp) {
         td_gemm_bf16_codes(dy, (size_t)N * OUT, p);   /* dY's codes (N, OUT), W'^T's (IN, OUT) */
         codes_transposed(weight, (size_t)OUT, (size_t)IN, q);
@@ -142,15 +173,11 @@ static void matmul_backward_bf16dp(const td_ops *ctx, float *dinp, float *dweigh
         act_round(ctx, dinp, (size_t)N * IN);
     }
     if (dweight) {   /* dY^T (OUT, N), X^T (IN, N), X rounded as the forward fed it */
-        float *x = td_xmalloc((size_t)N * IN * sizeof(float));
         td_gemm_quant_input(ctx->recipe, inp, N, IN, x);
         codes_transposed(dy, (size_t)N, (size_t)OUT, p);
         codes_transposed(x, (size_t)N, (size_t)IN, q);
-        free(x);
         bf16dp_acc(ctx, OUT, IN, N, p, q, dweight, IN);
     }
-    free(p);
-    free(q);
 }
 
 /* x (rows, cols) as the recipe feeds an activation-like operand to a GEMM whose reduction runs
@@ -186,35 +213,37 @@ void matmul_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, float *
     if (dbias) bias_grad_acc(ctx, dbias, dout, N, OUT);
     if (!dinp && !dweight) return;
     size_t nmax = (size_t)N * (IN > OUT ? IN : OUT);
-    float *dy = td_xmalloc((size_t)N * OUT * sizeof(float));
     int fp8 = td_recipe_fp8_gemm(r);
-    if (dinp || !fp8) quant_operand(r, dout, (size_t)N, (size_t)OUT, dy);   /* groups along OUT */
-    if (td_gemm_bf16dp_applies(r)) {
-        matmul_backward_bf16dp(ctx, dinp, dweight, dy, inp, weight, N, IN, OUT);
-        free(dy);
+    void *part[4];
+    if (td_gemm_bf16dp_applies(r)) {   /* dY, the two operands' codes, X as rounded */
+        size_t big = (size_t)(N > IN ? N : IN) * (OUT > IN ? OUT : IN);
+        size_t sizes[4] = {(size_t)N * OUT * sizeof(float), big * sizeof(uint16_t), big * sizeof(uint16_t),
+                           (size_t)N * IN * sizeof(float)};
+        scratch_parts(4, sizes, part);
+        quant_operand(r, dout, (size_t)N, (size_t)OUT, part[0]);   /* groups along OUT */
+        matmul_backward_bf16dp(ctx, dinp, dweight, part[0], inp, weight, N, IN, OUT, part[1], part[2], part[3]);
         return;
     }
+    size_t sizes[3] = {(size_t)N * OUT * sizeof(float), nmax * sizeof(float), nmax * sizeof(float)};
+    scratch_parts(3, sizes, part);   /* dY, X, a transpose (FP8) */
+    float *dy = part[0], *x = part[1], *t = part[2];
+    if (dinp || !fp8) quant_operand(r, dout, (size_t)N, (size_t)OUT, dy);   /* groups along OUT */
     if (dinp) {
         gemm_nn_acc(ctx, N, IN, OUT, 1.0f, dy, OUT, weight, IN, dinp, IN);
         act_round(ctx, dinp, (size_t)N * IN);
     }
     if (dweight) {
-        float *x = td_xmalloc(nmax * sizeof(float));
         if (fp8) {   /* both operands quantised along the tokens */
-            float *t = td_xmalloc(nmax * sizeof(float));
             transpose(dout, (size_t)N, (size_t)OUT, t);
             quant_operand(r, t, (size_t)OUT, (size_t)N, dy);     /* dY^T (OUT, N) */
             transpose(inp, (size_t)N, (size_t)IN, t);
             quant_operand(r, t, (size_t)IN, (size_t)N, x);       /* X^T (IN, N) */
-            free(t);
             gemm_nt_acc(ctx, OUT, IN, N, 1.0f, dy, N, x, N, dweight, IN);
         } else {   /* dy as rounded for dgrad: the same operand */
             quant_operand(r, inp, (size_t)N, (size_t)IN, x);
             gemm_tn_acc(ctx, OUT, IN, N, 1.0f, dy, OUT, x, IN, dweight, IN);
         }
-        free(x);
     }
-    free(dy);
 }
 
 void rope_backward_cpu(const td_ops *ctx, float *dx, const int *pos, const float *inv_freq,

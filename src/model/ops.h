@@ -206,6 +206,11 @@ struct td_backend {
      * is prepared again, a path is freed). NULL on the CPU. */
     void (*sync)(void);
     void (*forget)(void);
+    /* The host scratch the backward's GEMMs keep from call to call (the CPU backend: faulting a
+     * fresh buffer in on every call was 5 % of a bf16 training step), freed; the trainer calls
+     * it at the end of each optimiser step, so that rollouts between steps do not hold it. NULL
+     * where a backend plans its scratch (CUDA). */
+    void (*scratch_release)(void);
 
     /* A recipe's weights prepared from masters in the backend's memory (a trainer on a device:
      * src/train/trainer.c; NULL on the CPU, whose weights are prepared on the host):

@@ -367,6 +367,7 @@ void td_trainer_free(td_trainer *tr)
         if (tr->m2_dev != tr->m2) tr->be->free(tr->m2_dev);
         tr->be->free(tr->grads);
         tr->be->free(tr->logits);
+        if (tr->be->scratch_release) tr->be->scratch_release();
     }
     td_lora_free(tr->lora);
     td_model_free(tr->m);
@@ -609,6 +610,7 @@ int td_trainer_step(td_trainer *tr, td_step_info *info, td_error *err)
             if (td_forward_set_recipe_lora(tr->f, &tr->recipe, NULL, 0, err)) return -1;
         }
     }
+    if (be->scratch_release) be->scratch_release();   /* the backward's GEMM scratch, until the next */
     if (tr->log_d2h)
         fprintf(stderr, "tidal: optimiser step %d: %zu bytes device -> host (%zu parameters; weights prepared on "
                 "the %s)\n", tr->step, td_device_d2h_bytes() - d2h0, n, tr->prep_dev ? "device" : "host");
