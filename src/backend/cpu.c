@@ -170,17 +170,39 @@ static void swiglu_cpu(const td_ops *ctx, float *out, const float *gate, const f
     }
 }
 
+/* out = D(a + b) (residual) or x = D(s x) (scale), in blocks of 4096 whose rounding reads the block
+ * while it is in L1: one pass over memory instead of two (the ref's element-wise op, then
+ * act_round's), the same bits (each element's sum or product, then its rounding) */
+#define ROUND_BLOCK 4096
 static void residual_cpu(const td_ops *ctx, float *out, const float *inp1, const float *inp2,
                          size_t n)
 {
-    residual_forward_ref(ctx, out, inp1, inp2, n);
-    if (!ctx->recipe || !ctx->recipe->residual_fp32) act_round(ctx, out, n);
+    td_format f = ctx->recipe && ctx->recipe->residual_fp32 ? TD_F32 : act_of(ctx);
+    if (f == TD_F32) {
+        residual_forward_ref(ctx, out, inp1, inp2, n);
+        return;
+    }
+    #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 65536)
+    for (size_t b = 0; b < n; b += ROUND_BLOCK) {
+        size_t e = n - b < ROUND_BLOCK ? n : b + ROUND_BLOCK;
+        for (size_t i = b; i < e; i++) out[i] = inp1[i] + inp2[i];
+        td_round_row(f, out + b, out + b, e - b, TD_SATFINITE);
+    }
 }
 
 static void scale_cpu(const td_ops *ctx, float *x, float s, size_t n)
 {
-    scale_forward_ref(ctx, x, s, n);
-    act_round(ctx, x, n);
+    td_format f = act_of(ctx);
+    if (f == TD_F32) {
+        scale_forward_ref(ctx, x, s, n);
+        return;
+    }
+    #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 65536)
+    for (size_t b = 0; b < n; b += ROUND_BLOCK) {
+        size_t e = n - b < ROUND_BLOCK ? n : b + ROUND_BLOCK;
+        for (size_t i = b; i < e; i++) x[i] *= s;
+        td_round_row(f, x + b, x + b, e - b, TD_SATFINITE);
+    }
 }
 
 /* ---------------------------------------------------------------- GEMM */
