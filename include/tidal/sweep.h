@@ -80,7 +80,7 @@ int td_sweep_emit(const td_sweep *s, const char *kind, const char *report_cmd, t
 /* The comparison report of every run that has an rl.h5: REPORT_DIR/{reward,accuracy,mismatch,
  * grad_norm,entropy,is_ess}.png (mean over seeds per configuration; a ring where a seed's
  * collapse was marked), eval_accuracy.png (runs with --eval-steps: the evaluated steps joined)
- * and base_drift.png (LoRA runs), and REPORT_DIR/table.md (steps-to-collapse per seed, the first
+ * base_drift.png (LoRA runs) and routing_flips.png (MoE runs: routing_flip_rate), and REPORT_DIR/table.md (steps-to-collapse per seed, the first
  * precursor, final and best accuracy, mismatch at step 0 and at the last step; with
  * --eval-steps the final clean accuracy as mean ± sd over seeds and per seed; for LoRA the base
  * drift at the end), also printed on out. */

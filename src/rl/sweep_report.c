@@ -13,10 +13,11 @@
 #include <sys/stat.h>
 #include <time.h>
 
-enum { M_REWARD, M_ACC, M_K3, M_DLOGP, M_GNORM, M_ENT, M_ESS, M_CHI2, M_EVAL, M_DRIFT, M_N };
+enum { M_REWARD, M_ACC, M_K3, M_DLOGP, M_GNORM, M_ENT, M_ESS, M_CHI2, M_EVAL, M_DRIFT, M_FLIP, M_N };
 static const int METRIC[M_N] = {TD_RLM_reward, TD_RLM_accuracy, TD_RLM_k3_kl, TD_RLM_logp_diff_mean,
                                 TD_RLM_grad_norm, TD_RLM_entropy, TD_RLM_rollout_is_eff_sample_size,
-                                TD_RLM_chi2_token, TD_RLM_eval_accuracy, TD_RLM_base_drift_max};
+                                TD_RLM_chi2_token, TD_RLM_eval_accuracy, TD_RLM_base_drift_max,
+                                TD_RLM_routing_flip_rate};
 
 typedef struct {
     const td_sweep_run *run;
@@ -325,8 +326,8 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
     }
     td_font *font = td_font_open(NULL, err);
     if (!font) { free(rd); free(have); free(cfg); return -1; }
-    /* optional: figures of columns only some runs have (clean evaluation, LoRA base drift) are
-     * drawn when a run has a finite value in them */
+    /* optional: figures of columns only some runs have (clean evaluation, LoRA base drift, MoE
+     * routing flips) are drawn when a run has a finite value in them */
     static const struct { int metric; const char *file, *title, *ylabel; int log_y, sparse, optional; } FIGS[] = {
         {M_REWARD, "reward.png", "Reward against step", "mean reward", 0, 0, 0},
         {M_ACC, "accuracy.png", "Exact-answer accuracy against step", "accuracy", 0, 0, 0},
@@ -337,7 +338,9 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
         {M_EVAL, "eval_accuracy.png", "Clean evaluation: the trainer's greedy accuracy against step",
          "eval_accuracy", 0, 1, 1},
         {M_DRIFT, "base_drift.png", "LoRA base-weight drift: max |W_t − W_0| of the frozen weights",
-         "base_drift_max", 1, 0, 1}};
+         "base_drift_max", 1, 0, 1},
+        {M_FLIP, "routing_flips.png", "MoE routing flips, rollout against trainer (under R3: the trainer's "
+         "router's would-be choice)", "routing_flip_rate", 1, 0, 1}};
     int has[M_N] = {0};
     for (size_t i = 0; i < s->n; i++)
         for (int mi = 0; have[i] && mi < M_N; mi++)
@@ -349,6 +352,7 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
         if (FIGS[f].optional && !has[FIGS[f].metric]) continue;
         td_line *lines = td_xcalloc((size_t)ncfg, sizeof *lines);
         run_data *sub = td_xmalloc(s->n * sizeof *sub);
+        int nl = 0;   /* an optional figure leaves out configurations without a value (dense runs' flips) */
         for (int c = 0; c < ncfg; c++) {
             int nr = 0, mark = -1;
             for (size_t i = 0; i < s->n; i++)
@@ -364,20 +368,27 @@ int td_sweep_report(const td_sweep *s, FILE *out, td_error *err)
                 np = finite_points(x, y, np);
                 mark = -1;
             }
-            lines[c] = (td_line){cfg[c], x, y, np, c % 12, c >= 12 ? 6 : 0, mark, 0};
+            int any = 0;
+            for (size_t k = 0; k < np && !any; k++) any = isfinite(y[k]);
+            if (FIGS[f].optional && !any) {
+                free(y);
+                if (x != xs) free(x);
+                continue;
+            }
+            lines[nl++] = (td_line){cfg[c], x, y, np, c % 12, c >= 12 ? 6 : 0, mark, 0};
         }
         char sub_t[256];
         snprintf(sub_t, sizeof sub_t, FIGS[f].sparse ? "mean over seeds at each evaluation"
                                                      : "mean over seeds, 5-step trailing average; ring = first collapse "
                                                        "(reward_drop) of any seed");
         td_lines_opts lo = {FIGS[f].title, sub_t, "step", FIGS[f].ylabel, FIGS[f].log_y};
-        td_canvas *cv = td_plot_lines(lines, (size_t)ncfg, font, &lo);
+        td_canvas *cv = td_plot_lines(lines, (size_t)nl, font, &lo);
         char path[4300];
         snprintf(path, sizeof path, "%s/%s", s->report_dir, FIGS[f].file);
         const char *kv[2] = {"sweep", s->path};
         rc = td_canvas_write_png(cv, path, kv, 1, err);
         td_canvas_free(cv);
-        for (int c = 0; c < ncfg; c++) {
+        for (int c = 0; c < nl; c++) {
             free((double *)lines[c].y);
             if (lines[c].x != xs) free((double *)lines[c].x);
         }

@@ -227,6 +227,8 @@ seedfigs = [f for f in ("eval_seeds-bf16.png", "eval_seeds-fp8roll.png", "eval_s
             if os.path.exists(os.path.join(sw, "report", f))]
 check(len(seedfigs) == 4, f"with clean evaluations the report draws every seed per configuration and the survival "
       f"curve ({seedfigs})")
+check(not os.path.exists(os.path.join(sw, "report", "routing_flips.png")),
+      "a dense grid's report has no routing-flip figure (drawn only where a run has MoE routing flips)")
 p = sh(SWEEP, cpath, "--workers", "2")
 check("6 finished (skipped), 0 to run" in p.stderr, "run again: every finished run is skipped")
 for kind, files in (("slurm", ["jobs.txt", "sweep.sbatch", "report.sbatch", "submit.sh"]),
