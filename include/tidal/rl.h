@@ -19,10 +19,10 @@
  *      mixture of experts, its routing the flip rates). With one optimiser step per batch that
  *      forward is the update's own (pi_theta = pi_old), and TRL runs no other
  *      (old_per_token_logps = per_token_logps.detach()); tidal does the same: pi_old's values are
- *      read from the update's forward, unless an IS correction needs them before the loss, or the
- *      model trains a LoRA adapter (the LoRA grids' separate forward, which differed from the
- *      update's in rare steps; run.c), or TIDAL_RL_OLD_FORWARD=1; then a separate
- *      forward without gradient computes them. With beta > 0 the reference model (the initial
+ *      read from the update's forward (LoRA included), unless an IS correction needs them before
+ *      the loss, or TIDAL_RL_OLD_FORWARD=1 (the separate forward the LoRA grids of reports/rl/lora
+ *      ran with, which differed from the update's in rare steps of dying runs; run.c); then a
+ *      separate forward without gradient computes them. With beta > 0 the reference model (the initial
  *      weights) is scored by a forward of its own;
  *   5. advantages, IS weights, normalisers (below), then one optimiser step over the B
  *      completions: td_trainer_accumulate with the per-token loss, td_trainer_step.

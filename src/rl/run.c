@@ -17,7 +17,7 @@
 int rl_old_in_update(const td_rl_opts *o)
 {
     const char *sep = getenv("TIDAL_RL_OLD_FORWARD");
-    return o->loss.is_mode == TD_RLIS_NONE && o->lora_r == 0 && !(sep && *sep && strcmp(sep, "0"));
+    return o->loss.is_mode == TD_RLIS_NONE && !(sep && *sep && strcmp(sep, "0"));
 }
 
 static int load_inputs(rl_run *R, td_error *err)
@@ -128,11 +128,11 @@ static int build(rl_run *R, td_error *err)
      * without an IS correction (which weighs the loss by pi_old / mu before the update) TRL takes
      * old_per_token_logps = per_token_logps.detach() and runs no forward of its own; tidal does the
      * same (bit for bit the separate forward's values for full fine-tuning: ppo_kl was exactly 0 in
-     * every step of the MoE grid's eleven arms). Under LoRA the separate forward stays: there it
-     * differed from the update's forward in rare steps (ppo_kl 1e-9 to 1e-5 in one step of 4 of the
-     * LoRA confirmation's 67 runs, all already dead), and the LoRA grids ran with it, so reading it
-     * from the update would change their trajectories from such a step on.
-     * TIDAL_RL_OLD_FORWARD=1 keeps the separate forward everywhere. */
+     * every step of the MoE grid's eleven arms; under LoRA in 60 steps of a rank-1 merge-unmerge
+     * run at 1e-2, every /steps column). The LoRA grids (reports/rl/lora) ran with the separate
+     * forward, which differed from the update's in rare steps (ppo_kl 1e-10 to 1e-5 in 10 of the
+     * 136 runs there, mostly after the run had died; the cause is not traced); TIDAL_RL_OLD_FORWARD=1
+     * keeps the separate forward and reproduces them. */
     R->old_in_update = rl_old_in_update(o);
     if (!R->old_in_update) {
         R->fold = td_forward_create(td_trainer_model(R->tr), t.max_tokens, R->max_len, 0, err);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # RL throughput of tidal-rl against PyTorch doing the same GRPO step on the same shapes
 # (tests/bench/torch_rl.py: generate with a KV cache + pi_old as tidal-rl takes it (the update's
-# own log-probs, TRL's rule; a separate forward under LoRA) + forward/backward + AdamW), both on 2 threads, on the RL experiment's model shape (reports/rl: a Qwen2-shaped
+# own log-probs, TRL's rule, LoRA included) + forward/backward + AdamW), both on 2 threads, on the RL experiment's model shape (reports/rl: a Qwen2-shaped
 # C=128 L=4 NH=4 NKV=2 F=384 V=100 model; the SFT'd base when build/rl/base-short exists, else a
 # tidal-init model of that shape): 32 completions per step of 4 prompts x 8, ~9 prompt tokens,
 # 32 response tokens. Cases

@@ -1,8 +1,7 @@
 """The PyTorch peer of the RL bench (tests/bench/rl.sh): one GRPO step on the shapes tidal-rl ran
 — generate B completions of T tokens with a KV cache (tests/py/llama_ref.py, multinomial sampling
 at temperature 1 from the fp32 softmax), pi_old as tidal-rl takes it (the update's own log-probs,
-detached, as TRL does with one update per batch; with --lora-r a forward without gradient of its
-own, as tidal-rl keeps under LoRA), then forward + backward of the policy-gradient loss (-A logp
+detached, as TRL does with one update per batch, LoRA or not), then forward + backward of the policy-gradient loss (-A logp
 over the response tokens) and torch.optim.AdamW with clip_grad_norm_(1.0) — in fp32, or with the matmuls under
 torch.autocast("cpu", bfloat16). Prints `steps_per_s X` and `rollout_tokens_per_s X` (generated
 tokens / generation seconds) after --steps steps (one warm-up step first).
@@ -94,15 +93,11 @@ def step():
     if lora:                                            # the trainer: frozen base + adapter
         model.w = w
         model.lin = lin_lora
-    if lora:   # pi_old by a forward of its own, as tidal-rl does under LoRA (include/tidal/rl.h step 4)
-        with torch.no_grad(), torch.autocast(**ac):
-            old = model.logsoftmax(model.forward(seq[:, :-1])).float().gather(2, seq[:, 1:, None])[:, P - 1:, 0]
     adv = torch.randn(B, 1)
     opt.zero_grad(set_to_none=True)
     with torch.autocast(**ac):                          # the update
         lp = model.logsoftmax(model.forward(seq[:, :-1])).float().gather(2, seq[:, 1:, None])[:, P - 1:, 0]
-    if not lora:   # TRL with one update per batch: old_per_token_logps = per_token_logps.detach()
-        old = lp.detach()
+    old = lp.detach()   # TRL with one update per batch: old_per_token_logps = per_token_logps.detach()
     loss = -(adv * torch.exp(lp - old)).mean()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)

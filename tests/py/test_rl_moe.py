@@ -130,7 +130,8 @@ bad = [k for k in a if not k.startswith("time_") and not np.array_equal(a[k], b.
 check(not bad, f"r3: --resume gives every /steps column bit for bit ({len(a)} columns{', differ: ' + str(bad) if bad else ''})")
 # pi_old from the update's own forward (TRL's per_token_logps.detach(), rl.h) against the separate
 # forward (TIDAL_RL_OLD_FORWARD=1): every dataset of the run file bit for bit, under R2 (no replay
-# then), R3 with the load-balancing loss's observer beside pi_old's, exact match, the dense twin
+# then), R3 with the load-balancing loss's observer beside pi_old's, exact match, the dense twin, and
+# the dense twin's rank-1 LoRA (merge-unmerge sync)
 def all_datasets(out):
     d = {}
     with h5py.File(os.path.join(tmp, out, "rl.h5"), "r") as f:
@@ -142,7 +143,9 @@ DENSE = ["--model-path", os.path.join(ROOT, "datasets/models/add")]
 # numerics only: left out of the sanitizer build (CI's time; its code paths run above under ASan)
 SAME = () if "asan" in os.environ.get("BUILD", "") else (("r2", ["--routing-replay", "r2"]),
                     ("r3-aux", ["--routing-replay", "r3", "--output-router-logits", "true"]),
-                    ("em", ["--exact-match"]), ("dense", DENSE))
+                    ("em", ["--exact-match"]), ("dense", DENSE),
+                    ("dense-lora", DENSE + ["--lora-r", "1", "--lora-alpha", "2", "--model-dtype", "bf16",
+                                            "--lora-sync", "merge-unmerge"]))
 for name, extra in SAME:
     runs = []
     for sep in ("0", "1"):

@@ -13,6 +13,9 @@
 set -u
 cd "$(dirname "$0")/../../.."
 export OMP_WAIT_POLICY=PASSIVE
+# pi_old by a forward of its own, as these runs were made (tidal-rl reads it from the update's forward
+# since 2026-11-29, TRL's rule; the two differed in rare steps of dying runs: include/tidal/rl.h step 4)
+export TIDAL_RL_OLD_FORWARD=${TIDAL_RL_OLD_FORWARD:-1}
 BIN=${BIN:-build/bin}
 LR=${LR:-1e-2}
 TAG=lr${LR}
