@@ -33,13 +33,15 @@
 #include <string.h>
 
 
-/* dst (cols, rows) = src (rows, cols)^T */
-static void transpose(const float *src, size_t rows, size_t cols, float *dst)
+/* dst (cols, rows) = src (rows, cols)^T over rows [i0, i1) x cols [j0, j1), 32 x 32 blocks (both
+ * sides stay in cache) */
+static void transpose_scalar(const float *src, size_t rows, size_t cols, float *dst, size_t i0s,
+                             size_t i1, size_t j0s, size_t j1)
 {
-    for (size_t i0 = 0; i0 < rows; i0 += 32)   /* 32 x 32 blocks: both sides stay in cache */
-        for (size_t j0 = 0; j0 < cols; j0 += 32)
-            for (size_t i = i0; i < rows && i < i0 + 32; i++)
-                for (size_t j = j0; j < cols && j < j0 + 32; j++) dst[j * rows + i] = src[i * cols + j];
+    for (size_t i0 = i0s; i0 < i1; i0 += 32)
+        for (size_t j0 = j0s; j0 < j1; j0 += 32)
+            for (size_t i = i0; i < i1 && i < i0 + 32; i++)
+                for (size_t j = j0; j < j1 && j < j0 + 32; j++) dst[j * rows + i] = src[i * cols + j];
 }
 
 /* the bf16 codes of src rows [i0, i1) x cols [j0, j1) (bf16 values), transposed into dst (cols, rows) */
@@ -57,13 +59,11 @@ static void codes_transposed_scalar(const float *src, size_t rows, size_t cols, 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define TGT512 __attribute__((target("avx512f,avx512bw")))
-/* one 16 x 16 block: src rows of stride ls, dst rows of stride ld (the transposed codes); the
- * classic three-stage register transpose (32-bit unpacks, 64-bit unpacks, 128-bit lane shuffles),
- * then each column's upper halves narrowed to 16 bits (vpsrld, vpmovdw) */
-TGT512 static void transpose16_codes(const float *src, size_t ls, uint16_t *dst, size_t ld)
+/* the classic three-stage register transpose of 16 rows of 16 32-bit values (32-bit unpacks, 64-bit
+ * unpacks, 128-bit lane shuffles): r[k] becomes column k */
+TGT512 static inline void transpose16_regs(__m512i r[16])
 {
-    __m512i r[16], t[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(src + (size_t)i * ls));
+    __m512i t[16];
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
         t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
@@ -83,10 +83,46 @@ TGT512 static void transpose16_codes(const float *src, size_t ls, uint16_t *dst,
         r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
         r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
     }
+}
+
+/* one 16 x 16 block: src rows of stride ls, dst rows of stride ld (the transposed codes); each
+ * column's upper halves narrowed to 16 bits (vpsrld, vpmovdw) */
+TGT512 static void transpose16_codes(const float *src, size_t ls, uint16_t *dst, size_t ld)
+{
+    __m512i r[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(src + (size_t)i * ls));
+    transpose16_regs(r);
     for (int k = 0; k < 16; k++)
         _mm256_storeu_si256((__m256i *)(dst + (size_t)k * ld), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r[k], 16)));
 }
+
+/* the same block of fp32 values, stored whole */
+TGT512 static void transpose16_f32(const float *src, size_t ls, float *dst, size_t ld)
+{
+    __m512i r[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(src + (size_t)i * ls));
+    transpose16_regs(r);
+    for (int k = 0; k < 16; k++) _mm512_storeu_si512((void *)(dst + (size_t)k * ld), r[k]);
+}
 #endif
+
+/* dst (cols, rows) = src (rows, cols)^T: 16 x 16 register blocks on AVX-512, the edges element by
+ * element (the FP8 wgrad's operands, transposed to group along the tokens) */
+static void transpose(const float *src, size_t rows, size_t cols, float *dst)
+{
+    size_t r16 = 0, c16 = 0;
+#if defined(__x86_64__)
+    if (td_isa_level() >= TD_ISA_AVX512) {
+        r16 = rows & ~(size_t)15;
+        c16 = cols & ~(size_t)15;
+        for (size_t i0 = 0; i0 < r16; i0 += 16)
+            for (size_t j0 = 0; j0 < c16; j0 += 16)
+                transpose16_f32(src + i0 * cols + j0, cols, dst + j0 * rows + i0, rows);
+    }
+#endif
+    transpose_scalar(src, rows, cols, dst, 0, r16, c16, cols);      /* the right edge */
+    transpose_scalar(src, rows, cols, dst, r16, rows, 0, cols);     /* the bottom rows */
+}
 
 /* the bf16 codes of src (rows, cols; bf16 values), transposed: dst (cols, rows); 16 x 16 register
  * blocks on AVX-512 (the only CPUs whose bf16 dot products call this), the edges element by element */
