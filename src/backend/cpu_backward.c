@@ -106,9 +106,11 @@ TGT512 static void transpose16_f32(const float *src, size_t ls, float *dst, size
 }
 #endif
 
-/* dst (cols, rows) = src (rows, cols)^T: 16 x 16 register blocks on AVX-512, the edges element by
- * element (the FP8 wgrad's operands, transposed to group along the tokens) */
-static void transpose(const float *src, size_t rows, size_t cols, float *dst)
+/* src (rows, cols) transposed into dst (cols, rows): fp32 values (codes 0; the FP8 wgrad's operands,
+ * grouped along the tokens) or their bf16 codes (codes 1; bf16 values, for the bf16 dot products).
+ * 16 x 16 register blocks on AVX-512 (the only CPUs whose bf16 dot products take the codes), the
+ * edges element by element. */
+static void transpose_blocks(const float *src, size_t rows, size_t cols, void *dst, int codes)
 {
     size_t r16 = 0, c16 = 0;
 #if defined(__x86_64__)
@@ -116,30 +118,30 @@ static void transpose(const float *src, size_t rows, size_t cols, float *dst)
         r16 = rows & ~(size_t)15;
         c16 = cols & ~(size_t)15;
         for (size_t i0 = 0; i0 < r16; i0 += 16)
-            for (size_t j0 = 0; j0 < c16; j0 += 16)
-                transpose16_f32(src + i0 * cols + j0, cols, dst + j0 * rows + i0, rows);
+            for (size_t j0 = 0; j0 < c16; j0 += 16) {
+                size_t at = j0 * rows + i0;
+                if (codes) transpose16_codes(src + i0 * cols + j0, cols, (uint16_t *)dst + at, rows);
+                else transpose16_f32(src + i0 * cols + j0, cols, (float *)dst + at, rows);
+            }
     }
 #endif
-    transpose_scalar(src, rows, cols, dst, 0, r16, c16, cols);      /* the right edge */
-    transpose_scalar(src, rows, cols, dst, r16, rows, 0, cols);     /* the bottom rows */
+    if (codes) {
+        codes_transposed_scalar(src, rows, cols, dst, 0, r16, c16, cols);   /* the right edge */
+        codes_transposed_scalar(src, rows, cols, dst, r16, rows, 0, cols);  /* the bottom rows */
+    } else {
+        transpose_scalar(src, rows, cols, dst, 0, r16, c16, cols);
+        transpose_scalar(src, rows, cols, dst, r16, rows, 0, cols);
+    }
 }
 
-/* the bf16 codes of src (rows, cols; bf16 values), transposed: dst (cols, rows); 16 x 16 register
- * blocks on AVX-512 (the only CPUs whose bf16 dot products call this), the edges element by element */
+static void transpose(const float *src, size_t rows, size_t cols, float *dst)
+{
+    transpose_blocks(src, rows, cols, dst, 0);
+}
+
 static void codes_transposed(const float *src, size_t rows, size_t cols, uint16_t *dst)
 {
-    size_t r16 = 0, c16 = 0;
-#if defined(__x86_64__)
-    if (td_isa_level() >= TD_ISA_AVX512) {
-        r16 = rows & ~(size_t)15;
-        c16 = cols & ~(size_t)15;
-        for (size_t i0 = 0; i0 < r16; i0 += 16)
-            for (size_t j0 = 0; j0 < c16; j0 += 16)
-                transpose16_codes(src + i0 * cols + j0, cols, dst + j0 * rows + i0, rows);
-    }
-#endif
-    codes_transposed_scalar(src, rows, cols, dst, 0, r16, c16, cols);      /* the right edge */
-    codes_transposed_scalar(src, rows, cols, dst, r16, rows, 0, cols);     /* the bottom rows */
+    transpose_blocks(src, rows, cols, dst, 1);
 }
 
 /* exposed for tests/test_gemm.c: the vector transpose against the scalar one */
