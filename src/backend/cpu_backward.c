@@ -110,13 +110,15 @@ TGT512 static void transpose16_f32(const float *src, size_t ls, float *dst, size
  * grouped along the tokens) or their bf16 codes (codes 1; bf16 values, for the bf16 dot products).
  * 16 x 16 register blocks on AVX-512 (the only CPUs whose bf16 dot products take the codes), the
  * edges element by element. */
-static void transpose_blocks(const float *src, size_t rows, size_t cols, void *dst, int codes)
+static void transpose_blocks(int nt, const float *src, size_t rows, size_t cols, void *dst, int codes)
 {
     size_t r16 = 0, c16 = 0;
 #if defined(__x86_64__)
     if (td_isa_level() >= TD_ISA_AVX512) {
         r16 = rows & ~(size_t)15;
         c16 = cols & ~(size_t)15;
+        /* threads over bands of 16 rows (every element a copy: the same result at any count) */
+        #pragma omp parallel for num_threads(nt) if (rows * cols >= 65536)
         for (size_t i0 = 0; i0 < r16; i0 += 16)
             for (size_t j0 = 0; j0 < c16; j0 += 16) {
                 size_t at = j0 * rows + i0;
@@ -134,14 +136,14 @@ static void transpose_blocks(const float *src, size_t rows, size_t cols, void *d
     }
 }
 
-static void transpose(const float *src, size_t rows, size_t cols, float *dst)
+static void transpose(int nt, const float *src, size_t rows, size_t cols, float *dst)
 {
-    transpose_blocks(src, rows, cols, dst, 0);
+    transpose_blocks(nt, src, rows, cols, dst, 0);
 }
 
-static void codes_transposed(const float *src, size_t rows, size_t cols, uint16_t *dst)
+static void codes_transposed(int nt, const float *src, size_t rows, size_t cols, uint16_t *dst)
 {
-    transpose_blocks(src, rows, cols, dst, 1);
+    transpose_blocks(nt, src, rows, cols, dst, 1);
 }
 
 /* exposed for tests/test_gemm.c: the vector transpose against the scalar one */
@@ -150,7 +152,7 @@ void td_test_codes_transposed(const float *src, size_t rows, size_t cols, uint16
     if (scalar)
         codes_transposed_scalar(src, rows, cols, dst, 0, rows, 0, cols);
     else
-        codes_transposed(src, rows, cols, dst);
+        codes_transposed(1, src, rows, cols, dst);
 }
 
 /* C (M, N; ldc) += A (M, K) . B (N, K)^T over bf16 codes (td_gemm_bf16dp), threads over slices
@@ -206,14 +208,14 @@ static void matmul_backward_bf16dp(const td_ops *ctx, float *dinp, float *dweigh
 {
     if (dinp) {
         td_gemm_bf16_codes(dy, (size_t)N * OUT, p);   /* dY's codes (N, OUT), W'^T's (IN, OUT) */
-        codes_transposed(weight, (size_t)OUT, (size_t)IN, q);
+        codes_transposed(ctx->nthreads, weight, (size_t)OUT, (size_t)IN, q);
         bf16dp_acc(ctx, N, IN, OUT, p, q, dinp, IN);
         act_round(ctx, dinp, (size_t)N * IN);
     }
     if (dweight) {   /* dY^T (OUT, N), X^T (IN, N), X rounded as the forward fed it */
         td_gemm_quant_input(ctx->recipe, inp, N, IN, x);
-        codes_transposed(dy, (size_t)N, (size_t)OUT, p);
-        codes_transposed(x, (size_t)N, (size_t)IN, q);
+        codes_transposed(ctx->nthreads, dy, (size_t)N, (size_t)OUT, p);
+        codes_transposed(ctx->nthreads, x, (size_t)N, (size_t)IN, q);
         bf16dp_acc(ctx, OUT, IN, N, p, q, dweight, IN);
     }
 }
@@ -272,9 +274,9 @@ void matmul_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, float *
     }
     if (dweight) {
         if (fp8) {   /* both operands quantised along the tokens */
-            transpose(dout, (size_t)N, (size_t)OUT, t);
+            transpose(ctx->nthreads, dout, (size_t)N, (size_t)OUT, t);
             quant_operand(r, t, (size_t)OUT, (size_t)N, dy);     /* dY^T (OUT, N) */
-            transpose(inp, (size_t)N, (size_t)IN, t);
+            transpose(ctx->nthreads, inp, (size_t)N, (size_t)IN, t);
             quant_operand(r, t, (size_t)IN, (size_t)N, x);       /* X^T (IN, N) */
             gemm_nt_acc(ctx, OUT, IN, N, 1.0f, dy, N, x, N, dweight, IN);
         } else {   /* dy as rounded for dgrad: the same operand */
