@@ -20,6 +20,17 @@ td_isa td_isa_level(void);
 /* 1 when the level is AVX-512 and the CPU has AVX512-BF16 (vdpbf16ps). */
 int td_cpu_has_avx512bf16(void);
 
+/* Inner loops compiled twice (AVX2 + FMA and the build's x86-64-v2 baseline), picked at load time
+ * by the CPU, for element-wise loops that run at half width at the baseline. The build is ISO C11
+ * (-std=c11), under which GCC does not contract a * b + c into an FMA (-ffp-contract=off is that
+ * mode's default), so a clone gives the baseline's bits wherever each element's operations are
+ * its own (no reduction whose order follows the vector width). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define TD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define TD_CLONES
+#endif
+
 TD_END_DECLS
 
 #endif

@@ -29,14 +29,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* out = D(a + b) when b, else D(a * s) (s 1: the rounding alone, in place: a == out), for D = f != fp32,
+ * in blocks of 4096 whose rounding reads the block while it is in L1: one pass over memory instead
+ * of the element-wise op's and then the rounding's, the same bits (each element's sum or product,
+ * then its rounding) */
+#define ROUND_BLOCK 4096
+static void rows_rounded(const td_ops *ctx, td_format f, float *out, const float *a, const float *b,
+                         float s, size_t n)
+{
+    #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 65536)
+    for (size_t k = 0; k < n; k += ROUND_BLOCK) {
+        size_t e = n - k < ROUND_BLOCK ? n : k + ROUND_BLOCK;
+        if (b) for (size_t i = k; i < e; i++) out[i] = a[i] + b[i];
+        else if (s != 1.0f) for (size_t i = k; i < e; i++) out[i] = a[i] * s;
+        td_round_row(f, out + k, out + k, e - k, TD_SATFINITE);
+    }
+}
+
 /* x rounded to the activations dtype (an op boundary; the backward's input gradients too) */
 void act_round(const td_ops *ctx, float *x, size_t n)
 {
     td_format f = act_of(ctx);
-    if (f == TD_F32) return;
-    #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 65536)
-    for (size_t b = 0; b < n; b += 4096)
-        td_round_row(f, x + b, x + b, n - b < 4096 ? n - b : 4096, TD_SATFINITE);
+    if (f != TD_F32) rows_rounded(ctx, f, x, x, NULL, 1.0f, n);
 }
 
 /* sum_c x[c]^2 in double, in c's order, of n <= 4 rows of C (row stride C): the rows' sums run
@@ -170,39 +184,20 @@ static void swiglu_cpu(const td_ops *ctx, float *out, const float *gate, const f
     }
 }
 
-/* out = D(a + b) (residual) or x = D(s x) (scale), in blocks of 4096 whose rounding reads the block
- * while it is in L1: one pass over memory instead of two (the ref's element-wise op, then
- * act_round's), the same bits (each element's sum or product, then its rounding) */
-#define ROUND_BLOCK 4096
+/* out = D(a + b) (fp32 with residual_fp32) and x = D(s x): rows_rounded's one pass */
 static void residual_cpu(const td_ops *ctx, float *out, const float *inp1, const float *inp2,
                          size_t n)
 {
     td_format f = ctx->recipe && ctx->recipe->residual_fp32 ? TD_F32 : act_of(ctx);
-    if (f == TD_F32) {
-        residual_forward_ref(ctx, out, inp1, inp2, n);
-        return;
-    }
-    #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 65536)
-    for (size_t b = 0; b < n; b += ROUND_BLOCK) {
-        size_t e = n - b < ROUND_BLOCK ? n : b + ROUND_BLOCK;
-        for (size_t i = b; i < e; i++) out[i] = inp1[i] + inp2[i];
-        td_round_row(f, out + b, out + b, e - b, TD_SATFINITE);
-    }
+    if (f == TD_F32) residual_forward_ref(ctx, out, inp1, inp2, n);
+    else rows_rounded(ctx, f, out, inp1, inp2, 1.0f, n);
 }
 
 static void scale_cpu(const td_ops *ctx, float *x, float s, size_t n)
 {
     td_format f = act_of(ctx);
-    if (f == TD_F32) {
-        scale_forward_ref(ctx, x, s, n);
-        return;
-    }
-    #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 65536)
-    for (size_t b = 0; b < n; b += ROUND_BLOCK) {
-        size_t e = n - b < ROUND_BLOCK ? n : b + ROUND_BLOCK;
-        for (size_t i = b; i < e; i++) x[i] *= s;
-        td_round_row(f, x + b, x + b, e - b, TD_SATFINITE);
-    }
+    if (f == TD_F32) scale_forward_ref(ctx, x, s, n);
+    else rows_rounded(ctx, f, x, x, NULL, s, n);
 }
 
 /* ---------------------------------------------------------------- GEMM */

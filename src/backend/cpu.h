@@ -5,6 +5,7 @@
 #define TIDAL_BACKEND_CPU_H
 
 #include "../model/ops.h"
+#include "tidal/isa.h"
 
 #include <stdint.h>
 
@@ -31,10 +32,7 @@ static inline __attribute__((always_inline)) float td_expf(float x)
     return p * scale.f;
 }
 
-/* Inner loops of the elementwise ops, compiled twice (AVX2+FMA and the build's baseline) and
- * picked at load time by the CPU: the build targets x86-64-v2, where these loops run at half
- * width. FMA contraction makes the AVX2 results differ from the baseline's in the last bit. */
-#define TD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+/* TD_CLONES (tidal/isa.h): the elementwise ops' inner loops at the CPU's width */
 
 /* Files whose loops call td_expf add #pragma GCC optimize("no-trapping-math") (cpu_ref.c says
  * why). */

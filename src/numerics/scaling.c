@@ -1,5 +1,6 @@
 /* FP8 scaling recipes (see include/tidal/scaling.h for the exact arithmetic). */
 #include "tidal/scaling.h"
+#include "tidal/isa.h"
 
 #include <float.h>
 #include <math.h>
@@ -80,17 +81,12 @@ float td_fp8_scale_from_amax(const td_fp8_scheme *s, float amax)
     return block_scale_from_amax(s, amax).scale;
 }
 
-/* The element-wise loops below at the CPU's vector width (x86-64-v3 clones): a maximum, products
- * and quotients element by element, so the same bits at any width. They were 9 % of an
- * fp8-unified training step at the build's baseline (SSE) width. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SCALING_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define SCALING_CLONES
-#endif
+/* The element-wise loops below at the CPU's vector width (TD_CLONES): a maximum, products and
+ * quotients element by element, so the same bits at any width. They were 9 % of an fp8-unified
+ * training step at the build's baseline (SSE) width. */
 
 /* The largest |x| of a block (NaN ignored, as fmaxf does: a comparison with NaN is false). */
-SCALING_CLONES static float row_amax(const float *x, size_t n)
+TD_CLONES static float row_amax(const float *x, size_t n)
 {
     float m = 0.0f;
     #pragma omp simd reduction(max : m)
@@ -112,7 +108,7 @@ static float block_amax(const float *x, size_t cols, size_t r0, size_t r1, size_
 }
 
 /* A block's piece scaled for encoding: x * mul (Transformer Engine) or x / div (vLLM) */
-SCALING_CLONES static void scale_piece(float *buf, const float *x, size_t n, block_scale b)
+TD_CLONES static void scale_piece(float *buf, const float *x, size_t n, block_scale b)
 {
     const float mul = b.mul, div = b.div;
     if (mul != 0.0f) {
@@ -125,7 +121,7 @@ SCALING_CLONES static void scale_piece(float *buf, const float *x, size_t n, blo
 }
 
 /* y = v * scale, element by element (the dequantisation's one rounding) */
-SCALING_CLONES static void times_scale(float *y, const float *v, size_t n, float sc)
+TD_CLONES static void times_scale(float *y, const float *v, size_t n, float sc)
 {
     #pragma omp simd
     for (size_t k = 0; k < n; k++) y[k] = v[k] * sc;
