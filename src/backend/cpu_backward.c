@@ -258,14 +258,15 @@ void matmul_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, float *
     if (td_gemm_bf16dp_applies(r)) {   /* dY, the two operands' codes, X as rounded */
         size_t big = (size_t)(N > IN ? N : IN) * (OUT > IN ? OUT : IN);
         size_t sizes[4] = {(size_t)N * OUT * sizeof(float), big * sizeof(uint16_t), big * sizeof(uint16_t),
-                           (size_t)N * IN * sizeof(float)};
+                           dweight ? (size_t)N * IN * sizeof(float) : 0};
         scratch_parts(4, sizes, part);
         quant_operand(r, dout, (size_t)N, (size_t)OUT, part[0]);   /* groups along OUT */
         matmul_backward_bf16dp(ctx, dinp, dweight, part[0], inp, weight, N, IN, OUT, part[1], part[2], part[3]);
         return;
     }
-    size_t sizes[3] = {(size_t)N * OUT * sizeof(float), nmax * sizeof(float), nmax * sizeof(float)};
-    scratch_parts(3, sizes, part);   /* dY, X, a transpose (FP8) */
+    size_t sizes[3] = {(size_t)N * OUT * sizeof(float), dweight ? nmax * sizeof(float) : 0,
+                       dweight && fp8 ? nmax * sizeof(float) : 0};
+    scratch_parts(3, sizes, part);   /* dY, X and a transpose for wgrad (FP8), only what is used */
     float *dy = part[0], *x = part[1], *t = part[2];
     if (dinp || !fp8) quant_operand(r, dout, (size_t)N, (size_t)OUT, dy);   /* groups along OUT */
     if (dinp) {
