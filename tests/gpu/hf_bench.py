@@ -23,7 +23,7 @@ DEV = "cuda"
 
 def sync():
     if DEV.startswith("cuda"):
-        sync()
+        torch.cuda.synchronize()
 
 
 def load(path, dtype, attn):

@@ -94,12 +94,12 @@ cd "$(dirname "$0")/../.."
 export BUILD=${BUILD:-build} OUT=${OUT:-out/gpu} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-STAGES="build check rl moe bench attn-bench fidelity fidelity-8b memory rl-bench"
+STAGES="build check rl moe bench attn-bench fidelity fidelity-8b init-8b diff-8b8k memory rl-bench"
 # expected seconds on an H100, and the limit
 declare -A EXPECT=([build]=0 [check]=150 [rl]=60 [moe]=60 [bench]=90 [attn-bench]=30 [fidelity]=150 [fidelity-8b]=0
-                   [memory]=40 [rl-bench]=150)
+                   [init-8b]=90 [diff-8b8k]=120 [memory]=40 [rl-bench]=150)
 declare -A LIMIT=([build]=600 [check]=240 [rl]=150 [moe]=120 [bench]=180 [attn-bench]=90 [fidelity]=300 [fidelity-8b]=600
-                  [memory]=120 [rl-bench]=300)
+                  [init-8b]=240 [diff-8b8k]=300 [memory]=120 [rl-bench]=300)
 BUDGET=${TIDAL_GPU_BUDGET_S:-540}
 # TIDAL_GPU_LIMITS="stage=S ...": other limits; TIDAL_GPU_LIMIT_SCALE=K multiplies every limit (the
 # rehearsal's default is 4: the simulator is slower than a GPU, and the budget grows with it)
@@ -133,6 +133,8 @@ stage() {
     attn-bench) "$BUILD/gpu/test_attention_sim" --bench ;;
     fidelity) bash reports/gpu/fidelity.sh small ;;
     fidelity-8b) bash reports/gpu/fidelity.sh 8b ;;
+    init-8b) bash tests/gpu/diff_8b8k.sh init ;;
+    diff-8b8k) bash tests/gpu/diff_8b8k.sh ;;
     memory) "$PY" tests/gpu/memory_check.py ;;
     rl-bench) bash tests/gpu/rl_bench.sh ;;
     rl)
@@ -158,6 +160,10 @@ stage() {
         else
           "$BUILD/bin/tidal-init" --preset qwen3-30b-a3b --num-layers 2 --dtype bf16 --seed 1 -o "$q" >/dev/null
         fi || { echo "=== moe: tidal-init failed"; return 1; }
+      fi
+      if [ -n "${TIDAL_GPU_BESIDE:-}" ]; then   # a timing beside other stages would say nothing
+        echo "=== moe: the Qwen3-30B-A3B-width timing not run: beside the stages $TIDAL_GPU_BESIDE (run moe alone for it)"
+        return $r
       fi
       for dev in cuda cpu; do
         echo "=== tidal-bench-model --device $dev on $q"
@@ -303,8 +309,10 @@ cat "$RET/env.log" >&2
 
 
 [ $# -gt 0 ] || set -- check rl moe bench attn-bench fidelity memory rl-bench
-for s in "$@"; do
-  [ -n "${LIMIT[$s]:-}" ] || { echo "run.sh: unknown stage '$s' ($STAGES)" >&2; exit 2; }
+for s in "$@"; do   # a+b+c: stages run side by side (below)
+  for p in ${s//+/ }; do
+    [ -n "${LIMIT[$p]:-}" ] || { echo "run.sh: unknown stage '$p' ($STAGES)" >&2; exit 2; }
+  done
 done
 command -v timeout >/dev/null || { echo "run.sh: GNU timeout not found (coreutils)" >&2; exit 1; }
 T0=$(date +%s)
@@ -331,29 +339,17 @@ pack() {   # WORK's results into $RET/results.tar.gz
   fi
   mv -f "$RET/results.tar.gz.part" "$RET/results.tar.gz"
 }
-for s in "$@"; do
-  left=$(( BUDGET - ($(date +%s) - T0) ))
-  lim=${LIMIT[$s]}; [ "$lim" -gt "$left" ] && lim=$left
-  if [ "$left" -lt 20 ]; then
-    echo "### $s: not run, ${left} s of the budget left" >&2
-    rows+=("| $s | not run (budget: ${left} s left) | 0 | ${EXPECT[$s]} | ${LIMIT[$s]} |"); status=1; summary
-    continue
-  fi
-  echo "### $s (limit $lim s)" >&2
-  t0=$(date +%s)
-  log=$RET/stage.log
-  echo "### $s (limit $lim s), started $(date -u +%H:%M:%S)" > "$log"
-  timeout -k 10 "$lim" bash tests/gpu/run.sh --one "$s" >> "$log" 2>&1; rc=$?
-  dt=$(( $(date +%s) - t0 ))
+# the end of one stage: its row, its log into run.log (cut beyond 2 MiB), its bench lines, the pack
+finish() {   # STAGE RC SECONDS LIMIT
+  local s=$1 rc=$2 dt=$3 lim=$4 st
   case $rc in
     0) st=ok ;;
     77) st="skipped (exit 77)" ;;
-    124|137) st="TIMED OUT after $lim s"; echo "run.sh: $s killed after $lim s (limit)" >> "$log" ;;
+    124|137) st="TIMED OUT after $lim s"; echo "run.sh: $s killed after $lim s (limit)" >> "$WORK/$s.log" ;;
     *) st="FAILED (exit $rc)" ;;
   esac
   case $rc in 0|77) ;; *) status=1 ;; esac
   rows+=("| $s | $st | $dt | ${EXPECT[$s]} | ${LIMIT[$s]} |")
-  mv -f "$log" "$WORK/$s.log"
   {
     echo "### $s: $st, $dt s"
     if [ "$(stat -c %s "$WORK/$s.log")" -gt $((2 << 20)) ]; then
@@ -369,6 +365,57 @@ for s in "$@"; do
   pack
   echo "### $s: $st, $dt s; tail of its log:" >&2
   tail -n 25 "$WORK/$s.log" >&2
+}
+for s in "$@"; do
+  parts=(${s//+/ })
+  left=$(( BUDGET - ($(date +%s) - T0) ))
+  if [ "$left" -lt 20 ]; then
+    for p in "${parts[@]}"; do
+      echo "### $p: not run, ${left} s of the budget left" >&2
+      rows+=("| $p | not run (budget: ${left} s left) | 0 | ${EXPECT[$p]} | ${LIMIT[$p]} |"); status=1
+    done
+    summary
+    continue
+  fi
+  if [ ${#parts[@]} -eq 1 ]; then
+    lim=${LIMIT[$s]}; [ "$lim" -gt "$left" ] && lim=$left
+    echo "### $s (limit $lim s)" >&2
+    t0=$(date +%s)
+    log=$RET/stage.log
+    echo "### $s (limit $lim s), started $(date -u +%H:%M:%S)" > "$log"
+    timeout -k 10 "$lim" bash tests/gpu/run.sh --one "$s" >> "$log" 2>&1; rc=$?
+    mv -f "$log" "$WORK/$s.log"
+    finish "$s" "$rc" $(( $(date +%s) - t0 )) "$lim"
+    continue
+  fi
+  # Side by side: stages that time nothing and do not read the GPU's free memory (the tests, the
+  # fidelity diffs, the 8B checkpoint's writing: mostly CPU work on the machine's 16 cores), each
+  # under its own limit and log; $RET/stage.log shows the tail of each every 5 s while they run.
+  t0=$(date +%s)
+  declare -A LIMS=() PIDS=()
+  for p in "${parts[@]}"; do
+    lim=${LIMIT[$p]}; [ "$lim" -gt "$left" ] && lim=$left
+    LIMS[$p]=$lim
+    echo "### $p (limit $lim s, beside: ${parts[*]})" >&2
+    echo "### $p (limit $lim s), started $(date -u +%H:%M:%S) beside ${parts[*]}" > "$WORK/$p.log"
+    rm -f "$WORK/$p.end"
+    { TIDAL_GPU_BESIDE="${parts[*]}" timeout -k 10 "$lim" bash tests/gpu/run.sh --one "$p" >> "$WORK/$p.log" 2>&1; r=$?; date +%s > "$WORK/$p.end"; exit $r; } &
+    PIDS[$p]=$!
+  done
+  while :; do
+    running=0
+    for p in "${parts[@]}"; do kill -0 "${PIDS[$p]}" 2>/dev/null && running=1; done
+    [ $running = 1 ] || break
+    { for p in "${parts[@]}"; do echo "=== $p (live, last lines)"; tail -n 15 "$WORK/$p.log"; done; } > "$RET/stage.log.part"
+    mv -f "$RET/stage.log.part" "$RET/stage.log"
+    sleep 5
+  done
+  for p in "${parts[@]}"; do
+    wait "${PIDS[$p]}"; rc=$?
+    t1=$(cat "$WORK/$p.end" 2>/dev/null || date +%s); rm -f "$WORK/$p.end"
+    finish "$p" "$rc" $(( t1 - t0 )) "${LIMS[$p]}"
+  done
+  rm -f "$RET/stage.log"
 done
 cat "$RET/summary.md" >&2
 exit $status

@@ -1,27 +1,40 @@
 #!/usr/bin/env bash
 # Keeps the packed run files of reports/ out of what a device call carries (64 MiB in all, tracked
-# files included: reports/gpu/README.md). The device tool sends "a submodule or other nested git
-# repository ... without its files" (/work/.library/device/README.md), so `on` makes each folder of
-# packed runs a nested repository for the call (an empty `git init`: main's index and the files
-# themselves are untouched) and `off` removes those nested .git folders again. Nothing on the GPU
-# reads the packed runs (they are for the reports' tables and figures).
+# files included: reports/gpu/README.md). The device tool counts what `git ls-files` lists, so `on`
+# takes each folder of packed runs out of main's index (git rm --cached) and ignores it in
+# .git/info/exclude for the call; `off` puts the index and the exclude file back. The files on disk
+# are never touched. Nothing on the GPU reads the packed runs (they are for the reports' tables
+# and figures). Commit nothing between `on` and `off`: the index then lacks those folders.
 #
 #   tests/gpu/slim.sh on     before tests/gpu/pack.sh and the device call
 #   tests/gpu/slim.sh off    after the call (also safe when `on` never ran)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-dirs=$(git ls-files | grep -E '^reports/(.+/)?runs/' | sed -E 's#^(reports/(.+/)?runs)/.*#\1#' | sort -u)
+dirs=$(git ls-tree -r --name-only HEAD | grep -E '^reports/(.+/)?runs/' | sed -E 's#^(reports/(.+/)?runs)/.*#\1#' | sort -u)
 case "${1:-}" in
   on)
+    # the device tool counts what `git ls-files` lists (a nested .git did not keep them out:
+    # 2026-11-29, the first real call was refused at 77 MiB), so the folders leave main's index
+    # for the call and .git/info/exclude ignores them; `off` puts them back in the index
+    # (the files on disk are never touched; do not commit between on and off)
+    x=.git/info/exclude
     for d in $dirs; do
       [ -d "$d" ] || continue
-      if [ ! -e "$d/.git" ]; then git init -q "$d" && touch "$d/.git/tidal-slim"; fi
+      git rm -r -q --cached --ignore-unmatch "$d"
+      # (an exclude line takes no comment after its pattern: .git/tidal-slim lists what was added)
+      if ! grep -qxF "/$d/" "$x" 2>/dev/null; then echo "/$d/" >> "$x"; echo "/$d/" >> .git/tidal-slim; fi
     done
     echo "slim.sh: $(echo "$dirs" | wc -w) folders of packed runs stay behind a device call; 'tests/gpu/slim.sh off' after it" ;;
   off)
+    x=.git/info/exclude
+    if [ -f .git/tidal-slim ]; then
+      grep -vxF -f .git/tidal-slim "$x" > "$x.tmp" || true
+      mv "$x.tmp" "$x" && rm -f .git/tidal-slim
+    fi
     for d in $dirs; do
-      [ -e "$d/.git/tidal-slim" ] && rm -rf "$d/.git"
+      [ -e "$d/.git/tidal-slim" ] && rm -rf "$d/.git"   # an older slim.sh's nested repositories
     done
+    git reset -q HEAD -- $dirs
     echo "slim.sh: the packed runs travel with a device call again" ;;
   *) echo "usage: tests/gpu/slim.sh on|off" >&2; exit 2 ;;
 esac
