@@ -20,7 +20,9 @@ __global__ static void prepare_elems(void *dst, int storage, const float *src, s
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float v = tdc_round(fmt, src[i]);
-        if (scale != 1.0f) v = tdc_round(fmt, tdc_mul(v, scale));
+        /* a NaN keeps its payload, quieted, as the CPU's multiply keeps it (the GPU's gives the
+         * canonical 0x7fffffff: the H200 of 2026-11-29, tests/cudasim/test_prepare_sim) */
+        if (scale != 1.0f) v = tdc_round(fmt, v != v ? __uint_as_float(__float_as_uint(v) | 0x00400000u) : tdc_mul(v, scale));
         if (storage == TD_BF16) ((uint16_t *)dst)[i] = tdc_bf16_enc(v);
         else if (storage == TD_F16) ((uint16_t *)dst)[i] = tdc_f16_enc(v);
         else ((float *)dst)[i] = v;
