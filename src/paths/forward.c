@@ -15,6 +15,8 @@ struct td_forward {
     int max_tokens, max_seq_len, logits_rows;
     float *logits;           // (logits_rows, V) in backend memory
     float *logits_host;      // the rows the host reads: logits itself on the CPU, a copy else
+    int *gather_t, *gather_top;   // (logits_rows) on a device: each row's target and top column,
+    float *gather_lp;             // its target's log-prob (logprob_gather: R values come down, not R x V)
     int *tok;                // (max_tokens) packed tokens of the micro-batch
     int *pos;                // (max_tokens) position of each row in its sequence
     int *row_seq;            // (max_tokens) sequence index of each row
@@ -43,6 +45,11 @@ td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len
     acts_alloc(&f->acts, &m->cfg, &f->ops, max_tokens, max_seq_len, 0);
     f->logits = f->ops.be->alloc((size_t)logits_rows * m->cfg.vocab_size * sizeof(float));
     f->logits_host = paths_host_mirror(&f->ops, f->logits, (size_t)logits_rows * m->cfg.vocab_size);
+    if (f->logits_host != f->logits) {
+        f->gather_t = td_xmalloc((size_t)logits_rows * sizeof(int));
+        f->gather_top = td_xmalloc((size_t)logits_rows * sizeof(int));
+        f->gather_lp = td_xmalloc((size_t)logits_rows * sizeof(float));
+    }
     f->tok = td_xmalloc((size_t)max_tokens * sizeof(int));
     f->pos = td_xmalloc((size_t)max_tokens * sizeof(int));
     f->row_seq = td_xmalloc((size_t)max_tokens * sizeof(int));
@@ -60,6 +67,9 @@ void td_forward_free(td_forward *f)
     recipe_state_free(&f->rs);
     td_backend_forget(f->ops.be);
     if (f->logits_host != f->logits) free(f->logits_host);
+    free(f->gather_t);
+    free(f->gather_top);
+    free(f->gather_lp);
     f->ops.be->free(f->logits);
     free(f->tok); free(f->pos); free(f->row_seq);
     free(f);
@@ -100,6 +110,21 @@ static void run_micro_batch(td_forward *f, int s0, int s1, const int *const *tok
         int R = N - r0 < f->logits_rows ? N - r0 : f->logits_rows;
         head_forward(&f->ops, m, f->logits,
                      f->acts.xn + (size_t)r0 * m->cfg.hidden_size, R, 0);
+        if (!row_fn && f->gather_t) {
+            /* log-probs alone, on a device: each row's target value is gathered there and R
+             * floats come down instead of R x V (2048 rows of a 152k vocabulary: 1.2 GB over
+             * PCIe, most of the H200's teacher-forced bench on 2026-11-29); the same floats */
+            for (int r = 0; r < R; r++) {
+                int s = f->row_seq[r0 + r], t = f->pos[r0 + r];
+                f->gather_t[r] = t + 1 < lens[s] ? tokens[s][t + 1] : 0;
+            }
+            logprob_gather(&f->ops, f->gather_lp, f->gather_top, f->logits, f->gather_t, R, V);
+            for (int r = 0; r < R; r++) {
+                int s = f->row_seq[r0 + r], t = f->pos[r0 + r];
+                if (logp && logp[s] && t + 1 < lens[s]) logp[s][t] = f->gather_lp[r];
+            }
+            continue;
+        }
         f->ops.be->download(f->logits_host, f->logits, (size_t)R * V * sizeof(float));
         for (int r = 0; r < R; r++) {
             int s = f->row_seq[r0 + r], t = f->pos[r0 + r];
