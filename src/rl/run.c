@@ -414,10 +414,11 @@ int td_rl_run(const td_rl_opts *given, td_error *err)
             fmt_secs(eta, sizeof eta, per * (R.total_steps - k - 1));
             if (R.lc.beta > 0) snprintf(trl_kl, sizeof trl_kl, " kl %.2e", M[TD_RLM_kl]);   /* TRL's, to the reference */
             fprintf(stderr, "tidal-rl: step %d/%d reward %.3f acc %.3f%s rollout_corr/kl %.2e k3 %.2e grad_norm %.3g "
-                    "clip_ratio %.3f entropy %.3f len %.1f | %.2f s/step, ETA %s\n", k + 1, R.total_steps,
+                    "clip_ratio %.3f entropy %.3f len %.1f | %.2f s/step (rollout %.2f, reward %.2f, pi_old %.2f, "
+                    "update %.2f), ETA %s\n", k + 1, R.total_steps,
                     M[TD_RLM_reward], M[TD_RLM_accuracy], trl_kl, M[TD_RLM_rollout_corr_kl], M[TD_RLM_k3_kl],
                     M[TD_RLM_grad_norm], M[TD_RLM_pg_clipfrac], M[TD_RLM_entropy], M[TD_RLM_response_length_mean],
-                    per, eta);
+                    per, M[TD_RLM_time_rollout], M[TD_RLM_time_reward], M[TD_RLM_time_old], M[TD_RLM_time_update], eta);
             if (isfinite(M[TD_RLM_eval_accuracy]))
                 fprintf(stderr, "tidal-rl: eval before step %d: accuracy %.3f reward %.3f (%zu records, greedy, trainer's "
                         "policy)\n", k + 1, M[TD_RLM_eval_accuracy], M[TD_RLM_eval_reward], R.n_eval);

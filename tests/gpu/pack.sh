@@ -3,7 +3,7 @@
 # dependencies (the device machine of this workplace reaches no package registry). Run it HERE,
 # on the machine where `make check` works and nvcc is installed:
 #
-#   tests/gpu/slim.sh on         (first) reports' packed runs stay behind the call (nested repos)
+#   tests/gpu/slim.sh on         (first) reports' packed runs stay behind the call (out of the index for the call)
 #   tests/gpu/pack.sh            -> build-gpu/ (tools, GPU tests, peer; stripped) + build-gpu/lib,
 #                                   what runs packed into .gpu-pack/build-gpu.tar.xz (~15.4 MiB; git
 #                                   ignores it); it fails if the tree and the pack are over the
@@ -64,10 +64,9 @@ tar -C "$(dirname "$B")" -cf - $(for p in $tools gpu/peer $gpu_progs lib tests/h
   xz --lzma2=preset=9e,dict=256MiB -T1 > .gpu-pack/build-gpu.tar.xz.part   # one block, a window over all the programs that share libtidal
 mv .gpu-pack/build-gpu.tar.xz.part .gpu-pack/build-gpu.tar.xz
 du -sh .gpu-pack/build-gpu.tar.xz | sed 's/^/pack.sh: /'
-# what one device call would carry: the tracked and untracked-not-ignored files but those inside a
-# nested repository (the device tool sends those without their files: tests/gpu/slim.sh), and the pack
-nested=$(find . -mindepth 2 -name .git -not -path './.git/*' -printf '%h\n' | sed 's#^\./##' | paste -sd'|' -)
-tree=$( { git ls-files; git ls-files --others --exclude-standard; } | { if [ -n "$nested" ]; then grep -v -E "^($nested)/" || true; else cat; fi; } |
+# what one device call would carry, as the device tool counts it (2026-11-29: every file git ls-files
+# lists, nested repositories or not): the tracked and untracked-not-ignored files, and the pack
+tree=$( { git ls-files; git ls-files --others --exclude-standard; } |
         tr '\n' '\0' | xargs -0 stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
 packb=$(stat -c %s .gpu-pack/build-gpu.tar.xz)
 echo "pack.sh: a device call carries $(( (tree + packb) >> 20 )) MiB of 64 (tree $(( tree >> 20 )) MiB + pack $(( packb >> 20 )) MiB)"

@@ -53,7 +53,7 @@ for _ in range(int(sys.argv[1])): print(json.dumps({'prompt': ' '.join('w%d' % r
   if ! "$BUILD/bin/tidal-rl" --model-path "$dir" --dataset-path "$dir/prompts.jsonl" --device cuda --dtype bf16 \
       --reward-command "python3 -c 'import sys, random; [print(random.random(), flush=True) for _ in sys.stdin]'" \
       --num-generations "$NG" --per-device-batch-size "$MB" --gradient-accumulation-steps $((NC / MB)) \
-      --max-completion-length "$R" --max-seq-length $((R + 512)) --max-steps 2 --gradient-checkpointing --quiet \
+      --max-completion-length "$R" --max-seq-length $((R + 512)) --max-steps 2 --gradient-checkpointing \
       --overwrite-output-dir -o "$run" > "$out.log" 2>&1; then
     echo "rl_bench.sh: tidal-rl $shape:$R failed: $(tail -n2 "$out.log")" >&2; rc=1; continue
   fi

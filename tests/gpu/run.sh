@@ -17,6 +17,17 @@
 #
 #   stage       expected on an H100 / limit   what
 #   build       -     / 600 s  make CUDA=1 -j tests gpu-tests (where nvcc is; not in the packed run)
+#   profile    150 s / 420 s  tests/gpu/profile.sh: TIDAL_CUDA_PROFILE's op-by-op tables of the cases the
+#               H200 found slow (0.5B tf / decode1 / decode64, a 0.5B diff, an 8B diff of 8,192 + 32
+#               tokens, one 0.5B GRPO step); profile.md (the next GPU session's first stage)
+#   init-8b     90 s / 240 s  tests/gpu/diff_8b8k.sh init: the Llama-3.1-8B-shaped checkpoint (15 GB, CPU
+#               and disk: run beside the check stages, "check+init-8b")
+#   diff-8b8k  120 s / 300 s  tests/gpu/diff_8b8k.sh: tidal-diff 8 x (8192 + 1024) on it, --batch 8,
+#               bf16-train vs vllm-bf16: wall time and GPU memory (diff-8b8k.md); ~8 min on the H200 of
+#               2026-11-29 (cut at 180 s there: its progress lines give the ETA)
+#   A+B+C       stages run side by side (each under its own limit and log): only stages that time
+#               nothing and read no free-memory figure (check, fidelity, rl, moe without its timing,
+#               init-8b); the H200 ran "check+fidelity+rl+moe+init-8b" in 182 s
 #   check       150 s / 240 s  the CUDA backend's tests on the real GPU: every tests/cudasim/test_*.cpp
 #               built against the real backend ($BUILD/gpu/test_*: the ops, the backward ops with
 #               matmul_backward's dgrad/wgrad (test_backward_sim), the whole forward and the
@@ -94,11 +105,11 @@ cd "$(dirname "$0")/../.."
 export BUILD=${BUILD:-build} OUT=${OUT:-out/gpu} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-STAGES="build check rl moe bench attn-bench fidelity fidelity-8b init-8b diff-8b8k memory rl-bench"
+STAGES="build profile check rl moe bench attn-bench fidelity fidelity-8b init-8b diff-8b8k memory rl-bench"
 # expected seconds on an H100, and the limit
-declare -A EXPECT=([build]=0 [check]=150 [rl]=60 [moe]=60 [bench]=90 [attn-bench]=30 [fidelity]=150 [fidelity-8b]=0
+declare -A EXPECT=([build]=0 [profile]=150 [check]=150 [rl]=60 [moe]=60 [bench]=90 [attn-bench]=30 [fidelity]=150 [fidelity-8b]=0
                    [init-8b]=90 [diff-8b8k]=120 [memory]=40 [rl-bench]=150)
-declare -A LIMIT=([build]=600 [check]=240 [rl]=150 [moe]=120 [bench]=180 [attn-bench]=90 [fidelity]=300 [fidelity-8b]=600
+declare -A LIMIT=([build]=600 [profile]=420 [check]=240 [rl]=150 [moe]=120 [bench]=180 [attn-bench]=90 [fidelity]=300 [fidelity-8b]=600
                   [init-8b]=240 [diff-8b8k]=300 [memory]=120 [rl-bench]=300)
 BUDGET=${TIDAL_GPU_BUDGET_S:-540}
 # TIDAL_GPU_LIMITS="stage=S ...": other limits; TIDAL_GPU_LIMIT_SCALE=K multiplies every limit (the
@@ -133,6 +144,7 @@ stage() {
     attn-bench) "$BUILD/gpu/test_attention_sim" --bench ;;
     fidelity) bash reports/gpu/fidelity.sh small ;;
     fidelity-8b) bash reports/gpu/fidelity.sh 8b ;;
+    profile) bash tests/gpu/profile.sh ;;
     init-8b) bash tests/gpu/diff_8b8k.sh init ;;
     diff-8b8k) bash tests/gpu/diff_8b8k.sh ;;
     memory) "$PY" tests/gpu/memory_check.py ;;
