@@ -88,7 +88,12 @@ static size_t held_bytes, held_peak;
 void tdc_malloc(void **p, size_t bytes, int async, const char *what, const char *file, int line)
 {
     if (!bytes) bytes = 1;
+    if (tdc_prof_on) tdc_prof_begin();   /* profile.cu */
     cudaError_t e = async ? cudaMallocAsync(p, bytes, G.stream) : cudaMalloc(p, bytes);
+    if (tdc_prof_on) {
+        if (e != cudaSuccess) (void)cudaGetLastError();   /* (e is reported below, not by the sync) */
+        tdc_prof_end(async ? "cudaMallocAsync" : "cudaMalloc", NULL, 0);
+    }
     if (e == cudaSuccess) {
         held[*p] = bytes;
         held_bytes += bytes;
@@ -114,7 +119,9 @@ void tdc_free(void *p, int async)
         held_bytes -= it->second;
         held.erase(it);
     }
+    if (tdc_prof_on) tdc_prof_begin();
     CUDA_CHECK(async ? cudaFreeAsync(p, G.stream) : cudaFree(p));
+    if (tdc_prof_on) tdc_prof_end(async ? "cudaFreeAsync" : "cudaFree", NULL, 0);
 }
 
 extern "C" size_t td_cuda_mem_peak(void) { return held_peak; }
@@ -183,7 +190,9 @@ const void *tdc_const(const void *p, size_t bytes)
     if (!is_host(p)) return p;
     char *d = NULL;
     TDC_MALLOC((void **)&d, bytes, "a weight's device copy");
+    if (tdc_prof_on) tdc_prof_begin();   /* profile.cu */
     CUDA_CHECK(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, G.stream));
+    if (tdc_prof_on) tdc_prof_end("weight upload (tdc_const)", NULL, bytes);
     cache_add(centry{h, bytes, d, 0, 0, 0});
     return d;
 }
@@ -258,7 +267,11 @@ static void *stage_buf(void *host, size_t bytes, int copy_in, int out)
     }
     void *d = NULL;
     tdc_malloc(&d, bytes, 1, "an op's staging buffer", __FILE__, __LINE__);
-    if (copy_in) CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, G.stream));
+    if (copy_in) {
+        if (tdc_prof_on) tdc_prof_begin();   /* profile.cu */
+        CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, G.stream));
+        if (tdc_prof_on) tdc_prof_end("stage in (tdc_in, tdc_out)", NULL, bytes);
+    }
     G.staged[G.nstaged++] = stage{host, d, bytes, out};
     return d;
 }
@@ -277,18 +290,23 @@ void *tdc_out(void *p, size_t bytes, int copy_in)
 
 void tdc_done(void)
 {
+    if (!G.nstaged) return;
     int any_out = 0;
+    size_t out_bytes = 0;
+    if (tdc_prof_on) tdc_prof_begin();   /* profile.cu: the copies and the wait (the frees apart) */
     for (size_t i = 0; i < G.nstaged; i++) {
         stage *s = &G.staged[i];
         if (s->out) {
             CUDA_CHECK(cudaMemcpyAsync(s->host, s->dev, s->bytes, cudaMemcpyDeviceToHost, G.stream));
             d2h_bytes += s->bytes;
+            out_bytes += s->bytes;
             any_out = 1;
         }
         tdc_free(s->dev, 1);
     }
     G.nstaged = 0;
     if (any_out) CUDA_CHECK(cudaStreamSynchronize(G.stream));
+    if (tdc_prof_on) tdc_prof_end("stage out (tdc_done)", NULL, out_bytes);
 }
 
 void *tdc_scratch(int slot, size_t bytes)
@@ -338,13 +356,24 @@ static void cuda_copy(void *dst, const void *src, size_t bytes)
 static void cuda_download(void *dst, const void *src, size_t bytes)
 {
     if (dst != src && is_host(dst)) d2h_bytes += bytes;
+    if (tdc_prof_on) tdc_prof_begin();   /* profile.cu */
     cuda_copy(dst, src, bytes);
+    if (tdc_prof_on) tdc_prof_end("download", NULL, dst != src ? bytes : 0);
+}
+static void cuda_upload(void *dst, const void *src, size_t bytes)
+{
+    if (tdc_prof_on) tdc_prof_begin();
+    cuda_copy(dst, src, bytes);
+    if (tdc_prof_on) tdc_prof_end("upload", NULL, dst != src ? bytes : 0);
 }
 
 /* on the backend's stream: ordered after the ops before it, no host wait */
 static void cuda_zero(void *p, size_t bytes)
 {
-    if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, G.stream));
+    if (!bytes) return;
+    if (tdc_prof_on) tdc_prof_begin();   /* profile.cu */
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, G.stream));
+    if (tdc_prof_on) tdc_prof_end("zero (cudaMemsetAsync)", NULL, bytes);
 }
 
 static void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(G.stream)); }
@@ -363,7 +392,7 @@ extern "C" const td_backend td_backend_cuda = {
     .init = cuda_init,
     .alloc = cuda_alloc,
     .free = cuda_free,
-    .upload = cuda_copy,
+    .upload = cuda_upload,
     .download = cuda_download,
     .zero = cuda_zero,
     .kv_codes = 1,   /* KV caches in the recipe's kv_cache format (ops.h td_kv_store_format) */
@@ -463,6 +492,7 @@ extern "C" const td_backend *td_cuda_backend_open(int index, char *desc, size_t 
                  prop.major, prop.minor, (double)prop.totalGlobalMem / (1 << 30));
         G.device = index;
         G.open = 1;
+        tdc_prof_setup();   /* TIDAL_CUDA_PROFILE (profile.cu), read again: a test may have set it */
     }
     if (desc) snprintf(desc, desc_len, "%s", G.name);
     return &td_backend_cuda;

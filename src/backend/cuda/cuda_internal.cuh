@@ -37,13 +37,32 @@ extern "C" {
 
 /* ---- launching ---------------------------------------------------------------------------- */
 
+/* The backend's profiler (profile.cu; TIDAL_CUDA_PROFILE=1 or =FILE, off by default). When
+ * tdc_prof_on, an event is tdc_prof_begin() (the device synchronised, the time noted), the work,
+ * tdc_prof_end(name, file, bytes) (synchronised again; the wall time, a call and the bytes added
+ * to "name (file's basename)"; file NULL: name alone). It returns the event's seconds, which
+ * tdc_prof_detail adds to a breakdown line (lt.cu: "cublasLtMatmul MxNxK"). Off, a launch costs
+ * one test of tdc_prof_on. tdc_prof_setup reads the variable again (it is read when the library
+ * loads and when the backend opens); tdc_prof_report writes the table now (at exit otherwise). */
+extern int tdc_prof_on;
+void tdc_prof_setup(void);
+void tdc_prof_begin(void);
+double tdc_prof_end(const char *name, const char *file, size_t bytes);
+void tdc_prof_detail(const char *label, double seconds);
+void tdc_prof_report(void);
+/* an expression (void) that times `work` under `name` when profiling (work in parentheses
+ * where it has commas outside any: a <<< >>> launch) */
+#define TD_PROFILED(work, name) \
+    (__builtin_expect(tdc_prof_on, 0) ? (tdc_prof_begin(), (work), (void)tdc_prof_end((name), __FILE__, 0)) \
+                                      : (void)(work))
+
 #ifdef TD_CUDASIM
 #define TD_LAUNCH(kernel, grid, block, smem, stream, ...) \
-    cudasim_launch((kernel), dim3(grid), dim3(block), (size_t)(smem), (stream), __VA_ARGS__)
+    TD_PROFILED(cudasim_launch((kernel), dim3(grid), dim3(block), (size_t)(smem), (stream), __VA_ARGS__), #kernel)
 #define TD_DYN_SMEM(type, name) type *name = (type *)cudasim_dyn_smem()
 #else
 #define TD_LAUNCH(kernel, grid, block, smem, stream, ...) \
-    (kernel)<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+    TD_PROFILED(((kernel)<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)), #kernel)
 #define TD_DYN_SMEM(type, name) extern __shared__ __align__(16) unsigned char name##_raw_[]; \
     type *name = (type *)name##_raw_
 #endif

@@ -220,7 +220,9 @@ static lt_plan *plan_of(const lt_gemm *g)
     }
     lt_plan *p = &PLANS[NPLANS++];
     p->key = k;
+    if (tdc_prof_on) tdc_prof_begin();   /* profile.cu: the heuristic's query, once per shape */
     plan_make(g, p);
+    if (tdc_prof_on) tdc_prof_end("cublasLt plan (heuristic)", NULL, 0);
     return p;
 }
 
@@ -245,8 +247,18 @@ cublasStatus_t lt_matmul(const lt_gemm *g)
         LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->ascale, sizeof g->ascale));
         LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->bscale, sizeof g->bscale));
     }
-    LT_TRY(cublasLtMatmul(lt_handle(), p->op, &alpha, g->A, p->ad, g->B, p->bd, &g->beta, g->D, p->dd, g->D, p->dd,
-                          &p->algo, ws, WORKSPACE_BYTES, tdc_stream()));
+    if (tdc_prof_on) tdc_prof_begin();   /* profile.cu: the GEMM alone, and by shape */
+    s = cublasLtMatmul(lt_handle(), p->op, &alpha, g->A, p->ad, g->B, p->bd, &g->beta, g->D, p->dd, g->D, p->dd,
+                       &p->algo, ws, WORKSPACE_BYTES, tdc_stream());
+    if (tdc_prof_on) {
+        char shape[64];
+        snprintf(shape, sizeof shape, "cublasLtMatmul %dx%dx%d", g->M, g->Nc, g->K);
+        tdc_prof_detail(shape, tdc_prof_end("cublasLtMatmul", NULL, 0));
+    }
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        lt_failed_call = "cublasLtMatmul";
+        lt_failed_line = __LINE__;
+    }
 done:
     return s;
 }
