@@ -12,8 +12,8 @@
 #   rl        tidal-rl --device cuda, 0.5B, 1 step of 2 x 8 completions of 128 tokens
 # The timing synchronises around every op, so the totals are slower than unprofiled runs; the
 # table's shares (and "not in any op": the host's own work between ops) are what it is for.
-# Each case under its own limit; tables in $OUT/profile-CASE.txt, their top lines in
-# $OUT/profile.md. TIDAL_GPU_TINY=1 (the rehearsal on the CUDA simulator): tiny models and shapes.
+# Each case under its own limit; tables in $OUT/profile-CASE.txt (with the GEMMs by shape), the
+# tables without the shapes in $OUT/profile.md. TIDAL_GPU_TINY=1 (the rehearsal on the CUDA simulator): tiny models and shapes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build} OUT=${OUT:-out/gpu}
@@ -26,11 +26,11 @@ if [ "$TINY" = 1 ]; then
   Q=$BUILD/gpu/tiny-qwen2-bf16 QI=(--arch qwen2 --hidden-size 64 --num-layers 2 --num-heads 4 --num-kv-heads 2
                                     --intermediate-size 128 --vocab-size 512)
   L=$BUILD/big/tiny-llama LI=(--preset tiny) TF=(--tf-batch 1 --tf-len 16) D1=(--steps 4) D64=(--steps 2 --decode-batch 4)
-  DIFF=(2 16 4) BIG=(1 32 4) RLN=(2 2 8)
+  DIFF=(2 16 4) BIG=(1 32 4) RLN=(2 2 8 2)
 else
   Q=$BUILD/gpu/qwen2.5-0.5b-bf16 QI=(--preset qwen2.5-0.5b)
   L=$BUILD/big/llama-3.1-8b LI=(--preset llama-3.1-8b) TF=(--tf-batch 4 --tf-len 512) D1=(--steps 32)
-  D64=(--steps 16 --decode-batch 64) DIFF=(16 256 64) BIG=(1 8192 32) RLN=(2 8 128)
+  D64=(--steps 16 --decode-batch 64) DIFF=(16 256 64) BIG=(1 8192 32) RLN=(2 8 128 16)
 fi
 [ -f "$Q/config.json" ] || "$B/tidal-init" "${QI[@]}" --dtype bf16 --seed 1 -o "$Q" >/dev/null || { echo "profile.sh: tidal-init $Q failed"; exit 1; }
 prompts() {   # FILE N LEN VOCAB
@@ -47,7 +47,8 @@ one() {   # CASE LIMIT COMMAND...
   echo "profile.sh: $c: exit $r, $(( $(date +%s) - t0 )) s"
   [ $r -eq 0 ] || { rc=1; tail -n 3 "$W/$c.err"; }
   { echo "## $c (exit $r, $(( $(date +%s) - t0 )) s)"; echo; echo '```'; echo "$*" | sed "s#$PWD/##g"
-    head -n 25 "$W/profile-$c.txt" 2>/dev/null || echo "(no table: the process did not reach its exit)"; echo '```'; echo; } >> "$W/profile.md.part"
+    if [ -s "$W/profile-$c.txt" ]; then sed '/-- by shape/q' "$W/profile-$c.txt"; else echo "(no table: the process did not reach its exit)"; fi
+    echo '```'; echo; } >> "$W/profile.md.part"
 }
 rm -f "$W/profile.md.part"
 one tf 60 "$B/tidal-bench-model" --model "$Q" --device cuda --recipe bf16-train --only tf "${TF[@]}"
@@ -68,14 +69,14 @@ fi
 # tidal-rl needs a tokenizer: the synthetic one rl_bench.sh makes (tests/gpu/make_tokenizer.py)
 R=$BUILD/bench/profile-rl-model
 if [ ! -f "$R/tokenizer.json" ]; then
-  rm -rf "$R"; cp -r "$Q" "$R" && "$PY" tests/gpu/make_tokenizer.py "$R" >/dev/null || echo "profile.sh: the rl model's tokenizer failed"
+  rm -rf "$R"; mkdir -p "$(dirname "$R")" && cp -r "$Q" "$R" && "$PY" tests/gpu/make_tokenizer.py "$R" >/dev/null || echo "profile.sh: the rl model's tokenizer failed"
 fi
 "$PY" -c "import json, random; r = random.Random(1)
-for _ in range(${RLN[0]}): print(json.dumps({'prompt': ' '.join('w%d' % r.randrange(100000) for _ in range(16))}))" > "$W/prompts-rl.jsonl"
+for _ in range(${RLN[0]}): print(json.dumps({'prompt': ' '.join('w%d' % r.randrange(100000) for _ in range(${RLN[3]}))}))" > "$W/prompts-rl.jsonl"
 one rl 120 "$B/tidal-rl" --model-path "$R" --dataset-path "$W/prompts-rl.jsonl" --device cuda --dtype bf16 \
   --reward-command "python3 -c 'import sys, random; [print(random.random(), flush=True) for _ in sys.stdin]'" \
   --num-generations "${RLN[1]}" --per-device-batch-size "${RLN[1]}" --gradient-accumulation-steps "${RLN[0]}" \
-  --max-completion-length "${RLN[2]}" --max-seq-length $(( ${RLN[2]} + 64 )) --max-steps 1 --gradient-checkpointing \
+  --max-completion-length "${RLN[2]}" --max-seq-length $(( ${RLN[2]} + 512 )) --max-steps 1 --gradient-checkpointing \
   --overwrite-output-dir -o "$BUILD/bench/profile-rl-run"
 mv -f "$W/profile.md.part" "$OUT/profile.md"
 cat "$OUT/profile.md"

@@ -154,6 +154,30 @@ check(q.returncode == 1 and "no root attribute 'nosuch'" in q.stderr, "tidal-exp
 q = subprocess.run([tx, rlh5, "--group", "stepz"], capture_output=True, text=True)
 check(q.returncode == 2, "tidal-export --group stepz: usage error (exit 2)")
 
+# 1b. stages side by side (A+B), the 8B diff and the profile, tiny
+out4 = os.path.join(tmp, "side")
+p = run_sh(out4, "memory+init-8b", "diff-8b8k", "profile")
+summary4 = read(os.path.join(out4, "summary.md"))
+print(summary4)
+if p.returncode:
+    print(p.stderr[-4000:])
+r = rows(summary4)
+check(p.returncode == 0 and all(r.get(s, ("missing",))[0] == "ok" for s in ["memory", "init-8b", "diff-8b8k", "profile"]),
+      f"run.sh memory+init-8b diff-8b8k profile: each stage its own row, ok ({r})")
+w4 = os.path.join(out4, "rehearsal-build", "gpu-work")
+run_log4 = read(os.path.join(out4, "run.log"))
+check(all(f"### {s}: ok" in run_log4 for s in ["memory", "init-8b", "diff-8b8k", "profile"])
+      and "beside memory init-8b" in read(os.path.join(w4, "init-8b.log")),
+      "run.log holds each side-by-side stage's own log, which says what ran beside it")
+d8 = read(os.path.join(w4, "diff-8b8k.md"))
+check("exit status 0" in d8 and "GPU memory: tidal held at most" in d8 and '"mean_abs_dlogp"' in d8,
+      "diff-8b8k.md: exit 0, the GPU memory line, tidal-diff's summary")
+prof = read(os.path.join(w4, "profile.md"))
+cases = re.findall(r"^## (\S+) \(exit 0,", prof, re.M)
+check(cases == ["tf", "decode1", "decode64", "diff", "diff-8b", "rl"] and prof.count("not in any op") == 6
+      and "cublasLtMatmul" in prof,
+      f"profile.md: the six cases, each with TIDAL_CUDA_PROFILE's table ({cases})")
+
 # 2. limits and budget
 out2 = os.path.join(tmp, "limits")
 p = run_sh(out2, "bench", "attn-bench", TIDAL_GPU_LIMITS="bench=3")
@@ -185,7 +209,8 @@ if shutil.which("nvcc"):
           f"make -n of pack.sh's targets builds the {len(progs)} programs run.sh starts (missing: {missing})")
     stage_tools = set(re.findall(r"\$BUILD/bin/(tidal-[a-z-]+)|\"\$B/(tidal-[a-z-]+)|/bin/(tidal-[a-z-]+)",
                                  "".join(read(f) for f in ["tests/gpu/run.sh", "tests/bench/gpu.sh", "tests/gpu/rl_bench.sh",
-                                                           "reports/gpu/fidelity.sh"])))
+                                                           "reports/gpu/fidelity.sh", "tests/gpu/diff_8b8k.sh",
+                                                           "tests/gpu/profile.sh"])))
     named = {t for g in stage_tools for t in g if t}
     check(all(f"bin/{t}" in progs for t in named), f"pack.sh checks every tool the stage scripts start ({sorted(named)})")
 else:
