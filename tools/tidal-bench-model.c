@@ -7,7 +7,8 @@
  * Cases (random tokens from --seed; one untimed warm-up pass each, which also faults the
  * mapped weights in):
  *   tf         teacher-forced log-probs of tf-batch sequences of tf-len tokens
- *   decode1    1 slot: prefill `prompt` tokens, then `steps` decode steps (full log-softmax rows)
+ *   decode1    1 slot: prefill `prompt` tokens, then `steps` decode steps (full log-softmax rows,
+ *              in host memory on the CPU, in the device's on --device cuda)
  *   decodeB    decode-batch slots the same way, one batched step per token of every slot
  * Prints "case NAME tokens_per_s X seconds S" per case and "peak_rss_mb X" (getrusage).
  * --bandwidth also measures this machine's memory bandwidth in the same run (a streaming read of
@@ -175,7 +176,10 @@ static double run_decode(const td_model *m, const td_recipe *rc, int B, int prom
         td_session_free(s);
         s = NULL;
     }
-    float *rows = malloc((size_t)B * V * sizeof(float));
+    /* on a device the rows stay in its memory, as tidal-diff's rollouts keep them (the H200 of
+     * 2026-11-29 measured host rows: B x V floats over PCIe a step); on the CPU host memory */
+    td_rows_dev *rd = td_rows_dev_create(m, (size_t)B);
+    float *rows = rd ? td_rows_dev_data(rd) : malloc((size_t)B * V * sizeof(float));
     int *toks = malloc((size_t)(prompt > B ? prompt : B) * sizeof(int));
     int *slots = malloc((size_t)B * sizeof(int));
     *ok = s != NULL;
@@ -194,7 +198,9 @@ static double run_decode(const td_model *m, const td_recipe *rc, int B, int prom
         t1 = now();
     }
     td_session_free(s);
-    free(rows); free(toks); free(slots);
+    if (rd) td_rows_dev_free(rd);
+    else free(rows);
+    free(toks); free(slots);
     return t1 - t0;
 }
 

@@ -214,6 +214,10 @@ int td_forward_logprobs(td_forward *f, int nseq, const int *const *tokens, const
 typedef struct td_rows_dev td_rows_dev;
 td_rows_dev *td_rows_dev_create(const td_model *m, size_t nrows);
 void td_rows_dev_free(td_rows_dev *r);
+/* Their memory, nrows x V floats in the backend's memory: where td_session_prefill's last row and
+ * td_session_decode's rows can go without coming to the host (tidal-bench-model --device cuda's
+ * decode cases, as tidal-diff's rollouts keep theirs). */
+float *td_rows_dev_data(td_rows_dev *r);
 
 /* Which kept row holds the log-softmax row that predicted position pos of sequence s:
  * base[s] + pos - from[s], for from[s] <= pos (positions before from[s] are not kept). */

@@ -19,6 +19,8 @@ td_rows_dev *td_rows_dev_create(const td_model *m, size_t nrows)
     return r;
 }
 
+float *td_rows_dev_data(td_rows_dev *r) { return r->rows; }
+
 void td_rows_dev_free(td_rows_dev *r)
 {
     if (!r) return;

@@ -3,7 +3,7 @@
 # same GPU; skipped with a message where there is no NVIDIA GPU or tidal was built without CUDA.
 #   checkpoint  a Qwen2.5-0.5B-shaped random bf16 checkpoint (tidal-init, cached in $BUILD/bench/)
 #   tidal       tidal-bench-model --device cuda: teacher-forced (bf16-train) TF_BATCH x TF_LEN,
-#               decode (bf16-infer) at batch 1 and DECODE_BATCH (64), full log-softmax rows
+#               decode (bf16-infer) at batch 1 and DECODE_BATCH (64), full log-softmax rows kept in device memory (as tidal-diff keeps them)
 #   peers       $BUILD/gpu/peer (tests/gpu/peer.cu): cuBLASLt BF16 GEMM throughput on each of the
 #               model's own GEMM shapes, and the HBM bandwidth; tests/gpu/hf_bench.py:
 #               transformers (eager attention, bf16) on the same checkpoint and shapes
