@@ -25,11 +25,11 @@ mkdir -p "$W"
 if [ "$TINY" = 1 ]; then
   Q=$BUILD/gpu/tiny-qwen2-bf16 QI=(--arch qwen2 --hidden-size 64 --num-layers 2 --num-heads 4 --num-kv-heads 2
                                     --intermediate-size 128 --vocab-size 512)
-  L=$BUILD/big/tiny-llama LI=(--preset tiny) TF=(--tf-batch 1 --tf-len 16) D1=(--steps 4) D64=(--steps 2 --decode-batch 4)
+  L=$BUILD/big/tiny-llama TF=(--tf-batch 1 --tf-len 16) D1=(--steps 4) D64=(--steps 2 --decode-batch 4)
   DIFF=(2 16 4) BIG=(1 32 4) RLN=(2 2 8 2)
 else
   Q=$BUILD/gpu/qwen2.5-0.5b-bf16 QI=(--preset qwen2.5-0.5b)
-  L=$BUILD/big/llama-3.1-8b LI=(--preset llama-3.1-8b) TF=(--tf-batch 4 --tf-len 512) D1=(--steps 32)
+  L=$BUILD/big/llama-3.1-8b TF=(--tf-batch 4 --tf-len 512) D1=(--steps 32)
   D64=(--steps 16 --decode-batch 64) DIFF=(16 256 64) BIG=(1 8192 32) RLN=(2 8 128 16)
 fi
 [ -f "$Q/config.json" ] || "$B/tidal-init" "${QI[@]}" --dtype bf16 --seed 1 -o "$Q" >/dev/null || { echo "profile.sh: tidal-init $Q failed"; exit 1; }
@@ -57,9 +57,8 @@ one decode64 60 "$B/tidal-bench-model" --model "$Q" --device cuda --recipe bf16-
 prompts "$W/prompts-diff.jsonl" "${DIFF[0]}" "${DIFF[1]}" "$V"
 one diff 90 "$B/tidal-diff" --model "$Q" --device cuda --prompts "$W/prompts-diff.jsonl" -o "$W/diff.h5" --force \
   --max-new-tokens "${DIFF[2]}" --batch "${DIFF[0]}" --no-stop-at-eos --recipe-a bf16-train --recipe-b vllm-bf16
-if [ ! -f "$L/config.json" ]; then
-  "$B/tidal-init" "${LI[@]}" --dtype bf16 --seed 1 -o "$L" >/dev/null 2>&1 || echo "profile.sh: tidal-init $L failed"
-fi
+# the 8B checkpoint is diff_8b8k.sh's (the same folder; written there if absent)
+[ -f "$L/config.json" ] || bash tests/gpu/diff_8b8k.sh init || echo "profile.sh: the checkpoint $L failed"
 if [ -f "$L/config.json" ]; then
   prompts "$W/prompts-8b.jsonl" "${BIG[0]}" "${BIG[1]}" 128000
   [ "$TINY" = 1 ] && prompts "$W/prompts-8b.jsonl" "${BIG[0]}" "${BIG[1]}" 250

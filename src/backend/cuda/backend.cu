@@ -119,9 +119,7 @@ void tdc_free(void *p, int async)
         held_bytes -= it->second;
         held.erase(it);
     }
-    if (tdc_prof_on) tdc_prof_begin();
-    CUDA_CHECK(async ? cudaFreeAsync(p, G.stream) : cudaFree(p));
-    if (tdc_prof_on) tdc_prof_end(async ? "cudaFreeAsync" : "cudaFree", NULL, 0);
+    TDC_TIMED(async ? "cudaFreeAsync" : "cudaFree", 0, CUDA_CHECK(async ? cudaFreeAsync(p, G.stream) : cudaFree(p)));
 }
 
 extern "C" size_t td_cuda_mem_peak(void) { return held_peak; }
@@ -190,9 +188,7 @@ const void *tdc_const(const void *p, size_t bytes)
     if (!is_host(p)) return p;
     char *d = NULL;
     TDC_MALLOC((void **)&d, bytes, "a weight's device copy");
-    if (tdc_prof_on) tdc_prof_begin();   /* profile.cu */
-    CUDA_CHECK(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, G.stream));
-    if (tdc_prof_on) tdc_prof_end("weight upload (tdc_const)", NULL, bytes);
+    TDC_TIMED("weight upload (tdc_const)", bytes, CUDA_CHECK(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, G.stream)));
     cache_add(centry{h, bytes, d, 0, 0, 0});
     return d;
 }
@@ -267,11 +263,9 @@ static void *stage_buf(void *host, size_t bytes, int copy_in, int out)
     }
     void *d = NULL;
     tdc_malloc(&d, bytes, 1, "an op's staging buffer", __FILE__, __LINE__);
-    if (copy_in) {
-        if (tdc_prof_on) tdc_prof_begin();   /* profile.cu */
-        CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, G.stream));
-        if (tdc_prof_on) tdc_prof_end("stage in (tdc_in, tdc_out)", NULL, bytes);
-    }
+    if (copy_in)
+        TDC_TIMED("stage in (tdc_in, tdc_out)", bytes,
+                  CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, G.stream)));
     G.staged[G.nstaged++] = stage{host, d, bytes, out};
     return d;
 }
@@ -356,24 +350,17 @@ static void cuda_copy(void *dst, const void *src, size_t bytes)
 static void cuda_download(void *dst, const void *src, size_t bytes)
 {
     if (dst != src && is_host(dst)) d2h_bytes += bytes;
-    if (tdc_prof_on) tdc_prof_begin();   /* profile.cu */
-    cuda_copy(dst, src, bytes);
-    if (tdc_prof_on) tdc_prof_end("download", NULL, dst != src ? bytes : 0);
+    TDC_TIMED("download", dst != src ? bytes : 0, cuda_copy(dst, src, bytes));   /* profile.cu */
 }
 static void cuda_upload(void *dst, const void *src, size_t bytes)
 {
-    if (tdc_prof_on) tdc_prof_begin();
-    cuda_copy(dst, src, bytes);
-    if (tdc_prof_on) tdc_prof_end("upload", NULL, dst != src ? bytes : 0);
+    TDC_TIMED("upload", dst != src ? bytes : 0, cuda_copy(dst, src, bytes));
 }
 
 /* on the backend's stream: ordered after the ops before it, no host wait */
 static void cuda_zero(void *p, size_t bytes)
 {
-    if (!bytes) return;
-    if (tdc_prof_on) tdc_prof_begin();   /* profile.cu */
-    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, G.stream));
-    if (tdc_prof_on) tdc_prof_end("zero (cudaMemsetAsync)", NULL, bytes);
+    if (bytes) TDC_TIMED("zero (cudaMemsetAsync)", bytes, CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, G.stream)));
 }
 
 static void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(G.stream)); }

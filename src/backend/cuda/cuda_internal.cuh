@@ -50,6 +50,13 @@ void tdc_prof_begin(void);
 double tdc_prof_end(const char *name, const char *file, size_t bytes);
 void tdc_prof_detail(const char *label, double seconds);
 void tdc_prof_report(void);
+/* a statement timed under name alone (a copy, an allocation: no file) with its bytes, when
+ * profiling (the statement last: it may hold commas) */
+#define TDC_TIMED(name, bytes, ...) do { \
+        if (tdc_prof_on) tdc_prof_begin(); \
+        __VA_ARGS__; \
+        if (tdc_prof_on) (void)tdc_prof_end((name), NULL, (bytes)); \
+    } while (0)
 /* an expression (void) that times `work` under `name` when profiling (work in parentheses
  * where it has commas outside any: a <<< >>> launch) */
 #define TD_PROFILED(work, name) \

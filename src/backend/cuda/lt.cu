@@ -220,9 +220,7 @@ static lt_plan *plan_of(const lt_gemm *g)
     }
     lt_plan *p = &PLANS[NPLANS++];
     p->key = k;
-    if (tdc_prof_on) tdc_prof_begin();   /* profile.cu: the heuristic's query, once per shape */
-    plan_make(g, p);
-    if (tdc_prof_on) tdc_prof_end("cublasLt plan (heuristic)", NULL, 0);
+    TDC_TIMED("cublasLt plan (heuristic)", 0, plan_make(g, p));   /* profile.cu: once per shape */
     return p;
 }
 

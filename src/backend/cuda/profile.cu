@@ -31,11 +31,14 @@
  * the backend opens (tdc_prof_setup, which a test may call after setenv). */
 #include "cuda_internal.cuh"
 
+extern "C" {
+#include "tidal/progress.h"   /* td_now: monotonic seconds */
+}
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 int tdc_prof_on;
@@ -62,13 +65,6 @@ static struct {
     int atexit_done;
 } P;
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void prof_exit(void) { tdc_prof_report(); }
 
 void tdc_prof_setup(void)
@@ -90,7 +86,7 @@ __attribute__((constructor)) static void prof_load(void) { tdc_prof_setup(); }
 void tdc_prof_begin(void)
 {
     CUDA_CHECK(cudaDeviceSynchronize());   /* the work queued before: not this event's */
-    double t = now();
+    double t = td_now();
     if (!P.first) P.first = t;
     if (P.depth < PROF_DEPTH) {
         P.t0[P.depth] = t;
@@ -138,7 +134,7 @@ double tdc_prof_end(const char *name, const char *file, size_t bytes)
                  file ? " in " : "", file ? file : "");
         tdc_check_cuda(err, what, __FILE__, __LINE__);
     }
-    double t = now();
+    double t = td_now();
     if (P.depth <= 0) {
         fprintf(stderr, "tidal: tdc_prof_end(%s) without tdc_prof_begin (a tidal bug)\n", name);
         abort();
@@ -185,7 +181,7 @@ void tdc_prof_report(void)
         fprintf(stderr, "tidal: TIDAL_CUDA_PROFILE=%s: %s (the table goes to stderr)\n", P.dest, strerror(errno));
         f = stderr;
     }
-    double wall = now() - P.first, sum = 0;
+    double wall = td_now() - P.first, sum = 0;
     int n = 0;
     prof_entry *sorted[PROF_NAMES + 2];
     for (int i = 0; i < P.n + 2; i++) {
