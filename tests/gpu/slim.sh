@@ -10,6 +10,10 @@
 #   tests/gpu/slim.sh off    after the call (also safe when `on` never ran)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# the exclude file and slim.sh's own list sit in git's directory, wherever it is (a clone made
+# without git's templates, as CI's is, has no .git/info until something makes it)
+x=$(git rev-parse --git-path info/exclude)
+mine=$(git rev-parse --git-path tidal-slim)
 dirs=$(git ls-tree -r --name-only HEAD | grep -E '^reports/(.+/)?runs/' | sed -E 's#^(reports/(.+/)?runs)/.*#\1#' | sort -u)
 case "${1:-}" in
   on)
@@ -17,20 +21,21 @@ case "${1:-}" in
     # 2026-11-29, the first real call was refused at 77 MiB), so the folders leave main's index
     # for the call and .git/info/exclude ignores them; `off` puts them back in the index
     # (the files on disk are never touched; do not commit between on and off)
-    x=.git/info/exclude
+    mkdir -p "$(dirname "$x")"
+    [ -e "$x" ] || { : > "$x"; : > "$mine.created"; }   # `off` removes an exclude file `on` made
     for d in $dirs; do
       [ -d "$d" ] || continue
       git rm -r -q --cached --ignore-unmatch "$d"
-      # (an exclude line takes no comment after its pattern: .git/tidal-slim lists what was added)
-      if ! grep -qxF "/$d/" "$x" 2>/dev/null; then echo "/$d/" >> "$x"; echo "/$d/" >> .git/tidal-slim; fi
+      # (an exclude line takes no comment after its pattern: $mine lists what was added)
+      if ! grep -qxF "/$d/" "$x" 2>/dev/null; then echo "/$d/" >> "$x"; echo "/$d/" >> "$mine"; fi
     done
     echo "slim.sh: $(echo "$dirs" | wc -w) folders of packed runs stay behind a device call; 'tests/gpu/slim.sh off' after it" ;;
   off)
-    x=.git/info/exclude
-    if [ -f .git/tidal-slim ]; then
-      grep -vxF -f .git/tidal-slim "$x" > "$x.tmp" || true
-      mv "$x.tmp" "$x" && rm -f .git/tidal-slim
+    if [ -f "$mine" ]; then
+      grep -vxF -f "$mine" "$x" > "$x.tmp" || true
+      mv "$x.tmp" "$x" && rm -f "$mine"
     fi
+    if [ -e "$mine.created" ]; then [ -s "$x" ] || rm -f "$x"; rm -f "$mine.created"; fi
     for d in $dirs; do
       [ -e "$d/.git/tidal-slim" ] && rm -rf "$d/.git"   # an older slim.sh's nested repositories
     done
