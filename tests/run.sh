@@ -40,6 +40,12 @@ for isa in avx2 portable; do
     case $t in */test_gemm|*/test_formats|*/test_roundings) run_c "TIDAL_ISA=$isa $t" env TIDAL_ISA=$isa "$t" ;; esac
   done
 done
+# and each of the bf16 dot-product order's kernels, not only the faster one here (src/recipe/gemm_bf16dp.c)
+for k in dp fma; do
+  for t in "$@"; do
+    case $t in */test_gemm) run_c "TIDAL_BF16DP_KERNEL=$k $t" env TIDAL_BF16DP_KERNEL=$k "$t" ;; esac
+  done
+done
 PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
 # TIDAL_SKIP_PY="test_a.py test_b.py": Python checks left out of this run (check-asan leaves out the
 # ones whose code paths others cover there, to keep CI inside its budget: see the Makefile)

@@ -444,7 +444,7 @@ static void test_bf16dp_tiny(void **state)
     td_gemm_bf16dp_ref(a1, 3, w1, 3, &r, 1, 1, 1, 3, 0);
     assert_true(r == 0.0f && !signbit(r));
     printf("td_gemm_bf16dp: %d sums at the edge of the normals bit-identical to the reference (%d zeros; kernel %s)\n",
-           checked, zeros, td_gemm_bf16dp_available() ? "AVX512-BF16" : "absent");
+           checked, zeros, td_gemm_bf16dp_kernel_name());
 }
 
 /* td_gemm_bf16dp (the CPU's bf16 dot products, where it has them) against td_gemm_bf16dp_ref,
@@ -493,8 +493,8 @@ static void test_bf16dp_matches_ref(void **state)
                     }
                 free(a); free(w); free(want); free(got);
             }
-    printf("td_gemm_bf16dp: %d cases bit-identical to the reference order (kernel %s on this CPU)\n",
-           checked, td_gemm_bf16dp_available() ? "AVX512-BF16" : "absent: the reference both times");
+    printf("td_gemm_bf16dp: %d cases bit-identical to the reference order (kernel on this CPU: %s)\n",
+           checked, td_gemm_bf16dp_kernel_name());
     /* in-place packing keeps every code */
     float x[37];
     uint16_t want16[37];

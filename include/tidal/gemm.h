@@ -118,6 +118,10 @@ void td_gemm_bf16dp_ref(const uint16_t *a, int lda, const uint16_t *w, int ldw, 
                         int M, int N, int K, int add);
 int td_gemm_bf16dp_available(void);
 extern int td_gemm_bf16dp_disabled;
+/* which kernel runs that order here: vdpbf16ps, or fp32 FMAs on an AVX-512 CPU where the
+ * instruction is absent or slower (the faster of the two whose bits match the reference at first
+ * use; TIDAL_BF16DP_KERNEL=dp|fma keeps one); "none (the reference)" when neither */
+const char *td_gemm_bf16dp_kernel_name(void);
 
 /* The kernel td_gemm_fixed_w16 takes on this CPU: 2 AVX-512, 1 AVX2, 0 portable. Tests set
  * td_gemm_w16_force: 1 the portable kernel, 2 AVX2 even where AVX-512 is. */

@@ -26,6 +26,7 @@
  * products. Single-threaded; callers parallelise over column tiles. */
 #include "tidal/gemm.h"
 #include "tidal/isa.h"
+#include "tidal/progress.h"
 
 #include <float.h>
 #include <math.h>
@@ -102,9 +103,10 @@ void td_gemm_bf16dp_ref(const uint16_t *a, int lda, const uint16_t *w, int ldw, 
 #include <immintrin.h>
 #define TD_HAVE_BF16DP 1
 #define TGT __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
+#define TGTF __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))   /* the FMA kernel's */
 #define INLINE static inline __attribute__((always_inline))
 
-TGT INLINE float hsum16(__m512 v)
+TGTF INLINE float hsum16(__m512 v)
 {
     __m256 u = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
@@ -123,7 +125,7 @@ TGT INLINE __m512bh load_bh(const uint16_t *p, __mmask32 m, int masked)
  * the vectors' halves, quarters and pairs are brought together by shuffles, four levels of 8, 4,
  * 2 and 1 additions instead of 16 separate reductions. The last level's element 4L + j holds
  * v[4j + L]'s sum. */
-TGT INLINE __m512 hsum16x16_vec(const __m512 *v)
+TGTF INLINE __m512 hsum16x16_vec(const __m512 *v)
 {
     __m512 s1[8], s2[4], s3[2];
     #pragma GCC unroll 8
@@ -142,7 +144,7 @@ TGT INLINE __m512 hsum16x16_vec(const __m512 *v)
                          _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-TGT INLINE void hsum16x16(const __m512 *v, float *out)
+TGTF INLINE void hsum16x16(const __m512 *v, float *out)
 {
     float t[16];
     _mm512_storeu_ps(t, hsum16x16_vec(v));
@@ -150,36 +152,9 @@ TGT INLINE void hsum16x16(const __m512 *v, float *out)
     for (int a = 0; a < 16; a++) out[a] = t[4 * (a & 3) + (a >> 2)];
 }
 
-/* R x S block (R <= 4, S <= 6): the whole K, the last block of 32 masked */
-TGT INLINE void block(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c, int ldc,
-                      int K, int add, int R, int S)
+/* the R x S lane sums reduced (hsum16's tree) and stored, added to c where add */
+TGTF INLINE void store_sums(__m512 acc[4][6], float *c, int ldc, int add, int R, int S)
 {
-    __m512 acc[4][6];
-    #pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-        #pragma GCC unroll 6
-        for (int s = 0; s < S; s++) acc[r][s] = _mm512_setzero_ps();
-    int K32 = K & ~31;
-    for (int k = 0; k < K32; k += 32) {
-        __m512bh av[4];
-        #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) av[r] = load_bh(a + (size_t)r * lda + k, 0, 0);
-        #pragma GCC unroll 6
-        for (int s = 0; s < S; s++) {
-            __m512bh wv = load_bh(w + (size_t)s * ldw + k, 0, 0);
-            #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[r][s] = _mm512_dpbf16_ps(acc[r][s], av[r], wv);
-        }
-    }
-    if (K32 < K) {
-        __mmask32 m = (__mmask32)((1ull << (K - K32)) - 1);
-        __m512bh av[4];
-        for (int r = 0; r < R; r++) av[r] = load_bh(a + (size_t)r * lda + K32, m, 1);
-        for (int s = 0; s < S; s++) {
-            __m512bh wv = load_bh(w + (size_t)s * ldw + K32, m, 1);
-            for (int r = 0; r < R; r++) acc[r][s] = _mm512_dpbf16_ps(acc[r][s], av[r], wv);
-        }
-    }
     if (R == 4 && S == 4) {   /* one group of 16 exactly; rows written as vectors */
         __m512 flat16[16];
         #pragma GCC unroll 4
@@ -221,6 +196,39 @@ TGT INLINE void block(const uint16_t *a, int lda, const uint16_t *w, int ldw, fl
         }
 }
 
+/* R x S block (R <= 4, S <= 6): the whole K, the last block of 32 masked */
+TGT INLINE void block(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c, int ldc,
+                      int K, int add, int R, int S)
+{
+    __m512 acc[4][6];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 6
+        for (int s = 0; s < S; s++) acc[r][s] = _mm512_setzero_ps();
+    int K32 = K & ~31;
+    for (int k = 0; k < K32; k += 32) {
+        __m512bh av[4];
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; r++) av[r] = load_bh(a + (size_t)r * lda + k, 0, 0);
+        #pragma GCC unroll 6
+        for (int s = 0; s < S; s++) {
+            __m512bh wv = load_bh(w + (size_t)s * ldw + k, 0, 0);
+            #pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][s] = _mm512_dpbf16_ps(acc[r][s], av[r], wv);
+        }
+    }
+    if (K32 < K) {
+        __mmask32 m = (__mmask32)((1ull << (K - K32)) - 1);
+        __m512bh av[4];
+        for (int r = 0; r < R; r++) av[r] = load_bh(a + (size_t)r * lda + K32, m, 1);
+        for (int s = 0; s < S; s++) {
+            __m512bh wv = load_bh(w + (size_t)s * ldw + K32, m, 1);
+            for (int r = 0; r < R; r++) acc[r][s] = _mm512_dpbf16_ps(acc[r][s], av[r], wv);
+        }
+    }
+    store_sums(acc, c, ldc, add, R, S);
+}
+
 #define COLS(RR)                                                                                   \
     switch (S) {                                                                                   \
     case 6: block(ai, lda, wj, ldw, ci + j, ldc, K, add, RR, 6); break;                           \
@@ -260,6 +268,120 @@ TGT static void gemm_avx512bf16(const uint16_t *a, int lda, const uint16_t *w, i
 }
 #undef COLS
 
+/* The same order on fp32 FMAs, for CPUs whose vdpbf16ps is slow or absent (on the Xeon of
+ * 2026-11-30 the instruction issues every second cycle, a quarter of the FMAs' rate, so two FMAs
+ * per pair of products are twice as fast). Each zmm of 32 codes is split in registers: its odd
+ * codes (k1, the high half of every dword) by a masked load that zeroes the even ones, its even
+ * codes (k0) by a shift of 16; lane l then takes fma(k1) and fma(k0), the instruction's two steps.
+ * The products of bf16 values are exact in fp32, so each fma rounds once, as there. daz and ftz
+ * are the CPU's own (MXCSR's DAZ and FTZ, x86's tininess after rounding, as the instruction's),
+ * set while the lane sums run and put back before the reduction, whose additions are IEEE's. The
+ * barriers keep the compiler from moving the sums across the two MXCSR writes. 4 x 4 blocks: 16
+ * sums, 8 split rows and 2 split columns stay in the 32 registers. */
+#define BARRIER(R, S, acc)                                                                         \
+    do {                                                                                           \
+        _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (R); r_++)                                   \
+            _Pragma("GCC unroll 4") for (int s_ = 0; s_ < (S); s_++)                               \
+                __asm__ volatile("" : "+v"(acc[r_][s_]));                                          \
+    } while (0)
+
+TGTF INLINE void split_codes(const uint16_t *p, __mmask32 m, __m512 *odd, __m512 *even)
+{
+    *odd = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(m & 0xAAAAAAAAu, p));
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_loadu_epi16(m, p), 16));
+}
+
+/* R x S block on w's columns split beforehand (pack_columns: per column and block of 32 k, 16
+ * odd values then 16 even ones, zeros past K), a's rows split here */
+TGTF INLINE void block_fma(const uint16_t *a, int lda, const float *wp, int ldp, float *c, int ldc,
+                           int K, int add, int R, int S)
+{
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    __m512 acc[4][6];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int s = 0; s < S; s++) acc[r][s] = _mm512_setzero_ps();
+    unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);   /* FTZ (bit 15), DAZ (bit 6) */
+    BARRIER(R, S, acc);
+    int K32 = K & ~31;
+    for (int k = 0; k < K; k += 32) {
+        __m512 ao[4], ae[4];
+        if (k < K32) {
+            #pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m512i v = _mm512_loadu_si512((const void *)(a + (size_t)r * lda + k));
+                ao[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+                ae[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+            }
+        } else {
+            __mmask32 m = (__mmask32)((1ull << (K - k)) - 1);
+            for (int r = 0; r < R; r++) split_codes(a + (size_t)r * lda + k, m, &ao[r], &ae[r]);
+        }
+        #pragma GCC unroll 4
+        for (int s = 0; s < S; s++) {
+            __m512 wo = _mm512_loadu_ps(wp + (size_t)s * ldp + k);
+            __m512 we = _mm512_loadu_ps(wp + (size_t)s * ldp + k + 16);
+            #pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][s] = _mm512_fmadd_ps(ae[r], we, _mm512_fmadd_ps(ao[r], wo, acc[r][s]));
+        }
+    }
+    BARRIER(R, S, acc);
+    _mm_setcsr(csr);
+    store_sums(acc, c, ldc, add, R, S);
+}
+
+/* columns [0, n) of w split into fp32 values, ldp = K rounded up to 32 floats a column */
+TGTF static void pack_columns(const uint16_t *w, int ldw, int n, int K, float *wp, int ldp)
+{
+    for (int j = 0; j < n; j++)
+        for (int k = 0; k < ldp; k += 32) {
+            __mmask32 m = K - k >= 32 ? 0xFFFFFFFFu : (__mmask32)((1ull << (K - k)) - 1);
+            __m512 o, e;
+            split_codes(w + (size_t)j * ldw + k, m, &o, &e);
+            _mm512_storeu_ps(wp + (size_t)j * ldp + k, o);
+            _mm512_storeu_ps(wp + (size_t)j * ldp + k + 16, e);
+        }
+}
+#undef BARRIER
+
+TGTF static void gemm_avx512fma(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c,
+                                int ldc, int M, int N, int K, int add)
+{
+    /* column panels of 48, as gemm_avx512bf16, each split once into fp32 (48 x K floats, in L2
+     * while every row block passes) */
+    int ldp = (K + 31) & ~31;
+    float *wp = malloc((size_t)48 * ldp * sizeof(float));
+    if (!wp) {   /* no memory for the panel: the same bits, slowly */
+        td_gemm_bf16dp_ref(a, lda, w, ldw, c, ldc, M, N, K, add);
+        return;
+    }
+    for (int j0 = 0; j0 < N; j0 += 48) {
+        int j1 = j0 + 48 < N ? j0 + 48 : N;
+        pack_columns(w + (size_t)j0 * ldw, ldw, j1 - j0, K, wp, ldp);
+        for (int i = 0; i < M; i += 4) {
+            int R = M - i < 4 ? M - i : 4;
+            const uint16_t *ai = a + (size_t)i * lda;
+            float *ci = c + (size_t)i * ldc;
+            for (int j = j0; j < j1; j += 4) {
+                int S = j1 - j < 4 ? j1 - j : 4;
+                const float *wj = wp + (size_t)(j - j0) * ldp;
+#define CASE(RR, SS) case (RR) * 8 + (SS): block_fma(ai, lda, wj, ldp, ci + j, ldc, K, add, RR, SS); break;
+                switch (R * 8 + S) {
+                CASE(4, 4) CASE(4, 3) CASE(4, 2) CASE(4, 1)
+                CASE(3, 4) CASE(3, 3) CASE(3, 2) CASE(3, 1)
+                CASE(2, 4) CASE(2, 3) CASE(2, 2) CASE(2, 1)
+                CASE(1, 4) CASE(1, 3) CASE(1, 2) default: block_fma(ai, lda, wj, ldp, ci + j, ldc, K, add, 1, 1); break;
+                }
+#undef CASE
+            }
+        }
+    }
+    free(wp);
+}
+
 /* gemm_small_k's K = 1 with w's codes contiguous (ldw 1: a rank-1 LoRA's B, and A^T in its
  * gradient), 16 columns a vector: d = x0 w (exact, or inf, or NaN) unless |d| < 2^-126 (then +0,
  * as s + 0 turns any zero), w's subnormals counted as zeros first */
@@ -290,16 +412,20 @@ TGT static void gemm_k1_avx512(const uint16_t *a, int lda, const uint16_t *w, fl
 }
 #endif
 
-/* ---- availability: the instruction, and its bits checked against the reference once ---- */
+/* ---- availability: each kernel's bits checked against the reference once, the faster kept ---- */
 
-static int bf16dp_ok;
+typedef void (*gemm_fn)(const uint16_t *, int, const uint16_t *, int, float *, int, int, int, int, int);
+
+static int bf16dp_ok;                  /* some kernel matched the reference */
+static gemm_fn bf16dp_kernel;          /* the one td_gemm_bf16dp runs */
+static const char *bf16dp_name = "none";
 static pthread_once_t bf16dp_once = PTHREAD_ONCE_INIT;
 int td_gemm_bf16dp_disabled = 0;
 
-static void bf16dp_check(void)
-{
 #ifdef TD_HAVE_BF16DP
-    if (!td_cpu_has_avx512bf16()) return;
+/* the kernel's bits against the reference's on operands of every kind */
+static int kernel_matches(gemm_fn f)
+{
     /* 5 x 7 outputs over K = 77 (two full blocks and a masked one): operands of every kind,
      * subnormals and exact cancellations included */
     enum { M = 5, N = 7, K = 77 };
@@ -315,16 +441,59 @@ static void bf16dp_check(void)
     for (int k = 0; k < K; k += 5) w[k] = a[k] ^ 0x8000;     /* cancellations in row 0 x col 0 */
     float got[M * N], want[M * N];
     td_gemm_bf16dp_ref(a, K, w, K, want, N, M, N, K, 0);
-    gemm_avx512bf16(a, K, w, K, got, N, M, N, K, 0);
-    bf16dp_ok = memcmp(got, want, sizeof got) == 0;
+    f(a, K, w, K, got, N, M, N, K, 0);
+    int ok = memcmp(got, want, sizeof got) == 0;
     /* and the flush rule at the edge of the normals (fma_ftz): 2^-126 - 2^-150 flushed,
      * 2^-126 - 2^-190 not: a CPU that flushes otherwise keeps the reference's bits elsewhere */
     const uint16_t ea[2][2] = {{0x9A00, 0xA000}, {0x8080, 0xA000}};   /* -2^-75 | -2^-126, then -2^-63 */
     const uint16_t ew[2][2] = {{0x1A00, 0xA000}, {0x1F80, 0xA000}};   /*  2^-75 |  2^-64,  then -2^-63 */
     float eg[2][2], ef[2][2];
     td_gemm_bf16dp_ref(&ea[0][0], 2, &ew[0][0], 2, &ef[0][0], 2, 2, 2, 2, 0);
-    gemm_avx512bf16(&ea[0][0], 2, &ew[0][0], 2, &eg[0][0], 2, 2, 2, 2, 0);
-    bf16dp_ok = bf16dp_ok && memcmp(eg, ef, sizeof eg) == 0 && ef[0][0] == 0.0f && ef[1][1] == FLT_MIN;
+    f(&ea[0][0], 2, &ew[0][0], 2, &eg[0][0], 2, 2, 2, 2, 0);
+    return ok && memcmp(eg, ef, sizeof eg) == 0 && ef[0][0] == 0.0f && ef[1][1] == FLT_MIN;
+}
+
+/* the best of 5 interleaved timings of each kernel on a 64 x 48 x 1024 product (6.3 MFLOP, well
+ * under a millisecond each): the choice changes the speed only, never a bit */
+static int first_is_faster(gemm_fn f, gemm_fn g)
+{
+    enum { M = 64, N = 48, K = 1024 };
+    uint16_t *a = malloc((size_t)(M + N) * K * 2);
+    float *c = malloc((size_t)M * N * 4);
+    if (!a || !c) { free(a); free(c); return 1; }
+    for (int i = 0; i < (M + N) * K; i++) a[i] = (uint16_t)(0x3F00 + (i * 37) % 255);
+    double tf = 1e30, tg = 1e30;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = td_now();
+        f(a, K, a + (size_t)M * K, K, c, N, M, N, K, 0);
+        double t1 = td_now();
+        g(a, K, a + (size_t)M * K, K, c, N, M, N, K, 0);
+        double t2 = td_now();
+        if (t1 - t0 < tf) tf = t1 - t0;
+        if (t2 - t1 < tg) tg = t2 - t1;
+    }
+    free(a); free(c);
+    return tf <= tg;
+}
+#endif
+
+static void bf16dp_check(void)
+{
+#ifdef TD_HAVE_BF16DP
+    /* TIDAL_BF16DP_KERNEL=dp|fma: one kernel only (tests, benches); otherwise the faster of those
+     * whose bits match */
+    const char *want = getenv("TIDAL_BF16DP_KERNEL");
+    if (want && !*want) want = NULL;
+    int dp = (!want || !strcmp(want, "dp")) && td_cpu_has_avx512bf16() && kernel_matches(gemm_avx512bf16);
+    int fma = (!want || !strcmp(want, "fma")) && td_isa_level() >= TD_ISA_AVX512 && kernel_matches(gemm_avx512fma);
+    if (dp && (!fma || first_is_faster(gemm_avx512bf16, gemm_avx512fma))) {
+        bf16dp_kernel = gemm_avx512bf16;
+        bf16dp_name = "AVX512-BF16 vdpbf16ps";
+    } else if (fma) {
+        bf16dp_kernel = gemm_avx512fma;
+        bf16dp_name = "AVX-512 fp32 FMA";
+    }
+    bf16dp_ok = bf16dp_kernel != NULL;
 #endif
 }
 
@@ -333,6 +502,11 @@ int td_gemm_bf16dp_available(void)
     if (td_gemm_bf16dp_disabled) return 0;
     pthread_once(&bf16dp_once, bf16dp_check);
     return bf16dp_ok;
+}
+
+const char *td_gemm_bf16dp_kernel_name(void)
+{
+    return td_gemm_bf16dp_available() ? bf16dp_name : "none (the reference)";
 }
 
 /* K <= 2 (a rank-1 or rank-2 LoRA's second GEMM and its gradient's): only lane 0 of the first block
@@ -372,7 +546,7 @@ void td_gemm_bf16dp(const uint16_t *a, int lda, const uint16_t *w, int ldw, floa
     }
 #ifdef TD_HAVE_BF16DP
     if (td_gemm_bf16dp_available()) {
-        gemm_avx512bf16(a, lda, w, ldw, c, ldc, M, N, K, add);
+        bf16dp_kernel(a, lda, w, ldw, c, ldc, M, N, K, add);
         return;
     }
 #endif
