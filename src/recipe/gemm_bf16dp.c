@@ -291,10 +291,11 @@ TGTF INLINE void split_codes(const uint16_t *p, __mmask32 m, __m512 *odd, __m512
     *even = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_loadu_epi16(m, p), 16));
 }
 
-/* R x S block on w's columns split beforehand (pack_columns: per column and block of 32 k, 16
- * odd values then 16 even ones, zeros past K), a's rows split here */
-TGTF INLINE void block_fma(const uint16_t *a, int lda, const float *wp, int ldp, float *c, int ldc,
-                           int K, int add, int R, int S)
+/* R x S block on columns of w split beforehand (pack_rows: per row and block of 32 k, 16 odd
+ * values then 16 even ones, zeros past K) and rows of a split beforehand too (ap) or, where K is
+ * large (ap NULL: 4 split rows would leave L1), split here from their codes */
+TGTF INLINE void block_fma(const float *ap, const uint16_t *a, int lda, int K, const float *wp, int ldp,
+                           float *c, int ldc, int add, int R, int S)
 {
     const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
     __m512 acc[4][6];
@@ -305,10 +306,15 @@ TGTF INLINE void block_fma(const uint16_t *a, int lda, const float *wp, int ldp,
     unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040);   /* FTZ (bit 15), DAZ (bit 6) */
     BARRIER(R, S, acc);
-    int K32 = K & ~31;
-    for (int k = 0; k < K; k += 32) {
+    for (int k = 0; k < ldp; k += 32) {
         __m512 ao[4], ae[4];
-        if (k < K32) {
+        if (ap) {
+            #pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                ao[r] = _mm512_loadu_ps(ap + (size_t)r * ldp + k);
+                ae[r] = _mm512_loadu_ps(ap + (size_t)r * ldp + k + 16);
+            }
+        } else if (k + 32 <= K) {
             #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 __m512i v = _mm512_loadu_si512((const void *)(a + (size_t)r * lda + k));
@@ -333,8 +339,9 @@ TGTF INLINE void block_fma(const uint16_t *a, int lda, const float *wp, int ldp,
     store_sums(acc, c, ldc, add, R, S);
 }
 
-/* columns [0, n) of w split into fp32 values, ldp = K rounded up to 32 floats a column */
-TGTF static void pack_columns(const uint16_t *w, int ldw, int n, int K, float *wp, int ldp)
+/* rows [0, n) of x (w's columns or a's rows) split into fp32 values, ldp = K rounded up to 32
+ * floats a row */
+TGTF static void pack_rows(const uint16_t *w, int ldw, int n, int K, float *wp, int ldp)
 {
     for (int j = 0; j < n; j++)
         for (int k = 0; k < ldp; k += 32) {
@@ -347,39 +354,60 @@ TGTF static void pack_columns(const uint16_t *w, int ldw, int n, int K, float *w
 }
 #undef BARRIER
 
+/* each thread's panel, kept between calls (a fresh one of 0.2-1 MB a call came from mmap, and
+ * zeroing its pages took 11 % of a bf16 tidal-diff here), freed when the thread ends */
+static pthread_key_t panel_key;
+static pthread_once_t panel_once = PTHREAD_ONCE_INIT;
+static void panel_key_make(void) { (void)pthread_key_create(&panel_key, free); }
+
+static float *panel_buffer(size_t floats)
+{
+    pthread_once(&panel_once, panel_key_make);
+    size_t *p = pthread_getspecific(panel_key);   /* p[0]: capacity in floats; floats from p + 16 */
+    if (p && p[0] >= floats) return (float *)(p + 16);
+    free(p);
+    (void)pthread_setspecific(panel_key, NULL);
+    p = aligned_alloc(64, 16 * sizeof(size_t) + ((floats * sizeof(float) + 63) & ~(size_t)63));
+    if (!p) return NULL;
+    p[0] = floats;
+    (void)pthread_setspecific(panel_key, p);
+    return (float *)(p + 16);
+}
+
 TGTF static void gemm_avx512fma(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c,
                                 int ldc, int M, int N, int K, int add)
 {
     /* column panels of 48, as gemm_avx512bf16, each split once into fp32 (48 x K floats, in L2
      * while every row block passes) */
     int ldp = (K + 31) & ~31;
-    float *wp = malloc((size_t)48 * ldp * sizeof(float));
+    float *wp = panel_buffer((size_t)(48 + 4) * ldp), *ap = wp + (size_t)48 * ldp;
+    int small_k = K <= 1536;   /* 4 split rows of a (24 KB) stay in L1 while the panel passes */
     if (!wp) {   /* no memory for the panel: the same bits, slowly */
         td_gemm_bf16dp_ref(a, lda, w, ldw, c, ldc, M, N, K, add);
         return;
     }
     for (int j0 = 0; j0 < N; j0 += 48) {
         int j1 = j0 + 48 < N ? j0 + 48 : N;
-        pack_columns(w + (size_t)j0 * ldw, ldw, j1 - j0, K, wp, ldp);
+        pack_rows(w + (size_t)j0 * ldw, ldw, j1 - j0, K, wp, ldp);
         for (int i = 0; i < M; i += 4) {
             int R = M - i < 4 ? M - i : 4;
             const uint16_t *ai = a + (size_t)i * lda;
+            if (small_k) pack_rows(ai, lda, R, K, ap, ldp);
             float *ci = c + (size_t)i * ldc;
             for (int j = j0; j < j1; j += 4) {
                 int S = j1 - j < 4 ? j1 - j : 4;
                 const float *wj = wp + (size_t)(j - j0) * ldp;
-#define CASE(RR, SS) case (RR) * 8 + (SS): block_fma(ai, lda, wj, ldp, ci + j, ldc, K, add, RR, SS); break;
+#define CASE(RR, SS) case (RR) * 8 + (SS): block_fma(small_k ? ap : NULL, ai, lda, K, wj, ldp, ci + j, ldc, add, RR, SS); break;
                 switch (R * 8 + S) {
                 CASE(4, 4) CASE(4, 3) CASE(4, 2) CASE(4, 1)
                 CASE(3, 4) CASE(3, 3) CASE(3, 2) CASE(3, 1)
                 CASE(2, 4) CASE(2, 3) CASE(2, 2) CASE(2, 1)
-                CASE(1, 4) CASE(1, 3) CASE(1, 2) default: block_fma(ai, lda, wj, ldp, ci + j, ldc, K, add, 1, 1); break;
+                CASE(1, 4) CASE(1, 3) CASE(1, 2) default: block_fma(small_k ? ap : NULL, ai, lda, K, wj, ldp, ci + j, ldc, add, 1, 1); break;
                 }
 #undef CASE
             }
         }
     }
-    free(wp);
 }
 
 /* gemm_small_k's K = 1 with w's codes contiguous (ldw 1: a rank-1 LoRA's B, and A^T in its

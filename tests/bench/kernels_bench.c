@@ -7,7 +7,7 @@
  *                      then sgemm (sgemv for one row); Llama-3-8B shapes
  *   gemm-bf16dp        a GEMM of bf16 operands on the CPU's bf16 dot products (td_gemm_bf16dp,
  *                      src/recipe/gemm_bf16dp.c) against sgemm over the same values in fp32;
- *                      Qwen2.5-0.5B shapes; "NA (no AVX512-BF16)" where the CPU lacks them
+ *                      Qwen2.5-0.5B shapes; "NA" where the CPU has neither kernel (vdpbf16ps or AVX-512 FMAs)
  * Each side runs until 0.3 s have passed, best of 3. Prints
  *   bench: NAME-MxNxK tidal=GFLOPS peer=GFLOPS ratio=R
  * Built and run by tests/bench/gemm.sh. */
@@ -100,7 +100,7 @@ int main(void)
     for (size_t s = 0; s < sizeof dshapes / sizeof dshapes[0]; s++) {
         int M = dshapes[s][0], N = dshapes[s][1], K = dshapes[s][2];
         if (!td_gemm_bf16dp_available()) {
-            printf("bench: gemm-bf16dp-%dx%dx%d tidal=NA peer=NA ratio=NA (no AVX512-BF16 on this CPU)\n", M, N, K);
+            printf("bench: gemm-bf16dp-%dx%dx%d tidal=NA peer=NA ratio=NA (no kernel for the order on this CPU: neither AVX512-BF16 nor AVX-512)\n", M, N, K);
             continue;
         }
         float *a = malloc(sizeof(float) * M * K), *w = malloc(sizeof(float) * N * K), *c = malloc(sizeof(float) * M * N);
@@ -114,7 +114,8 @@ int main(void)
             w[i] = td_bf16_to_f32((td_bf16){w16[i]});
         }
         double mine = gflops_dp(1, a16, w16, a, w, c, M, N, K), peer = gflops_dp(0, a16, w16, a, w, c, M, N, K);
-        printf("bench: gemm-bf16dp-%dx%dx%d tidal=%.2f peer=%.2f ratio=%.3f\n", M, N, K, mine, peer, mine / peer);
+        printf("bench: gemm-bf16dp-%dx%dx%d tidal=%.2f peer=%.2f ratio=%.3f (kernel %s)\n", M, N, K, mine, peer, mine / peer,
+               td_gemm_bf16dp_kernel_name());
         free(a); free(w); free(c); free(a16); free(w16);
     }
     return 0;
