@@ -109,9 +109,10 @@ void td_gemm_fixed_w16(const float *a, int lda, const uint16_t *w, int ldw, td_f
 /* c (M, N; ldc) = (add ? c : 0) + a (M, K) . w (N, K)^T over bf16 codes, in the order of the
  * CPU's bf16 dot-product instruction (AVX512-BF16 vdpbf16ps; src/recipe/gemm_bf16dp.c writes it
  * down): sixteen lane sums over pairs, bf16 subnormals as zeros. td_gemm_bf16dp_ref is that
- * order in portable C (the reference, slow); td_gemm_bf16dp runs the instruction when
- * td_gemm_bf16dp_available (the CPU has it and its bits matched the reference at first use),
- * else the reference. td_gemm_bf16dp_disabled (tests, benches) turns the kernel off. */
+ * order in portable C (the reference, slow); td_gemm_bf16dp runs a kernel when
+ * td_gemm_bf16dp_available (the instruction, or the same order on AVX-512 fp32 FMAs where the
+ * instruction is absent or slower; each kernel's bits checked against the reference at first
+ * use), else the reference. td_gemm_bf16dp_disabled (tests, benches) turns the kernels off. */
 void td_gemm_bf16dp(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c, int ldc,
                     int M, int N, int K, int add);
 void td_gemm_bf16dp_ref(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c, int ldc,

@@ -21,9 +21,14 @@
  * (below 2^-126) are the one semantic difference from an fp32 GEMM of the same values: they
  * count as zeros here, as in the instruction.
  *
- * Kernel: blocks of 4 rows x 4 columns (K <= 1536) or x 6, one zmm of 16 lane sums per output
- * (16 or 24 accumulators); per block of 32 k, four loads of a, four or six of w, 16 or 24 dot
- * products. Single-threaded; callers parallelise over column tiles. */
+ * Kernels: (1) vdpbf16ps, blocks of 4 rows x 4 columns (K <= 1536) or x 6, one zmm of 16 lane
+ * sums per output (16 or 24 accumulators); per block of 32 k, four loads of a, four or six of w,
+ * 16 or 24 dot products. (2) The same lane sums on fp32 FMAs (gemm_avx512fma, below) for CPUs
+ * where the instruction is slow (this session's Xeon: one every second cycle) or absent but
+ * AVX-512 is there: two FMAs per pair of products, MXCSR's DAZ / FTZ for the flushes. The faster
+ * of those whose bits match the reference runs. Single-threaded; callers parallelise over column
+ * tiles. On an AVX-512 CPU without AVX512-BF16 the recipes' bf16 GEMMs took OpenBLAS's sgemm
+ * until 2026-11-30 and take this order since: the same bits as on the CPUs that have it. */
 #include "tidal/gemm.h"
 #include "tidal/isa.h"
 #include "tidal/progress.h"
