@@ -24,7 +24,7 @@
  * Kernels: (1) vdpbf16ps, blocks of 4 rows x 4 columns (K <= 1536) or x 6, one zmm of 16 lane
  * sums per output (16 or 24 accumulators); per block of 32 k, four loads of a, four or six of w,
  * 16 or 24 dot products. (2) The same lane sums on fp32 FMAs (gemm_avx512fma, below) for CPUs
- * where the instruction is slow (this session's Xeon: one every second cycle) or absent but
+ * where the instruction is slow (a Xeon of 2026-11-30: one every second cycle) or absent but
  * AVX-512 is there: two FMAs per pair of products, MXCSR's DAZ / FTZ for the flushes. The faster
  * of those whose bits match the reference runs. Single-threaded; callers parallelise over column
  * tiles. On an AVX-512 CPU without AVX512-BF16 the recipes' bf16 GEMMs took OpenBLAS's sgemm
@@ -275,14 +275,16 @@ TGT static void gemm_avx512bf16(const uint16_t *a, int lda, const uint16_t *w, i
 
 /* The same order on fp32 FMAs, for CPUs whose vdpbf16ps is slow or absent (on the Xeon of
  * 2026-11-30 the instruction issues every second cycle, a quarter of the FMAs' rate, so two FMAs
- * per pair of products are twice as fast). Each zmm of 32 codes is split in registers: its odd
- * codes (k1, the high half of every dword) by a masked load that zeroes the even ones, its even
- * codes (k0) by a shift of 16; lane l then takes fma(k1) and fma(k0), the instruction's two steps.
- * The products of bf16 values are exact in fp32, so each fma rounds once, as there. daz and ftz
- * are the CPU's own (MXCSR's DAZ and FTZ, x86's tininess after rounding, as the instruction's),
- * set while the lane sums run and put back before the reduction, whose additions are IEEE's. The
- * barriers keep the compiler from moving the sums across the two MXCSR writes. 4 x 4 blocks: 16
- * sums, 8 split rows and 2 split columns stay in the 32 registers. */
+ * per pair of products are about twice as fast). Each block of 32 codes is split into fp32
+ * values: its odd codes (k1, the high half of every dword, the even ones masked off) and its even
+ * codes (k0, shifted up by 16); lane l then takes fma(k1) and fma(k0), the instruction's two
+ * steps. The products of bf16 values are exact in fp32, so each fma rounds once, as there. daz and
+ * ftz are the CPU's own (MXCSR's DAZ and FTZ, x86's tininess after rounding, as the
+ * instruction's), set while the lane sums run and put back before the reduction, whose additions
+ * are IEEE's. The barriers keep the compiler from moving the sums across the two MXCSR writes.
+ * w's columns are split once per panel of 48 (pack_rows), a's 4 rows once per panel where K is
+ * small, in registers where it is not. 4 x 4 blocks: 16 sums, 8 split rows and 2 split columns
+ * stay in the 32 registers. */
 #define BARRIER(R, S, acc)                                                                         \
     do {                                                                                           \
         _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (R); r_++)                                   \
