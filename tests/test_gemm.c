@@ -197,6 +197,36 @@ static void test_fp8_fast_kernel_matches_model(void **state)
  * (td_fp8_decode_scaled_row per scale block) and td_gemm_fp8_fast: bit for bit on random codes
  * of both formats, block shapes 128 x 128, per-tensor, 1 x 32 and 8-wide, rows offset into the
  * scale grid, ragged K, decode-sized M; a NaN code sends the call back to the caller (returns 0). */
+/* td_fp8_codes_have_nan (the scan a weight's nan_free flag keeps from its preparation) against
+ * td_decode's NaNs: every code of both formats, alone among zeros at the first, a 64-code
+ * boundary and the last of 200 places, and in runs of 1..130 codes (the vector tail) */
+static void test_fp8_codes_have_nan(void **state)
+{
+    (void)state;
+    const td_format fmts[] = {TD_E4M3, TD_E5M2};
+    const int places[] = {0, 63, 64, 199};
+    uint8_t buf[200];
+    int checked = 0;
+    for (int f = 0; f < 2; f++)
+        for (int c = 0; c < 256; c++) {
+            int nan = isnan(td_decode(fmts[f], (uint32_t)c));
+            for (int p = 0; p < 4; p++) {
+                memset(buf, 0, sizeof buf);
+                buf[places[p]] = (uint8_t)c;
+                assert_int_equal(td_fp8_codes_have_nan(buf, sizeof buf, fmts[f]), nan);
+                checked++;
+            }
+            for (int n = 1; n <= 130; n += 43) {
+                memset(buf, 0, sizeof buf);
+                buf[n - 1] = (uint8_t)c;
+                assert_int_equal(td_fp8_codes_have_nan(buf, (size_t)n, fmts[f]), nan);
+                assert_int_equal(td_fp8_codes_have_nan(buf, (size_t)n - 1, fmts[f]), 0);   /* past the end */
+                checked++;
+            }
+        }
+    printf("td_fp8_codes_have_nan: %d placements of every e4m3 and e5m2 code agree with td_decode's NaNs\n", checked);
+}
+
 static void test_fp8_fast_codes_matches_widened(void **state)
 {
     (void)state;
@@ -228,7 +258,7 @@ static void test_fp8_fast_codes_matches_widened(void **state)
                     for (int pi = 0; pi < 2; pi++) {
                         int promote = pi ? 65536 : 128;
                         td_gemm_fp8_fast(a, K, wide, K, want, N, M, N, K, promote, 13);
-                        if (!td_gemm_fp8_fast_codes(a, K, w, K, wf, scale, row0, sr, sc, nbc, got, N, M, N, K, promote, 13)) {
+                        if (!td_gemm_fp8_fast_codes(a, K, w, K, wf, scale, row0, sr, sc, nbc, got, N, M, N, K, promote, 13, 0)) {
                             declined++;
                             continue;
                         }
@@ -237,7 +267,7 @@ static void test_fp8_fast_codes_matches_widened(void **state)
                         checked++;
                     }
                     w[3] = fmt ? 0x7D : 0x7F;   /* a NaN code: declined */
-                    assert_int_equal(td_gemm_fp8_fast_codes(a, K, w, K, wf, scale, row0, sr, sc, nbc, got, N, M, N, K, 128, 13), 0);
+                    assert_int_equal(td_gemm_fp8_fast_codes(a, K, w, K, wf, scale, row0, sr, sc, nbc, got, N, M, N, K, 128, 13, 0), 0);
                     free(w); free(scale); free(wide); free(a); free(want); free(got);
                 }
     printf("td_gemm_fp8_fast_codes: %d cases bit-identical to the widened rows, %d declined (%s)\n", checked, declined,
@@ -555,6 +585,7 @@ int main(void)
         cmocka_unit_test(test_fp8_fast_accumulation_bounded),
         cmocka_unit_test(test_fp8_fast_kernel_matches_model),
         cmocka_unit_test(test_fp8_fast_codes_matches_widened),
+        cmocka_unit_test(test_fp8_codes_have_nan),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_fixed_w16_matches_fixed),
         cmocka_unit_test(test_bf16dp_matches_ref),

@@ -144,7 +144,11 @@ void td_gemm_fp8_fast(const float *a, int lda, const float *w, int ldw, float *c
  * not a multiple of 8, an e4m3 block scale above 2^119): the caller widens the rows instead. */
 int td_gemm_fp8_fast_codes(const float *a, int lda, const uint8_t *w, int ldw, td_format wf,
                            const float *scale, int row0, int sr, int sc, int nbc, float *c, int ldc,
-                           int M, int N, int K, int promote, int bits);
+                           int M, int N, int K, int promote, int bits, int nan_free);
+/* (nan_free 1: the caller knows that no code of w is a NaN, td_fp8_codes_have_nan's answer
+ * kept from when the codes were made; 0: the rows are scanned first, and rows with a NaN code
+ * are declined.) 1 when one of the n codes of format f (e4m3 or e5m2) is a NaN. */
+int td_fp8_codes_have_nan(const uint8_t *codes, size_t n, td_format f);
 
 /* Truncates an fp32 value to `bits` fraction bits (toward zero): the fp8-fast accumulator. */
 static inline float td_trunc_fraction(float x, int bits)

@@ -247,7 +247,7 @@ static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const
                            td_gemm_fp8_fast_codes(qin, IN, (const uint8_t *)weight->data + (size_t)c0 * IN, IN,
                                                   weight->dtype, weight->scale, c0, weight->sr, weight->sc,
                                                   weight->nbc, out + c0, OUT, N, nc, IN, r->promote_every,
-                                                  r->acc_fraction_bits)) {
+                                                  r->acc_fraction_bits, weight->nan_free)) {
                     /* a decode step: fp8 codes decoded in registers, the bits of the widened rows */
                 } else {
                     const float *wt = wmat_rows(weight, c0, nc, IN, tile);   /* widened to fp32 */

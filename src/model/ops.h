@@ -53,6 +53,8 @@ typedef struct td_wmat {
     td_format dtype;
     const float *scale;           /* fp8 only                                                  */
     int sr, sc, nbc;              /* fp8 scale blocks: rows, columns, blocks per row           */
+    int nan_free;                 /* fp8: 1 when it was checked that no code is a NaN (the decode
+                                     kernel then skips its scan of the codes; 0: not known)      */
 } td_wmat;
 
 static inline td_wmat td_wmat_f32(const float *p)

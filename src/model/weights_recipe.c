@@ -259,8 +259,10 @@ static int prep_wmat_host(prep *P, const td_recipe *r, td_wmat src, int has_nan,
         float *scales = codes ? own(P, ns * sizeof(float), f) : NULL;
         if (!scales) return -1;
         td_fp8_quantize(&s, vals, rows, cols, codes, scales);
+        /* checked once here: the decode kernel scanned every code for NaNs on every call, a
+         * second read of the weights per decode step */
         *out = (td_wmat){.data = codes, .dtype = f, .scale = scales, .sr = (int)br, .sc = (int)bc,
-                         .nbc = (int)((cols + bc - 1) / bc)};
+                         .nbc = (int)((cols + bc - 1) / bc), .nan_free = !td_fp8_codes_have_nan(codes, n, f)};
     } else {   /* bf16 / fp16 codes */
         uint16_t *codes = own(P, n * 2, f);
         if (!codes) return -1;

@@ -368,7 +368,7 @@ void td_gemm_fp8_fast(const float *a, int lda, const float *w, int ldw, float *c
 
 int td_gemm_fp8_fast_codes(const float *a, int lda, const uint8_t *w, int ldw, td_format wf,
                            const float *scale, int row0, int sr, int sc, int nbc, float *c, int ldc,
-                           int M, int N, int K, int promote, int bits)
+                           int M, int N, int K, int promote, int bits, int nan_free)
 {
     clamp_fp8_args(&promote, &bits);
 #ifdef TD_HAVE_FP8FAST_SIMD
@@ -380,13 +380,32 @@ int td_gemm_fp8_fast_codes(const float *a, int lda, const uint8_t *w, int ldw, t
             for (int q = 0; q < nbc; q++)
                 if (!(fabsf(scale[(size_t)b * nbc + q]) <= 0x1p+119f)) return 0;
     }
-    if (has_nan_code(w, ldw, N, K, wf == TD_E5M2)) return 0;   /* NaN weights: the widened path */
+    if (!nan_free && has_nan_code(w, ldw, N, K, wf == TD_E5M2)) return 0;   /* NaN weights: the widened path */
     codes_w cw = {w, scale, ldw, row0, sr, sc, nbc, wf == TD_E5M2};
     gemm512_codes(a, lda, &cw, c, ldc, M, N, K, promote, bits);
     return 1;
 #else
     (void)a; (void)lda; (void)w; (void)ldw; (void)wf; (void)scale; (void)row0; (void)sr; (void)sc;
-    (void)nbc; (void)c; (void)ldc; (void)M; (void)N; (void)K; (void)bits;
+    (void)nbc; (void)c; (void)ldc; (void)M; (void)N; (void)K; (void)bits; (void)nan_free;
     return 0;
 #endif
+}
+
+int td_fp8_codes_have_nan(const uint8_t *codes, size_t n, td_format f)
+{
+    if (f != TD_E4M3 && f != TD_E5M2) return 0;
+    size_t i = 0;
+#ifdef TD_HAVE_FP8FAST_SIMD
+    if (td_isa_level() >= TD_ISA_AVX512) {   /* rows of up to 2^30 codes through the kernel's scan */
+        for (; i + (1u << 30) <= n; i += 1u << 30)
+            if (has_nan_code(codes + i, 0, 1, 1 << 30, f == TD_E5M2)) return 1;
+        if (i < n && has_nan_code(codes + i, 0, 1, (int)(n - i), f == TD_E5M2)) return 1;
+        return 0;
+    }
+#endif
+    for (; i < n; i++) {
+        uint8_t b = codes[i] & 0x7F;
+        if (f == TD_E4M3 ? b == 0x7F : b > 0x7C) return 1;
+    }
+    return 0;
 }
