@@ -202,37 +202,51 @@ static void scale_cpu(const td_ops *ctx, float *x, float s, size_t n)
 
 /* ---------------------------------------------------------------- GEMM */
 
-/* One product under the context's recipe: operand quantisation, the recipe's accumulation,
- * bias and output rounding (gemm.h), threads over output columns. */
-static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const td_wmat *weight,
-                          const float *bias, int N, int IN, int OUT)
+/* n products of one input under the context's recipe: operand quantisation (once, the input
+ * being the same), the recipe's accumulation, bias and output rounding (gemm.h), threads over the
+ * products' output columns in one parallel region. Each product is cut into its own fixed tiles
+ * (cpu.h), from its first column, and each tile is the one GEMM it was when the products ran one
+ * region each: the same calls, so the same bits, with fewer barriers per layer (q, k, v and gate,
+ * up share a region) and one quantisation of the input instead of three or two. The weights must
+ * share a dtype (the kernel choice below depends on it); matmul_cpu checks. */
+static void matmul_recipe(const td_ops *ctx, int n, float *const *outs, const float *inp,
+                          const td_wmat *weights, const float *const *bias, int N, int IN,
+                          const int *OUTS)
 {
     const td_recipe *r = ctx->recipe;
     float *qin = ctx->qin;
     td_gemm_quant_input(r, inp, N, IN, qin);
-    /* how this product is summed (gemm.h): decode-sized products with fp32 accumulation read
+    /* how these products are summed (gemm.h): decode-sized products with fp32 accumulation read
      * 16-bit weights as stored; larger ones of bf16 operands take the CPU's bf16 dot products,
      * over the input as bf16 codes (in place in qin) and weights as stored (bf16 codes) or
      * as codes of their fp32 copy (bf16 values), written into the tile scratch */
+    td_format wdt = weights[0].dtype;
     int w16 = N <= TD_GEMM_FIXED_ROWS && r->accumulate == TD_ACC_FP32 && !td_gemm_legacy_order() &&
-              (weight->dtype == TD_BF16 || weight->dtype == TD_F16);
+              (wdt == TD_BF16 || wdt == TD_F16);
     int dp = N > TD_GEMM_FIXED_ROWS && td_gemm_bf16dp_applies(r) &&
-             (weight->dtype == TD_BF16 || (weight->dtype == TD_F32 && ctx->wtile));
+             (wdt == TD_BF16 || (wdt == TD_F32 && ctx->wtile));
     const uint16_t *qcodes = dp ? td_gemm_pack_bf16(qin, (size_t)N * IN) : NULL;
-    #pragma omp parallel num_threads(gemm_threads(ctx, N, IN, OUT))
+    /* work items: product j's tiles of TD_GEMM_TILE columns, product after product */
+    long items = 0, cols = 0;
+    for (int j = 0; j < n; j++) {
+        items += (OUTS[j] + TD_GEMM_TILE - 1) / TD_GEMM_TILE;
+        cols += OUTS[j];
+    }
+    #pragma omp parallel num_threads(gemm_threads(ctx, N, IN, cols))
     {
-        int t = omp_get_thread_num();
-        long s0, s1;
-        gemm_slice(OUT, t, omp_get_num_threads(), &s0, &s1);
-        int o0 = (int)s0, o1 = (int)s1;
-        if (o0 < o1) {
-            /* gscratch is NULL when no recipe needs it (NULL + 0 is undefined behaviour in C) */
-            float *scratch = ctx->gscratch ? ctx->gscratch + (size_t)t * ctx->gscratch_per_thread : NULL;
-            /* one GEMM per fixed tile (cpu.h) */
-            int cols = TD_GEMM_TILE;
-            float *tile = wtile_scratch(ctx, t);
-            for (int c0 = o0; c0 < o1; c0 += cols) {
-                int nc = c0 + cols <= o1 ? cols : o1 - c0;
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        long i0 = items * t / nt, i1 = items * (t + 1) / nt, item = 0;
+        /* gscratch is NULL when no recipe needs it (NULL + 0 is undefined behaviour in C) */
+        float *scratch = ctx->gscratch ? ctx->gscratch + (size_t)t * ctx->gscratch_per_thread : NULL;
+        float *tile = wtile_scratch(ctx, t);
+        for (int j = 0; j < n && item < i1; j++) {
+            const td_wmat *weight = &weights[j];
+            float *out = outs[j];
+            int OUT = OUTS[j];
+            const float *b = bias ? bias[j] : NULL;
+            for (int c0 = 0; c0 < OUT; c0 += TD_GEMM_TILE, item++) {
+                if (item < i0 || item >= i1) continue;
+                int nc = c0 + TD_GEMM_TILE <= OUT ? TD_GEMM_TILE : OUT - c0;
                 if (w16) {
                     td_gemm_accumulate_w16(r, qin, N, IN, (const uint16_t *)weight->data + (size_t)c0 * IN,
                                            weight->dtype, IN, nc, out + c0, OUT);
@@ -253,14 +267,14 @@ static void matmul_recipe(const td_ops *ctx, float *out, const float *inp, const
                     const float *wt = wmat_rows(weight, c0, nc, IN, tile);   /* widened to fp32 */
                     td_gemm_accumulate(r, qin, N, IN, wt, IN, nc, out + c0, OUT, scratch);
                 }
-                td_gemm_finish(r, out + c0, N, nc, OUT, bias ? bias + c0 : NULL);
+                td_gemm_finish(r, out + c0, N, nc, OUT, b ? b + c0 : NULL);
             }
         }
     }
 }
 
-/* The fp32 reference does all n products in one parallel region (few barriers per layer);
- * under a recipe each product is quantised and accumulated on its own. */
+/* The fp32 reference does all n products in one parallel region (few barriers per layer); so
+ * does a recipe when the n weights share a dtype (always, but for a mixed checkpoint). */
 static void matmul_cpu(const td_ops *ctx, int n, float *const *out, const float *inp,
                        const td_wmat *weight, const float *const *bias, int N, int IN,
                        const int *OUT)
@@ -269,8 +283,14 @@ static void matmul_cpu(const td_ops *ctx, int n, float *const *out, const float 
         matmul_forward_ref(ctx, n, out, inp, weight, bias, N, IN, OUT);
         return;
     }
+    int same = 1;
+    for (int j = 1; j < n; j++) same = same && weight[j].dtype == weight[0].dtype;
+    if (same) {
+        matmul_recipe(ctx, n, out, inp, weight, bias, N, IN, OUT);
+        return;
+    }
     for (int j = 0; j < n; j++)
-        matmul_recipe(ctx, out[j], inp, &weight[j], bias ? bias[j] : NULL, N, IN, OUT[j]);
+        matmul_recipe(ctx, 1, &out[j], inp, &weight[j], bias ? &bias[j] : NULL, N, IN, &OUT[j]);
 }
 
 /* ---------------------------------------------------------------- attention */
