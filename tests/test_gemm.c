@@ -523,6 +523,20 @@ static void test_bf16dp_matches_ref(void **state)
                     }
                 free(a); free(w); free(want); free(got);
             }
+    {   /* rows past the FMA kernel's chunk of split rows (2 MB: 340 rows at K = 1500): three chunks,
+         * the last one short and ending inside a block of 4 */
+        int M = 703, N = 9, K = 1500, lda = K + 5, ldw = K + 7, ldc = N + 2;
+        uint16_t *a = malloc((size_t)M * lda * 2), *w = malloc((size_t)N * ldw * 2);
+        float *want = malloc((size_t)M * ldc * 4), *got = malloc((size_t)M * ldc * 4);
+        for (size_t i = 0; i < (size_t)M * lda; i++) a[i] = td_f32_to_bf16((float)td_rng_normal(&rng)).bits;
+        for (size_t i = 0; i < (size_t)N * ldw; i++) w[i] = td_f32_to_bf16((float)td_rng_normal(&rng)).bits;
+        for (size_t i = 0; i < (size_t)M * ldc; i++) want[i] = got[i] = (float)i;
+        td_gemm_bf16dp_ref(a, lda, w, ldw, want, ldc, M, N, K, 1);
+        td_gemm_bf16dp(a, lda, w, ldw, got, ldc, M, N, K, 1);
+        if (memcmp(got, want, (size_t)M * ldc * 4)) fail_msg("bf16dp M=%d N=%d K=%d: kernel differs from the reference", M, N, K);
+        checked++;
+        free(a); free(w); free(want); free(got);
+    }
     printf("td_gemm_bf16dp: %d cases bit-identical to the reference order (kernel on this CPU: %s)\n",
            checked, td_gemm_bf16dp_kernel_name());
     /* in-place packing keeps every code */

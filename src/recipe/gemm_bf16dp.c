@@ -282,8 +282,8 @@ TGT static void gemm_avx512bf16(const uint16_t *a, int lda, const uint16_t *w, i
  * ftz are the CPU's own (MXCSR's DAZ and FTZ, x86's tininess after rounding, as the
  * instruction's), set while the lane sums run and put back before the reduction, whose additions
  * are IEEE's. The barriers keep the compiler from moving the sums across the two MXCSR writes.
- * w's columns are split once per panel of 48 (pack_rows), a's 4 rows once per panel where K is
- * small, in registers where it is not. 4 x 4 blocks: 16 sums, 8 split rows and 2 split columns
+ * w's columns are split once per panel of 48 (pack_rows), a's rows once per call (in chunks) where
+ * K is small, in registers where it is not. 4 x 4 blocks: 16 sums, 8 split rows and 2 split columns
  * stay in the 32 registers. */
 #define BARRIER(R, S, acc)                                                                         \
     do {                                                                                           \
@@ -385,33 +385,42 @@ TGTF static void gemm_avx512fma(const uint16_t *a, int lda, const uint16_t *w, i
                                 int ldc, int M, int N, int K, int add)
 {
     /* column panels of 48, as gemm_avx512bf16, each split once into fp32 (48 x K floats, in L2
-     * while every row block passes) */
-    int ldp = (K + 31) & ~31;
-    float *wp = panel_buffer((size_t)(48 + 4) * ldp), *ap = wp + (size_t)48 * ldp;
-    int small_k = K <= 1536;   /* 4 split rows of a (24 KB) stay in L1 while the panel passes */
-    if (!wp) {   /* no memory for the panel: the same bits, slowly */
+     * while every row block passes). Where K <= 1536, a's rows are split too, once for every
+     * panel, in chunks of up to 2 MB (4 split rows, 24 KB, stay in L1 while a panel passes; split
+     * per row block and panel, that splitting was 5 % of a bf16 training step); above, each block
+     * splits its rows in registers. */
+    int ldp = (K + 31) & ~31, small_k = K <= 1536;
+    int mc = small_k ? (((1 << 19) / ldp) & ~3) : M;   /* rows a chunk: 2 MB of split rows */
+    if (mc > ((M + 3) & ~3)) mc = (M + 3) & ~3;
+    float *wp = panel_buffer((size_t)48 * ldp + (small_k ? (size_t)mc * ldp : 0));
+    if (!wp) {   /* no memory for the panels: the same bits, slowly */
         td_gemm_bf16dp_ref(a, lda, w, ldw, c, ldc, M, N, K, add);
         return;
     }
-    for (int j0 = 0; j0 < N; j0 += 48) {
-        int j1 = j0 + 48 < N ? j0 + 48 : N;
-        pack_rows(w + (size_t)j0 * ldw, ldw, j1 - j0, K, wp, ldp);
-        for (int i = 0; i < M; i += 4) {
-            int R = M - i < 4 ? M - i : 4;
-            const uint16_t *ai = a + (size_t)i * lda;
-            if (small_k) pack_rows(ai, lda, R, K, ap, ldp);
-            float *ci = c + (size_t)i * ldc;
-            for (int j = j0; j < j1; j += 4) {
-                int S = j1 - j < 4 ? j1 - j : 4;
-                const float *wj = wp + (size_t)(j - j0) * ldp;
-#define CASE(RR, SS) case (RR) * 8 + (SS): block_fma(small_k ? ap : NULL, ai, lda, K, wj, ldp, ci + j, ldc, add, RR, SS); break;
-                switch (R * 8 + S) {
-                CASE(4, 4) CASE(4, 3) CASE(4, 2) CASE(4, 1)
-                CASE(3, 4) CASE(3, 3) CASE(3, 2) CASE(3, 1)
-                CASE(2, 4) CASE(2, 3) CASE(2, 2) CASE(2, 1)
-                CASE(1, 4) CASE(1, 3) CASE(1, 2) default: block_fma(small_k ? ap : NULL, ai, lda, K, wj, ldp, ci + j, ldc, add, 1, 1); break;
-                }
+    float *ap = wp + (size_t)48 * ldp;
+    for (int i0 = 0; i0 < M; i0 += mc) {
+        int i1 = i0 + mc < M ? i0 + mc : M;
+        if (small_k) pack_rows(a + (size_t)i0 * lda, lda, i1 - i0, K, ap, ldp);
+        for (int j0 = 0; j0 < N; j0 += 48) {
+            int j1 = j0 + 48 < N ? j0 + 48 : N;
+            pack_rows(w + (size_t)j0 * ldw, ldw, j1 - j0, K, wp, ldp);
+            for (int i = i0; i < i1; i += 4) {
+                int R = i1 - i < 4 ? i1 - i : 4;
+                const uint16_t *ai = a + (size_t)i * lda;
+                const float *api = small_k ? ap + (size_t)(i - i0) * ldp : NULL;
+                float *ci = c + (size_t)i * ldc;
+                for (int j = j0; j < j1; j += 4) {
+                    int S = j1 - j < 4 ? j1 - j : 4;
+                    const float *wj = wp + (size_t)(j - j0) * ldp;
+#define CASE(RR, SS) case (RR) * 8 + (SS): block_fma(api, ai, lda, K, wj, ldp, ci + j, ldc, add, RR, SS); break;
+                    switch (R * 8 + S) {
+                    CASE(4, 4) CASE(4, 3) CASE(4, 2) CASE(4, 1)
+                    CASE(3, 4) CASE(3, 3) CASE(3, 2) CASE(3, 1)
+                    CASE(2, 4) CASE(2, 3) CASE(2, 2) CASE(2, 1)
+                    CASE(1, 4) CASE(1, 3) CASE(1, 2) default: block_fma(api, ai, lda, K, wj, ldp, ci + j, ldc, add, 1, 1); break;
+                    }
 #undef CASE
+                }
             }
         }
     }
