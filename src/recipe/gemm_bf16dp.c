@@ -460,9 +460,8 @@ TGT static void gemm_k1_avx512(const uint16_t *a, int lda, const uint16_t *w, fl
 
 typedef void (*gemm_fn)(const uint16_t *, int, const uint16_t *, int, float *, int, int, int, int, int);
 
-static int bf16dp_ok;                  /* some kernel matched the reference */
-static gemm_fn bf16dp_kernel;          /* the one td_gemm_bf16dp runs */
-static const char *bf16dp_name = "none";
+static gemm_fn bf16dp_kernel;          /* the one td_gemm_bf16dp runs; NULL: none matched */
+static const char *bf16dp_name;
 static pthread_once_t bf16dp_once = PTHREAD_ONCE_INIT;
 int td_gemm_bf16dp_disabled = 0;
 
@@ -537,7 +536,6 @@ static void bf16dp_check(void)
         bf16dp_kernel = gemm_avx512fma;
         bf16dp_name = "AVX-512 fp32 FMA";
     }
-    bf16dp_ok = bf16dp_kernel != NULL;
 #endif
 }
 
@@ -545,7 +543,7 @@ int td_gemm_bf16dp_available(void)
 {
     if (td_gemm_bf16dp_disabled) return 0;
     pthread_once(&bf16dp_once, bf16dp_check);
-    return bf16dp_ok;
+    return bf16dp_kernel != NULL;
 }
 
 const char *td_gemm_bf16dp_kernel_name(void)
