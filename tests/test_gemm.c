@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 #include <math.h>
 #include <cmocka.h>
 
@@ -590,8 +592,51 @@ static void test_codes_transposed(void **state)
            td_isa_level() >= TD_ISA_AVX512 ? "AVX-512" : "portable");
 }
 
-int main(void)
+/* OpenBLAS's core (src/util/isa.c): where OpenBLAS falls back to an old core (Prescott on a Xeon
+ * its table does not know) on a CPU with AVX2 + FMA, every program linking tidal runs with the
+ * CPU's family instead, set before main; a core the user names in OPENBLAS_CORETYPE stands. Checked
+ * on this program started again without the variable and with it. Reference: OpenBLAS's corename
+ * table (driver/others/dynamic.c), the old cores being those without AVX2. */
+static int old_core(const char *c)
 {
+    static const char *const old[] = {"Unknown", "Katmai", "Coppermine", "Northwood", "Prescott", "Banias",
+        "Atom", "Core2", "Penryn", "Dunnington", "Nehalem", "Athlon", "Opteron", "Opteron_SSE3",
+        "Barcelona", "Nano", "Sandybridge", "Bobcat"};
+    for (size_t i = 0; i < sizeof old / sizeof *old; i++)
+        if (!strcasecmp(c, old[i])) return 1;
+    return 0;
+}
+
+static void core_of_self(const char *env, char *out, size_t n)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "env %s /proc/%d/exe --blas-core", env, (int)getpid());
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    out[0] = 0;
+    if (!fgets(out, (int)n, p)) out[0] = 0;
+    out[strcspn(out, "\n")] = 0;
+    assert_int_equal(pclose(p), 0);
+}
+
+static void test_blas_core(void **state)
+{
+    (void)state;
+    if (!td_blas_core()) { printf("blas core: not OpenBLAS, nothing to check\n"); return; }
+    char unset[64], named[64];
+    core_of_self("-u OPENBLAS_CORETYPE", unset, sizeof unset);
+    core_of_self("OPENBLAS_CORETYPE=Prescott", named, sizeof named);
+    int modern = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    printf("blas core: %s when unset (CPU %s AVX2 + FMA), %s when the user names Prescott\n", unset,
+           modern ? "with" : "without", named);
+    if (modern) assert_false(old_core(unset));
+    assert_string_equal(named, "Prescott");
+    assert_null(td_blas_core_to_force());   /* nothing left to force in this process */
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--blas-core")) { printf("%s\n", td_blas_core()); return 0; }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_weight_and_input_rounding),
         cmocka_unit_test(test_fp32_and_bf16_within_bound),
@@ -603,6 +648,7 @@ int main(void)
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_fixed_w16_matches_fixed),
         cmocka_unit_test(test_bf16dp_matches_ref),
+        cmocka_unit_test(test_blas_core),
         cmocka_unit_test(test_bf16dp_small_k),
         cmocka_unit_test(test_bf16dp_tiny),
         cmocka_unit_test(test_codes_transposed),

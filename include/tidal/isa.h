@@ -20,6 +20,15 @@ td_isa td_isa_level(void);
 /* 1 when the level is AVX-512 and the CPU has AVX512-BF16 (vdpbf16ps). */
 int td_cpu_has_avx512bf16(void);
 
+/* OpenBLAS's core (openblas_get_corename: "SkylakeX", "Haswell", "Zen", ...), NULL when the BLAS
+ * is not OpenBLAS. */
+const char *td_blas_core(void);
+
+/* The core to set in OPENBLAS_CORETYPE when OpenBLAS fell back to an old core (Prescott, ...) on
+ * a CPU with AVX2 + FMA ("Haswell") or AVX-512 ("SkylakeX"); NULL when its choice stands or the
+ * variable is set already. The tools apply it before main (src/util/opts.c). */
+const char *td_blas_core_to_force(void);
+
 /* Inner loops compiled twice (AVX2 + FMA and the build's x86-64-v2 baseline), picked at load time
  * by the CPU, for element-wise loops that run at half width at the baseline. The build is ISO C11
  * (-std=c11), under which GCC does not contract a * b + c into an FMA (-ffp-contract=off is that

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 
@@ -21,7 +22,8 @@ static int cpuid_bit(unsigned leaf, unsigned sub, int reg, int bit)
 static td_isa level;
 static pthread_once_t level_once = PTHREAD_ONCE_INIT;
 
-static void level_init(void)
+/* what the CPU has, whatever TIDAL_ISA says */
+static td_isa cpu_level(void)
 {
     td_isa have = TD_ISA_PORTABLE;
 #if defined(__x86_64__) || defined(__i386__)
@@ -32,6 +34,12 @@ static void level_init(void)
             have = TD_ISA_AVX512;
     }
 #endif
+    return have;
+}
+
+static void level_init(void)
+{
+    td_isa have = cpu_level();
     const char *cap = getenv("TIDAL_ISA");
     td_isa want = TD_ISA_AVX512;
     if (cap && !strcmp(cap, "avx2")) want = TD_ISA_AVX2;
@@ -52,4 +60,34 @@ int td_cpu_has_avx512bf16(void)
 #else
     return 0;
 #endif
+}
+
+/* OpenBLAS (built with DYNAMIC_ARCH, as Debian's is) picks its kernels by the CPU model when it is
+ * loaded. A model its table does not know falls back to an old core: Debian 12's 0.3.21 on a
+ * recent Xeon (AVX-512 with BF16 and FP16) runs Prescott, SSE3 without FMA, and every fp32 GEMM of
+ * tidal at a quarter of the speed (a training step in fp16-train: 1,100 tokens/s against 4,000
+ * with SkylakeX; issue 40 found it). The variable OPENBLAS_CORETYPE names the core instead, read
+ * at load time too, so a program that needs it sets it and executes itself again, before main:
+ * the tools' start-up does (src/util/opts.c), which every program of the build that loads OpenBLAS
+ * links (ldd, 2026-11-30). */
+char *openblas_get_corename(void) __attribute__((weak));
+
+const char *td_blas_core(void)
+{
+    return openblas_get_corename ? openblas_get_corename() : NULL;
+}
+
+const char *td_blas_core_to_force(void)
+{
+    if (getenv("OPENBLAS_CORETYPE")) return NULL;   /* the user's choice (or an earlier pass's) */
+    const char *core = td_blas_core();
+    if (!core) return NULL;
+    static const char *const old[] = {"Unknown", "Katmai", "Coppermine", "Northwood", "Prescott", "Banias",
+        "Atom", "Core2", "Penryn", "Dunnington", "Nehalem", "Athlon", "Opteron", "Opteron_SSE3",
+        "Barcelona", "Nano", "Sandybridge", "Bobcat"};
+    int fallback = 0;
+    for (size_t i = 0; i < sizeof old / sizeof *old; i++) fallback |= !strcasecmp(core, old[i]);
+    if (!fallback) return NULL;
+    td_isa have = cpu_level();
+    return have == TD_ISA_AVX512 ? "SkylakeX" : have == TD_ISA_AVX2 ? "Haswell" : NULL;
 }

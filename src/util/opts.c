@@ -1,6 +1,7 @@
 /* The command-line convention of every tool (include/tidal/opts.h): GNU long options, one
  * message format for usage errors, --help and --version everywhere. */
 #include "tidal/opts.h"
+#include "tidal/isa.h"
 
 #include <errno.h>
 #include <math.h>
@@ -18,14 +19,18 @@
  * build) turns every barrier into a wait for a descheduled thread. Measured on the 2-core dev
  * machine with other jobs running: tidal-diff fp16 on datasets/models/add 68 tokens/s spinning
  * against 616-1246 passive; alone, the two agree within noise. Executables that do not link this
- * object (the unit tests) keep libgomp's default. */
-__attribute__((constructor)) static void passive_openmp(int argc, char **argv, char **envp)
+ * object (some unit tests) keep libgomp's default. The same pass sets OpenBLAS's core where its
+ * own choice fell back to an old one (td_blas_core_to_force, src/util/isa.c): one exec for both. */
+__attribute__((constructor)) static void startup_env(int argc, char **argv, char **envp)
 {
     (void)argc;
     (void)envp;
-    if (getenv("OMP_WAIT_POLICY") || !argv || !argv[0]) return;
-    if (setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
-    execv("/proc/self/exe", argv);   /* returns only on failure: go on spinning */
+    if (!argv || !argv[0]) return;
+    const char *core = td_blas_core_to_force();
+    int again = 0;
+    if (core && setenv("OPENBLAS_CORETYPE", core, 1) == 0) again = 1;
+    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0) again = 1;
+    if (again) execv("/proc/self/exe", argv);   /* returns only on failure: go on as loaded */
 }
 
 static void hint(const td_cli *cli)
