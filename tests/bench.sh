@@ -6,7 +6,9 @@
 # it (its Prescott kernels on a recent Xeon, issue 40), the CPU's real family (SkylakeX or Haswell)
 # is forced with OPENBLAS_CORETYPE for the whole bench, once tests/bench/blas_probe.c has checked
 # that core's products on the bench's shapes, so that each ratio is against the best peer this
-# machine can run; the first line says which core OpenBLAS chose and which ran.
+# machine can run; the first line says which core OpenBLAS chose and which ran. tidal's tools force
+# the same family themselves (td_blas_core_to_force, src/util/isa.c); the variable set here is for
+# the peers (PyTorch loads the same OpenBLAS) and checks the core's products first.
 set -u
 cd "$(dirname "$0")/.."
 export BUILD=${BUILD:-build}

@@ -272,7 +272,11 @@ void td_round_row(td_format f, const float *x, float *y, size_t n, td_saturation
         break;
     case TD_F16:
 #if TD_HAVE_F16C_PATH
-        if (f16_vector()) { td_f16_round_row_f16c(x, y, n); break; }
+        if (f16_vector()) {
+            if (td_isa_level() >= TD_ISA_AVX512) td_f16_round_row_avx512(x, y, n);
+            else                                 td_f16_round_row_f16c(x, y, n);
+            break;
+        }
 #endif
         for (size_t i = 0; i < n; i++) y[i] = narrow_decode(F16_ENC(u[i]), 16, 10, 15, 1);
         break;

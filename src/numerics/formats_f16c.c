@@ -174,6 +174,19 @@ TGT512 void td_bf16_round_row_avx512(const float *x, float *y, size_t n)
     }
 }
 
+/* td_f16_round_row_f16c on 16 lanes: the same two conversions (zmm forms of the same
+ * instructions, so the same bits), NaN lanes -> 0x7FFFFFFF by mask, the tail masked */
+TGT512 void td_f16_round_row_avx512(const float *x, float *y, size_t n)
+{
+    const __m512 qnan = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 live = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(live, x + i);
+        __m512 r = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm512_mask_storeu_ps(y + i, live, _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan));
+    }
+}
+
 TGT512 void td_fp8_decode_scaled_row_avx512(int e5m2, const uint8_t *codes, float scale, const float *lut,
                                             float *y, size_t n)
 {

@@ -11,6 +11,7 @@
 void td_f16_encode_row_f16c(const float *x, uint16_t *codes, size_t n);
 void td_f16_decode_row_f16c(const uint16_t *codes, float *y, size_t n);
 void td_f16_round_row_f16c(const float *x, float *y, size_t n);
+void td_f16_round_row_avx512(const float *x, float *y, size_t n);
 void td_bf16_round_row_avx2(const float *x, float *y, size_t n);
 void td_bf16_round_row_avx512(const float *x, float *y, size_t n);
 void td_bf16_encode_row_avx2(const float *x, uint16_t *codes, size_t n);

@@ -24,6 +24,7 @@ extern "C" {
 }
 
 #include "tidal/formats.h"
+#include "tidal/isa.h"
 #include "../format_inputs.h"
 #include "nv_ref.h"
 
@@ -114,7 +115,7 @@ static void check_encode(td_format f, td_saturation sat, td_scale_rounding rnd, 
     agree += compare_source(f, sat, rnd, SRC_TIES, N_TIES, &shown);
     printf("%s: %llu/%llu identical to NVIDIA (fast, row, round-row and reference forms%s; %llu %s + %llu ties + %llu specials)\n",
            label, (unsigned long long)agree, (unsigned long long)total,
-           f == TD_F16 && td_formats_have_vector_f16() ? ", rows by F16C" : "", (unsigned long long)n_random,
+           f == TD_F16 && td_formats_have_vector_f16() ? (td_isa_level() >= TD_ISA_AVX512 ? ", rows by F16C, round-row by AVX-512" : ", rows by F16C") : "", (unsigned long long)n_random,
            exhaustive ? "exhaustive" : "random", (unsigned long long)N_TIES,
            (unsigned long long)TI_N_SPECIAL);
     fflush(stdout);
