@@ -11,6 +11,7 @@
 #include <string.h>
 #include <stdlib.h>
 #include <cmocka.h>
+#include <omp.h>
 
 #include "tidal/formats.h"
 #include "format_inputs.h"
@@ -310,6 +311,39 @@ static void test_argmax_first_vs_scan(void **state)
     printf("td_argmax_first: %d rows, the scan's index every time\n", checked);
 }
 
+/* Long rows go to the OpenMP threads in chunks (src/numerics/formats.c): each value is its own, so
+ * encode, decode and round on 2 threads must give the one-thread bits, out of place and in place,
+ * at a length with a short last chunk. Reference: the same call on one thread (the serial path). */
+static void test_long_rows_threads(void **state)
+{
+    (void)state;
+    const size_t N = 3 * (1u << 18) + 5;
+    float *x = malloc(N * 4), *y1 = malloc(N * 4), *y2 = malloc(N * 4), *d1 = malloc(N * 4), *d2 = malloc(N * 4);
+    uint8_t *c1 = malloc(N * 4), *c2 = malloc(N * 4);
+    for (size_t i = 0; i < N; i++) x[i] = i < TI_N_SPECIAL ? ti_special(i) : ti_random_bits(17, i);
+    const td_format fs[] = {TD_BF16, TD_F16, TD_E4M3, TD_E5M2};
+    for (int t = 0; t < 4; t++) {
+        td_format f = fs[t];
+        size_t es = f == TD_BF16 || f == TD_F16 ? 2 : 1;
+        omp_set_num_threads(1);
+        td_encode_row(f, x, c1, N, TD_SATFINITE);
+        td_decode_row(f, c1, d1, N);
+        td_round_row(f, x, y1, N, TD_SATFINITE);
+        omp_set_num_threads(2);
+        td_encode_row(f, x, c2, N, TD_SATFINITE);
+        td_decode_row(f, c1, d2, N);
+        td_round_row(f, x, y2, N, TD_SATFINITE);
+        assert_memory_equal(c1, c2, N * es);
+        assert_memory_equal(d1, d2, N * 4);
+        assert_memory_equal(y1, y2, N * 4);
+        memcpy(y2, x, N * 4);
+        td_round_row(f, y2, y2, N, TD_SATFINITE);
+        assert_memory_equal(y1, y2, N * 4);
+    }
+    printf("rows of %zu values: 2 threads give the one-thread bits (encode, decode, round, in place)\n", N);
+    free(x); free(y1); free(y2); free(d1); free(d2); free(c1); free(c2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -319,6 +353,7 @@ int main(void)
         cmocka_unit_test(test_fast_vs_ref),
         cmocka_unit_test(test_vector_rows_vs_scalar),
         cmocka_unit_test(test_fp8_round_rows_vs_scalar),
+        cmocka_unit_test(test_long_rows_threads),
         cmocka_unit_test(test_expf_row_vs_libm),
         cmocka_unit_test(test_argmax_first_vs_scan),
     };
