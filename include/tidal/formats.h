@@ -95,7 +95,9 @@ uint32_t td_encode_ref(td_format f, float x, td_saturation sat);
 uint32_t td_encode_e8m0_ref(float x, td_saturation sat, td_scale_rounding rnd);
 float    td_decode_ref(td_format f, uint32_t code);
 
-/* ---- row forms: n values; codes stored in storage_bits-wide elements ---- */
+/* ---- row forms: n values; codes stored in storage_bits-wide elements. Rows of 256 Ki values and
+ * more, called outside a parallel region, run on the OpenMP threads (each value on its own: the
+ * same bits at any thread count). ---- */
 void td_encode_row(td_format f, const float *x, void *codes, size_t n, td_saturation sat);
 void td_decode_row(td_format f, const void *codes, float *y, size_t n);
 /* Round each value to the nearest value of format f and back, in place or out of place:

@@ -65,8 +65,8 @@ int td_cpu_has_avx512bf16(void)
 /* OpenBLAS (built with DYNAMIC_ARCH, as Debian's is) picks its kernels by the CPU model when it is
  * loaded. A model its table does not know falls back to an old core: Debian 12's 0.3.21 on a
  * recent Xeon (AVX-512 with BF16 and FP16) runs Prescott, SSE3 without FMA, and every fp32 GEMM of
- * tidal at a quarter of the speed (a training step in fp16-train: 1,100 tokens/s against 4,000
- * with SkylakeX; issue 40 found it). The variable OPENBLAS_CORETYPE names the core instead, read
+ * tidal at a quarter to a third of the speed (a training step in fp16-train: about 940 tokens/s
+ * against 2,730 with SkylakeX, reports/cpu-speed.md; issue 40 found the fallback). The variable OPENBLAS_CORETYPE names the core instead, read
  * at load time too, so a program that needs it sets it and executes itself again, before main:
  * the tools' start-up does (src/util/opts.c), which every program of the build that loads OpenBLAS
  * links (ldd, 2026-11-30). */
