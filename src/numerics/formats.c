@@ -303,7 +303,8 @@ static int rows_in_parallel(size_t n)
 
 static size_t code_bytes(td_format f)
 {
-    return f == TD_F32 ? 4 : (f == TD_BF16 || f == TD_F16) ? 2 : 1;
+    const td_format_traits *t = td_format_info(f);
+    return t ? (size_t)t->storage_bits / 8 : 4;   /* an unknown format converts nothing */
 }
 
 /* 1 when [a, a + na) and [b, b + nb) share a byte */
