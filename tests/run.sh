@@ -27,12 +27,47 @@ run_c() {  # $1: label, then the command
   out=$(TMPDIR=$TEST_TMP "$@" 2>&1); rc=$?
   echo "$out"
   echo "--- $label: $((SECONDS - t0)) s, $(tmp_end)"
-  n_ok=$(echo "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -n1)
-  n_bad=$(echo "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -n1)
-  pass=$((pass + ${n_ok:-0})); fail=$((fail + ${n_bad:-0}))
-  if [ $rc -ne 0 ]; then failed+=("$label"); [ -z "$n_bad" ] && fail=$((fail + 1)); fi
+  tally "$label" "$rc" "$out"
 }
-for t in "$@"; do run_c "$t" "$t"; done
+tally() {  # $1: label, $2: exit status, $3: output; counts cmocka's PASSED / FAILED lines
+  local n_ok n_bad
+  n_ok=$(echo "$3" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -n1)
+  n_bad=$(echo "$3" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -n1)
+  pass=$((pass + ${n_ok:-0})); fail=$((fail + ${n_bad:-0}))
+  if [ "$2" -ne 0 ]; then failed+=("$1"); [ -z "$n_bad" ] && fail=$((fail + 1)); fi
+}
+# The simulator's tests (*/sim/*) run one thread each (fibers; tests/cudasim), so they run side by
+# side, TIDAL_TEST_JOBS at once (default: the CPU count), each in its own TMPDIR; their outputs
+# are printed whole, in the order given, as each finishes in turn. The other programs use the
+# OpenMP threads themselves and run one at a time.
+par_dir=$(mktemp -d "$TMP_ROOT/tp.XXXXXX") || { echo "tests/run.sh: cannot create a directory under $TMP_ROOT" >&2; exit 1; }
+trap '[ -n "${TEST_TMP:-}" ] && rm -rf "$TEST_TMP"; rm -rf "$par_dir"' EXIT
+run_side_by_side() {  # the test programs to run, TIDAL_TEST_JOBS at once
+  local jobs=${TIDAL_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)} i=0 t
+  for t in "$@"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+    ( tmp_begin; t0=$SECONDS
+      TMPDIR=$TEST_TMP "$t" > "$par_dir/$i.out" 2>&1; echo $? > "$par_dir/$i.rc.tmp"
+      echo "$((SECONDS - t0)) s, $(tmp_end)" > "$par_dir/$i.took"; mv "$par_dir/$i.rc.tmp" "$par_dir/$i.rc" ) &
+    i=$((i + 1))
+  done
+  i=0
+  for t in "$@"; do
+    while [ ! -e "$par_dir/$i.rc" ]; do wait -n 2>/dev/null || sleep 0.2; done
+    echo "=== $t"
+    out=$(cat "$par_dir/$i.out"); rc=$(cat "$par_dir/$i.rc")
+    echo "$out"
+    echo "--- $t: $(cat "$par_dir/$i.took") (side by side)"
+    tally "$t" "$rc" "$out"
+    i=$((i + 1))
+  done
+  wait
+}
+side=()
+for t in "$@"; do
+  case $t in */sim/*) side+=("$t") ;; *) run_c "$t" "$t" ;; esac
+done
+[ ${#side[@]} -gt 0 ] && run_side_by_side "${side[@]}"
 # the kernels' narrower forms too (include/tidal/isa.h): what an AVX2-only machine and a plain
 # one run, on this CPU
 for isa in avx2 portable; do

@@ -286,6 +286,30 @@ static float block_scale(const float *s, int mode, uint64_t K, uint64_t cols, ui
     return s[(c / 128) * ldk + k / 128];
 }
 
+/* sum_k a[k] b[k] as one fmaf chain in increasing k (the model's fp32 sum), over the model's own
+ * decoded copies (so ASan need not check each read: av / bv below are sized to the loops). The FMA
+ * instruction, where the CPU has one, rounds as fmaf does: the same bits, without libm's call. */
+#if defined(__x86_64__)
+__attribute__((target("fma"), no_sanitize_address))
+static float fma_chain_hw(const float *a, const float *b, uint64_t n)
+{
+    float s = 0.0f;
+    for (uint64_t k = 0; k < n; k++) s = __builtin_fmaf(a[k], b[k], s);
+    return s;
+}
+#endif
+__attribute__((no_sanitize_address))
+static float fma_chain(const float *a, const float *b, uint64_t n)
+{
+#if defined(__x86_64__)
+    static const int hw = __builtin_cpu_supports("fma");
+    if (hw) return fma_chain_hw(a, b, n);
+#endif
+    float s = 0.0f;
+    for (uint64_t k = 0; k < n; k++) s = fmaf(a[k], b[k], s);
+    return s;
+}
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha, const void *A,
                               cublasLtMatrixLayout_t ad, const void *B, cublasLtMatrixLayout_t bd, const void *beta,
                               const void *C, cublasLtMatrixLayout_t cd, void *D, cublasLtMatrixLayout_t dd,
@@ -326,17 +350,30 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     memcpy(&be, beta, 4);
     const float *sa = fp8 ? op->ascale : NULL, *sb = fp8 ? op->bscale : NULL;
     uint64_t per = (p.K + parts - 1) / parts;
+    /* the operands decoded once: row i of op(A) at a[i K], column j of op(B) at b[j K] (the
+     * sums below are the same fmaf chains as element-wise loads; decoding once keeps the model
+     * from dominating the simulator's time, under ASan above all) */
+    std::vector<float> av((size_t)p.M * p.K), bv((size_t)p.N * p.K);
+    for (uint64_t i = 0; i < p.M; i++)
+        for (uint64_t k = 0; k < p.K; k++)
+            av[(size_t)i * p.K + k] = op->transa == CUBLAS_OP_N ? load(A, ad->type, ad->ld, i, k) : load(A, ad->type, ad->ld, k, i);
+    for (uint64_t j = 0; j < p.N; j++)
+        for (uint64_t k = 0; k < p.K; k++)
+            bv[(size_t)j * p.K + k] = op->transb == CUBLAS_OP_N ? load(B, bd->type, bd->ld, k, j) : load(B, bd->type, bd->ld, j, k);
     std::vector<float> out((size_t)p.M * p.N);
     for (uint64_t j = 0; j < p.N; j++)
         for (uint64_t i = 0; i < p.M; i++) {
+            const float *ar = av.data() + (size_t)i * p.K, *bc = bv.data() + (size_t)j * p.K;
             float total = 0.0f;
             for (uint64_t k0 = 0; k0 < p.K; k0 += per) {       /* split-K slices, in order */
                 uint64_t k1 = k0 + per < p.K ? k0 + per : p.K;
+                if (!blk) {
+                    total += fma_chain(ar + k0, bc + k0, k1 - k0);
+                    continue;
+                }
                 float part = 0.0f, blocksum = 0.0f;
                 for (uint64_t k = k0; k < k1; k++) {
-                    float a = op->transa == CUBLAS_OP_N ? load(A, ad->type, ad->ld, i, k) : load(A, ad->type, ad->ld, k, i);
-                    float b = op->transb == CUBLAS_OP_N ? load(B, bd->type, bd->ld, k, j) : load(B, bd->type, bd->ld, j, k);
-                    if (!blk) { part = fmaf(a, b, part); continue; }
+                    float a = ar[k], b = bc[k];
                     blocksum = fmaf(a, b, blocksum);
                     if (k % 128 == 127 || k + 1 == k1) {         /* promotion with the block's scales */
                         part += block_scale(sa, am, p.K, p.M, k, i) * block_scale(sb, bm, p.K, p.N, k, j) * blocksum;

@@ -119,6 +119,7 @@ struct Fiber {
     Context ctx;
     char *stack = nullptr;           /* usable stack (a PROT_NONE guard page lies below) */
     void *fake_stack = nullptr;      /* ASan's fake stack of this fiber while it is switched out */
+    char *dirty = nullptr;           /* ASan: [dirty, top) may hold poisoned frames (null: none) */
     int state = F_DONE;
     int lin = 0;                     /* linear thread index in the block */
     uint3 tid = {0, 0, 0};
@@ -157,6 +158,36 @@ void *sched_fake;
 const void *sched_bottom;
 size_t sched_size;
 int n_done, n_block_wait;
+/* per warp of the block: lanes that returned, lanes waiting at a warp intrinsic (kept with the
+ * states, so a warp op tests its lanes with a mask instead of a loop) */
+unsigned done_bits[1024 / 32], warp_bits[1024 / 32];
+/* the runnable threads by their place in the pass's order (pos_of[lin]): a pass visits the set
+ * bits in increasing place, as a walk over the order that skips the others would, without the
+ * walk (a block of 256 threads doing warp shuffles restarts its pass at every exchange) */
+uint64_t run_bits[1024 / 64];
+int pos_of[1024];
+
+void set_state(Fiber *f, int st)
+{
+    f->state = st;
+    const int at = pos_of[f->lin];
+    if (st == F_RUN) run_bits[at >> 6] |= 1ull << (at & 63);
+    else run_bits[at >> 6] &= ~(1ull << (at & 63));
+}
+
+/* the first runnable place at or after `from` among n, or -1 */
+int next_run(int from, int n)
+{
+    for (int w = from >> 6; w * 64 < n; w++) {
+        uint64_t m = run_bits[w];
+        if (w == from >> 6) m &= ~0ull << (from & 63);
+        if (m) {
+            int at = w * 64 + __builtin_ctzll(m);
+            return at < n ? at : -1;
+        }
+    }
+    return -1;
+}
 bool restart;
 int order_mode;
 unsigned long long rng;
@@ -233,6 +264,16 @@ void run_fiber(Fiber *f)
 void to_scheduler(bool finished)
 {
     Fiber *f = cur;
+#if CUDASIM_ASAN
+    /* A finished thread leaves only the frames still live now (fiber_main, thread_exit, this one)
+     * poisoned: every deeper frame returned and unpoisoned itself. So the next block clears this
+     * top of the stack, not the whole stack (256 KB a thread a block was most of the time of the
+     * sim tests under ASan); 4 KB below this frame covers the switch and ASan's own calls. */
+    if (finished) {
+        char *low = (char *)__builtin_frame_address(0) - 4096;
+        f->dirty = low > f->stack ? low : f->stack;
+    }
+#endif
     switch_start(finished ? nullptr : &f->fake_stack, sched_bottom, sched_size);
     ctx_switch(&f->ctx, &sched_ctx);
     switch_finish(f->fake_stack, &sched_bottom, &sched_size);
@@ -243,7 +284,8 @@ void try_complete_warp(Fiber *f, int w0);
 void thread_exit(void)
 {
     Fiber *f = cur;
-    f->state = F_DONE;
+    set_state(f, F_DONE);
+    done_bits[f->lin >> 5] |= 1u << (f->lin & 31);
     n_done++;
     if (n_block_wait > 0)
         for (int i = 0; i < L.nthreads; i++)
@@ -338,18 +380,27 @@ void run_block(uint3 bid, std::vector<int> &perm)
         f->tid = uint3{i % b.x, i / b.x % b.y, i / (b.x * b.y)};
         f->fake_stack = nullptr;
 #if CUDASIM_ASAN
-        ASAN_UNPOISON_MEMORY_REGION(f->stack, stack_bytes);
+        if (f->dirty) ASAN_UNPOISON_MEMORY_REGION(f->dirty, (size_t)(f->stack + stack_bytes - f->dirty));
+        f->dirty = nullptr;
 #endif
         ctx_make(&f->ctx, f->stack, stack_bytes, fiber_main);
     }
     n_done = n_block_wait = 0;
+    memset(done_bits, 0, sizeof done_bits);
+    memset(warp_bits, 0, sizeof warp_bits);
+    bool fresh = true;
     while (n_done < L.nthreads) {
-        if (order_mode == ORDER_SHUFFLE || (int)perm.size() != L.nthreads) make_order(perm, L.nthreads);
+        if (order_mode == ORDER_SHUFFLE || (int)perm.size() != L.nthreads) make_order(perm, L.nthreads), fresh = true;
+        if (fresh) {   /* the places of a new order: the runnable set again */
+            memset(run_bits, 0, sizeof run_bits);
+            for (int at = 0; at < L.nthreads; at++) pos_of[perm[at]] = at;
+            for (int i = 0; i < L.nthreads; i++) set_state(pool[i], pool[i]->state);
+            fresh = false;
+        }
         restart = false;
         bool ran = false;
-        for (int i : perm) {
-            if (pool[i]->state != F_RUN) continue;
-            run_fiber(pool[i]);
+        for (int at = next_run(0, L.nthreads); at >= 0; at = next_run(at + 1, L.nthreads)) {
+            run_fiber(pool[perm[at]]);
             ran = true;
             if (restart) break;
         }
@@ -374,7 +425,7 @@ int cudasim_block_op(int kind, int pred, const char *file, int line)
     static const char *names[] = {"__syncthreads", "__syncthreads_count", "__syncthreads_and", "__syncthreads_or"};
     Fiber *f = need_fiber(names[kind]);
     f->kind = kind, f->value = (unsigned)pred, f->what = names[kind], f->file = file, f->line = line;
-    f->state = F_BLOCK;
+    set_state(f, F_BLOCK);
     n_block_wait++;
     if (n_done > 0)
         for (int i = 0; i < L.nthreads; i++)
@@ -393,7 +444,7 @@ int cudasim_block_op(int kind, int pred, const char *file, int line)
         }
         int r = kind == CUDASIM_SYNC_COUNT ? count : kind == CUDASIM_SYNC_AND ? count == L.nthreads
               : kind == CUDASIM_SYNC_OR ? count > 0 : 0;
-        for (int i = 0; i < L.nthreads; i++) pool[i]->result = (unsigned)r, pool[i]->state = F_RUN;
+        for (int i = 0; i < L.nthreads; i++) pool[i]->result = (unsigned)r, set_state(pool[i], F_RUN);
         n_block_wait = 0;
         restart = true;
     }
@@ -423,10 +474,8 @@ int shuffle_source(int kind, int l, int arg, int width)
 /* the lanes of the warp at w0 that exist and have not returned */
 unsigned live_lanes(int w0)
 {
-    unsigned m = 0;
-    for (int l = 0; l < 32 && w0 + l < L.nthreads; l++)
-        if (pool[w0 + l]->state != F_DONE) m |= 1u << l;
-    return m;
+    const int n = std::min(32, L.nthreads - w0);
+    return (n == 32 ? ~0u : (1u << n) - 1u) & ~done_bits[w0 >> 5];
 }
 
 void complete_warp(Fiber *f, int w0, unsigned mask, unsigned live)
@@ -467,8 +516,9 @@ void complete_warp(Fiber *f, int w0, unsigned mask, unsigned live)
         }
         }
         g->result = r;
-        g->state = F_RUN;
+        set_state(g, F_RUN);
     }
+    warp_bits[w0 >> 5] &= ~mask;
     restart = true;
 }
 
@@ -476,8 +526,7 @@ void complete_warp(Fiber *f, int w0, unsigned mask, unsigned live)
 void try_complete_warp(Fiber *f, int w0)
 {
     const unsigned live = live_lanes(w0), mask = f->mask & live;
-    for (int l = 0; l < 32; l++)
-        if ((mask >> l & 1u) && pool[w0 + l]->state != F_WARP) return;
+    if (mask & ~warp_bits[w0 >> 5]) return;
     complete_warp(f, w0, mask, live);
 }
 
@@ -498,7 +547,8 @@ unsigned long long cudasim_warp_op(int kind, unsigned mask, unsigned long long v
     const int n = std::min(32, L.nthreads - w0);
     mask &= n == 32 ? ~0u : (1u << n) - 1u;
     f->kind = kind, f->mask = mask, f->value = value, f->arg = arg, f->width = width;
-    f->state = F_WARP;
+    set_state(f, F_WARP);
+    warp_bits[w0 >> 5] |= 1u << lane;
     try_complete_warp(f, w0);
     to_scheduler(false);
     return cur->result;

@@ -29,6 +29,15 @@ extern "C" {
 #include <cmocka.h>
 }
 
+/* SIM_SANITIZED: 1 in the AddressSanitizer build (make check-asan), where the simulator runs some
+ * 10x slower. A test may then run each kernel over fewer recipe cases (every shape and kernel
+ * kept: what ASan checks is the indexing); the normal build runs them all. */
+#if defined(__SANITIZE_ADDRESS__)
+enum { SIM_SANITIZED = 1 };
+#else
+enum { SIM_SANITIZED = 0 };
+#endif
+
 /* n elements of cudaMallocManaged memory (filled with 0xFF bytes, as the sim fills it) */
 template <class T> static inline T *sim_managed(size_t n)
 {
