@@ -53,11 +53,13 @@ run_side_by_side() {  # the test programs to run, TIDAL_TEST_JOBS at once
   done
   i=0
   for t in "$@"; do
-    while [ ! -e "$par_dir/$i.rc" ]; do wait -n 2>/dev/null || sleep 0.2; done
+    # a job that ended without its status (its shell killed, no TMPDIR) counts as failed: no wait
+    # for a file that will never come
+    while [ ! -e "$par_dir/$i.rc" ] && [ -n "$(jobs -rp)" ]; do wait -n 2>/dev/null || sleep 0.2; done
     echo "=== $t"
-    out=$(cat "$par_dir/$i.out"); rc=$(cat "$par_dir/$i.rc")
+    out=$(cat "$par_dir/$i.out" 2>/dev/null); rc=$(cat "$par_dir/$i.rc" 2>/dev/null || echo 1)
     echo "$out"
-    echo "--- $t: $(cat "$par_dir/$i.took") (side by side)"
+    echo "--- $t: $(cat "$par_dir/$i.took" 2>/dev/null || echo "no status:") (side by side)"
     tally "$t" "$rc" "$out"
     i=$((i + 1))
   done
