@@ -287,24 +287,11 @@ static float block_scale(const float *s, int mode, uint64_t K, uint64_t cols, ui
 }
 
 /* sum_k a[k] b[k] as one fmaf chain in increasing k (the model's fp32 sum), over the model's own
- * decoded copies (so ASan need not check each read: av / bv below are sized to the loops). The FMA
- * instruction, where the CPU has one, rounds as fmaf does: the same bits, without libm's call. */
-#if defined(__x86_64__)
-__attribute__((target("fma"), no_sanitize_address))
-static float fma_chain_hw(const float *a, const float *b, uint64_t n)
-{
-    float s = 0.0f;
-    for (uint64_t k = 0; k < n; k++) s = __builtin_fmaf(a[k], b[k], s);
-    return s;
-}
-#endif
+ * decoded copies (so ASan need not check each read: av / bv below are sized to the loops). fmaf is
+ * the FMA instruction where the building CPU has one (sim.mk's SIM_FMA): the same bits. */
 __attribute__((no_sanitize_address))
 static float fma_chain(const float *a, const float *b, uint64_t n)
 {
-#if defined(__x86_64__)
-    static const int hw = __builtin_cpu_supports("fma");
-    if (hw) return fma_chain_hw(a, b, n);
-#endif
     float s = 0.0f;
     for (uint64_t k = 0; k < n; k++) s = fmaf(a[k], b[k], s);
     return s;
