@@ -175,14 +175,15 @@ static void test_vector_rows_vs_scalar(void **state)
     free(x); free(y_vec); free(y_sc); free(inplace); free(c_vec); free(c_sc); free(codes); free(codes8);
 }
 
-/* The fp8 rounding rows (td_round_row for e4m3 and e5m2, both saturation modes) against the
- * scalar encoder and decoder, bit for bit: special values, ties at the formats' quanta and random
+/* The fp8 rounding and encoding rows (td_round_row, td_encode_row for e4m3 and e5m2, both
+ * saturation modes) against the scalar encoder and decoder, bit for bit: special values, ties at the formats' quanta and random
  * patterns at every tail length, in place; with TIDAL_EXHAUSTIVE=1 every fp32 pattern. */
 static void test_fp8_round_rows_vs_scalar(void **state)
 {
     (void)state;
     const size_t N = 1 << 16;
     float *x = malloc(N * 4), *y_vec = malloc(N * 4), *y_sc = malloc(N * 4);
+    uint8_t *c_vec = malloc(N), *c_sc = malloc(N);
     int exhaustive = getenv("TIDAL_EXHAUSTIVE") && !strcmp(getenv("TIDAL_EXHAUSTIVE"), "1");
     uint64_t checked = 0;
     for (td_format f = TD_E4M3; f <= TD_E5M2; f++)
@@ -199,6 +200,11 @@ static void test_fp8_round_rows_vs_scalar(void **state)
                 memcpy(y_vec, x, n * 4);
                 td_round_row(f, y_vec, y_vec, n, sm);
                 assert_memory_equal(y_vec, y_sc, n * 4);
+                td_formats_scalar_only = 1;
+                td_encode_row(f, x, c_sc, n, sm);
+                td_formats_scalar_only = 0;
+                td_encode_row(f, x, c_vec, n, sm);
+                assert_memory_equal(c_vec, c_sc, n);
                 checked += n;
             }
             for (uint64_t u0 = 0; exhaustive && u0 < (1ull << 32); u0 += N) {
@@ -210,6 +216,15 @@ static void test_fp8_round_rows_vs_scalar(void **state)
                 td_round_row(f, x, y_sc, N, sm);
                 td_formats_scalar_only = 0;
                 td_round_row(f, x, y_vec, N, sm);
+                td_formats_scalar_only = 1;
+                td_encode_row(f, x, c_sc, N, sm);
+                td_formats_scalar_only = 0;
+                td_encode_row(f, x, c_vec, N, sm);
+                for (size_t i = 0; i < N && memcmp(c_vec, c_sc, N); i++)
+                    if (c_vec[i] != c_sc[i])
+                        fail_msg("%s %s: fp32 pattern 0x%08x encodes to 0x%02x (vector) and 0x%02x (scalar)",
+                                 f == TD_E4M3 ? "e4m3" : "e5m2", sat ? "satfinite" : "nosat",
+                                 (unsigned)(u0 + i), c_vec[i], c_sc[i]);
                 if (memcmp(y_vec, y_sc, N * 4))
                     for (size_t i = 0; i < N; i++)
                         if (memcmp(y_vec + i, y_sc + i, 4))
@@ -219,9 +234,9 @@ static void test_fp8_round_rows_vs_scalar(void **state)
                 checked += N;
             }
         }
-    printf("fp8 rounding rows: %llu values, vector and scalar identical%s\n", (unsigned long long)checked,
+    printf("fp8 rounding and encoding rows: %llu values, vector and scalar identical%s\n", (unsigned long long)checked,
            exhaustive ? " (every fp32 pattern, both formats, both saturation modes)" : " (TIDAL_EXHAUSTIVE=1: every fp32 pattern)");
-    free(x); free(y_vec); free(y_sc);
+    free(x); free(y_vec); free(y_sc); free(c_vec); free(c_sc);
 }
 
 /* Round-tripping: every non-NaN code decodes to a value that encodes back to the same code. */

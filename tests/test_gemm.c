@@ -155,7 +155,8 @@ static void test_fp8_fast_kernel_matches_model(void **state)
 {
     (void)state;
     const int shapes[][3] = {{1, 8, 128}, {3, 5, 37}, {6, 16, 256}, {7, 9, 100}, {13, 19, 300},
-                             {20, 33, 896}, {1, 1, 5}, {9, 8, 0}};
+                             {20, 33, 896}, {1, 1, 5}, {9, 8, 0}, {8, 16, 300}, {40, 37, 1000},
+                             {200, 18, 600}};
     const int promotes[] = {32, 128, 100, 65536};
     const int bits[] = {13, 23};
     td_gemm_fixed_kernel saved = td_gemm_fixed_max_kernel;

@@ -58,40 +58,15 @@ static void codes_transposed_scalar(const float *src, size_t rows, size_t cols, 
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include "../recipe/gemm_lanes.h"   /* td_transpose16_regs */
 #define TGT512 __attribute__((target("avx512f,avx512bw")))
-/* the classic three-stage register transpose of 16 rows of 16 32-bit values (32-bit unpacks, 64-bit
- * unpacks, 128-bit lane shuffles): r[k] becomes column k */
-TGT512 static inline void transpose16_regs(__m512i r[16])
-{
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int h = 0; h < 16; h += 8)
-        for (int i = 0; i < 4; i++) {
-            t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
-            t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
-        }
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
-    }
-}
-
 /* one 16 x 16 block: src rows of stride ls, dst rows of stride ld (the transposed codes); each
  * column's upper halves narrowed to 16 bits (vpsrld, vpmovdw) */
 TGT512 static void transpose16_codes(const float *src, size_t ls, uint16_t *dst, size_t ld)
 {
     __m512i r[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(src + (size_t)i * ls));
-    transpose16_regs(r);
+    td_transpose16_regs(r);
     for (int k = 0; k < 16; k++)
         _mm256_storeu_si256((__m256i *)(dst + (size_t)k * ld), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r[k], 16)));
 }
@@ -101,7 +76,7 @@ TGT512 static void transpose16_f32(const float *src, size_t ls, float *dst, size
 {
     __m512i r[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(src + (size_t)i * ls));
-    transpose16_regs(r);
+    td_transpose16_regs(r);
     for (int k = 0; k < 16; k++) _mm512_storeu_si512((void *)(dst + (size_t)k * ld), r[k]);
 }
 #endif

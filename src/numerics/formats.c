@@ -179,14 +179,16 @@ static void encode_row_1(td_format f, const float *x, void *codes, size_t n, td_
         if (f16_vector()) { td_f16_encode_row_f16c(x, codes, n); break; }
 #endif
         { uint16_t *o = codes; for (size_t i = 0; i < n; i++) o[i] = (uint16_t)F16_ENC(u[i]); } break;
-    case TD_E4M3: { uint8_t *o = codes;
-        if (sat == TD_SATFINITE) for (size_t i = 0; i < n; i++) o[i] = (uint8_t)E4M3_ENC(u[i], TD_SATFINITE);
-        else                     for (size_t i = 0; i < n; i++) o[i] = (uint8_t)E4M3_ENC(u[i], TD_NOSAT);
-    } break;
-    case TD_E5M2: { uint8_t *o = codes;
-        if (sat == TD_SATFINITE) for (size_t i = 0; i < n; i++) o[i] = (uint8_t)E5M2_ENC(u[i], TD_SATFINITE);
-        else                     for (size_t i = 0; i < n; i++) o[i] = (uint8_t)E5M2_ENC(u[i], TD_NOSAT);
-    } break;
+    case TD_E4M3:
+    case TD_E5M2:
+#if TD_HAVE_F16C_PATH
+        if (f16_vector() && td_isa_level() >= TD_ISA_AVX512) {
+            td_fp8_encode_row_avx512(f == TD_E5M2, x, codes, n, sat == TD_SATFINITE);
+            break;
+        }
+#endif
+        td_fp8_encode_row_scalar(f == TD_E5M2, x, codes, n, sat == TD_SATFINITE);
+        break;
     case TD_E8M0: { uint8_t *o = codes; for (size_t i = 0; i < n; i++) o[i] = td_f32_to_e8m0(x[i], sat, TD_ROUND_UP); } break;
     default: break;
     }
@@ -216,6 +218,17 @@ static void decode_row_1(td_format f, const void *codes, float *y, size_t n)
     case TD_E8M0: { const uint8_t *c = codes; for (size_t i = 0; i < n; i++) y[i] = td_e8m0_to_f32(c[i]); } break;
     default: break;
     }
+}
+
+/* The scalar fp8 encoding rows: the reference, and what the vector rows (formats_f16c.c) take
+ * for a block holding a NaN or a value past the format's range. */
+void td_fp8_encode_row_scalar(int e5m2, const float *x, uint8_t *o, size_t n, int sat)
+{
+    const uint32_t *u = (const uint32_t *)x;
+    if (e5m2 && sat)  for (size_t i = 0; i < n; i++) o[i] = (uint8_t)E5M2_ENC(u[i], TD_SATFINITE);
+    else if (e5m2)    for (size_t i = 0; i < n; i++) o[i] = (uint8_t)E5M2_ENC(u[i], TD_NOSAT);
+    else if (sat)     for (size_t i = 0; i < n; i++) o[i] = (uint8_t)E4M3_ENC(u[i], TD_SATFINITE);
+    else              for (size_t i = 0; i < n; i++) o[i] = (uint8_t)E4M3_ENC(u[i], TD_NOSAT);
 }
 
 /* The scalar fp8 rounding rows: td_round_row's form without vectors, and what the vector rows

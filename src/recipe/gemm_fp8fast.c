@@ -31,6 +31,7 @@
 #include "tidal/isa.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -39,7 +40,7 @@
 #define TD_HAVE_FP8FAST_SIMD 1
 #endif
 
-enum { STEP = 32 };
+enum { STEP = 32, PACKED_MIN_ROWS = 8 };
 
 /* the end of the step starting at s0 (steps restart at every promotion block) */
 static inline int step_end(int s0, int K, int promote)
@@ -281,6 +282,134 @@ TGT512 static void gemm512_codes(const float *a, int lda, const codes_w *cw, flo
     gemm512_any(a, lda, NULL, 0, cw, c, ldc, M, N, K, promote, bits);
 }
 
+/* ---- larger M: w packed into panels of 16 columns, k-major (pk[k][16], the panel's columns
+ * side by side), so that one zmm of lane l's sums holds 16 columns of one row: lane l of a step
+ * is its own accumulator (acc[r][l]), each product an FMA of a row's value at k (broadcast from
+ * memory) and the panel's 16 weights at k, and a step ends in vertical adds in the order of the
+ * reduction above: ((s0+s4) + (s2+s6)) + ((s1+s5) + (s3+s7)), no shuffles. A lane's products are
+ * the same fmaf chain in the same k order as the kernels above; a product past n (fma(0, 0, s) in
+ * the model) is left out, which is the same: s starts at +0 and a sum of fmas from +0 is never -0,
+ * so s + 0 = s, NaN and infinities included. Columns past nc are packed as zeros and not stored.
+ * K is walked in chunks of at most KC products that end where steps end; a chunk of the panel is
+ * packed once (16 x 16 register transposes) for a group of up to GROUP rows, whose block partials
+ * wait in `part` between chunks and whose totals in c. */
+enum { PW = 16, KC = 256, GROUP = 192 };
+
+/* pk[k][0..16) = w[j][k0 + k] for k < kn, zeros past nc */
+TGT512 static void pack_panel(const float *w, int ldw, int nc, int k0, int kn, float *pk)
+{
+    int k = 0;
+    if (nc == PW)
+        for (; k + 16 <= kn; k += 16) {
+            __m512i r[16];
+            for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_si512((const void *)(w + (size_t)j * ldw + k0 + k));
+            td_transpose16_regs(r);
+            for (int q = 0; q < 16; q++) _mm512_storeu_si512((void *)(pk + (size_t)(k + q) * PW), r[q]);
+        }
+    for (; k < kn; k++)
+        for (int j = 0; j < PW; j++) pk[(size_t)k * PW + j] = j < nc ? w[(size_t)j * ldw + k0 + k] : 0.0f;
+}
+
+/* R (constant, <= 3) rows of one panel over the steps of [c0, c1) (c0 and c1 at step ends; the
+ * panel packed from c0); part (R x 16) and total (c, the nc stored columns) carried in and out */
+TGT512 static INLINE void strip_packed(const float *a, int lda, const float *pk, int c0, int c1, int K,
+                                       int promote, __m512 keep, float *part, float *c, int ldc,
+                                       __mmask16 cm, int first, int R)
+{
+    __m512 acc[3][8], pt[3], tot[3];
+    #pragma GCC unroll 3
+    for (int r = 0; r < R; r++) {
+        pt[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + r * PW);
+        tot[r] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cm, c + (size_t)r * ldc);
+    }
+    for (int s0 = c0; s0 < c1;) {
+        int e = step_end(s0, K, promote), n = e - s0;
+        const float *ps = pk + (size_t)(s0 - c0) * PW;
+        #pragma GCC unroll 3
+        for (int r = 0; r < R; r++)
+            #pragma GCC unroll 8
+            for (int l = 0; l < 8; l++) acc[r][l] = _mm512_setzero_ps();
+        if (n == STEP) {
+            #pragma GCC unroll 32
+            for (int k = 0; k < STEP; k++) {
+                __m512 x = _mm512_loadu_ps(ps + (size_t)k * PW);
+                __asm__("" : "+v"(x));   /* one load of the weights per k, the rows' values broadcast */
+                #pragma GCC unroll 3
+                for (int r = 0; r < R; r++)
+                    acc[r][k & 7] = _mm512_fmadd_ps(_mm512_set1_ps(a[(size_t)r * lda + s0 + k]), x, acc[r][k & 7]);
+            }
+        } else {
+            for (int k = 0; k < n; k += 8)
+                #pragma GCC unroll 8
+                for (int l = 0; l < 8; l++)
+                    if (k + l < n) {
+                        __m512 x = _mm512_loadu_ps(ps + (size_t)(k + l) * PW);
+                        __asm__("" : "+v"(x));
+                        #pragma GCC unroll 3
+                        for (int r = 0; r < R; r++)
+                            acc[r][l] = _mm512_fmadd_ps(_mm512_set1_ps(a[(size_t)r * lda + s0 + k + l]), x, acc[r][l]);
+                    }
+        }
+        int close = closes_block(e, K, promote);
+        #pragma GCC unroll 3
+        for (int r = 0; r < R; r++) {
+            __m512 step = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][4]), _mm512_add_ps(acc[r][2], acc[r][6])),
+                                        _mm512_add_ps(_mm512_add_ps(acc[r][1], acc[r][5]), _mm512_add_ps(acc[r][3], acc[r][7])));
+            pt[r] = _mm512_and_ps(_mm512_add_ps(pt[r], step), keep);
+            if (close) {
+                tot[r] = _mm512_add_ps(tot[r], pt[r]);
+                pt[r] = _mm512_setzero_ps();
+            }
+        }
+        s0 = e;
+    }
+    #pragma GCC unroll 3
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(part + r * PW, pt[r]);
+        _mm512_mask_storeu_ps(c + (size_t)r * ldc, cm, tot[r]);
+    }
+}
+
+/* 0 when the partials' buffer cannot be had (the caller takes the other kernel: the same bits) */
+TGT512 static int gemm512_packed(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
+                                 int M, int N, int K, int promote, int bits)
+{
+    __m512 keep = _mm512_castsi512_ps(_mm512_set1_epi32((int)~((1u << (23 - bits)) - 1u)));
+    int panels = (N + PW - 1) / PW;
+    float *part = malloc(sizeof(float) * GROUP * PW * (size_t)panels);
+    if (!part) return 0;
+    float pk[KC * PW] __attribute__((aligned(64)));
+    for (int g = 0; g < M; g += GROUP) {   /* rows: the group's K-chunk of a stays in L2 over the panels */
+        int gm = M - g < GROUP ? M - g : GROUP;
+        if (K == 0)
+            for (int i = 0; i < gm; i++)
+                for (int j = 0; j < N; j++) c[(size_t)(g + i) * ldc + j] = 0.0f;
+        for (int c0 = 0; c0 < K;) {
+            int c1 = c0;   /* whole steps, at most KC products (a step is at most 32) */
+            while (c1 < K && step_end(c1, K, promote) - c0 <= KC) c1 = step_end(c1, K, promote);
+            for (int p = 0; p < panels; p++) {
+                int j = p * PW, nc = N - j < PW ? N - j : PW;
+                __mmask16 cm = (__mmask16)((1u << nc) - 1);
+                pack_panel(w + (size_t)j * ldw, ldw, nc, c0, c1 - c0, pk);
+                for (int i = 0; i < gm; i += 3) {
+                    const float *ai = a + (size_t)(g + i) * lda;
+                    float *ci = c + (size_t)(g + i) * ldc + j, *pi = part + ((size_t)p * GROUP + i) * PW;
+                    switch (gm - i < 3 ? gm - i : 3) {
+#define CALL(r) strip_packed(ai, lda, pk, c0, c1, K, promote, keep, pi, ci, ldc, cm, c0 == 0, r); break
+                    case 3: CALL(3);
+                    case 2: CALL(2);
+                    default: CALL(1);
+#undef CALL
+                    }
+                }
+            }
+            c0 = c1;
+        }
+    }
+    free(part);
+    return 1;
+}
+
 /* AVX2: R x S (constants, R * S <= 12) outputs, one ymm of lane sums each; nc real columns */
 TGT static INLINE void tile2(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
                              int K, int promote, int bits, int nc, int R, int S)
@@ -353,7 +482,8 @@ void td_gemm_fp8_fast(const float *a, int lda, const float *w, int ldw, float *c
     int avx2 = td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX2 && td_isa_level() >= TD_ISA_AVX2;
     int avx512 = avx2 && td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 && td_isa_level() >= TD_ISA_AVX512;
     if (avx512) {
-        gemm512(a, lda, w, ldw, c, ldc, M, N, K, promote, bits);
+        if (M < PACKED_MIN_ROWS || !gemm512_packed(a, lda, w, ldw, c, ldc, M, N, K, promote, bits))
+            gemm512(a, lda, w, ldw, c, ldc, M, N, K, promote, bits);
         return;
     }
     if (avx2) {

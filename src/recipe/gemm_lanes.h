@@ -1,8 +1,9 @@
 /* tidal — the lane reduction that ends td_gemm_fixed's order (gemm.h), shared by its kernels
  * (gemm_fixed.c) and the 16-bit-weight kernels that must give its bits (gemm_w16.c): eight lane
  * sums s0..s7 of one output reduced as ((s0+s4) + (s2+s6)) + ((s1+s5) + (s3+s7)). Internal to
- * src/recipe; x86 only. Also the AVX-512 form of eight such reductions at once (td_lanes_reduce8x8),
- * for the kernels that hold two columns per zmm (gemm_fixed.c, gemm_fp8fast.c). */
+ * src (recipe and backend); x86 only. Also the AVX-512 form of eight such reductions at once (td_lanes_reduce8x8),
+ * for the kernels that hold two columns per zmm (gemm_fixed.c, gemm_fp8fast.c), and the 16 x 16
+ * register transpose (cpu_backward.c's transposes, gemm_fp8fast.c's packed panels). */
 #ifndef TIDAL_RECIPE_GEMM_LANES_H
 #define TIDAL_RECIPE_GEMM_LANES_H
 
@@ -37,6 +38,32 @@ static inline __m256 td_lanes_reduce8x8(const __m512 acc[4])
                                _mm512_shuffle_ps(a01, a01, _MM_SHUFFLE(3, 1, 3, 1)));
     __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
     return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, sum));
+}
+
+/* The classic three-stage register transpose of 16 rows of 16 32-bit values (32-bit unpacks,
+ * 64-bit unpacks, 128-bit lane shuffles): r[k] becomes column k. A copy: no arithmetic. */
+__attribute__((target("avx512f"), always_inline)) static inline void td_transpose16_regs(__m512i r[16])
+{
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int i = 0; i < 4; i++) {
+            t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
+            t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
 }
 
 #endif
