@@ -137,12 +137,13 @@ TGT512 static INLINE __m512 decode_pair(int e5m2, const uint8_t *lo, const uint8
     __mmask16 mk = (__mmask16)((1u << m) - 1);
     __m128i b = m == 8 ? _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)lo)), (const double *)hi))
                        : _mm_unpacklo_epi64(_mm_maskz_loadu_epi8(mk, lo), _mm_maskz_loadu_epi8(mk, hi));
-    __m256i h16 = _mm256_cvtepu8_epi16(b), h;
+    /* the codes sign-extended to 16 bits: e5m2's fp16 code is s << 8; e4m3's is s << 7 (the
+     * magnitude at bits 7-13, the sign's copy at bit 15) with bit 14 (the sign's own) cleared */
+    __m256i s16 = _mm256_cvtepi8_epi16(b), h;
     if (e5m2)
-        h = _mm256_slli_epi16(h16, 8);
-    else   /* bits 0-13 from h16 << 7 (the magnitude), bit 15 from h16 << 8 (the sign), bit 14 zero */
-        h = _mm256_ternarylogic_epi32(_mm256_set1_epi16(0x3FFF), _mm256_slli_epi16(h16, 7),
-                                      _mm256_and_si256(_mm256_slli_epi16(h16, 8), _mm256_set1_epi16((short)0x8000)), 0xCA);
+        h = _mm256_slli_epi16(s16, 8);
+    else
+        h = _mm256_and_si256(_mm256_slli_epi16(s16, 7), _mm256_set1_epi16((short)0xBF80));
     __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), sc2);
     return m < 8 ? _mm512_maskz_mov_ps((__mmask16)(mk | (mk << 8)), f) : f;
 }
