@@ -526,9 +526,13 @@ static void test_bf16dp_matches_ref(void **state)
                     }
                 free(a); free(w); free(want); free(got);
             }
-    {   /* rows past the FMA kernel's chunk of split rows (2 MB: 340 rows at K = 1500): three chunks,
-         * the last one short and ending inside a block of 4 */
-        int M = 703, N = 9, K = 1500, lda = K + 5, ldw = K + 7, ldc = N + 2;
+    /* rows past the FMA kernel's chunk of split rows (2 MB: 340 rows at K = 1500): three chunks,
+     * the last one short and ending inside a block of 4; then its spans of K (above 1536: 1024
+     * products a span, 128 rows a chunk): K = 3072 (three whole spans), 2200 (the last short and
+     * masked), rows past two chunks, columns past a panel of 48 */
+    const int big[][3] = {{703, 9, 1500}, {270, 53, 3072}, {133, 50, 2200}};
+    for (size_t bi = 0; bi < sizeof big / sizeof *big; bi++) {
+        int M = big[bi][0], N = big[bi][1], K = big[bi][2], lda = K + 5, ldw = K + 7, ldc = N + 2;
         uint16_t *a = malloc((size_t)M * lda * 2), *w = malloc((size_t)N * ldw * 2);
         float *want = malloc((size_t)M * ldc * 4), *got = malloc((size_t)M * ldc * 4);
         for (size_t i = 0; i < (size_t)M * lda; i++) a[i] = td_f32_to_bf16((float)td_rng_normal(&rng)).bits;
