@@ -283,7 +283,7 @@ TGT static void gemm_avx512bf16(const uint16_t *a, int lda, const uint16_t *w, i
  * instruction's), set while the lane sums run and put back before the reduction, whose additions
  * are IEEE's. The barriers keep the compiler from moving the sums across the two MXCSR writes.
  * w's columns are split once per panel of 48 (pack_rows), a's rows once per call (in chunks) where
- * K is small, in registers where it is not. 4 x 4 blocks: 16 sums, 8 split rows and 2 split columns
+ * K is small, once per span and panel where it is not (gemm_fma_spans). 4 x 4 blocks: 16 sums, 8 split rows and 2 split columns
  * stay in the 32 registers. */
 #define BARRIER(R, S, acc)                                                                         \
     do {                                                                                           \
@@ -298,13 +298,13 @@ TGTF INLINE void split_codes(const uint16_t *p, __mmask32 m, __m512 *odd, __m512
     *even = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_loadu_epi16(m, p), 16));
 }
 
-/* R x S block on columns of w split beforehand (pack_rows: per row and block of 32 k, 16 odd
- * values then 16 even ones, zeros past K) and rows of a split beforehand too (ap) or, where K is
- * large (ap NULL: 4 split rows would leave L1), split here from their codes */
-TGTF INLINE void block_fma(const float *ap, const uint16_t *a, int lda, int K, int k0, int k1,
-                           const float *wp, int ldp, float *park, float *c, int ldc, int add, int R, int S)
+/* R x S block over [k0, k1) on rows of a and columns of w split beforehand (pack_rows: per row
+ * and block of 32 k, 16 odd values then 16 even ones, zeros past K), ap and wp holding [k0, k1)
+ * at stride ldp; the lane sums start from park where k0 > 0 and wait there where more of K
+ * follows, else are reduced and stored */
+TGTF INLINE void block_fma(const float *ap, int K, int k0, int k1, const float *wp, int ldp, float *park,
+                           float *c, int ldc, int add, int R, int S)
 {
-    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
     __m512 acc[4][6];
     #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -313,29 +313,17 @@ TGTF INLINE void block_fma(const float *ap, const uint16_t *a, int lda, int K, i
     unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040);   /* FTZ (bit 15), DAZ (bit 6) */
     BARRIER(R, S, acc);
-    for (int k = k0; k < k1; k += 32) {
+    for (int k = 0; k < k1 - k0; k += 32) {
         __m512 ao[4], ae[4];
-        if (ap) {
-            #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                ao[r] = _mm512_loadu_ps(ap + (size_t)r * ldp + (k - k0));   /* ap holds [k0, k1) too */
-                ae[r] = _mm512_loadu_ps(ap + (size_t)r * ldp + (k - k0) + 16);
-            }
-        } else if (k + 32 <= K) {
-            #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                __m512i v = _mm512_loadu_si512((const void *)(a + (size_t)r * lda + k));
-                ao[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
-                ae[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-            }
-        } else {
-            __mmask32 m = (__mmask32)((1ull << (K - k)) - 1);
-            for (int r = 0; r < R; r++) split_codes(a + (size_t)r * lda + k, m, &ao[r], &ae[r]);
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            ao[r] = _mm512_loadu_ps(ap + (size_t)r * ldp + k);
+            ae[r] = _mm512_loadu_ps(ap + (size_t)r * ldp + k + 16);
         }
         #pragma GCC unroll 4
         for (int s = 0; s < S; s++) {
-            __m512 wo = _mm512_loadu_ps(wp + (size_t)s * ldp + (k - k0));   /* wp holds [k0, k1) */
-            __m512 we = _mm512_loadu_ps(wp + (size_t)s * ldp + (k - k0) + 16);
+            __m512 wo = _mm512_loadu_ps(wp + (size_t)s * ldp + k);
+            __m512 we = _mm512_loadu_ps(wp + (size_t)s * ldp + k + 16);
             #pragma GCC unroll 4
             for (int r = 0; r < R; r++)
                 acc[r][s] = _mm512_fmadd_ps(ae[r], we, _mm512_fmadd_ps(ao[r], wo, acc[r][s]));
@@ -343,7 +331,7 @@ TGTF INLINE void block_fma(const float *ap, const uint16_t *a, int lda, int K, i
     }
     BARRIER(R, S, acc);
     _mm_setcsr(csr);
-    if (k1 < ((K + 31) & ~31)) {   /* more spans to come: the lane sums wait in park */
+    if (k1 < ((K + 31) & ~31)) {   /* more of K to come: the lane sums wait in park */
         #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
             #pragma GCC unroll 4
@@ -351,6 +339,20 @@ TGTF INLINE void block_fma(const float *ap, const uint16_t *a, int lda, int K, i
         return;
     }
     store_sums(acc, c, ldc, add, R, S);
+}
+
+/* block_fma with R, S (1..4) as constants */
+TGTF static void block_fma_rs(const float *ap, int K, int k0, int k1, const float *wp, int ldp, float *park,
+                              float *c, int ldc, int add, int R, int S)
+{
+#define CASE(RR, SS) case (RR) * 8 + (SS): block_fma(ap, K, k0, k1, wp, ldp, park, c, ldc, add, RR, SS); break;
+    switch (R * 8 + S) {
+    CASE(4, 4) CASE(4, 3) CASE(4, 2) CASE(4, 1)
+    CASE(3, 4) CASE(3, 3) CASE(3, 2) CASE(3, 1)
+    CASE(2, 4) CASE(2, 3) CASE(2, 2) CASE(2, 1)
+    CASE(1, 4) CASE(1, 3) CASE(1, 2) default: block_fma(ap, K, k0, k1, wp, ldp, park, c, ldc, add, 1, 1); break;
+    }
+#undef CASE
 }
 
 /* rows [0, n) of x (w's columns or a's rows) split into fp32 values, ldp = K rounded up to 32
@@ -417,17 +419,9 @@ TGTF static void gemm_fma_spans(const uint16_t *a, int lda, const uint16_t *w, i
                     const float *wj = wp + (size_t)(j - j0) * kn;
                     for (int i = i0; i < i1; i += 4) {
                         int R = i1 - i < 4 ? i1 - i : 4;
-                        const float *api = ap + (size_t)(i - i0) * kn;
                         float *pk = park + ((size_t)((i - i0) / 4) * 12 + (size_t)(j - j0) / 4) * 256;
-                        float *ci = c + (size_t)i * ldc + j;
-#define CASE(RR, SS) case (RR) * 8 + (SS): block_fma(api, NULL, lda, K, k0, k1, wj, kn, pk, ci, ldc, add, RR, SS); break;
-                        switch (R * 8 + S) {
-                        CASE(4, 4) CASE(4, 3) CASE(4, 2) CASE(4, 1)
-                        CASE(3, 4) CASE(3, 3) CASE(3, 2) CASE(3, 1)
-                        CASE(2, 4) CASE(2, 3) CASE(2, 2) CASE(2, 1)
-                        CASE(1, 4) CASE(1, 3) CASE(1, 2) default: block_fma(api, NULL, lda, K, k0, k1, wj, kn, pk, ci, ldc, add, 1, 1); break;
-                        }
-#undef CASE
+                        block_fma_rs(ap + (size_t)(i - i0) * kn, K, k0, k1, wj, kn, pk, c + (size_t)i * ldc + j, ldc,
+                                     add, R, S);
                     }
                 }
             }
@@ -438,53 +432,33 @@ TGTF static void gemm_fma_spans(const uint16_t *a, int lda, const uint16_t *w, i
 TGTF static void gemm_avx512fma(const uint16_t *a, int lda, const uint16_t *w, int ldw, float *c,
                                 int ldc, int M, int N, int K, int add)
 {
-    /* column panels of 48, as gemm_avx512bf16, each split once into fp32 (48 x K floats, in L2
-     * while every row block passes). Where K <= 1536, a's rows are split too, once for every
-     * panel, in chunks of up to 2 MB (4 split rows, 24 KB, stay in L1 while a panel passes; split
-     * per row block and panel, that splitting was 5 % of a bf16 training step); above, each block
-     * splits its rows in registers. */
+    /* K <= 1536: column panels of 48, as gemm_avx512bf16, each split once into fp32 (48 x K floats,
+     * in L2 while every row block passes), and a's rows split once for every panel, in chunks of
+     * up to 2 MB (4 split rows, 24 KB, stay in L1 while a panel passes; split per row block and
+     * panel, that splitting was 5 % of a bf16 training step). Above, spans of K (gemm_fma_spans). */
     int ldp = (K + 31) & ~31, small_k = K <= 1536;
-    if (!small_k) {
-        float *buf = panel_buffer((size_t)(48 + SPAN_ROWS) * SPAN + (size_t)SPAN_ROWS / 4 * 12 * 256);
-        if (!buf) {   /* no memory for the panels: the same bits, slowly */
-            td_gemm_bf16dp_ref(a, lda, w, ldw, c, ldc, M, N, K, add);
-            return;
-        }
-        gemm_fma_spans(a, lda, w, ldw, c, ldc, M, N, K, add, buf);
-        return;
-    }
-    int mc = small_k ? (((1 << 19) / ldp) & ~3) : M;   /* rows a chunk: 2 MB of split rows */
+    int mc = (((1 << 19) / ldp) & ~3);   /* rows a chunk: 2 MB of split rows */
     if (mc > ((M + 3) & ~3)) mc = (M + 3) & ~3;
-    float *wp = panel_buffer((size_t)48 * ldp + (small_k ? (size_t)mc * ldp : 0));
+    float *wp = panel_buffer(small_k ? (size_t)(48 + mc) * ldp : (size_t)(48 + SPAN_ROWS) * SPAN + (size_t)SPAN_ROWS / 4 * 12 * 256);
     if (!wp) {   /* no memory for the panels: the same bits, slowly */
         td_gemm_bf16dp_ref(a, lda, w, ldw, c, ldc, M, N, K, add);
+        return;
+    }
+    if (!small_k) {
+        gemm_fma_spans(a, lda, w, ldw, c, ldc, M, N, K, add, wp);
         return;
     }
     float *ap = wp + (size_t)48 * ldp;
     for (int i0 = 0; i0 < M; i0 += mc) {
         int i1 = i0 + mc < M ? i0 + mc : M;
-        if (small_k) pack_rows(a + (size_t)i0 * lda, lda, i1 - i0, K, ap, ldp);
+        pack_rows(a + (size_t)i0 * lda, lda, i1 - i0, K, ap, ldp);
         for (int j0 = 0; j0 < N; j0 += 48) {
             int j1 = j0 + 48 < N ? j0 + 48 : N;
             pack_rows(w + (size_t)j0 * ldw, ldw, j1 - j0, K, wp, ldp);
-            for (int i = i0; i < i1; i += 4) {
-                int R = i1 - i < 4 ? i1 - i : 4;
-                const uint16_t *ai = a + (size_t)i * lda;
-                const float *api = small_k ? ap + (size_t)(i - i0) * ldp : NULL;
-                float *ci = c + (size_t)i * ldc;
-                for (int j = j0; j < j1; j += 4) {
-                    int S = j1 - j < 4 ? j1 - j : 4;
-                    const float *wj = wp + (size_t)(j - j0) * ldp;
-#define CASE(RR, SS) case (RR) * 8 + (SS): block_fma(api, ai, lda, K, 0, ldp, wj, ldp, NULL, ci + j, ldc, add, RR, SS); break;
-                    switch (R * 8 + S) {
-                    CASE(4, 4) CASE(4, 3) CASE(4, 2) CASE(4, 1)
-                    CASE(3, 4) CASE(3, 3) CASE(3, 2) CASE(3, 1)
-                    CASE(2, 4) CASE(2, 3) CASE(2, 2) CASE(2, 1)
-                    CASE(1, 4) CASE(1, 3) CASE(1, 2) default: block_fma(api, ai, lda, K, 0, ldp, wj, ldp, NULL, ci + j, ldc, add, 1, 1); break;
-                    }
-#undef CASE
-                }
-            }
+            for (int i = i0; i < i1; i += 4)
+                for (int j = j0; j < j1; j += 4)
+                    block_fma_rs(ap + (size_t)(i - i0) * ldp, K, 0, ldp, wp + (size_t)(j - j0) * ldp, ldp, NULL,
+                                 c + (size_t)i * ldc + j, ldc, add, i1 - i < 4 ? i1 - i : 4, j1 - j < 4 ? j1 - j : 4);
         }
     }
 }
