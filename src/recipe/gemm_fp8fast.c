@@ -16,6 +16,10 @@
  *
  * Kernels, picked at run time (td_gemm_fixed_max_kernel and TIDAL_ISA cap the choice as they
  * do td_gemm_fixed's; all give the same bits):
+ *   AVX-512, packed (40 rows and more): w packed k-major in panels of 16 columns, a zmm per row
+ *             and lane (16 columns), each product an FMA of a broadcast value of a; a step ends
+ *             in vertical adds (gemm512_packed, below). 1.2-1.5x the in-place kernel on 128-512
+ *             rows (one Xeon thread, interleaved medians).
  *   AVX-512   6 rows x 8 columns, a zmm per row and column pair (the two columns' lane sums
  *             side by side, a row's 8 values broadcast to both halves), w read in place;
  *             after each step a row's 8 columns reduced at once (td_lanes_reduce8x8) and the
@@ -26,7 +30,9 @@
  * registers (a decode step's rows: each weight read once, 1 byte): the bits of the widened rows;
  * 1.03-1.12x the widen-then-multiply path on 4 rows (one Zen 4 core, K 4864 and 896), the decode
  * of the codes costing about what the store and reload of the widened rows did.
- * Single-threaded; callers parallelise over column tiles. No scratch. */
+ * Single-threaded; callers parallelise over column tiles. Scratch: the packed kernel's block
+ * partials (malloc'd per call; without it the in-place kernel runs) and a 16 KiB panel on the
+ * stack. */
 #include "tidal/gemm.h"
 #include "tidal/isa.h"
 
