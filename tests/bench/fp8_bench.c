@@ -1,0 +1,116 @@
+/* tidal — the FP8 recipes' GEMMs against the FP16 recipes' on the same shapes, one thread each,
+ * GFLOP/s, the way the CPU backend runs both (src/backend/cpu.c, matmul_recipe), in tiles of 128
+ * output columns (TD_GEMM_TILE):
+ *   gemm-fp8fast   a prefill product under fp8-unified: each tile's e4m3 codes widened with their
+ *                  128 x 128 block scales (td_fp8_decode_scaled_row), then DeepGEMM's fast
+ *                  accumulation (td_gemm_fp8_fast: 32-product steps, 13 kept bits, promotion every
+ *                  128); peer: the fp16 recipe's product, each tile's fp16 codes widened
+ *                  (td_decode_row, F16C) and OpenBLAS's sgemm
+ *   decode-gemm-fp8   a decode step (4 rows) under fp8-unified: the codes decoded in registers
+ *                  (td_gemm_fp8_fast_codes); peer: the fp16 recipe's decode kernel
+ *                  (td_gemm_fixed_w16 on fp16 codes)
+ * ratio = fp8 / fp16 (issue 38's goal: >= 0.8). Qwen2.5-0.5B's MLP shapes. Each side runs until
+ * 0.3 s have passed, best of 3. Built and run by tests/bench/gemm.sh. */
+#include "tidal/formats.h"
+#include "tidal/gemm.h"
+
+#include <cblas.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+void openblas_set_num_threads(int);
+
+enum { TILE = 128, BLOCK = 128, PROMOTE = 128, BITS = 13 };
+
+typedef struct {
+    int M, N, K, nbc;
+    const float *a;
+    const uint8_t *w8;
+    const uint16_t *w16;
+    const float *scale;
+    float *tile, *c;
+} shape;
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+/* which: 0 fp16 prefill, 1 fp8 prefill, 2 fp16 decode, 3 fp8 decode */
+static void run(int which, const shape *s)
+{
+    int M = s->M, N = s->N, K = s->K;
+    for (int j0 = 0; j0 < N; j0 += TILE) {
+        int nj = N - j0 < TILE ? N - j0 : TILE;
+        float *c = s->c + j0;
+        if (which == 0) {
+            td_decode_row(TD_F16, s->w16 + (size_t)j0 * K, s->tile, (size_t)nj * K);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nj, K, 1.0f, s->a, K, s->tile, K, 0.0f, c, N);
+        } else if (which == 1) {
+            for (int j = 0; j < nj; j++)
+                for (int k0 = 0; k0 < K; k0 += BLOCK)
+                    td_fp8_decode_scaled_row(TD_E4M3, s->w8 + (size_t)(j0 + j) * K + k0,
+                                             s->scale[(size_t)((j0 + j) / BLOCK) * s->nbc + k0 / BLOCK],
+                                             s->tile + (size_t)j * K + k0, K - k0 < BLOCK ? K - k0 : BLOCK);
+            td_gemm_fp8_fast(s->a, K, s->tile, K, c, N, M, nj, K, PROMOTE, BITS);
+        } else if (which == 2) {
+            td_gemm_fixed_w16(s->a, K, s->w16 + (size_t)j0 * K, K, TD_F16, c, N, M, nj, K, 0);
+        } else {
+            td_gemm_fp8_fast_codes(s->a, K, s->w8 + (size_t)j0 * K, K, TD_E4M3, s->scale, j0, BLOCK, BLOCK,
+                                   s->nbc, c, N, M, nj, K, PROMOTE, BITS, 1);
+        }
+    }
+}
+
+static double gflops(int which, const shape *s)
+{
+    double best = 0;
+    for (int round = 0; round < 3; round++) {
+        int reps = 0;
+        double t0 = now(), t;
+        do {
+            run(which, s);
+            reps++;
+        } while ((t = now() - t0) < 0.3);
+        double g = 2.0 * s->M * s->N * s->K * reps / t * 1e-9;
+        if (g > best) best = g;
+    }
+    return best;
+}
+
+int main(void)
+{
+    openblas_set_num_threads(1);
+    const int shapes[][3] = {{128, 4864, 896}, {128, 896, 4864}, {4, 4864, 896}, {4, 896, 4864}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], nbc = (K + BLOCK - 1) / BLOCK;
+        float *a = malloc(sizeof(float) * M * K), *tile = malloc(sizeof(float) * TILE * K);
+        float *c = malloc(sizeof(float) * M * N), *scale = malloc(sizeof(float) * ((N + BLOCK - 1) / BLOCK) * nbc);
+        uint8_t *w8 = malloc((size_t)N * K);
+        uint16_t *w16 = malloc(sizeof(uint16_t) * N * K);
+        if (!a || !tile || !c || !scale || !w8 || !w16) {
+            fprintf(stderr, "fp8_bench: out of memory\n");
+            return 1;
+        }
+        for (long i = 0; i < (long)M * K; i++) a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+        for (long i = 0; i < (long)N * K; i++) {
+            float v = (float)((i * 104729) % 1000) * 1e-4f - 0.05f;
+            w16[i] = (uint16_t)td_encode(TD_F16, v, TD_SATFINITE);
+            w8[i] = (uint8_t)td_encode(TD_E4M3, v * (448.0f / 0.05f), TD_SATFINITE);
+        }
+        for (int b = 0; b < ((N + BLOCK - 1) / BLOCK) * nbc; b++) scale[b] = 0.05f / 448.0f;
+        shape s = {M, N, K, nbc, a, w8, w16, scale, tile, c};
+        int decode = M <= TD_GEMM_FIXED_ROWS;
+        double fp16 = gflops(decode ? 2 : 0, &s), fp8 = gflops(decode ? 3 : 1, &s);
+        printf("bench: %s-%dx%dx%d tidal=%.2f peer=%.2f ratio=%.3f (tidal: fp8-unified's %s; peer: fp16's %s)\n",
+               decode ? "decode-gemm-fp8" : "gemm-fp8fast", M, N, K, fp8, fp16, fp8 / fp16,
+               decode ? "codes decoded in registers" : "widened tiles + fast accumulation",
+               decode ? "td_gemm_fixed_w16" : "widened tiles + sgemm");
+        free(a); free(tile); free(c); free(scale); free(w8); free(w16);
+    }
+    return 0;
+}
