@@ -9,18 +9,7 @@ set -u
 cd "$(dirname "$0")/.."
 OLD=${OLD:?OLD=build dir of the old tidal}; NEW=${NEW:-build}; ROUNDS=${ROUNDS:-3}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
-PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
-D=$NEW/bench/train-small; M=$NEW/bench/qwen2.5-0.5b
-mkdir -p $NEW/bench
-[ -f $D/model.safetensors ] || $NEW/bin/tidal-init --arch qwen2 --hidden 256 --layers 4 --heads 8 --kv-heads 4 \
-  --head-dim 32 --intermediate 688 --vocab 4096 --no-tie --seed 1 --dtype f32 -o $D 2>/dev/null || exit 1
-[ -f $M/model.safetensors ] || $NEW/bin/tidal-init --preset qwen2.5-0.5b --dtype f32 --seed 1 -o $M 2>/dev/null || exit 1
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-"$PY" tests/bench/make_batch.py 4096 4 128 > $T/batch.json
-"$PY" -c "
-import json, random
-random.seed(1)
-for _ in range(4): print(json.dumps({'tokens': [random.randrange(151936) for _ in range(32)]}))" > $T/p.jsonl
+. reports/cpu-speed-inputs.sh $NEW
 for round in $(seq $ROUNDS); do
   for b in "$OLD" "$NEW"; do
     for pair in fp16-train:fp16-infer fp8-unified-train:fp8-unified-infer; do

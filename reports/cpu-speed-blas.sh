@@ -10,18 +10,7 @@ set -u
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}; ROUNDS=${ROUNDS:-2}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
-D=$B/bench/train-small; M=$B/bench/qwen2.5-0.5b
-mkdir -p $B/bench
-[ -f $D/model.safetensors ] || $B/bin/tidal-init --arch qwen2 --hidden 256 --layers 4 --heads 8 --kv-heads 4 \
-  --head-dim 32 --intermediate 688 --vocab 4096 --no-tie --seed 1 --dtype f32 -o $D 2>/dev/null || exit 1
-[ -f $M/model.safetensors ] || $B/bin/tidal-init --preset qwen2.5-0.5b --dtype f32 --seed 1 -o $M 2>/dev/null || exit 1
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-"$PY" tests/bench/make_batch.py 4096 4 128 > $T/batch.json
-"$PY" -c "
-import json, random
-random.seed(1)
-for _ in range(4): print(json.dumps({'tokens': [random.randrange(151936) for _ in range(32)]}))" > $T/p.jsonl
+. reports/cpu-speed-inputs.sh $B
 core_env() { if [ $1 = Prescott ]; then echo OPENBLAS_CORETYPE=Prescott; else echo -u OPENBLAS_CORETYPE; fi; }
 for round in $(seq $ROUNDS); do
   for rec in fp32 fp16-train fp8-unified-train bf16-train; do

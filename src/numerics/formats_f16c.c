@@ -262,20 +262,31 @@ TGT void td_fp8_round_row_avx2(int e5m2, const float *x, float *y, size_t n, int
     if (i < n) fp8_round_scalar(e5m2, x + i, y + i, n - i, sat);
 }
 
+/* 16 values of x rounded in the value domain (above): |x| rounded (*r) and x's bits (*u); 0 when a
+ * lane holds a NaN or rounds past the largest finite value (the scalar encoder's cases) */
+TGT512 static inline int fp8_round16(fp8_round_k k, const float *x, __m512i *u, __m512 *r)
+{
+    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
+    *u = _mm512_loadu_si512(x);
+    __m512i a = _mm512_and_si512(*u, absm);
+    __m512i f = _mm512_min_epi32(_mm512_max_epi32(_mm512_srli_epi32(a, 23), _mm512_set1_epi32(k.min_field)),
+                                 _mm512_set1_epi32(k.cap_field));
+    __m512 c = _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(f, _mm512_set1_epi32(23 - k.m)), 23),
+                                                   _mm512_set1_epi32(0x400000)));
+    *r = _mm512_sub_ps(_mm512_add_ps(_mm512_castsi512_ps(a), c), c);
+    return !(_mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7F800000)) |
+             _mm512_cmp_ps_mask(*r, _mm512_set1_ps(k.max), _CMP_GT_OQ));
+}
+
 TGT512 void td_fp8_round_row_avx512(int e5m2, const float *x, float *y, size_t n, int sat)
 {
     fp8_round_k k = fp8_k(e5m2);
-    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
-    const __m512i lo = _mm512_set1_epi32(k.min_field), hi = _mm512_set1_epi32(k.cap_field);
-    const __m512i half = _mm512_set1_epi32(0x400000), shift = _mm512_set1_epi32(23 - k.m);
-    const __m512 mx = _mm512_set1_ps(k.max);
+    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m512i u = _mm512_loadu_si512(x + i), a = _mm512_and_si512(u, absm);
-        __m512i f = _mm512_min_epi32(_mm512_max_epi32(_mm512_srli_epi32(a, 23), lo), hi);
-        __m512 c = _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(f, shift), 23), half));
-        __m512 r = _mm512_sub_ps(_mm512_add_ps(_mm512_castsi512_ps(a), c), c);
-        if (_mm512_cmpgt_epi32_mask(a, inf) | _mm512_cmp_ps_mask(r, mx, _CMP_GT_OQ)) {
+        __m512i u;
+        __m512 r;
+        if (!fp8_round16(k, x + i, &u, &r)) {
             fp8_round_scalar(e5m2, x + i, y + i, 16, sat);
             continue;
         }
@@ -294,19 +305,14 @@ TGT512 void td_fp8_round_row_avx512(int e5m2, const float *x, float *y, size_t n
 TGT512 void td_fp8_encode_row_avx512(int e5m2, const float *x, uint8_t *codes, size_t n, int sat)
 {
     fp8_round_k k = fp8_k(e5m2);
-    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
-    const __m512i lo = _mm512_set1_epi32(k.min_field), hi = _mm512_set1_epi32(k.cap_field);
-    const __m512i half = _mm512_set1_epi32(0x400000), shift = _mm512_set1_epi32(23 - k.m);
     const __m512i rebias = _mm512_set1_epi32((k.min_field - 1) << k.m), sign = _mm512_set1_epi32(0x80);
-    const __m512 mx = _mm512_set1_ps(k.max), min_normal = _mm512_castsi512_ps(_mm512_set1_epi32(k.min_field << 23));
+    const __m512 min_normal = _mm512_castsi512_ps(_mm512_set1_epi32(k.min_field << 23));
     const __m512 per_quantum = _mm512_castsi512_ps(_mm512_set1_epi32((127 - (k.min_field - 127 - k.m)) << 23));
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m512i u = _mm512_loadu_si512(x + i), a = _mm512_and_si512(u, absm);
-        __m512i f = _mm512_min_epi32(_mm512_max_epi32(_mm512_srli_epi32(a, 23), lo), hi);
-        __m512 c = _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(f, shift), 23), half));
-        __m512 r = _mm512_sub_ps(_mm512_add_ps(_mm512_castsi512_ps(a), c), c);
-        if (_mm512_cmpgt_epi32_mask(a, inf) | _mm512_cmp_ps_mask(r, mx, _CMP_GT_OQ)) {
+        __m512i u;
+        __m512 r;
+        if (!fp8_round16(k, x + i, &u, &r)) {
             td_fp8_encode_row_scalar(e5m2, x + i, codes + i, 16, sat);
             continue;
         }
