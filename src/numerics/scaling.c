@@ -85,13 +85,8 @@ float td_fp8_scale_from_amax(const td_fp8_scheme *s, float amax)
  * quotients element by element, so the same bits at any width. They were 9 % of an fp8-unified
  * training step at the build's baseline (SSE) width. */
 
-/* The largest |x| of a block (NaN ignored, as fmaxf does: a comparison with NaN is false). A
- * maximum is the same in any order, so this one also has an AVX-512 clone (3.3-3.8 % of an
- * fp8-unified diff or training step on an AVX-512 Xeon at the AVX2 width). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-static float row_amax(const float *x, size_t n)
+/* The largest |x| of a block (NaN ignored, as fmaxf does: a comparison with NaN is false). */
+TD_CLONES static float row_amax(const float *x, size_t n)
 {
     float m = 0.0f;
     #pragma omp simd reduction(max : m)

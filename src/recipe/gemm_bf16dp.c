@@ -32,6 +32,7 @@
 #include "tidal/gemm.h"
 #include "tidal/isa.h"
 #include "tidal/progress.h"
+#include "gemm_scratch.h"
 
 #include <float.h>
 #include <math.h>
@@ -370,25 +371,8 @@ TGTF static void pack_rows(const uint16_t *w, int ldw, int n, int K, float *wp, 
 }
 #undef BARRIER
 
-/* each thread's panel, kept between calls (a fresh one of 0.2-1 MB a call came from mmap, and
- * zeroing its pages took 11 % of a bf16 tidal-diff here), freed when the thread ends */
-static pthread_key_t panel_key;
-static pthread_once_t panel_once = PTHREAD_ONCE_INIT;
-static void panel_key_make(void) { (void)pthread_key_create(&panel_key, free); }
-
-static float *panel_buffer(size_t floats)
-{
-    pthread_once(&panel_once, panel_key_make);
-    size_t *p = pthread_getspecific(panel_key);   /* p[0]: capacity in floats; floats from p + 16 */
-    if (p && p[0] >= floats) return (float *)(p + 16);
-    free(p);
-    (void)pthread_setspecific(panel_key, NULL);
-    p = aligned_alloc(64, 16 * sizeof(size_t) + ((floats * sizeof(float) + 63) & ~(size_t)63));
-    if (!p) return NULL;
-    p[0] = floats;
-    (void)pthread_setspecific(panel_key, p);
-    return (float *)(p + 16);
-}
+/* each thread's panel (gemm_scratch.h: kept between calls) */
+static float *panel_buffer(size_t floats) { return td_gemm_scratch(TD_SCRATCH_BF16DP, floats); }
 
 /* Where K is large (above 1536), K is walked in spans of SPAN products: for a chunk of up to
  * SPAN_ROWS rows, a panel of 48 columns and a span, a's rows (128 x SPAN floats) and the panel's

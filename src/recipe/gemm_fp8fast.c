@@ -31,13 +31,13 @@
  * 1.03-1.12x the widen-then-multiply path on 4 rows (one Zen 4 core, K 4864 and 896), the decode
  * of the codes costing about what the store and reload of the widened rows did.
  * Single-threaded; callers parallelise over column tiles. Scratch: the packed kernel's block
- * partials (malloc'd per call; without it the in-place kernel runs) and a 16 KiB panel on the
- * stack. */
+ * partials (the thread's, gemm_scratch.h; without it the in-place kernel runs) and a 16 KiB panel
+ * on the stack. */
 #include "tidal/gemm.h"
 #include "tidal/isa.h"
+#include "gemm_scratch.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -377,13 +377,14 @@ TGT512 static INLINE void strip_packed(const float *a, int lda, const float *pk,
     }
 }
 
-/* 0 when the partials' buffer cannot be had (the caller takes the other kernel: the same bits) */
+/* 0 when the partials' buffer (the thread's scratch, gemm_scratch.h) cannot be had (the caller
+ * takes the other kernel: the same bits) */
 TGT512 static int gemm512_packed(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
                                  int M, int N, int K, int promote, int bits)
 {
     __m512 keep = _mm512_castsi512_ps(_mm512_set1_epi32((int)~((1u << (23 - bits)) - 1u)));
     int panels = (N + PW - 1) / PW;
-    float *part = malloc(sizeof(float) * GROUP * PW * (size_t)panels);
+    float *part = td_gemm_scratch(TD_SCRATCH_FP8FAST, (size_t)GROUP * PW * panels);
     if (!part) return 0;
     float pk[KC * PW] __attribute__((aligned(64)));
     for (int g = 0; g < M; g += GROUP) {   /* rows: the group's K-chunk of a stays in L2 over the panels */
@@ -413,7 +414,6 @@ TGT512 static int gemm512_packed(const float *a, int lda, const float *w, int ld
             c0 = c1;
         }
     }
-    free(part);
     return 1;
 }
 
