@@ -76,9 +76,11 @@ def diff_cmd(d, out, *extra):
             os.path.join(d, "p.jsonl"), "-o", out, *SHAPE, "--seed", "7", *extra]
 
 
-def run_killed(cmd, sig, delay, after_batches=0):
+def run_killed(cmd, sig, delay, after_batches=0, after_file=None):
     """Starts cmd, waits until its stderr has reported after_batches completed batches (timing
-    on a loaded 2-core machine is too noisy to aim by the clock alone), sleeps delay, signals."""
+    on a loaded 2-core machine is too noisy to aim by the clock alone) and until after_file
+    exists (a kill before the tool made its run file leaves nothing to check: CI, 2026-11-30, a
+    SIGKILL 28 ms into a 0.12 s run), sleeps delay, signals."""
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     err = b""
     while err.count(b"tidal-diff: batch ") < after_batches:
@@ -86,6 +88,8 @@ def run_killed(cmd, sig, delay, after_batches=0):
         if not c:
             break
         err += c
+    while after_file and not os.path.exists(after_file) and p.poll() is None:
+        time.sleep(0.001)
     time.sleep(delay)
     p.send_signal(sig)
     _, rest = p.communicate(timeout=120)
@@ -125,7 +129,7 @@ def test_diff(d, part, n_prompts, plan, by_batches):
             # after the end (the machine ran this one faster) is aimed again at half the delay
             frac = rng.uniform(0.1, 0.7)
             for _ in range(3):
-                rc, err = run_killed(diff_cmd(d, path), sig, frac * t_ref)
+                rc, err = run_killed(diff_cmd(d, path), sig, frac * t_ref, after_file=path)
                 if rc != 0:
                     break
                 print("%s at %.2f of the reference run: the run finished first, aimed again" % (sig.name, frac))
