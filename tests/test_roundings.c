@@ -336,7 +336,8 @@ static void test_gemm_fixed_order(void **st)
  * falls back to what it has), on random shapes against the transcribed order, bit for bit:
  * K % 8 != 0, K over one span of the packed driver (1,024 values) and over several, M below
  * the packing threshold (a third of the trials: w read in place) and above, N odd and over
- * several packed column blocks, strides lda/ldw/ldc wider than the rows, add = 1. The padding
+ * several packed column blocks, strides lda/ldw/ldc wider than the rows, add = 1; one product
+ * of 391 rows over two spans (the driver parks lane sums for 384 rows at a time). The padding
  * of a and w holds NaN, so reading past a row's K (a tail not masked, a pack not zero-filled)
  * shows; c's padding must stay as it was (masked stores). */
 static void test_gemm_fixed_kernels(void **st)
@@ -350,9 +351,14 @@ static void test_gemm_fixed_kernels(void **st)
     static const int fixed_K[] = {1, 8, 9, 1023, 1024, 1031, 2053};
     td_rng rng;
     td_rng_seed(&rng, 77);
-    for (int trial = 0; trial < 24; trial++) {
+    for (int trial = 0; trial < 25; trial++) {
         int K = trial < 7 ? fixed_K[trial] : 1 + (int)td_rng_below(&rng, 2200);
         int M = 1 + (int)td_rng_below(&rng, trial % 3 ? 15 : 7), N = 1 + (int)td_rng_below(&rng, 70);
+        if (trial == 24) {   /* over the driver's row groups (384 rows), two spans, two column blocks */
+            M = 391;
+            N = 75;
+            K = 1100;
+        }
         int lda = K + (int)td_rng_below(&rng, 9), ldw = K + (int)td_rng_below(&rng, 9);
         int ldc = N + (int)td_rng_below(&rng, 5), add = trial % 2;
         float *a = malloc(sizeof(float) * M * lda), *w = malloc(sizeof(float) * N * ldw);

@@ -22,22 +22,25 @@
  * Both SIMD kernels keep the order by construction (per lane, the same fma's in the same k
  * order; the same reduction), so they differ only in how much they reuse per load. Blocking
  * that a fast GEMM needs changes no order either:
- *   - w is packed per call in groups of columns, chunk by chunk (pack_groups), in blocks of
- *     columns that stay in L2 while every strip of rows of a passes (w is read from memory
- *     once per call, a once per block);
- *   - K is walked in spans of KSPAN chunks; between spans a tile's lane sums wait in a small
- *     buffer and continue from there, so a strip's span of a is read from L1 by all the
- *     panels of the block.
+ *   - w is packed per call in groups of columns, chunk by chunk, one span of K (KSPAN chunks)
+ *     at a time, in blocks of columns whose span stays in L2 while every strip of rows of a
+ *     passes (pack_span); between spans a tile's lane sums wait in a buffer and continue from
+ *     there, so a strip's span of a is read from L1 by all the panels of the block, and a is
+ *     read once per block and span (GotoBLAS's loops);
+ *   - the next block's w is prefetched into L2 while the strips pass over the current one.
  * Fewer than PACK_MIN_ROWS rows (decode, small batches) take the AVX2 tile on w in place:
  * packing w (a copy of N*K floats, ~13 GB/s) costs more than those few rows gain from it (on
  * Zen 4 the crossover is 8-48 rows, lower when w comes from memory). Measured against OpenBLAS 0.3.21 sgemm, one thread each, on the
  * Qwen2.5-0.5B shapes at M = 256 (tests/bench/gemm.sh, AMD EPYC Zen 4): 0.95-1.05 of its speed
  * with AVX-512 (OpenBLAS's Cooper Lake kernel), 0.82-0.96 with AVX2 (against its Haswell one);
  * the kernel this replaced (4 x 2 AVX2 blocks over the whole K, nothing packed) ran at 0.53-0.66.
- * Scratch (the packed w and the parked lane sums) is malloc'd per call: the function stays
- * single-threaded and re-entrant; callers' threads take whole column tiles. */
+ * Blocking whole rows of K instead (before 2026-11-30) left one 8-column panel per block at
+ * K = 4864 and read all of a from memory per 8 columns: 0.60-0.73 of sgemm on this Xeon, 0.8-0.9
+ * since (cpu-speed.md). Scratch (the packed w and the parked lane sums) is the thread's
+ * (gemm_scratch.h): the function is single-threaded; callers' threads take whole column tiles. */
 #include "tidal/gemm.h"
 #include "tidal/isa.h"
+#include "gemm_scratch.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -56,6 +59,8 @@ enum {
     KSPAN = 128,         /* chunks per span of K: a strip's span of a is <= 24 KiB, in L1     */
     PACK_FLOATS = 65536, /* packed w per column block: 256 KiB, within L2                      */
     PACK_MIN_ROWS = 8,   /* fewer rows take w in place (packing costs more than it saves)     */
+    GROUP_ROWS = 384,    /* rows whose lane sums are parked between spans at a time (a multiple
+                            of both strips: about 0.8 MB of lane sums)  */
 };
 
 /* the fixed lane reduction, on 8 lane sums */
@@ -92,34 +97,37 @@ static void gemm_portable(const float *a, int lda, const float *w, int ldw, floa
 }
 
 #ifdef TD_HAVE_AVX2_PATH
-/* Columns packed in groups of G for the SIMD kernels: for columns j..j+G-1 and chunk t = k / 8,
- * 8G floats w_j[8t..8t+8) w_{j+1}[8t..8t+8) ..., zeros past K (and for missing columns), so a
- * kernel reads a group as one stream and needs no mask on w. Chunks are grouped in spans of
- * KSPAN (the last one shorter) and stored span by span, the groups in order within a span:
- * the order the driver walks them, so its reads of a span are one forward stream. Plain C: it
- * moves N*K floats once per call, against the M*N*K multiply-adds that read them. */
-static float *packed_at(float *p, int T, int ngroups, int G, int g, int t)
+/* Columns packed in groups of G for the SIMD kernels, one span of K at a time: for chunks
+ * [t0, t1) (t = k / 8) and columns j..j+G-1 of group g, 8G floats per chunk, w_j[8t..8t+8)
+ * w_{j+1}[8t..8t+8) ..., the span's chunks of a group contiguous and the groups in order (group
+ * g at g * (t1 - t0) * 8G); zeros past K and for missing columns, so a kernel reads a group as
+ * one stream and needs no mask on w. Plain C: it moves the block's floats once, against the
+ * strips' multiply-adds that read them. */
+static void pack_span(const float *w, int ldw, int ncols, int K, int t0, int t1, int ngroups,
+                      int G, float *p)
 {
-    int t0 = t / KSPAN * KSPAN, span = T - t0 < KSPAN ? T - t0 : KSPAN;
-    return p + ((size_t)t0 * ngroups + (size_t)g * span + (t - t0)) * 8 * G;
-}
-
-static void pack_groups(const float *w, int ldw, int ncols, int K, int ngroups, int G, float *p)
-{
-    int T = (K + 7) / 8, kfull = K / 8;
-    for (int t0 = 0; t0 < T; t0 += KSPAN) {
-        int t1 = T - t0 < KSPAN ? T : t0 + KSPAN;
-        for (int q = 0; q < G * ngroups; q++) {
-            const float *wq = w + (size_t)q * ldw;
-            float *o = packed_at(p, T, ngroups, G, q / G, t0) + (q % G) * 8;
-            int t = t0, tf = q >= ncols ? t0 : t1 < kfull ? t1 : kfull;
-            for (; t < tf; t++, o += 8 * G) memcpy(o, wq + 8 * t, 8 * sizeof(float));
-            for (; t < t1; t++, o += 8 * G) {   /* the partial chunk, or a missing column */
-                int n = q >= ncols ? 0 : K - 8 * t;
-                for (int l = 0; l < 8; l++) o[l] = l < n ? wq[8 * t + l] : 0.0f;
-            }
+    int kfull = K / 8;
+    for (int q = 0; q < G * ngroups; q++) {
+        const float *wq = w + (size_t)q * ldw;
+        float *o = p + ((size_t)(q / G) * (t1 - t0) * G + q % G) * 8;
+        int t = t0, tf = q >= ncols ? t0 : t1 < kfull ? t1 : kfull;
+        for (; t < tf; t++, o += 8 * G) memcpy(o, wq + 8 * t, 8 * sizeof(float));
+        for (; t < t1; t++, o += 8 * G) {   /* the partial chunk, or a missing column */
+            int n = q >= ncols ? 0 : K - 8 * t;
+            for (int l = 0; l < 8; l++) o[l] = l < n ? wq[8 * t + l] : 0.0f;
         }
     }
+}
+
+/* Into L2, part `part` of `parts` of the lines that packing rows [0, nrows) of w, floats
+ * [k0, k1) of each, will read: spread over the strips of the block before, so that its packing
+ * reads from cache instead of waiting on memory (it took ~10 % of a 256 x 4864 x 896 product). */
+static void prefetch_part(const float *w, int ldw, int nrows, int k0, int k1, int part, int parts)
+{
+    size_t per_row = ((size_t)(k1 - k0) * sizeof(float) + 63) / 64, total = per_row * nrows;
+    size_t from = total * part / parts, to = total * (part + 1) / parts;
+    for (size_t l = from; l < to; l++)
+        __builtin_prefetch((const char *)(w + (l / per_row) * ldw + k0) + (l % per_row) * 64, 0, 2);
 }
 
 #define TGT __attribute__((target("avx2,fma")))
@@ -314,39 +322,60 @@ typedef void panel_fn(const float *a, int lda, const float *wp, size_t pstride, 
  * columns a packed group holds. */
 typedef struct { panel_fn *panel; int strip, panel_cols, group; } packed_kernel;
 
-/* The packed driver. Columns in blocks of at most PACK_FLOATS packed floats (the block stays
- * in L2 while the strips of rows pass); within a strip, K in spans of KSPAN chunks, each span
- * over every panel of the block, so the strip's span of a (strip x 8 KSPAN floats) is read
- * from L1 by all the panels. The lane sums of the strip x block wait in the same allocation.
- * Returns 0 when that allocation fails (the caller then runs the direct kernel: same bits). */
+/* The packed driver, GotoBLAS's loops in the fixed order. Columns in blocks whose span of K
+ * (KSPAN chunks, the last one shorter) packs into at most PACK_FLOATS floats, which stay in L2
+ * while every strip of rows passes over them; each strip's span of a (strip x 8 KSPAN floats)
+ * is read from L1 by all the panels of the block. Over a span, a tile's lane sums continue from
+ * those parked at the end of the span before (one slot per strip and panel of the block, for
+ * GROUP_ROWS rows at a time), so a's rows are read once per block and span, not once per panel
+ * of columns (with whole rows of K packed, a K of 4864 left one 8-column panel per block and
+ * read all of a from memory per 8 columns). While the strips pass, the next block's w is
+ * prefetched. Scratch: the thread's (gemm_scratch.h); 0 when it cannot be had (the caller then
+ * runs the direct kernel: same bits). */
 static int gemm_packed(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
                        int M, int N, int K, int add, const packed_kernel *pk)
 {
     int T = (K + 7) / 8, P = pk->panel_cols, G = pk->group, strip = pk->strip;
-    size_t panel_floats = (size_t)T * 8 * P;
-    size_t lane_floats = (size_t)strip * P * 8;   /* one panel's lane sums */
+    int span = T < KSPAN ? T : KSPAN, spans = (T + KSPAN - 1) / KSPAN;
+    size_t panel_floats = (size_t)span * 8 * P;   /* one panel's packed span */
+    size_t lane_floats = (size_t)strip * P * 8;   /* one tile's lane sums */
     int npan = (N + P - 1) / P;
     size_t fit = PACK_FLOATS / panel_floats;
     if (fit < (size_t)npan) npan = fit ? (int)fit : 1;
-    float *buf = malloc(sizeof(float) * (panel_floats + lane_floats) * npan);
+    int rows = spans > 1 && M > GROUP_ROWS ? GROUP_ROWS : M, nstrips = (rows + strip - 1) / strip;
+    size_t nlanes = spans > 1 ? lane_floats * npan * nstrips : 0;
+    float *buf = td_gemm_scratch(TD_SCRATCH_FIXED, panel_floats * npan + nlanes);
     if (!buf) return 0;
     float *lanes = buf + panel_floats * npan;
-    for (int j0 = 0; j0 < N; j0 += P * npan) {
-        int nj = N - j0 < P * npan ? N - j0 : P * npan;
-        int ngroups = (nj + P - 1) / P * P / G;
-        pack_groups(w + (size_t)j0 * ldw, ldw, nj, K, ngroups, G, buf);
-        for (int i = 0; i < M; i += strip)
+    for (int i0 = 0; i0 < M; i0 += rows) {
+        int i1 = M - i0 < rows ? M : i0 + rows;
+        for (int j0 = 0; j0 < N; j0 += P * npan) {
+            int nj = N - j0 < P * npan ? N - j0 : P * npan;
+            int ngroups = (nj + P - 1) / P * P / G;
             for (int t0 = 0; t0 < T; t0 += KSPAN) {
                 int t1 = T - t0 < KSPAN ? T : t0 + KSPAN;
-                for (int j = 0; j < nj; j += P) {
-                    kspan ks = {t0, t1, lanes + j / P * lane_floats};
-                    pk->panel(a + (size_t)i * lda, lda, packed_at(buf, T, ngroups, G, j / G, t0),
-                              (size_t)(t1 - t0) * 8 * G, K, ks, c + (size_t)i * ldc + j0 + j, ldc,
-                              nj - j < P ? nj - j : P, add, M - i < strip ? M - i : strip);
+                size_t pstride = (size_t)(t1 - t0) * 8 * G;
+                /* the block packed next: the next span, else the next columns' first, else
+                 * the next rows' (from the start of w again) */
+                int nt0 = t1 < T ? t1 : 0, nj0 = t1 < T ? j0 : j0 + nj < N ? j0 + nj : 0;
+                int nt1 = T - nt0 < KSPAN ? T : nt0 + KSPAN;
+                int nnj = N - nj0 < P * npan ? N - nj0 : P * npan;
+                int last = t1 == T && j0 + nj == N && i1 == M;
+                pack_span(w + (size_t)j0 * ldw, ldw, nj, K, t0, t1, ngroups, G, buf);
+                for (int i = i0, s = 0; i < i1; i += strip, s++) {
+                    if (!last)   /* a strip's share of the next block's lines */
+                        prefetch_part(w + (size_t)nj0 * ldw, ldw, nnj, 8 * nt0,
+                                      8 * nt1 < K ? 8 * nt1 : K, s, (i1 - i0 + strip - 1) / strip);
+                    for (int j = 0; j < nj; j += P) {
+                        kspan ks = {t0, t1, lanes + ((size_t)s * npan + j / P) * lane_floats};
+                        pk->panel(a + (size_t)i * lda, lda, buf + (size_t)(j / G) * pstride, pstride,
+                                  K, ks, c + (size_t)i * ldc + j0 + j, ldc,
+                                  nj - j < P ? nj - j : P, add, i1 - i < strip ? i1 - i : strip);
+                    }
                 }
             }
+        }
     }
-    free(buf);
     return 1;
 }
 

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-typedef enum { TD_SCRATCH_BF16DP, TD_SCRATCH_FP8FAST, TD_SCRATCH_SLOTS } td_scratch_slot;
+typedef enum { TD_SCRATCH_BF16DP, TD_SCRATCH_FP8FAST, TD_SCRATCH_FIXED, TD_SCRATCH_SLOTS } td_scratch_slot;
 
 /* at least `floats` floats, 64-byte aligned, contents undefined; NULL when memory runs out (the
  * slot's old buffer is freed then) */
