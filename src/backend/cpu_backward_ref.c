@@ -249,14 +249,24 @@ void attention_backward_ref(const td_ops *ctx, float *dq, float *dk, float *dv, 
                                HD, scratch, max_keys);
 }
 
+/* the exponentials of a block first, as span_swiglu (cpu_ref.c) does: in one loop GCC carried
+ * td_expf's clamp into the rest and ran the arm of g < -88.3 (sigmoid 1 / (1 + e^88.3), a
+ * subnormal) on every lane; 1.36x faster apart on a Xeon. Same bits. */
 TD_CLONES static void span_swiglu_backward(float *dg, float *du, const float *dy, const float *g,
                                            const float *u, size_t n)
 {
-    #pragma omp simd
-    for (size_t i = 0; i < n; i++) {
-        float sg = 1.0f / (1.0f + td_expf(-g[i]));
-        dg[i] += dy[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
-        du[i] += dy[i] * (g[i] * sg);
+    float e[256];
+    for (size_t i0 = 0; i0 < n; i0 += 256) {
+        size_t m = n - i0 < 256 ? n - i0 : 256;
+        #pragma omp simd
+        for (size_t j = 0; j < m; j++) e[j] = td_expf(-g[i0 + j]);
+        #pragma omp simd
+        for (size_t j = 0; j < m; j++) {
+            size_t i = i0 + j;
+            float sg = 1.0f / (1.0f + e[j]);
+            dg[i] += dy[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+            du[i] += dy[i] * (g[i] * sg);
+        }
     }
 }
 

@@ -62,11 +62,20 @@ TD_CLONES static void span_sub(float *x, size_t n, float c)
     for (size_t j = 0; j < n; j++) x[j] -= c;
 }
 
-/* out = silu(g) * u, silu(g) = g / (1 + e^-g) */
+/* out = silu(g) * u, silu(g) = g / (1 + e^-g), the exponentials of a block first: in one loop
+ * GCC carried td_expf's clamp through the quotient and divided every lane by 1 + e^88.3 as well
+ * (the arm of g < -88.3, blended away), a subnormal quotient and a microcode assist per vector
+ * on Intel: 8 % of an fp32 forward (model-tf), the loop 30x slower than this one. Same bits. */
 TD_CLONES static void span_swiglu(float *out, const float *g, const float *u, size_t n)
 {
-    #pragma omp simd
-    for (size_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + td_expf(-g[i])) * u[i];
+    float e[256];
+    for (size_t i0 = 0; i0 < n; i0 += 256) {
+        size_t m = n - i0 < 256 ? n - i0 : 256;
+        #pragma omp simd
+        for (size_t i = 0; i < m; i++) e[i] = td_expf(-g[i0 + i]);
+        #pragma omp simd
+        for (size_t i = 0; i < m; i++) out[i0 + i] = g[i0 + i] / (1.0f + e[i]) * u[i0 + i];
+    }
 }
 
 void embedding_forward_ref(const td_ops *ctx, float *out, const int *tokens, const td_wmat *embed,
