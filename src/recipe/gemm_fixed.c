@@ -119,17 +119,6 @@ static void pack_span(const float *w, int ldw, int ncols, int K, int t0, int t1,
     }
 }
 
-/* Into L2, part `part` of `parts` of the lines that packing rows [0, nrows) of w, floats
- * [k0, k1) of each, will read: spread over the strips of the block before, so that its packing
- * reads from cache instead of waiting on memory (it took ~10 % of a 256 x 4864 x 896 product). */
-static void prefetch_part(const float *w, int ldw, int nrows, int k0, int k1, int part, int parts)
-{
-    size_t per_row = ((size_t)(k1 - k0) * sizeof(float) + 63) / 64, total = per_row * nrows;
-    size_t from = total * part / parts, to = total * (part + 1) / parts;
-    for (size_t l = from; l < to; l++)
-        __builtin_prefetch((const char *)(w + (l / per_row) * ldw + k0) + (l % per_row) * 64, 0, 2);
-}
-
 #define TGT __attribute__((target("avx2,fma")))
 #define TGT512 __attribute__((target("avx2,fma,avx512f,avx512dq,avx512vl")))
 #define INLINE inline __attribute__((always_inline))
@@ -364,8 +353,9 @@ static int gemm_packed(const float *a, int lda, const float *w, int ldw, float *
                 pack_span(w + (size_t)j0 * ldw, ldw, nj, K, t0, t1, ngroups, G, buf);
                 for (int i = i0, s = 0; i < i1; i += strip, s++) {
                     if (!last)   /* a strip's share of the next block's lines */
-                        prefetch_part(w + (size_t)nj0 * ldw, ldw, nnj, 8 * nt0,
-                                      8 * nt1 < K ? 8 * nt1 : K, s, (i1 - i0 + strip - 1) / strip);
+                        td_prefetch_rows(w + (size_t)nj0 * ldw + 8 * nt0, sizeof(float) * ldw, nnj,
+                                         sizeof(float) * ((8 * nt1 < K ? 8 * nt1 : K) - 8 * nt0), s,
+                                         (i1 - i0 + strip - 1) / strip);
                     for (int j = 0; j < nj; j += P) {
                         kspan ks = {t0, t1, lanes + ((size_t)s * npan + j / P) * lane_floats};
                         pk->panel(a + (size_t)i * lda, lda, buf + (size_t)(j / G) * pstride, pstride,
