@@ -171,7 +171,11 @@ static void encode_row_1(td_format f, const float *x, void *codes, size_t n, td_
     case TD_F32:  memcpy(codes, x, n * 4); break;
     case TD_BF16:
 #if TD_HAVE_F16C_PATH
-        if (f16_vector()) { td_bf16_encode_row_avx2(x, codes, n); break; }
+        if (f16_vector()) {
+            if (td_isa_level() >= TD_ISA_AVX512) td_bf16_encode_row_avx512(x, codes, n);
+            else td_bf16_encode_row_avx2(x, codes, n);
+            break;
+        }
 #endif
         { uint16_t *o = codes; for (size_t i = 0; i < n; i++) o[i] = bf16_encode(u[i]); } break;
     case TD_F16:

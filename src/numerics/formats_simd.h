@@ -15,6 +15,7 @@ void td_f16_round_row_avx512(const float *x, float *y, size_t n);
 void td_bf16_round_row_avx2(const float *x, float *y, size_t n);
 void td_bf16_round_row_avx512(const float *x, float *y, size_t n);
 void td_bf16_encode_row_avx2(const float *x, uint16_t *codes, size_t n);
+void td_bf16_encode_row_avx512(const float *x, uint16_t *codes, size_t n);
 void td_fp8_decode_scaled_row_f16c(int e5m2, const uint8_t *codes, float scale, const float *lut,
                                    float *y, size_t n);
 void td_fp8_round_row_avx2(int e5m2, const float *x, float *y, size_t n, int sat);
