@@ -95,6 +95,10 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPDIR_FLAGS) -c $< -o $@
 
+# sqrtf without its errno path, so that the AdamW loop vectorises (a #pragma GCC optimize does
+# not reach the target_clones bodies); tidal never reads errno there
+$(BUILD)/src/backend/cpu_optim.o: CFLAGS += -fno-math-errno
+
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
