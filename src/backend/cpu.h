@@ -32,6 +32,19 @@ static inline __attribute__((always_inline)) float td_expf(float x)
     return p * scale.f;
 }
 
+/* e[j] = e^-x[j] for j < m = min(n, TD_EXP_BLOCK), returns m: the exponentials of a block ahead
+ * of the loop that uses them (the SwiGLU forward and backward: in one loop GCC carried td_expf's
+ * clamp through the rest of the expression and ran its arm of x < -88.3 on every lane, a
+ * subnormal quotient and a microcode assist per vector on Intel; cpu_ref.c span_swiglu) */
+enum { TD_EXP_BLOCK = 256 };
+static inline __attribute__((always_inline)) size_t td_expneg_block(const float *x, size_t n, float *e)
+{
+    size_t m = n < TD_EXP_BLOCK ? n : TD_EXP_BLOCK;
+    #pragma omp simd
+    for (size_t j = 0; j < m; j++) e[j] = td_expf(-x[j]);
+    return m;
+}
+
 /* TD_CLONES (tidal/isa.h): the elementwise ops' inner loops at the CPU's width */
 
 /* Files whose loops call td_expf add #pragma GCC optimize("no-trapping-math") (cpu_ref.c says

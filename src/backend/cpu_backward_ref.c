@@ -249,17 +249,15 @@ void attention_backward_ref(const td_ops *ctx, float *dq, float *dk, float *dv, 
                                HD, scratch, max_keys);
 }
 
-/* the exponentials of a block first, as span_swiglu (cpu_ref.c) does: in one loop GCC carried
- * td_expf's clamp into the rest and ran the arm of g < -88.3 (sigmoid 1 / (1 + e^88.3), a
- * subnormal) on every lane; 1.36x faster apart on a Xeon. Same bits. */
+/* the exponentials of a block first (td_expneg_block, cpu.h: in one loop GCC ran the arm of
+ * g < -88.3, sigmoid 1 / (1 + e^88.3), a subnormal, on every lane); 1.36x faster apart on a
+ * Xeon. Same bits. */
 TD_CLONES static void span_swiglu_backward(float *dg, float *du, const float *dy, const float *g,
                                            const float *u, size_t n)
 {
-    float e[256];
-    for (size_t i0 = 0; i0 < n; i0 += 256) {
-        size_t m = n - i0 < 256 ? n - i0 : 256;
-        #pragma omp simd
-        for (size_t j = 0; j < m; j++) e[j] = td_expf(-g[i0 + j]);
+    float e[TD_EXP_BLOCK];
+    for (size_t i0 = 0, m; i0 < n; i0 += m) {
+        m = td_expneg_block(g + i0, n - i0, e);
         #pragma omp simd
         for (size_t j = 0; j < m; j++) {
             size_t i = i0 + j;

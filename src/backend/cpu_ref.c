@@ -62,17 +62,15 @@ TD_CLONES static void span_sub(float *x, size_t n, float c)
     for (size_t j = 0; j < n; j++) x[j] -= c;
 }
 
-/* out = silu(g) * u, silu(g) = g / (1 + e^-g), the exponentials of a block first: in one loop
- * GCC carried td_expf's clamp through the quotient and divided every lane by 1 + e^88.3 as well
- * (the arm of g < -88.3, blended away), a subnormal quotient and a microcode assist per vector
- * on Intel: 8 % of an fp32 forward (model-tf), the loop 30x slower than this one. Same bits. */
+/* out = silu(g) * u, silu(g) = g / (1 + e^-g), the exponentials of a block first
+ * (td_expneg_block, cpu.h): in one loop GCC divided every lane by 1 + e^88.3 as well (td_expf's
+ * clamp carried through the quotient, blended away), a subnormal quotient and a microcode assist
+ * per vector on Intel: 8 % of an fp32 forward (model-tf), the loop 30x slower. Same bits. */
 TD_CLONES static void span_swiglu(float *out, const float *g, const float *u, size_t n)
 {
-    float e[256];
-    for (size_t i0 = 0; i0 < n; i0 += 256) {
-        size_t m = n - i0 < 256 ? n - i0 : 256;
-        #pragma omp simd
-        for (size_t i = 0; i < m; i++) e[i] = td_expf(-g[i0 + i]);
+    float e[TD_EXP_BLOCK];
+    for (size_t i0 = 0, m; i0 < n; i0 += m) {
+        m = td_expneg_block(g + i0, n - i0, e);
         #pragma omp simd
         for (size_t i = 0; i < m; i++) out[i0 + i] = g[i0 + i] / (1.0f + e[i]) * u[i0 + i];
     }
