@@ -60,7 +60,7 @@ enum {
     PACK_FLOATS = 65536, /* packed w per column block: 256 KiB, within L2                      */
     PACK_MIN_ROWS = 8,   /* fewer rows take w in place (packing costs more than it saves)     */
     GROUP_ROWS = 384,    /* rows whose lane sums are parked between spans at a time (a multiple
-                            of both strips: about 0.8 MB of lane sums)  */
+                            of both strips: about 0.8 MB of lane sums)                        */
 };
 
 /* the fixed lane reduction, on 8 lane sums */
@@ -357,7 +357,7 @@ static int gemm_packed(const float *a, int lda, const float *w, int ldw, float *
                                          sizeof(float) * ((8 * nt1 < K ? 8 * nt1 : K) - 8 * nt0), s,
                                          (i1 - i0 + strip - 1) / strip);
                     for (int j = 0; j < nj; j += P) {
-                        kspan ks = {t0, t1, lanes + ((size_t)s * npan + j / P) * lane_floats};
+                        kspan ks = {t0, t1, nlanes ? lanes + ((size_t)s * npan + j / P) * lane_floats : NULL};
                         pk->panel(a + (size_t)i * lda, lda, buf + (size_t)(j / G) * pstride, pstride,
                                   K, ks, c + (size_t)i * ldc + j0 + j, ldc,
                                   nj - j < P ? nj - j : P, add, i1 - i < strip ? i1 - i : strip);
