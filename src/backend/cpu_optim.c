@@ -6,16 +6,13 @@
 #include <math.h>
 #include <omp.h>
 
-/* sqrtf without errno handling, so the AdamW loop vectorises (tidal never reads errno here):
- * the Makefile's -fno-math-errno for this file (this pragma does not reach TD_CLONES bodies) */
-#pragma GCC optimize("no-math-errno")
-
 /* One thread's slice, at the CPU's width (TD_CLONES), the weight decay's branch outside the
  * loop (decay_on a constant in each call of the inline body). The loop used to sit in the omp
  * parallel for simd itself with the branch inside and sqrtf's errno path: scalar, 6.8 % of a
  * bf16 training step (train_probe). Every operation per element as before, each correctly
  * rounded at any width (no contraction: -std=c11): the same bits. The Makefile builds this file
- * with -fno-math-errno. */
+ * with -fno-math-errno (sqrtf without its errno path: tidal never reads errno here; a
+ * #pragma GCC optimize does not reach target_clones bodies). */
 static inline __attribute__((always_inline)) void adamw_body(float *param, const float *grad, float *m1,
                                                             float *m2, size_t n, const td_adamw_k *k,
                                                             int decay_on)

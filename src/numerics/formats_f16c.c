@@ -157,9 +157,8 @@ TGT void td_fp8_decode_scaled_row_f16c(int e5m2, const uint8_t *codes, float sca
  * (256 * scale is exact below FLT_MAX / 256, so (v / 256) * (256 * scale) rounds once to the
  * same value; larger or non-finite scales take the AVX2 form). */
 #define TGT512 __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
-/* td_bf16_round_row_avx2's steps on 16 lanes (the same integer arithmetic; NaN by mask), the
- * tail masked */
-/* bf16_hi8 on 16 lanes: the rounded value's bits, codes in the high halves, NaN -> 0x7FFF0000 */
+/* bf16_hi8 on 16 lanes (the same integer arithmetic; NaN by mask): the rounded value's bits,
+ * codes in the high halves, NaN -> 0x7FFF0000; the rows below mask their tails */
 TGT512 static inline __m512i bf16_hi16(__m512i u)
 {
     __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),

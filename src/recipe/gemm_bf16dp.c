@@ -398,16 +398,8 @@ TGTF static void gemm_fma_spans(const uint16_t *a, int lda, const uint16_t *w, i
                 int k1 = k0 + SPAN < ldp ? k0 + SPAN : ldp, kn = k1 - k0;
                 pack_rows(a + (size_t)i0 * lda + k0, lda, i1 - i0, K - k0, ap, kn);
                 pack_rows(w + (size_t)j0 * ldw + k0, ldw, j1 - j0, K - k0, wp, kn);
-                /* the panel and span packed next (this panel's next span, else the next panel's
-                 * first), spread over the column blocks */
-                int nk0 = k1 < ldp ? k1 : 0, nj0 = k1 < ldp ? j0 : j1;
-                int nn = nj0 < N ? (N - nj0 < 48 ? N - nj0 : 48) : 0;
-                int nkn = nk0 + SPAN < K ? SPAN : K - nk0;
                 for (int j = j0; j < j1; j += 4) {
                     int S = j1 - j < 4 ? j1 - j : 4;
-                    if (nn)
-                        td_prefetch_rows(w + (size_t)nj0 * ldw + nk0, sizeof(uint16_t) * ldw, nn,
-                                         sizeof(uint16_t) * nkn, (j - j0) / 4, (j1 - j0 + 3) / 4);
                     const float *wj = wp + (size_t)(j - j0) * kn;
                     for (int i = i0; i < i1; i += 4) {
                         int R = i1 - i < 4 ? i1 - i : 4;
@@ -447,15 +439,10 @@ TGTF static void gemm_avx512fma(const uint16_t *a, int lda, const uint16_t *w, i
         for (int j0 = 0; j0 < N; j0 += 48) {
             int j1 = j0 + 48 < N ? j0 + 48 : N;
             pack_rows(w + (size_t)j0 * ldw, ldw, j1 - j0, K, wp, ldp);
-            int nb = (i1 - i0 + 3) / 4, next = j1 < N ? (N - j1 < 48 ? N - j1 : 48) : 0;
-            for (int i = i0; i < i1; i += 4) {
-                if (next)   /* the next panel's columns, spread over the row blocks */
-                    td_prefetch_rows(w + (size_t)j1 * ldw, sizeof(uint16_t) * ldw, next,
-                                     sizeof(uint16_t) * K, (i - i0) / 4, nb);
+            for (int i = i0; i < i1; i += 4)
                 for (int j = j0; j < j1; j += 4)
                     block_fma_rs(ap + (size_t)(i - i0) * ldp, K, 0, ldp, wp + (size_t)(j - j0) * ldp, ldp, NULL,
                                  c + (size_t)i * ldc + j, ldc, add, i1 - i < 4 ? i1 - i : 4, j1 - j < 4 ? j1 - j : 4);
-            }
         }
     }
 }
