@@ -74,7 +74,7 @@ done
 # one run, on this CPU
 for isa in avx2 portable; do
   for t in "$@"; do
-    case $t in */test_gemm|*/test_formats|*/test_roundings) run_c "TIDAL_ISA=$isa $t" env TIDAL_ISA=$isa "$t" ;; esac
+    case $t in */test_gemm|*/test_formats|*/test_roundings|*/test_scaling) run_c "TIDAL_ISA=$isa $t" env TIDAL_ISA=$isa "$t" ;; esac
   done
 done
 # and each of the bf16 dot-product order's kernels, not only the faster one here (src/recipe/gemm_bf16dp.c)

@@ -215,6 +215,7 @@ static void test_div_and_mul_differ(void **state)
 
 /* td_fp8_fake_quant (one pass per block, no codes) against td_fp8_quantize + td_fp8_dequantize
  * bit for bit, in place and out of place, on every granularity, both arithmetics, both formats,
+ * saturating and not,
  * ragged shapes, with huge, tiny, zero, Inf and NaN inputs; and td_fp8_decode_scaled_row (F16C
  * where the CPU has it) against the table for every code and several scales. */
 static void test_fake_quant_is_quantize_dequantize(void **state)
@@ -226,11 +227,12 @@ static void test_fake_quant_is_quantize_dequantize(void **state)
     int cases = 0;
     for (int fmt = 0; fmt < 2; fmt++)
         for (int g = 0; g < TD_SCALE_COUNT; g++)
-            for (int a = 0; a < 2; a++)
+            for (int a = 0; a < 4; a++)   /* the two arithmetics, saturating and not */
                 for (size_t si = 0; si < 4; si++) {
                     size_t R = shapes[si][0], C = shapes[si][1], n = R * C;
-                    td_fp8_scheme sc = scheme((td_scale_granularity)g, a ? TD_ARITH_MUL : TD_ARITH_DIV, false);
+                    td_fp8_scheme sc = scheme((td_scale_granularity)g, a & 1 ? TD_ARITH_MUL : TD_ARITH_DIV, false);
                     sc.fmt = fmt ? TD_E5M2 : TD_E4M3;
+                    sc.sat = a & 2 ? TD_NOSAT : TD_SATFINITE;
                     float *x = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
                     for (size_t i = 0; i < n; i++) x[i] = (float)td_rng_normal(&rng) * (i % 97 == 3 ? 1e30f : i % 89 == 5 ? 1e-30f : 3.0f);
                     if (n > 40) { x[7] = 0.0f; x[11] = INFINITY; x[13] = NAN; x[17] = -0.0f; }
@@ -269,6 +271,52 @@ static void test_fake_quant_is_quantize_dequantize(void **state)
     printf("td_fp8_fake_quant: %d cases bit-identical to quantize + dequantize; fp8 decode rows = table\n", cases);
 }
 
+/* Every block's scale from td_fp8_quantize against td_fp8_scale_from_amax of the block's amax
+ * taken here element by element (fmaxf over |x|, which ignores NaN): on every granularity, ragged
+ * shapes whose row pieces are not multiples of the kernel's vector width, a NaN or an Inf at
+ * random places, a block's largest value at every position of a 37-column row (the vector lanes
+ * and the tail). */
+static void test_block_scales_from_amax(void **state)
+{
+    (void)state;
+    td_rng rng;
+    td_rng_seed(&rng, 17);
+    const size_t shapes[][2] = {{1, 37}, {5, 300}, {131, 129}, {256, 96}, {2, 1000}};
+    int blocks = 0;
+    for (int g = 0; g < TD_SCALE_COUNT; g++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+            for (int special = 0; special < 3; special++) {
+                size_t R = shapes[si][0], C = shapes[si][1], n = R * C, br, bc;
+                td_fp8_scheme sc = scheme((td_scale_granularity)g, TD_ARITH_DIV, false);
+                td_fp8_block_shape(&sc, R, C, &br, &bc);
+                float *x = malloc(n * sizeof(float));
+                for (size_t i = 0; i < n; i++) x[i] = (float)td_rng_normal(&rng);
+                if (special == 1) x[td_rng_below(&rng, (uint32_t)n)] = NAN;
+                if (special == 2) x[td_rng_below(&rng, (uint32_t)n)] = -INFINITY;
+                size_t nb = td_fp8_num_scales(&sc, R, C), nbc = (C + bc - 1) / bc;
+                uint8_t *q = malloc(n);
+                float *scales = malloc(nb * sizeof(float));
+                for (size_t pos = 0; pos < (si == 0 ? C : 1); pos++) {
+                    if (si == 0) x[pos] = 50.0f + (float)pos;   /* the largest, at every column */
+                    td_fp8_quantize(&sc, x, R, C, q, scales);
+                    for (size_t b = 0; b < nb; b++) {
+                        size_t r0 = (b / nbc) * br, c0 = (b % nbc) * bc;
+                        float amax = 0.0f;
+                        for (size_t r = r0; r < R && r < r0 + br; r++)
+                            for (size_t c = c0; c < C && c < c0 + bc; c++) amax = fmaxf(amax, fabsf(x[r * C + c]));
+                        float want = td_fp8_scale_from_amax(&sc, amax);
+                        if (memcmp(&want, scales + b, 4))
+                            fail_msg("gran %d shape %zux%zu block %zu: scale %a, amax %a gives %a", g, R, C, b,
+                                     scales[b], amax, want);
+                        blocks++;
+                    }
+                    if (si == 0) x[pos] = 0.0f;
+                }
+                free(x); free(q); free(scales);
+            }
+    printf("block scales = td_fp8_scale_from_amax(element-by-element amax) on %d blocks\n", blocks);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -278,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_mx_scale_is_smallest),
         cmocka_unit_test(test_div_and_mul_differ),
         cmocka_unit_test(test_fake_quant_is_quantize_dequantize),
+        cmocka_unit_test(test_block_scales_from_amax),
     };
     return cmocka_run_group_tests_name("scaling", tests, NULL, NULL);
 }

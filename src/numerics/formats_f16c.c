@@ -278,10 +278,10 @@ TGT void td_fp8_round_row_avx2(int e5m2, const float *x, float *y, size_t n, int
 
 /* 16 values of x rounded in the value domain (above): |x| rounded (*r) and x's bits (*u); 0 when a
  * lane holds a NaN or rounds past the largest finite value (the scalar encoder's cases) */
-TGT512 static inline int fp8_round16(fp8_round_k k, const float *x, __m512i *u, __m512 *r)
+TGT512 static inline int fp8_round16v(fp8_round_k k, __m512 v, __m512i *u, __m512 *r)
 {
     const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
-    *u = _mm512_loadu_si512(x);
+    *u = _mm512_castps_si512(v);
     __m512i a = _mm512_and_si512(*u, absm);
     __m512i f = _mm512_min_epi32(_mm512_max_epi32(_mm512_srli_epi32(a, 23), _mm512_set1_epi32(k.min_field)),
                                  _mm512_set1_epi32(k.cap_field));
@@ -290,6 +290,11 @@ TGT512 static inline int fp8_round16(fp8_round_k k, const float *x, __m512i *u, 
     *r = _mm512_sub_ps(_mm512_add_ps(_mm512_castsi512_ps(a), c), c);
     return !(_mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7F800000)) |
              _mm512_cmp_ps_mask(*r, _mm512_set1_ps(k.max), _CMP_GT_OQ));
+}
+
+TGT512 static inline int fp8_round16(fp8_round_k k, const float *x, __m512i *u, __m512 *r)
+{
+    return fp8_round16v(k, _mm512_loadu_ps(x), u, r);
 }
 
 TGT512 void td_fp8_round_row_avx512(int e5m2, const float *x, float *y, size_t n, int sat)
@@ -307,6 +312,45 @@ TGT512 void td_fp8_round_row_avx512(int e5m2, const float *x, float *y, size_t n
         _mm512_storeu_si512(y + i, _mm512_or_si512(_mm512_castps_si512(r), _mm512_andnot_si512(absm, u)));
     }
     if (i < n) td_fp8_round_row_avx2(e5m2, x + i, y + i, n - i, sat);
+}
+
+/* td_fp8_fake_quant's piece of a block in one pass (scaling.c): y = round(x * mul) * scale, or
+ * round(x / div) * scale when mul is 0, round being the rows above (decode(encode(v))) and each
+ * product or quotient one fp32 rounding: the same arithmetic as scaling the piece into a buffer,
+ * rounding the buffer and multiplying it by the scale, without the two passes over the buffer. A
+ * block the vector rounding does not take goes through the scalar row. y may be x. */
+static void fp8_fake_quant_scalar(int e5m2, const float *x, float *y, size_t n, int sat, float mul,
+                                  float div, float scale)
+{
+    float buf[16];
+    for (size_t i = 0; i < n; i += 16) {
+        size_t m = n - i < 16 ? n - i : 16;
+        for (size_t j = 0; j < m; j++) buf[j] = mul != 0.0f ? x[i + j] * mul : x[i + j] / div;
+        td_fp8_round_row_scalar(e5m2, buf, buf, m, sat);
+        for (size_t j = 0; j < m; j++) y[i + j] = buf[j] * scale;
+    }
+}
+
+TGT512 void td_fp8_fake_quant_row_avx512(int e5m2, const float *x, float *y, size_t n, int sat, float mul,
+                                         float div, float scale)
+{
+    fp8_round_k k = fp8_k(e5m2);
+    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
+    const __m512 vm = _mm512_set1_ps(mul), vd = _mm512_set1_ps(div), vs = _mm512_set1_ps(scale);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        v = mul != 0.0f ? _mm512_mul_ps(v, vm) : _mm512_div_ps(v, vd);
+        __m512i u;
+        __m512 r;
+        if (!fp8_round16v(k, v, &u, &r)) {
+            fp8_fake_quant_scalar(e5m2, x + i, y + i, 16, sat, mul, div, scale);
+            continue;
+        }
+        r = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(r), _mm512_andnot_si512(absm, u)));
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(r, vs));
+    }
+    if (i < n) fp8_fake_quant_scalar(e5m2, x + i, y + i, n - i, sat, mul, div, scale);
 }
 
 /* fp8 encoding (td_encode_row, e4m3 / e5m2): the rounding above, then the code read off the

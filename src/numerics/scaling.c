@@ -1,6 +1,7 @@
 /* FP8 scaling recipes (see include/tidal/scaling.h for the exact arithmetic). */
 #include "tidal/scaling.h"
 #include "tidal/isa.h"
+#include "formats_simd.h"
 
 #include <float.h>
 #include <math.h>
@@ -85,32 +86,65 @@ float td_fp8_scale_from_amax(const td_fp8_scheme *s, float amax)
  * quotients element by element, so the same bits at any width. They were 9 % of an fp8-unified
  * training step at the build's baseline (SSE) width. */
 
-/* The largest |x| of a block (NaN ignored, as fmaxf does: a comparison with NaN is false). */
-TD_CLONES static float row_amax(const float *x, size_t n)
+/* The largest |x| of a block, rows [r0, r1) x cols [c0, c1) (NaN ignored, as fmaxf does: a
+ * comparison with NaN is false; max(v, m) below is v > m ? v : m). A maximum is exact in any
+ * order, so the rows are folded into running maxima and those into one at the end: on AVX2 four
+ * vectors of them, which no chain of one max's latency holds up. (One `omp simd reduction`
+ * vector per row, reduced through the stack, was 5.6 % of an fp8-unified training step on a
+ * Xeon.) */
+static float amax_portable(const float *x, size_t cols, size_t r0, size_t r1, size_t c0, size_t c1)
 {
-    float m = 0.0f;
-    #pragma omp simd reduction(max : m)
-    for (size_t i = 0; i < n; i++) {
-        float v = fabsf(x[i]);
-        m = v > m ? v : m;
-    }
-    return m;
+    float t = 0.0f;
+    for (size_t r = r0; r < r1; r++)
+        for (size_t c = c0; c < c1; c++) {
+            float v = fabsf(x[r * cols + c]);
+            t = v > t ? v : t;
+        }
+    return t;
 }
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx2"))) static float amax_avx2(const float *x, size_t cols, size_t r0, size_t r1,
+                                                       size_t c0, size_t c1)
+{
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 m0 = _mm256_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;   /* registers, not an array in memory */
+    float t = 0.0f;
+    size_t n = c1 - c0, nv = n - n % 32;
+    for (size_t r = r0; r < r1; r++) {
+        const float *p = x + r * cols + c0;
+        for (size_t i = 0; i < nv; i += 32) {
+            m0 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(p + i), abs), m0);
+            m1 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(p + i + 8), abs), m1);
+            m2 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(p + i + 16), abs), m2);
+            m3 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(p + i + 24), abs), m3);
+        }
+        if (nv < n) {
+            float e = amax_portable(p, 0, 0, 1, nv, n);
+            t = e > t ? e : t;
+        }
+    }
+    float l[8];
+    _mm256_storeu_ps(l, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+    for (int q = 0; q < 8; q++) t = l[q] > t ? l[q] : t;
+    return t;
+}
+#endif
 
 static float block_amax(const float *x, size_t cols, size_t r0, size_t r1, size_t c0, size_t c1)
 {
-    float amax = 0.0f;
-    for (size_t r = r0; r < r1; r++) {
-        float m = row_amax(x + r * cols + c0, c1 - c0);
-        amax = m > amax ? m : amax;
-    }
-    return amax;
+#if defined(__x86_64__)
+    if (td_isa_level() >= TD_ISA_AVX2) return amax_avx2(x, cols, r0, r1, c0, c1);
+#endif
+    return amax_portable(x, cols, r0, r1, c0, c1);
 }
 
-/* A block's piece scaled for encoding: x * mul (Transformer Engine) or x / div (vLLM) */
-TD_CLONES static void scale_piece(float *buf, const float *x, size_t n, block_scale b)
+/* A block's piece scaled for encoding: x * mul (Transformer Engine) or x / div (vLLM); the two
+ * factors as floats, not the struct (passed in a register pair, it was built through a store and a
+ * wider reload that could not forward: a stall per piece) */
+TD_CLONES static void scale_piece(float *buf, const float *x, size_t n, float mul, float div)
 {
-    const float mul = b.mul, div = b.div;
     if (mul != 0.0f) {
         #pragma omp simd
         for (size_t c = 0; c < n; c++) buf[c] = x[c] * mul;
@@ -127,29 +161,49 @@ TD_CLONES static void times_scale(float *y, const float *v, size_t n, float sc)
     for (size_t k = 0; k < n; k++) y[k] = v[k] * sc;
 }
 
+/* 1 when td_fp8_fake_quant's pieces take the one-pass AVX-512 row (formats_f16c.c) */
+static int fused_fake_quant(td_format f)
+{
+#if TD_HAVE_F16C_PATH
+    return (f == TD_E4M3 || f == TD_E5M2) && td_formats_have_vector_f16() && td_isa_level() >= TD_ISA_AVX512;
+#else
+    (void)f;
+    return 0;
+#endif
+}
+
 /* Visits each block: computes its amax and scale, then scales the block's row pieces into a
  * buffer and either encodes them into codes (codes, scales) or, for td_fp8_fake_quant (y), rounds
  * them to the format and back (td_round_row: decode(encode(v)), the table's value) and multiplies
  * by the block's scale (the dequantisation's one rounding): the values quantize + dequantize
- * give, without the codes. In place (y == x) allowed: a block's amax is read before any of it is
- * written. */
+ * give, without the codes; on AVX-512 those three steps are one pass over the piece. In place
+ * (y == x) allowed: a block's amax is read before any of it is written. */
 static void quant_blocks(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols,
                          uint8_t *codes, float *scales, float *y)
 {
     size_t br, bc;
     td_fp8_block_shape(s, rows, cols, &br, &bc);
     size_t nbr = (rows + br - 1) / br, nbc = (cols + bc - 1) / bc;
+    int fused = y && fused_fake_quant(s->fmt);
     #pragma omp parallel for schedule(static) if (rows * cols > (1u << 16))
     for (size_t bi = 0; bi < nbr * nbc; bi++) {
         size_t r0 = (bi / nbc) * br, c0 = (bi % nbc) * bc;
         size_t r1 = r0 + br < rows ? r0 + br : rows, c1 = c0 + bc < cols ? c0 + bc : cols;
         block_scale b = block_scale_from_amax(s, block_amax(x, cols, r0, r1, c0, c1));
         if (scales) scales[bi] = b.scale;
+#if TD_HAVE_F16C_PATH
+        if (fused) {
+            for (size_t r = r0; r < r1; r++)
+                td_fp8_fake_quant_row_avx512(s->fmt == TD_E5M2, x + r * cols + c0, y + r * cols + c0, c1 - c0,
+                                             s->sat == TD_SATFINITE, b.mul, b.div, b.scale);
+            continue;
+        }
+#endif
         float buf[256];
         for (size_t r = r0; r < r1; r++)
             for (size_t p0 = c0; p0 < c1; p0 += 256) {
                 size_t n = c1 - p0 < 256 ? c1 - p0 : 256;
-                scale_piece(buf, x + r * cols + p0, n, b);
+                scale_piece(buf, x + r * cols + p0, n, b.mul, b.div);
                 if (!y) {
                     td_encode_row(s->fmt, buf, codes + r * cols + p0, n, s->sat);
                     continue;
