@@ -19,6 +19,7 @@
 #include "tidal/scaling.h"
 #include "tidal/formats.h"
 #include "tidal/rng.h"
+#include "tidal/isa.h"
 
 static td_fp8_scheme scheme(td_scale_granularity g, td_scale_arith a, bool pow2)
 {
@@ -317,6 +318,53 @@ static void test_block_scales_from_amax(void **state)
     printf("block scales = td_fp8_scale_from_amax(element-by-element amax) on %d blocks\n", blocks);
 }
 
+/* td_fp8_fake_quant_transposed (one pass) against a transpose followed by td_fp8_fake_quant, bit
+ * for bit: groups of 128 and 64, MX (32), per row; both arithmetics, saturating and not, both
+ * formats; huge, tiny, zero, Inf and NaN inputs; shapes it must decline (rows not a multiple of the
+ * group, columns not of 16, tensor scales) leave y untouched and return 0. On a CPU without
+ * AVX-512 (or TIDAL_ISA below it) every call declines. */
+static void test_fake_quant_transposed(void **state)
+{
+    (void)state;
+    td_rng rng;
+    td_rng_seed(&rng, 23);
+    const size_t shapes[][2] = {{512, 256}, {128, 48}, {256, 32}, {130, 32}, {128, 40}};
+    const struct { td_scale_granularity g; int group; } grans[] = {
+        {TD_SCALE_GROUP, 128}, {TD_SCALE_GROUP, 64}, {TD_SCALE_MX, 0}, {TD_SCALE_ROW, 0}, {TD_SCALE_TENSOR, 0}};
+    int taken = 0, declined = 0;
+    for (size_t gi = 0; gi < sizeof grans / sizeof *grans; gi++)
+        for (int v = 0; v < 8; v++)   /* arithmetic, saturation, format */
+            for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+                size_t R = shapes[si][0], C = shapes[si][1], n = R * C;
+                td_fp8_scheme sc = scheme(grans[gi].g, v & 1 ? TD_ARITH_MUL : TD_ARITH_DIV, false);
+                sc.group = grans[gi].group;
+                sc.sat = v & 2 ? TD_NOSAT : TD_SATFINITE;
+                sc.fmt = v & 4 ? TD_E5M2 : TD_E4M3;
+                float *x = malloc(n * sizeof(float)), *t = malloc(n * sizeof(float));
+                float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+                for (size_t i = 0; i < n; i++) x[i] = (float)td_rng_normal(&rng) * (i % 97 == 3 ? 1e30f : i % 89 == 5 ? 1e-30f : 3.0f);
+                x[7] = 0.0f; x[C + 11] = INFINITY; x[2 * C + 13] = NAN; x[17] = -0.0f;
+                for (size_t i = 0; i < R; i++)
+                    for (size_t j = 0; j < C; j++) t[j * R + i] = x[i * C + j];
+                td_fp8_fake_quant(&sc, t, C, R, want);
+                for (size_t i = 0; i < n; i++) got[i] = -1.0f;
+                if (!td_fp8_fake_quant_transposed(&sc, x, R, C, got)) {
+                    for (size_t i = 0; i < n; i++) assert_true(got[i] == -1.0f);
+                    declined++;
+                } else {
+                    for (size_t i = 0; i < n; i++)
+                        if (memcmp(got + i, want + i, 4) && !(isnan(got[i]) && isnan(want[i])))
+                            fail_msg("transposed fake quant differs at %zu (gran %d group %d variant %d shape %zux%zu): %a vs %a",
+                                     i, (int)grans[gi].g, grans[gi].group, v, R, C, got[i], want[i]);
+                    taken++;
+                }
+                free(x); free(t); free(want); free(got);
+            }
+    printf("td_fp8_fake_quant_transposed: %d cases = transpose + td_fp8_fake_quant, %d declined\n", taken, declined);
+    if (td_isa_level() >= TD_ISA_AVX512 && td_formats_have_vector_f16()) assert_true(taken >= 4 * 8 * 3);
+    else assert_int_equal(taken, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -327,6 +375,7 @@ int main(void)
         cmocka_unit_test(test_div_and_mul_differ),
         cmocka_unit_test(test_fake_quant_is_quantize_dequantize),
         cmocka_unit_test(test_block_scales_from_amax),
+        cmocka_unit_test(test_fake_quant_transposed),
     };
     return cmocka_run_group_tests_name("scaling", tests, NULL, NULL);
 }
