@@ -570,8 +570,9 @@ static void test_bf16dp_matches_ref(void **state)
     }
 }
 
-/* src/backend/cpu_backward.c: bf16 codes transposed (the backward's operands), the 16 x 16
- * AVX-512 register blocks against the element-by-element form */
+/* src/backend/cpu_backward.c: bf16 codes transposed (the backward's operands, encoded from fp32
+ * values), the 16 x 16 AVX-512 register blocks against the element-by-element form, and both
+ * against td_f32_to_bf16 of each element (ties, NaN, Inf, overflow to Inf, subnormals) */
 void td_test_codes_transposed(const float *src, size_t rows, size_t cols, uint16_t *dst, int scalar);
 
 static void test_codes_transposed(void **state)
@@ -585,7 +586,14 @@ static void test_codes_transposed(void **state)
         size_t R = shapes[s][0], C = shapes[s][1];
         float *x = malloc(R * C * 4);
         uint16_t *want = malloc(R * C * 2), *got = malloc(R * C * 2);
-        for (size_t i = 0; i < R * C; i++) x[i] = td_bf16_to_f32(td_f32_to_bf16((float)td_rng_normal(&rng)));
+        for (size_t i = 0; i < R * C; i++) {   /* bf16 values (odd shapes), fp32 ones that round (even) */
+            float v = (float)td_rng_normal(&rng);
+            x[i] = s % 2 ? td_bf16_to_f32(td_f32_to_bf16(v)) : v;
+        }
+        if (R * C > 40) {   /* ties both ways, NaN, Inf, a value that rounds to Inf, a subnormal */
+            const uint32_t sp[] = {0x3F808000u, 0x3F818000u, 0x7FC00001u, 0xFF800000u, 0x7F7FFFFFu, 0x00000101u, 0xFFA00000u};
+            for (size_t k = 0; k < sizeof sp / sizeof *sp; k++) memcpy(x + 3 * k + 1, sp + k, 4);
+        }
         td_test_codes_transposed(x, R, C, want, 1);
         td_test_codes_transposed(x, R, C, got, 0);
         if (memcmp(want, got, R * C * 2)) fail_msg("codes_transposed %zu x %zu: the blocked form differs", R, C);

@@ -44,31 +44,31 @@ static void transpose_scalar(const float *src, size_t rows, size_t cols, float *
                 for (size_t j = j0; j < j1 && j < j0 + 32; j++) dst[j * rows + i] = src[i * cols + j];
 }
 
-/* the bf16 codes of src rows [i0, i1) x cols [j0, j1) (bf16 values), transposed into dst (cols, rows) */
+/* the bf16 codes of src rows [i0, i1) x cols [j0, j1), transposed into dst (cols, rows): each
+ * value encoded (round to nearest even, td_f32_to_bf16), so src need not be rounded first (a bf16
+ * value's code is its high half) */
 static void codes_transposed_scalar(const float *src, size_t rows, size_t cols, uint16_t *dst, size_t i0,
                                     size_t i1, size_t j0, size_t j1)
 {
     for (size_t i = i0; i < i1; i++)
-        for (size_t j = j0; j < j1; j++) {
-            uint32_t u;
-            memcpy(&u, src + i * cols + j, 4);
-            dst[j * rows + i] = (uint16_t)(u >> 16);
-        }
+        for (size_t j = j0; j < j1; j++) dst[j * rows + i] = td_f32_to_bf16(src[i * cols + j]).bits;
 }
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include "../recipe/gemm_lanes.h"   /* td_transpose16_regs */
+#include "../numerics/bf16_lanes.h"  /* td_bf16_hi16 */
 #define TGT512 __attribute__((target("avx512f,avx512bw")))
 /* one 16 x 16 block: src rows of stride ls, dst rows of stride ld (the transposed codes); each
- * column's upper halves narrowed to 16 bits (vpsrld, vpmovdw) */
+ * column encoded (td_bf16_hi16: the scalar encoder's bits) and narrowed to 16 bits */
 TGT512 static void transpose16_codes(const float *src, size_t ls, uint16_t *dst, size_t ld)
 {
     __m512i r[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(src + (size_t)i * ls));
     td_transpose16_regs(r);
     for (int k = 0; k < 16; k++)
-        _mm256_storeu_si256((__m256i *)(dst + (size_t)k * ld), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r[k], 16)));
+        _mm256_storeu_si256((__m256i *)(dst + (size_t)k * ld),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(td_bf16_hi16(r[k]), 16)));
 }
 
 /* the same block of fp32 values, stored whole */
@@ -82,7 +82,8 @@ TGT512 static void transpose16_f32(const float *src, size_t ls, float *dst, size
 #endif
 
 /* src (rows, cols) transposed into dst (cols, rows): fp32 values (codes 0; the FP8 wgrad's operands,
- * grouped along the tokens) or their bf16 codes (codes 1; bf16 values, for the bf16 dot products).
+ * grouped along the tokens) or their bf16 codes (codes 1: fp32 values encoded, for the bf16 dot
+ * products).
  * 16 x 16 register blocks on AVX-512 (the only CPUs whose bf16 dot products take the codes), the
  * edges element by element. */
 static void transpose_blocks(int nt, const float *src, size_t rows, size_t cols, void *dst, int codes)
@@ -175,22 +176,23 @@ static void scratch_parts(int n, const size_t *sizes, void **parts)
     }
 }
 
-/* dgrad and wgrad of a recipe td_gemm_bf16dp_applies to: dy = G(dY) (N, OUT) as rounded; p and q
- * hold max(N, IN) * max(OUT, IN) codes each, x N * IN floats */
-static void matmul_backward_bf16dp(const td_ops *ctx, float *dinp, float *dweight, const float *dy,
+/* dgrad and wgrad of a recipe td_gemm_bf16dp_applies to (its GEMM inputs bf16): the operands'
+ * codes straight from the fp32 values, G(dY) and X rounded to bf16 by the encoding itself (a
+ * rounded value's code is the value's encoding), so neither is rounded into a buffer first (those
+ * two passes were 2.6 % of a bf16 training step); p and q hold max(N, IN) * max(OUT, IN) codes each */
+static void matmul_backward_bf16dp(const td_ops *ctx, float *dinp, float *dweight, const float *dout,
                                    const float *inp, const float *weight, int N, int IN, int OUT,
-                                   uint16_t *p, uint16_t *q, float *x)
+                                   uint16_t *p, uint16_t *q)
 {
     if (dinp) {
-        td_gemm_bf16_codes(dy, (size_t)N * OUT, p);   /* dY's codes (N, OUT), W'^T's (IN, OUT) */
+        td_encode_row(TD_BF16, dout, p, (size_t)N * OUT, TD_SATFINITE);   /* dY's codes (N, OUT), W'^T's (IN, OUT) */
         codes_transposed(ctx->nthreads, weight, (size_t)OUT, (size_t)IN, q);
         bf16dp_acc(ctx, N, IN, OUT, p, q, dinp, IN);
         act_round(ctx, dinp, (size_t)N * IN);
     }
-    if (dweight) {   /* dY^T (OUT, N), X^T (IN, N), X rounded as the forward fed it */
-        td_gemm_quant_input(ctx->recipe, inp, N, IN, x);
-        codes_transposed(ctx->nthreads, dy, (size_t)N, (size_t)OUT, p);
-        codes_transposed(ctx->nthreads, x, (size_t)N, (size_t)IN, q);
+    if (dweight) {   /* dY^T (OUT, N), X^T (IN, N): X rounded as the forward fed it */
+        codes_transposed(ctx->nthreads, dout, (size_t)N, (size_t)OUT, p);
+        codes_transposed(ctx->nthreads, inp, (size_t)N, (size_t)IN, q);
         bf16dp_acc(ctx, OUT, IN, N, p, q, dweight, IN);
     }
 }
@@ -230,13 +232,11 @@ void matmul_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, float *
     size_t nmax = (size_t)N * (IN > OUT ? IN : OUT);
     int fp8 = td_recipe_fp8_gemm(r);
     void *part[4];
-    if (td_gemm_bf16dp_applies(r)) {   /* dY, the two operands' codes, X as rounded */
+    if (td_gemm_bf16dp_applies(r)) {   /* the two operands' codes */
         size_t big = (size_t)(N > IN ? N : IN) * (OUT > IN ? OUT : IN);
-        size_t sizes[4] = {(size_t)N * OUT * sizeof(float), big * sizeof(uint16_t), big * sizeof(uint16_t),
-                           dweight ? (size_t)N * IN * sizeof(float) : 0};
-        scratch_parts(4, sizes, part);
-        quant_operand(r, dout, (size_t)N, (size_t)OUT, part[0]);   /* groups along OUT */
-        matmul_backward_bf16dp(ctx, dinp, dweight, part[0], inp, weight, N, IN, OUT, part[1], part[2], part[3]);
+        size_t sizes[2] = {big * sizeof(uint16_t), big * sizeof(uint16_t)};
+        scratch_parts(2, sizes, part);
+        matmul_backward_bf16dp(ctx, dinp, dweight, dout, inp, weight, N, IN, OUT, part[0], part[1]);
         return;
     }
     size_t sizes[3] = {(size_t)N * OUT * sizeof(float), dweight ? nmax * sizeof(float) : 0,

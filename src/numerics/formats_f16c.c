@@ -21,6 +21,7 @@
 #if TD_HAVE_F16C_PATH
 #include <immintrin.h>
 #include <math.h>
+#include "bf16_lanes.h"
 
 #define TGT __attribute__((target("avx2,f16c")))
 
@@ -157,23 +158,13 @@ TGT void td_fp8_decode_scaled_row_f16c(int e5m2, const uint8_t *codes, float sca
  * (256 * scale is exact below FLT_MAX / 256, so (v / 256) * (256 * scale) rounds once to the
  * same value; larger or non-finite scales take the AVX2 form). */
 #define TGT512 __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
-/* bf16_hi8 on 16 lanes (the same integer arithmetic; NaN by mask): the rounded value's bits,
- * codes in the high halves, NaN -> 0x7FFF0000; the rows below mask their tails */
-TGT512 static inline __m512i bf16_hi16(__m512i u)
-{
-    __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
-                                            _mm512_set1_epi32(0x7F800000));
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))),
-                                 _mm512_set1_epi32((int)0xFFFF0000u));
-    return _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FFF0000));
-}
-
+/* bf16_hi8 on 16 lanes (bf16_lanes.h: the same integer arithmetic; NaN by mask); the rows
+ * below mask their tails */
 TGT512 void td_bf16_round_row_avx512(const float *x, float *y, size_t n)
 {
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 live = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-        _mm512_mask_storeu_epi32(y + i, live, bf16_hi16(_mm512_maskz_loadu_epi32(live, x + i)));
+        _mm512_mask_storeu_epi32(y + i, live, td_bf16_hi16(_mm512_maskz_loadu_epi32(live, x + i)));
     }
 }
 
@@ -183,7 +174,7 @@ TGT512 void td_bf16_encode_row_avx512(const float *x, uint16_t *codes, size_t n)
 {
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 live = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-        __m512i r = _mm512_srli_epi32(bf16_hi16(_mm512_maskz_loadu_epi32(live, x + i)), 16);
+        __m512i r = _mm512_srli_epi32(td_bf16_hi16(_mm512_maskz_loadu_epi32(live, x + i)), 16);
         _mm256_mask_storeu_epi16(codes + i, live, _mm512_cvtepi32_epi16(r));
     }
 }
