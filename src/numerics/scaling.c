@@ -218,37 +218,30 @@ static void quant_blocks(const td_fp8_scheme *s, const float *x, size_t rows, si
 }
 
 /* td_fp8_fake_quant of x transposed: y (cols, rows) = fake_quant(x^T), blocks over y's shape,
- * without writing x^T first and reading it back for the amax. Taken for blocks of one row of y
- * (1 x g groups, MX, per row; g a multiple of 16) of a matrix of whole 16 x 16 tiles on AVX-512 (the FP8 wgrad's operands, grouped along
- * the tokens); 0 otherwise (the caller transposes, then calls td_fp8_fake_quant). Per band of g
- * rows of x and 16 columns: the band's 16 x 16 tiles transposed in registers and stored raw into
- * y (16 rows of g values, which stay in L1), each of y's rows' |max| kept in a vector as the tiles
- * pass; then per y row the block's scale (block_scale_from_amax of that maximum: the same amax,
- * a maximum being exact in any order) and the one-pass rounding row over the stored values in
- * place, as td_fp8_fake_quant does per piece: the same bits. */
+ * without writing all of x^T first and reading it back twice (amax, rounding). Taken for blocks of
+ * one row of y (1 x g groups, MX, per row; g a multiple of 16) of a matrix of whole 16 x 16 tiles
+ * on AVX-512 (the FP8 wgrad's operands, grouped along the tokens); 0 otherwise (the caller
+ * transposes, then calls td_fp8_fake_quant). Per band of g rows of x and 16 columns: the band's
+ * 16 x 16 tiles transposed in registers and stored raw into y (16 rows of g values: in L1), then
+ * per y row its block's amax and the one-pass rounding row over the stored values in place, as
+ * td_fp8_fake_quant does per block: the same bits. The bands of one strip of columns follow each
+ * other along x's rows, so the next strip's loads find the lines the last one brought. */
 #if TD_HAVE_F16C_PATH
 #define TGT512 __attribute__((target("avx512f,avx512bw,avx512dq")))
 TGT512 static void fake_quant_t_band(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols,
                                      size_t i0, size_t g, size_t j0, float *y)
 {
-    const __m512 abs = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
-    __m512 m[16];
-    for (int q = 0; q < 16; q++) m[q] = _mm512_setzero_ps();
     for (size_t i = i0; i < i0 + g; i += 16) {
         __m512i r[16];
+        #pragma GCC unroll 16
         for (int k = 0; k < 16; k++) r[k] = _mm512_loadu_si512((const void *)(x + (i + k) * cols + j0));
         td_transpose16_regs(r);
-        for (int q = 0; q < 16; q++) {
-            _mm512_storeu_si512((void *)(y + (j0 + q) * rows + i), r[q]);
-            m[q] = _mm512_max_ps(_mm512_and_ps(_mm512_castsi512_ps(r[q]), abs), m[q]);   /* NaN ignored */
-        }
+        #pragma GCC unroll 16
+        for (int q = 0; q < 16; q++) _mm512_storeu_si512((void *)(y + (j0 + q) * rows + i), r[q]);
     }
     for (int q = 0; q < 16; q++) {
-        float l[16], amax = 0.0f;
-        _mm512_storeu_ps(l, m[q]);
-        for (int k = 0; k < 16; k++) amax = l[k] > amax ? l[k] : amax;
-        block_scale b = block_scale_from_amax(s, amax);
         float *row = y + (j0 + q) * rows + i0;
+        block_scale b = block_scale_from_amax(s, block_amax(row, g, 0, 1, 0, g));
         td_fp8_fake_quant_row_avx512(s->fmt == TD_E5M2, row, row, g, s->sat == TD_SATFINITE, b.mul, b.div, b.scale);
     }
 }
@@ -259,13 +252,12 @@ int td_fp8_fake_quant_transposed(const td_fp8_scheme *s, const float *x, size_t 
 #if TD_HAVE_F16C_PATH
     size_t br, bc;
     td_fp8_block_shape(s, cols, rows, &br, &bc);   /* y's blocks: (cols, rows) */
-    if (!fused_fake_quant(s->fmt) || br != 1 ||
-        bc % 16 || rows % bc || cols % 16 || (const float *)y == x)
+    if (!fused_fake_quant(s->fmt) || br != 1 || bc % 16 || rows % bc || cols % 16 || (const float *)y == x)
         return 0;
     size_t bands = rows / bc, strips = cols / 16;
     #pragma omp parallel for schedule(static) if (rows * cols > (1u << 16))
     for (size_t t = 0; t < bands * strips; t++)
-        fake_quant_t_band(s, x, rows, cols, (t % bands) * bc, bc, (t / bands) * 16, y);
+        fake_quant_t_band(s, x, rows, cols, (t / strips) * bc, bc, (t % strips) * 16, y);
     return 1;
 #else
     (void)s; (void)x; (void)rows; (void)cols; (void)y;
