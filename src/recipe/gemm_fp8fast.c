@@ -154,19 +154,20 @@ TGT512 static INLINE __m512 decode_pair(int e5m2, const uint8_t *lo, const uint8
     return m < 8 ? _mm512_maskz_mov_ps((__mmask16)(mk | (mk << 8)), f) : f;
 }
 
-/* the scales of pair p at k, times 256 for e4m3 */
-TGT512 static INLINE __m512 pair_scales(const codes_w *cw, int jlo, int jhi, int k)
+/* the scales of pair p in scale block kb of K (srow: each column's row of block scales), times 256
+ * for e4m3 */
+TGT512 static INLINE __m512 pair_scales(const codes_w *cw, const float *const srow[8], int p, int kb)
 {
     float k256 = cw->e5m2 ? 1.0f : 256.0f;
-    float slo = cw->scale[(size_t)((cw->row0 + jlo) / cw->sr) * cw->nbc + k / cw->sc] * k256;
-    float shi = cw->scale[(size_t)((cw->row0 + jhi) / cw->sr) * cw->nbc + k / cw->sc] * k256;
+    float slo = srow[2 * p][kb] * k256, shi = srow[2 * p + 1][kb] * k256;
     return _mm512_insertf32x8(_mm512_set1_ps(slo), _mm256_set1_ps(shi), 1);
 }
 
-/* one step; the block scales are read once per step when a step never crosses a scale block
- * (sc and the step's start multiples of 32: per_step), else per chunk of 8 */
+/* one step; the block scales are read once per step (block kb) when a step never crosses a scale
+ * block (sc and the step's start multiples of 32: per_step), else per chunk of 8 */
 TGT512 static INLINE void step512_codes(__m512 acc[6][4], const float *a, int lda, const codes_w *cw,
-                                        const int jc[8], int s0, int n, int R, int full, int per_step)
+                                        const int jc[8], const float *const srow[8], int kb, int s0, int n,
+                                        int R, int full, int per_step)
 {
     #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
@@ -174,14 +175,14 @@ TGT512 static INLINE void step512_codes(__m512 acc[6][4], const float *a, int ld
         for (int p = 0; p < 4; p++) acc[r][p] = _mm512_setzero_ps();
     __m512 sc2[4];
     #pragma GCC unroll 4
-    for (int p = 0; p < 4; p++) sc2[p] = pair_scales(cw, jc[2 * p], jc[2 * p + 1], s0);
+    for (int p = 0; p < 4; p++) sc2[p] = pair_scales(cw, srow, p, per_step ? kb : s0 / cw->sc);
     for (int k = 0; k < (full ? STEP : n); k += 8) {
         int m = full || n - k >= 8 ? 8 : n - k;
         __mmask8 mk = (__mmask8)((1u << m) - 1);
         __m512 x[4];
         #pragma GCC unroll 4
         for (int p = 0; p < 4; p++) {
-            if (!per_step && k) sc2[p] = pair_scales(cw, jc[2 * p], jc[2 * p + 1], s0 + k);
+            if (!per_step && k) sc2[p] = pair_scales(cw, srow, p, (s0 + k) / cw->sc);
             x[p] = decode_pair(cw->e5m2, cw->w + (size_t)jc[2 * p] * cw->ldw + s0 + k,
                                cw->w + (size_t)jc[2 * p + 1] * cw->ldw + s0 + k, sc2[p], m);
         }
@@ -201,11 +202,12 @@ TGT512 static INLINE void step512_codes(__m512 acc[6][4], const float *a, int ld
 TGT512 static INLINE void tile512(const float *a, int lda, const float *w, int ldw, const codes_w *cw,
                                   int j0, float *c, int ldc, int K, int promote, __m256 keep, int nc, int R)
 {
-    int jc[8];
-    const float *wc[8];
+    int jc[8], kb = 0, kend = cw ? cw->sc : 0;   /* the scale block of K a step is in, and its end */
+    const float *wc[8], *srow[8];   /* fp32 rows, or each column's row of block scales (codes) */
     for (int s = 0; s < 8; s++) {
         jc[s] = j0 + (s < nc ? s : nc - 1);
         wc[s] = cw ? NULL : w + (size_t)jc[s] * ldw;
+        srow[s] = cw ? cw->scale + (size_t)((cw->row0 + jc[s]) / cw->sr) * cw->nbc : NULL;
     }
     __m256 part[6], total[6];
     __m512 acc[6][4];
@@ -218,8 +220,12 @@ TGT512 static INLINE void tile512(const float *a, int lda, const float *w, int l
             else      step512(acc, a, lda, wc, s0, e - s0, R, 0);
         } else {
             int per_step = cw->sc % STEP == 0 && s0 % STEP == 0;
-            if (full && per_step) step512_codes(acc, a, lda, cw, jc, s0, STEP, R, 1, 1);
-            else                  step512_codes(acc, a, lda, cw, jc, s0, e - s0, R, 0, 0);
+            while (s0 >= kend) {   /* no division per step (it was most of a decode step's time) */
+                kb++;
+                kend += cw->sc;
+            }
+            if (full && per_step) step512_codes(acc, a, lda, cw, jc, srow, kb, s0, STEP, R, 1, 1);
+            else                  step512_codes(acc, a, lda, cw, jc, srow, kb, s0, e - s0, R, 0, 0);
         }
         #pragma GCC unroll 6
         for (int r = 0; r < R; r++)
