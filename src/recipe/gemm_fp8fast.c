@@ -156,9 +156,9 @@ TGT512 static INLINE __m512 decode_pair(int e5m2, const uint8_t *lo, const uint8
 
 /* the scales of pair p in scale block kb of K (srow: each column's row of block scales), times 256
  * for e4m3 */
-TGT512 static INLINE __m512 pair_scales(const codes_w *cw, const float *const srow[8], int p, int kb)
+TGT512 static INLINE __m512 pair_scales(int e5m2, const float *const srow[8], int p, int kb)
 {
-    float k256 = cw->e5m2 ? 1.0f : 256.0f;
+    float k256 = e5m2 ? 1.0f : 256.0f;
     float slo = srow[2 * p][kb] * k256, shi = srow[2 * p + 1][kb] * k256;
     return _mm512_insertf32x8(_mm512_set1_ps(slo), _mm256_set1_ps(shi), 1);
 }
@@ -167,7 +167,7 @@ TGT512 static INLINE __m512 pair_scales(const codes_w *cw, const float *const sr
  * block (sc and the step's start multiples of 32: per_step), else per chunk of 8 */
 TGT512 static INLINE void step512_codes(__m512 acc[6][4], const float *a, int lda, const codes_w *cw,
                                         const int jc[8], const float *const srow[8], int kb, int s0, int n,
-                                        int R, int full, int per_step)
+                                        int R, int full, int per_step, int e5m2)
 {
     #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
@@ -175,15 +175,15 @@ TGT512 static INLINE void step512_codes(__m512 acc[6][4], const float *a, int ld
         for (int p = 0; p < 4; p++) acc[r][p] = _mm512_setzero_ps();
     __m512 sc2[4];
     #pragma GCC unroll 4
-    for (int p = 0; p < 4; p++) sc2[p] = pair_scales(cw, srow, p, per_step ? kb : s0 / cw->sc);
+    for (int p = 0; p < 4; p++) sc2[p] = pair_scales(e5m2, srow, p, per_step ? kb : s0 / cw->sc);
     for (int k = 0; k < (full ? STEP : n); k += 8) {
         int m = full || n - k >= 8 ? 8 : n - k;
         __mmask8 mk = (__mmask8)((1u << m) - 1);
         __m512 x[4];
         #pragma GCC unroll 4
         for (int p = 0; p < 4; p++) {
-            if (!per_step && k) sc2[p] = pair_scales(cw, srow, p, (s0 + k) / cw->sc);
-            x[p] = decode_pair(cw->e5m2, cw->w + (size_t)jc[2 * p] * cw->ldw + s0 + k,
+            if (!per_step && k) sc2[p] = pair_scales(e5m2, srow, p, (s0 + k) / cw->sc);
+            x[p] = decode_pair(e5m2, cw->w + (size_t)jc[2 * p] * cw->ldw + s0 + k,
                                cw->w + (size_t)jc[2 * p + 1] * cw->ldw + s0 + k, sc2[p], m);
         }
         #pragma GCC unroll 6
@@ -200,7 +200,7 @@ TGT512 static INLINE void step512_codes(__m512 acc[6][4], const float *a, int ld
 /* One tile: R rows (constant, <= 6) x 8 columns from j0 (nc real ones; the others repeat the last
  * and are not stored), over all of K; the weights as fp32 rows (cw NULL: w, ldw) or as codes (cw). */
 TGT512 static INLINE void tile512(const float *a, int lda, const float *w, int ldw, const codes_w *cw,
-                                  int j0, float *c, int ldc, int K, int promote, __m256 keep, int nc, int R)
+                                  int j0, float *c, int ldc, int K, int promote, __m256 keep, int nc, int R, int e5m2)
 {
     int jc[8], kb = 0, kend = cw ? cw->sc : 0;   /* the scale block of K a step is in, and its end */
     const float *wc[8], *srow[8];   /* fp32 rows, or each column's row of block scales (codes) */
@@ -224,8 +224,8 @@ TGT512 static INLINE void tile512(const float *a, int lda, const float *w, int l
                 kb++;
                 kend += cw->sc;
             }
-            if (full && per_step) step512_codes(acc, a, lda, cw, jc, srow, kb, s0, STEP, R, 1, 1);
-            else                  step512_codes(acc, a, lda, cw, jc, srow, kb, s0, e - s0, R, 0, 0);
+            if (full && per_step) step512_codes(acc, a, lda, cw, jc, srow, kb, s0, STEP, R, 1, 1, e5m2);
+            else                  step512_codes(acc, a, lda, cw, jc, srow, kb, s0, e - s0, R, 0, 0, e5m2);
         }
         #pragma GCC unroll 6
         for (int r = 0; r < R; r++)
@@ -261,7 +261,7 @@ TGT512 static int has_nan_code(const uint8_t *w, int ldw, int N, int K, int e5m2
 /* The AVX-512 driver: column panels of 8, strips of 6 rows; fp32 rows (cw NULL) or codes. The two
  * callers pass cw as a constant, so each gets its own copy of the inlined tile. */
 TGT512 static INLINE void gemm512_any(const float *a, int lda, const float *w, int ldw, const codes_w *cw,
-                                      float *c, int ldc, int M, int N, int K, int promote, int bits)
+                                      float *c, int ldc, int M, int N, int K, int promote, int bits, int e5m2)
 {
     __m256 keep = _mm256_castsi256_ps(_mm256_set1_epi32((int)~((1u << (23 - bits)) - 1u)));
     for (int j = 0; j < N; j += 8) {
@@ -270,7 +270,7 @@ TGT512 static INLINE void gemm512_any(const float *a, int lda, const float *w, i
             const float *ai = a + (size_t)i * lda;
             float *ci = c + (size_t)i * ldc + j;
             switch (M - i < 6 ? M - i : 6) {
-#define CALL(r) tile512(ai, lda, w, ldw, cw, j, ci, ldc, K, promote, keep, nc, r); break
+#define CALL(r) tile512(ai, lda, w, ldw, cw, j, ci, ldc, K, promote, keep, nc, r, e5m2); break
             case 6: CALL(6);
             case 5: CALL(5);
             case 4: CALL(4);
@@ -286,13 +286,14 @@ TGT512 static INLINE void gemm512_any(const float *a, int lda, const float *w, i
 TGT512 static void gemm512(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
                            int M, int N, int K, int promote, int bits)
 {
-    gemm512_any(a, lda, w, ldw, NULL, c, ldc, M, N, K, promote, bits);
+    gemm512_any(a, lda, w, ldw, NULL, c, ldc, M, N, K, promote, bits, 0);
 }
 
 TGT512 static void gemm512_codes(const float *a, int lda, const codes_w *cw, float *c, int ldc, int M,
                                  int N, int K, int promote, int bits)
 {
-    gemm512_any(a, lda, NULL, 0, cw, c, ldc, M, N, K, promote, bits);
+    if (cw->e5m2) gemm512_any(a, lda, NULL, 0, cw, c, ldc, M, N, K, promote, bits, 1);   /* the format a constant */
+    else          gemm512_any(a, lda, NULL, 0, cw, c, ldc, M, N, K, promote, bits, 0);
 }
 
 /* ---- larger M: w packed into panels of 16 columns, k-major (pk[k][16], the panel's columns
