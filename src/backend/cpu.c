@@ -34,14 +34,31 @@
  * of the element-wise op's and then the rounding's, the same bits (each element's sum or product,
  * then its rounding) */
 #define ROUND_BLOCK 4096
+
+/* a block's sum or product at the CPU's width (each element one IEEE operation: the same bits at
+ * any width; out may be a, the loops read each element before writing it). Inside the OpenMP body
+ * they had stayed scalar (GCC's -O2 cost model does not version loops for aliasing), 4 % of a LoRA
+ * training step on a Xeon. */
+TD_CLONES static void block_sum(float *out, const float *a, const float *b, size_t n)
+{
+    #pragma omp simd
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+TD_CLONES static void block_scale(float *out, const float *a, float s, size_t n)
+{
+    #pragma omp simd
+    for (size_t i = 0; i < n; i++) out[i] = a[i] * s;
+}
+
 static void rows_rounded(const td_ops *ctx, td_format f, float *out, const float *a, const float *b,
                          float s, size_t n)
 {
     #pragma omp parallel for num_threads(ctx->nthreads) if (n >= 65536)
     for (size_t k = 0; k < n; k += ROUND_BLOCK) {
         size_t e = n - k < ROUND_BLOCK ? n : k + ROUND_BLOCK;
-        if (b) for (size_t i = k; i < e; i++) out[i] = a[i] + b[i];
-        else if (s != 1.0f) for (size_t i = k; i < e; i++) out[i] = a[i] * s;
+        if (b) block_sum(out + k, a + k, b + k, e - k);
+        else if (s != 1.0f) block_scale(out + k, a + k, s, e - k);
         td_round_row(f, out + k, out + k, e - k, TD_SATFINITE);
     }
 }
