@@ -4,7 +4,7 @@
  * every input gradient is accumulated (+=).
  *
  * Determinism: no result depends on the thread count. Reductions over rows (a norm weight's
- * or a bias's gradient) run one output column per thread, rows in order; GEMMs are cut into
+ * or a bias's gradient) run each output column's rows in order (chunks of columns per thread); GEMMs are cut into
  * per-thread slices of output columns or rows, each a single-threaded sgemm over the whole
  * reduction (as the forward's GEMMs); attention's key/value gradients are summed by the one
  * task that owns their (sequence, key/value head).
@@ -65,14 +65,50 @@ void gemm_nt_acc(const td_ops *ctx, int M, int N, int K, float alpha, const floa
 }
 
 /* db (OUT) += sum over the N rows of dout (N, OUT), rows in order, one column per thread */
+/* Column sums over rows, each column's rows in order from 0.0f (as one loop per column), run
+ * across a chunk of COLS_CHUNK columns at the CPU's width: row i adds its piece to every column's
+ * running sum (colsum_row), so each sum takes the same additions in the same order and the loads
+ * are contiguous (one column per thread, walking down the rows, had a strided scalar loop: the
+ * norm weight's gradient was 0.9 % of a bf16 training step). db[c] += sum_i v(i, c) with v = dout
+ * (rs NULL) or dout * (inp * rs[i]) (the norm weight's xhat). Threads over chunks. */
+enum { COLS_CHUNK = 64 };
+
+TD_CLONES static void colsum_row(float *s, const float *dy, const float *x, float rs, int n)
+{
+    if (x) {
+        #pragma omp simd
+        for (int c = 0; c < n; c++) s[c] += dy[c] * (x[c] * rs);
+    } else {
+        #pragma omp simd
+        for (int c = 0; c < n; c++) s[c] += dy[c];
+    }
+}
+
+static void column_sums_acc(const td_ops *ctx, float *db, const float *dout, const float *inp, const float *rs,
+                            int N, int C, long par_min)
+{
+    int chunks = (C + COLS_CHUNK - 1) / COLS_CHUNK;
+    #pragma omp parallel for num_threads(ctx->nthreads) if ((long)N * C >= par_min)
+    for (int q = 0; q < chunks; q++) {
+        int c0 = q * COLS_CHUNK, n = C - c0 < COLS_CHUNK ? C - c0 : COLS_CHUNK;
+        float s[COLS_CHUNK];
+        for (int c = 0; c < n; c++) s[c] = 0.0f;
+        for (int i = 0; i < N; i++)
+            colsum_row(s, dout + (size_t)i * C + c0, inp ? inp + (size_t)i * C + c0 : NULL, rs ? rs[i] : 1.0f, n);
+        for (int c = 0; c < n; c++) db[c0 + c] += s[c];
+    }
+}
+
 void bias_grad_acc(const td_ops *ctx, float *db, const float *dout, int N, int OUT)
 {
-    #pragma omp parallel for num_threads(ctx->nthreads) if ((long)N * OUT >= 65536)
-    for (int o = 0; o < OUT; o++) {
-        float s = 0.0f;
-        for (int i = 0; i < N; i++) s += dout[(size_t)i * OUT + o];
-        db[o] += s;
-    }
+    column_sums_acc(ctx, db, dout, NULL, NULL, N, OUT, 65536);
+}
+
+/* dx += rs * (g - xhat * m), g = dy * w, xhat = x * rs, element by element (no contraction) */
+TD_CLONES static void span_rms_dx(float *dx, const float *dy, const float *w, const float *x, float rs, float m, int C)
+{
+    #pragma omp simd
+    for (int c = 0; c < C; c++) dx[c] += rs * (dy[c] * w[c] - (x[c] * rs) * m);
 }
 
 /* ---------------------------------------------------------------- ops */
@@ -104,16 +140,9 @@ void rmsnorm_backward_ref(const td_ops *ctx, float *dinp, float *dweight, const 
         float *dx = dinp + (size_t)i * C, rs = rstd[i];
         double dot = 0.0;
         for (int c = 0; c < C; c++) dot += (double)(dy[c] * weight[c]) * (x[c] * rs);
-        float m = (float)(dot / C);
-        for (int c = 0; c < C; c++) dx[c] += rs * (dy[c] * weight[c] - (x[c] * rs) * m);
+        span_rms_dx(dx, dy, weight, x, rs, (float)(dot / C), C);
     }
-    if (!dweight) return;
-    #pragma omp parallel for num_threads(ctx->nthreads) if ((long)N * C >= 65536)
-    for (int c = 0; c < C; c++) {
-        float s = 0.0f;
-        for (int i = 0; i < N; i++) s += dout[(size_t)i * C + c] * (inp[(size_t)i * C + c] * rstd[i]);
-        dweight[c] += s;
-    }
+    if (dweight) column_sums_acc(ctx, dweight, dout, inp, rstd, N, C, 65536);
 }
 
 void matmul_backward_ref(const td_ops *ctx, float *dinp, float *dweight, float *dbias,
