@@ -85,9 +85,9 @@ float td_fp8_scale_from_amax(const td_fp8_scheme *s, float amax)
     return block_scale_from_amax(s, amax).scale;
 }
 
-/* The element-wise loops below at the CPU's vector width (TD_CLONES): a maximum, products and
- * quotients element by element, so the same bits at any width. They were 9 % of an fp8-unified
- * training step at the build's baseline (SSE) width. */
+/* The element-wise loops below at the CPU's vector width (TD_CLONES; the block maximum in an AVX2
+ * form): maxima, products and quotients element by element, so the same bits at any
+ * width. They were 9 % of an fp8-unified training step at the build's baseline (SSE) width. */
 
 /* The largest |x| of a block, rows [r0, r1) x cols [c0, c1) (NaN ignored, as fmaxf does: a
  * comparison with NaN is false; max(v, m) below is v > m ? v : m). A maximum is exact in any
@@ -224,8 +224,8 @@ static void quant_blocks(const td_fp8_scheme *s, const float *x, size_t rows, si
  * transposes, then calls td_fp8_fake_quant). Per band of g rows of x and 16 columns: the band's
  * 16 x 16 tiles transposed in registers and stored raw into y (16 rows of g values: in L1), then
  * per y row its block's amax and the one-pass rounding row over the stored values in place, as
- * td_fp8_fake_quant does per block: the same bits. The bands of one strip of columns follow each
- * other along x's rows, so the next strip's loads find the lines the last one brought. */
+ * td_fp8_fake_quant does per block: the same bits. A band's strips run one after the other (t /
+ * strips is the band), so a strip's loads read the next 64 bytes of the rows the last one read. */
 #if TD_HAVE_F16C_PATH
 #define TGT512 __attribute__((target("avx512f,avx512bw,avx512dq")))
 TGT512 static void fake_quant_t_band(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols,
