@@ -3,10 +3,10 @@
  * helpers the recipe forms (cpu_backward.c) share. Names and argument order are the op list's;
  * every input gradient is accumulated (+=).
  *
- * Determinism: no result depends on the thread count. Reductions over rows (a norm weight's
- * or a bias's gradient) run each output column's rows in order (chunks of columns per thread); GEMMs are cut into
- * per-thread slices of output columns or rows, each a single-threaded sgemm over the whole
- * reduction (as the forward's GEMMs); attention's key/value gradients are summed by the one
+ * Determinism: no result depends on the thread count. Reductions over rows (a norm weight's or a
+ * bias's gradient) add each output column's rows in order (chunks of columns per thread); GEMMs
+ * are cut into per-thread slices of output columns or rows, each a single-threaded sgemm over the
+ * whole reduction (as the forward's GEMMs); attention's key/value gradients are summed by the one
  * task that owns their (sequence, key/value head).
  */
 #include "cpu.h"
@@ -64,7 +64,6 @@ void gemm_nt_acc(const td_ops *ctx, int M, int N, int K, float alpha, const floa
     }
 }
 
-/* db (OUT) += sum over the N rows of dout (N, OUT), rows in order, one column per thread */
 /* Column sums over rows, each column's rows in order from 0.0f (as one loop per column), run
  * across a chunk of COLS_CHUNK columns at the CPU's width: row i adds its piece to every column's
  * running sum (colsum_row), so each sum takes the same additions in the same order and the loads
@@ -85,10 +84,10 @@ TD_CLONES static void colsum_row(float *s, const float *dy, const float *x, floa
 }
 
 static void column_sums_acc(const td_ops *ctx, float *db, const float *dout, const float *inp, const float *rs,
-                            int N, int C, long par_min)
+                            int N, int C)
 {
     int chunks = (C + COLS_CHUNK - 1) / COLS_CHUNK;
-    #pragma omp parallel for num_threads(ctx->nthreads) if ((long)N * C >= par_min)
+    #pragma omp parallel for num_threads(ctx->nthreads) if ((long)N * C >= 65536)
     for (int q = 0; q < chunks; q++) {
         int c0 = q * COLS_CHUNK, n = C - c0 < COLS_CHUNK ? C - c0 : COLS_CHUNK;
         float s[COLS_CHUNK];
@@ -101,7 +100,7 @@ static void column_sums_acc(const td_ops *ctx, float *db, const float *dout, con
 
 void bias_grad_acc(const td_ops *ctx, float *db, const float *dout, int N, int OUT)
 {
-    column_sums_acc(ctx, db, dout, NULL, NULL, N, OUT, 65536);
+    column_sums_acc(ctx, db, dout, NULL, NULL, N, OUT);   /* db (OUT) += the rows of dout (N, OUT) */
 }
 
 /* dx += rs * (g - xhat * m), g = dy * w, xhat = x * rs, element by element (no contraction) */
@@ -142,7 +141,7 @@ void rmsnorm_backward_ref(const td_ops *ctx, float *dinp, float *dweight, const 
         for (int c = 0; c < C; c++) dot += (double)(dy[c] * weight[c]) * (x[c] * rs);
         span_rms_dx(dx, dy, weight, x, rs, (float)(dot / C), C);
     }
-    if (dweight) column_sums_acc(ctx, dweight, dout, inp, rstd, N, C, 65536);
+    if (dweight) column_sums_acc(ctx, dweight, dout, inp, rstd, N, C);
 }
 
 void matmul_backward_ref(const td_ops *ctx, float *dinp, float *dweight, float *dbias,

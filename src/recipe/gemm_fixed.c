@@ -124,8 +124,7 @@ static void pack_span(const float *w, int ldw, int ncols, int K, int t0, int t1,
  * of the current one, so that packing reads cache instead of waiting on memory (packing took
  * ~10 % of a 256 x 4864 x 896 product; 0.57-0.72 -> 0.93-1.17 of sgemm with this and the span
  * blocking). */
-static void prefetch_rows(const void *base, size_t stride, int nrows, size_t bytes,
-                                    int part, int parts)
+static void prefetch_rows(const void *base, size_t stride, int nrows, size_t bytes, int part, int parts)
 {
     size_t per_row = (bytes + 63) / 64, total = per_row * (size_t)nrows;
     size_t from = total * part / parts, to = total * (part + 1) / parts;
