@@ -7,7 +7,8 @@
  *                  128); peer: the fp16 recipe's product, each tile's fp16 codes widened
  *                  (td_decode_row, F16C) and OpenBLAS's sgemm
  *   decode-gemm-fp8   a decode step (4 rows) under fp8-unified: the codes decoded in registers
- *                  (td_gemm_fp8_fast_codes); peer: the fp16 recipe's decode kernel
+ *                  (td_gemm_fp8_fast_codes; on a CPU without AVX-512, where it declines, the
+ *                  widened rows and td_gemm_fp8_fast, as the backend); peer: the fp16 recipe's decode kernel
  *                  (td_gemm_fixed_w16 on fp16 codes)
  * ratio = fp8 / fp16 (issue 38's goal: >= 0.8). Qwen2.5-0.5B's MLP shapes. Each side runs until
  * 0.3 s have passed, best of 3. Built and run by tests/bench/gemm.sh. */
@@ -40,6 +41,10 @@ static double now(void)
     return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
+/* 1 when this CPU has td_gemm_fp8_fast_codes' kernel (AVX-512); else a decode step takes the
+ * widened rows, as the CPU backend does when the kernel declines */
+static int codes_kernel;
+
 /* which: 0 fp16 prefill, 1 fp8 prefill, 2 fp16 decode, 3 fp8 decode */
 static void run(int which, const shape *s)
 {
@@ -50,7 +55,7 @@ static void run(int which, const shape *s)
         if (which == 0) {
             td_decode_row(TD_F16, s->w16 + (size_t)j0 * K, s->tile, (size_t)nj * K);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nj, K, 1.0f, s->a, K, s->tile, K, 0.0f, c, N);
-        } else if (which == 1) {
+        } else if (which == 1 || !codes_kernel) {   /* prefill, or a decode step without the codes kernel */
             for (int j = 0; j < nj; j++)
                 for (int k0 = 0; k0 < K; k0 += BLOCK)
                     td_fp8_decode_scaled_row(TD_E4M3, s->w8 + (size_t)(j0 + j) * K + k0,
@@ -105,10 +110,14 @@ int main(void)
         for (int b = 0; b < ((N + BLOCK - 1) / BLOCK) * nbc; b++) scale[b] = 0.05f / 448.0f;
         shape s = {M, N, K, nbc, a, w8, w16, scale, tile, c};
         int decode = M <= TD_GEMM_FIXED_ROWS;
+        codes_kernel = td_gemm_fp8_fast_codes(a, K, w8, K, TD_E4M3, scale, 0, BLOCK, BLOCK, nbc, c, N, M, 1, K,
+                                              PROMOTE, BITS, 1);
         double fp16 = gflops(decode ? 2 : 0, &s), fp8 = gflops(decode ? 3 : 1, &s);
         printf("bench: %s-%dx%dx%d tidal=%.2f peer=%.2f ratio=%.3f (tidal: fp8-unified's %s; peer: fp16's %s)\n",
                decode ? "decode-gemm-fp8" : "gemm-fp8fast", M, N, K, fp8, fp16, fp8 / fp16,
-               decode ? "codes decoded in registers" : "widened tiles + fast accumulation",
+               !decode ? "widened tiles + fast accumulation"
+               : codes_kernel ? "codes decoded in registers"
+                              : "widened rows + fast accumulation: no codes kernel on this CPU (it needs AVX-512)",
                decode ? "td_gemm_fixed_w16" : "widened tiles + sgemm");
         free(a); free(tile); free(c); free(scale); free(w8); free(w16);
     }
