@@ -186,8 +186,9 @@ static void encode_row_1(td_format f, const float *x, void *codes, size_t n, td_
     case TD_E4M3:
     case TD_E5M2:
 #if TD_HAVE_F16C_PATH
-        if (f16_vector() && td_isa_level() >= TD_ISA_AVX512) {
-            td_fp8_encode_row_avx512(f == TD_E5M2, x, codes, n, sat == TD_SATFINITE);
+        if (f16_vector()) {
+            if (td_isa_level() >= TD_ISA_AVX512) td_fp8_encode_row_avx512(f == TD_E5M2, x, codes, n, sat == TD_SATFINITE);
+            else                                 td_fp8_encode_row_avx2(f == TD_E5M2, x, codes, n, sat == TD_SATFINITE);
             break;
         }
 #endif

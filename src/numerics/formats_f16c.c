@@ -244,27 +244,70 @@ static void fp8_round_scalar(int e5m2, const float *x, float *y, size_t n, int s
     td_fp8_round_row_scalar(e5m2, x, y, n, sat);
 }
 
+/* 8 values of x rounded in the value domain (above): |x| rounded (*r) and x's bits (*u); 0 when a
+ * lane holds a NaN or rounds past the largest finite value (the scalar encoder's cases) */
+TGT static inline int fp8_round8(fp8_round_k k, const float *x, __m256i *u, __m256 *r)
+{
+    const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF);
+    *u = _mm256_loadu_si256((const __m256i *)x);
+    __m256i a = _mm256_and_si256(*u, absm);
+    __m256i f = _mm256_min_epi32(_mm256_max_epi32(_mm256_srli_epi32(a, 23), _mm256_set1_epi32(k.min_field)),
+                                 _mm256_set1_epi32(k.cap_field));
+    __m256 c = _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(f, _mm256_set1_epi32(23 - k.m)), 23),
+                                                   _mm256_set1_epi32(0x400000)));
+    *r = _mm256_sub_ps(_mm256_add_ps(_mm256_castsi256_ps(a), c), c);
+    __m256i bad = _mm256_or_si256(_mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000)),
+                                  _mm256_castps_si256(_mm256_cmp_ps(*r, _mm256_set1_ps(k.max), _CMP_GT_OQ)));
+    return _mm256_testz_si256(bad, bad);
+}
+
 TGT void td_fp8_round_row_avx2(int e5m2, const float *x, float *y, size_t n, int sat)
 {
     fp8_round_k k = fp8_k(e5m2);
-    const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF), inf = _mm256_set1_epi32(0x7F800000);
-    const __m256i lo = _mm256_set1_epi32(k.min_field), hi = _mm256_set1_epi32(k.cap_field);
-    const __m256i half = _mm256_set1_epi32(0x400000);
-    const __m256 mx = _mm256_set1_ps(k.max);
+    const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF);
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256i u = _mm256_loadu_si256((const __m256i *)(x + i)), a = _mm256_and_si256(u, absm);
-        __m256i f = _mm256_min_epi32(_mm256_max_epi32(_mm256_srli_epi32(a, 23), lo), hi);
-        __m256 c = _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(f, _mm256_set1_epi32(23 - k.m)), 23), half));
-        __m256 r = _mm256_sub_ps(_mm256_add_ps(_mm256_castsi256_ps(a), c), c);
-        __m256i bad = _mm256_or_si256(_mm256_cmpgt_epi32(a, inf), _mm256_castps_si256(_mm256_cmp_ps(r, mx, _CMP_GT_OQ)));
-        if (!_mm256_testz_si256(bad, bad)) {
+        __m256i u;
+        __m256 r;
+        if (!fp8_round8(k, x + i, &u, &r)) {
             fp8_round_scalar(e5m2, x + i, y + i, 8, sat);
             continue;
         }
         _mm256_storeu_ps(y + i, _mm256_or_ps(r, _mm256_castsi256_ps(_mm256_andnot_si256(absm, u))));
     }
     if (i < n) fp8_round_scalar(e5m2, x + i, y + i, n - i, sat);
+}
+
+/* the codes of 8 rounded magnitudes r (exact fp8 values) with the signs of x's bits u: a normal's
+ * code is its fp32 exponent and top mantissa bits rebased, a subnormal's its count of quanta */
+TGT static inline __m128i fp8_codes8(fp8_round_k k, __m256i u, __m256 r)
+{
+    __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(r), 23 - k.m),
+                                      _mm256_set1_epi32((k.min_field - 1) << k.m));
+    __m256 per_quantum = _mm256_castsi256_ps(_mm256_set1_epi32((127 - (k.min_field - 127 - k.m)) << 23));
+    __m256i sub = _mm256_cvttps_epi32(_mm256_mul_ps(r, per_quantum));
+    __m256 tiny = _mm256_cmp_ps(r, _mm256_castsi256_ps(_mm256_set1_epi32(k.min_field << 23)), _CMP_LT_OQ);
+    __m256i mag = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(normal), _mm256_castsi256_ps(sub), tiny));
+    __m256i code = _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80)));
+    __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+    return _mm_packus_epi16(w, w);
+}
+
+/* td_fp8_encode_row_avx512's arithmetic on 8 lanes */
+TGT void td_fp8_encode_row_avx2(int e5m2, const float *x, uint8_t *codes, size_t n, int sat)
+{
+    fp8_round_k k = fp8_k(e5m2);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i u;
+        __m256 r;
+        if (!fp8_round8(k, x + i, &u, &r)) {
+            td_fp8_encode_row_scalar(e5m2, x + i, codes + i, 8, sat);
+            continue;
+        }
+        _mm_storel_epi64((__m128i *)(codes + i), fp8_codes8(k, u, r));
+    }
+    if (i < n) td_fp8_encode_row_scalar(e5m2, x + i, codes + i, n - i, sat);
 }
 
 /* 16 values of x rounded in the value domain (above): |x| rounded (*r) and x's bits (*u); 0 when a

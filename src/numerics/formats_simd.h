@@ -19,6 +19,7 @@ void td_bf16_encode_row_avx512(const float *x, uint16_t *codes, size_t n);
 void td_fp8_decode_scaled_row_f16c(int e5m2, const uint8_t *codes, float scale, const float *lut,
                                    float *y, size_t n);
 void td_fp8_round_row_avx2(int e5m2, const float *x, float *y, size_t n, int sat);
+void td_fp8_encode_row_avx2(int e5m2, const float *x, uint8_t *codes, size_t n, int sat);
 /* the scalar rows (formats.c): the vector rows' fallback for blocks they do not take */
 void td_fp8_round_row_scalar(int e5m2, const float *x, float *y, size_t n, int sat);
 void td_fp8_round_row_avx512(int e5m2, const float *x, float *y, size_t n, int sat);

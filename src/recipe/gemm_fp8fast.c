@@ -105,7 +105,7 @@ static float fp8_fast_portable(const float *a, const float *w, int K, int promot
 }
 
 #ifdef TD_HAVE_FP8FAST_SIMD
-#define TGT __attribute__((target("avx2,fma")))
+#define TGT __attribute__((target("avx2,fma,f16c")))
 #define TGT512 __attribute__((target("avx2,fma,f16c,avx512f,avx512dq,avx512vl,avx512bw")))
 #define INLINE inline __attribute__((always_inline))
 
@@ -439,15 +439,56 @@ TGT512 static int gemm512_packed(const float *a, int lda, const float *w, int ld
     return 1;
 }
 
-/* AVX2: 8 products at k (m < 8 of them, the rest masked to zero, when partial) into R x S lane sums */
-TGT static INLINE void chunk2(__m256 acc[12], const float *a, int lda, const float *const wc[4], int k,
-                              int m, int R, int S, int partial)
+/* The AVX2 tile's weights: S column rows of fp32 (codes NULL), or of fp8 codes with each column's
+ * row of block scales (srow; block width sc, a multiple of 8) decoded in registers */
+typedef struct {
+    const float *w[4];
+    const uint8_t *codes[4];
+    const float *srow[4];
+    int sc, e5m2;
+} wsrc2;
+
+/* 8 codes at p (m of them; lanes past m zero) widened through fp16 and multiplied by sc (e4m3:
+ * 256 x the block scale), decode_pair's arithmetic on 8 lanes: td_fp8_decode_scaled_row's value */
+TGT static INLINE __m256 decode8(int e5m2, const uint8_t *p, __m256 sc, int m, __m256i mask)
+{
+    __m128i b;
+    if (m == 8) {
+        b = _mm_loadl_epi64((const __m128i *)p);
+    } else {
+        uint8_t t[8] = {0};
+        memcpy(t, p, (size_t)m);
+        b = _mm_loadl_epi64((const __m128i *)t);
+    }
+    __m128i s16 = _mm_cvtepi8_epi16(b);
+    __m128i h = e5m2 ? _mm_slli_epi16(s16, 8) : _mm_and_si128(_mm_slli_epi16(s16, 7), _mm_set1_epi16((short)0xBF80));
+    __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), sc);
+    return m < 8 ? _mm256_and_ps(f, _mm256_castsi256_ps(mask)) : f;   /* 0, not 0 x scale */
+}
+
+/* the scale block of K a chunk at k is in (kb, ending at kend), moved on without a division; the
+ * columns' factors (e4m3: x 256) refreshed when it changes */
+TGT static INLINE void scale_block2(const wsrc2 *ws, int k, int *kb, int *kend, __m256 sc2[4], int S)
+{
+    if (k < *kend) return;
+    while (k >= *kend) {
+        (*kb)++;
+        *kend += ws->sc;
+    }
+    for (int s = 0; s < S; s++) sc2[s] = _mm256_set1_ps(ws->srow[s][*kb] * (ws->e5m2 ? 1.0f : 256.0f));
+}
+
+/* AVX2: 8 products at k (m < 8 of them, the rest zero, when partial) into R x S lane sums; codes:
+ * the weights decoded (ws->codes) with the factors sc2 */
+TGT static INLINE void chunk2(__m256 acc[12], const float *a, int lda, const wsrc2 *ws, const __m256 sc2[4],
+                              int k, int m, int R, int S, int partial, int codes, int e5m2)
 {
     __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     __m256 x[4];
     #pragma GCC unroll 4
     for (int s = 0; s < S; s++) {
-        x[s] = partial ? _mm256_maskload_ps(wc[s] + k, mask) : _mm256_loadu_ps(wc[s] + k);
+        if (codes) x[s] = decode8(e5m2, ws->codes[s] + k, sc2[s], partial ? m : 8, mask);
+        else x[s] = partial ? _mm256_maskload_ps(ws->w[s] + k, mask) : _mm256_loadu_ps(ws->w[s] + k);
         __asm__("" : "+x"(x[s]));   /* a column's weights loaded once, not once per row */
     }
     #pragma GCC unroll 4
@@ -460,39 +501,45 @@ TGT static INLINE void chunk2(__m256 acc[12], const float *a, int lda, const flo
     }
 }
 
-/* AVX2: one step of n products at s0 into R x S lane sums from zero */
-TGT static INLINE void step2(__m256 acc[12], const float *a, int lda, const float *const wc[4], int s0,
-                             int n, int R, int S)
+/* AVX2: one step of n products at s0 into R x S lane sums from zero (codes: kb, kend and sc2 the
+ * scale block's state, carried across steps) */
+TGT static INLINE void step2(__m256 acc[12], const float *a, int lda, const wsrc2 *ws, __m256 sc2[4], int *kb,
+                             int *kend, int s0, int n, int R, int S, int codes, int e5m2)
 {
     #pragma GCC unroll 12
     for (int o = 0; o < R * S; o++) acc[o] = _mm256_setzero_ps();
     if (n == STEP) {
         #pragma GCC unroll 4
-        for (int k = 0; k < STEP; k += 8) chunk2(acc, a, lda, wc, s0 + k, 8, R, S, 0);
+        for (int k = 0; k < STEP; k += 8) {
+            if (codes) scale_block2(ws, s0 + k, kb, kend, sc2, S);
+            chunk2(acc, a, lda, ws, sc2, s0 + k, 8, R, S, 0, codes, e5m2);
+        }
         return;
     }
-    for (int k = 0; k < n; k += 8) chunk2(acc, a, lda, wc, s0 + k, n - k, R, S, n - k < 8);
+    for (int k = 0; k < n; k += 8) {
+        if (codes) scale_block2(ws, s0 + k, kb, kend, sc2, S);
+        chunk2(acc, a, lda, ws, sc2, s0 + k, n - k, R, S, n - k < 8, codes, e5m2);
+    }
 }
 
 /* AVX2: R x S (constants, R * S <= 12) outputs, one ymm of lane sums each (acc[r * S + s]); after
  * every step the outputs' sums are reduced 8 (or the last 4) at a time in the flat order r * S + s
  * (td_lanes_reduce8_avx2; the sums come out in its even-odd lane order), and their partials
  * truncated and totals added as vectors, stored in order at the end. The columns past nc repeat
- * the last real one and are not stored. 12 sums, S weight vectors and one row of a fill the 16
- * registers when R x S is 4 x 3. */
-TGT static INLINE void tile2(const float *a, int lda, const float *w, int ldw, float *c, int ldc,
-                             int K, int promote, __m256 keep, int nc, int R, int S)
+ * the last real one (ws holds S of them) and are not stored. 12 sums, S weight vectors and one row
+ * of a fill the 16 registers when R x S is 4 x 3. */
+TGT static INLINE void tile2(const float *a, int lda, const wsrc2 *ws, float *c, int ldc, int K, int promote,
+                             __m256 keep, int nc, int R, int S, int codes, int e5m2)
 {
     const int O = R * S, G = (O + 7) / 8;
-    const float *wc[4];
-    for (int s = 0; s < S; s++) wc[s] = w + (size_t)(s < nc ? s : nc - 1) * ldw;
-    __m256 part[2], total[2], acc[12];
+    __m256 part[2], total[2], acc[12], sc2[4];
+    int kb = -1, kend = 0;   /* codes: before the first scale block */
     #pragma GCC unroll 2
     for (int g = 0; g < G; g++) part[g] = total[g] = _mm256_setzero_ps();
     int bend = block_end(0, K, promote);   /* no division per step: bend moves on as blocks close */
     for (int s0 = 0; s0 < K;) {
         int e = bend - s0 > STEP ? s0 + STEP : bend, close = e == bend;
-        step2(acc, a, lda, wc, s0, e - s0, R, S);
+        step2(acc, a, lda, ws, sc2, &kb, &kend, s0, e - s0, R, S, codes, e5m2);
         if (close && e < K) bend = next_block(e, K, promote);
         #pragma GCC unroll 2
         for (int g = 0; g < G; g++) {
@@ -515,18 +562,29 @@ TGT static INLINE void tile2(const float *a, int lda, const float *w, int ldw, f
 }
 
 /* Strips of 4 rows x column triples, all of K per tile (each strip reads w once): fewer rows than
- * PACKED_MIN_ROWS, or no scratch for the packed kernel's partials */
-TGT static void gemm2(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
-                      int N, int K, int promote, int bits)
+ * PACKED_MIN_ROWS, or no scratch for the packed kernel's partials; fp32 rows (cw NULL: w, ldw) or
+ * codes (cw; the two callers pass it as a constant) */
+TGT static INLINE void gemm2_any(const float *a, int lda, const float *w, int ldw, const codes_w *cw, float *c,
+                                 int ldc, int M, int N, int K, int promote, int bits, int e5m2)
 {
     __m256 keep = _mm256_castsi256_ps(_mm256_set1_epi32((int)~((1u << (23 - bits)) - 1u)));
-    for (int i = 0; i < M; i += 4)
-        for (int j = 0; j < N; j += 3) {
-            int nc = N - j < 3 ? N - j : 3;
-            const float *ai = a + (size_t)i * lda, *wj = w + (size_t)j * ldw;
+    for (int j = 0; j < N; j += 3) {
+        int nc = N - j < 3 ? N - j : 3;
+        wsrc2 ws = {.sc = cw ? cw->sc : 0, .e5m2 = e5m2};
+        for (int s = 0; s < 3; s++) {
+            int jc = j + (s < nc ? s : nc - 1);
+            if (cw) {
+                ws.codes[s] = cw->w + (size_t)jc * cw->ldw;
+                ws.srow[s] = cw->scale + (size_t)((cw->row0 + jc) / cw->sr) * cw->nbc;
+            } else {
+                ws.w[s] = w + (size_t)jc * ldw;
+            }
+        }
+        for (int i = 0; i < M; i += 4) {
+            const float *ai = a + (size_t)i * lda;
             float *ci = c + (size_t)i * ldc + j;
             switch (M - i < 4 ? M - i : 4) {
-#define CALL(r) tile2(ai, lda, wj, ldw, ci, ldc, K, promote, keep, nc, r, 3); break
+#define CALL(r) tile2(ai, lda, &ws, ci, ldc, K, promote, keep, nc, r, 3, cw != NULL, e5m2); break
             case 4: CALL(4);
             case 3: CALL(3);
             case 2: CALL(2);
@@ -534,6 +592,20 @@ TGT static void gemm2(const float *a, int lda, const float *w, int ldw, float *c
 #undef CALL
             }
         }
+    }
+}
+
+TGT static void gemm2(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
+                      int N, int K, int promote, int bits)
+{
+    gemm2_any(a, lda, w, ldw, NULL, c, ldc, M, N, K, promote, bits, 0);
+}
+
+TGT static void gemm2_codes(const float *a, int lda, const codes_w *cw, float *c, int ldc, int M, int N,
+                            int K, int promote, int bits)
+{
+    if (cw->e5m2) gemm2_any(a, lda, NULL, 0, cw, c, ldc, M, N, K, promote, bits, 1);   /* the format a constant */
+    else          gemm2_any(a, lda, NULL, 0, cw, c, ldc, M, N, K, promote, bits, 0);
 }
 
 /* ---- AVX2, larger M: w packed k-major in panels of 8 columns (pk[k][8]), as the AVX-512 packed
@@ -708,17 +780,25 @@ int td_gemm_fp8_fast_codes(const float *a, int lda, const uint8_t *w, int ldw, t
 {
     clamp_fp8_args(&promote, &bits);
 #ifdef TD_HAVE_FP8FAST_SIMD
-    int avx512 = td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 && td_isa_level() >= TD_ISA_AVX512;
-    if (!avx512 || (wf != TD_E4M3 && wf != TD_E5M2) || sc % 8 || promote % 8 || sr < 1) return 0;
+    int avx2 = td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX2 && td_isa_level() >= TD_ISA_AVX2;
+    int avx512 = avx2 && td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 && td_isa_level() >= TD_ISA_AVX512;
+    if (!avx2 || (wf != TD_E4M3 && wf != TD_E5M2) || sc % 8 || promote % 8 || sr < 1) return 0;
     if (M <= 0 || N <= 0) return 1;
     if (wf == TD_E4M3) {   /* 256 * scale exact for every block the call reads */
         for (int b = row0 / sr; b <= (row0 + N - 1) / sr; b++)
             for (int q = 0; q < nbc; q++)
                 if (!(fabsf(scale[(size_t)b * nbc + q]) <= 0x1p+119f)) return 0;
     }
-    if (!nan_free && has_nan_code(w, ldw, N, K, wf == TD_E5M2)) return 0;   /* NaN weights: the widened path */
     codes_w cw = {w, scale, ldw, row0, sr, sc, nbc, wf == TD_E5M2};
-    gemm512_codes(a, lda, &cw, c, ldc, M, N, K, promote, bits);
+    if (avx512) {
+        if (!nan_free && has_nan_code(w, ldw, N, K, wf == TD_E5M2)) return 0;   /* NaN weights: the widened path */
+        gemm512_codes(a, lda, &cw, c, ldc, M, N, K, promote, bits);
+        return 1;
+    }
+    if (!nan_free)
+        for (int j = 0; j < N; j++)
+            if (td_fp8_codes_have_nan(w + (size_t)j * ldw, (size_t)K, wf)) return 0;
+    gemm2_codes(a, lda, &cw, c, ldc, M, N, K, promote, bits);
     return 1;
 #else
     (void)a; (void)lda; (void)w; (void)ldw; (void)wf; (void)scale; (void)row0; (void)sr; (void)sc;
@@ -726,6 +806,19 @@ int td_gemm_fp8_fast_codes(const float *a, int lda, const uint8_t *w, int ldw, t
     return 0;
 #endif
 }
+
+#ifdef TD_HAVE_FP8FAST_SIMD
+/* 1 when the first n & ~31 codes hold a NaN (the AVX2 scan; the caller checks the rest) */
+TGT static int nan_scan_avx2(const uint8_t *codes, size_t n, int e5m2)
+{
+    const __m256i m7f = _mm256_set1_epi8(0x7F), lim = _mm256_set1_epi8(e5m2 ? 0x7C : 0x7E);
+    for (size_t i = 0; i + 32 <= n; i += 32) {
+        __m256i b = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(codes + i)), m7f);
+        if (_mm256_movemask_epi8(_mm256_cmpgt_epi8(b, lim))) return 1;   /* b <= 0x7F: signed compare */
+    }
+    return 0;
+}
+#endif
 
 int td_fp8_codes_have_nan(const uint8_t *codes, size_t n, td_format f)
 {
@@ -737,6 +830,10 @@ int td_fp8_codes_have_nan(const uint8_t *codes, size_t n, td_format f)
             if (has_nan_code(codes + i, 0, 1, 1 << 30, f == TD_E5M2)) return 1;
         if (i < n && has_nan_code(codes + i, 0, 1, (int)(n - i), f == TD_E5M2)) return 1;
         return 0;
+    }
+    if (td_isa_level() >= TD_ISA_AVX2) {
+        if (nan_scan_avx2(codes, n, f == TD_E5M2)) return 1;
+        i = n & ~(size_t)31;
     }
 #endif
     for (; i < n; i++) {
