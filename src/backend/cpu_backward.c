@@ -56,7 +56,7 @@ static void codes_transposed_scalar(const float *src, size_t rows, size_t cols, 
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#include "../recipe/gemm_lanes.h"   /* td_transpose16_regs */
+#include "../recipe/gemm_lanes.h"   /* td_transpose16_regs, td_transpose8_avx2 */
 #include "../numerics/bf16_lanes.h"  /* td_bf16_hi16 */
 #define TGT512 __attribute__((target("avx512f,avx512bw")))
 /* one 16 x 16 block: src rows of stride ls, dst rows of stride ld (the transposed codes); each
@@ -79,13 +79,22 @@ TGT512 static void transpose16_f32(const float *src, size_t ls, float *dst, size
     td_transpose16_regs(r);
     for (int k = 0; k < 16; k++) _mm512_storeu_si512((void *)(dst + (size_t)k * ld), r[k]);
 }
+
+/* an 8 x 8 block of fp32 values (AVX2) */
+__attribute__((target("avx2"))) static void transpose8_f32(const float *src, size_t ls, float *dst, size_t ld)
+{
+    __m256 r[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (size_t)i * ls);
+    td_transpose8_avx2(r);
+    for (int k = 0; k < 8; k++) _mm256_storeu_ps(dst + (size_t)k * ld, r[k]);
+}
 #endif
 
 /* src (rows, cols) transposed into dst (cols, rows): fp32 values (codes 0; the FP8 wgrad's operands,
  * grouped along the tokens) or their bf16 codes (codes 1: fp32 values encoded, for the bf16 dot
  * products).
- * 16 x 16 register blocks on AVX-512 (the only CPUs whose bf16 dot products take the codes), the
- * edges element by element. */
+ * 16 x 16 register blocks on AVX-512 (the only CPUs whose bf16 dot products take the codes), 8 x 8
+ * blocks of fp32 on AVX2, the edges element by element. */
 static void transpose_blocks(int nt, const float *src, size_t rows, size_t cols, void *dst, int codes)
 {
     size_t r16 = 0, c16 = 0;
@@ -101,6 +110,13 @@ static void transpose_blocks(int nt, const float *src, size_t rows, size_t cols,
                 if (codes) transpose16_codes(src + i0 * cols + j0, cols, (uint16_t *)dst + at, rows);
                 else transpose16_f32(src + i0 * cols + j0, cols, (float *)dst + at, rows);
             }
+    } else if (!codes && td_isa_level() >= TD_ISA_AVX2) {   /* the FP8 wgrad's operands on AVX2 */
+        r16 = rows & ~(size_t)7;   /* here multiples of 8 */
+        c16 = cols & ~(size_t)7;
+        #pragma omp parallel for num_threads(nt) if (rows * cols >= 65536)
+        for (size_t i0 = 0; i0 < r16; i0 += 8)
+            for (size_t j0 = 0; j0 < c16; j0 += 8)
+                transpose8_f32(src + i0 * cols + j0, cols, (float *)dst + j0 * rows + i0, rows);
     }
 #endif
     if (codes) {
