@@ -143,7 +143,7 @@ void td_gemm_fp8_fast(const float *a, int lda, const float *w, int ldw, float *c
 /* td_gemm_fp8_fast with w as fp8 codes (wf e4m3 or e5m2, N rows of stride ldw) decoded in
  * registers: row j's code k is the value decode(code) * scale[((row0 + j) / sr) * nbc + k / sc]
  * (td_fp8_decode_scaled_row's), bit for bit td_gemm_fp8_fast on the decoded rows (a NaN result
- * NaN in both). Returns 0 without computing where it does not apply (no AVX-512, sc or promote
+ * NaN in both). Returns 0 without computing where it does not apply (no AVX2, sc or promote
  * not a multiple of 8, an e4m3 block scale above 2^119): the caller widens the rows instead. */
 int td_gemm_fp8_fast_codes(const float *a, int lda, const uint8_t *w, int ldw, td_format wf,
                            const float *scale, int row0, int sr, int sc, int nbc, float *c, int ldc,

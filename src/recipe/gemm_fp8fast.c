@@ -32,10 +32,10 @@
  *             each step (td_lanes_reduce8_avx2) with the partials and totals vectors (before:
  *             one horizontal sum, scalar truncation and add per output and step; 1.8x on 4 rows).
  *   portable  one element at a time, as written above: the reference.
- * td_gemm_fp8_fast_codes is the AVX-512 kernel over fp8 codes and their block scales, decoded in
- * registers (a decode step's rows: each weight read once, 1 byte): the bits of the widened rows;
- * 1.03-1.12x the widen-then-multiply path on 4 rows (one Zen 4 core, K 4864 and 896), the decode
- * of the codes costing about what the store and reload of the widened rows did.
+ * td_gemm_fp8_fast_codes is the AVX-512 kernel (or the AVX2 tile) over fp8 codes and their block
+ * scales, decoded in registers (a decode step's rows: each weight read once, 1 byte): the bits of
+ * the widened rows; 1.03-1.12x the widen-then-multiply path on 4 rows (one Zen 4 core, K 4864 and
+ * 896), the decode of the codes costing about what the store and reload of the widened rows did.
  * Single-threaded; callers parallelise over column tiles. Scratch: the packed kernel's block
  * partials (the thread's, gemm_scratch.h; without it the in-place kernel runs) and a 16 KiB panel
  * on the stack. */
