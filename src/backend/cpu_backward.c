@@ -97,34 +97,34 @@ __attribute__((target("avx2"))) static void transpose8_f32(const float *src, siz
  * blocks of fp32 on AVX2, the edges element by element. */
 static void transpose_blocks(int nt, const float *src, size_t rows, size_t cols, void *dst, int codes)
 {
-    size_t r16 = 0, c16 = 0;
+    size_t rb = 0, cb = 0;   /* the rows and columns the register blocks cover */
 #if defined(__x86_64__)
     if (td_isa_level() >= TD_ISA_AVX512) {
-        r16 = rows & ~(size_t)15;
-        c16 = cols & ~(size_t)15;
+        rb = rows & ~(size_t)15;
+        cb = cols & ~(size_t)15;
         /* threads over bands of 16 rows (every element a copy: the same result at any count) */
         #pragma omp parallel for num_threads(nt) if (rows * cols >= 65536)
-        for (size_t i0 = 0; i0 < r16; i0 += 16)
-            for (size_t j0 = 0; j0 < c16; j0 += 16) {
+        for (size_t i0 = 0; i0 < rb; i0 += 16)
+            for (size_t j0 = 0; j0 < cb; j0 += 16) {
                 size_t at = j0 * rows + i0;
                 if (codes) transpose16_codes(src + i0 * cols + j0, cols, (uint16_t *)dst + at, rows);
                 else transpose16_f32(src + i0 * cols + j0, cols, (float *)dst + at, rows);
             }
     } else if (!codes && td_isa_level() >= TD_ISA_AVX2) {   /* the FP8 wgrad's operands on AVX2 */
-        r16 = rows & ~(size_t)7;   /* here multiples of 8 */
-        c16 = cols & ~(size_t)7;
+        rb = rows & ~(size_t)7;
+        cb = cols & ~(size_t)7;
         #pragma omp parallel for num_threads(nt) if (rows * cols >= 65536)
-        for (size_t i0 = 0; i0 < r16; i0 += 8)
-            for (size_t j0 = 0; j0 < c16; j0 += 8)
+        for (size_t i0 = 0; i0 < rb; i0 += 8)
+            for (size_t j0 = 0; j0 < cb; j0 += 8)
                 transpose8_f32(src + i0 * cols + j0, cols, (float *)dst + j0 * rows + i0, rows);
     }
 #endif
     if (codes) {
-        codes_transposed_scalar(src, rows, cols, dst, 0, r16, c16, cols);   /* the right edge */
-        codes_transposed_scalar(src, rows, cols, dst, r16, rows, 0, cols);  /* the bottom rows */
+        codes_transposed_scalar(src, rows, cols, dst, 0, rb, cb, cols);   /* the right edge */
+        codes_transposed_scalar(src, rows, cols, dst, rb, rows, 0, cols);  /* the bottom rows */
     } else {
-        transpose_scalar(src, rows, cols, dst, 0, r16, c16, cols);
-        transpose_scalar(src, rows, cols, dst, r16, rows, 0, cols);
+        transpose_scalar(src, rows, cols, dst, 0, rb, cb, cols);
+        transpose_scalar(src, rows, cols, dst, rb, rows, 0, cols);
     }
 }
 

@@ -54,12 +54,28 @@
 
 enum { STEP = 32, PACKED_MIN_ROWS = 40 };   /* fewer rows: packing costs more than it gains (crossover 24-48 rows, one Xeon thread) */
 
+/* the end of s0's promotion block (or K); the block after one ending at e < K ends at next_block(e) */
+static inline int block_end(int s0, int K, int promote)
+{
+    int k1 = (s0 / promote + 1) * promote;
+    return k1 > K || k1 < 0 ? K : k1;
+}
+
+static inline int next_block(int e, int K, int promote) { return promote > K - e ? K : e + promote; }
+
 /* the end of the step starting at s0 (steps restart at every promotion block) */
 static inline int step_end(int s0, int K, int promote)
 {
-    int k1 = (s0 / promote + 1) * promote;   /* s0's block ends at k1 (or K) */
-    if (k1 > K || k1 < 0) k1 = K;
+    int k1 = block_end(s0, K, promote);
     return s0 + STEP < k1 ? s0 + STEP : k1;
+}
+
+/* the end of the packed kernels' chunk of K from c0: whole steps, at most kc products */
+static inline int chunk_end(int c0, int K, int promote, int kc)
+{
+    int c1 = c0;
+    while (c1 < K && step_end(c1, K, promote) - c0 <= kc) c1 = step_end(c1, K, promote);
+    return c1;
 }
 
 /* promotion at least one step, 0..23 kept fraction bits (both kernels' entry points) */
@@ -69,15 +85,6 @@ static void clamp_fp8_args(int *promote, int *bits)
     if (*bits < 0) *bits = 0;
     if (*bits > 23) *bits = 23;
 }
-
-/* the end of s0's promotion block (or K); the block after one ending at e < K ends at next_block(e) */
-static inline int block_end(int s0, int K, int promote)
-{
-    int k1 = (s0 / promote + 1) * promote;
-    return k1 > K || k1 < 0 ? K : k1;
-}
-
-static inline int next_block(int e, int K, int promote) { return promote > K - e ? K : e + promote; }
 
 /* 1 when a step ending at e closes its promotion block */
 static inline int closes_block(int e, int K, int promote) { return e == K || e % promote == 0; }
@@ -415,8 +422,7 @@ TGT512 static int gemm512_packed(const float *a, int lda, const float *w, int ld
             for (int i = 0; i < gm; i++)
                 for (int j = 0; j < N; j++) c[(size_t)(g + i) * ldc + j] = 0.0f;
         for (int c0 = 0; c0 < K;) {
-            int c1 = c0;   /* whole steps, at most KC products (a step is at most 32) */
-            while (c1 < K && step_end(c1, K, promote) - c0 <= KC) c1 = step_end(c1, K, promote);
+            int c1 = chunk_end(c0, K, promote, KC);
             for (int p = 0; p < panels; p++) {
                 int j = p * PW, nc = N - j < PW ? N - j : PW;
                 __mmask16 cm = (__mmask16)((1u << nc) - 1);
@@ -471,10 +477,10 @@ TGT static INLINE __m256 decode8(int e5m2, const uint8_t *p, __m256 sc, int m, _
 TGT static INLINE void scale_block2(const wsrc2 *ws, int k, int *kb, int *kend, __m256 sc2[4], int S)
 {
     if (k < *kend) return;
-    while (k >= *kend) {
+    do {
         (*kb)++;
         *kend += ws->sc;
-    }
+    } while (k >= *kend);
     for (int s = 0; s < S; s++) sc2[s] = _mm256_set1_ps(ws->srow[s][*kb] * (ws->e5m2 ? 1.0f : 256.0f));
 }
 
@@ -726,8 +732,7 @@ TGT static int gemm2_packed(const float *a, int lda, const float *w, int ldw, fl
             for (int i = 0; i < gm; i++)
                 for (int j = 0; j < N; j++) c[(size_t)(g + i) * ldc + j] = 0.0f;
         for (int c0 = 0; c0 < K;) {
-            int c1 = c0;   /* whole steps, at most KC products */
-            while (c1 < K && step_end(c1, K, promote) - c0 <= KC) c1 = step_end(c1, K, promote);
+            int c1 = chunk_end(c0, K, promote, KC);
             for (int p = 0; p < panels; p++) {
                 int j = p * PW2, nc = N - j < PW2 ? N - j : PW2;
                 pack_panel2(w + (size_t)j * ldw, ldw, nc, c0, c1 - c0, pk);

@@ -20,7 +20,9 @@ static int cpuid_bit(unsigned leaf, unsigned sub, int reg, int bit)
 }
 #endif
 
-static td_isa level;
+/* the level once known (-1 before): the kernels ask per row, and a pthread_once call each time was
+ * 1-2 % of an fp8 diff's profile on an AVX2 CPU */
+static _Atomic int level_known = -1;
 static pthread_once_t level_once = PTHREAD_ONCE_INIT;
 
 /* what the CPU has, whatever TIDAL_ISA says */
@@ -45,20 +47,17 @@ static void level_init(void)
     td_isa want = TD_ISA_AVX512;
     if (cap && !strcmp(cap, "avx2")) want = TD_ISA_AVX2;
     else if (cap && !strcmp(cap, "portable")) want = TD_ISA_PORTABLE;
-    level = have < want ? have : want;
+    atomic_store_explicit(&level_known, (int)(have < want ? have : want), memory_order_relaxed);
 }
-
-/* the level once known (-1 before): the kernels ask per row, and pthread_once's call was 1-2 % of
- * an fp8 diff's profile on an AVX2 CPU */
-static _Atomic int level_known = -1;
 
 td_isa td_isa_level(void)
 {
     int l = atomic_load_explicit(&level_known, memory_order_relaxed);
-    if (l >= 0) return (td_isa)l;
-    pthread_once(&level_once, level_init);
-    atomic_store_explicit(&level_known, (int)level, memory_order_relaxed);
-    return level;
+    if (l < 0) {   /* the first calls: pthread_once orders them after level_init's store */
+        pthread_once(&level_once, level_init);
+        l = atomic_load_explicit(&level_known, memory_order_relaxed);
+    }
+    return (td_isa)l;
 }
 
 int td_cpu_has_avx512bf16(void)
