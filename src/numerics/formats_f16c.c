@@ -246,10 +246,10 @@ static void fp8_round_scalar(int e5m2, const float *x, float *y, size_t n, int s
 
 /* 8 values of x rounded in the value domain (above): |x| rounded (*r) and x's bits (*u); 0 when a
  * lane holds a NaN or rounds past the largest finite value (the scalar encoder's cases) */
-TGT static inline int fp8_round8(fp8_round_k k, const float *x, __m256i *u, __m256 *r)
+TGT static inline int fp8_round8v(fp8_round_k k, __m256 v, __m256i *u, __m256 *r)
 {
     const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF);
-    *u = _mm256_loadu_si256((const __m256i *)x);
+    *u = _mm256_castps_si256(v);
     __m256i a = _mm256_and_si256(*u, absm);
     __m256i f = _mm256_min_epi32(_mm256_max_epi32(_mm256_srli_epi32(a, 23), _mm256_set1_epi32(k.min_field)),
                                  _mm256_set1_epi32(k.cap_field));
@@ -259,6 +259,11 @@ TGT static inline int fp8_round8(fp8_round_k k, const float *x, __m256i *u, __m2
     __m256i bad = _mm256_or_si256(_mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000)),
                                   _mm256_castps_si256(_mm256_cmp_ps(*r, _mm256_set1_ps(k.max), _CMP_GT_OQ)));
     return _mm256_testz_si256(bad, bad);
+}
+
+TGT static inline int fp8_round8(fp8_round_k k, const float *x, __m256i *u, __m256 *r)
+{
+    return fp8_round8v(k, _mm256_loadu_ps(x), u, r);
 }
 
 TGT void td_fp8_round_row_avx2(int e5m2, const float *x, float *y, size_t n, int sat)
@@ -383,6 +388,29 @@ TGT512 void td_fp8_fake_quant_row_avx512(int e5m2, const float *x, float *y, siz
         }
         r = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(r), _mm512_andnot_si512(absm, u)));
         _mm512_storeu_ps(y + i, _mm512_mul_ps(r, vs));
+    }
+    if (i < n) fp8_fake_quant_scalar(e5m2, x + i, y + i, n - i, sat, mul, div, scale);
+}
+
+/* td_fp8_fake_quant_row_avx512 on 8 lanes (a CPU with AVX2 and no AVX-512) */
+TGT void td_fp8_fake_quant_row_avx2(int e5m2, const float *x, float *y, size_t n, int sat, float mul,
+                                    float div, float scale)
+{
+    fp8_round_k k = fp8_k(e5m2);
+    const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF);
+    const __m256 vm = _mm256_set1_ps(mul), vd = _mm256_set1_ps(div), vs = _mm256_set1_ps(scale);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        v = mul != 0.0f ? _mm256_mul_ps(v, vm) : _mm256_div_ps(v, vd);
+        __m256i u;
+        __m256 r;
+        if (!fp8_round8v(k, v, &u, &r)) {
+            fp8_fake_quant_scalar(e5m2, x + i, y + i, 8, sat, mul, div, scale);
+            continue;
+        }
+        r = _mm256_or_ps(r, _mm256_castsi256_ps(_mm256_andnot_si256(absm, u)));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(r, vs));
     }
     if (i < n) fp8_fake_quant_scalar(e5m2, x + i, y + i, n - i, sat, mul, div, scale);
 }

@@ -25,6 +25,8 @@ void td_fp8_round_row_scalar(int e5m2, const float *x, float *y, size_t n, int s
 void td_fp8_round_row_avx512(int e5m2, const float *x, float *y, size_t n, int sat);
 void td_fp8_fake_quant_row_avx512(int e5m2, const float *x, float *y, size_t n, int sat, float mul,
                                   float div, float scale);
+void td_fp8_fake_quant_row_avx2(int e5m2, const float *x, float *y, size_t n, int sat, float mul,
+                                float div, float scale);
 void td_fp8_encode_row_scalar(int e5m2, const float *x, uint8_t *codes, size_t n, int sat);
 void td_fp8_encode_row_avx512(int e5m2, const float *x, uint8_t *codes, size_t n, int sat);
 void td_fp8_decode_scaled_row_avx512(int e5m2, const uint8_t *codes, float scale, const float *lut,

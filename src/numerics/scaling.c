@@ -3,7 +3,7 @@
 #include "tidal/isa.h"
 #include "formats_simd.h"
 #if TD_HAVE_F16C_PATH
-#include "../recipe/gemm_lanes.h"   /* td_transpose16_regs */
+#include "../recipe/gemm_lanes.h"   /* td_transpose16_regs, td_transpose8_avx2 */
 #endif
 
 #include <float.h>
@@ -164,16 +164,28 @@ TD_CLONES static void times_scale(float *y, const float *v, size_t n, float sc)
     for (size_t k = 0; k < n; k++) y[k] = v[k] * sc;
 }
 
-/* 1 when td_fp8_fake_quant's pieces take the one-pass AVX-512 row (formats_f16c.c) */
+/* 1 when td_fp8_fake_quant's pieces take the one-pass vector row (formats_f16c.c): AVX-512's,
+ * or its 8-lane form on AVX2 */
 static int fused_fake_quant(td_format f)
 {
 #if TD_HAVE_F16C_PATH
-    return (f == TD_E4M3 || f == TD_E5M2) && td_formats_have_vector_f16() && td_isa_level() >= TD_ISA_AVX512;
+    return (f == TD_E4M3 || f == TD_E5M2) && td_formats_have_vector_f16() && td_isa_level() >= TD_ISA_AVX2;
 #else
     (void)f;
     return 0;
 #endif
 }
+
+#if TD_HAVE_F16C_PATH
+/* a block's piece through the one-pass row of the widest vectors the CPU has */
+static void fake_quant_piece(const td_fp8_scheme *s, const float *x, float *y, size_t n, float mul,
+                             float div, float scale)
+{
+    int e5m2 = s->fmt == TD_E5M2, sat = s->sat == TD_SATFINITE;
+    if (td_isa_level() >= TD_ISA_AVX512) td_fp8_fake_quant_row_avx512(e5m2, x, y, n, sat, mul, div, scale);
+    else                                 td_fp8_fake_quant_row_avx2(e5m2, x, y, n, sat, mul, div, scale);
+}
+#endif
 
 /* Visits each block: computes its amax and scale, then scales the block's row pieces into a
  * buffer and either encodes them into codes (codes, scales) or, for td_fp8_fake_quant (y), rounds
@@ -197,8 +209,7 @@ static void quant_blocks(const td_fp8_scheme *s, const float *x, size_t rows, si
 #if TD_HAVE_F16C_PATH
         if (fused) {
             for (size_t r = r0; r < r1; r++)
-                td_fp8_fake_quant_row_avx512(s->fmt == TD_E5M2, x + r * cols + c0, y + r * cols + c0, c1 - c0,
-                                             s->sat == TD_SATFINITE, b.mul, b.div, b.scale);
+                fake_quant_piece(s, x + r * cols + c0, y + r * cols + c0, c1 - c0, b.mul, b.div, b.scale);
             continue;
         }
 #endif
@@ -219,14 +230,24 @@ static void quant_blocks(const td_fp8_scheme *s, const float *x, size_t rows, si
 
 /* td_fp8_fake_quant of x transposed: y (cols, rows) = fake_quant(x^T), blocks over y's shape,
  * without writing all of x^T first and reading it back twice (amax, rounding). Taken for blocks of
- * one row of y (1 x g groups, MX, per row; g a multiple of 16) of a matrix of whole 16 x 16 tiles
- * on AVX-512 (the FP8 wgrad's operands, grouped along the tokens); 0 otherwise (the caller
- * transposes, then calls td_fp8_fake_quant). Per band of g rows of x and 16 columns: the band's
- * 16 x 16 tiles transposed in registers and stored raw into y (16 rows of g values: in L1), then
- * per y row its block's amax and the one-pass rounding row over the stored values in place, as
- * td_fp8_fake_quant does per block: the same bits. A band's strips run one after the other (t /
- * strips is the band), so a strip's loads read the next 64 bytes of the rows the last one read. */
+ * one row of y (1 x g groups, MX, per row; g a multiple of the vector width W, 16 floats on
+ * AVX-512, 8 on AVX2) of a matrix of whole W x W tiles (the FP8 wgrad's operands, grouped along
+ * the tokens); 0 otherwise (the caller transposes, then calls td_fp8_fake_quant). Per band of g
+ * rows of x and W columns: the band's W x W tiles transposed in registers and stored raw into y (W
+ * rows of g values: in L1), then per y row its block's amax and the one-pass rounding row over the
+ * stored values in place, as td_fp8_fake_quant does per block: the same bits. A band's strips run
+ * one after the other (t / strips is the band), so a strip's loads read the next W floats of the
+ * rows the last one read. */
 #if TD_HAVE_F16C_PATH
+static void band_rows(const td_fp8_scheme *s, float *y, size_t rows, size_t i0, size_t g, size_t j0, int w)
+{
+    for (int q = 0; q < w; q++) {
+        float *row = y + (j0 + (size_t)q) * rows + i0;
+        block_scale b = block_scale_from_amax(s, block_amax(row, g, 0, 1, 0, g));
+        fake_quant_piece(s, row, row, g, b.mul, b.div, b.scale);
+    }
+}
+
 #define TGT512 __attribute__((target("avx512f,avx512bw,avx512dq")))
 TGT512 static void fake_quant_t_band(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols,
                                      size_t i0, size_t g, size_t j0, float *y)
@@ -239,11 +260,21 @@ TGT512 static void fake_quant_t_band(const td_fp8_scheme *s, const float *x, siz
         #pragma GCC unroll 16
         for (int q = 0; q < 16; q++) _mm512_storeu_si512((void *)(y + (j0 + q) * rows + i), r[q]);
     }
-    for (int q = 0; q < 16; q++) {
-        float *row = y + (j0 + q) * rows + i0;
-        block_scale b = block_scale_from_amax(s, block_amax(row, g, 0, 1, 0, g));
-        td_fp8_fake_quant_row_avx512(s->fmt == TD_E5M2, row, row, g, s->sat == TD_SATFINITE, b.mul, b.div, b.scale);
+    band_rows(s, y, rows, i0, g, j0, 16);
+}
+
+__attribute__((target("avx2"))) static void fake_quant_t_band2(const td_fp8_scheme *s, const float *x, size_t rows,
+                                                               size_t cols, size_t i0, size_t g, size_t j0, float *y)
+{
+    for (size_t i = i0; i < i0 + g; i += 8) {
+        __m256 r[8];
+        #pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps(x + (i + k) * cols + j0);
+        td_transpose8_avx2(r);
+        #pragma GCC unroll 8
+        for (int q = 0; q < 8; q++) _mm256_storeu_ps(y + (j0 + q) * rows + i, r[q]);
     }
+    band_rows(s, y, rows, i0, g, j0, 8);
 }
 #endif
 
@@ -252,12 +283,15 @@ int td_fp8_fake_quant_transposed(const td_fp8_scheme *s, const float *x, size_t 
 #if TD_HAVE_F16C_PATH
     size_t br, bc;
     td_fp8_block_shape(s, cols, rows, &br, &bc);   /* y's blocks: (cols, rows) */
-    if (!fused_fake_quant(s->fmt) || br != 1 || bc % 16 || rows % bc || cols % 16 || (const float *)y == x)
+    size_t w = td_isa_level() >= TD_ISA_AVX512 ? 16 : 8;
+    if (!fused_fake_quant(s->fmt) || br != 1 || bc % w || rows % bc || cols % w || (const float *)y == x)
         return 0;
-    size_t bands = rows / bc, strips = cols / 16;
+    size_t bands = rows / bc, strips = cols / w;
     #pragma omp parallel for schedule(static) if (rows * cols > (1u << 16))
-    for (size_t t = 0; t < bands * strips; t++)
-        fake_quant_t_band(s, x, rows, cols, (t / strips) * bc, bc, (t % strips) * 16, y);
+    for (size_t t = 0; t < bands * strips; t++) {
+        if (w == 16) fake_quant_t_band(s, x, rows, cols, (t / strips) * bc, bc, (t % strips) * 16, y);
+        else         fake_quant_t_band2(s, x, rows, cols, (t / strips) * bc, bc, (t % strips) * 8, y);
+    }
     return 1;
 #else
     (void)s; (void)x; (void)rows; (void)cols; (void)y;
