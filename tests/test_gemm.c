@@ -127,8 +127,10 @@ static void test_fp8_fast_accumulation_bounded(void **state)
 /* td_gemm_fp8_fast against the fp8-fast model written out with td_gemm_fixed (the portable
  * kernel) on each 32-product step, as td_gemm_accumulate computed it before the fused kernel:
  * every kernel the CPU has, bit for bit, on ragged shapes (K not a multiple of 8 or 32, blocks
- * not a multiple of 32), every promotion length the presets use and others, 13 and 23 bits;
- * then td_gemm_accumulate under the fp8-rollout preset takes that order at any M. */
+ * not a multiple of 32), every promotion length the presets use and others, 13 and 23 bits
+ * (M 25, 40, 41 and 200 take the packed kernels: AVX2's from 24 rows, AVX-512's from 40; their
+ * row tails of 1 and 2); then td_gemm_accumulate under the fp8-rollout preset takes that order at
+ * any M. */
 static void fp8_fast_model(const float *a, const float *w, int M, int N, int K, int promote, int bits,
                            float *c)
 {
@@ -156,7 +158,7 @@ static void test_fp8_fast_kernel_matches_model(void **state)
     (void)state;
     const int shapes[][3] = {{1, 8, 128}, {3, 5, 37}, {6, 16, 256}, {7, 9, 100}, {13, 19, 300},
                              {20, 33, 896}, {1, 1, 5}, {9, 8, 0}, {8, 16, 300}, {40, 37, 1000}, {41, 16, 256},
-                             {200, 18, 600}};
+                             {200, 18, 600}, {25, 21, 333}};
     const int promotes[] = {32, 128, 100, 65536};
     const int bits[] = {13, 23};
     td_gemm_fixed_kernel saved = td_gemm_fixed_max_kernel;

@@ -24,10 +24,10 @@
  *             side by side, a row's 8 values broadcast to both halves), w read in place;
  *             after each step a row's 8 columns reduced at once (td_lanes_reduce8x8) and the
  *             partials truncated with one AND.
- *   AVX2, packed (40 rows and more): the same in panels of 8 columns, a ymm per row and lane;
- *             16 registers hold 2 lanes of 3 rows, so a step runs in four phases of two lanes
- *             in the reduction's order (gemm2_packed). 2.8-3.0x the per-output reductions it
- *             replaced on 128 rows (one Zen 3 core, best of 7: 15 -> 44 GFLOP/s).
+ *   AVX2, packed (24 rows and more): the same in panels of 16 columns, two ymm per row and
+ *             lane; 16 registers hold 2 lanes of 3 rows, so a step runs in four phases of two
+ *             lanes in the reduction's order (gemm2_packed). 128 rows, one Zen 3 core: 15 GFLOP/s
+ *             with per-output reductions, 44-50 in panels of 8 (load-bound), 54-63 in panels of 16.
  *   AVX2+FMA  4 rows x 3 columns of 8-lane accumulators, w in place, reduced 8 at a time after
  *             each step (td_lanes_reduce8_avx2) with the partials and totals vectors (before:
  *             one horizontal sum, scalar truncation and add per output and step; 1.8x on 4 rows).
@@ -52,7 +52,9 @@
 #define TD_HAVE_FP8FAST_SIMD 1
 #endif
 
-enum { STEP = 32, PACKED_MIN_ROWS = 40 };   /* fewer rows: packing costs more than it gains (crossover 24-48 rows, one Xeon thread) */
+/* fewer rows: packing costs more than it gains (crossover 24-48 rows, one Xeon thread; with AVX2's
+ * panels of 16, 16-24 rows, one Zen 3 thread) */
+enum { STEP = 32, PACKED_MIN_ROWS = 40, PACKED_MIN_ROWS2 = 24 };
 
 /* the end of s0's promotion block (or K); the block after one ending at e < K ends at next_block(e) */
 static inline int block_end(int s0, int K, int promote)
@@ -568,7 +570,7 @@ TGT static INLINE void tile2(const float *a, int lda, const wsrc2 *ws, float *c,
 }
 
 /* Strips of 4 rows x column triples, all of K per tile (each strip reads w once): fewer rows than
- * PACKED_MIN_ROWS, or no scratch for the packed kernel's partials; fp32 rows (cw NULL: w, ldw) or
+ * PACKED_MIN_ROWS2, or no scratch for the packed kernel's partials; fp32 rows (cw NULL: w, ldw) or
  * codes (cw; the two callers pass it as a constant) */
 TGT static INLINE void gemm2_any(const float *a, int lda, const float *w, int ldw, const codes_w *cw, float *c,
                                  int ldc, int M, int N, int K, int promote, int bits, int e5m2)
@@ -786,7 +788,7 @@ void td_gemm_fp8_fast(const float *a, int lda, const float *w, int ldw, float *c
         return;
     }
     if (avx2) {
-        if (M < PACKED_MIN_ROWS || !gemm2_packed(a, lda, w, ldw, c, ldc, M, N, K, promote, bits))
+        if (M < PACKED_MIN_ROWS2 || !gemm2_packed(a, lda, w, ldw, c, ldc, M, N, K, promote, bits))
             gemm2(a, lda, w, ldw, c, ldc, M, N, K, promote, bits);
         return;
     }
