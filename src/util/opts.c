@@ -12,15 +12,22 @@
 #include <unistd.h>
 
 /* OpenMP threads that wait at a barrier sleep (OMP_WAIT_POLICY=PASSIVE) unless the user chose
- * otherwise. libgomp spins by default, and reads the variable once, when it is loaded (before
- * main): so a tool started without it sets it and executes itself again, before main, through
- * an ELF constructor of the executable (glibc passes argc, argv and envp to it). Why: with
- * spinning workers, anything else on the machine (a second tool, tidal-sweep's workers, a
- * build) turns every barrier into a wait for a descheduled thread. Measured on the 2-core dev
- * machine with other jobs running: tidal-diff fp16 on datasets/models/add 68 tokens/s spinning
- * against 616-1246 passive; alone, the two agree within noise. Executables that do not link this
- * object (some unit tests) keep libgomp's default. The same pass sets OpenBLAS's core where its
- * own choice fell back to an old one (td_blas_core_to_force, src/util/isa.c): one exec for both. */
+ * otherwise, after a short spin (GOMP_SPINCOUNT=1000, about 10 us). libgomp spins for about 3 ms
+ * by default, and reads the variables once, when it is loaded (before main): so a tool started
+ * without OMP_WAIT_POLICY sets both and executes itself again, before main, through an ELF
+ * constructor of the executable (glibc passes argc, argv and envp to it). Why passive: with
+ * spinning workers, anything else on the machine (a second tool, tidal-sweep's workers, a build)
+ * turns every barrier into a wait for a descheduled thread. Measured on the 2-core dev machine
+ * with other jobs running: tidal-diff fp16 on datasets/models/add 68 tokens/s spinning against
+ * 616-1246 passive. Why the short spin: a sleeping worker costs each parallel region a futex wake
+ * (66 us a region on a 2-core Zen 3 VM, 2.8 us with the spin; a training step runs about 400
+ * regions), and the worker is still spinning when the next region follows at once. Measured there,
+ * interleaved, 5 rounds: train_probe fp8-unified-train 1,849 -> 2,160 tokens/s (medians), fp16-train
+ * 2,258 -> 2,483; two trainings at once 1,494-1,573 tokens/s each either way (spins of 10,000
+ * and more halved them). A GOMP_SPINCOUNT or OMP_WAIT_POLICY the user set stands. Executables
+ * that do not link this object (some unit tests) keep libgomp's default. The same pass sets
+ * OpenBLAS's core where its own choice fell back to an old one (td_blas_core_to_force,
+ * src/util/isa.c): one exec for all. */
 __attribute__((constructor)) static void startup_env(int argc, char **argv, char **envp)
 {
     (void)argc;
@@ -29,7 +36,10 @@ __attribute__((constructor)) static void startup_env(int argc, char **argv, char
     const char *core = td_blas_core_to_force();
     int again = 0;
     if (core && setenv("OPENBLAS_CORETYPE", core, 1) == 0) again = 1;
-    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0) again = 1;
+    if (!getenv("OMP_WAIT_POLICY")) {
+        if (setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0) again = 1;
+        if (!getenv("GOMP_SPINCOUNT") && setenv("GOMP_SPINCOUNT", "1000", 1) == 0) again = 1;
+    }
     if (again) execv("/proc/self/exe", argv);   /* returns only on failure: go on as loaded */
 }
 

@@ -21,6 +21,7 @@ cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 BIG=${BIG:-$BUILD/big/llama3-8b}
 TF_LEN=${TF_LEN:-128}
+[ -n "${OMP_WAIT_POLICY:-}" ] || export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-1000}   # as the tools do (src/util/opts.c)
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
 SHAPE=(--arch llama --hidden-size 4096 --num-heads 32 --num-kv-heads 8 --intermediate-size 14336

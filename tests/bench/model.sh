@@ -7,16 +7,17 @@
 #     decode1   1 slot, prefill PROMPT tokens, STEPS decode steps (full log-softmax rows)
 #     decode16  16 slots, the same, one batched step per token of every slot
 # Each side runs ROUNDS times, interleaved, and keeps its best (the machine is shared, so
-# timings are noisy). Both sides run with OMP_WAIT_POLICY=PASSIVE unless set: with other jobs
-# on the 2 cores, OpenMP workers spinning at barriers while their partner is descheduled cost
-# tidal's decode (about 100 parallel regions per step) 2-5x; passive waiting costs ~1% when
-# the machine is quiet. Prints
+# timings are noisy). Both sides run with OMP_WAIT_POLICY=PASSIVE and a 10 us spin
+# (GOMP_SPINCOUNT=1000) unless set, as the tools do: with other jobs on the 2 cores, OpenMP
+# workers spinning at barriers while their partner is descheduled cost tidal's decode (about 100
+# parallel regions per step) 2-5x; passive waiting costs ~1% when the machine is quiet. Prints
 #   bench: model-NAME tidal=X torch=Y ratio=R     (tokens/s; R = tidal / torch)
 #   bench: model-peak-rss tidal_mb=X
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 ROUNDS=${ROUNDS:-2}
+[ -n "${OMP_WAIT_POLICY:-}" ] || export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-1000}   # as the tools do (src/util/opts.c)
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 ARGS=(--tf-batch "${TF_BATCH:-2}" --tf-len "${TF_LEN:-512}" --prompt "${PROMPT:-32}"
       --steps "${STEPS:-16}" --decode-batch 16)

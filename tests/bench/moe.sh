@@ -17,6 +17,7 @@ set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 ROUNDS=${ROUNDS:-2}
+[ -n "${OMP_WAIT_POLICY:-}" ] || export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-1000}   # as the tools do (src/util/opts.c)
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 ARGS=(--tf-batch "${TF_BATCH:-2}" --tf-len "${TF_LEN:-512}" --prompt "${PROMPT:-32}" --steps "${STEPS:-16}"
       --decode-batch 16)

@@ -23,6 +23,7 @@ set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 STEPS=${STEPS:-4}; ROUNDS=${ROUNDS:-2}
+[ -n "${OMP_WAIT_POLICY:-}" ] || export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-1000}   # as the tools do (src/util/opts.c)
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
 MODEL=build/rl/base-short

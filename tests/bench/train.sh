@@ -27,6 +27,7 @@ set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 ROUNDS=${ROUNDS:-2}; SECONDS_PER=${SECONDS_PER:-8}; BATCH=${BATCH:-4}; LEN=${LEN:-128}
+[ -n "${OMP_WAIT_POLICY:-}" ] || export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-1000}   # as the tools do (src/util/opts.c)
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 DIR=$BUILD/bench/train-small
 PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
