@@ -741,7 +741,8 @@ TGT static int gemm2_packed(const float *a, int lda, const float *w, int ldw, fl
 {
     __m256 keep = _mm256_castsi256_ps(_mm256_set1_epi32((int)~((1u << (23 - bits)) - 1u)));
     int panels = (N + PW2 - 1) / PW2;
-    /* GROUP is a multiple of 3: a group's repeated rows park in its own unused slots */
+    /* a group's repeated rows park in its own unused slots: GROUP a multiple of 3 */
+    _Static_assert(GROUP % 3 == 0, "the repeated rows of a group's last strip need its own slots");
     float *part = td_gemm_scratch(TD_SCRATCH_FP8FAST, (size_t)GROUP * 2 * PW2 * panels);
     if (!part) return 0;
     float pk[KC * PW2] __attribute__((aligned(32)));
