@@ -678,7 +678,8 @@ TGT static INLINE void lanes2(__m256 q[6], const float *r0, const float *r1, con
     b0 = _mm256_add_ps(b0, e0), b1 = _mm256_add_ps(b1, e1);
     c0 = _mm256_add_ps(c0, f0), c1 = _mm256_add_ps(c1, f1);
     /* the 6 sums in registers here: GCC otherwise keeps all 12 lane sums until the step's end
-     * and spills them (12 stores and 12 loads a phase; 57 -> 78 GFLOP/s without, one Zen 3 core) */
+     * and spills them, 12 stores and 12 loads a phase (the kernel alone in L1, one Zen 3 core:
+     * 57 GFLOP/s with the spills, 78 without) */
     __asm__("" : "+x"(a0), "+x"(a1), "+x"(b0), "+x"(b1), "+x"(c0), "+x"(c1));
     q[0] = a0, q[1] = a1, q[2] = b0, q[3] = b1, q[4] = c0, q[5] = c1;
 }
