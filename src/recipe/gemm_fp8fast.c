@@ -722,7 +722,7 @@ TGT static void strip_packed2(const float *a0, const float *a1, const float *a2,
         if (e - s0 == STEP) step_packed2(sum, a0 + s0, a1 + s0, a2 + s0, ps, STEP, 1, wait);
         else                step_packed2(sum, a0 + s0, a1 + s0, a2 + s0, ps, e - s0, 0, wait);
         #pragma GCC unroll 6
-    for (int i = 0; i < 6; i++) {
+        for (int i = 0; i < 6; i++) {
             float *pr = park + (i >> 1) * 2 * PW2 + (i & 1) * 8;
             __m256 pt = _mm256_and_ps(_mm256_add_ps(_mm256_loadu_ps(pr), sum[i]), keep);
             if (close) {
