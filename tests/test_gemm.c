@@ -245,7 +245,7 @@ static void test_fp8_fast_codes_matches_widened(void **state)
             for (size_t si = 0; si < 4; si++)
                 for (int M = 1; M <= 8; M += 3) {
                     td_format wf = fmt ? TD_E5M2 : TD_E4M3;
-                    int K = Ks[ki], N = 22, row0 = 5, sc = scs[si] ? scs[si] : K, sr = si == 3 ? 1000 : 16;
+                    int K = Ks[ki], N = 22 + (M & 1), row0 = 5, sc = scs[si] ? scs[si] : K, sr = si == 3 ? 1000 : 16;
                     int nbc = (K + sc - 1) / sc, nbr = (row0 + N + sr - 1) / sr;
                     uint8_t *w = malloc((size_t)N * K);
                     float *scale = malloc((size_t)nbr * nbc * sizeof(float)), *wide = malloc((size_t)N * K * sizeof(float));
@@ -276,6 +276,28 @@ static void test_fp8_fast_codes_matches_widened(void **state)
                     assert_int_equal(td_gemm_fp8_fast_codes(a, K, w, K, wf, scale, row0, sr, sc, nbc, got, N, M, N, K, 128, 13, 0), 0);
                     free(w); free(scale); free(wide); free(a); free(want); free(got);
                 }
+    /* e4m3 block scales at the edges of the AVX2 kernel's exact factor (2^120 x scale, scales <= 2^7):
+     * 2^7 and 2^-126 (a subnormal factor's product) run and match; 200 is declined there (the
+     * AVX-512 kernel's factor, 256 x scale, takes it) */
+    const float edge[] = {0x1p+7f, 0x1p-126f, 200.0f};
+    for (int e = 0; e < 3; e++) {
+        int M = 4, N = 5, K = 64;
+        uint8_t w[5 * 64];
+        float scale[1] = {edge[e]}, wide[5 * 64], want[4 * 5], got[4 * 5];
+        float *a = randn((size_t)M * K, 97 + e, 1.0f);
+        for (int i = 0; i < N * K; i++) w[i] = (uint8_t)(i * 37 % 256 == 0x7F || i * 37 % 256 == 0xFF ? 0 : i * 37 % 256);
+        for (int j = 0; j < N; j++) td_fp8_decode_scaled_row(TD_E4M3, w + j * K, edge[e], wide + j * K, (size_t)K);
+        td_gemm_fp8_fast(a, K, wide, K, want, N, M, N, K, 128, 13);
+        int ran = td_gemm_fp8_fast_codes(a, K, w, K, TD_E4M3, scale, 0, N, K, 1, got, N, M, N, K, 128, 13, 0);
+        if (td_isa_level() >= TD_ISA_AVX2) assert_int_equal(ran, e < 2 || td_isa_level() >= TD_ISA_AVX512);
+        if (ran) {
+            if (memcmp(got, want, sizeof want)) fail_msg("td_gemm_fp8_fast_codes differs at block scale %g", (double)edge[e]);
+            checked++;
+        } else {
+            declined++;
+        }
+        free(a);
+    }
     printf("td_gemm_fp8_fast_codes: %d cases bit-identical to the widened rows, %d declined (%s)\n", checked, declined,
            td_isa_level() >= TD_ISA_AVX512 ? "the AVX-512 kernel" : td_isa_level() >= TD_ISA_AVX2 ? "the AVX2 kernel"
            : "no kernel here: every call declines, the widened path runs");

@@ -456,8 +456,14 @@ typedef struct {
     int sc, e5m2;
 } wsrc2;
 
-/* 8 codes at p (m of them; lanes past m zero) widened through fp16 and multiplied by sc (e4m3:
- * 256 x the block scale), decode_pair's arithmetic on 8 lanes: td_fp8_decode_scaled_row's value */
+/* 8 codes at p (m of them; lanes past m zero) as fp32 and multiplied by sc: td_fp8_decode_scaled_row's
+ * value. e4m3: each code shuffled into the top byte of its lane and shifted down 4 with its sign
+ * gives fp32's sign, exponent and mantissa fields, the value x 2^-120 exactly (a subnormal code a
+ * subnormal fp32: no DAZ here), and sc is 2^120 x the block scale (exact: the caller keeps scales
+ * <= 2^7), so the one rounding is that of value x scale. No lane crossing: on Zen 3 F16C's
+ * conversion and vpmovsx into a ymm run one per cycle on one pipe, shuffles within lanes two.
+ * e5m2: the code is fp16's top byte, widened by F16C (its infinities stay infinite), sc the block
+ * scale. */
 TGT static INLINE __m256 decode8(int e5m2, const uint8_t *p, __m256 sc, int m, __m256i mask)
 {
     __m128i b;
@@ -468,6 +474,13 @@ TGT static INLINE __m256 decode8(int e5m2, const uint8_t *p, __m256 sc, int m, _
         memcpy(t, p, (size_t)m);
         b = _mm_loadl_epi64((const __m128i *)t);
     }
+    if (!e5m2) {   /* code i in byte 3 of lane i */
+        const __m256i put = _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,
+                                             -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7);
+        __m256i d = _mm256_srai_epi32(_mm256_shuffle_epi8(_mm256_broadcastq_epi64(b), put), 4);
+        __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(d, _mm256_set1_epi32((int)0x87FFFFFF))), sc);
+        return m < 8 ? _mm256_and_ps(f, _mm256_castsi256_ps(mask)) : f;
+    }
     __m128i s16 = _mm_cvtepi8_epi16(b);
     __m128i h = e5m2 ? _mm_slli_epi16(s16, 8) : _mm_and_si128(_mm_slli_epi16(s16, 7), _mm_set1_epi16((short)0xBF80));
     __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), sc);
@@ -475,7 +488,7 @@ TGT static INLINE __m256 decode8(int e5m2, const uint8_t *p, __m256 sc, int m, _
 }
 
 /* the scale block of K a chunk at k is in (kb, ending at kend), moved on without a division; the
- * columns' factors (e4m3: x 256) refreshed when it changes */
+ * columns' factors (e4m3: x 2^120, decode8) refreshed when it changes */
 TGT static INLINE void scale_block2(const wsrc2 *ws, int k, int *kb, int *kend, __m256 sc2[4], int S)
 {
     if (k < *kend) return;
@@ -483,7 +496,7 @@ TGT static INLINE void scale_block2(const wsrc2 *ws, int k, int *kb, int *kend, 
         (*kb)++;
         *kend += ws->sc;
     } while (k >= *kend);
-    for (int s = 0; s < S; s++) sc2[s] = _mm256_set1_ps(ws->srow[s][*kb] * (ws->e5m2 ? 1.0f : 256.0f));
+    for (int s = 0; s < S; s++) sc2[s] = _mm256_set1_ps(ws->srow[s][*kb] * (ws->e5m2 ? 1.0f : 0x1p+120f));
 }
 
 /* AVX2: 8 products at k (m < 8 of them, the rest zero, when partial) into R x S lane sums; codes:
@@ -540,7 +553,7 @@ TGT static INLINE void tile2(const float *a, int lda, const wsrc2 *ws, float *c,
                              __m256 keep, int nc, int R, int S, int codes, int e5m2)
 {
     const int O = R * S, G = (O + 7) / 8;
-    __m256 part[2], total[2], acc[12], sc2[4];
+    __m256 part[2], total[2], acc[12], sc2[4] = {0};   /* sc2: set by scale_block2 before use */
     int kb = -1, kend = 0;   /* codes: before the first scale block */
     #pragma GCC unroll 2
     for (int g = 0; g < G; g++) part[g] = total[g] = _mm256_setzero_ps();
@@ -576,10 +589,11 @@ TGT static INLINE void gemm2_any(const float *a, int lda, const float *w, int ld
                                  int ldc, int M, int N, int K, int promote, int bits, int e5m2)
 {
     __m256 keep = _mm256_castsi256_ps(_mm256_set1_epi32((int)~((1u << (23 - bits)) - 1u)));
-    for (int j = 0; j < N; j += 3) {
-        int nc = N - j < 3 ? N - j : 3;
+    const int S = cw ? 2 : 3;
+    for (int j = 0; j < N; j += S) {
+        int nc = N - j < S ? N - j : S;
         wsrc2 ws = {.sc = cw ? cw->sc : 0, .e5m2 = e5m2};
-        for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < S; s++) {
             int jc = j + (s < nc ? s : nc - 1);
             if (cw) {
                 ws.codes[s] = cw->w + (size_t)jc * cw->ldw;
@@ -592,7 +606,7 @@ TGT static INLINE void gemm2_any(const float *a, int lda, const float *w, int ld
             const float *ai = a + (size_t)i * lda;
             float *ci = c + (size_t)i * ldc + j;
             switch (M - i < 4 ? M - i : 4) {
-#define CALL(r) tile2(ai, lda, &ws, ci, ldc, K, promote, keep, nc, r, 3, cw != NULL, e5m2); break
+#define CALL(r) tile2(ai, lda, &ws, ci, ldc, K, promote, keep, nc, r, S, cw != NULL, e5m2); break
             case 4: CALL(4);
             case 3: CALL(3);
             case 2: CALL(2);
@@ -810,10 +824,11 @@ int td_gemm_fp8_fast_codes(const float *a, int lda, const uint8_t *w, int ldw, t
     int avx512 = avx2 && td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 && td_isa_level() >= TD_ISA_AVX512;
     if (!avx2 || (wf != TD_E4M3 && wf != TD_E5M2) || sc % 8 || promote % 8 || sr < 1) return 0;
     if (M <= 0 || N <= 0) return 1;
-    if (wf == TD_E4M3) {   /* 256 * scale exact for every block the call reads */
+    if (wf == TD_E4M3) {   /* the factor exact for every block the call reads: 256 x scale (AVX-512), 2^120 x scale (AVX2) */
+        float lim = avx512 ? 0x1p+119f : 0x1p+7f;
         for (int b = row0 / sr; b <= (row0 + N - 1) / sr; b++)
             for (int q = 0; q < nbc; q++)
-                if (!(fabsf(scale[(size_t)b * nbc + q]) <= 0x1p+119f)) return 0;
+                if (!(fabsf(scale[(size_t)b * nbc + q]) <= lim)) return 0;
     }
     codes_w cw = {w, scale, ldw, row0, sr, sc, nbc, wf == TD_E5M2};
     if (avx512) {
