@@ -32,10 +32,15 @@
  *             each step (td_lanes_reduce8_avx2) with the partials and totals vectors (before:
  *             one horizontal sum, scalar truncation and add per output and step; 1.8x on 4 rows).
  *   portable  one element at a time, as written above: the reference.
- * td_gemm_fp8_fast_codes is the AVX-512 kernel (or the AVX2 tile) over fp8 codes and their block
- * scales, decoded in registers (a decode step's rows: each weight read once, 1 byte): the bits of
- * the widened rows; 1.03-1.12x the widen-then-multiply path on 4 rows (one Zen 4 core, K 4864 and
- * 896), the decode of the codes costing about what the store and reload of the widened rows did.
+ * td_gemm_fp8_fast_codes is the AVX-512 kernel (or the AVX2 tile, 4 rows x 2 columns) over fp8
+ * codes and their block scales, decoded in registers (a decode step's rows: each weight read once,
+ * 1 byte): the bits of the widened rows; 1.03-1.12x the widen-then-multiply path on 4 rows (one
+ * Zen 4 core, K 4864 and 896), the decode of the codes costing about what the store and reload of
+ * the widened rows did. On Zen 3 the AVX2 tile is bound by its shuffle pipes, not its FMAs: an
+ * assembly model of one step (4 x 2 outputs, 32 products) takes 17 cycles for the FMAs alone, 43
+ * with the e4m3 decode and the step's reduction (the F16C decode it replaced: 53). Decoding into a
+ * packed k-major panel per call ran at half the tile's speed on 1-8 rows (the transpose costs
+ * more than the rows reuse); a panel packed once per weight would not pay that per call.
  * Single-threaded; callers parallelise over column tiles. Scratch: the packed kernel's block
  * partials (the thread's, gemm_scratch.h; without it the in-place kernel runs) and a 16 KiB panel
  * on the stack. */
@@ -584,7 +589,9 @@ TGT static INLINE void tile2(const float *a, int lda, const wsrc2 *ws, float *c,
 
 /* Strips of 4 rows x column triples, all of K per tile (each strip reads w once): fewer rows than
  * PACKED_MIN_ROWS2, or no scratch for the packed kernel's partials; fp32 rows (cw NULL: w, ldw) or
- * codes (cw; the two callers pass it as a constant) */
+ * codes (cw; the two callers pass it as a constant) in column pairs: with the e4m3 decode, 4 x 3 ran
+ * 15-25 GFLOP/s against 4 x 2's 26-33 (one Zen 3 core, 4 x 896 x 4864 and 4 x 4864 x 896,
+ * interleaved), its 12 sums, 3 weight vectors and the decode's constants more than 16 registers */
 TGT static INLINE void gemm2_any(const float *a, int lda, const float *w, int ldw, const codes_w *cw, float *c,
                                  int ldc, int M, int N, int K, int promote, int bits, int e5m2)
 {
