@@ -16,6 +16,7 @@
 #include "tidal/gemm.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +91,10 @@ static double gflops(int which, const shape *s)
 int main(void)
 {
     openblas_set_num_threads(1);
+    /* one thread for tidal's row conversions too: td_decode_row splits rows of 2^18 values and
+     * more over OpenMP's threads outside a parallel region, which gave the peer's tile widening
+     * both cores; the backend widens its tiles inside its own region, one thread each */
+    omp_set_num_threads(1);
     const int shapes[][3] = {{128, 4864, 896}, {128, 896, 4864}, {4, 4864, 896}, {4, 896, 4864}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], nbc = (K + BLOCK - 1) / BLOCK;

@@ -15,6 +15,7 @@
 #include "tidal/gemm.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,6 +84,10 @@ static double gflops(int which, const float *a, const uint16_t *w, float *tile, 
 int main(void)
 {
     openblas_set_num_threads(1);
+    /* one thread for tidal's row conversions too: td_decode_row splits rows of 2^18 values and
+     * more over OpenMP's threads outside a parallel region, which gave the peer's tile widening
+     * both cores; the backend widens its tiles inside its own region, one thread each */
+    omp_set_num_threads(1);
     /* q_proj-like, gate/up-like, down-like, lm_head slice (one thread's share is a few tiles) */
     const int shapes[][3] = {{8, 4096, 4096}, {8, 14336, 4096}, {8, 4096, 14336}, {1, 14336, 4096}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
