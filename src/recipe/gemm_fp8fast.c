@@ -462,9 +462,10 @@ typedef struct {
 } wsrc2;
 
 /* 8 codes at p (m of them; lanes past m zero) as fp32 and multiplied by sc: td_fp8_decode_scaled_row's
- * value. e4m3: each code shuffled into the top byte of its lane and shifted down 4 with its sign
- * gives fp32's sign, exponent and mantissa fields, the value x 2^-120 exactly (a subnormal code a
- * subnormal fp32: no DAZ here), and sc is 2^120 x the block scale (exact: the caller keeps scales
+ * value. e4m3: each code shuffled into the top byte of its lane, shifted down 4 arithmetically (the
+ * sign stays in bit 31; its copies in bits 27-30 masked off) gives fp32's sign, exponent and
+ * mantissa fields, the value x 2^-120 exactly (a subnormal code a subnormal fp32: no DAZ here),
+ * and sc is 2^120 x the block scale (exact: the caller keeps scales
  * <= 2^7), so the one rounding is that of value x scale. No lane crossing: on Zen 3 F16C's
  * conversion and vpmovsx into a ymm run one per cycle on one pipe, shuffles within lanes two.
  * e5m2: the code is fp16's top byte, widened by F16C (its infinities stay infinite), sc the block
@@ -831,8 +832,8 @@ int td_gemm_fp8_fast_codes(const float *a, int lda, const uint8_t *w, int ldw, t
     int avx512 = avx2 && td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 && td_isa_level() >= TD_ISA_AVX512;
     if (!avx2 || (wf != TD_E4M3 && wf != TD_E5M2) || sc % 8 || promote % 8 || sr < 1) return 0;
     if (M <= 0 || N <= 0) return 1;
-    if (wf == TD_E4M3) {   /* the factor exact for every block the call reads: 256 x scale (AVX-512), 2^120 x scale (AVX2) */
-        float lim = avx512 ? 0x1p+119f : 0x1p+7f;
+    if (wf == TD_E4M3) {   /* the factor exact for every block the call reads */
+        float lim = avx512 ? 0x1p+119f : 0x1p+7f;   /* 256 x scale (AVX-512), 2^120 x scale (AVX2) */
         for (int b = row0 / sr; b <= (row0 + N - 1) / sr; b++)
             for (int q = 0; q < nbc; q++)
                 if (!(fabsf(scale[(size_t)b * nbc + q]) <= lim)) return 0;
