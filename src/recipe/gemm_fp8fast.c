@@ -465,11 +465,10 @@ typedef struct {
  * value. e4m3: each code shuffled into the top byte of its lane, shifted down 4 arithmetically (the
  * sign stays in bit 31; its copies in bits 27-30 masked off) gives fp32's sign, exponent and
  * mantissa fields, the value x 2^-120 exactly (a subnormal code a subnormal fp32: no DAZ here),
- * and sc is 2^120 x the block scale (exact: the caller keeps scales
- * <= 2^7), so the one rounding is that of value x scale. No lane crossing: on Zen 3 F16C's
- * conversion and vpmovsx into a ymm run one per cycle on one pipe, shuffles within lanes two.
- * e5m2: the code is fp16's top byte, widened by F16C (its infinities stay infinite), sc the block
- * scale. */
+ * and sc is 2^120 x the block scale (exact: the caller keeps scales <= 2^7), so the one rounding
+ * is that of value x scale. No lane crossing: on Zen 3 F16C's conversion and vpmovsx into a ymm
+ * run one per cycle on one pipe, shuffles within lanes two. e5m2: the code is fp16's top byte,
+ * widened by F16C (its infinities stay infinite), sc the block scale. */
 TGT static INLINE __m256 decode8(int e5m2, const uint8_t *p, __m256 sc, int m, __m256i mask)
 {
     __m128i b;
@@ -480,16 +479,16 @@ TGT static INLINE __m256 decode8(int e5m2, const uint8_t *p, __m256 sc, int m, _
         memcpy(t, p, (size_t)m);
         b = _mm_loadl_epi64((const __m128i *)t);
     }
-    if (!e5m2) {   /* code i in byte 3 of lane i */
+    __m256 v;
+    if (e5m2) {
+        v = _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 8));
+    } else {   /* code i in byte 3 of lane i */
         const __m256i put = _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,
                                              -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7);
         __m256i d = _mm256_srai_epi32(_mm256_shuffle_epi8(_mm256_broadcastq_epi64(b), put), 4);
-        __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(d, _mm256_set1_epi32((int)0x87FFFFFF))), sc);
-        return m < 8 ? _mm256_and_ps(f, _mm256_castsi256_ps(mask)) : f;
+        v = _mm256_castsi256_ps(_mm256_and_si256(d, _mm256_set1_epi32((int)0x87FFFFFF)));
     }
-    __m128i s16 = _mm_cvtepi8_epi16(b);
-    __m128i h = e5m2 ? _mm_slli_epi16(s16, 8) : _mm_and_si128(_mm_slli_epi16(s16, 7), _mm_set1_epi16((short)0xBF80));
-    __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), sc);
+    __m256 f = _mm256_mul_ps(v, sc);
     return m < 8 ? _mm256_and_ps(f, _mm256_castsi256_ps(mask)) : f;   /* 0, not 0 x scale */
 }
 
