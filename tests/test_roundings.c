@@ -335,7 +335,8 @@ static void test_gemm_fixed_order(void **st)
 /* Every kernel td_gemm_fixed has (capped by td_gemm_fixed_max_kernel; a cap above the CPU
  * falls back to what it has), on random shapes against the transcribed order, bit for bit:
  * K % 8 != 0, K over one span of the packed driver (1,024 values) and over several, M below
- * the packing threshold (a third of the trials: w read in place) and above, N odd and over
+ * the packing threshold (a third of the trials: w read in place) and above (20 rows over three
+ * spans: in place on AVX2, packed on AVX-512), N odd and over
  * several packed column blocks, strides lda/ldw/ldc wider than the rows, add = 1; one product
  * of 391 rows over two spans (the driver parks lane sums for 384 rows at a time). The padding
  * of a and w holds NaN, so reading past a row's K (a tail not masked, a pack not zero-filled)
@@ -354,6 +355,10 @@ static void test_gemm_fixed_kernels(void **st)
     for (int trial = 0; trial < 25; trial++) {
         int K = trial < 7 ? fixed_K[trial] : 1 + (int)td_rng_below(&rng, 2200);
         int M = 1 + (int)td_rng_below(&rng, trial % 3 ? 15 : 7), N = 1 + (int)td_rng_below(&rng, 70);
+        if (trial == 23) {   /* rows a packed driver takes, over three spans: w in place without AVX-512 */
+            M = 20;
+            K = 2053;
+        }
         if (trial == 24) {   /* over the driver's row groups (384 rows), two spans, two column blocks */
             M = 391;
             N = 75;

@@ -30,7 +30,11 @@
  *   - the next block's w is prefetched into L2 while the strips pass over the current one.
  * Fewer than PACK_MIN_ROWS rows (decode, small batches) take the AVX2 tile on w in place:
  * packing w (a copy of N*K floats, ~13 GB/s) costs more than those few rows gain from it (on
- * Zen 4 the crossover is 8-48 rows, lower when w comes from memory). Measured against OpenBLAS 0.3.21 sgemm, one thread each, on the
+ * Zen 4 the crossover is 8-48 rows, lower when w comes from memory). On a CPU without AVX-512,
+ * fewer than LONG_K_ROWS rows over more than one span of K take it too: there the packed
+ * driver also parks every tile's lane sums between spans, and in the backend's 128-column
+ * tiles the in-place tile ran 1.6-1.9x the packed one at 8 rows and 1.1-1.2x at 16 (K 1,536-
+ * 4,864; one Zen 3 core, interleaved; at K <= 1,024, 0.9-1.0x, so one span stays packed). Measured against OpenBLAS 0.3.21 sgemm, one thread each, on the
  * Qwen2.5-0.5B shapes at M = 256 (tests/bench/gemm.sh, AMD EPYC Zen 4): 0.95-1.05 of its speed
  * with AVX-512 (OpenBLAS's Cooper Lake kernel), 0.82-0.96 with AVX2 (against its Haswell one);
  * the kernel this replaced (4 x 2 AVX2 blocks over the whole K, nothing packed) ran at 0.53-0.66.
@@ -59,6 +63,7 @@ enum {
     KSPAN = 128,         /* chunks per span of K: a strip's span of a is <= 24 KiB, in L1     */
     PACK_FLOATS = 65536, /* packed w per column block: 256 KiB, within L2                      */
     PACK_MIN_ROWS = 8,   /* fewer rows take w in place (packing costs more than it saves)     */
+    LONG_K_ROWS = 24,    /* AVX2 only: fewer rows over more than one span take w in place      */
     GROUP_ROWS = 384,    /* rows whose lane sums are parked between spans at a time (a multiple
                             of both strips: about 0.8 MB of lane sums)                        */
 };
@@ -283,11 +288,12 @@ TGT512 static void panel_avx512(const float *a, int lda, const float *wp, size_t
 #undef CALL
 }
 
-/* Few rows (M < PACK_MIN_ROWS: decode, small batches; see the header): the AVX2 tile reads w
- * where it is, columns in panels of 16 (16 rows of w stay in cache while the rows
- * pass). One row takes 8 columns per tile, two rows 4 and three rows 3, so that 8 or 9
- * accumulators hide the multiply-add latency; the panel's rest goes 2 columns at a time (a
- * last single column as a pair of it with itself, stride 0, stored once). */
+/* Few rows (fewer than PACK_MIN_ROWS, or than LONG_K_ROWS over long K without AVX-512: decode,
+ * small batches; see the header): the AVX2 tile reads w where it is, columns in panels of 16
+ * (16 rows of w stay in cache while the rows pass). One row takes 8 columns per tile, two rows
+ * 4 and three rows 3, so that 8 or 9 accumulators hide the multiply-add latency; the panel's
+ * rest goes 2 columns at a time (a last single column as a pair of it with itself, stride 0,
+ * stored once). */
 TGT static void gemm_avx2_direct(const float *a, int lda, const float *w, int ldw, float *c,
                                  int ldc, int M, int N, int K, int add)
 {
@@ -393,7 +399,8 @@ void td_gemm_fixed(const float *a, int lda, const float *w, int ldw, float *c, i
     /* the CPU's level, capped by TIDAL_ISA (isa.h) and by the tests' knob */
     int avx2 = td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX2 && td_isa_level() >= TD_ISA_AVX2;
     int avx512 = avx2 && td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 && td_isa_level() >= TD_ISA_AVX512;
-    if (avx2 && M >= PACK_MIN_ROWS &&
+    int in_place = M < PACK_MIN_ROWS || (!avx512 && M < LONG_K_ROWS && K > 8 * KSPAN);
+    if (avx2 && !in_place &&
         gemm_packed(a, lda, w, ldw, c, ldc, M, N, K, add, avx512 ? &k_avx512 : &k_avx2))
         return;
     if (avx2) {

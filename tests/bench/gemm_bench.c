@@ -40,7 +40,9 @@ static double gflops(int which, const float *a, const float *w, float *c, int M,
 int main(void)
 {
     openblas_set_num_threads(1);
-    const int shapes[][3] = {{256, 4864, 896}, {256, 896, 4864}, {16, 896, 896}, {1, 4864, 896}};
+    /* prefill (256 rows), a small batch, decode steps of 8 slots (the MLP's down projection: K
+     * longer than one span of the packed driver) and of one slot */
+    const int shapes[][3] = {{256, 4864, 896}, {256, 896, 4864}, {16, 896, 896}, {8, 896, 4864}, {1, 4864, 896}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         float *a = malloc(sizeof(float) * M * K), *w = malloc(sizeof(float) * N * K), *c = malloc(sizeof(float) * M * N);
