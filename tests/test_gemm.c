@@ -378,7 +378,7 @@ static void test_batch_invariance(void **state)
 static void test_fixed_w16_matches_fixed(void **state)
 {
     (void)state;
-    const int Ms[] = {1, 2, 3, 5, 8, 9, 13}, Ns[] = {1, 2, 5, 6, 7, 13}, Ks[] = {1, 7, 8, 9, 64, 100, 257};
+    const int Ms[] = {1, 2, 3, 5, 8, 9, 13}, Ns[] = {1, 2, 5, 6, 7, 9, 10, 13}, Ks[] = {1, 7, 8, 9, 64, 100, 257};
     const int kernels[] = {0, 2, 1};   /* td_gemm_w16_force: auto, AVX2, portable */
     td_rng rng;
     td_rng_seed(&rng, 99);
