@@ -34,9 +34,10 @@
  * fewer than LONG_K_ROWS rows over more than one span of K take it too: there the packed
  * driver also parks every tile's lane sums between spans, and in the backend's 128-column
  * tiles the in-place tile ran 1.6-1.9x the packed one at 8 rows and 1.1-1.2x at 16 (K 1,536-
- * 4,864; one Zen 3 core, interleaved; at K <= 1,024, 0.9-1.0x, so one span stays packed). Measured against OpenBLAS 0.3.21 sgemm, one thread each, on the
- * Qwen2.5-0.5B shapes at M = 256 (tests/bench/gemm.sh, AMD EPYC Zen 4): 0.95-1.05 of its speed
- * with AVX-512 (OpenBLAS's Cooper Lake kernel), 0.82-0.96 with AVX2 (against its Haswell one);
+ * 4,864; one Zen 3 core, interleaved; at K <= 1,024, 0.9-1.0x, so one span stays packed).
+ * Measured against OpenBLAS 0.3.21 sgemm, one thread each, on the Qwen2.5-0.5B shapes at
+ * M = 256 (tests/bench/gemm.sh, AMD EPYC Zen 4): 0.95-1.05 of its speed with AVX-512
+ * (OpenBLAS's Cooper Lake kernel), 0.82-0.96 with AVX2 (against its Haswell one);
  * the kernel this replaced (4 x 2 AVX2 blocks over the whole K, nothing packed) ran at 0.53-0.66.
  * Blocking whole rows of K instead (before 2026-11-30) left one 8-column panel per block at
  * K = 4864 and read all of a from memory per 8 columns: 0.60-0.73 of sgemm on this Xeon, 0.8-0.9

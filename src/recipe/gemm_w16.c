@@ -15,12 +15,11 @@
  *                    accumulators), so one load of a serves three FMAs and one load of w eight.
  *   AVX2 + FMA       one ymm per output (8 lane sums), blocks of 4 rows x 3 columns (12 sums in
  *                    flight; a call of one row: 1 x 6), as td_gemm_fixed's own AVX2 kernel.
- * Both SIMD kernels are compiled once per format (the widening a constant: at -O2 GCC kept the
- * test of the format inside the inner loop). On one Zen 3 core, the backend's 128-column tiles,
- * against the 4 x 2 blocks with the format tested per chunk: 8 rows 1.29-1.66x, 4 rows 1.33x,
- * one row 1.45-1.70x (K 896-14,336).
  *   portable         each weight row decoded (td_decode_row), then td_gemm_fixed.
- * (TIDAL_ISA caps the choice: include/tidal/isa.h.)
+ * (TIDAL_ISA caps the choice: include/tidal/isa.h.) Both SIMD kernels are compiled once per
+ * format (the widening a constant: at -O2 GCC kept the test of the format inside the inner
+ * loop). On one Zen 3 core, the backend's 128-column tiles, against the 4 x 2 blocks with the
+ * format tested per chunk: 8 rows 1.29-1.66x, 4 rows 1.33x, one row 1.45-1.70x (K 896-14,336).
  * Single-threaded, like td_gemm_fixed; callers parallelise over column tiles. */
 #include "tidal/gemm.h"
 #include "tidal/isa.h"
