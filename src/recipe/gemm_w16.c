@@ -200,38 +200,34 @@ TGT2 INLINE void gemm_w16_avx2_any(const float *a, int lda, const uint16_t *w, i
     int tail = K % 8, K8 = K - tail;
     float at[4 * 8];
     uint16_t wt[6 * 8];
-    if (M == 1) {   /* one row: 6 columns a block, so that 6 sums hide the multiply-add latency */
-        if (tail) a_tails(a, lda, K8, tail, 1, at);
-        for (int j = 0; j < N; j += 6) {
-            int S = N - j < 6 ? N - j : 6;
-            const uint16_t *wj = w + (size_t)j * ldw;
-            if (tail)
-                for (int s = 0; s < S; s++) w_tail(wj + (size_t)s * ldw, K8, tail, wt + 8 * s);
-            switch (S) {
-#define B1(SS) case SS: block2(a, lda, wj, ldw, c + j, ldc, K8, tail, at, wt, add, 1, SS, f16); break
-            B1(6); B1(5); B1(4); B1(3); B1(2);
-            default: block2(a, lda, wj, ldw, c + j, ldc, K8, tail, at, wt, add, 1, 1, f16); break;
-#undef B1
-            }
-        }
-        return;
-    }
+    const int cols = M == 1 ? 6 : 3;   /* one row: 6 columns a block, so that 6 sums hide the FMA latency */
     for (int i = 0; i < M; i += 4) {
         int R = M - i < 4 ? M - i : 4;
         const float *ai = a + (size_t)i * lda;
         float *ci = c + (size_t)i * ldc;
         if (tail) a_tails(ai, lda, K8, tail, R, at);
-        for (int j = 0; j < N; j += 3) {
-            int S = N - j < 3 ? N - j : 3;
+        for (int j = 0; j < N; j += cols) {
+            int S = N - j < cols ? N - j : cols;
             const uint16_t *wj = w + (size_t)j * ldw;
             if (tail)
                 for (int s = 0; s < S; s++) w_tail(wj + (size_t)s * ldw, K8, tail, wt + 8 * s);
+#define B(RR, SS) block2(ai, lda, wj, ldw, ci + j, ldc, K8, tail, at, wt, add, RR, SS, f16)
+            if (cols == 6) {
+                switch (S) {
+                case 6: B(1, 6); break;
+                case 5: B(1, 5); break;
+                case 4: B(1, 4); break;
+                case 3: B(1, 3); break;
+                case 2: B(1, 2); break;
+                default: B(1, 1); break;
+                }
+                continue;
+            }
 #define B2(RR) \
-            do { if (S == 3) block2(ai, lda, wj, ldw, ci + j, ldc, K8, tail, at, wt, add, RR, 3, f16); \
-                 else if (S == 2) block2(ai, lda, wj, ldw, ci + j, ldc, K8, tail, at, wt, add, RR, 2, f16); \
-                 else block2(ai, lda, wj, ldw, ci + j, ldc, K8, tail, at, wt, add, RR, 1, f16); } while (0)
+            do { if (S == 3) B(RR, 3); else if (S == 2) B(RR, 2); else B(RR, 1); } while (0)
             ROWS4(B2)
 #undef B2
+#undef B
         }
     }
 }
