@@ -203,6 +203,74 @@ static void test_fp8_fast_kernel_matches_model(void **state)
  * for bit on random codes
  * of both formats, block shapes 128 x 128, per-tensor, 1 x 32 and 8-wide, rows offset into the
  * scale grid, ragged K, decode-sized M; a NaN code sends the call back to the caller (returns 0). */
+/* td_gemm_fp8_fast_panels (codes in k-major panels of 8 rows) against widening the same rows
+ * (td_fp8_decode_scaled_row) and td_gemm_fp8_fast, bit for bit: both formats, random codes
+ * (subnormals included), ragged K (a last partial step), N not a multiple of 8 (a partial panel),
+ * 1-16 rows (strips of 4 and their tails), row0 past a panel, scale blocks of 16 and 128 rows,
+ * of 32 and 128 columns, promotion every 32, 96, 128 and 65536 products; and what it declines
+ * (scale blocks of 8 columns or 12 rows that a panel straddles, row0 not a multiple of 8, a NaN
+ * code). td_fp8_codes_to_panels / td_fp8_panels_row round-trip every row. */
+static void test_fp8_fast_panels_matches_widened(void **state)
+{
+    (void)state;
+    td_rng rng;
+    td_rng_seed(&rng, 78);
+    const int Ks[] = {64, 100, 300}, Ms[] = {1, 3, 4, 7, 8, 16}, proms[] = {128, 65536, 32, 96};
+    int checked = 0, declined = 0;
+    for (int fmt = 0; fmt < 2; fmt++)
+        for (size_t ki = 0; ki < 3; ki++)
+            for (int si = 0; si < 2; si++)
+                for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
+                    td_format wf = fmt ? TD_E5M2 : TD_E4M3;
+                    int K = Ks[ki], M = Ms[mi], sc = si ? 32 : 128, sr = si ? 16 : 128, row0 = 8 * (int)(mi % 3);
+                    int rows = row0 + 22 + (int)(mi & 1), N = rows - row0;   /* the call: rows [row0, rows) */
+                    int nbc = (K + sc - 1) / sc, nbr = (rows + sr - 1) / sr;
+                    uint8_t *w = malloc((size_t)rows * K), *pn = malloc((size_t)(rows + 7) / 8 * 8 * K), *back = malloc((size_t)K);
+                    float *scale = malloc((size_t)nbr * nbc * sizeof(float)), *wide = malloc((size_t)N * K * sizeof(float));
+                    float *a = randn((size_t)M * K, 60 + mi, 1.0f);
+                    float *want = malloc((size_t)M * N * sizeof(float)), *got = malloc((size_t)M * N * sizeof(float));
+                    for (size_t i = 0; i < (size_t)rows * K; i++) {
+                        uint8_t cde = (uint8_t)td_rng_below(&rng, 256);
+                        if ((cde & 0x7F) > (fmt ? 0x7B : 0x7E)) cde &= 0xBF;   /* no NaN / Inf codes */
+                        w[i] = cde;
+                    }
+                    for (int b = 0; b < nbr * nbc; b++) scale[b] = (float)(0.001 + td_rng_uniform(&rng)) * 0x1p-6f;
+                    td_fp8_codes_to_panels(w, (size_t)rows, (size_t)K, pn);
+                    for (int r = 0; r < rows; r++) {
+                        td_fp8_panels_row(pn, (size_t)K, (size_t)r, back);
+                        assert_memory_equal(back, w + (size_t)r * K, (size_t)K);
+                    }
+                    for (int j = 0; j < N; j++)
+                        for (int k0 = 0; k0 < K; k0 += sc)
+                            td_fp8_decode_scaled_row(wf, w + (size_t)(row0 + j) * K + k0, scale[((row0 + j) / sr) * nbc + k0 / sc],
+                                                     wide + (size_t)j * K + k0, (size_t)(K - k0 < sc ? K - k0 : sc));
+                    const uint8_t *p0 = pn + (size_t)row0 * K;   /* the panel holding row0 */
+                    for (int pi = 0; pi < 4; pi++) {
+                        int promote = proms[pi];
+                        td_gemm_fp8_fast(a, K, wide, K, want, N, M, N, K, promote, 13);
+                        if (!td_gemm_fp8_fast_panels(a, K, p0, wf, scale, row0, sr, sc, nbc, got, N, M, N, K, promote, 13, 0)) {
+                            declined++;
+                            continue;
+                        }
+                        if (memcmp(got, want, (size_t)M * N * sizeof(float)))
+                            fail_msg("td_gemm_fp8_fast_panels differs (fmt %d K %d sc %d M %d row0 %d promote %d)", fmt, K, sc, M,
+                                     row0, promote);
+                        checked++;
+                    }
+                    /* declined: columns of scale blocks not a multiple of 32, a panel across two row
+                     * blocks, row0 inside a panel, a NaN code */
+                    assert_int_equal(td_gemm_fp8_fast_panels(a, K, p0, wf, scale, row0, sr, 8, nbc, got, N, M, N, K, 128, 13, 0), 0);
+                    assert_int_equal(td_gemm_fp8_fast_panels(a, K, p0, wf, scale, row0, 12, sc, nbc, got, N, M, N, K, 128, 13, 0), 0);
+                    assert_int_equal(td_gemm_fp8_fast_panels(a, K, p0, wf, scale, row0 + 1, sr, sc, nbc, got, N - 1, M, N - 1, K, 128, 13, 0), 0);
+                    pn[(size_t)row0 * K + 8 * 3 + 2] = fmt ? 0x7D : 0x7F;
+                    assert_int_equal(td_gemm_fp8_fast_panels(a, K, p0, wf, scale, row0, sr, sc, nbc, got, N, M, N, K, 128, 13, 0), 0);
+                    free(w); free(pn); free(back); free(scale); free(wide); free(a); free(want); free(got);
+                }
+    printf("td_gemm_fp8_fast_panels: %d cases bit-identical to the widened rows, %d declined (%s)\n", checked, declined,
+           td_gemm_fp8_panels_apply(TD_E4M3, 128, 128, 128) ? "the AVX2 kernel" : "no kernel here: every call declines");
+    if (td_gemm_fp8_panels_apply(TD_E4M3, 128, 128, 128)) assert_true(checked > 0 && declined == 0);
+}
+
 /* td_fp8_codes_have_nan (the scan a weight's nan_free flag keeps from its preparation) against
  * td_decode's NaNs: every code of both formats, alone among zeros at the first, a 64-code
  * boundary and the last of 200 places, and in runs of 1..130 codes (the vector tail) */
@@ -238,12 +306,15 @@ static void test_fp8_fast_codes_matches_widened(void **state)
     (void)state;
     td_rng rng;
     td_rng_seed(&rng, 77);
-    const int Ks[] = {37, 100, 256, 300}, scs[] = {128, 8, 32, 0 /* = K */};
+    /* M past a decode step's: 16 the AVX2 tile, 25 and 40 the AVX2 packed kernel (codes decoded
+     * into its panels; 40 rows declined on AVX-512, whose widened rows take its packed kernel) */
+    const int Ks[] = {37, 100, 256, 300}, scs[] = {128, 8, 32, 0 /* = K */}, Ms[] = {1, 4, 7, 16, 25, 40};
     int checked = 0, declined = 0;
     for (int fmt = 0; fmt < 2; fmt++)
         for (size_t ki = 0; ki < 4; ki++)
             for (size_t si = 0; si < 4; si++)
-                for (int M = 1; M <= 8; M += 3) {
+                for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
+                    int M = Ms[mi];
                     td_format wf = fmt ? TD_E5M2 : TD_E4M3;
                     int K = Ks[ki], N = 22 + (M & 1), row0 = 5, sc = scs[si] ? scs[si] : K, sr = si == 3 ? 1000 : 16;
                     int nbc = (K + sc - 1) / sc, nbr = (row0 + N + sr - 1) / sr;
@@ -685,6 +756,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fp8_fast_accumulation_bounded),
         cmocka_unit_test(test_fp8_fast_kernel_matches_model),
         cmocka_unit_test(test_fp8_fast_codes_matches_widened),
+        cmocka_unit_test(test_fp8_fast_panels_matches_widened),
         cmocka_unit_test(test_fp8_codes_have_nan),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_fixed_w16_matches_fixed),

@@ -153,6 +153,28 @@ int td_gemm_fp8_fast_codes(const float *a, int lda, const uint8_t *w, int ldw, t
  * are declined.) 1 when one of the n codes of format f (e4m3 or e5m2) is a NaN. */
 int td_fp8_codes_have_nan(const uint8_t *codes, size_t n, td_format f);
 
+/* fp8 codes in k-major panels of 8 rows: panel p holds rows 8p..8p+7, row 8p + i's code k at
+ * byte p * 8 * cols + k * 8 + i; a last panel's missing rows are code 0. A decode step's 8
+ * columns at k are then 8 contiguous bytes, one decode for 8 outputs' lane (the CPU backend
+ * stores an fp8-fast recipe's weights this way where td_gemm_fp8_panels_apply says so).
+ * td_fp8_codes_to_panels lays out a (rows, cols) matrix of codes (out: (rows + 7) / 8 * 8 * cols
+ * bytes); td_fp8_panels_row copies row r's cols codes back out. */
+void td_fp8_codes_to_panels(const uint8_t *codes, size_t rows, size_t cols, uint8_t *out);
+void td_fp8_panels_row(const uint8_t *panels, size_t cols, size_t r, uint8_t *out);
+/* 1 when td_gemm_fp8_fast_panels runs on this CPU for weights of format wf with block scales of
+ * sr rows x sc columns and the promotion interval promote (AVX2 and not capped below it by
+ * TIDAL_ISA / td_gemm_fixed_max_kernel; sc and promote multiples of 32, so that a step's 32
+ * products share one scale). */
+int td_gemm_fp8_panels_apply(td_format wf, int sr, int sc, int promote);
+/* td_gemm_fp8_fast_codes over panels: p is the panel holding row row0 (a multiple of 8) of the
+ * weight, whose rows have K codes; N rows from row0. Bit for bit td_gemm_fp8_fast on the
+ * decoded rows. Returns 0 without computing where it does not apply (td_gemm_fp8_panels_apply,
+ * a panel straddling two row blocks of scales, an e4m3 block scale above 2^7, a NaN code when
+ * nan_free is 0): the caller widens the rows (td_fp8_panels_row) instead. */
+int td_gemm_fp8_fast_panels(const float *a, int lda, const uint8_t *p, td_format wf, const float *scale,
+                            int row0, int sr, int sc, int nbc, float *c, int ldc, int M, int N, int K,
+                            int promote, int bits, int nan_free);
+
 /* Truncates an fp32 value to `bits` fraction bits (toward zero): the fp8-fast accumulator. */
 static inline float td_trunc_fraction(float x, int bits)
 {

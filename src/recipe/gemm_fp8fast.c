@@ -795,6 +795,129 @@ TGT static int gemm2_packed(const float *a, int lda, const float *w, int ldw, fl
     }
     return 1;
 }
+
+/* ---- AVX2, codes in k-major panels of 8 rows of w (td_fp8_codes_to_panels: panel p's code of
+ * row 8p + i at k is byte k * 8 + i): the 8 columns' codes at k are 8 contiguous bytes, so one
+ * decode (decode8) gives a ymm of 8 columns at k, and a step's lane l of a row is its own ymm
+ * over 8 columns, as in the packed kernels: the step ends in vertical adds, without the row
+ * tile's horizontal reduction per output and step (on Zen 3 that reduction's shuffles, not its
+ * FMAs, bound the row tile). Strips of up to 4 rows x one panel; a step in two halves of two
+ * phases each in the reduction's order (lanes 0 and 4, then 2 and 6: a0; 1 and 5, then 3 and 7:
+ * a1), a0 waiting in memory while the second half holds the registers. Each lane's products are
+ * the same fmaf chain in the same k order as the kernels above, a product past n left out. The
+ * step's 32 k lie in one scale block (the caller: sc and promote multiples of 32), so the factor
+ * is one per panel and step. */
+TGT static INLINE void lanes_pn(__m256 q[4], const float *a, int lda, const uint8_t *cp, __m256 f, int s0,
+                                int n, int l, int R, int full, int e5m2)
+{
+    __m256 x[4], y[4];
+    const __m256i none = _mm256_setzero_si256();
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++) x[r] = y[r] = _mm256_setzero_ps();
+    #pragma GCC unroll 4
+    for (int k = l; k < STEP; k += 8) {
+        if (full || k < n) {
+            __m256 w = decode8(e5m2, cp + (size_t)(s0 + k) * 8, f, 8, none);
+            #pragma GCC unroll 4
+            for (int r = 0; r < R; r++) x[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + (size_t)r * lda + s0 + k), w, x[r]);
+        }
+        if (full || k + 4 < n) {
+            __m256 w = decode8(e5m2, cp + (size_t)(s0 + k + 4) * 8, f, 8, none);
+            #pragma GCC unroll 4
+            for (int r = 0; r < R; r++) y[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + (size_t)r * lda + s0 + k + 4), w, y[r]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++) q[r] = _mm256_add_ps(x[r], y[r]);
+}
+
+/* one step's sums of R rows x 8 columns: ((s0+s4) + (s2+s6)) + ((s1+s5) + (s3+s7)) */
+TGT static INLINE void step_pn(__m256 sum[4], const float *a, int lda, const uint8_t *cp, __m256 f, int s0,
+                               int n, int R, int full, int e5m2)
+{
+    float wait[4 * 8] __attribute__((aligned(32)));
+    __m256 q[4], t[4];
+    lanes_pn(q, a, lda, cp, f, s0, n, 0, R, full, e5m2);
+    lanes_pn(t, a, lda, cp, f, s0, n, 2, R, full, e5m2);
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++) _mm256_store_ps(wait + 8 * r, _mm256_add_ps(q[r], t[r]));
+    lanes_pn(q, a, lda, cp, f, s0, n, 1, R, full, e5m2);
+    lanes_pn(t, a, lda, cp, f, s0, n, 3, R, full, e5m2);
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++) sum[r] = _mm256_add_ps(_mm256_load_ps(wait + 8 * r), _mm256_add_ps(q[r], t[r]));
+}
+
+/* R rows (constant) x one panel (nc of its 8 columns stored), all of K; srow: the panel's block
+ * scales along K */
+TGT static INLINE void strip_pn(const float *a, int lda, const uint8_t *cp, const float *srow, int sc,
+                                float *c, int ldc, int nc, int K, int promote, __m256 keep, int R, int e5m2)
+{
+    __m256 part[4], total[4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++) part[r] = total[r] = _mm256_setzero_ps();
+    const float fac = e5m2 ? 1.0f : 0x1p+120f;   /* decode8's factor */
+    int bend = block_end(0, K, promote), kb = 0, kend = sc;
+    __m256 f = _mm256_set1_ps(srow[0] * fac);
+    for (int s0 = 0; s0 < K;) {
+        int e = bend - s0 > STEP ? s0 + STEP : bend, close = e == bend;
+        if (s0 >= kend) {   /* the next scale block, without a division */
+            do {
+                kb++;
+                kend += sc;
+            } while (s0 >= kend);
+            f = _mm256_set1_ps(srow[kb] * fac);
+        }
+        __m256 sum[4];
+        if (e - s0 == STEP) step_pn(sum, a, lda, cp, f, s0, STEP, R, 1, e5m2);
+        else                step_pn(sum, a, lda, cp, f, s0, e - s0, R, 0, e5m2);
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            part[r] = _mm256_and_ps(_mm256_add_ps(part[r], sum[r]), keep);
+            if (close) {
+                total[r] = _mm256_add_ps(total[r], part[r]);
+                part[r] = _mm256_setzero_ps();
+            }
+        }
+        if (close && e < K) bend = next_block(e, K, promote);
+        s0 = e;
+    }
+    float out[8];
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(out, total[r]);
+        memcpy(c + (size_t)r * ldc, out, (size_t)nc * sizeof(float));
+    }
+}
+
+/* cw->w: the panel holding row cw->row0 (a multiple of 8); panels of 8 K-long rows */
+TGT static INLINE void gemm2_panels_any(const float *a, int lda, const codes_w *cw, float *c, int ldc, int M,
+                                        int N, int K, int promote, int bits, int e5m2)
+{
+    __m256 keep = _mm256_castsi256_ps(_mm256_set1_epi32((int)~((1u << (23 - bits)) - 1u)));
+    for (int j = 0; j < N; j += 8) {
+        int nc = N - j < 8 ? N - j : 8;
+        const uint8_t *cp = cw->w + (size_t)j * K;
+        const float *srow = cw->scale + (size_t)((cw->row0 + j) / cw->sr) * cw->nbc;
+        for (int i = 0; i < M; i += 4) {
+            const float *ai = a + (size_t)i * lda;
+            float *ci = c + (size_t)i * ldc + j;
+            switch (M - i < 4 ? M - i : 4) {
+#define CALL(r) strip_pn(ai, lda, cp, srow, cw->sc, ci, ldc, nc, K, promote, keep, r, e5m2); break
+            case 4: CALL(4);
+            case 3: CALL(3);
+            case 2: CALL(2);
+            default: CALL(1);
+#undef CALL
+            }
+        }
+    }
+}
+
+TGT static void gemm2_panels(const float *a, int lda, const codes_w *cw, float *c, int ldc, int M, int N,
+                             int K, int promote, int bits)
+{
+    if (cw->e5m2) gemm2_panels_any(a, lda, cw, c, ldc, M, N, K, promote, bits, 1);   /* the format a constant */
+    else          gemm2_panels_any(a, lda, cw, c, ldc, M, N, K, promote, bits, 0);
+}
 #endif
 
 void td_gemm_fp8_fast(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
@@ -821,6 +944,16 @@ void td_gemm_fp8_fast(const float *a, int lda, const float *w, int ldw, float *c
             c[(size_t)i * ldc + j] = fp8_fast_portable(a + (size_t)i * lda, w + (size_t)j * ldw, K, promote, bits);
 }
 
+/* the exact-factor test both codes entry points make: every e4m3 block scale the call reads at
+ * most lim (2^120 x scale, or 256 x scale on AVX-512, must not overflow) */
+static int scales_fit(const float *scale, int row0, int N, int sr, int nbc, float lim)
+{
+    for (int b = row0 / sr; b <= (row0 + N - 1) / sr; b++)
+        for (int q = 0; q < nbc; q++)
+            if (!(fabsf(scale[(size_t)b * nbc + q]) <= lim)) return 0;
+    return 1;
+}
+
 int td_gemm_fp8_fast_codes(const float *a, int lda, const uint8_t *w, int ldw, td_format wf,
                            const float *scale, int row0, int sr, int sc, int nbc, float *c, int ldc,
                            int M, int N, int K, int promote, int bits, int nan_free)
@@ -831,12 +964,8 @@ int td_gemm_fp8_fast_codes(const float *a, int lda, const uint8_t *w, int ldw, t
     int avx512 = avx2 && td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512 && td_isa_level() >= TD_ISA_AVX512;
     if (!avx2 || (wf != TD_E4M3 && wf != TD_E5M2) || sc % 8 || promote % 8 || sr < 1) return 0;
     if (M <= 0 || N <= 0) return 1;
-    if (wf == TD_E4M3) {   /* the factor exact for every block the call reads */
-        float lim = avx512 ? 0x1p+119f : 0x1p+7f;   /* 256 x scale (AVX-512), 2^120 x scale (AVX2) */
-        for (int b = row0 / sr; b <= (row0 + N - 1) / sr; b++)
-            for (int q = 0; q < nbc; q++)
-                if (!(fabsf(scale[(size_t)b * nbc + q]) <= lim)) return 0;
-    }
+    /* the factor exact for every block the call reads: 256 x scale (AVX-512), 2^120 x scale (AVX2) */
+    if (wf == TD_E4M3 && !scales_fit(scale, row0, N, sr, nbc, avx512 ? 0x1p+119f : 0x1p+7f)) return 0;
     codes_w cw = {w, scale, ldw, row0, sr, sc, nbc, wf == TD_E5M2};
     if (avx512) {
         if (!nan_free && has_nan_code(w, ldw, N, K, wf == TD_E5M2)) return 0;   /* NaN weights: the widened path */
@@ -853,6 +982,58 @@ int td_gemm_fp8_fast_codes(const float *a, int lda, const uint8_t *w, int ldw, t
     (void)nbc; (void)c; (void)ldc; (void)M; (void)N; (void)K; (void)bits; (void)nan_free;
     return 0;
 #endif
+}
+
+int td_gemm_fp8_fast_panels(const float *a, int lda, const uint8_t *p, td_format wf, const float *scale,
+                            int row0, int sr, int sc, int nbc, float *c, int ldc, int M, int N, int K,
+                            int promote, int bits, int nan_free)
+{
+    clamp_fp8_args(&promote, &bits);
+#ifdef TD_HAVE_FP8FAST_SIMD
+    if (!td_gemm_fp8_panels_apply(wf, sr, sc, promote) || row0 % 8 || (sr % 8 && (row0 + N - 1) / sr != row0 / sr))
+        return 0;
+    if (M <= 0 || N <= 0) return 1;
+    if (wf == TD_E4M3 && !scales_fit(scale, row0, N, sr, nbc, 0x1p+7f)) return 0;
+    if (!nan_free && td_fp8_codes_have_nan(p, (size_t)((N + 7) / 8) * 8 * (size_t)K, wf)) return 0;
+    codes_w cw = {p, scale, K, row0, sr, sc, nbc, wf == TD_E5M2};
+    gemm2_panels(a, lda, &cw, c, ldc, M, N, K, promote, bits);
+    return 1;
+#else
+    (void)a; (void)lda; (void)p; (void)wf; (void)scale; (void)row0; (void)sr; (void)sc; (void)nbc; (void)c;
+    (void)ldc; (void)M; (void)N; (void)K; (void)bits; (void)nan_free;
+    return 0;
+#endif
+}
+
+int td_gemm_fp8_panels_apply(td_format wf, int sr, int sc, int promote)
+{
+#ifdef TD_HAVE_FP8FAST_SIMD
+    return td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX2 && td_isa_level() >= TD_ISA_AVX2 &&
+           (wf == TD_E4M3 || wf == TD_E5M2) && sr >= 1 && sc > 0 && sc % STEP == 0 && promote % STEP == 0;
+#else
+    (void)wf; (void)sr; (void)sc; (void)promote;
+    return 0;
+#endif
+}
+
+void td_fp8_codes_to_panels(const uint8_t *codes, size_t rows, size_t cols, uint8_t *out)
+{
+    size_t panels = (rows + 7) / 8;
+    #pragma omp parallel for schedule(static) if (rows * cols > (1u << 20))
+    for (size_t pi = 0; pi < panels; pi++) {
+        uint8_t *o = out + pi * 8 * cols;
+        for (size_t i = 0; i < 8; i++) {
+            size_t r = pi * 8 + i;
+            const uint8_t *src = r < rows ? codes + r * cols : NULL;
+            for (size_t k = 0; k < cols; k++) o[k * 8 + i] = src ? src[k] : 0;
+        }
+    }
+}
+
+void td_fp8_panels_row(const uint8_t *panels, size_t cols, size_t r, uint8_t *out)
+{
+    const uint8_t *p = panels + (r / 8) * 8 * cols + r % 8;
+    for (size_t k = 0; k < cols; k++) out[k] = p[k * 8];
 }
 
 #ifdef TD_HAVE_FP8FAST_SIMD
