@@ -671,6 +671,36 @@ TGT static void pack_panel2(const float *w, int ldw, int nc, int k0, int kn, flo
         for (int j = 0; j < PW2; j++) pk[(size_t)k * PW2 + j] = j < nc ? w[(size_t)j * ldw + k0 + k] : 0.0f;
 }
 
+/* pk as pack_panel2 fills it, from codes in panels of 8 rows (cw: td_gemm_fp8_fast_panels's; j a
+ * multiple of 8): pk[k][0..8) the panel of columns j.. at k, decoded (decode8: the widened rows'
+ * values), pk[k][8..16) the next one's or zeros: no transposes, the layout is already k-major. A
+ * panel's rows past the call's are computed and not stored (panels do not straddle scale blocks). */
+TGT static void pack_panel2_pn(const codes_w *cw, int j, int nc, int k0, int kn, float *pk)
+{
+    const __m256i none = _mm256_setzero_si256();
+    const float fac = cw->e5m2 ? 1.0f : 0x1p+120f;
+    for (int h = 0; h < PW2; h += 8) {
+        if (nc <= h) {
+            for (int k = 0; k < kn; k++) _mm256_store_ps(pk + (size_t)k * PW2 + h, _mm256_setzero_ps());
+            continue;
+        }
+        const uint8_t *cp = cw->w + (size_t)(j + h) * cw->ldw;
+        const float *srow = cw->scale + (size_t)((cw->row0 + j + h) / cw->sr) * cw->nbc;
+        int kb = k0 / cw->sc, kend = (kb + 1) * cw->sc;
+        __m256 f = _mm256_set1_ps(srow[kb] * fac);
+        for (int k = 0; k < kn; k++) {
+            if (k0 + k >= kend) {
+                kb++;
+                kend += cw->sc;
+                f = _mm256_set1_ps(srow[kb] * fac);
+            }
+            __m256 v = cw->e5m2 ? decode8(1, cp + (size_t)(k0 + k) * 8, f, 8, none)
+                                : decode8(0, cp + (size_t)(k0 + k) * 8, f, 8, none);
+            _mm256_store_ps(pk + (size_t)k * PW2 + h, v);
+        }
+    }
+}
+
 /* the panel's 16 weights at k (p) times the 3 rows' values at k, into each row's two sums */
 #define FMA3x16(p, k, A0, A1, B0, B1, C0, C1)                                                      \
     do {                                                                                           \
@@ -758,8 +788,8 @@ TGT static void strip_packed2(const float *a0, const float *a1, const float *a2,
 }
 
 /* 0 when the partials' buffer cannot be had (the caller takes gemm2: the same bits) */
-TGT static int gemm2_packed(const float *a, int lda, const float *w, int ldw, float *c, int ldc, int M,
-                            int N, int K, int promote, int bits)
+TGT static int gemm2_packed(const float *a, int lda, const float *w, int ldw, const codes_w *pn, float *c,
+                            int ldc, int M, int N, int K, int promote, int bits)
 {
     __m256 keep = _mm256_castsi256_ps(_mm256_set1_epi32((int)~((1u << (23 - bits)) - 1u)));
     int panels = (N + PW2 - 1) / PW2;
@@ -777,7 +807,8 @@ TGT static int gemm2_packed(const float *a, int lda, const float *w, int ldw, fl
             int c1 = chunk_end(c0, K, promote, KC);
             for (int p = 0; p < panels; p++) {
                 int j = p * PW2, nc = N - j < PW2 ? N - j : PW2;
-                pack_panel2(w + (size_t)j * ldw, ldw, nc, c0, c1 - c0, pk);
+                if (pn) pack_panel2_pn(pn, j, nc, c0, c1 - c0, pk);   /* codes in panels of 8 rows */
+                else    pack_panel2(w + (size_t)j * ldw, ldw, nc, c0, c1 - c0, pk);
                 for (int i = 0; i < gm; i += 3) {
                     int R = gm - i < 3 ? gm - i : 3;
                     const float *ai = a + (size_t)(g + i) * lda;
@@ -934,7 +965,7 @@ void td_gemm_fp8_fast(const float *a, int lda, const float *w, int ldw, float *c
         return;
     }
     if (avx2) {
-        if (M < PACKED_MIN_ROWS2 || !gemm2_packed(a, lda, w, ldw, c, ldc, M, N, K, promote, bits))
+        if (M < PACKED_MIN_ROWS2 || !gemm2_packed(a, lda, w, ldw, NULL, c, ldc, M, N, K, promote, bits))
             gemm2(a, lda, w, ldw, c, ldc, M, N, K, promote, bits);
         return;
     }
@@ -996,7 +1027,8 @@ int td_gemm_fp8_fast_panels(const float *a, int lda, const uint8_t *p, td_format
     if (wf == TD_E4M3 && !scales_fit(scale, row0, N, sr, nbc, 0x1p+7f)) return 0;
     if (!nan_free && td_fp8_codes_have_nan(p, (size_t)((N + 7) / 8) * 8 * (size_t)K, wf)) return 0;
     codes_w cw = {p, scale, K, row0, sr, sc, nbc, wf == TD_E5M2};
-    gemm2_panels(a, lda, &cw, c, ldc, M, N, K, promote, bits);
+    if (M < PACKED_MIN_ROWS2 || !gemm2_packed(a, lda, NULL, 0, &cw, c, ldc, M, N, K, promote, bits))
+        gemm2_panels(a, lda, &cw, c, ldc, M, N, K, promote, bits);
     return 1;
 #else
     (void)a; (void)lda; (void)p; (void)wf; (void)scale; (void)row0; (void)sr; (void)sc; (void)nbc; (void)c;
