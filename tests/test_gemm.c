@@ -210,7 +210,7 @@ static void test_fp8_fast_kernel_matches_model(void **state)
  * the codes' panels; K 300 two chunks of it), row0 past a panel, scale blocks of 16 and 128 rows,
  * of 32 and 128 columns, promotion every 32, 96, 128 and 65536 products; and what it declines
  * (scale blocks of 8 columns or 12 rows that a panel straddles, row0 not a multiple of 8, a NaN
- * code). td_fp8_codes_to_panels / td_fp8_panels_row round-trip every row. */
+ * code). td_fp8_codes_to_panels / td_fp8_panels_piece round-trip every row. */
 static void test_fp8_fast_panels_matches_widened(void **state)
 {
     (void)state;
@@ -238,8 +238,10 @@ static void test_fp8_fast_panels_matches_widened(void **state)
                     for (int b = 0; b < nbr * nbc; b++) scale[b] = (float)(0.001 + td_rng_uniform(&rng)) * 0x1p-6f;
                     td_fp8_codes_to_panels(w, (size_t)rows, (size_t)K, pn);
                     for (int r = 0; r < rows; r++) {
-                        td_fp8_panels_row(pn, (size_t)K, (size_t)r, back);
+                        td_fp8_panels_piece(pn, (size_t)K, (size_t)r, 0, (size_t)K, back);
                         assert_memory_equal(back, w + (size_t)r * K, (size_t)K);
+                        td_fp8_panels_piece(pn, (size_t)K, (size_t)r, 7, (size_t)K - 9, back);
+                        assert_memory_equal(back, w + (size_t)r * K + 7, (size_t)K - 9);
                     }
                     for (int j = 0; j < N; j++)
                         for (int k0 = 0; k0 < K; k0 += sc)

@@ -158,19 +158,22 @@ int td_fp8_codes_have_nan(const uint8_t *codes, size_t n, td_format f);
  * columns at k are then 8 contiguous bytes, one decode for 8 outputs' lane (the CPU backend
  * stores an fp8-fast recipe's weights this way where td_gemm_fp8_panels_apply says so).
  * td_fp8_codes_to_panels lays out a (rows, cols) matrix of codes (out: (rows + 7) / 8 * 8 * cols
- * bytes); td_fp8_panels_row copies row r's cols codes back out. */
+ * bytes); td_fp8_panels_piece copies row r's codes [c0, c0 + n) back out. */
 void td_fp8_codes_to_panels(const uint8_t *codes, size_t rows, size_t cols, uint8_t *out);
-void td_fp8_panels_row(const uint8_t *panels, size_t cols, size_t r, uint8_t *out);
+void td_fp8_panels_piece(const uint8_t *panels, size_t cols, size_t r, size_t c0, size_t n, uint8_t *out);
 /* 1 when td_gemm_fp8_fast_panels runs on this CPU for weights of format wf with block scales of
  * sr rows x sc columns and the promotion interval promote (AVX2 and not capped below it by
  * TIDAL_ISA / td_gemm_fixed_max_kernel; sc and promote multiples of 32, so that a step's 32
  * products share one scale). */
 int td_gemm_fp8_panels_apply(td_format wf, int sr, int sc, int promote);
+/* 1 when the CPU backend lays such weights out in panels: the panel kernel applies and the CPU
+ * has no AVX-512 codes kernel (where it has one, the row-major kernels were measured and stay). */
+int td_gemm_fp8_panels_preferred(td_format wf, int sr, int sc, int promote);
 /* td_gemm_fp8_fast_codes over panels: p is the panel holding row row0 (a multiple of 8) of the
  * weight, whose rows have K codes; N rows from row0. Bit for bit td_gemm_fp8_fast on the
  * decoded rows. Returns 0 without computing where it does not apply (td_gemm_fp8_panels_apply,
  * a panel straddling two row blocks of scales, an e4m3 block scale above 2^7, a NaN code when
- * nan_free is 0): the caller widens the rows (td_fp8_panels_row) instead. */
+ * nan_free is 0): the caller widens the rows (td_fp8_panels_piece) instead. */
 int td_gemm_fp8_fast_panels(const float *a, int lda, const uint8_t *p, td_format wf, const float *scale,
                             int row0, int sr, int sc, int nbc, float *c, int ldc, int M, int N, int K,
                             int promote, int bits, int nan_free);

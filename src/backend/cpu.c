@@ -286,7 +286,14 @@ static void matmul_recipe(const td_ops *ctx, int n, float *const *outs, const fl
                     const uint16_t *wc = td_gemm_pack_bf16(memcpy(tile, (const float *)weight->data + (size_t)c0 * IN,
                                                                   (size_t)nc * IN * sizeof(float)), (size_t)nc * IN);
                     td_gemm_accumulate_bf16dp(r, qcodes, N, IN, wc, IN, nc, out + c0, OUT);
-                } else if (r->accumulate == TD_ACC_FP8_FAST && N <= TD_GEMM_FIXED_ROWS &&
+                } else if (r->accumulate == TD_ACC_FP8_FAST && weight->panels &&
+                           td_gemm_fp8_fast_panels(qin, IN, (const uint8_t *)weight->data + (size_t)c0 * IN,
+                                                   weight->dtype, weight->scale, c0, weight->sr, weight->sc,
+                                                   weight->nbc, out + c0, OUT, N, nc, IN, r->promote_every,
+                                                   r->acc_fraction_bits, weight->nan_free)) {
+                    /* codes in panels of 8 rows (c0 a multiple of 8: the tile's first panel), every
+                     * row count: the bits of the widened rows */
+                } else if (r->accumulate == TD_ACC_FP8_FAST && N <= TD_GEMM_FIXED_ROWS && !weight->panels &&
                            (weight->dtype == TD_E4M3 || weight->dtype == TD_E5M2) &&
                            td_gemm_fp8_fast_codes(qin, IN, (const uint8_t *)weight->data + (size_t)c0 * IN, IN,
                                                   weight->dtype, weight->scale, c0, weight->sr, weight->sc,
@@ -518,6 +525,7 @@ const td_backend td_backend_cpu = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .zero = cpu_zero,
+    .fp8_panels = 1,
     .embedding_forward = embedding_forward_ref,   /* a gather: nothing to round */
     .rmsnorm_forward = rmsnorm_cpu,
     .matmul_forward = matmul_cpu,

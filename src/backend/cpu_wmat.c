@@ -3,7 +3,8 @@
  * the thread's scratch and hand that to the same fp32 kernel as before, with the same leading
  * dimension, so a product's bits do not depend on how its weights are stored. bf16 widens by
  * a shift; fp16 through td_decode_row (what the loader used; F16C's vcvtph2ps where the CPU has it); fp8 codes as
- * td_fp8_dequantize does, lut[code] * scale of its block. Decode-sized products
+ * td_fp8_dequantize does, lut[code] * scale of its block (codes in panels gathered row by row
+ * first: only where the panel kernel declines, e.g. a NaN code). Decode-sized products
  * (wmat_gemm_fixed) read 16-bit weights as stored instead. */
 #include "cpu.h"
 #include "tidal/gemm.h"
@@ -38,6 +39,23 @@ const float *wmat_rows(const td_wmat *w, long r0, long nr, int cols, float *dst)
         return dst;
     case TD_E4M3:
     case TD_E5M2: {
+        if (w->panels) {   /* each row's codes gathered out of its panel, then widened as below */
+            uint8_t row[4096];
+            for (long r = 0; r < nr; r++) {
+                const float *srow = w->scale + (size_t)((r0 + r) / w->sr) * w->nbc;
+                for (int c0 = 0; c0 < cols; c0 += (int)sizeof row) {
+                    int len = cols - c0 < (int)sizeof row ? cols - c0 : (int)sizeof row;
+                    td_fp8_panels_piece((const uint8_t *)w->data, (size_t)cols, (size_t)(r0 + r), (size_t)c0, (size_t)len, row);
+                    for (int k = 0; k < len;) {   /* pieces of one scale block */
+                        int b = (c0 + k) / w->sc, m = (b + 1) * w->sc - (c0 + k);
+                        if (m > len - k) m = len - k;
+                        td_fp8_decode_scaled_row(w->dtype, row + k, srow[b], dst + (size_t)r * cols + c0 + k, (size_t)m);
+                        k += m;
+                    }
+                }
+            }
+            return dst;
+        }
         const uint8_t *codes = (const uint8_t *)w->data + at;
         for (long r = 0; r < nr; r++)
             widen_fp8_row(w->dtype, codes + (size_t)r * cols, w->scale + (size_t)((r0 + r) / w->sr) * w->nbc,

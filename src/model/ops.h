@@ -47,7 +47,9 @@ struct td_wset;
  *   TD_F32, TD_BF16, TD_F16   the values themselves (a bf16/f16 checkpoint mapped as it is)
  *   TD_E4M3, TD_E5M2          1-byte codes; value = decode(code) * scale[block], blocks of
  *                             (sr, sc) elements, nbc blocks per row (td_fp8_dequantize's formula,
- *                             so the values are those td_fp8_fake_quant gives) */
+ *                             so the values are those td_fp8_fake_quant gives); row-major, or
+ *                             with panels set in k-major panels of 8 rows (gemm.h's
+ *                             td_fp8_codes_to_panels: a backend with fp8_panels asks for it) */
 typedef struct td_wmat {
     const void *data;
     td_format dtype;
@@ -55,6 +57,7 @@ typedef struct td_wmat {
     int sr, sc, nbc;              /* fp8 scale blocks: rows, columns, blocks per row           */
     int nan_free;                 /* fp8: 1 when it was checked that no code is a NaN (the decode
                                      kernel then skips its scan of the codes; 0: not known)      */
+    int panels;                   /* fp8: 1 when the codes are in k-major panels of 8 rows       */
 } td_wmat;
 
 static inline td_wmat td_wmat_f32(const float *p)
@@ -132,6 +135,8 @@ struct td_backend {
                                                                      the backend (CUDA: on its
                                                                      stream, asynchronous) */
     int kv_codes;   /* stores a KV cache as codes of the recipe's kv_cache format (ctx->kv_fmt) */
+    int fp8_panels; /* takes an fp8-fast recipe's fp8 weights in k-major panels of 8 rows (td_wmat
+                       panels) where td_gemm_fp8_panels_apply says its kernel runs */
 
     void (*embedding_forward)(const td_ops *ctx, float *out, const int *tokens,
                               const td_wmat *embed, int N, int C);

@@ -43,6 +43,7 @@
 #include "tidal/gemm.h"
 #include "tidal/progress.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,7 @@ typedef struct {
     td_recipe_state *st;
     const td_model *m;
     const td_backend *dev;     /* prepares from m->owned_dev on this backend (NULL: the host)  */
+    int panels;                /* the backend takes fp8-fast weights in panels (td_backend's fp8_panels) */
     merge_ctx mc;
     float *scratch;            /* fp32 scratch, grown on demand                   */
     size_t scratch_floats;
@@ -221,6 +223,18 @@ static int prep_embed(prep *P, const td_recipe *r, td_wmat src, int has_nan, siz
     return 0;
 }
 
+/* 1 when an fp8 matrix goes into panels of 8 rows (td_fp8_codes_to_panels): the backend takes
+ * them (the CPU's), the recipe accumulates fp8-fast, the panel kernel runs here for its block
+ * shape (every panel inside one row block of scales), and the CPU has no AVX-512 codes kernel
+ * (there the row-major kernels were measured and stay: gemm_fp8fast.c). On one Zen 3 core the panel
+ * kernel ran 1.41-1.65x the row kernel on 1-8 rows. */
+static int fp8_panels_wanted(const prep *P, const td_recipe *r, td_format f, size_t br, size_t bc, size_t rows,
+                             size_t cols)
+{
+    return P->panels && r->accumulate == TD_ACC_FP8_FAST && rows <= INT_MAX && cols <= INT_MAX && br <= INT_MAX &&
+           bc <= INT_MAX && td_gemm_fp8_panels_preferred(f, (int)br, (int)bc, r->promote_every) && (br % 8 == 0 || br >= rows);
+}
+
 static int prep_wmat_host(prep *P, const td_recipe *r, td_wmat src, int has_nan, const td_lora_pair *ad,
                           size_t rows, size_t cols, td_wmat *out)
 {
@@ -255,14 +269,21 @@ static int prep_wmat_host(prep *P, const td_recipe *r, td_wmat src, int has_nan,
         s.fmt = f;
         size_t br, bc, ns = td_fp8_num_scales(&s, rows, cols);
         td_fp8_block_shape(&s, rows, cols, &br, &bc);
-        uint8_t *codes = own(P, n, f);
+        int panels = fp8_panels_wanted(P, r, f, br, bc, rows, cols);
+        uint8_t *codes = own(P, panels ? (rows + 7) / 8 * 8 * cols : n, f);
         float *scales = codes ? own(P, ns * sizeof(float), f) : NULL;
-        if (!scales) return -1;
-        td_fp8_quantize(&s, vals, rows, cols, codes, scales);
+        uint8_t *rowmajor = panels && scales ? malloc(n) : codes;
+        if (!rowmajor) return scales ? td_fail(P->err, "recipe %s: out of memory for %zu MB of codes", r->name, n >> 20) : -1;
+        td_fp8_quantize(&s, vals, rows, cols, rowmajor, scales);
         /* checked once here: the decode kernel scanned every code for NaNs on every call, a
          * second read of the weights per decode step */
+        int nan_free = !td_fp8_codes_have_nan(rowmajor, n, f);
+        if (panels) {
+            td_fp8_codes_to_panels(rowmajor, rows, cols, codes);
+            free(rowmajor);
+        }
         *out = (td_wmat){.data = codes, .dtype = f, .scale = scales, .sr = (int)br, .sc = (int)bc,
-                         .nbc = (int)((cols + bc - 1) / bc), .nan_free = !td_fp8_codes_have_nan(codes, n, f)};
+                         .nbc = (int)((cols + bc - 1) / bc), .nan_free = nan_free, .panels = panels};
     } else {   /* bf16 / fp16 codes */
         uint16_t *codes = own(P, n * 2, f);
         if (!codes) return -1;
@@ -434,7 +455,7 @@ int recipe_state_set(td_recipe_state *st, td_ops *ops, const td_model *m, const 
         st->lora = lora_rt_create(lora, &rc, cap, mode == TD_LORA_PUNICA, ops->be);
         ops->lora = st->lora;
     }
-    prep P = {.st = st, .m = m, .dev = st->dev_be, .err = err};
+    prep P = {.st = st, .m = m, .dev = st->dev_be, .panels = ops->be->fp8_panels, .err = err};
     if (lora && mode == TD_LORA_MERGED) P.mc.lora = lora;
     int bad = weights_prepare(&P, &rc);
     free(P.scratch);

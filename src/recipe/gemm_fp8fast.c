@@ -1048,24 +1048,62 @@ int td_gemm_fp8_panels_apply(td_format wf, int sr, int sc, int promote)
 #endif
 }
 
+int td_gemm_fp8_panels_preferred(td_format wf, int sr, int sc, int promote)
+{
+    return td_gemm_fp8_panels_apply(wf, sr, sc, promote) &&
+           !(td_isa_level() >= TD_ISA_AVX512 && td_gemm_fixed_max_kernel >= TD_GEMM_FIXED_AVX512);
+}
+
+#if defined(__x86_64__)
+/* 8 rows' 16 codes from k (src[i]: row i at k) into out, k-major: three rounds of byte, word and
+ * doubleword interleaves (SSE2) */
+static inline void panel_block16(const uint8_t *const src[8], size_t k, uint8_t *out)
+{
+    __m128i r[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm_loadu_si128((const __m128i *)(src[i] + k));
+    __m128i b[8], w[8];
+    for (int i = 0; i < 4; i++) {   /* rows 2i, 2i+1 byte by byte */
+        b[2 * i] = _mm_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
+        b[2 * i + 1] = _mm_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++)     /* rows 4i..4i+3: 4 bytes per k */
+        for (int h = 0; h < 2; h++) {
+            w[4 * i + 2 * h] = _mm_unpacklo_epi16(b[4 * i + h], b[4 * i + 2 + h]);
+            w[4 * i + 2 * h + 1] = _mm_unpackhi_epi16(b[4 * i + h], b[4 * i + 2 + h]);
+        }
+    for (int q = 0; q < 4; q++) {   /* rows 0..7: 8 bytes per k, 2 k per store */
+        _mm_storeu_si128((__m128i *)(out + 32 * q), _mm_unpacklo_epi32(w[q], w[4 + q]));
+        _mm_storeu_si128((__m128i *)(out + 32 * q + 16), _mm_unpackhi_epi32(w[q], w[4 + q]));
+    }
+}
+#endif
+
 void td_fp8_codes_to_panels(const uint8_t *codes, size_t rows, size_t cols, uint8_t *out)
 {
     size_t panels = (rows + 7) / 8;
     #pragma omp parallel for schedule(static) if (rows * cols > (1u << 20))
     for (size_t pi = 0; pi < panels; pi++) {
         uint8_t *o = out + pi * 8 * cols;
-        for (size_t i = 0; i < 8; i++) {
+        size_t k = 0;
+#if defined(__x86_64__)
+        if (pi * 8 + 8 <= rows) {
+            const uint8_t *src[8];
+            for (int i = 0; i < 8; i++) src[i] = codes + (pi * 8 + (size_t)i) * cols;
+            for (; k + 16 <= cols; k += 16) panel_block16(src, k, o + k * 8);
+        }
+#endif
+        for (size_t i = 0; i < 8; i++) {   /* the rest, and a last panel's missing rows as 0 */
             size_t r = pi * 8 + i;
             const uint8_t *src = r < rows ? codes + r * cols : NULL;
-            for (size_t k = 0; k < cols; k++) o[k * 8 + i] = src ? src[k] : 0;
+            for (size_t kk = k; kk < cols; kk++) o[kk * 8 + i] = src ? src[kk] : 0;
         }
     }
 }
 
-void td_fp8_panels_row(const uint8_t *panels, size_t cols, size_t r, uint8_t *out)
+void td_fp8_panels_piece(const uint8_t *panels, size_t cols, size_t r, size_t c0, size_t n, uint8_t *out)
 {
-    const uint8_t *p = panels + (r / 8) * 8 * cols + r % 8;
-    for (size_t k = 0; k < cols; k++) out[k] = p[k * 8];
+    const uint8_t *p = panels + (r / 8) * 8 * cols + c0 * 8 + r % 8;
+    for (size_t k = 0; k < n; k++) out[k] = p[k * 8];
 }
 
 #ifdef TD_HAVE_FP8FAST_SIMD
