@@ -269,6 +269,14 @@ static void test_fp8_fast_panels_matches_widened(void **state)
                     assert_int_equal(td_gemm_fp8_fast_panels(a, K, p0, wf, scale, row0, sr, sc, nbc, got, N, M, N, K, 128, 13, 0), 0);
                     free(w); free(pn); free(back); free(scale); free(wide); free(a); free(want); free(got);
                 }
+    /* K = 0: zeros, no scale read (nbc 0) */
+    for (int M = 3; M <= 30; M += 27) {
+        float a0[30], c0[30 * 5];
+        uint8_t p1[8] = {0};
+        for (int i = 0; i < 30 * 5; i++) c0[i] = 1.0f;
+        if (td_gemm_fp8_fast_panels(a0, 0, p1, TD_E4M3, NULL, 0, 128, 128, 0, c0, 5, M, 5, 0, 128, 13, 1))
+            for (int i = 0; i < M * 5; i++) assert_true(c0[i] == 0.0f);
+    }
     printf("td_gemm_fp8_fast_panels: %d cases bit-identical to the widened rows, %d declined (%s)\n", checked, declined,
            td_gemm_fp8_panels_apply(TD_E4M3, 128, 128, 128) ? "the AVX2 kernel" : "no kernel here: every call declines");
     if (td_gemm_fp8_panels_apply(TD_E4M3, 128, 128, 128)) assert_true(checked > 0 && declined == 0);

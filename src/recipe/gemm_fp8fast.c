@@ -41,6 +41,13 @@
  * with the e4m3 decode and the step's reduction (the F16C decode it replaced: 53). Decoding into a
  * packed k-major panel per call ran at half the tile's speed on 1-8 rows (the transpose costs
  * more than the rows reuse); a panel packed once per weight would not pay that per call.
+ * td_gemm_fp8_fast_panels takes the codes in k-major panels of 8 rows (the CPU backend's layout on
+ * a CPU with AVX2 and no AVX-512): 8 columns' codes at k are 8 contiguous bytes, one decode serves
+ * a ymm of 8 columns, and a step's lanes are registers ending in vertical adds (gemm2_panels: strips
+ * of 4 rows; from 24 rows gemm2_packed, its panels decoded straight from the codes' panels). One
+ * Zen 3 core, realistic codes: 1.41-1.65x the row tile on 1-8 rows, 1.00-1.18x widen + packed on
+ * 128-256 rows. (Random codes, a sixteenth of them subnormal, ran both at half speed: the decode's
+ * multiply of a subnormal is slow on Zen 3; quantised weights have almost none.)
  * Single-threaded; callers parallelise over column tiles. Scratch: the packed kernel's block
  * partials (the thread's, gemm_scratch.h; without it the in-place kernel runs) and a 16 KiB panel
  * on the stack. */
@@ -887,11 +894,11 @@ TGT static INLINE void strip_pn(const float *a, int lda, const uint8_t *cp, cons
     #pragma GCC unroll 4
     for (int r = 0; r < R; r++) part[r] = total[r] = _mm256_setzero_ps();
     const float fac = e5m2 ? 1.0f : 0x1p+120f;   /* decode8's factor */
-    int bend = block_end(0, K, promote), kb = 0, kend = sc;
-    __m256 f = _mm256_set1_ps(srow[0] * fac);
+    int bend = block_end(0, K, promote), kb = -1, kend = 0;   /* before the first scale block */
+    __m256 f = _mm256_setzero_ps();
     for (int s0 = 0; s0 < K;) {
         int e = bend - s0 > STEP ? s0 + STEP : bend, close = e == bend;
-        if (s0 >= kend) {   /* the next scale block, without a division */
+        if (s0 >= kend) {   /* the next scale block, without a division (K = 0 reads none) */
             do {
                 kb++;
                 kend += sc;
