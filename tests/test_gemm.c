@@ -203,6 +203,28 @@ static void test_fp8_fast_kernel_matches_model(void **state)
  * for bit on random codes
  * of both formats, block shapes 128 x 128, per-tensor, 1 x 32 and 8-wide, rows offset into the
  * scale grid, ragged K, decode-sized M; a NaN code sends the call back to the caller (returns 0). */
+/* n random codes of e4m3 (fmt 0) or e5m2 (1) without NaN or Inf, and ns block scales */
+static void random_codes(td_rng *rng, int fmt, uint8_t *w, size_t n, float *scale, int ns)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint8_t cde = (uint8_t)td_rng_below(rng, 256);
+        if ((cde & 0x7F) > (fmt ? 0x7B : 0x7E)) cde &= 0xBF;   /* no NaN / Inf codes */
+        w[i] = cde;
+    }
+    for (int b = 0; b < ns; b++) scale[b] = (float)(0.001 + td_rng_uniform(rng)) * 0x1p-6f;
+}
+
+/* wide (N, K) = rows [row0, row0 + N) of the codes w (row-major, K each; w at row0) decoded with
+ * their block scales (sr x sc, nbc per row of blocks), as the backend widens them */
+static void widen_codes(td_format wf, const uint8_t *w, const float *scale, int row0, int N, int K, int sr, int sc,
+                        int nbc, float *wide)
+{
+    for (int j = 0; j < N; j++)
+        for (int k0 = 0; k0 < K; k0 += sc)
+            td_fp8_decode_scaled_row(wf, w + (size_t)j * K + k0, scale[((row0 + j) / sr) * nbc + k0 / sc],
+                                     wide + (size_t)j * K + k0, (size_t)(K - k0 < sc ? K - k0 : sc));
+}
+
 /* td_gemm_fp8_fast_panels (codes in k-major panels of 8 rows) against widening the same rows
  * (td_fp8_decode_scaled_row) and td_gemm_fp8_fast, bit for bit: both formats, random codes
  * (subnormals included), ragged K (a last partial step), N not a multiple of 8 (a partial panel),
@@ -230,12 +252,7 @@ static void test_fp8_fast_panels_matches_widened(void **state)
                     float *scale = malloc((size_t)nbr * nbc * sizeof(float)), *wide = malloc((size_t)N * K * sizeof(float));
                     float *a = randn((size_t)M * K, 60 + mi, 1.0f);
                     float *want = malloc((size_t)M * N * sizeof(float)), *got = malloc((size_t)M * N * sizeof(float));
-                    for (size_t i = 0; i < (size_t)rows * K; i++) {
-                        uint8_t cde = (uint8_t)td_rng_below(&rng, 256);
-                        if ((cde & 0x7F) > (fmt ? 0x7B : 0x7E)) cde &= 0xBF;   /* no NaN / Inf codes */
-                        w[i] = cde;
-                    }
-                    for (int b = 0; b < nbr * nbc; b++) scale[b] = (float)(0.001 + td_rng_uniform(&rng)) * 0x1p-6f;
+                    random_codes(&rng, fmt, w, (size_t)rows * K, scale, nbr * nbc);
                     td_fp8_codes_to_panels(w, (size_t)rows, (size_t)K, pn);
                     for (int r = 0; r < rows; r++) {
                         td_fp8_panels_piece(pn, (size_t)K, (size_t)r, 0, (size_t)K, back);
@@ -243,10 +260,7 @@ static void test_fp8_fast_panels_matches_widened(void **state)
                         td_fp8_panels_piece(pn, (size_t)K, (size_t)r, 7, (size_t)K - 9, back);
                         assert_memory_equal(back, w + (size_t)r * K + 7, (size_t)K - 9);
                     }
-                    for (int j = 0; j < N; j++)
-                        for (int k0 = 0; k0 < K; k0 += sc)
-                            td_fp8_decode_scaled_row(wf, w + (size_t)(row0 + j) * K + k0, scale[((row0 + j) / sr) * nbc + k0 / sc],
-                                                     wide + (size_t)j * K + k0, (size_t)(K - k0 < sc ? K - k0 : sc));
+                    widen_codes(wf, w + (size_t)row0 * K, scale, row0, N, K, sr, sc, nbc, wide);
                     const uint8_t *p0 = pn + (size_t)row0 * K;   /* the panel holding row0 */
                     for (int pi = 0; pi < 4; pi++) {
                         int promote = proms[pi];
@@ -333,16 +347,8 @@ static void test_fp8_fast_codes_matches_widened(void **state)
                     float *scale = malloc((size_t)nbr * nbc * sizeof(float)), *wide = malloc((size_t)N * K * sizeof(float));
                     float *a = randn((size_t)M * K, 90 + ki, 1.0f);
                     float *want = malloc((size_t)M * N * sizeof(float)), *got = malloc((size_t)M * N * sizeof(float));
-                    for (size_t i = 0; i < (size_t)N * K; i++) {
-                        uint8_t cde = (uint8_t)td_rng_below(&rng, 256);
-                        if ((cde & 0x7F) > (fmt ? 0x7B : 0x7E)) cde &= 0xBF;   /* no NaN / Inf codes */
-                        w[i] = cde;
-                    }
-                    for (int b = 0; b < nbr * nbc; b++) scale[b] = (float)(0.001 + td_rng_uniform(&rng)) * 0x1p-6f;
-                    for (int j = 0; j < N; j++)
-                        for (int k0 = 0; k0 < K; k0 += sc)
-                            td_fp8_decode_scaled_row(wf, w + (size_t)j * K + k0, scale[((row0 + j) / sr) * nbc + k0 / sc],
-                                                     wide + (size_t)j * K + k0, (size_t)(K - k0 < sc ? K - k0 : sc));
+                    random_codes(&rng, fmt, w, (size_t)N * K, scale, nbr * nbc);
+                    widen_codes(wf, w, scale, row0, N, K, sr, sc, nbc, wide);
                     for (int pi = 0; pi < 2; pi++) {
                         int promote = pi ? 65536 : 128;
                         td_gemm_fp8_fast(a, K, wide, K, want, N, M, N, K, promote, 13);
