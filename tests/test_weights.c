@@ -225,6 +225,28 @@ static void test_same_bits_as_fp32(void **state)
     td_model_free(m);
 }
 
+/* wmat_rows over fp8 codes in panels of 8 rows (the backend's fallback where the panel kernel
+ * declines) gives the row-major codes' widened rows bit for bit: rows from inside a panel, a last
+ * partial panel, rows of 4,200 codes (past the 4,096-code gather chunk), scale blocks of 16 x 128 */
+static void test_panel_rows_widen_as_rows(void **state)
+{
+    (void)state;
+    const int rows = 21, cols = 4200, sr = 16, sc = 128, nbc = (cols + sc - 1) / sc, nbr = (rows + sr - 1) / sr;
+    uint8_t *codes = malloc((size_t)rows * cols), *pn = malloc((size_t)(rows + 7) / 8 * 8 * cols);
+    float *scale = malloc((size_t)nbr * nbc * sizeof(float)), *a = malloc((size_t)16 * cols * sizeof(float)),
+          *b = malloc((size_t)16 * cols * sizeof(float));
+    for (size_t i = 0; i < (size_t)rows * cols; i++) codes[i] = (uint8_t)((i * 2654435761u) >> 13) & 0xBF;   /* no NaN */
+    for (int i = 0; i < nbr * nbc; i++) scale[i] = 0x1p-8f * (float)(1 + i % 7);
+    td_fp8_codes_to_panels(codes, (size_t)rows, (size_t)cols, pn);
+    td_wmat wr = {.data = codes, .dtype = TD_E4M3, .scale = scale, .sr = sr, .sc = sc, .nbc = nbc};
+    td_wmat wp = wr;
+    wp.data = pn;
+    wp.panels = 1;
+    const float *ra = wmat_rows(&wr, 5, 16, cols, a), *rb = wmat_rows(&wp, 5, 16, cols, b);
+    assert_memory_equal(ra, rb, (size_t)16 * cols * sizeof(float));
+    free(codes); free(pn); free(scale); free(a); free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -232,6 +254,7 @@ int main(void)
         cmocka_unit_test(test_shares_bf16_qwen3_tied),
         cmocka_unit_test(test_f16_under_bf16_copies_2_bytes),
         cmocka_unit_test(test_same_bits_as_fp32),
+        cmocka_unit_test(test_panel_rows_widen_as_rows),
     };
     return cmocka_run_group_tests(tests, test_dir_setup, test_dir_teardown);
 }
