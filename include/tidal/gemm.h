@@ -156,7 +156,7 @@ int td_fp8_codes_have_nan(const uint8_t *codes, size_t n, td_format f);
 /* fp8 codes in k-major panels of 8 rows: panel p holds rows 8p..8p+7, row 8p + i's code k at
  * byte p * 8 * cols + k * 8 + i; a last panel's missing rows are code 0. A decode step's 8
  * columns at k are then 8 contiguous bytes, one decode for 8 outputs' lane (the CPU backend
- * stores an fp8-fast recipe's weights this way where td_gemm_fp8_panels_apply says so).
+ * stores an fp8-fast recipe's weights this way where td_gemm_fp8_panels_preferred says so).
  * td_fp8_codes_to_panels lays out a (rows, cols) matrix of codes (out: (rows + 7) / 8 * 8 * cols
  * bytes); td_fp8_panels_piece copies row r's codes [c0, c0 + n) back out. */
 void td_fp8_codes_to_panels(const uint8_t *codes, size_t rows, size_t cols, uint8_t *out);

@@ -45,11 +45,13 @@ const float *wmat_rows(const td_wmat *w, long r0, long nr, int cols, float *dst)
                 const float *srow = w->scale + (size_t)((r0 + r) / w->sr) * w->nbc;
                 for (int c0 = 0; c0 < cols; c0 += (int)sizeof row) {
                     int len = cols - c0 < (int)sizeof row ? cols - c0 : (int)sizeof row;
-                    td_fp8_panels_piece((const uint8_t *)w->data, (size_t)cols, (size_t)(r0 + r), (size_t)c0, (size_t)len, row);
+                    td_fp8_panels_piece((const uint8_t *)w->data, (size_t)cols, (size_t)(r0 + r), (size_t)c0,
+                                        (size_t)len, row);
                     for (int k = 0; k < len;) {   /* pieces of one scale block */
                         int b = (c0 + k) / w->sc, m = (b + 1) * w->sc - (c0 + k);
                         if (m > len - k) m = len - k;
-                        td_fp8_decode_scaled_row(w->dtype, row + k, srow[b], dst + (size_t)r * cols + c0 + k, (size_t)m);
+                        td_fp8_decode_scaled_row(w->dtype, row + k, srow[b], dst + (size_t)r * cols + c0 + k,
+                                                 (size_t)m);
                         k += m;
                     }
                 }

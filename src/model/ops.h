@@ -136,7 +136,7 @@ struct td_backend {
                                                                      stream, asynchronous) */
     int kv_codes;   /* stores a KV cache as codes of the recipe's kv_cache format (ctx->kv_fmt) */
     int fp8_panels; /* takes an fp8-fast recipe's fp8 weights in k-major panels of 8 rows (td_wmat
-                       panels) where td_gemm_fp8_panels_apply says its kernel runs */
+                       panels) where td_gemm_fp8_panels_preferred says so */
 
     void (*embedding_forward)(const td_ops *ctx, float *out, const int *tokens,
                               const td_wmat *embed, int N, int C);

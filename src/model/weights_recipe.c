@@ -232,7 +232,8 @@ static int fp8_panels_wanted(const prep *P, const td_recipe *r, td_format f, siz
                              size_t cols)
 {
     return P->panels && r->accumulate == TD_ACC_FP8_FAST && rows <= INT_MAX && cols <= INT_MAX && br <= INT_MAX &&
-           bc <= INT_MAX && td_gemm_fp8_panels_preferred(f, (int)br, (int)bc, r->promote_every) && (br % 8 == 0 || br >= rows);
+           bc <= INT_MAX && td_gemm_fp8_panels_preferred(f, (int)br, (int)bc, r->promote_every) &&
+           (br % 8 == 0 || br >= rows);
 }
 
 static int prep_wmat_host(prep *P, const td_recipe *r, td_wmat src, int has_nan, const td_lora_pair *ad,
@@ -273,7 +274,8 @@ static int prep_wmat_host(prep *P, const td_recipe *r, td_wmat src, int has_nan,
         uint8_t *codes = own(P, panels ? (rows + 7) / 8 * 8 * cols : n, f);
         float *scales = codes ? own(P, ns * sizeof(float), f) : NULL;
         uint8_t *rowmajor = panels && scales ? malloc(n) : codes;
-        if (!rowmajor) return scales ? td_fail(P->err, "recipe %s: out of memory for %zu MB of codes", r->name, n >> 20) : -1;
+        if (!rowmajor)
+            return scales ? td_fail(P->err, "recipe %s: out of memory for %zu MB of codes", r->name, n >> 20) : -1;
         td_fp8_quantize(&s, vals, rows, cols, rowmajor, scales);
         /* checked once here: the decode kernel scanned every code for NaNs on every call, a
          * second read of the weights per decode step */
