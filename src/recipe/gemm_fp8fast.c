@@ -77,6 +77,18 @@ static inline int block_end(int s0, int K, int promote)
 
 static inline int next_block(int e, int K, int promote) { return promote > K - e ? K : e + promote; }
 
+/* moves a scale block of K (index kb, ending at kend; sc wide) on to the one holding k without a
+ * division (one per step was most of a decode step's time); 1 when it moved */
+static inline int scale_block_at(int k, int sc, int *kb, int *kend)
+{
+    if (k < *kend) return 0;
+    do {
+        (*kb)++;
+        *kend += sc;
+    } while (k >= *kend);
+    return 1;
+}
+
 /* the end of the step starting at s0 (steps restart at every promotion block) */
 static inline int step_end(int s0, int K, int promote)
 {
@@ -256,10 +268,7 @@ TGT512 static INLINE void tile512(const float *a, int lda, const float *w, int l
             else      step512(acc, a, lda, wc, s0, e - s0, R, 0);
         } else {
             int per_step = cw->sc % STEP == 0 && s0 % STEP == 0;
-            while (s0 >= kend) {   /* no division per step (it was most of a decode step's time) */
-                kb++;
-                kend += cw->sc;
-            }
+            scale_block_at(s0, cw->sc, &kb, &kend);
             if (full && per_step) step512_codes(acc, a, lda, cw, jc, srow, kb, s0, STEP, R, 1, 1, e5m2);
             else                  step512_codes(acc, a, lda, cw, jc, srow, kb, s0, e - s0, R, 0, 0, e5m2);
         }
@@ -503,11 +512,7 @@ TGT static INLINE __m256 decode8(int e5m2, const uint8_t *p, __m256 sc, int m, _
  * columns' factors (e4m3: x 2^120, decode8) refreshed when it changes */
 TGT static INLINE void scale_block2(const wsrc2 *ws, int k, int *kb, int *kend, __m256 sc2[4], int S)
 {
-    if (k < *kend) return;
-    do {
-        (*kb)++;
-        *kend += ws->sc;
-    } while (k >= *kend);
+    if (!scale_block_at(k, ws->sc, kb, kend)) return;
     for (int s = 0; s < S; s++) sc2[s] = _mm256_set1_ps(ws->srow[s][*kb] * (ws->e5m2 ? 1.0f : 0x1p+120f));
 }
 
@@ -696,11 +701,7 @@ TGT static void pack_panel2_pn(const codes_w *cw, int j, int nc, int k0, int kn,
         int kb = k0 / cw->sc, kend = (kb + 1) * cw->sc;
         __m256 f = _mm256_set1_ps(srow[kb] * fac);
         for (int k = 0; k < kn; k++) {
-            if (k0 + k >= kend) {
-                kb++;
-                kend += cw->sc;
-                f = _mm256_set1_ps(srow[kb] * fac);
-            }
+            if (scale_block_at(k0 + k, cw->sc, &kb, &kend)) f = _mm256_set1_ps(srow[kb] * fac);
             __m256 v = cw->e5m2 ? decode8(1, cp + (size_t)(k0 + k) * 8, f, 8, none)
                                 : decode8(0, cp + (size_t)(k0 + k) * 8, f, 8, none);
             _mm256_store_ps(pk + (size_t)k * PW2 + h, v);
@@ -898,13 +899,7 @@ TGT static INLINE void strip_pn(const float *a, int lda, const uint8_t *cp, cons
     __m256 f = _mm256_setzero_ps();
     for (int s0 = 0; s0 < K;) {
         int e = bend - s0 > STEP ? s0 + STEP : bend, close = e == bend;
-        if (s0 >= kend) {   /* the next scale block, without a division (K = 0 reads none) */
-            do {
-                kb++;
-                kend += sc;
-            } while (s0 >= kend);
-            f = _mm256_set1_ps(srow[kb] * fac);
-        }
+        if (scale_block_at(s0, sc, &kb, &kend)) f = _mm256_set1_ps(srow[kb] * fac);   /* K = 0 reads none */
         __m256 sum[4];
         if (e - s0 == STEP) step_pn(sum, a, lda, cp, f, s0, STEP, R, 1, e5m2);
         else                step_pn(sum, a, lda, cp, f, s0, e - s0, R, 0, e5m2);
