@@ -228,7 +228,7 @@ static void widen_codes(td_format wf, const uint8_t *w, const float *scale, int 
 /* td_gemm_fp8_fast_panels (codes in k-major panels of 8 rows) against widening the same rows
  * (td_fp8_decode_scaled_row) and td_gemm_fp8_fast, bit for bit: both formats, random codes
  * (subnormals included), ragged K (a last partial step), N not a multiple of 8 (a partial panel),
- * 1-16 rows (strips of 4 and their tails), 25 and 40 (the packed kernel, its panels decoded from
+ * 1-21 rows (strips of 4 and their tails), 25 and 40 (the packed kernel, its panels decoded from
  * the codes' panels; K 300 two chunks of it), row0 past a panel, scale blocks of 16 and 128 rows,
  * of 32 and 128 columns, promotion every 32, 96, 128 and 65536 products; and what it declines
  * (scale blocks of 8 columns or 12 rows that a panel straddles, row0 not a multiple of 8, a NaN
@@ -238,7 +238,7 @@ static void test_fp8_fast_panels_matches_widened(void **state)
     (void)state;
     td_rng rng;
     td_rng_seed(&rng, 78);
-    const int Ks[] = {64, 100, 300}, Ms[] = {1, 3, 4, 7, 8, 16, 25, 40}, proms[] = {128, 65536, 32, 96};
+    const int Ks[] = {64, 100, 300}, Ms[] = {1, 3, 4, 7, 8, 12, 16, 21, 25, 40}, proms[] = {128, 65536, 32, 96};
     int checked = 0, declined = 0;
     for (int fmt = 0; fmt < 2; fmt++)
         for (size_t ki = 0; ki < 3; ki++)

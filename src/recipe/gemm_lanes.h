@@ -3,8 +3,9 @@
  * sums s0..s7 of one output reduced as ((s0+s4) + (s2+s6)) + ((s1+s5) + (s3+s7)). Internal to
  * src (recipe and backend); x86 only. Also the AVX-512 form of eight such reductions at once
  * (td_lanes_reduce8x8), for the kernels that hold two columns per zmm (gemm_fixed.c,
- * gemm_fp8fast.c), its AVX2 form on 8 or 4 ymms (gemm_fp8fast.c), and the 16 x 16 and 8 x 8
- * register transposes (cpu_backward.c's transposes, gemm_fp8fast.c's packed panels). */
+ * gemm_fp8fast512.c), its AVX2 form on 8 or 4 ymms (gemm_fp8fast.c), and the 16 x 16 and 8 x 8
+ * register transposes (cpu_backward.c's transposes, the fp8-fast packed kernels' panels:
+ * gemm_fp8fast512.c, gemm_fp8packed.c). */
 #ifndef TIDAL_RECIPE_GEMM_LANES_H
 #define TIDAL_RECIPE_GEMM_LANES_H
 
