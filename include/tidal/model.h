@@ -201,6 +201,10 @@ void td_forward_set_temperature(td_forward *f, float T);
  * t = 0 .. lens[s]-1 (the last one predicts past the end). 0, or -1 + err. */
 int td_forward_logprobs(td_forward *f, int nseq, const int *const *tokens, const int *lens,
                         float *const *logp, td_row_fn row_fn, void *user, td_error *err);
+/* on: td_forward_logprobs may call row_fn for several rows at once, from OpenMP threads, in no
+ * fixed order (each row once); for a row_fn whose work and writes are the row's own (tidal-diff's
+ * per-token metrics: a vocabulary-long pass per row, on one core otherwise). Off by default. */
+void td_forward_set_rows_parallel(td_forward *f, int on);
 
 /* ---- per-token metrics on the model's device ----------------------------------------------- */
 

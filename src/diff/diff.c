@@ -73,8 +73,11 @@ static int run_batch(job *J, int64_t batch_no, const size_t *idx, int n, td_erro
             goto done;
         for (int s = 0; s < n; s++)
             for (int pos = b.plen[s]; pos < b.len[s]; pos++) b.have[s][pos] = 1;
-    } else if (td_forward_logprobs(J->fa, n, (const int *const *)b.seq, b.len, NULL, on_row_a, &b, err)) {
-        goto done;
+    } else {
+        /* on_row_a writes only its token's metrics, except where it samples the processed row
+         * into the batch's one buffer (b.proc) */
+        td_forward_set_rows_parallel(J->fa, !b.proc);
+        if (td_forward_logprobs(J->fa, n, (const int *const *)b.seq, b.len, NULL, on_row_a, &b, err)) goto done;
     }
     J->d2h_score += td_device_d2h_bytes() - d2h0;
     collect(J, &b, idx, batch_no);

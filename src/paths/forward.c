@@ -23,6 +23,7 @@ struct td_forward {
     td_recipe_state rs;      // the recipe (default: fp32 reference)
     const td_lora *lora;     // the adapter given with the recipe, and how
     int lora_mode;
+    int rows_parallel;       // row_fn may run on several rows at once (td_forward_set_rows_parallel)
 };
 
 td_forward *td_forward_create(const td_model *m, int max_tokens, int max_seq_len,
@@ -126,6 +127,8 @@ static void run_micro_batch(td_forward *f, int s0, int s1, const int *const *tok
             continue;
         }
         f->ops.be->download(f->logits_host, f->logits, (size_t)R * V * sizeof(float));
+        /* each row's writes are its own (logp[s][t], and row_fn's where the caller said so) */
+        #pragma omp parallel for schedule(dynamic, 1) if (row_fn && f->rows_parallel && R > 1)
         for (int r = 0; r < R; r++) {
             int s = f->row_seq[r0 + r], t = f->pos[r0 + r];
             const float *row = f->logits_host + (size_t)r * V;
@@ -308,6 +311,8 @@ int td_forward_set_recipe(td_forward *f, const td_recipe *r, td_error *err)
 {
     return td_forward_set_recipe_lora(f, r, NULL, 0, err);
 }
+
+void td_forward_set_rows_parallel(td_forward *f, int on) { f->rows_parallel = on != 0; }
 
 void td_forward_set_temperature(td_forward *f, float T)
 {
