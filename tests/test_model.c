@@ -258,6 +258,56 @@ static void test_paths_agree_random(void **st)
     td_model_free(m);
 }
 
+/* td_forward_set_rows_parallel: row_fn called from OpenMP threads gets every row exactly once, with
+ * the same floats as the serial calls (and logp the same), over three micro-batches */
+typedef struct {
+    row_sink rows;
+    int *hits;   /* (nseq, maxT): calls per row, each slot written by its own row only */
+} counted_sink;
+
+static void counted_row(void *user, int seq, int pos, const float *row)
+{
+    counted_sink *c = user;
+    memcpy(sink_at(&c->rows, seq, pos), row, (size_t)c->rows.V * sizeof(float));
+    c->hits[seq * c->rows.maxT + pos]++;
+}
+
+static void test_rows_parallel(void **st)
+{
+    (void)st;
+    td_model *m = random_model(7);
+    int V = m->cfg.vocab_size, nseq = 5, lens[] = {1, 40, 17, 64, 9}, maxT = 64;
+    int *tokens[5];
+    float *logp[2][5];
+    td_rng r;
+    td_rng_seed(&r, 12);
+    for (int s = 0; s < nseq; s++) {
+        tokens[s] = malloc(lens[s] * sizeof(int));
+        for (int t = 0; t < lens[s]; t++) tokens[s][t] = (int)td_rng_below(&r, V);
+        for (int k = 0; k < 2; k++) logp[k][s] = calloc((size_t)lens[s], sizeof(float));
+    }
+    td_error err;
+    counted_sink c[2];
+    td_forward *f = td_forward_create(m, 80, maxT, 0, &err);
+    assert_non_null(f);
+    for (int k = 0; k < 2; k++) {
+        c[k] = (counted_sink){{V, maxT, calloc((size_t)nseq * maxT * V, sizeof(float)), 0},
+                              calloc((size_t)nseq * maxT, sizeof(int))};
+        td_forward_set_rows_parallel(f, k);
+        assert_int_equal(td_forward_logprobs(f, nseq, (const int *const *)tokens, lens, logp[k], counted_row,
+                                             &c[k], &err), 0);
+    }
+    for (int s = 0; s < nseq; s++) {
+        for (int t = 0; t < maxT; t++) assert_int_equal(c[1].hits[s * maxT + t], t < lens[s]);
+        assert_memory_equal(sink_at(&c[0].rows, s, 0), sink_at(&c[1].rows, s, 0), (size_t)lens[s] * V * sizeof(float));
+        assert_memory_equal(logp[0][s], logp[1][s], (size_t)lens[s] * sizeof(float));
+    }
+    for (int s = 0; s < nseq; s++) { free(tokens[s]); free(logp[0][s]); free(logp[1][s]); }
+    for (int k = 0; k < 2; k++) { free(c[k].rows.rows); free(c[k].hits); }
+    td_forward_free(f);
+    td_model_free(m);
+}
+
 static void test_bad_input(void **st)
 {
     (void)st;
@@ -299,6 +349,7 @@ int main(void)
         cmocka_unit_test(test_golden_qwen2),
         cmocka_unit_test(test_golden_qwen3),
         cmocka_unit_test(test_paths_agree_random),
+        cmocka_unit_test(test_rows_parallel),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
