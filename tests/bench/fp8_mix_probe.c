@@ -61,17 +61,17 @@ TGT static float fma_reg(int n)
     SUM;
 }
 
-TGT static float fma_bcast(int n)
-{
-    ACC;
-    __m256 w = _mm256_set1_ps(1.0001f);
-    for (int it = 0; it < n; it++)
-        for (int k = 0; k < 1024; k++) {
-            F(BC(0), w, a0); F(BC(1), w, a1); F(BC(2), w, a2); F(BC(3), w, a3);
-            F(BC(4), w, a4); F(BC(5), w, a5); F(BC(6), w, a6); F(BC(7), w, a7);
-        }
-    SUM;
-}
+/* 8 FMAs a k, each with its own operand X(i): a broadcast (BC) or a 256-bit load (BM) */
+#define FMA_EACH(X)                                                                                \
+    ACC;                                                                                           \
+    __m256 w = _mm256_set1_ps(1.0001f);                                                            \
+    for (int it = 0; it < n; it++)                                                                 \
+        for (int k = 0; k < 1024; k++) {                                                           \
+            F(X(0), w, a0); F(X(1), w, a1); F(X(2), w, a2); F(X(3), w, a3);                        \
+            F(X(4), w, a4); F(X(5), w, a5); F(X(6), w, a6); F(X(7), w, a7);                        \
+        }                                                                                          \
+    SUM
+TGT static float fma_bcast(int n) { FMA_EACH(BC); }
 
 TGT static float fma_bcast2(int n)
 {
@@ -85,17 +85,7 @@ TGT static float fma_bcast2(int n)
     SUM;
 }
 
-TGT static float fma_mem(int n)
-{
-    ACC;
-    __m256 w = _mm256_set1_ps(1.0001f);
-    for (int it = 0; it < n; it++)
-        for (int k = 0; k < 1024; k++) {
-            F(BM(0), w, a0); F(BM(1), w, a1); F(BM(2), w, a2); F(BM(3), w, a3);
-            F(BM(4), w, a4); F(BM(5), w, a5); F(BM(6), w, a6); F(BM(7), w, a7);
-        }
-    SUM;
-}
+TGT static float fma_mem(int n) { FMA_EACH(BM); }
 
 /* 8 decodes a k: "FMAs" here are decodes */
 #define DECODES(dec)                                                                               \
@@ -113,18 +103,19 @@ TGT static float fma_mem(int n)
 TGT static float decode_shuf(int n) { DECODES(dec_shuf); }
 TGT static float decode_sx(int n) { DECODES(dec_sx); }
 
-/* the panel kernel's k step: 4 rows x 1 panel, two lanes (8 FMAs per 2 k) */
-TGT static float step4x1(int n)
-{
-    ACC;
-    __m256 f = _mm256_set1_ps(0x1p120f), w;
-    for (int it = 0; it < n; it++)
-        for (int k = 0; k < 1024; k++) {
-            w = dec_shuf(C + 8 * k, f); F(BC(0), w, a0); F(BC(1), w, a1); F(BC(2), w, a2); F(BC(3), w, a3);
-            w = dec_shuf(C + 8 * k + 8, f); F(BC(4), w, a4); F(BC(5), w, a5); F(BC(6), w, a6); F(BC(7), w, a7);
-        }
-    SUM;
-}
+/* the panel kernel's k step: 4 rows x 1 panel, two lanes (8 FMAs per 2 k); the rows' values X(i):
+ * broadcasts (BC, the kernel's), or 256-bit loads from a pre-broadcast buffer (BM) */
+#define STEP4X1(X)                                                                                 \
+    ACC;                                                                                           \
+    __m256 f = _mm256_set1_ps(0x1p120f), w;                                                        \
+    for (int it = 0; it < n; it++)                                                                 \
+        for (int k = 0; k < 1024; k++) {                                                           \
+            w = dec_shuf(C + 8 * k, f); F(X(0), w, a0); F(X(1), w, a1); F(X(2), w, a2); F(X(3), w, a3); \
+            w = dec_shuf(C + 8 * k + 8, f); F(X(4), w, a4); F(X(5), w, a5); F(X(6), w, a6); F(X(7), w, a7); \
+        }                                                                                          \
+    SUM
+TGT static float step4x1(int n) { STEP4X1(BC); }
+TGT static float step4x1_mem(int n) { STEP4X1(BM); }
 
 /* 8 rows x 1 panel, one lane (8 FMAs per k) */
 TGT static float step8x1(int n)
@@ -150,19 +141,6 @@ TGT static float step4x2(int n)
             __m256 w = dec_shuf(C + 8 * k, f), v = dec_shuf(C + 8 * k + 32768, g);
             b = BC(0); F(b, w, a0); F(b, v, a1); b = BC(1); F(b, w, a2); F(b, v, a3);
             b = BC(2); F(b, w, a4); F(b, v, a5); b = BC(3); F(b, w, a6); F(b, v, a7);
-        }
-    SUM;
-}
-
-/* 4 rows x 1 panel with FMA memory operands from a pre-broadcast buffer instead of broadcasts */
-TGT static float step4x1_mem(int n)
-{
-    ACC;
-    __m256 f = _mm256_set1_ps(0x1p120f), w;
-    for (int it = 0; it < n; it++)
-        for (int k = 0; k < 1024; k++) {
-            w = dec_shuf(C + 8 * k, f); F(BM(0), w, a0); F(BM(1), w, a1); F(BM(2), w, a2); F(BM(3), w, a3);
-            w = dec_shuf(C + 8 * k + 8, f); F(BM(4), w, a4); F(BM(5), w, a5); F(BM(6), w, a6); F(BM(7), w, a7);
         }
     SUM;
 }
