@@ -96,6 +96,7 @@ static inline int scales_fit(const float *scale, int row0, int N, int sr, int nb
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define TGT512 __attribute__((target("avx2,fma,f16c,avx512f,avx512dq,avx512vl,avx512bw")))
 #define INLINE inline __attribute__((always_inline))
+
 /* fp8 codes with their block scales, as the codes kernels read them: N rows of stride ldw from row
  * row0 of the matrix (panels: the panel holding row0), scale blocks of sr rows x sc columns, nbc
  * blocks a row of blocks */
@@ -104,6 +105,7 @@ typedef struct {
     const float *scale;
     int ldw, row0, sr, sc, nbc, e5m2;
 } codes_w;
+
 /* 8 codes at p (m of them; lanes past m zero) as fp32 and multiplied by sc: td_fp8_decode_scaled_row's
  * value. e4m3: each code shuffled into the top byte of its lane, shifted down 4 arithmetically (the
  * sign stays in bit 31; its copies in bits 27-30 masked off) gives fp32's sign, exponent and
