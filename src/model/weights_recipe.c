@@ -226,7 +226,7 @@ static int prep_embed(prep *P, const td_recipe *r, td_wmat src, int has_nan, siz
 /* 1 when an fp8 matrix goes into panels of 8 rows (td_fp8_codes_to_panels): the backend takes
  * them (the CPU's), the recipe accumulates fp8-fast, the panel kernel runs here for its block
  * shape (every panel inside one row block of scales), and the CPU has no AVX-512 codes kernel
- * (there the row-major kernels were measured and stay: gemm_fp8panels.c). On one Zen 3 core the panel
+ * (there the row-major kernels were measured and stay: gemm_fp8fast512.c). On one Zen 3 core the panel
  * kernel ran 1.41-1.65x the row kernel on 1-8 rows. */
 static int fp8_panels_wanted(const prep *P, const td_recipe *r, td_format f, size_t br, size_t bc, size_t rows,
                              size_t cols)

@@ -111,8 +111,8 @@ typedef struct {
  * sign stays in bit 31; its copies in bits 27-30 masked off) gives fp32's sign, exponent and
  * mantissa fields, the value x 2^-120 exactly (a subnormal code a subnormal fp32: no DAZ here),
  * and sc is 2^120 x the block scale (exact: the caller keeps scales <= 2^7), so the one rounding
- * is that of value x scale. No lane crossing: on Zen 3 F16C's conversion and vpmovsx into a ymm
- * run one per cycle on one pipe, shuffles within lanes two. e5m2: the code is fp16's top byte,
+ * is that of value x scale. (The sign-extend form, vpmovsxbd and a shift, measured the same on
+ * Zen 3: tests/bench/fp8_mix_probe.c; a decode costs about 2 cycles either way.) e5m2: the code is fp16's top byte,
  * widened by F16C (its infinities stay infinite), sc the block scale. */
 TGT static INLINE __m256 decode8(int e5m2, const uint8_t *p, __m256 sc, int m, __m256i mask)
 {

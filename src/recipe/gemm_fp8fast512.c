@@ -202,11 +202,12 @@ TGT512 void td_fp8fast_gemm512_codes(const float *a, int lda, const codes_w *cw,
 /* ---- larger M: w packed into panels of 16 columns, k-major (pk[k][16], the panel's columns
  * side by side), so that one zmm of lane l's sums holds 16 columns of one row: lane l of a step
  * is its own accumulator (acc[r][l]), each product an FMA of a row's value at k (broadcast from
- * memory) and the panel's 16 weights at k, and a step ends in vertical adds in the order of the
- * reduction above: ((s0+s4) + (s2+s6)) + ((s1+s5) + (s3+s7)), no shuffles. A lane's products are
- * the same fmaf chain in the same k order as the kernels above; a product past n (fma(0, 0, s) in
- * the model) is left out, which is the same: s starts at +0 and a sum of fmas from +0 is never -0,
- * so s + 0 = s, NaN and infinities included. Columns past nc are packed as zeros and not stored.
+ * memory) and the panel's 16 weights at k, and a step ends in vertical adds in the order's
+ * reduction (gemm_fp8fast.c): ((s0+s4) + (s2+s6)) + ((s1+s5) + (s3+s7)), no shuffles. A lane's
+ * products are the same fmaf chain in the same k order as the in-place kernels'; a product past n
+ * (fma(0, 0, s) in the model) is left out, which is the same: s starts at +0 and a sum of fmas
+ * from +0 is never -0, so s + 0 = s, NaN and infinities included. Columns past nc are packed as
+ * zeros and not stored.
  * K is walked in chunks of at most KC products that end where steps end; a chunk of the panel is
  * packed once (16 x 16 register transposes) for a group of up to GROUP rows, whose block partials
  * wait in `part` between chunks and whose totals in c. */

@@ -12,7 +12,7 @@
  * FMAs, bound the row tile). Strips of up to 4 rows x one panel; a step in two halves of two
  * phases each in the reduction's order (lanes 0 and 4, then 2 and 6: a0; 1 and 5, then 3 and 7:
  * a1), a0 waiting in memory while the second half holds the registers. Each lane's products are
- * the same fmaf chain in the same k order as the kernels above, a product past n left out. The
+ * the same fmaf chain in the same k order as the other kernels', a product past n left out. The
  * step's 32 k lie in one scale block (the caller: sc and promote multiples of 32), so the factor
  * is one per panel and step. */
 TGT static INLINE void lanes_pn(__m256 q[4], const float *a, int lda, const uint8_t *cp, __m256 f, int s0,
