@@ -104,10 +104,10 @@ void td_decode_row(td_format f, const void *codes, float *y, size_t n);
  * y[i] = decode(encode(x[i])). The workhorse of emulated precision. */
 void td_round_row(td_format f, const float *x, float *y, size_t n, td_saturation sat);
 
-/* y[i] = expf(x[i]): the C library's expf, its bits, 16 lanes at a time where a vector form of
- * glibc's algorithm agrees with it on this machine (src/numerics/expf_row.c, checked once;
- * td_expf_row_vector says whether), else element by element (td_expf_row_scalar). In place is
- * fine. */
+/* y[i] = expf(x[i]): the C library's expf, its bits, 8 (AVX2) or 16 (AVX-512) lanes at a time
+ * where a vector form of glibc's algorithm agrees with it on this machine (src/numerics/expf_row.c,
+ * checked once; td_expf_row_vector says whether), else element by element (td_expf_row_scalar).
+ * In place is fine. */
 void td_expf_row(const float *x, float *y, size_t n);
 void td_expf_row_scalar(const float *x, float *y, size_t n);
 int  td_expf_row_vector(void);
