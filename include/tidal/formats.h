@@ -112,6 +112,16 @@ void td_expf_row(const float *x, float *y, size_t n);
 void td_expf_row_scalar(const float *x, float *y, size_t n);
 int  td_expf_row_vector(void);
 
+/* y[i] = exp(x[i]) in double: the C library's exp, its bits, 4 lanes at a time (AVX2 + FMA)
+ * where a vector form of glibc's algorithm agrees with it on this machine (src/numerics/exp_row.c,
+ * checked once; td_exp_row_vector says whether), else element by element. In place is fine. */
+void td_exp_row(const double *x, double *y, size_t n);
+void td_exp_row_scalar(const double *x, double *y, size_t n);
+int  td_exp_row_vector(void);
+
+/* the block of a vocabulary row the callers of td_exp_row take at a time (on the stack) */
+enum { TD_EXP_ROW_BLOCK = 256 };
+
 /* The index of x's first largest element, as the scan `best = 0; for v: if (x[v] > x[best])
  * best = v` gives it (a NaN in x[0]: 0; other NaNs never; ties: the first); 0 for n = 0.
  * AVX-512 where the CPU has it (src/numerics/argmax.c), the scan itself otherwise. */

@@ -1,6 +1,7 @@
 /* Per-token divergence metrics (definitions in include/tidal/metrics.h). */
 #include "tidal/metrics.h"
 #include "tidal/logprob.h"
+#include "tidal/formats.h"
 
 #include <math.h>
 
@@ -24,9 +25,19 @@ void td_token_metrics_compute(const float *la, const float *lb, int V, int y, td
     int top_a = 0, top_b = 0, rank_a = 1, rank_b = 1;
     const float ya = la[y], yb = lb[y];
     const double za = td_log_sum_exp(la, V), zb = td_log_sum_exp(lb, V);
+    double ea[TD_EXP_ROW_BLOCK], eb[TD_EXP_ROW_BLOCK];   /* a block's p_a, p_b: exp's bits (td_exp_row) */
     for (int v = 0; v < V; v++) {
         double a = la[v] - za, b = lb[v] - zb;
-        double pa = exp(a), pb = exp(b);
+        if (v % TD_EXP_ROW_BLOCK == 0) {
+            int n = V - v < TD_EXP_ROW_BLOCK ? V - v : TD_EXP_ROW_BLOCK;
+            for (int i = 0; i < n; i++) {
+                ea[i] = la[v + i] - za;
+                eb[i] = lb[v + i] - zb;
+            }
+            td_exp_row(ea, ea, (size_t)n);
+            td_exp_row(eb, eb, (size_t)n);
+        }
+        double pa = ea[v % TD_EXP_ROW_BLOCK], pb = eb[v % TD_EXP_ROW_BLOCK];
         /* p log p -> 0 as p -> 0: a row entry of -inf contributes nothing */
         kl_ba += pb > 0 ? pb * td_k3(a, b) : pa;
         kl_ab += pa > 0 ? pa * td_k3(b, a) : pb;
@@ -56,8 +67,14 @@ void td_token_metrics_replay(const float *la, int V, int y, double logp_b, td_to
 {
     double ha = 0;
     int top_a = 0, rank_a = 1;
+    double ea[TD_EXP_ROW_BLOCK];
     for (int v = 0; v < V; v++) {
-        double pa = exp((double)la[v]);
+        if (v % TD_EXP_ROW_BLOCK == 0) {
+            int n = V - v < TD_EXP_ROW_BLOCK ? V - v : TD_EXP_ROW_BLOCK;
+            for (int i = 0; i < n; i++) ea[i] = la[v + i];
+            td_exp_row(ea, ea, (size_t)n);
+        }
+        double pa = ea[v % TD_EXP_ROW_BLOCK];
         if (pa > 0) ha -= pa * la[v];
         if (la[v] > la[top_a]) top_a = v;
         rank_a += la[v] > la[y];

@@ -1,15 +1,23 @@
 /* Log-softmax of one row (include/tidal/logprob.h). */
 #include "tidal/logprob.h"
+#include "tidal/formats.h"
 
 #include <math.h>
 
+/* the e^(x - max) are taken a block at a time by td_exp_row (exp's bits, four at a time) and
+ * summed in index order, as one loop of exp() would */
 double td_log_sum_exp(const float *row, int V)
 {
     float mx = -INFINITY;
     for (int v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
     if (mx == -INFINITY) return 0;
-    double sum = 0;
-    for (int v = 0; v < V; v++) sum += exp((double)row[v] - mx);
+    double sum = 0, e[TD_EXP_ROW_BLOCK];
+    for (int v0 = 0; v0 < V; v0 += TD_EXP_ROW_BLOCK) {
+        int n = V - v0 < TD_EXP_ROW_BLOCK ? V - v0 : TD_EXP_ROW_BLOCK;
+        for (int i = 0; i < n; i++) e[i] = (double)row[v0 + i] - mx;
+        td_exp_row(e, e, (size_t)n);
+        for (int i = 0; i < n; i++) sum += e[i];
+    }
     return mx + log(sum);
 }
 

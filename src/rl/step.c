@@ -4,6 +4,7 @@
 #include "tidal/analysis.h"
 #include "tidal/checkpoint.h"
 #include "tidal/logprob.h"
+#include "tidal/formats.h"
 #include "tidal/memplan.h"
 #include "tidal/metrics.h"
 #include "tidal/sft.h"
@@ -60,10 +61,13 @@ static void on_old_row(void *user, int seq, int pos, const float *row)
 {
     rl_run *R = user;
     if (pos + 1 < R->plen[seq] || pos + 1 >= R->len[seq]) return;
-    double h = 0.0;
-    for (int v = 0; v < R->V; v++) {
-        double p = exp((double)row[v]);
-        if (p > 0) h -= p * row[v];
+    double h = 0.0, e[TD_EXP_ROW_BLOCK];
+    for (int v0 = 0; v0 < R->V; v0 += TD_EXP_ROW_BLOCK) {   /* exp's bits, a block at a time */
+        int n = R->V - v0 < TD_EXP_ROW_BLOCK ? R->V - v0 : TD_EXP_ROW_BLOCK;
+        for (int i = 0; i < n; i++) e[i] = row[v0 + i];
+        td_exp_row(e, e, (size_t)n);
+        for (int i = 0; i < n; i++)
+            if (e[i] > 0) h -= e[i] * row[v0 + i];
     }
     R->entropy_sum += h;
     R->entropy_n += 1;

@@ -1,0 +1,166 @@
+/* tidal — exp (double) over a row with the C library's own bits, four at a time.
+ *
+ * The log-softmax of a vocabulary row (td_log_sum_exp) and the per-token metrics take e^x in
+ * double for every entry of the row: six calls of exp or expm1 per entry per scored token, 9.5 %
+ * of an fp8 tidal-diff (perf). The row's floats must stay the C library's, so this is glibc's
+ * algorithm (2.28 and later, here 2.36) step for step, as its x86 FMA variant runs it
+ * (__ieee754_exp_fma, read from the disassembly): for |x| in [2^-54, 512)
+ *   kd = fma(x, 128/ln2, 0x1.8p52)    k = round(128 x / ln2) in kd's low bits; kd -= 0x1.8p52
+ *   r  = fma(kd, -ln2/128 lo, fma(kd, -ln2/128 hi, x))
+ *   tail, sbits = T[2 (k mod 128)], T[2 (k mod 128) + 1] + (k << 45);  scale = double(sbits)
+ *   tmp = fma(r^2 r^2, fma(r, C5, C4), fma(fma(r, C3, C2), r^2, r + tail))
+ *   y = fma(scale, tmp, scale)
+ * with the constants and table of glibc's __exp_data (exp_tab.h). The other lanes (tiny |x|, 0,
+ * |x| >= 512, Inf, NaN) take the scalar exp. As for td_expf_row, a C library that computes
+ * otherwise (another version, no FMA) is caught by a check against exp on 2^18 inputs at first
+ * use, and then the scalar loop runs (td_exp_row_vector says which); tests/test_formats.c
+ * compares the two on 2^26 patterns over every exponent. */
+#include "tidal/formats.h"
+#include "tidal/isa.h"
+#include "exp_tab.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+void td_exp_row_scalar(const double *x, double *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = exp(x[i]);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define TD_HAVE_EXP_VEC 1
+#define TGT __attribute__((target("avx2,fma")))
+
+static const uint64_t exp_tab[256] = TD_EXP_TAB_INIT;
+
+static inline double bits_d(uint64_t u)
+{
+    double d;
+    memcpy(&d, &u, 8);
+    return d;
+}
+
+/* glibc's __exp_data constants */
+#define EXP_INVLN2N 0x40671547652b82fe   /* 128 / ln 2 */
+#define EXP_NEGLN2HI 0xbf762e42fefa0000
+#define EXP_NEGLN2LO 0xbd0cf79abc9e3b3a
+#define EXP_C2 0x3fdffffffffffdbd
+#define EXP_C3 0x3fc555555555543c
+#define EXP_C4 0x3fa55555cf172b91
+#define EXP_C5 0x3f81111167a4d017
+#define EXP_SHIFT 0x4338000000000000     /* 0x1.8p52 */
+/* glibc's main range: top12(|x|) - top12(0x1p-54) below top12(512) - top12(0x1p-54), unsigned */
+#define EXP_TOP_LO 0x3c9
+#define EXP_TOP_SPAN 0x3f
+
+/* four lanes of the main range */
+TGT static inline __m256d exp4(__m256d x)
+{
+    const __m256d shift = _mm256_set1_pd(bits_d(EXP_SHIFT));
+    __m256d kd = _mm256_fmadd_pd(x, _mm256_set1_pd(bits_d(EXP_INVLN2N)), shift);
+    __m256i ki = _mm256_castpd_si256(kd);
+    kd = _mm256_sub_pd(kd, shift);
+    __m256d r = _mm256_fmadd_pd(kd, _mm256_set1_pd(bits_d(EXP_NEGLN2HI)), x);
+    r = _mm256_fmadd_pd(kd, _mm256_set1_pd(bits_d(EXP_NEGLN2LO)), r);
+    __m256i idx = _mm256_slli_epi64(_mm256_and_si256(ki, _mm256_set1_epi64x(127)), 1);
+    const long long *tab = (const long long *)exp_tab;
+    __m256d tail = _mm256_castsi256_pd(_mm256_i64gather_epi64(tab, idx, 8));
+    __m256i sbits = _mm256_add_epi64(_mm256_i64gather_epi64(tab + 1, idx, 8), _mm256_slli_epi64(ki, 45));
+    __m256d p23 = _mm256_fmadd_pd(r, _mm256_set1_pd(bits_d(EXP_C3)), _mm256_set1_pd(bits_d(EXP_C2)));
+    __m256d rt = _mm256_add_pd(r, tail), r2 = _mm256_mul_pd(r, r);
+    __m256d p45 = _mm256_fmadd_pd(r, _mm256_set1_pd(bits_d(EXP_C5)), _mm256_set1_pd(bits_d(EXP_C4)));
+    __m256d tmp = _mm256_fmadd_pd(p23, r2, rt);
+    tmp = _mm256_fmadd_pd(_mm256_mul_pd(r2, r2), p45, tmp);
+    __m256d scale = _mm256_castsi256_pd(sbits);
+    return _mm256_fmadd_pd(scale, tmp, scale);
+}
+
+/* four at a time; a row's last 1-3 through a padded copy */
+TGT static void exp_row_avx2(const double *x, double *y, size_t n)
+{
+    const __m256i topmask = _mm256_set1_epi64x(0x7ff), lo = _mm256_set1_epi64x(EXP_TOP_LO);
+    const __m256i span = _mm256_set1_epi64x(EXP_TOP_SPAN - 1), flip = _mm256_set1_epi64x(INT64_MIN);
+    for (size_t i = 0; i < n; i += 4) {
+        size_t m = n - i < 4 ? n - i : 4;
+        double xs[4] = {1, 1, 1, 1}, out[4];
+        __m256d v;
+        if (m == 4) {
+            v = _mm256_loadu_pd(x + i);
+        } else {
+            memcpy(xs, x + i, m * sizeof(double));
+            v = _mm256_loadu_pd(xs);
+        }
+        /* lanes outside the main range: top - lo > span - 1, unsigned (a signed compare of both
+         * sides with the sign bit flipped) */
+        __m256i top = _mm256_and_si256(_mm256_srli_epi64(_mm256_castpd_si256(v), 52), topmask);
+        __m256i off = _mm256_xor_si256(_mm256_sub_epi64(top, lo), flip);
+        unsigned special = (unsigned)_mm256_movemask_pd(
+            _mm256_castsi256_pd(_mm256_cmpgt_epi64(off, _mm256_xor_si256(span, flip))));
+        __m256d e = exp4(v);
+        if (special) _mm256_storeu_pd(xs, v);   /* kept before y (possibly x itself) is written */
+        if (m == 4) {
+            _mm256_storeu_pd(y + i, e);
+        } else {
+            _mm256_storeu_pd(out, e);
+            memcpy(y + i, out, m * sizeof(double));
+        }
+        for (special &= (1u << m) - 1; special; special &= special - 1) {
+            int k = __builtin_ctz(special);
+            y[i + (size_t)k] = exp(xs[k]);
+        }
+    }
+}
+#endif
+
+static int vec_ok;
+static pthread_once_t vec_once = PTHREAD_ONCE_INIT;
+
+/* 2^18 inputs: patterns at a stride over all 2^64 (both signs, every exponent), values in the
+ * range a log-softmax row takes, and the edges of the main range */
+static void vec_check(void)
+{
+#ifdef TD_HAVE_EXP_VEC
+    if (td_isa_level() < TD_ISA_AVX2) return;
+    enum { NCHK = 1 << 18 };
+    double *in = malloc(3 * (size_t)NCHK * sizeof(double)), *a = in + NCHK, *b = a + NCHK;
+    if (!in) return;
+    for (uint32_t i = 0; i < NCHK; i++) {
+        if (i % 2) {
+            uint64_t u = (uint64_t)i * 0x9E3779B97F4A7C15ull;   /* odd multiplier: every bit varies */
+            memcpy(&in[i], &u, 8);
+        } else {
+            in[i] = -120.0 * i / NCHK;
+        }
+    }
+    static const double edge[] = {512.0, -512.0, 0x1.fffffffffffffp8, -0x1.fffffffffffffp8, 0x1p-54,
+                                  -0x1p-54, 0x1.fffffffffffffp-55, 0.0, -0.0, 709.78, -708.4, -745.2};
+    for (size_t e = 0; e < sizeof edge / sizeof *edge; e++) in[e] = edge[e];
+    td_exp_row_scalar(in, a, NCHK);
+    exp_row_avx2(in, b, NCHK);
+    int same = 1;
+    for (uint32_t i = 0; i < NCHK && same; i++) same = !memcmp(&a[i], &b[i], 8) || (isnan(a[i]) && isnan(b[i]));
+    free(in);
+    vec_ok = same;
+#endif
+}
+
+int td_exp_row_vector(void)
+{
+    pthread_once(&vec_once, vec_check);
+    return vec_ok;
+}
+
+void td_exp_row(const double *x, double *y, size_t n)
+{
+#ifdef TD_HAVE_EXP_VEC
+    if (n >= 4 && td_exp_row_vector()) {
+        exp_row_avx2(x, y, n);
+        return;
+    }
+#endif
+    td_exp_row_scalar(x, y, n);
+}
