@@ -66,10 +66,17 @@ TGT static inline __m256d exp4(__m256d x)
     kd = _mm256_sub_pd(kd, shift);
     __m256d r = _mm256_fmadd_pd(kd, _mm256_set1_pd(bits_d(EXP_NEGLN2HI)), x);
     r = _mm256_fmadd_pd(kd, _mm256_set1_pd(bits_d(EXP_NEGLN2LO)), r);
-    __m256i idx = _mm256_slli_epi64(_mm256_and_si256(ki, _mm256_set1_epi64x(127)), 1);
-    const long long *tab = (const long long *)exp_tab;
-    __m256d tail = _mm256_castsi256_pd(_mm256_i64gather_epi64(tab, idx, 8));
-    __m256i sbits = _mm256_add_epi64(_mm256_i64gather_epi64(tab + 1, idx, 8), _mm256_slli_epi64(ki, 45));
+    /* lane l's pair (tail, scale bits) at T[2 (k_l mod 128)]: four 16-byte loads, lanes 0 and 2
+     * and lanes 1 and 3 side by side, then the tails and the scales unpacked (faster than two
+     * gathers on Zen 3) */
+    int64_t at[4];
+    _mm256_storeu_si256((__m256i *)at, _mm256_and_si256(ki, _mm256_set1_epi64x(127)));
+    __m256i p02 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(exp_tab + 2 * at[0]))),
+                                          _mm_loadu_si128((const __m128i *)(exp_tab + 2 * at[2])), 1);
+    __m256i p13 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(exp_tab + 2 * at[1]))),
+                                          _mm_loadu_si128((const __m128i *)(exp_tab + 2 * at[3])), 1);
+    __m256d tail = _mm256_castsi256_pd(_mm256_unpacklo_epi64(p02, p13));
+    __m256i sbits = _mm256_add_epi64(_mm256_unpackhi_epi64(p02, p13), _mm256_slli_epi64(ki, 45));
     __m256d p23 = _mm256_fmadd_pd(r, _mm256_set1_pd(bits_d(EXP_C3)), _mm256_set1_pd(bits_d(EXP_C2)));
     __m256d rt = _mm256_add_pd(r, tail), r2 = _mm256_mul_pd(r, r);
     __m256d p45 = _mm256_fmadd_pd(r, _mm256_set1_pd(bits_d(EXP_C5)), _mm256_set1_pd(bits_d(EXP_C4)));
