@@ -290,42 +290,50 @@ static void test_expf_row_vs_libm(void **state)
     assert_int_equal(bad, 0);
 }
 
-/* td_exp_row against the C library's exp, bit for bit (NaN as NaN), in place, on 2^26 patterns:
- * a stride over all 2^64 (every exponent, both signs), the range log-softmax rows take (x in
- * [-200, 0] at steps of 2^-17, with low bits varied), and rows of every length 0-9 */
+/* td_exp_row and td_expm1_row against the C library's exp and expm1, bit for bit (NaN as NaN), in
+ * place, on 2^26 patterns each: a stride over all 2^64 (every exponent, both signs), the range
+ * log-softmax rows take (x in [-256, 0] at steps of 2^-17, low bits varied), expm1's unreduced
+ * range (|x| <= 0.4: the metrics' log-prob differences), and rows of every length 0-9 */
 static void test_exp_row_vs_libm(void **state)
 {
     (void)state;
     enum { B = 1 << 20 };
     double *x = malloc(B * sizeof(double)), *a = malloc(B * sizeof(double)), *b = malloc(B * sizeof(double));
     uint64_t checked = 0, bad = 0;
-    for (int chunk = 0; chunk < 64; chunk++) {
-        size_t n = B - (size_t)chunk % 5;
-        for (size_t i = 0; i < n; i++) {
-            uint64_t k = (uint64_t)chunk * B + i;
-            if (chunk % 2) {
-                uint64_t u = k * 0x9E3779B97F4A7C15ull;
-                memcpy(&x[i], &u, 8);
-            } else {
-                x[i] = -(double)(k / 2) * 0x1p-17 - (double)(k % 7) * 0x1p-40;
+    for (int f = 0; f < 2; f++) {
+        void (*row)(const double *, double *, size_t) = f ? td_expm1_row : td_exp_row;
+        void (*ref)(const double *, double *, size_t) = f ? td_expm1_row_scalar : td_exp_row_scalar;
+        for (int chunk = 0; chunk < 64; chunk++) {
+            size_t n = B - (size_t)chunk % 5;
+            for (size_t i = 0; i < n; i++) {
+                uint64_t k = (uint64_t)chunk * B + i;
+                if (chunk % 2) {
+                    uint64_t u = k * 0x9E3779B97F4A7C15ull;
+                    memcpy(&x[i], &u, 8);
+                } else if (chunk % 4 == 0) {
+                    x[i] = -(double)(k / 2) * 0x1p-17 - (double)(k % 7) * 0x1p-40;
+                } else {
+                    x[i] = ((double)k * 0x1p-26 - 0.5) * 0.8 + (double)(k % 11) * 0x1p-50;
+                }
             }
+            ref(x, a, n);
+            memcpy(b, x, n * sizeof(double));
+            row(b, b, n);
+            for (size_t i = 0; i < n; i++)
+                if (memcmp(&a[i], &b[i], 8) && !(isnan(a[i]) && isnan(b[i])))
+                    if (bad++ < 5) print_error("%s(%a): libm %a, tidal %a\n", f ? "expm1" : "exp", x[i], a[i], b[i]);
+            checked += n;
         }
-        td_exp_row_scalar(x, a, n);
-        memcpy(b, x, n * sizeof(double));
-        td_exp_row(b, b, n);
-        for (size_t i = 0; i < n; i++)
-            if (memcmp(&a[i], &b[i], 8) && !(isnan(a[i]) && isnan(b[i])))
-                if (bad++ < 5) print_error("exp(%a): libm %a, td_exp_row %a\n", x[i], a[i], b[i]);
-        checked += n;
-    }
-    for (size_t n = 0; n < 10; n++) {   /* short rows: the padded tail */
-        for (size_t i = 0; i < n; i++) x[i] = -3.0 * (double)i - 0.25;
-        td_exp_row(x, b, n);
-        for (size_t i = 0; i < n; i++) bad += memcmp(&b[i], &(double){exp(x[i])}, 8) != 0;
+        for (size_t n = 0; n < 10; n++) {   /* short rows: the padded tail */
+            for (size_t i = 0; i < n; i++) x[i] = -0.3 * (double)i - 0.05;
+            ref(x, a, n);
+            row(x, b, n);
+            bad += n && memcmp(a, b, n * sizeof(double)) != 0;
+        }
     }
     free(x); free(a); free(b);
-    printf("td_exp_row: %llu values bit-identical to libm's exp (vector form %s)\n", (unsigned long long)checked,
-           td_exp_row_vector() ? "on" : "off: the scalar loop both times");
+    printf("td_exp_row, td_expm1_row: %llu values bit-identical to libm's exp and expm1 (vector forms %s)\n",
+           (unsigned long long)checked, td_exp_row_vector() ? "on" : "off: the scalar loops both times");
     assert_int_equal(bad, 0);
 }
 

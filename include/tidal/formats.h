@@ -117,6 +117,9 @@ int  td_expf_row_vector(void);
  * checked once; td_exp_row_vector says whether), else element by element. In place is fine. */
 void td_exp_row(const double *x, double *y, size_t n);
 void td_exp_row_scalar(const double *x, double *y, size_t n);
+/* y[i] = expm1(x[i]) in double, the same way (the same check and switch) */
+void td_expm1_row(const double *x, double *y, size_t n);
+void td_expm1_row_scalar(const double *x, double *y, size_t n);
 int  td_exp_row_vector(void);
 
 /* the block of a vocabulary row the callers of td_exp_row take at a time (on the stack) */

@@ -25,22 +25,32 @@ void td_token_metrics_compute(const float *la, const float *lb, int V, int y, td
     int top_a = 0, top_b = 0, rank_a = 1, rank_b = 1;
     const float ya = la[y], yb = lb[y];
     const double za = td_log_sum_exp(la, V), zb = td_log_sum_exp(lb, V);
-    double ea[TD_EXP_ROW_BLOCK], eb[TD_EXP_ROW_BLOCK];   /* a block's p_a, p_b: exp's bits (td_exp_row) */
+    /* a block's p_a, p_b and e^(a-b) - 1, e^(b-a) - 1 at a time: exp's and expm1's bits
+     * (td_exp_row, td_expm1_row), so each term is td_k3's */
+    enum { BL = TD_EXP_ROW_BLOCK };
+    double ea[BL], eb[BL], ka[BL], kb[BL];
     for (int v = 0; v < V; v++) {
-        double a = la[v] - za, b = lb[v] - zb;
-        if (v % TD_EXP_ROW_BLOCK == 0) {
-            int n = V - v < TD_EXP_ROW_BLOCK ? V - v : TD_EXP_ROW_BLOCK;
-            for (int i = 0; i < n; i++) {
-                ea[i] = la[v + i] - za;
-                eb[i] = lb[v + i] - zb;
+        int i = v % BL;
+        if (i == 0) {
+            int n = V - v < BL ? V - v : BL;
+            for (int j = 0; j < n; j++) {
+                ea[j] = la[v + j] - za;
+                eb[j] = lb[v + j] - zb;
+                ka[j] = ea[j] - eb[j];
+                kb[j] = eb[j] - ea[j];
             }
             td_exp_row(ea, ea, (size_t)n);
             td_exp_row(eb, eb, (size_t)n);
+            td_expm1_row(ka, ka, (size_t)n);
+            td_expm1_row(kb, kb, (size_t)n);
         }
-        double pa = ea[v % TD_EXP_ROW_BLOCK], pb = eb[v % TD_EXP_ROW_BLOCK];
+        double a = la[v] - za, b = lb[v] - zb, pa = ea[i], pb = eb[i];
+        /* td_k3(a, b) and td_k3(b, a) */
+        double k_ab = a - b == INFINITY ? INFINITY : ka[i] - (a - b);
+        double k_ba = b - a == INFINITY ? INFINITY : kb[i] - (b - a);
         /* p log p -> 0 as p -> 0: a row entry of -inf contributes nothing */
-        kl_ba += pb > 0 ? pb * td_k3(a, b) : pa;
-        kl_ab += pa > 0 ? pa * td_k3(b, a) : pb;
+        kl_ba += pb > 0 ? pb * k_ab : pa;
+        kl_ab += pa > 0 ? pa * k_ba : pb;
         if (pb > 0) hb -= pb * b;
         if (pa > 0) ha -= pa * a;
         tv += fabs(pa - pb);

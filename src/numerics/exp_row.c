@@ -14,7 +14,13 @@
  * |x| >= 512, Inf, NaN) take the scalar exp. As for td_expf_row, a C library that computes
  * otherwise (another version, no FMA) is caught by a check against exp on 2^18 inputs at first
  * use, and then the scalar loop runs (td_exp_row_vector says which); tests/test_formats.c
- * compares the two on 2^26 patterns over every exponent. */
+ * compares the two on 2^26 patterns over every exponent.
+ *
+ * expm1 likewise (td_expm1_row: the metrics' k3 = e^r - 1 - r takes two per entry), on the
+ * range |x| in [2^-54, ln2 / 2] where glibc's fdlibm-derived expm1 reduces nothing (k = 0):
+ *   hfx = x / 2, hxs = x hfx, r1 = fma(hxs^4, fma(hxs, Q5, Q4), fma(hxs^2, fma(hxs, Q3, Q2), fma(hxs, Q1, 1)))
+ *   t = 3 - r1 hfx (fma), e = ((r1 - t) / (6 - x t, fma)) hxs, y = x - fma(e, x, -hxs)
+ * (its FMA variant, __expm1_fma, from the disassembly; Q1-Q5 fdlibm's). Other lanes: expm1. */
 #include "tidal/formats.h"
 #include "tidal/isa.h"
 #include "exp_tab.h"
@@ -28,6 +34,11 @@
 void td_exp_row_scalar(const double *x, double *y, size_t n)
 {
     for (size_t i = 0; i < n; i++) y[i] = exp(x[i]);
+}
+
+void td_expm1_row_scalar(const double *x, double *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = expm1(x[i]);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -86,41 +97,73 @@ TGT static inline __m256d exp4(__m256d x)
     return _mm256_fmadd_pd(scale, tmp, scale);
 }
 
-/* four at a time; a row's last 1-3 through a padded copy */
-TGT static void exp_row_avx2(const double *x, double *y, size_t n)
+/* glibc's expm1 constants, and its k = 0 range: the high word of |x| in [LO, HI] */
+#define EXPM1_Q1 0xbfa11111111110f4
+#define EXPM1_Q2 0x3f5a01a019fe5585
+#define EXPM1_Q3 0xbf14ce199eaadbb7
+#define EXPM1_Q4 0x3ed0cfca86e65239
+#define EXPM1_Q5 0xbe8afdb76e09c32d
+#define EXPM1_HI_LO 0x3c900000
+#define EXPM1_HI_HI 0x3fd62e42
+
+TGT static inline __m256d expm1_4(__m256d x)
 {
-    const __m256i topmask = _mm256_set1_epi64x(0x7ff), lo = _mm256_set1_epi64x(EXP_TOP_LO);
-    const __m256i span = _mm256_set1_epi64x(EXP_TOP_SPAN - 1), flip = _mm256_set1_epi64x(INT64_MIN);
-    for (size_t i = 0; i < n; i += 4) {
-        size_t m = n - i < 4 ? n - i : 4;
-        double xs[4] = {1, 1, 1, 1}, out[4];
-        __m256d v;
-        if (m == 4) {
-            v = _mm256_loadu_pd(x + i);
-        } else {
-            memcpy(xs, x + i, m * sizeof(double));
-            v = _mm256_loadu_pd(xs);
-        }
-        /* lanes outside the main range: top - lo > span - 1, unsigned (a signed compare of both
-         * sides with the sign bit flipped) */
-        __m256i top = _mm256_and_si256(_mm256_srli_epi64(_mm256_castpd_si256(v), 52), topmask);
-        __m256i off = _mm256_xor_si256(_mm256_sub_epi64(top, lo), flip);
-        unsigned special = (unsigned)_mm256_movemask_pd(
-            _mm256_castsi256_pd(_mm256_cmpgt_epi64(off, _mm256_xor_si256(span, flip))));
-        __m256d e = exp4(v);
-        if (special) _mm256_storeu_pd(xs, v);   /* kept before y (possibly x itself) is written */
-        if (m == 4) {
-            _mm256_storeu_pd(y + i, e);
-        } else {
-            _mm256_storeu_pd(out, e);
-            memcpy(y + i, out, m * sizeof(double));
-        }
-        for (special &= (1u << m) - 1; special; special &= special - 1) {
-            int k = __builtin_ctz(special);
-            y[i + (size_t)k] = exp(xs[k]);
-        }
-    }
+    __m256d hfx = _mm256_mul_pd(x, _mm256_set1_pd(0.5)), hxs = _mm256_mul_pd(x, hfx);
+    __m256d p23 = _mm256_fmadd_pd(hxs, _mm256_set1_pd(bits_d(EXPM1_Q3)), _mm256_set1_pd(bits_d(EXPM1_Q2)));
+    __m256d p45 = _mm256_fmadd_pd(hxs, _mm256_set1_pd(bits_d(EXPM1_Q5)), _mm256_set1_pd(bits_d(EXPM1_Q4)));
+    __m256d h2 = _mm256_mul_pd(hxs, hxs);
+    __m256d p1 = _mm256_fmadd_pd(hxs, _mm256_set1_pd(bits_d(EXPM1_Q1)), _mm256_set1_pd(1.0));
+    __m256d r1 = _mm256_fmadd_pd(_mm256_mul_pd(h2, h2), p45, _mm256_fmadd_pd(h2, p23, p1));
+    __m256d t = _mm256_fnmadd_pd(r1, hfx, _mm256_set1_pd(3.0));
+    __m256d den = _mm256_fnmadd_pd(x, t, _mm256_set1_pd(6.0));
+    __m256d e = _mm256_mul_pd(_mm256_div_pd(_mm256_sub_pd(r1, t), den), hxs);
+    return _mm256_sub_pd(x, _mm256_fmsub_pd(e, x, hxs));
 }
+
+/* lanes of v whose (bits of v >> shift) & mask - lo > span, unsigned: those outside a main range */
+TGT static inline unsigned outside(__m256d v, int shift, long long mask, long long lo, long long span)
+{
+    const __m256i flip = _mm256_set1_epi64x(INT64_MIN);
+    __m256i top = _mm256_and_si256(_mm256_srli_epi64(_mm256_castpd_si256(v), shift), _mm256_set1_epi64x(mask));
+    __m256i off = _mm256_xor_si256(_mm256_sub_epi64(top, _mm256_set1_epi64x(lo)), flip);
+    __m256i lim = _mm256_xor_si256(_mm256_set1_epi64x(span), flip);
+    return (unsigned)_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpgt_epi64(off, lim)));
+}
+
+/* four at a time; a row's last 1-3 through a padded copy; the lanes outside the main range
+ * (glibc's other branches) by the scalar function */
+#define ROW_AVX2(name, vec, scalar, shift, mask, lo, span)                                         \
+    TGT static void name(const double *x, double *y, size_t n)                                     \
+    {                                                                                              \
+        for (size_t i = 0; i < n; i += 4) {                                                        \
+            size_t m = n - i < 4 ? n - i : 4;                                                      \
+            double xs[4] = {0.25, 0.25, 0.25, 0.25}, out[4];                                       \
+            __m256d v;                                                                             \
+            if (m == 4) {                                                                          \
+                v = _mm256_loadu_pd(x + i);                                                        \
+            } else {                                                                               \
+                memcpy(xs, x + i, m * sizeof(double));                                             \
+                v = _mm256_loadu_pd(xs);                                                           \
+            }                                                                                      \
+            unsigned special = outside(v, shift, mask, lo, span);                                  \
+            __m256d e = vec(v);                                                                    \
+            if (special) _mm256_storeu_pd(xs, v);   /* kept before y (possibly x) is written */    \
+            if (m == 4) {                                                                          \
+                _mm256_storeu_pd(y + i, e);                                                        \
+            } else {                                                                               \
+                _mm256_storeu_pd(out, e);                                                          \
+                memcpy(y + i, out, m * sizeof(double));                                            \
+            }                                                                                      \
+            for (special &= (1u << m) - 1; special; special &= special - 1) {                      \
+                int k = __builtin_ctz(special);                                                    \
+                y[i + (size_t)k] = scalar(xs[k]);                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+ROW_AVX2(exp_row_avx2, exp4, exp, 52, 0x7ff, EXP_TOP_LO, EXP_TOP_SPAN - 1)
+ROW_AVX2(expm1_row_avx2, expm1_4, expm1, 32, 0x7fffffff, EXPM1_HI_LO, EXPM1_HI_HI - EXPM1_HI_LO)
+
 #endif
 
 static int vec_ok;
@@ -140,16 +183,24 @@ static void vec_check(void)
             uint64_t u = (uint64_t)i * 0x9E3779B97F4A7C15ull;   /* odd multiplier: every bit varies */
             memcpy(&in[i], &u, 8);
         } else {
-            in[i] = -120.0 * i / NCHK;
+            in[i] = i % 4 ? -120.0 * i / NCHK : 0.7 * i / NCHK - 0.35;   /* expm1's k = 0 range too */
         }
     }
     static const double edge[] = {512.0, -512.0, 0x1.fffffffffffffp8, -0x1.fffffffffffffp8, 0x1p-54,
-                                  -0x1p-54, 0x1.fffffffffffffp-55, 0.0, -0.0, 709.78, -708.4, -745.2};
+                                  -0x1p-54, 0x1.fffffffffffffp-55, 0.0, -0.0, 709.78, -708.4, -745.2,
+                                  0x1.62e42fefa39efp-2, -0x1.62e42fefa39efp-2, 0x1.62e42p-2, 0x1.62e43p-2};
     for (size_t e = 0; e < sizeof edge / sizeof *edge; e++) in[e] = edge[e];
-    td_exp_row_scalar(in, a, NCHK);
-    exp_row_avx2(in, b, NCHK);
     int same = 1;
-    for (uint32_t i = 0; i < NCHK && same; i++) same = !memcmp(&a[i], &b[i], 8) || (isnan(a[i]) && isnan(b[i]));
+    for (int f = 0; f < 2 && same; f++) {   /* exp, then expm1 */
+        if (f) {
+            td_expm1_row_scalar(in, a, NCHK);
+            expm1_row_avx2(in, b, NCHK);
+        } else {
+            td_exp_row_scalar(in, a, NCHK);
+            exp_row_avx2(in, b, NCHK);
+        }
+        for (uint32_t i = 0; i < NCHK && same; i++) same = !memcmp(&a[i], &b[i], 8) || (isnan(a[i]) && isnan(b[i]));
+    }
     free(in);
     vec_ok = same;
 #endif
@@ -170,4 +221,15 @@ void td_exp_row(const double *x, double *y, size_t n)
     }
 #endif
     td_exp_row_scalar(x, y, n);
+}
+
+void td_expm1_row(const double *x, double *y, size_t n)
+{
+#ifdef TD_HAVE_EXP_VEC
+    if (n >= 4 && td_exp_row_vector()) {
+        expm1_row_avx2(x, y, n);
+        return;
+    }
+#endif
+    td_expm1_row_scalar(x, y, n);
 }
