@@ -1,5 +1,6 @@
 /* Sampling with engine-style logits processing (see include/tidal/sampling.h). */
 #include "tidal/sampling.h"
+#include "tidal/formats.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -109,13 +110,18 @@ int td_sample(td_sampler *smp, const td_sampling *s, const float *logits, const 
         for (int v = 1; v < V; v++) if (w[v] > w[tok]) tok = v;
         return tok;
     }
-    double u = td_rng_uniform(rng), cum = 0;
+    double u = td_rng_uniform(rng), cum = 0, e[TD_EXP_ROW_BLOCK];
     int last = 0;
-    for (int v = 0; v < V; v++) {
-        if (w[v] == -INFINITY) continue;
-        last = v;
-        cum += exp((double)w[v]);
-        if (u < cum) return v;
+    for (int v0 = 0; v0 < V; v0 += TD_EXP_ROW_BLOCK) {   /* exp's bits a block at a time (td_exp_row) */
+        int n = V - v0 < TD_EXP_ROW_BLOCK ? V - v0 : TD_EXP_ROW_BLOCK;
+        for (int i = 0; i < n; i++) e[i] = w[v0 + i];
+        td_exp_row(e, e, (size_t)n);
+        for (int i = 0; i < n; i++) {
+            if (w[v0 + i] == -INFINITY) continue;
+            last = v0 + i;
+            cum += e[i];
+            if (u < cum) return v0 + i;
+        }
     }
     return last;   /* u beyond the rounded total: the last possible token */
 }
