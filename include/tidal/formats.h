@@ -117,6 +117,8 @@ int  td_expf_row_vector(void);
  * checked once; td_exp_row_vector says whether), else element by element. In place is fine. */
 void td_exp_row(const double *x, double *y, size_t n);
 void td_exp_row_scalar(const double *x, double *y, size_t n);
+/* y[i] = exp((double)x[i] - c), by td_exp_row: a float row's exponentials less a shift (its max) */
+void td_exp_row_shifted(const float *x, double c, double *y, size_t n);
 /* y[i] = expm1(x[i]) in double, the same way (the same check and switch) */
 void td_expm1_row(const double *x, double *y, size_t n);
 void td_expm1_row_scalar(const double *x, double *y, size_t n);

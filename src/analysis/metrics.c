@@ -34,13 +34,11 @@ void td_token_metrics_compute(const float *la, const float *lb, int V, int y, td
         if (i == 0) {
             int n = V - v < BL ? V - v : BL;
             for (int j = 0; j < n; j++) {
-                ea[j] = la[v + j] - za;
-                eb[j] = lb[v + j] - zb;
-                ka[j] = ea[j] - eb[j];
-                kb[j] = eb[j] - ea[j];
+                ka[j] = (la[v + j] - za) - (lb[v + j] - zb);
+                kb[j] = (lb[v + j] - zb) - (la[v + j] - za);
             }
-            td_exp_row(ea, ea, (size_t)n);
-            td_exp_row(eb, eb, (size_t)n);
+            td_exp_row_shifted(la + v, za, ea, (size_t)n);
+            td_exp_row_shifted(lb + v, zb, eb, (size_t)n);
             td_expm1_row(ka, ka, (size_t)n);
             td_expm1_row(kb, kb, (size_t)n);
         }
@@ -79,11 +77,8 @@ void td_token_metrics_replay(const float *la, int V, int y, double logp_b, td_to
     int top_a = 0, rank_a = 1;
     double ea[TD_EXP_ROW_BLOCK];
     for (int v = 0; v < V; v++) {
-        if (v % TD_EXP_ROW_BLOCK == 0) {
-            int n = V - v < TD_EXP_ROW_BLOCK ? V - v : TD_EXP_ROW_BLOCK;
-            for (int i = 0; i < n; i++) ea[i] = la[v + i];
-            td_exp_row(ea, ea, (size_t)n);
-        }
+        if (v % TD_EXP_ROW_BLOCK == 0)
+            td_exp_row_shifted(la + v, 0.0, ea, (size_t)(V - v < TD_EXP_ROW_BLOCK ? V - v : TD_EXP_ROW_BLOCK));
         double pa = ea[v % TD_EXP_ROW_BLOCK];
         if (pa > 0) ha -= pa * la[v];
         if (la[v] > la[top_a]) top_a = v;

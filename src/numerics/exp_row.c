@@ -82,10 +82,10 @@ TGT static inline __m256d exp4(__m256d x)
      * gathers on Zen 3) */
     int64_t at[4];
     _mm256_storeu_si256((__m256i *)at, _mm256_and_si256(ki, _mm256_set1_epi64x(127)));
-    __m256i p02 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(exp_tab + 2 * at[0]))),
-                                          _mm_loadu_si128((const __m128i *)(exp_tab + 2 * at[2])), 1);
-    __m256i p13 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(exp_tab + 2 * at[1]))),
-                                          _mm_loadu_si128((const __m128i *)(exp_tab + 2 * at[3])), 1);
+#define PAIR(l) _mm_loadu_si128((const __m128i *)(exp_tab + 2 * at[l]))
+    __m256i p02 = _mm256_inserti128_si256(_mm256_castsi128_si256(PAIR(0)), PAIR(2), 1);
+    __m256i p13 = _mm256_inserti128_si256(_mm256_castsi128_si256(PAIR(1)), PAIR(3), 1);
+#undef PAIR
     __m256d tail = _mm256_castsi256_pd(_mm256_unpacklo_epi64(p02, p13));
     __m256i sbits = _mm256_add_epi64(_mm256_unpackhi_epi64(p02, p13), _mm256_slli_epi64(ki, 45));
     __m256d p23 = _mm256_fmadd_pd(r, _mm256_set1_pd(bits_d(EXP_C3)), _mm256_set1_pd(bits_d(EXP_C2)));
@@ -221,6 +221,12 @@ void td_exp_row(const double *x, double *y, size_t n)
     }
 #endif
     td_exp_row_scalar(x, y, n);
+}
+
+void td_exp_row_shifted(const float *x, double c, double *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = (double)x[i] - c;
+    td_exp_row(y, y, n);
 }
 
 void td_expm1_row(const double *x, double *y, size_t n)

@@ -22,7 +22,7 @@
  * (TIDAL_EXHAUSTIVE=1: every one).
  *
  * Two vector forms of the same operations: AVX-512 (two times eight doubles, the table read by
- * a gather of eight) and AVX2 + FMA (four times four doubles) for the CPUs without AVX-512 (Zen 3
+ * a gather of eight) and AVX2 + FMA (two times four doubles) for the CPUs without AVX-512 (Zen 3
  * and older), where the scalar call had stayed: 5-7 % of an MoE GRPO step on Zen 3 (perf), in
  * the SwiGLU of the experts and attention's softmax. */
 #include "tidal/formats.h"

@@ -14,8 +14,7 @@ double td_log_sum_exp(const float *row, int V)
     double sum = 0, e[TD_EXP_ROW_BLOCK];
     for (int v0 = 0; v0 < V; v0 += TD_EXP_ROW_BLOCK) {
         int n = V - v0 < TD_EXP_ROW_BLOCK ? V - v0 : TD_EXP_ROW_BLOCK;
-        for (int i = 0; i < n; i++) e[i] = (double)row[v0 + i] - mx;
-        td_exp_row(e, e, (size_t)n);
+        td_exp_row_shifted(row + v0, mx, e, (size_t)n);
         for (int i = 0; i < n; i++) sum += e[i];
     }
     return mx + log(sum);

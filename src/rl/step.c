@@ -64,8 +64,7 @@ static void on_old_row(void *user, int seq, int pos, const float *row)
     double h = 0.0, e[TD_EXP_ROW_BLOCK];
     for (int v0 = 0; v0 < R->V; v0 += TD_EXP_ROW_BLOCK) {   /* exp's bits, a block at a time */
         int n = R->V - v0 < TD_EXP_ROW_BLOCK ? R->V - v0 : TD_EXP_ROW_BLOCK;
-        for (int i = 0; i < n; i++) e[i] = row[v0 + i];
-        td_exp_row(e, e, (size_t)n);
+        td_exp_row_shifted(row + v0, 0.0, e, (size_t)n);
         for (int i = 0; i < n; i++)
             if (e[i] > 0) h -= e[i] * row[v0 + i];
     }

@@ -114,8 +114,7 @@ int td_sample(td_sampler *smp, const td_sampling *s, const float *logits, const 
     int last = 0;
     for (int v0 = 0; v0 < V; v0 += TD_EXP_ROW_BLOCK) {   /* exp's bits a block at a time (td_exp_row) */
         int n = V - v0 < TD_EXP_ROW_BLOCK ? V - v0 : TD_EXP_ROW_BLOCK;
-        for (int i = 0; i < n; i++) e[i] = w[v0 + i];
-        td_exp_row(e, e, (size_t)n);
+        td_exp_row_shifted(w + v0, 0.0, e, (size_t)n);
         for (int i = 0; i < n; i++) {
             if (w[v0 + i] == -INFINITY) continue;
             last = v0 + i;
