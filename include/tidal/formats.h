@@ -117,15 +117,16 @@ int  td_expf_row_vector(void);
  * checked once; td_exp_row_vector says whether), else element by element. In place is fine. */
 void td_exp_row(const double *x, double *y, size_t n);
 void td_exp_row_scalar(const double *x, double *y, size_t n);
-/* y[i] = exp((double)x[i] - c), by td_exp_row: a float row's exponentials less a shift (its max) */
-void td_exp_row_shifted(const float *x, double c, double *y, size_t n);
 /* y[i] = expm1(x[i]) in double, the same way (the same check and switch) */
 void td_expm1_row(const double *x, double *y, size_t n);
 void td_expm1_row_scalar(const double *x, double *y, size_t n);
 int  td_exp_row_vector(void);
 
-/* the block of a vocabulary row the callers of td_exp_row take at a time (on the stack) */
+/* A float row's exponentials less a shift (its max), a block at a time: y[i] = exp((double)x[i] - c)
+ * by td_exp_row for i < n = min(left, TD_EXP_ROW_BLOCK); returns n. y holds TD_EXP_ROW_BLOCK
+ * (callers keep it on the stack and walk the row: for (v0 = 0; v0 < V; v0 += n) ...). */
 enum { TD_EXP_ROW_BLOCK = 256 };
+size_t td_exp_row_block(const float *x, double c, double *y, size_t left);
 
 /* The index of x's first largest element, as the scan `best = 0; for v: if (x[v] > x[best])
  * best = v` gives it (a NaN in x[0]: 0; other NaNs never; ties: the first); 0 for n = 0.

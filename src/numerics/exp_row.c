@@ -223,10 +223,12 @@ void td_exp_row(const double *x, double *y, size_t n)
     td_exp_row_scalar(x, y, n);
 }
 
-void td_exp_row_shifted(const float *x, double c, double *y, size_t n)
+size_t td_exp_row_block(const float *x, double c, double *y, size_t left)
 {
+    size_t n = left < TD_EXP_ROW_BLOCK ? left : TD_EXP_ROW_BLOCK;
     for (size_t i = 0; i < n; i++) y[i] = (double)x[i] - c;
     td_exp_row(y, y, n);
+    return n;
 }
 
 void td_expm1_row(const double *x, double *y, size_t n)

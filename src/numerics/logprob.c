@@ -12,9 +12,8 @@ double td_log_sum_exp(const float *row, int V)
     for (int v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
     if (mx == -INFINITY) return 0;
     double sum = 0, e[TD_EXP_ROW_BLOCK];
-    for (int v0 = 0; v0 < V; v0 += TD_EXP_ROW_BLOCK) {
-        int n = V - v0 < TD_EXP_ROW_BLOCK ? V - v0 : TD_EXP_ROW_BLOCK;
-        td_exp_row_shifted(row + v0, mx, e, (size_t)n);
+    for (int v0 = 0, n; v0 < V; v0 += n) {
+        n = (int)td_exp_row_block(row + v0, mx, e, (size_t)(V - v0));
         for (int i = 0; i < n; i++) sum += e[i];
     }
     return mx + log(sum);

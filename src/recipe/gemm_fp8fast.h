@@ -112,8 +112,8 @@ typedef struct {
  * mantissa fields, the value x 2^-120 exactly (a subnormal code a subnormal fp32: no DAZ here),
  * and sc is 2^120 x the block scale (exact: the caller keeps scales <= 2^7), so the one rounding
  * is that of value x scale. (The sign-extend form, vpmovsxbd and a shift, measured the same on
- * Zen 3: tests/bench/fp8_mix_probe.c; a decode costs about 2 cycles either way.) e5m2: the code is fp16's top byte,
- * widened by F16C (its infinities stay infinite), sc the block scale. */
+ * Zen 3: tests/bench/fp8_mix_probe.c; a decode costs about 2 cycles either way.) e5m2: the code
+ * is fp16's top byte, widened by F16C (its infinities stay infinite), sc the block scale. */
 TGT static INLINE __m256 decode8(int e5m2, const uint8_t *p, __m256 sc, int m, __m256i mask)
 {
     __m128i b;

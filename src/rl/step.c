@@ -62,9 +62,8 @@ static void on_old_row(void *user, int seq, int pos, const float *row)
     rl_run *R = user;
     if (pos + 1 < R->plen[seq] || pos + 1 >= R->len[seq]) return;
     double h = 0.0, e[TD_EXP_ROW_BLOCK];
-    for (int v0 = 0; v0 < R->V; v0 += TD_EXP_ROW_BLOCK) {   /* exp's bits, a block at a time */
-        int n = R->V - v0 < TD_EXP_ROW_BLOCK ? R->V - v0 : TD_EXP_ROW_BLOCK;
-        td_exp_row_shifted(row + v0, 0.0, e, (size_t)n);
+    for (int v0 = 0, n; v0 < R->V; v0 += n) {   /* exp's bits, a block at a time */
+        n = (int)td_exp_row_block(row + v0, 0.0, e, (size_t)(R->V - v0));
         for (int i = 0; i < n; i++)
             if (e[i] > 0) h -= e[i] * row[v0 + i];
     }

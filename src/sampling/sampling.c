@@ -112,9 +112,8 @@ int td_sample(td_sampler *smp, const td_sampling *s, const float *logits, const 
     }
     double u = td_rng_uniform(rng), cum = 0, e[TD_EXP_ROW_BLOCK];
     int last = 0;
-    for (int v0 = 0; v0 < V; v0 += TD_EXP_ROW_BLOCK) {   /* exp's bits a block at a time (td_exp_row) */
-        int n = V - v0 < TD_EXP_ROW_BLOCK ? V - v0 : TD_EXP_ROW_BLOCK;
-        td_exp_row_shifted(w + v0, 0.0, e, (size_t)n);
+    for (int v0 = 0, n; v0 < V; v0 += n) {   /* exp's bits a block at a time (td_exp_row_block) */
+        n = (int)td_exp_row_block(w + v0, 0.0, e, (size_t)(V - v0));
         for (int i = 0; i < n; i++) {
             if (w[v0 + i] == -INFINITY) continue;
             last = v0 + i;
