@@ -12,6 +12,7 @@ the same loss, clipping and autocast.
   torch_train.py --model DIR --batch FILE.json --dtype float32|bfloat16|float16 [--lora R] [--seconds S] [--threads N]
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -66,7 +67,10 @@ def step():
     opt.zero_grad(set_to_none=True)
     loss = 0
     for ids, m in groups:
-        with torch.autocast("cpu", dtype=getattr(torch, a.dtype), enabled=a.dtype != "float32"):
+        # fp32 runs outside autocast: PyTorch 1.13's CPU autocast refuses any dtype but bfloat16
+        # at __enter__ even with enabled=False
+        ctx = contextlib.nullcontext() if a.dtype == "float32" else torch.autocast("cpu", dtype=getattr(torch, a.dtype))
+        with ctx:
             logits = logits_of(ids)
         lp = torch.log_softmax(logits.float(), -1)
         loss = loss - (lp[:, :-1].gather(2, ids[:, 1:, None])[..., 0] * m).sum()
