@@ -15,7 +15,8 @@
 #     lora   the LoRA grids' step (reports/rl/lora: rank 1, alpha 2, all seven linear modules, bf16):
 #            tidal's bf16-train recipe with LoRA vs transformers + PEFT 0.17 (bf16 base, fp32
 #            adapters, autocast bf16: what TRL runs; skipped without transformers/peft)
-# Each side runs SECONDS of steps after a warm-up step, ROUNDS times interleaved, best kept
+# Each side runs SECONDS of steps after a warm-up step; every case, both sides, once per round
+# for ROUNDS rounds (so fp8 and fp16 alternate as tidal and torch do), best of the rounds kept
 # (the machine is shared). Prints
 #   bench: train-fp32 tidal=X torch=Y ratio=R     (training tokens/s; R = tidal / torch)
 #   bench: train-bf16 tidal=X torch=Y ratio=R
@@ -44,43 +45,41 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 have_torch=1
 "$PY" -c "import torch, safetensors" 2>/dev/null || have_torch=0
 best() { sort -g | tail -n1; }
-for case in fp32 bf16 fp16; do
-  rec=$case; [ $case != fp32 ] && rec=$case-train
-  tdt=float32; [ $case = bf16 ] && tdt=bfloat16; [ $case = fp16 ] && tdt=float16
-  : > "$tmp/t"; : > "$tmp/p"
-  for r in $(seq "$ROUNDS"); do
-    "$PROBE" --model "$DIR" --batch "$tmp/batch.json" --recipe $rec --lr 1e-5 --bench-seconds "$SECONDS_PER" \
-      | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/t"
-    [ $have_torch = 1 ] && "$PY" tests/bench/torch_train.py --model "$DIR" --batch "$tmp/batch.json" \
-      --dtype $tdt --seconds "$SECONDS_PER" 2>/dev/null | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/p"
-  done
-  t=$(best < "$tmp/t"); p=$(best < "$tmp/p")
-  ratio=$(awk -v a="$t" -v b="$p" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }')
-  why=""; [ -z "$p" ] && [ $case = fp16 ] && why=" (this PyTorch has no float16 GEMM on the CPU)"
-  echo "bench: train-$case tidal=${t:-NA} torch=${p:-NA} ratio=$ratio$why"
-  eval "tidal_$case=\${t:-}"
-done
-: > "$tmp/t"
-for r in $(seq "$ROUNDS"); do
-  "$PROBE" --model "$DIR" --batch "$tmp/batch.json" --recipe fp8-unified-train --lr 1e-5 --bench-seconds "$SECONDS_PER" \
-    | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/t"
-done
-t=$(best < "$tmp/t")
-ratio=$(awk -v a="$t" -v b="$tidal_bf16" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }')
-echo "bench: train-fp8-vs-bf16 fp8=${t:-NA} bf16=${tidal_bf16:-NA} ratio=$ratio"
-ratio=$(awk -v a="$t" -v b="$tidal_fp16" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }')
-echo "bench: train-fp8-vs-fp16 fp8=${t:-NA} fp16=${tidal_fp16:-NA} ratio=$ratio"
-LORA_MODS=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
-: > "$tmp/t"; : > "$tmp/p"
 have_peft=$have_torch
 "$PY" -c "import peft, transformers" 2>/dev/null || have_peft=0
+LORA_MODS=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
+CASES="fp32 bf16 fp16 fp8 lora"
+for case in $CASES; do : > "$tmp/t_$case"; : > "$tmp/p_$case"; done
+# every case in every round, one after the other: a ratio's two sides (fp8 against fp16 most of all)
+# see the same spells of a shared machine's speed
 for r in $(seq "$ROUNDS"); do
-  "$PROBE" --model "$DIR" --batch "$tmp/batch.json" --recipe bf16-train --lora-r 1 --lora-alpha 2 --lora-modules $LORA_MODS \
-    --lr 1e-5 --bench-seconds "$SECONDS_PER" | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/t"
-  [ $have_peft = 1 ] && "$PY" tests/bench/torch_train.py --model "$DIR" --batch "$tmp/batch.json" --dtype bfloat16 \
-    --lora 1 --seconds "$SECONDS_PER" 2>/dev/null | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/p"
+  for case in $CASES; do
+    rec=$case-train; tdt=$case; extra=(); peer=$have_torch
+    case $case in
+      fp32) rec=fp32; tdt=float32 ;;
+      bf16) tdt=bfloat16 ;;
+      fp16) tdt=float16 ;;
+      fp8)  rec=fp8-unified-train; peer=0 ;;   # PyTorch has no FP8 GEMM on the CPU: against tidal's own
+      lora) rec=bf16-train; tdt=bfloat16; peer=$have_peft
+            extra=(--lora-r 1 --lora-alpha 2 --lora-modules $LORA_MODS) ;;
+    esac
+    "$PROBE" --model "$DIR" --batch "$tmp/batch.json" --recipe $rec "${extra[@]}" --lr 1e-5 --bench-seconds "$SECONDS_PER" \
+      | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/t_$case"
+    popt=(); [ $case = lora ] && popt=(--lora 1)
+    [ $peer = 1 ] && "$PY" tests/bench/torch_train.py --model "$DIR" --batch "$tmp/batch.json" --dtype $tdt "${popt[@]}" \
+      --seconds "$SECONDS_PER" 2>/dev/null | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/p_$case"
+  done
 done
-t=$(best < "$tmp/t"); p=$(best < "$tmp/p")
-ratio=$(awk -v a="$t" -v b="$p" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }')
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }'; }
+for case in $CASES; do
+  eval "tidal_$case=\$(best < \"\$tmp/t_$case\")"; eval "peer_$case=\$(best < \"\$tmp/p_$case\")"
+done
+for case in fp32 bf16 fp16; do
+  eval "t=\$tidal_$case p=\$peer_$case"
+  why=""; [ -z "$p" ] && [ $case = fp16 ] && why=" (this PyTorch has no float16 GEMM on the CPU)"
+  echo "bench: train-$case tidal=${t:-NA} torch=${p:-NA} ratio=$(ratio "$t" "$p")$why"
+done
+echo "bench: train-fp8-vs-bf16 fp8=${tidal_fp8:-NA} bf16=${tidal_bf16:-NA} ratio=$(ratio "$tidal_fp8" "$tidal_bf16")"
+echo "bench: train-fp8-vs-fp16 fp8=${tidal_fp8:-NA} fp16=${tidal_fp16:-NA} ratio=$(ratio "$tidal_fp8" "$tidal_fp16")"
 why=""; [ $have_peft = 0 ] && why=" (transformers/peft not installed)"
-echo "bench: train-lora-bf16 tidal=${t:-NA} torch_peft=${p:-NA} ratio=$ratio$why"
+echo "bench: train-lora-bf16 tidal=${tidal_lora:-NA} torch_peft=${peer_lora:-NA} ratio=$(ratio "$tidal_lora" "$peer_lora")$why"
