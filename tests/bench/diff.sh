@@ -3,7 +3,8 @@
 # against the PyTorch peer (tests/bench/torch_diff.py: the same generate + teacher-force + KL
 # work in torch on the CPU, 2 threads) in fp32 and in bf16, and the emulation overhead of
 # tidal's bf16 recipes against its fp32 recipe. Same shapes everywhere: BATCH prompts of
-# PROMPT random tokens, GEN generated tokens each. Prints
+# PROMPT random tokens, GEN generated tokens each; tidal's runs best of ROUNDS (2), interleaved,
+# torch's one run each (its bf16 run alone takes minutes). Prints
 #   bench: diff-bf16-vs-torch-fp32 tidal=X torch=Y ratio=R   (scored tokens/s, R = tidal/torch)
 #   bench: diff-bf16-vs-torch-bf16 tidal=X torch=Y ratio=R
 #   bench: diff-emulation-overhead fp32=X bf16=Y overhead=Z  (Z = fp32 speed / bf16 speed; target <= 2)
@@ -15,7 +16,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
-BATCH=${BATCH:-4}; PROMPT=${PROMPT:-32}; GEN=${GEN:-32}
+BATCH=${BATCH:-4}; PROMPT=${PROMPT:-32}; GEN=${GEN:-32}; ROUNDS=${ROUNDS:-2}
 DIR=$BUILD/bench/qwen2.5-0.5b
 PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
 if [ ! -f "$DIR/model.safetensors" ] || [ ! -f "$DIR/config.json" ]; then
@@ -34,10 +35,17 @@ tidal_tps() {  # $1 $2: recipes A and B -> scored tokens/s of tidal-diff
     --max-new-tokens "$GEN" --no-stop-at-eos --batch "$BATCH" -o "$tmp/run.h5" --force 2>/dev/null \
     | awk '$1 == "throughput" { print $2 }'
 }
-t32=$(tidal_tps fp32 fp32)
-t16=$(tidal_tps bf16-train bf16-infer)
-th=$(tidal_tps fp16-train fp16-infer)
-t8=$(tidal_tps fp8-unified-train fp8-unified-infer)
+# tidal's four pairs in turn, ROUNDS times, best of the rounds each: the ratios between them
+# (fp16 and fp8 against bf16) then compare runs seconds apart, not minutes, on a shared machine
+best() { tr ' ' '\n' | sort -g | tail -n1; }
+r32=; r16=; rh=; r8=
+for _ in $(seq "$ROUNDS"); do
+  r32="$r32 $(tidal_tps fp32 fp32)"
+  r16="$r16 $(tidal_tps bf16-train bf16-infer)"
+  rh="$rh $(tidal_tps fp16-train fp16-infer)"
+  r8="$r8 $(tidal_tps fp8-unified-train fp8-unified-infer)"
+done
+t32=$(echo $r32 | best); t16=$(echo $r16 | best); th=$(echo $rh | best); t8=$(echo $r8 | best)
 peer() { "$PY" tests/bench/torch_diff.py --model "$DIR" --dtype "$1" --batch "$BATCH" --prompt "$PROMPT" --gen "$GEN" \
            | awk '$1 == "case" { print $4 }'; }
 p32=$(peer float32 2>/dev/null || true)
