@@ -61,13 +61,9 @@ static void on_old_row(void *user, int seq, int pos, const float *row)
 {
     rl_run *R = user;
     if (pos + 1 < R->plen[seq] || pos + 1 >= R->len[seq]) return;
-    double h = 0.0, e[TD_EXP_ROW_BLOCK];
-    for (int v0 = 0, n; v0 < R->V; v0 += n) {   /* exp's bits, a block at a time */
-        n = (int)td_exp_row_block(row + v0, 0.0, e, (size_t)(R->V - v0));
-        for (int i = 0; i < n; i++)
-            if (e[i] > 0) h -= e[i] * row[v0 + i];
-    }
-    R->entropy_sum += h;
+    td_token_metrics one;   /* the row's entropy as a replay takes it: -sum e^l l, no row B */
+    td_token_metrics_replay(row, R->V, R->tok[seq][pos + 1], NAN, &one);
+    R->entropy_sum += one.entropy_a;
     R->entropy_n += 1;
     if (seq < R->nlog) {
         float *b = R->rows_b + ((size_t)seq * R->max_len + pos + 1) * R->V;
