@@ -53,9 +53,10 @@ void td_gemm_prepare_weight(const td_recipe *r, const float *w, int N, int K, fl
 
 /* in (M, K) -> out (M, K): the activation operand as the recipe feeds it to a GEMM. */
 void td_gemm_quant_input(const td_recipe *r, const float *in, int M, int K, float *out);
-/* in (M, K) -> out (K, M): td_gemm_quant_input of in transposed in one pass, for FP8 recipes
- * where td_fp8_fake_quant_transposed takes the shape (1); else 0, out untouched. */
-int td_gemm_quant_input_transposed(const td_recipe *r, const float *in, int M, int K, float *out);
+/* in (M, K) -> out (M, K): the values td_gemm_quant_input gives in^T, transposed back (the
+ * operand quantised down its columns, along M), for FP8 recipes where td_fp8_fake_quant_cols
+ * takes the scheme (1); else 0, out untouched. */
+int td_gemm_quant_input_cols(const td_recipe *r, const float *in, int M, int K, float *out);
 
 /* Floats of scratch td_gemm_accumulate needs for an (M, N) output slice. */
 size_t td_gemm_scratch_floats(const td_recipe *r, int M, int N);

@@ -67,10 +67,11 @@ void td_fp8_dequantize(const td_fp8_scheme *s, const uint8_t *codes, const float
                        size_t rows, size_t cols, float *y);
 /* Quantise then dequantise (y may equal x): the values an FP8 GEMM multiplies. */
 void td_fp8_fake_quant(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols, float *y);
-/* y (cols, rows) = td_fp8_fake_quant of x (rows, cols) transposed, in one pass, where the scheme's
- * blocks and the shape allow it (blocks of 1 x g values of y, g % 16 == 0, rows % g == 0,
- * cols % 16 == 0, AVX-512; y not x): 1; else 0 and nothing written. */
-int td_fp8_fake_quant_transposed(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols, float *y);
+/* y (rows, cols) = td_fp8_fake_quant of x^T (cols, rows), transposed back, without transposing: x
+ * quantised down its columns, where the scheme's blocks are single rows of x^T (groups, MX, per
+ * row) and the CPU has the vector rounding (AVX2 and F16C): 1; else 0 and nothing written. y may
+ * be x. */
+int td_fp8_fake_quant_cols(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols, float *y);
 
 /* "tensor", "row"/"token"/"channel", "group"/"1x128", "block"/"128x128", "mx"/"mxfp8"; -1 if unknown. */
 int td_scale_granularity_from_name(const char *name);

@@ -266,15 +266,17 @@ void matmul_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, float *
     }
     if (dweight) {
         if (fp8) {   /* both operands quantised along the tokens */
-            if (!td_gemm_quant_input_transposed(r, dout, N, OUT, dy)) {   /* one pass where it can */
+            /* down the columns where it can (the two calls take or decline the same scheme): dY
+             * (N, OUT) and X (N, IN) as they are, multiplied as dY^T X */
+            if (td_gemm_quant_input_cols(r, dout, N, OUT, dy) && td_gemm_quant_input_cols(r, inp, N, IN, x)) {
+                gemm_tn_acc(ctx, OUT, IN, N, 1.0f, dy, OUT, x, IN, dweight, IN);
+            } else {
                 transpose(ctx->nthreads, dout, (size_t)N, (size_t)OUT, t);
                 quant_operand(r, t, (size_t)OUT, (size_t)N, dy);     /* dY^T (OUT, N) */
-            }
-            if (!td_gemm_quant_input_transposed(r, inp, N, IN, x)) {
                 transpose(ctx->nthreads, inp, (size_t)N, (size_t)IN, t);
                 quant_operand(r, t, (size_t)IN, (size_t)N, x);       /* X^T (IN, N) */
+                gemm_nt_acc(ctx, OUT, IN, N, 1.0f, dy, N, x, N, dweight, IN);
             }
-            gemm_nt_acc(ctx, OUT, IN, N, 1.0f, dy, N, x, N, dweight, IN);
         } else {   /* dy as rounded for dgrad: the same operand */
             quant_operand(r, inp, (size_t)N, (size_t)IN, x);
             gemm_tn_acc(ctx, OUT, IN, N, 1.0f, dy, OUT, x, IN, dweight, IN);

@@ -415,6 +415,31 @@ TGT void td_fp8_fake_quant_row_avx2(int e5m2, const float *x, float *y, size_t n
     if (i < n) fp8_fake_quant_scalar(e5m2, x + i, y + i, n - i, sat, mul, div, scale);
 }
 
+/* td_fp8_fake_quant_row_avx2 with each element's own factor and scale (the FP8 wgrad's operands,
+ * quantised down their columns: a row's elements belong to as many blocks): the same operations
+ * per element, so a value's bits are those of its block's row */
+TGT void td_fp8_fake_quant_row_each_avx2(int e5m2, const float *x, float *y, size_t n, int sat, int by_div,
+                                         const float *f, const float *scale)
+{
+    fp8_round_k k = fp8_k(e5m2);
+    const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i), vf = _mm256_loadu_ps(f + i);
+        v = by_div ? _mm256_div_ps(v, vf) : _mm256_mul_ps(v, vf);
+        __m256i u;
+        __m256 r;
+        if (!fp8_round8v(k, v, &u, &r)) {
+            for (size_t j = i; j < i + 8; j++)
+                fp8_fake_quant_scalar(e5m2, x + j, y + j, 1, sat, by_div ? 0.0f : f[j], f[j], scale[j]);
+            continue;
+        }
+        r = _mm256_or_ps(r, _mm256_castsi256_ps(_mm256_andnot_si256(absm, u)));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(r, _mm256_loadu_ps(scale + i)));
+    }
+    for (; i < n; i++) fp8_fake_quant_scalar(e5m2, x + i, y + i, 1, sat, by_div ? 0.0f : f[i], f[i], scale[i]);
+}
+
 /* fp8 encoding (td_encode_row, e4m3 / e5m2): the rounding above, then the code read off the
  * rounded value r (a value of the format, its sign put back by OR): a normal r's fp32 exponent
  * and top M mantissa bits, rebiased ((bits >> (23 - M)) - ((127 - bias) << M)); a subnormal r

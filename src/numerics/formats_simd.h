@@ -27,6 +27,9 @@ void td_fp8_fake_quant_row_avx512(int e5m2, const float *x, float *y, size_t n, 
                                   float div, float scale);
 void td_fp8_fake_quant_row_avx2(int e5m2, const float *x, float *y, size_t n, int sat, float mul,
                                 float div, float scale);
+/* the same with a factor per element: y[i] = round(x[i] * f[i]) * scale[i], or x[i] / f[i] (by_div) */
+void td_fp8_fake_quant_row_each_avx2(int e5m2, const float *x, float *y, size_t n, int sat, int by_div,
+                                     const float *f, const float *scale);
 void td_fp8_encode_row_scalar(int e5m2, const float *x, uint8_t *codes, size_t n, int sat);
 void td_fp8_encode_row_avx512(int e5m2, const float *x, uint8_t *codes, size_t n, int sat);
 void td_fp8_decode_scaled_row_avx512(int e5m2, const uint8_t *codes, float scale, const float *lut,

@@ -228,69 +228,56 @@ static void quant_blocks(const td_fp8_scheme *s, const float *x, size_t rows, si
     }
 }
 
-/* td_fp8_fake_quant of x transposed: y (cols, rows) = fake_quant(x^T), blocks over y's shape,
- * without writing all of x^T first and reading it back twice (amax, rounding). Taken for blocks of
- * one row of y (1 x g groups, MX, per row; g a multiple of the vector width W, 16 floats on
- * AVX-512, 8 on AVX2) of a matrix of whole W x W tiles (the FP8 wgrad's operands, grouped along
- * the tokens); 0 otherwise (the caller transposes, then calls td_fp8_fake_quant). Per band of g
- * rows of x and W columns: the band's W x W tiles transposed in registers and stored raw into y (W
- * rows of g values: in L1), then per y row its block's amax and the one-pass rounding row over the
- * stored values in place, as td_fp8_fake_quant does per block: the same bits. A band's strips run
- * one after the other (t / strips is the band), so a strip's loads read the next W floats of the
- * rows the last one read. */
+/* td_fp8_fake_quant of x^T, transposed back: y (rows, cols) = fake_quant(x^T)^T, blocks over x^T's
+ * shape (cols, rows), with no transpose. Taken for blocks of one row of x^T (1 x g groups, MX, per
+ * row), each block g consecutive rows of one column of x: the FP8 wgrad's operands, grouped along
+ * the tokens, which the wgrad then multiplies as A^T B; 0 otherwise (y untouched; the caller
+ * transposes, then calls td_fp8_fake_quant). Per band of a block's rows and chunk of columns:
+ * each column's amax as a running maximum down the band's rows (max(|v|, m): a NaN leaves m, as in
+ * block_amax), the columns' block scales (block_scale_from_amax), then each row's piece rounded
+ * with its columns' factors and scales (td_fp8_fake_quant_row_each_avx2: per element the
+ * operations of the block rows'), so every value has td_fp8_fake_quant's bits; rows are read
+ * whole and in order, twice (the transposing form before it read 8 floats of every row per
+ * strip, a cache miss a quarter of its time). y may be x. */
 #if TD_HAVE_F16C_PATH
-static void band_rows(const td_fp8_scheme *s, float *y, size_t rows, size_t i0, size_t g, size_t j0, int w)
-{
-    for (int q = 0; q < w; q++) {
-        float *row = y + (j0 + (size_t)q) * rows + i0;
-        block_scale b = block_scale_from_amax(s, block_amax(row, g, 0, 1, 0, g));
-        fake_quant_piece(s, row, row, g, b.mul, b.div, b.scale);
-    }
-}
+enum { COLS_CHUNK = 512 };
 
-#define TGT512 __attribute__((target("avx512f,avx512bw,avx512dq")))
-TGT512 static void fake_quant_t_band(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols,
-                                     size_t i0, size_t g, size_t j0, float *y)
+TD_CLONES static void col_amax(const float *x, size_t ld, size_t n, size_t w, float *m)
 {
-    for (size_t i = i0; i < i0 + g; i += 16) {
-        __m512i r[16];
-        #pragma GCC unroll 16
-        for (int k = 0; k < 16; k++) r[k] = _mm512_loadu_si512((const void *)(x + (i + k) * cols + j0));
-        td_transpose16_regs(r);
-        #pragma GCC unroll 16
-        for (int q = 0; q < 16; q++) _mm512_storeu_si512((void *)(y + (j0 + q) * rows + i), r[q]);
+    for (size_t j = 0; j < w; j++) m[j] = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        const float *p = x + i * ld;
+        #pragma omp simd
+        for (size_t j = 0; j < w; j++) {
+            float v = fabsf(p[j]);
+            m[j] = v > m[j] ? v : m[j];
+        }
     }
-    band_rows(s, y, rows, i0, g, j0, 16);
-}
-
-__attribute__((target("avx2"))) static void fake_quant_t_band2(const td_fp8_scheme *s, const float *x, size_t rows,
-                                                               size_t cols, size_t i0, size_t g, size_t j0, float *y)
-{
-    for (size_t i = i0; i < i0 + g; i += 8) {
-        __m256 r[8];
-        #pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps(x + (i + k) * cols + j0);
-        td_transpose8_avx2(r);
-        #pragma GCC unroll 8
-        for (int q = 0; q < 8; q++) _mm256_storeu_ps(y + (j0 + q) * rows + i, r[q]);
-    }
-    band_rows(s, y, rows, i0, g, j0, 8);
 }
 #endif
 
-int td_fp8_fake_quant_transposed(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols, float *y)
+int td_fp8_fake_quant_cols(const td_fp8_scheme *s, const float *x, size_t rows, size_t cols, float *y)
 {
 #if TD_HAVE_F16C_PATH
     size_t br, bc;
-    td_fp8_block_shape(s, cols, rows, &br, &bc);   /* y's blocks: (cols, rows) */
-    size_t w = td_isa_level() >= TD_ISA_AVX512 ? 16 : 8;
-    if (!fused_fake_quant(s->fmt) || br != 1 || bc % w || rows % bc || cols % w || (const float *)y == x)
-        return 0;
-    size_t bands = rows / bc, strips = cols / w;
+    td_fp8_block_shape(s, cols, rows, &br, &bc);   /* x^T's blocks: (cols, rows) */
+    if (!fused_fake_quant(s->fmt) || br != 1) return 0;
+    int e5m2 = s->fmt == TD_E5M2, sat = s->sat == TD_SATFINITE;
+    int by_div = s->gran == TD_SCALE_MX || s->arith == TD_ARITH_DIV;   /* block_scale_from_amax's arms */
+    size_t bands = (rows + bc - 1) / bc, chunks = (cols + COLS_CHUNK - 1) / COLS_CHUNK;
     #pragma omp parallel for schedule(static) if (rows * cols > (1u << 16))
-    for (size_t t = 0; t < bands * strips; t++) {
-        if (w == 16) fake_quant_t_band(s, x, rows, cols, (t / strips) * bc, bc, (t % strips) * 16, y);
-        else         fake_quant_t_band2(s, x, rows, cols, (t / strips) * bc, bc, (t % strips) * 8, y);
+    for (size_t t = 0; t < bands * chunks; t++) {
+        size_t i0 = t / chunks * bc, j0 = t % chunks * COLS_CHUNK;
+        size_t n = rows - i0 < bc ? rows - i0 : bc, w = cols - j0 < COLS_CHUNK ? cols - j0 : COLS_CHUNK;
+        float f[COLS_CHUNK], sc[COLS_CHUNK];   /* each column's factor (mul, or div) and scale */
+        col_amax(x + i0 * cols + j0, cols, n, w, f);
+        for (size_t j = 0; j < w; j++) {
+            block_scale b = block_scale_from_amax(s, f[j]);
+            f[j] = by_div ? b.div : b.mul;
+            sc[j] = b.scale;
+        }
+        for (size_t i = i0; i < i0 + n; i++)
+            td_fp8_fake_quant_row_each_avx2(e5m2, x + i * cols + j0, y + i * cols + j0, w, sat, by_div, f, sc);
     }
     return 1;
 #else

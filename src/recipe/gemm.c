@@ -57,12 +57,12 @@ void td_gemm_quant_input(const td_recipe *r, const float *in, int M, int K, floa
     }
 }
 
-int td_gemm_quant_input_transposed(const td_recipe *r, const float *in, int M, int K, float *out)
+int td_gemm_quant_input_cols(const td_recipe *r, const float *in, int M, int K, float *out)
 {
     if (!td_recipe_fp8_gemm(r)) return 0;
     td_fp8_scheme s = r->act_scaling;
     s.fmt = r->gemm_inputs;
-    return td_fp8_fake_quant_transposed(&s, in, (size_t)M, (size_t)K, out);
+    return td_fp8_fake_quant_cols(&s, in, (size_t)M, (size_t)K, out);
 }
 
 size_t td_gemm_scratch_floats(const td_recipe *r, int M, int N)
