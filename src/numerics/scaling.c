@@ -2,9 +2,6 @@
 #include "tidal/scaling.h"
 #include "tidal/isa.h"
 #include "formats_simd.h"
-#if TD_HAVE_F16C_PATH
-#include "../recipe/gemm_lanes.h"   /* td_transpose16_regs, td_transpose8_avx2 */
-#endif
 
 #include <float.h>
 #include <math.h>
