@@ -35,6 +35,10 @@ void td_token_metrics_compute(const float *logp_a, const float *logp_b, int V, i
  * distribution (kl_ba, kl_ab, tv, entropy_b) is NaN and top1_b / rank_b are -1. */
 void td_token_metrics_replay(const float *logp_a, int V, int y, double logp_b, td_token_metrics *m);
 
+/* The entropy -sum_v e^l_v l_v of a log-prob row as it stands (not renormalised; td_token_metrics_replay's
+ * entropy_a), exp's bits a block at a time. */
+double td_logp_entropy(const float *logp, int V);
+
 /* k3 from the two log-probs of the scored token alone (when only those are known, e.g.
  * replayed rollouts): e^r − 1 − r with r = logp_a − logp_b. */
 double td_k3(double logp_a, double logp_b);

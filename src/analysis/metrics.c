@@ -72,6 +72,20 @@ void td_token_metrics_compute(const float *la, const float *lb, int V, int y, td
     m->rank_b = rank_b;
 }
 
+double td_logp_entropy(const float *logp, int V)
+{
+    double h = 0, e[TD_EXP_ROW_BLOCK];
+    for (int v0 = 0, n; v0 < V; v0 += n) {
+        n = (int)td_exp_row_block(logp + v0, 0.0, e, (size_t)(V - v0));
+        for (int i = 0; i < n; i++)
+            if (e[i] > 0) h -= e[i] * logp[v0 + i];
+    }
+    return h;
+}
+
+/* entropy_a is td_logp_entropy's sum, fused here with the top-1 and rank scans in one pass over
+ * the row: as a second pass those scalar compares took as long as the exponentials (152k
+ * entries, one Zen 3 core: 1.34-1.45 ms against 0.47-0.51 fused) */
 void td_token_metrics_replay(const float *la, int V, int y, double logp_b, td_token_metrics *m)
 {
     double ha = 0;

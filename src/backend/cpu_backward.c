@@ -255,10 +255,9 @@ void matmul_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, float *
         matmul_backward_bf16dp(ctx, dinp, dweight, dout, inp, weight, N, IN, OUT, part[0], part[1]);
         return;
     }
-    size_t sizes[3] = {(size_t)N * OUT * sizeof(float), dweight ? nmax * sizeof(float) : 0,
-                       dweight && fp8 ? nmax * sizeof(float) : 0};
-    scratch_parts(3, sizes, part);   /* dY, X and a transpose for wgrad (FP8), only what is used */
-    float *dy = part[0], *x = part[1], *t = part[2];
+    size_t sizes[3] = {(size_t)N * OUT * sizeof(float), dweight ? nmax * sizeof(float) : 0, 0};
+    scratch_parts(3, sizes, part);   /* dY and X; the FP8 wgrad's transpose only where it takes one */
+    float *dy = part[0], *x = part[1], *t;
     if (dinp || !fp8) quant_operand(r, dout, (size_t)N, (size_t)OUT, dy);   /* groups along OUT */
     if (dinp) {
         gemm_nn_acc(ctx, N, IN, OUT, 1.0f, dy, OUT, weight, IN, dinp, IN);
@@ -266,11 +265,14 @@ void matmul_backward_cpu(const td_ops *ctx, float *dinp, float *dweight, float *
     }
     if (dweight) {
         if (fp8) {   /* both operands quantised along the tokens */
-            /* down the columns where it can (the two calls take or decline the same scheme): dY
+            /* down the columns where it can (else both redone transposed, below): dY
              * (N, OUT) and X (N, IN) as they are, multiplied as dY^T X */
             if (td_gemm_quant_input_cols(r, dout, N, OUT, dy) && td_gemm_quant_input_cols(r, inp, N, IN, x)) {
                 gemm_tn_acc(ctx, OUT, IN, N, 1.0f, dy, OUT, x, IN, dweight, IN);
-            } else {
+            } else {   /* nothing in the scratch is live here: carved again with the transpose */
+                sizes[2] = nmax * sizeof(float);
+                scratch_parts(3, sizes, part);
+                dy = part[0], x = part[1], t = part[2];
                 transpose(ctx->nthreads, dout, (size_t)N, (size_t)OUT, t);
                 quant_operand(r, t, (size_t)OUT, (size_t)N, dy);     /* dY^T (OUT, N) */
                 transpose(ctx->nthreads, inp, (size_t)N, (size_t)IN, t);

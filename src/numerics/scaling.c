@@ -260,7 +260,8 @@ int td_fp8_fake_quant_cols(const td_fp8_scheme *s, const float *x, size_t rows, 
     td_fp8_block_shape(s, cols, rows, &br, &bc);   /* x^T's blocks: (cols, rows) */
     if (!fused_fake_quant(s->fmt) || br != 1) return 0;
     int e5m2 = s->fmt == TD_E5M2, sat = s->sat == TD_SATFINITE;
-    int by_div = s->gran == TD_SCALE_MX || s->arith == TD_ARITH_DIV;   /* block_scale_from_amax's arms */
+    /* the scheme's arm of block_scale_from_amax: x / div (mul 0) or x * mul, whatever the amax */
+    int by_div = block_scale_from_amax(s, 1.0f).mul == 0.0f;
     size_t bands = (rows + bc - 1) / bc, chunks = (cols + COLS_CHUNK - 1) / COLS_CHUNK;
     #pragma omp parallel for schedule(static) if (rows * cols > (1u << 16))
     for (size_t t = 0; t < bands * chunks; t++) {

@@ -61,9 +61,7 @@ static void on_old_row(void *user, int seq, int pos, const float *row)
 {
     rl_run *R = user;
     if (pos + 1 < R->plen[seq] || pos + 1 >= R->len[seq]) return;
-    td_token_metrics one;   /* the row's entropy as a replay takes it: -sum e^l l, no row B */
-    td_token_metrics_replay(row, R->V, R->tok[seq][pos + 1], NAN, &one);
-    R->entropy_sum += one.entropy_a;
+    R->entropy_sum += td_logp_entropy(row, R->V);
     R->entropy_n += 1;
     if (seq < R->nlog) {
         float *b = R->rows_b + ((size_t)seq * R->max_len + pos + 1) * R->V;

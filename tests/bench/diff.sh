@@ -15,6 +15,7 @@
 #   bench: diff-fp8-vs-fp16 fp8=X fp16=Y ratio=R               (the same FP8 pair against the fp16 pair; target >= 0.8)
 set -u
 cd "$(dirname "$0")/../.."
+. tests/bench/common.bash   # best, ratio
 BUILD=${BUILD:-build}
 BATCH=${BATCH:-4}; PROMPT=${PROMPT:-32}; GEN=${GEN:-32}; ROUNDS=${ROUNDS:-2}
 DIR=$BUILD/bench/qwen2.5-0.5b
@@ -37,7 +38,6 @@ tidal_tps() {  # $1 $2: recipes A and B -> scored tokens/s of tidal-diff
 }
 # tidal's four pairs in turn, ROUNDS times, best of the rounds each: the ratios between them
 # (fp16 and fp8 against bf16) then compare runs seconds apart, not minutes, on a shared machine
-best() { tr ' ' '\n' | sort -g | tail -n1; }
 r32=; r16=; rh=; r8=
 for _ in $(seq "$ROUNDS"); do
   r32="$r32 $(tidal_tps fp32 fp32)"
@@ -51,7 +51,6 @@ peer() { "$PY" tests/bench/torch_diff.py --model "$DIR" --dtype "$1" --batch "$B
 p32=$(peer float32 2>/dev/null || true)
 p16=$(peer bfloat16 2>/dev/null || true)
 ph=$(peer float16 2>/dev/null || true)
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }'; }
 echo "bench: diff-bf16-vs-torch-fp32 tidal=${t16:-NA} torch=${p32:-NA} ratio=$(ratio "$t16" "$p32")"
 echo "bench: diff-bf16-vs-torch-bf16 tidal=${t16:-NA} torch=${p16:-NA} ratio=$(ratio "$t16" "$p16")"
 echo "bench: diff-emulation-overhead fp32=${t32:-NA} bf16=${t16:-NA} overhead=$(ratio "$t32" "$t16")"

@@ -21,6 +21,7 @@
 #   --lora-r 1 under bf16 autocast, generating on merged weights)
 set -u
 cd "$(dirname "$0")/../.."
+. tests/bench/common.bash   # ratio
 BUILD=${BUILD:-build}
 STEPS=${STEPS:-4}; ROUNDS=${ROUNDS:-2}
 [ -n "${OMP_WAIT_POLICY:-}" ] || export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-1000}   # as the tools do (src/util/opts.c)
@@ -70,7 +71,6 @@ print(f'{len(ts) / ts.sum():.4f} {n.sum() / tr.sum():.1f} {n.mean() / 32:.0f}')"
     fi
   done
   [ "$p_steps" = 0 ] && p_steps=NA; [ "$p_tok" = 0 ] && p_tok=NA
-  ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }'; }
   echo "bench: rl-steps-$case tidal=$t_steps torch=$p_steps ratio=$(ratio "$t_steps" "$p_steps")"
   echo "bench: rl-rollout-tokens-$case tidal=$t_tok torch=$p_tok ratio=$(ratio "$t_tok" "$p_tok")"
 done

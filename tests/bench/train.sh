@@ -26,6 +26,7 @@
 #   bench: train-lora-bf16 tidal=X torch_peft=Y ratio=R
 set -u
 cd "$(dirname "$0")/../.."
+. tests/bench/common.bash   # best, ratio
 BUILD=${BUILD:-build}
 ROUNDS=${ROUNDS:-2}; SECONDS_PER=${SECONDS_PER:-8}; BATCH=${BATCH:-4}; LEN=${LEN:-128}
 [ -n "${OMP_WAIT_POLICY:-}" ] || export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-1000}   # as the tools do (src/util/opts.c)
@@ -44,7 +45,6 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$PY" tests/bench/make_batch.py 4096 "$BATCH" "$LEN" > "$tmp/batch.json"
 have_torch=1
 "$PY" -c "import torch, safetensors" 2>/dev/null || have_torch=0
-best() { sort -g | tail -n1; }
 have_peft=$have_torch
 "$PY" -c "import peft, transformers" 2>/dev/null || have_peft=0
 LORA_MODS=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
@@ -54,32 +54,31 @@ for case in $CASES; do : > "$tmp/t_$case"; : > "$tmp/p_$case"; done
 # see the same spells of a shared machine's speed
 for r in $(seq "$ROUNDS"); do
   for case in $CASES; do
-    rec=$case-train; tdt=$case; extra=(); peer=$have_torch
+    rec=$case-train; tdt=$case; extra=(); popt=(); peer=$have_torch
     case $case in
       fp32) rec=fp32; tdt=float32 ;;
       bf16) tdt=bfloat16 ;;
       fp16) tdt=float16 ;;
       fp8)  rec=fp8-unified-train; peer=0 ;;   # PyTorch has no FP8 GEMM on the CPU: against tidal's own
       lora) rec=bf16-train; tdt=bfloat16; peer=$have_peft
-            extra=(--lora-r 1 --lora-alpha 2 --lora-modules $LORA_MODS) ;;
+            extra=(--lora-r 1 --lora-alpha 2 --lora-modules $LORA_MODS); popt=(--lora 1) ;;
     esac
     "$PROBE" --model "$DIR" --batch "$tmp/batch.json" --recipe $rec "${extra[@]}" --lr 1e-5 --bench-seconds "$SECONDS_PER" \
       | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/t_$case"
-    popt=(); [ $case = lora ] && popt=(--lora 1)
+    [ $case = fp16 ] && [ "$r" -gt 1 ] && [ ! -s "$tmp/p_fp16" ] && peer=0   # no float16 CPU GEMM: tried once
     [ $peer = 1 ] && "$PY" tests/bench/torch_train.py --model "$DIR" --batch "$tmp/batch.json" --dtype $tdt "${popt[@]}" \
       --seconds "$SECONDS_PER" 2>/dev/null | awk '$1 == "tokens_per_s" { print $2 }' >> "$tmp/p_$case"
   done
 done
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "NA" }'; }
-for case in $CASES; do
-  eval "tidal_$case=\$(best < \"\$tmp/t_$case\")"; eval "peer_$case=\$(best < \"\$tmp/p_$case\")"
-done
+tidal_of() { best < "$tmp/t_$1"; }
+peer_of() { best < "$tmp/p_$1"; }
 for case in fp32 bf16 fp16; do
-  eval "t=\$tidal_$case p=\$peer_$case"
+  t=$(tidal_of $case) p=$(peer_of $case)
   why=""; [ -z "$p" ] && [ $case = fp16 ] && why=" (this PyTorch has no float16 GEMM on the CPU)"
   echo "bench: train-$case tidal=${t:-NA} torch=${p:-NA} ratio=$(ratio "$t" "$p")$why"
 done
-echo "bench: train-fp8-vs-bf16 fp8=${tidal_fp8:-NA} bf16=${tidal_bf16:-NA} ratio=$(ratio "$tidal_fp8" "$tidal_bf16")"
-echo "bench: train-fp8-vs-fp16 fp8=${tidal_fp8:-NA} fp16=${tidal_fp16:-NA} ratio=$(ratio "$tidal_fp8" "$tidal_fp16")"
+t8=$(tidal_of fp8) t16=$(tidal_of bf16) th=$(tidal_of fp16) tl=$(tidal_of lora) pl=$(peer_of lora)
+echo "bench: train-fp8-vs-bf16 fp8=${t8:-NA} bf16=${t16:-NA} ratio=$(ratio "$t8" "$t16")"
+echo "bench: train-fp8-vs-fp16 fp8=${t8:-NA} fp16=${th:-NA} ratio=$(ratio "$t8" "$th")"
 why=""; [ $have_peft = 0 ] && why=" (transformers/peft not installed)"
-echo "bench: train-lora-bf16 tidal=${tidal_lora:-NA} torch_peft=${peer_lora:-NA} ratio=$(ratio "$tidal_lora" "$peer_lora")$why"
+echo "bench: train-lora-bf16 tidal=${tl:-NA} torch_peft=${pl:-NA} ratio=$(ratio "$tl" "$pl")$why"
