@@ -253,6 +253,9 @@ bool device_addressable(const void *p);
  * host memory. What runs as the device (kernels, copies, memsets, the cuBLASLt model) holds a
  * DeviceAccess for its duration (nested: the outermost one opens and closes). Managed and
  * pinned host memory stay accessible, as on the GPU. */
+/* how CUDASIM_DEVICE_GUARD closes device memory: "key" (a memory protection key, pkeys(7)) or
+ * "pages" (mprotect; where there are no keys, or CUDASIM_GUARD_PAGES=1), chosen once a process */
+const char *guard_mode(void);
 struct DeviceAccess {
     DeviceAccess();
     ~DeviceAccess();

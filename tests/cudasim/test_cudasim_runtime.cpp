@@ -11,6 +11,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -209,9 +210,8 @@ static void test_streams_events(void **state)
     cudaGetLastError();
 }
 
-static void test_device_guard(void **state)
+static void guard_checks(void)
 {
-    setenv("CUDASIM_DEVICE_GUARD", "1", 1);
     float h[64], back[64];
     for (int i = 0; i < 64; i++) h[i] = (float)i;
     float *d = NULL, *m = NULL;
@@ -245,6 +245,30 @@ static void test_device_guard(void **state)
     assert_non_null(strstr(msg, "256-byte cudaMalloc allocation"));
     assert_int_equal(cudaFree(d), cudaSuccess);
     assert_int_equal(cudaFree(m), cudaSuccess);
+}
+
+/* both guards: the key where the machine has one, and the page guard (chosen once a process, so
+ * in a process of its own: this binary run as "guard-pages" with CUDASIM_GUARD_PAGES=1) */
+static void test_device_guard(void **state)
+{
+    setenv("CUDASIM_DEVICE_GUARD", "1", 1);
+    guard_checks();
+    const char *mode = cudasim_detail::guard_mode();
+    const char *pages = getenv("CUDASIM_GUARD_PAGES");
+    printf("device guard: %s\n", mode);
+    if (pages && !strcmp(pages, "1")) {
+        assert_string_equal(mode, "pages");
+    } else if (!strcmp(mode, "key")) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            setenv("CUDASIM_GUARD_PAGES", "1", 1);
+            execl("/proc/self/exe", "test_cudasim_runtime", "guard-pages", (char *)NULL);
+            _exit(127);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
     unsetenv("CUDASIM_DEVICE_GUARD");
 }
 
@@ -260,8 +284,12 @@ static void test_error_texts(void **state)
     assert_int_equal(cudaErrorInsufficientDriver, 35);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 2 && !strcmp(argv[1], "guard-pages")) {
+        const struct CMUnitTest guard[] = {cmocka_unit_test(test_device_guard)};
+        return cmocka_run_group_tests_name("page guard", guard, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_count_from_environment),
         cmocka_unit_test(test_device_properties),
