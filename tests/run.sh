@@ -97,7 +97,7 @@ done
 # TIDAL_SKIP_PY="test_a.py test_b.py": Python checks left out of this run (check-asan leaves out the
 # ones whose code paths others cover there, to keep CI inside its budget: see the Makefile).
 # PY_SIDE: the checks whose time is the simulator's tools (one thread each: user time equals wall
-# time), run side by side first; on 2 Zen 3 cores their 478 s one after another took 247 s.
+# time), run side by side first; on 2 Zen 3 cores their 315 s one after another took 168 s.
 PY_SIDE=" test_device_rl.py test_device_sft.py test_device_sim.py test_device_moe.py test_device_metrics.py test_memplan_moe.py "
 side=() serial=()
 for t in tests/py/test_*.py; do
