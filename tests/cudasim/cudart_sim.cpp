@@ -101,7 +101,7 @@ bool host_range(const void *p, size_t count)
  * the CPU or the kernel has no keys (or CUDASIM_GUARD_PAGES=1), mprotect over every mapping at
  * each open and close: a system call per run of adjacent mappings and a TLB flush at every launch,
  * which made a guarded tidal-rl run of the tests 7x slower (41 s, 34 of them in the kernel, against
- * 5.9 unguarded; 6.6 s with a key). The rights a key gives are the thread's own, so with keys the
+ * 5.9 unguarded; 6.3 s with a key). The rights a key gives are the thread's own, so with keys the
  * nesting is counted per thread; all of the sim's device work runs on the thread that asked for it
  * (kernels on fibers of the launching thread). */
 int access_depth;                      /* DeviceAccess nesting, page guard (under mu) */

@@ -247,21 +247,21 @@ size_t env_bytes(const char *name, size_t dflt);
 /* p is null, or inside (or one past the end of) an allocation of the runtime's: the GPU can
  * address it */
 bool device_addressable(const void *p);
-/* CUDASIM_DEVICE_GUARD=1: device memory (cudaMalloc, cudaMallocAsync) is mapped PROT_NONE while
- * host code runs, so a host read or write of it faults at once (with a message naming the
+/* CUDASIM_DEVICE_GUARD=1: device memory (cudaMalloc, cudaMallocAsync) is closed while host code
+ * runs (a protection key's rights taken away, or PROT_NONE: guard_mode below), so a host read or write of it faults at once (with a message naming the
  * allocation) as it would on a GPU machine, instead of passing because the sim's "device" is
  * host memory. What runs as the device (kernels, copies, memsets, the cuBLASLt model) holds a
  * DeviceAccess for its duration (nested: the outermost one opens and closes). Managed and
  * pinned host memory stay accessible, as on the GPU. */
-/* how CUDASIM_DEVICE_GUARD closes device memory: "key" (a memory protection key, pkeys(7)) or
- * "pages" (mprotect; where there are no keys, or CUDASIM_GUARD_PAGES=1), chosen once a process */
-const char *guard_mode(void);
 struct DeviceAccess {
     DeviceAccess();
     ~DeviceAccess();
     DeviceAccess(const DeviceAccess &) = delete;
     DeviceAccess &operator=(const DeviceAccess &) = delete;
 };
+/* how CUDASIM_DEVICE_GUARD closes device memory: "key" (a memory protection key, pkeys(7)) or
+ * "pages" (mprotect; where there are no keys, or CUDASIM_GUARD_PAGES=1), chosen once a process */
+const char *guard_mode(void);
 }
 
 #endif
