@@ -210,12 +210,12 @@ cudaError_t allocate(void **p, size_t size, cudaMemoryType type)
     }
     memset(m, 0xFF, size);          /* uninitialised device memory reads as NaN */
     if (mapped && guard_pkey() >= 0) {
-        /* the mapping keeps read and write; the thread's rights for the key decide */
+        /* the mapping keeps read and write; each thread's rights for the key decide (already set:
+         * pkey_alloc closed the key, DeviceAccess opens and closes it) */
         if (pkey_mprotect(m, mapped, PROT_READ | PROT_WRITE, guard_key)) {
             perror("cudasim: pkey_mprotect");
             abort();
         }
-        set_key_rights(key_depth > 0);
     } else if (mapped && access_depth == 0 && mprotect(m, mapped, PROT_NONE)) {
         perror("cudasim: mprotect");
         abort();

@@ -2,7 +2,7 @@
 # The libtidal sources the fuzz targets use (Makefile `fuzz`): each tests/fuzz/fuzz_*.c linked by
 # the main compiler against the main build's archive, a stub main standing in for libFuzzer's,
 # with a link map; the archive members the map pulls in, as source paths (a member's name is its
-# file name, so where two sources share one, both). Only these are compiled again by clang: 43 of
+# file name, so where two sources share one, both). Only these are compiled again by clang: 44 of
 # 147 files, the parsers and what they call, not the GEMMs and the model. Prints them on one line.
 #   tests/fuzz/members.sh CC LIB 'CFLAGS' 'LDLIBS' SOURCE...
 set -eu
