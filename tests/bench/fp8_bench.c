@@ -12,17 +12,17 @@
  *                  (td_gemm_fp8_fast_codes; on a CPU without AVX2, where it declines, the widened
  *                  rows and td_gemm_fp8_fast, as the backend); peer: the fp16 recipe's decode kernel
  *                  (td_gemm_fixed_w16 on fp16 codes)
- * ratio = fp8 / fp16 (issue 38's goal: >= 0.8). Qwen2.5-0.5B's MLP shapes. Each side runs until
- * 0.3 s have passed, best of 3. Built and run by tests/bench/gemm.sh. */
+ * ratio = fp8 / fp16 (issue 38's goal: >= 0.8). Qwen2.5-0.5B's MLP shapes. The two sides in
+ * turn, best of BENCH_ROUNDS rounds each (bench_pair.h). Built and run by tests/bench/gemm.sh. */
 #include "tidal/formats.h"
 #include "tidal/gemm.h"
+#include "bench_pair.h"
 
 #include <cblas.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 void openblas_set_num_threads(int);
 
@@ -37,13 +37,6 @@ typedef struct {
     float *tile, *c;
 } shape;
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
 /* 1 when this CPU has a td_gemm_fp8_fast_codes kernel (AVX-512 or AVX2); else a decode step takes
  * the widened rows, as the CPU backend does when the kernel declines */
 static int codes_kernel;
@@ -51,8 +44,9 @@ static int codes_kernel;
 static int panels;
 
 /* which: 0 fp16 prefill, 1 fp8 prefill, 2 fp16 decode, 3 fp8 decode */
-static void run(int which, const shape *s)
+static void run(int which, const void *ctx)
 {
+    const shape *s = ctx;
     int M = s->M, N = s->N, K = s->K;
     for (int j0 = 0; j0 < N; j0 += TILE) {
         int nj = N - j0 < TILE ? N - j0 : TILE;
@@ -77,22 +71,6 @@ static void run(int which, const shape *s)
                                    s->nbc, c, N, M, nj, K, PROMOTE, BITS, 1);
         }
     }
-}
-
-static double gflops(int which, const shape *s)
-{
-    double best = 0;
-    for (int round = 0; round < 3; round++) {
-        int reps = 0;
-        double t0 = now(), t;
-        do {
-            run(which, s);
-            reps++;
-        } while ((t = now() - t0) < 0.3);
-        double g = 2.0 * s->M * s->N * s->K * reps / t * 1e-9;
-        if (g > best) best = g;
-    }
-    return best;
 }
 
 int main(void)
@@ -126,7 +104,9 @@ int main(void)
         int decode = M <= TD_GEMM_FIXED_ROWS;
         codes_kernel = td_gemm_fp8_fast_codes(a, K, w8, K, TD_E4M3, scale, 0, BLOCK, BLOCK, nbc, c, N, M, 1, K,
                                               PROMOTE, BITS, 1);
-        double fp16 = gflops(decode ? 2 : 0, &s), fp8 = gflops(decode ? 3 : 1, &s);
+        double g[2];
+        bench_pair(run, &s, decode ? (const int[2]){3, 2} : (const int[2]){1, 0}, 2.0 * M * N * K * 1e-9, g);
+        double fp8 = g[0], fp16 = g[1];
         printf("bench: %s-%dx%dx%d tidal=%.2f peer=%.2f ratio=%.3f (tidal: fp8-unified's %s; peer: fp16's %s)\n",
                decode ? "decode-gemm-fp8" : "gemm-fp8fast", M, N, K, fp8, fp16, fp8 / fp16,
                panels ? "codes in panels of 8 rows, decoded in registers"

@@ -1,40 +1,26 @@
 /* tidal — speed of the batch-invariant GEMM (td_gemm_fixed, src/recipe/gemm_fixed.c) against
  * OpenBLAS sgemm on the same product, one thread each, Qwen2.5-0.5B shapes:
  *   C (M, N) = A (M, K) . W (N, K)^T     M = token rows, N = output features, K = input features
- * Each side runs until 0.3 s have passed, best of 3. Prints
+ * The two sides in turn, best of BENCH_ROUNDS rounds each (bench_pair.h). Prints
  *   bench: gemm-fixed-MxNxK tidal=GFLOPS peer=GFLOPS ratio=R   (peer = sgemm; R = tidal / peer)
  * Built and run by tests/bench/gemm.sh. */
 #include "tidal/gemm.h"
+#include "bench_pair.h"
 
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 void openblas_set_num_threads(int);
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
+typedef struct { int M, N, K; const float *a, *w; float *c; } shape;
 
-static double gflops(int which, const float *a, const float *w, float *c, int M, int N, int K)
+/* which: 1 tidal, 0 sgemm */
+static void run(int which, const void *ctx)
 {
-    double best = 0;
-    for (int round = 0; round < 3; round++) {
-        int reps = 0;
-        double t0 = now(), t;
-        do {
-            if (which) td_gemm_fixed(a, K, w, K, c, N, M, N, K, 0);
-            else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, w, K, 0.0f, c, N);
-            reps++;
-        } while ((t = now() - t0) < 0.3);
-        double g = 2.0 * M * N * K * reps / t * 1e-9;
-        if (g > best) best = g;
-    }
-    return best;
+    const shape *s = ctx;
+    if (which) td_gemm_fixed(s->a, s->K, s->w, s->K, s->c, s->N, s->M, s->N, s->K, 0);
+    else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->M, s->N, s->K, 1.0f, s->a, s->K, s->w, s->K, 0.0f, s->c, s->N);
 }
 
 int main(void)
@@ -48,8 +34,10 @@ int main(void)
         float *a = malloc(sizeof(float) * M * K), *w = malloc(sizeof(float) * N * K), *c = malloc(sizeof(float) * M * N);
         for (long i = 0; i < (long)M * K; i++) a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
         for (long i = 0; i < (long)N * K; i++) w[i] = (float)((i * 104729) % 1000) * 1e-4f - 0.05f;
-        double mine = gflops(1, a, w, c, M, N, K), peer = gflops(0, a, w, c, M, N, K);
-        printf("bench: gemm-fixed-%dx%dx%d tidal=%.2f peer=%.2f ratio=%.3f\n", M, N, K, mine, peer, mine / peer);
+        shape sh = {M, N, K, a, w, c};
+        double g[2];
+        bench_pair(run, &sh, (const int[2]){1, 0}, 2.0 * M * N * K * 1e-9, g);
+        printf("bench: gemm-fixed-%dx%dx%d tidal=%.2f peer=%.2f ratio=%.3f\n", M, N, K, g[0], g[1], g[0] / g[1]);
         free(a); free(w); free(c);
     }
     return 0;

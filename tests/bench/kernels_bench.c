@@ -8,77 +8,55 @@
  *   gemm-bf16dp        a GEMM of bf16 operands on the CPU's bf16 dot products (td_gemm_bf16dp,
  *                      src/recipe/gemm_bf16dp.c) against sgemm over the same values in fp32;
  *                      Qwen2.5-0.5B shapes; "NA" where the CPU has neither kernel (vdpbf16ps or AVX-512 FMAs)
- * Each side runs until 0.3 s have passed, best of 3. Prints
+ * The two sides in turn, best of BENCH_ROUNDS rounds each (bench_pair.h). Prints
  *   bench: NAME-MxNxK tidal=GFLOPS peer=GFLOPS ratio=R
  * Built and run by tests/bench/gemm.sh. */
 #include "tidal/formats.h"
 #include "tidal/gemm.h"
+#include "bench_pair.h"
 
 #include <cblas.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 void openblas_set_num_threads(int);
 
 enum { TILE = 128 };
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
+typedef struct {
+    int M, N, K;
+    const float *a, *w;            /* fp32 operands (gemm-bf16dp's peer) */
+    const uint16_t *a16, *w16;     /* bf16 operands */
+    float *tile, *c;
+} shape;
 
-static void step(int which, const float *a, const uint16_t *w, float *tile, float *c, int M, int N, int K)
+/* which: 1 tidal's decode kernel, 0 its peer (widened tiles + sgemm / sgemv);
+ * 3 td_gemm_bf16dp, 2 its peer (sgemm on the fp32 values) */
+static void run(int which, const void *ctx)
 {
+    const shape *s = ctx;
+    int M = s->M, N = s->N, K = s->K;
+    if (which == 3) {
+        td_gemm_bf16dp(s->a16, K, s->w16, K, s->c, N, M, N, K, 0);
+        return;
+    }
+    if (which == 2) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, s->a, K, s->w, K, 0.0f, s->c, N);
+        return;
+    }
     for (int j0 = 0; j0 < N; j0 += TILE) {
         int nj = N - j0 < TILE ? N - j0 : TILE;
-        const uint16_t *wt = w + (size_t)j0 * K;
+        const uint16_t *wt = s->w16 + (size_t)j0 * K;
         if (which) {
-            td_gemm_fixed_w16(a, K, wt, K, TD_BF16, c + j0, N, M, nj, K, 0);
+            td_gemm_fixed_w16(s->a, K, wt, K, TD_BF16, s->c + j0, N, M, nj, K, 0);
             continue;
         }
-        td_decode_row(TD_BF16, wt, tile, (size_t)nj * K);
-        if (M == 1) cblas_sgemv(CblasRowMajor, CblasNoTrans, nj, K, 1.0f, tile, K, a, 1, 0.0f, c + j0, 1);
-        else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nj, K, 1.0f, a, K, tile, K, 0.0f, c + j0, N);
+        td_decode_row(TD_BF16, wt, s->tile, (size_t)nj * K);
+        if (M == 1) cblas_sgemv(CblasRowMajor, CblasNoTrans, nj, K, 1.0f, s->tile, K, s->a, 1, 0.0f, s->c + j0, 1);
+        else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nj, K, 1.0f, s->a, K, s->tile, K, 0.0f, s->c + j0, N);
     }
-}
-
-static double gflops_dp(int which, const uint16_t *a16, const uint16_t *w16, const float *a,
-                        const float *w, float *c, int M, int N, int K)
-{
-    double best = 0;
-    for (int round = 0; round < 3; round++) {
-        int reps = 0;
-        double t0 = now(), t;
-        do {
-            if (which) td_gemm_bf16dp(a16, K, w16, K, c, N, M, N, K, 0);
-            else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, w, K, 0.0f, c, N);
-            reps++;
-        } while ((t = now() - t0) < 0.3);
-        double g = 2.0 * M * N * K * reps / t * 1e-9;
-        if (g > best) best = g;
-    }
-    return best;
-}
-
-static double gflops(int which, const float *a, const uint16_t *w, float *tile, float *c, int M, int N, int K)
-{
-    double best = 0;
-    for (int round = 0; round < 3; round++) {
-        int reps = 0;
-        double t0 = now(), t;
-        do {
-            step(which, a, w, tile, c, M, N, K);
-            reps++;
-        } while ((t = now() - t0) < 0.3);
-        double g = 2.0 * M * N * K * reps / t * 1e-9;
-        if (g > best) best = g;
-    }
-    return best;
 }
 
 int main(void)
@@ -97,8 +75,10 @@ int main(void)
         uint16_t *w = malloc(sizeof(uint16_t) * (size_t)N * K);
         for (long i = 0; i < (long)M * K; i++) a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
         for (long i = 0; i < (long)N * K; i++) w[i] = td_f32_to_bf16((float)((i * 104729) % 1000) * 1e-4f - 0.05f).bits;
-        double mine = gflops(1, a, w, tile, c, M, N, K), peer = gflops(0, a, w, tile, c, M, N, K);
-        printf("bench: decode-gemm-bf16-%dx%dx%d tidal=%.2f peer=%.2f ratio=%.3f\n", M, N, K, mine, peer, mine / peer);
+        shape sh = {M, N, K, a, NULL, NULL, w, tile, c};
+        double g[2];
+        bench_pair(run, &sh, (const int[2]){1, 0}, 2.0 * M * N * K * 1e-9, g);
+        printf("bench: decode-gemm-bf16-%dx%dx%d tidal=%.2f peer=%.2f ratio=%.3f\n", M, N, K, g[0], g[1], g[0] / g[1]);
         free(a); free(c); free(tile); free(w);
     }
     const int dshapes[][3] = {{256, 4864, 896}, {256, 896, 4864}, {256, 1152, 896}};
@@ -118,8 +98,10 @@ int main(void)
             w16[i] = td_f32_to_bf16((float)((i * 104729) % 1000) * 1e-4f - 0.05f).bits;
             w[i] = td_bf16_to_f32((td_bf16){w16[i]});
         }
-        double mine = gflops_dp(1, a16, w16, a, w, c, M, N, K), peer = gflops_dp(0, a16, w16, a, w, c, M, N, K);
-        printf("bench: gemm-bf16dp-%dx%dx%d tidal=%.2f peer=%.2f ratio=%.3f (kernel %s)\n", M, N, K, mine, peer, mine / peer,
+        shape sh = {M, N, K, a, w, a16, w16, NULL, c};
+        double g[2];
+        bench_pair(run, &sh, (const int[2]){3, 2}, 2.0 * M * N * K * 1e-9, g);
+        printf("bench: gemm-bf16dp-%dx%dx%d tidal=%.2f peer=%.2f ratio=%.3f (kernel %s)\n", M, N, K, g[0], g[1], g[0] / g[1],
                td_gemm_bf16dp_kernel_name());
         free(a); free(w); free(c); free(a16); free(w16);
     }
