@@ -10,7 +10,7 @@
 #ifndef TIDAL_BENCH_PAIR_H
 #define TIDAL_BENCH_PAIR_H
 
-#include <time.h>
+#include "tidal/progress.h"   /* td_now: monotonic seconds */
 
 enum { BENCH_ROUNDS = 5 };
 #define BENCH_ROUND_S 0.3
@@ -18,22 +18,15 @@ enum { BENCH_ROUNDS = 5 };
 /* one call of side `which` (the bench's own numbering) on the bench's shape `ctx` */
 typedef void bench_side(int which, const void *ctx);
 
-static double bench_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
 /* calls per second over one round */
 static double bench_round(bench_side *side, int which, const void *ctx)
 {
     int reps = 0;
-    double t0 = bench_now(), t;
+    double t0 = td_now(), t;
     do {
         side(which, ctx);
         reps++;
-    } while ((t = bench_now() - t0) < BENCH_ROUND_S);
+    } while ((t = td_now() - t0) < BENCH_ROUND_S);
     return reps / t;
 }
 
